@@ -1,0 +1,37 @@
+# The README's two commands:
+#   make run    install what is missing, build (Release), start kilnd on the default config
+#   make test   install what is missing, build, run every unit and system test
+BUILD      ?= build
+KILN_WERROR ?= OFF
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+KILND_ARGS ?=
+
+.PHONY: all deps configure build run test bench format clean
+
+all: build
+
+deps:
+	scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=$(KILN_WERROR) $(CMAKE_ARGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: build
+	scripts/fetch-default-model.sh
+	$(BUILD)/server/kilnd $(KILND_ARGS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure --timeout 900 -j $(JOBS)
+
+bench: build
+	@echo "benchmarks are in $(BUILD)/tests/bench/; see docs/performance.md"
+
+format:
+	git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD)

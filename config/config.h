@@ -1,0 +1,153 @@
+// kilnd's configuration: the YAML schema as C++ structs, loading, validation and defaults.
+//
+// The YAML file has three top-level sections, `server`, `logging` and `models`; every key
+// and its default is documented in config/README.md and printed, with comments, by
+// `kilnd --print-default-config` (which is the embedded default configuration itself).
+//
+// Errors name the place and say what is allowed:
+//   config.yaml:14:5: unknown key `max_batch` in `models[0]` (did you mean `max_batch_size`?)
+//   config.yaml:3:14: `server.grpc.address`: expected HOST:PORT, got `8001`
+// Unknown keys are errors. Every error found is reported (one per line), not just the first.
+//
+// Thread-safety: the structs are plain values; the functions are pure and thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/base/status.h"
+
+namespace kiln::config {
+
+// Where a value came from, for error messages given after parsing (e.g. at model load).
+struct SourceLocation {
+  std::string file;  // "<default>" for the embedded default, "<set>" for --set overrides
+  int line = 0;      // 1-based; 0 when unknown
+  int column = 0;    // 1-based; 0 when unknown
+  std::string ToString() const;  // "file:line:col" (or just "file" when line is 0)
+};
+
+// ---- server ---------------------------------------------------------------------------------
+
+struct GrpcConfig {
+  bool enabled = true;
+  std::string address = "0.0.0.0:8001";     // HOST:PORT; port 0 picks a free port
+  int64_t max_message_bytes = 64ll << 20;    // largest request or response message
+  int max_concurrent_streams = 1024;         // HTTP/2 streams per connection
+};
+
+struct HttpConfig {
+  bool enabled = true;
+  std::string address = "0.0.0.0:8000";
+  int64_t max_body_bytes = 64ll << 20;  // larger request bodies get 413
+  int threads = 2;                      // I/O threads for HTTP and metrics
+  int idle_timeout_seconds = 60;        // keep-alive connections idle this long are closed
+};
+
+struct MetricsConfig {
+  bool enabled = true;
+  std::string address = "0.0.0.0:8002";  // serves GET /metrics
+};
+
+struct ServerConfig {
+  GrpcConfig grpc;
+  HttpConfig http;
+  MetricsConfig metrics;
+  // Requests admitted at once across all front ends (queued + executing). Past it, new
+  // requests are refused at once with RESOURCE_EXHAUSTED / HTTP 429.
+  int max_inflight_requests = 4096;
+  // On SIGTERM/SIGINT: time for in-flight work to finish before it is cancelled.
+  double shutdown_grace_seconds = 30.0;
+  // Jobs, checkpoints, adapters, kernel cache. Relative paths resolve against the working
+  // directory at start-up.
+  std::string storage_dir = ".kiln";
+};
+
+// ---- logging --------------------------------------------------------------------------------
+
+struct LoggingConfig {
+  std::string level = "info";   // trace, debug, info, warn, error, critical, off
+  std::string format = "text";  // text | json
+};
+
+// ---- models ---------------------------------------------------------------------------------
+
+// Triton's ModelQueuePolicy.
+struct QueuePolicy {
+  enum class TimeoutAction { kReject, kDelay };
+  TimeoutAction timeout_action = TimeoutAction::kReject;
+  uint64_t default_timeout_microseconds = 0;  // 0: requests never time out in the queue
+  bool allow_timeout_override = false;        // may a request's `timeout` parameter override?
+  uint32_t max_queue_size = 0;                // 0: unbounded (still limited by max_inflight)
+};
+
+// Triton's ModelDynamicBatching (same names and meaning).
+struct DynamicBatchingConfig {
+  std::vector<int> preferred_batch_size;       // each in [1, max_batch_size]
+  uint64_t max_queue_delay_microseconds = 0;  // wait at most this for a fuller batch
+  bool preserve_ordering = false;
+  uint32_t priority_levels = 0;         // 0: a single level; else levels 1..N, 1 is highest
+  uint32_t default_priority_level = 0;  // in [1, priority_levels] when priority_levels > 0
+  QueuePolicy default_queue_policy;
+  std::map<uint32_t, QueuePolicy> priority_queue_policy;  // keys in [1, priority_levels]
+};
+
+struct ModelConfig {
+  std::string name;       // [A-Za-z0-9_.-]{1,128}, unique
+  std::string kind;       // "builtin" (tensor smoke-test models); later: "llm"
+  std::string builtin;    // kind builtin: "simple", "identity_fp32" or "sleep_us"
+  std::string path;       // weights (file or folder), for kinds that load weights
+  std::string backend = "cpu";
+  int instance_count = 1;   // model instances executing batches in parallel, >= 1
+  int max_batch_size = 0;   // 0: the model does not batch (inputs have no batch dimension)
+  std::optional<DynamicBatchingConfig> dynamic_batching;  // absent: no dynamic batching
+  bool load_on_start = true;  // false: listed in the repository index, loaded on request
+  SourceLocation location;    // of the list entry
+};
+
+// ---- the whole file -------------------------------------------------------------------------
+
+struct Config {
+  ServerConfig server;
+  LoggingConfig logging;
+  std::vector<ModelConfig> models;
+  std::string source;  // the file it came from, or "<default>"
+
+  const ModelConfig* FindModel(std::string_view name) const;  // nullptr if absent
+};
+
+// The embedded default configuration, as YAML with a comment on every key. It is what
+// `kilnd` runs without --config and what --print-default-config prints; parsing it gives
+// DefaultConfig().
+std::string_view DefaultConfigYaml();
+const Config& DefaultConfig();
+
+// Parses and validates YAML text. `filename` is used in error messages only.
+// `overrides` are `dotted.path=value` strings (from `kilnd --set`), applied on top of the
+// file before validation: `server.grpc.address=127.0.0.1:0`, `models[1].max_batch_size=4`,
+// `logging.level=debug`. Values are parsed as YAML scalars or flow collections.
+// Returns InvalidArgument whose message lists every problem, one per line, each starting with
+// `file:line:col: `.
+StatusOr<Config> ParseConfig(std::string_view yaml_text, std::string_view filename,
+                             const std::vector<std::string>& overrides = {});
+
+// Reads `path` and calls ParseConfig. NotFound / PermissionDenied name the path.
+StatusOr<Config> LoadConfigFile(const std::string& path,
+                                const std::vector<std::string>& overrides = {});
+
+// Validates one model entry on its own (used when a model is loaded over the API with an
+// inline configuration). Error messages are prefixed by `where`.
+Status ValidateModel(const ModelConfig& model, std::string_view where);
+
+// Parses a single model entry from JSON or YAML text (RepositoryModelLoad's `config`
+// parameter) with the same schema and errors as an entry of `models:`.
+StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where);
+
+// Serializes a config back to YAML (no comments), e.g. for logging the effective config.
+std::string ToYaml(const Config& config);
+
+}  // namespace kiln::config

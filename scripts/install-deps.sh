@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs everything Kiln needs to build, run and test. Idempotent: a second run only
+# checks. Debian 12 packages via apt; Python test tools in .venv/ via pip.
+#
+#   scripts/install-deps.sh            # build + run + test dependencies
+#   KILN_SKIP_PY=1 scripts/install-deps.sh   # Debian packages only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git ca-certificates curl
+  protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev libabsl-dev
+  libboost-dev libboost-system-dev
+  libyaml-cpp-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libsqlite3-dev libpcre2-dev
+  libdnnl-dev libclblast-dev opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
+  python3 python3-venv python3-dev
+  prometheus
+)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# Python tools for tests and benchmarks (never runtime dependencies of kilnd).
+if [ "${KILN_SKIP_PY:-0}" != 1 ]; then
+  PY=${PYTHON:-python3}
+  if [ ! -x .venv/bin/python ]; then
+    echo "install-deps: creating .venv"
+    "$PY" -m venv .venv
+  fi
+  stamp=.venv/.requirements.sha
+  want=$(sha256sum tests/requirements.txt | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "install-deps: pip install -r tests/requirements.txt"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -r tests/requirements.txt
+    echo "$want" > "$stamp"
+  fi
+fi
