@@ -57,15 +57,19 @@ class Gauge {
 };
 
 // Cumulative-bucket histogram. Buckets are upper bounds, strictly increasing; +Inf is
-// implicit.
+// implicit (a trailing +Inf given explicitly is dropped). A value v falls in the first bucket
+// with v <= bound (Prometheus `le`); NaN counts only in +Inf. REQUIRES: bounds are not NaN and
+// strictly increasing (checked).
+// Snap() reads the buckets and the sum without a lock: under concurrent Observe calls, `sum`
+// may lag or lead the counts by the observations in flight (as in other Prometheus clients).
 class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void Observe(double v);
 
   struct Snapshot {
-    std::vector<double> upper_bounds;    // without +Inf
-    std::vector<uint64_t> cumulative;    // one per bound, then one for +Inf (== count)
+    std::vector<double> upper_bounds;  // without +Inf
+    std::vector<uint64_t> cumulative;  // one per bound, then one for +Inf (== count)
     double sum = 0;
     uint64_t count = 0;
   };
@@ -91,7 +95,8 @@ class Family {
   // creating it on first use. REQUIRES: values.size() == label_names().size() (checked).
   M* WithLabels(std::initializer_list<std::string_view> values);
   M* WithLabels(const std::vector<std::string>& values);
-  // Removes a child (e.g. a model was unloaded). Pointers to it become dangling.
+  // Removes a child (e.g. a model was unloaded). Pointers to it become dangling. Removing the
+  // only child of a label-less family is allowed but leaves it printing HELP/TYPE only.
   void Remove(const std::vector<std::string>& values);
 
   const std::string& name() const { return name_; }
@@ -122,9 +127,12 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   // Registers a metric family. Names must match [a-zA-Z_:][a-zA-Z0-9_:]*, label names
-  // [a-zA-Z_][a-zA-Z0-9_]* and not start with "__"; counters should end in `_total`.
-  // Registering the same name twice with the same type and labels returns the existing
-  // family; with a different type or labels it is a programmer error (KILN_CHECK).
+  // [a-zA-Z_][a-zA-Z0-9_]* and not start with "__", without duplicates; counters must end in
+  // `_total` (promtool's lint; checked); a histogram may not use the label `le`, and its
+  // `_bucket`/`_sum`/`_count` sample names may not collide with another family.
+  // Registering the same name twice with the same type and labels (and buckets) returns the
+  // existing family (the first help text stays); with a different type, labels or buckets it
+  // is a programmer error (KILN_CHECK). A label-less family has its single child at once.
   Family<Counter>& AddCounter(std::string name, std::string help,
                               std::vector<std::string> label_names = {});
   Family<Gauge>& AddGauge(std::string name, std::string help,
@@ -133,22 +141,33 @@ class Registry {
                                   std::vector<std::string> label_names,
                                   std::vector<double> buckets);
 
-  // Runs before every Serialize (e.g. to refresh process CPU/RSS gauges). Must not call back
-  // into AddCollector.
+  // Runs before every Serialize (e.g. to refresh process CPU/RSS gauges). Collectors run
+  // outside the registry mutex, so they may look families up (or register them); two scrapes
+  // at once run a collector concurrently, so it must be thread-safe.
   void AddCollector(std::function<void()> collector);
 
   // Prometheus text exposition format 0.0.4 (# HELP, # TYPE, samples; label values escaped;
-  // histograms as _bucket{le=...}, _sum, _count). Families in registration order.
+  // histograms as _bucket{le=...}, _sum, _count). Families in registration order, children
+  // in label-value order; a family without children prints only HELP and TYPE. Numbers are
+  // the shortest round-trip form, without exponent for decimal exponents in [-4, 21)
+  // (so integers print as integers); +Inf, -Inf, NaN. Serve it as
+  // `text/plain; version=0.0.4; charset=utf-8`.
   std::string Serialize() const;
 
  private:
   struct Entry;
+  // Registers (or finds) a family of type M; validates names, labels and collisions.
+  template <typename M>
+  Family<M>* Add(MetricType type, std::string name, std::string help,
+                 std::vector<std::string> label_names, std::vector<double> buckets);
+
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Entry>> entries_;  // guarded by mu_
+  std::vector<std::unique_ptr<Entry>> entries_;    // guarded by mu_
   std::vector<std::function<void()>> collectors_;  // guarded by mu_
 };
 
-// Registers process metrics on `registry`, refreshed at every scrape from /proc/self:
+// Registers process metrics on `registry`, refreshed at every scrape from /proc/self (call
+// once per registry; values stay 0 where /proc is unavailable, with one warning logged):
 //   process_cpu_seconds_total, process_resident_memory_bytes, process_virtual_memory_bytes,
 //   process_open_fds, process_max_fds, process_start_time_seconds, process_threads.
 void RegisterProcessMetrics(Registry& registry);
