@@ -1,0 +1,202 @@
+#include "models/safetensors/safetensors.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+namespace kiln::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Builds a safetensors file from a header JSON and a data section.
+std::string Make(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + data;
+}
+
+std::string Floats(std::vector<float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
+
+StatusOr<std::unique_ptr<SafetensorsFile>> ParseBytes(std::string bytes) {
+  return SafetensorsFile::Parse(MappedFile::FromBytes(std::move(bytes), "w.safetensors"));
+}
+
+std::string ErrorOf(const std::string& header, const std::string& data) {
+  auto f = ParseBytes(Make(header, data));
+  EXPECT_FALSE(f.ok()) << header;
+  if (f.ok()) return "";
+  EXPECT_EQ(f.status().code(), StatusCode::kInvalidArgument);
+  return std::string(StatusMessage(f.status()));
+}
+
+TEST(SafetensorsTest, ParsesTensorsAndMetadata) {
+  // Padded header (the reference writer pads with spaces to 8 bytes).
+  std::string header =
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},)"
+      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}   )";
+  std::string data = Floats({1, 2, 3, 4, 5, 6}) + std::string("\x80\x3f\x00\x40", 4);
+  auto f = ParseBytes(Make(header, data));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ((*f)->tensors().size(), 2u);
+  EXPECT_EQ((*f)->tensors()[0].name, "a");  // file order
+  const SafetensorsTensor* a = (*f)->Find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->dtype, SafetensorsDtype::kF32);
+  EXPECT_THAT(a->shape, ::testing::ElementsAre(2, 3));
+  EXPECT_EQ(a->n_elements, 6u);
+  EXPECT_EQ(static_cast<const float*>(a->data)[5], 6.0f);
+  const SafetensorsTensor* b = (*f)->Find("b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->n_bytes, 4u);
+  EXPECT_EQ(static_cast<const uint8_t*>(b->data)[1], 0x3f);
+  EXPECT_EQ((*f)->metadata().at("format"), "pt");
+  EXPECT_EQ((*f)->Find("c"), nullptr);
+}
+
+TEST(SafetensorsTest, AllDtypesAndScalars) {
+  std::string header = "{";
+  std::string data;
+  const char* names[] = {"F64", "F32", "F16", "BF16", "I64",     "I32",
+                         "I16", "I8",  "U8",  "BOOL", "F8_E4M3", "F8_E5M2"};
+  for (const char* n : names) {
+    auto d = ParseSafetensorsDtype(n);
+    ASSERT_TRUE(d.has_value()) << n;
+    EXPECT_EQ(SafetensorsDtypeName(*d), n);
+    size_t sz = SafetensorsDtypeSize(*d);
+    if (header.size() > 1) header += ",";
+    header += std::string("\"") + n + "\":{\"dtype\":\"" + n +
+              "\",\"shape\":[],\"data_offsets\":[" + std::to_string(data.size()) + "," +
+              std::to_string(data.size() + sz) + "]}";
+    data += std::string(sz, '\1');
+  }
+  header += ",\"empty\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[" +
+            std::to_string(data.size()) + "," + std::to_string(data.size()) + "]}}";
+  auto f = ParseBytes(Make(header, data));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->tensors().size(), 13u);
+  EXPECT_EQ((*f)->Find("empty")->n_bytes, 0u);
+  EXPECT_FALSE(ParseSafetensorsDtype("F4").has_value());
+}
+
+TEST(SafetensorsCorruptTest, BadHeaders) {
+  const std::string d8 = Floats({1, 2});
+  EXPECT_THAT(ErrorOf("not json", d8), HasSubstr("header at offset 8 is not a JSON object"));
+  EXPECT_THAT(ErrorOf("{\"a\": ", d8), HasSubstr("header is not valid JSON"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F99","shape":[2],"data_offsets":[0,8]}})", d8),
+              HasSubstr("tensor \"a\": unknown dtype \"F99\" (supported: F64, F32"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", d8),
+              HasSubstr("shape [3] of F32 needs 12 bytes but data_offsets [0, 8] hold 8"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", d8),
+              HasSubstr("non-negative integers"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", d8),
+              HasSubstr("run past the data section of 8 bytes"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})", d8),
+              HasSubstr("begin > end"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                      R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                      d8),
+              HasSubstr("overlap the previous tensor"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8),
+              HasSubstr("leaving a hole after offset 0"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", d8),
+              HasSubstr("tensors cover 4 bytes but the data section has 8"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8),
+              HasSubstr("must be [begin, end]"));
+  EXPECT_THAT(ErrorOf(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", d8),
+              HasSubstr("unknown field \"x\""));
+  EXPECT_THAT(
+      ErrorOf(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", d8),
+      HasSubstr("overflows"));
+  EXPECT_THAT(ErrorOf(R"({"__metadata__":{"k":1}})", ""), HasSubstr("must be a string"));
+  EXPECT_THAT(ErrorOf(R"([1,2])", ""), HasSubstr("not a JSON object"));
+}
+
+TEST(SafetensorsCorruptTest, BadSizes) {
+  auto tiny = ParseBytes("abc");
+  EXPECT_THAT(std::string(StatusMessage(tiny.status())), HasSubstr("truncated: 3 bytes"));
+  std::string huge(8, '\xff');
+  EXPECT_THAT(std::string(StatusMessage(ParseBytes(huge + "{}").status())),
+              HasSubstr("exceeds the limit"));
+  std::string past(8, '\0');
+  past[0] = 100;
+  EXPECT_THAT(std::string(StatusMessage(ParseBytes(past + "{}").status())),
+              HasSubstr("runs past the end"));
+  // Every truncation of a valid file fails cleanly.
+  std::string ok =
+      Make(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", Floats({1, 2}));
+  ASSERT_TRUE(ParseBytes(ok).ok());
+  for (size_t n = 0; n < ok.size(); ++n) EXPECT_FALSE(ParseBytes(ok.substr(0, n)).ok()) << n;
+}
+
+class SafetensorsModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) / "kiln_st_model";
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& bytes) {
+    std::ofstream out(dir_ / name, std::ios::binary);
+    out.write(bytes.data(), bytes.size());
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(SafetensorsModelTest, SingleFileFolder) {
+  Write("model.safetensors",
+        Make(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", Floats({1, 2})));
+  auto m = SafetensorsModel::Open(dir_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->size(), 1u);
+  EXPECT_EQ(static_cast<const float*>((*(*m)->Get("w"))->data)[1], 2.0f);
+  EXPECT_EQ((*m)->Get("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(SafetensorsModelTest, ShardedIndex) {
+  Write("model-00001-of-00002.safetensors",
+        Make(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", Floats({1})));
+  Write("model-00002-of-00002.safetensors",
+        Make(R"({"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", Floats({2})));
+  Write("model.safetensors.index.json",
+        R"({"metadata":{"total_size":8},"weight_map":{"a":"model-00001-of-00002.safetensors",)"
+        R"("b":"model-00002-of-00002.safetensors"}})");
+  auto m = SafetensorsModel::Open(dir_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->shards().size(), 2u);
+  EXPECT_EQ((*m)->tensors().size(), 2u);
+  EXPECT_EQ(static_cast<const float*>((*m)->Find("b")->data)[0], 2.0f);
+
+  // A tensor mapped to the wrong shard.
+  Write("model.safetensors.index.json",
+        R"({"weight_map":{"a":"model-00002-of-00002.safetensors"}})");
+  auto bad = SafetensorsModel::Open(dir_.string());
+  EXPECT_THAT(std::string(StatusMessage(bad.status())), HasSubstr("does not contain it"));
+  // Path escapes are refused.
+  Write("model.safetensors.index.json", R"({"weight_map":{"a":"../x.safetensors"}})");
+  EXPECT_THAT(std::string(StatusMessage(SafetensorsModel::Open(dir_.string()).status())),
+              HasSubstr("must be a plain file name"));
+  // A missing shard.
+  Write("model.safetensors.index.json", R"({"weight_map":{"a":"gone.safetensors"}})");
+  EXPECT_EQ(SafetensorsModel::Open(dir_.string()).status().code(), StatusCode::kNotFound);
+  // Same tensor in two shards.
+  Write("model-00002-of-00002.safetensors",
+        Make(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", Floats({2})));
+  Write("model.safetensors.index.json", R"({"weight_map":{"a":"model-00001-of-00002.safetensors",)"
+                                        R"("b":"model-00002-of-00002.safetensors"}})");
+  EXPECT_FALSE(SafetensorsModel::Open(dir_.string()).ok());
+}
+
+TEST_F(SafetensorsModelTest, EmptyFolder) {
+  EXPECT_EQ(SafetensorsModel::Open(dir_.string()).status().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kiln::models
