@@ -29,15 +29,17 @@ struct SourceLocation {
   int line = 0;      // 1-based; 0 when unknown
   int column = 0;    // 1-based; 0 when unknown
   std::string ToString() const;  // "file:line:col" (or just "file" when line is 0)
+  bool operator==(const SourceLocation&) const = default;
 };
 
 // ---- server ---------------------------------------------------------------------------------
 
 struct GrpcConfig {
   bool enabled = true;
-  std::string address = "0.0.0.0:8001";     // HOST:PORT; port 0 picks a free port
-  int64_t max_message_bytes = 64ll << 20;    // largest request or response message
-  int max_concurrent_streams = 1024;         // HTTP/2 streams per connection
+  std::string address = "0.0.0.0:8001";    // HOST:PORT; port 0 picks a free port
+  int64_t max_message_bytes = 64ll << 20;  // largest request or response message
+  int max_concurrent_streams = 1024;       // HTTP/2 streams per connection
+  bool operator==(const GrpcConfig&) const = default;
 };
 
 struct HttpConfig {
@@ -46,11 +48,13 @@ struct HttpConfig {
   int64_t max_body_bytes = 64ll << 20;  // larger request bodies get 413
   int threads = 2;                      // I/O threads for HTTP and metrics
   int idle_timeout_seconds = 60;        // keep-alive connections idle this long are closed
+  bool operator==(const HttpConfig&) const = default;
 };
 
 struct MetricsConfig {
   bool enabled = true;
   std::string address = "0.0.0.0:8002";  // serves GET /metrics
+  bool operator==(const MetricsConfig&) const = default;
 };
 
 struct ServerConfig {
@@ -65,6 +69,7 @@ struct ServerConfig {
   // Jobs, checkpoints, adapters, kernel cache. Relative paths resolve against the working
   // directory at start-up.
   std::string storage_dir = ".kiln";
+  bool operator==(const ServerConfig&) const = default;
 };
 
 // ---- logging --------------------------------------------------------------------------------
@@ -72,6 +77,7 @@ struct ServerConfig {
 struct LoggingConfig {
   std::string level = "info";   // trace, debug, info, warn, error, critical, off
   std::string format = "text";  // text | json
+  bool operator==(const LoggingConfig&) const = default;
 };
 
 // ---- models ---------------------------------------------------------------------------------
@@ -83,30 +89,38 @@ struct QueuePolicy {
   uint64_t default_timeout_microseconds = 0;  // 0: requests never time out in the queue
   bool allow_timeout_override = false;        // may a request's `timeout` parameter override?
   uint32_t max_queue_size = 0;                // 0: unbounded (still limited by max_inflight)
+  bool operator==(const QueuePolicy&) const = default;
 };
+
+// "REJECT" or "DELAY", as written in the YAML.
+std::string_view TimeoutActionName(QueuePolicy::TimeoutAction action);
 
 // Triton's ModelDynamicBatching (same names and meaning).
 struct DynamicBatchingConfig {
-  std::vector<int> preferred_batch_size;       // each in [1, max_batch_size]
+  std::vector<int> preferred_batch_size;      // each in [1, max_batch_size]
   uint64_t max_queue_delay_microseconds = 0;  // wait at most this for a fuller batch
   bool preserve_ordering = false;
   uint32_t priority_levels = 0;         // 0: a single level; else levels 1..N, 1 is highest
   uint32_t default_priority_level = 0;  // in [1, priority_levels] when priority_levels > 0
   QueuePolicy default_queue_policy;
   std::map<uint32_t, QueuePolicy> priority_queue_policy;  // keys in [1, priority_levels]
+  bool operator==(const DynamicBatchingConfig&) const = default;
 };
 
 struct ModelConfig {
-  std::string name;       // [A-Za-z0-9_.-]{1,128}, unique
-  std::string kind;       // "builtin" (tensor smoke-test models); later: "llm"
-  std::string builtin;    // kind builtin: "simple", "identity_fp32" or "sleep_us"
-  std::string path;       // weights (file or folder), for kinds that load weights
+  std::string name;     // [A-Za-z0-9_.-]{1,128}, unique
+  std::string kind;     // "builtin" (tensor smoke-test models); later: "llm"
+  std::string builtin;  // kind builtin: "simple", "identity_fp32" or "sleep_us"
+  std::string path;     // weights (file or folder), for kinds that load weights
   std::string backend = "cpu";
-  int instance_count = 1;   // model instances executing batches in parallel, >= 1
-  int max_batch_size = 0;   // 0: the model does not batch (inputs have no batch dimension)
+  int instance_count = 1;  // model instances executing batches in parallel, >= 1
+  int max_batch_size = 0;  // 0: the model does not batch (inputs have no batch dimension)
   std::optional<DynamicBatchingConfig> dynamic_batching;  // absent: no dynamic batching
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   SourceLocation location;    // of the list entry
+
+  // Compares the settings; `location` (where they were written) is not part of the value.
+  bool operator==(const ModelConfig& other) const;
 };
 
 // ---- the whole file -------------------------------------------------------------------------
@@ -118,6 +132,9 @@ struct Config {
   std::string source;  // the file it came from, or "<default>"
 
   const ModelConfig* FindModel(std::string_view name) const;  // nullptr if absent
+
+  // Compares the settings; `source` (where they came from) is not part of the value.
+  bool operator==(const Config& other) const;
 };
 
 // The embedded default configuration, as YAML with a comment on every key. It is what
@@ -148,6 +165,20 @@ Status ValidateModel(const ModelConfig& model, std::string_view where);
 StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where);
 
 // Serializes a config back to YAML (no comments), e.g. for logging the effective config.
+// Every key is written, defaults included. For a valid config, ParseConfig(ToYaml(c)) == c.
 std::string ToYaml(const Config& config);
+
+// A listen address split into its parts, as accepted by the config: HOST:PORT where HOST is an
+// IPv4 address, a bracketed IPv6 address or a host name (RFC 1123), and PORT is 0..65535.
+struct HostPort {
+  std::string host;  // without the brackets of an IPv6 address: "::1" for "[::1]:8001"
+  int port = 0;      // 0: the OS picks a free port
+  bool ipv6 = false;
+  bool operator==(const HostPort&) const = default;
+};
+
+// Parses and checks an address such as `server.grpc.address`. InvalidArgument says what is
+// wrong with it ("expected HOST:PORT ..., got `8001`"), without a location.
+StatusOr<HostPort> ParseHostPort(std::string_view address);
 
 }  // namespace kiln::config

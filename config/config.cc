@@ -1,0 +1,1215 @@
+#include "config/config.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <set>
+#include <span>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "config/yaml_tree.h"
+
+namespace kiln::config {
+namespace {
+
+using internal::Entry;
+using internal::Mark;
+using internal::Problem;
+using internal::Value;
+using Names = std::span<const std::string_view>;
+
+// ---- The schema's limits and names (config/README.md documents each) ------------------------
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kUint32Max = std::numeric_limits<uint32_t>::max();
+
+// An integer setting's allowed range; `note` explains a limit that is not obvious.
+struct IntRange {
+  int64_t min;
+  int64_t max;
+  std::string_view note = {};
+};
+
+constexpr IntRange kMaxMessageBytesRange{1, kInt32Max, "gRPC's limit is 2 GiB - 1"};
+constexpr IntRange kMaxConcurrentStreamsRange{1, kInt32Max};
+constexpr IntRange kMaxBodyBytesRange{1, kInt64Max};
+constexpr IntRange kHttpThreadsRange{1, 64};
+constexpr IntRange kIdleTimeoutSecondsRange{1, 86400};
+constexpr IntRange kMaxInflightRequestsRange{1, kInt32Max};
+constexpr double kMaxShutdownGraceSeconds = 3600;
+constexpr IntRange kInstanceCountRange{1, 64};
+constexpr IntRange kMaxBatchSizeRange{0, 1 << 20};
+constexpr IntRange kPreferredBatchSizeRange{1, 1 << 20};
+// Durations are added to clock readings; 24 h keeps that far from overflow.
+constexpr IntRange kMicrosecondsRange{0, 86'400'000'000, "at most 24 hours"};
+constexpr IntRange kPriorityLevelsRange{0, 1024};
+constexpr IntRange kPriorityLevelRange{0, kPriorityLevelsRange.max};
+constexpr IntRange kMaxQueueSizeRange{0, kUint32Max};
+
+constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
+                                           "error", "critical", "off"};
+constexpr std::string_view kLogFormats[] = {"text", "json"};
+constexpr std::string_view kTimeoutActions[] = {"REJECT", "DELAY"};
+
+// Backends a model may name. Later: cuda, rocm, xpu, ref.
+constexpr std::string_view kBackends[] = {"cpu"};
+
+// Model kinds and what each needs. A new kind (e.g. `llm`, weights from `path`) is a row here;
+// keys only one kind uses are checked against this table, not against the key list.
+struct ModelKind {
+  std::string_view name;
+  bool uses_builtin;  // `builtin:` picks the model; required
+  bool uses_path;     // `path:` names the weights; required
+};
+constexpr ModelKind kModelKinds[] = {
+    {"builtin", /*uses_builtin=*/true, /*uses_path=*/false},
+};
+constexpr std::string_view kBuiltinModels[] = {"simple", "identity_fp32", "sleep_us"};
+
+constexpr size_t kMaxModelNameLength = 128;
+constexpr size_t kMaxConfigFileBytes = 16 << 20;
+
+// The keys allowed in each mapping.
+constexpr std::string_view kTopKeys[] = {"server", "logging", "models"};
+constexpr std::string_view kServerKeys[] = {
+    "grpc", "http", "metrics", "max_inflight_requests", "shutdown_grace_seconds", "storage_dir"};
+constexpr std::string_view kGrpcKeys[] = {"enabled", "address", "max_message_bytes",
+                                          "max_concurrent_streams"};
+constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes", "threads",
+                                          "idle_timeout_seconds"};
+constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
+constexpr std::string_view kLoggingKeys[] = {"level", "format"};
+constexpr std::string_view kModelKeys[] = {
+    "name",           "kind",           "builtin",          "path",         "backend",
+    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start"};
+constexpr std::string_view kDynamicBatchingKeys[] = {
+    "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
+    "priority_levels",      "default_priority_level",       "default_queue_policy",
+    "priority_queue_policy"};
+constexpr std::string_view kQueuePolicyKeys[] = {"timeout_action", "default_timeout_microseconds",
+                                                 "allow_timeout_override", "max_queue_size"};
+
+// ---- Small helpers --------------------------------------------------------------------------
+
+std::string Join(std::string_view parent, std::string_view key) {
+  if (parent.empty()) return std::string(key);
+  return absl::StrCat(ToAbsl(parent), ".", ToAbsl(key));
+}
+
+std::string Index(std::string_view parent, size_t i) {
+  return absl::StrCat(ToAbsl(parent), "[", i, "]");
+}
+
+// "models[1].name" -> "models[1]" -> "models" -> "".
+std::string Parent(std::string_view path) {
+  size_t cut = path.find_last_of(".[");
+  return std::string(cut == std::string_view::npos ? std::string_view() : path.substr(0, cut));
+}
+
+std::string ListNames(Names names) {
+  std::string out;
+  for (std::string_view n : names) absl::StrAppend(&out, out.empty() ? "" : ", ", ToAbsl(n));
+  return out;
+}
+
+std::vector<std::string> Prefixed(std::string_view prefix, Names keys) {
+  std::vector<std::string> out;
+  for (std::string_view k : keys) out.push_back(Join(prefix, k));
+  return out;
+}
+
+std::string Lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// Optimal string alignment distance (Levenshtein plus transpositions of neighbours).
+size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) {
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// The candidate `word` most likely meant, or "" when none is close. Case and `-` vs `_` are
+// ignored; a candidate that `word` abbreviates (`max_batch` -> `max_batch_size`) counts as
+// close, and so does a candidate `word` begins or ends with. `nested` are keys one level down
+// ("grpc.address"): suggested only when their last part matches exactly, for a key written one
+// level too high.
+std::string Suggest(std::string_view word, Names candidates,
+                    const std::vector<std::string>& nested = {}) {
+  std::string w = Lower(word);
+  std::replace(w.begin(), w.end(), '-', '_');
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (std::string_view c : candidates) {
+    std::string lc = Lower(c);
+    size_t distance = EditDistance(w, lc);
+    // `max_batch` for `max_batch_size`, `max_batch_size_x` or `log_level` for `level`.
+    bool abbreviation =
+        (w.size() >= 3 && lc.compare(0, w.size(), w) == 0) ||
+        (lc.size() >= 4 && w.size() > lc.size() &&
+         (w.compare(0, lc.size(), lc) == 0 || w.compare(w.size() - lc.size(), lc.size(), lc) == 0));
+    bool close = distance <= std::max<size_t>(2, w.size() / 3);
+    if ((close || abbreviation) && distance < best_distance) {
+      best = std::string(c);
+      best_distance = distance;
+    }
+  }
+  if (!best.empty()) return best;
+  for (const std::string& n : nested) {
+    if (std::string_view(n).substr(n.rfind('.') + 1) == w) return n;
+  }
+  return "";
+}
+
+std::string DidYouMean(const std::string& suggestion) {
+  return suggestion.empty() ? "" : absl::StrCat(" (did you mean `", suggestion, "`?)");
+}
+
+std::string RangeText(const IntRange& r) {
+  std::string out = r.max == kInt64Max ? absl::StrCat(">= ", r.min)
+                                       : absl::StrCat("in [", r.min, ", ", r.max, "]");
+  if (!r.note.empty()) absl::StrAppend(&out, " (", ToAbsl(r.note), ")");
+  return out;
+}
+
+std::string IntRangeMessage(const IntRange& r, std::string_view got) {
+  return absl::StrCat("expected an integer ", RangeText(r), ", got ", ToAbsl(got));
+}
+
+std::string Backticked(std::string_view s) { return absl::StrCat("`", ToAbsl(s), "`"); }
+
+enum class NumberParse { kOk, kNotANumber, kOutOfRange };
+
+NumberParse ParseInt64(std::string_view text, int64_t* out) {
+  std::string_view t = text;
+  if (!t.empty() && t[0] == '+') t.remove_prefix(1);
+  if (t.empty() || t[0] == '+') return NumberParse::kNotANumber;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  if (end != t.data() + t.size()) return NumberParse::kNotANumber;
+  if (ec == std::errc::result_out_of_range) return NumberParse::kOutOfRange;
+  return ec == std::errc() ? NumberParse::kOk : NumberParse::kNotANumber;
+}
+
+bool ParseFiniteDouble(std::string_view text, double* out) {
+  std::string_view t = text;
+  if (!t.empty() && t[0] == '+') t.remove_prefix(1);
+  if (t.empty() || t[0] == '+') return false;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), *out);
+  return ec == std::errc() && end == t.data() + t.size() && std::isfinite(*out);
+}
+
+bool IsValidModelName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxModelNameLength) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
+}
+
+bool IsIPv4(std::string_view host) {
+  int parts = 0;
+  size_t i = 0;
+  while (true) {
+    size_t start = i;
+    while (i < host.size() && host[i] >= '0' && host[i] <= '9') ++i;
+    if (i == start || i - start > 3) return false;
+    if (std::stoi(std::string(host.substr(start, i - start))) > 255) return false;
+    ++parts;
+    if (i == host.size()) return parts == 4;
+    if (host[i] != '.' || parts == 4) return false;
+    ++i;
+  }
+}
+
+// RFC 1123: dot-separated labels of letters, digits and inner hyphens, 1-63 long, 253 in all.
+bool IsHostName(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  size_t start = 0;
+  while (true) {
+    size_t end = host.find('.', start);
+    std::string_view label =
+        host.substr(start, end == std::string_view::npos ? std::string_view::npos : end - start);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (char c : label) {
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+    }
+    if (end == std::string_view::npos) return true;
+    start = end + 1;
+  }
+}
+
+// ---- Diagnostics: every problem found, with where it is -------------------------------------
+
+class Diagnostics {
+ public:
+  // `file` names origin 0 in messages; `root` says where a path-less key sits ("at the top
+  // level"); `overrides` are the --set texts, quoted in messages about them.
+  Diagnostics(std::string file, std::string root, const std::vector<std::string>* overrides)
+      : file_(std::move(file)), root_(std::move(root)), overrides_(overrides) {}
+
+  const std::string& root() const { return root_; }
+
+  void Add(const Mark& mark, std::string message) {
+    errors_.push_back(Error{mark, std::move(message)});
+  }
+
+  // Remembers where the value at `path` was written, for messages found later. The first
+  // record wins: a priority level's policy is recorded at its key, before the policy's
+  // mapping would record its own position.
+  void Record(const std::string& path, const Mark& mark) { marks_.emplace(path, mark); }
+
+  // The recorded mark of `path`, else of its nearest recorded ancestor.
+  Mark Find(const std::string& path) const {
+    std::string p = path;
+    while (true) {
+      auto it = marks_.find(p);
+      if (it != marks_.end()) return it->second;
+      if (p.empty()) return Mark{};
+      p = Parent(p);
+    }
+  }
+
+  // "`path`: message" at the value's location. At most one error per path: once a value is
+  // wrong, checks that depend on it (or on its parent) would only repeat the news.
+  void AtPath(const std::string& path, std::string_view message) {
+    if (Failed(path)) return;
+    failed_.insert(path);
+    Add(Find(path),
+        path.empty() ? std::string(message) : absl::StrCat("`", path, "`: ", ToAbsl(message)));
+  }
+
+  bool Failed(const std::string& path) const {
+    std::string p = path;
+    while (true) {
+      if (failed_.count(p) != 0) return true;
+      if (p.empty()) return false;
+      p = Parent(p);
+    }
+  }
+
+  std::string Where(const Mark& mark) const {
+    if (mark.origin > 0) return absl::StrCat("<set>:", mark.line, ":", mark.column);
+    if (mark.line == 0) return file_;
+    return absl::StrCat(file_, ":", mark.line, ":", mark.column);
+  }
+
+  SourceLocation Location(const Mark& mark) const {
+    return SourceLocation{mark.origin > 0 ? "<set>" : file_, mark.line, mark.column};
+  }
+
+  bool ok() const { return errors_.empty(); }
+
+  Status ToStatus() const {
+    if (errors_.empty()) return OkStatus();
+    std::vector<Error> sorted = errors_;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Error& a, const Error& b) {
+      return std::tie(a.mark.origin, a.mark.line, a.mark.column) <
+             std::tie(b.mark.origin, b.mark.line, b.mark.column);
+    });
+    std::string text;
+    for (const Error& e : sorted) {
+      if (!text.empty()) text += "\n";
+      absl::StrAppend(&text, Where(e.mark), ": ", e.message);
+      if (e.mark.origin > 0 && overrides_ != nullptr &&
+          static_cast<size_t>(e.mark.origin) <= overrides_->size()) {
+        absl::StrAppend(&text, " (in --set `", (*overrides_)[e.mark.origin - 1], "`)");
+      }
+    }
+    return InvalidArgument(text);
+  }
+
+ private:
+  struct Error {
+    Mark mark;
+    std::string message;
+  };
+  std::string file_;
+  std::string root_;
+  const std::vector<std::string>* overrides_;
+  std::vector<Error> errors_;
+  std::map<std::string, Mark> marks_;
+  std::set<std::string> failed_;
+};
+
+// ---- Decoding: the YAML tree into the structs ------------------------------------------------
+
+// The known keys of one mapping, once Decoder::Mapping has reported the others.
+class Fields {
+ public:
+  // The value written for `key` (possibly null), or nullptr when the key is absent.
+  const Value* Get(std::string_view key) const {
+    for (const auto& f : fields_) {
+      if (f.key == key) return f.value;
+    }
+    return nullptr;
+  }
+  const Value* KeyOf(std::string_view key) const {
+    for (const auto& f : fields_) {
+      if (f.key == key) return f.key_value;
+    }
+    return nullptr;
+  }
+  void Add(std::string_view key, const Value* key_value, const Value* value) {
+    fields_.push_back(Field{key, key_value, value});
+  }
+
+ private:
+  struct Field {
+    std::string_view key;
+    const Value* key_value;
+    const Value* value;
+  };
+  std::vector<Field> fields_;
+};
+
+// Reads values, reporting type and range errors at the value. A null value means "not
+// written": the field keeps its default.
+class Decoder {
+ public:
+  explicit Decoder(Diagnostics* d) : d_(*d) {}
+
+  Diagnostics& diagnostics() { return d_; }
+
+  // Reports unless `v` is a mapping (absent or null counts as empty); reports unknown and
+  // duplicate keys; records where each known key's value is.
+  Fields Mapping(const Value* v, const std::string& path, Names keys,
+                 const std::vector<std::string>& nested = {},
+                 std::string_view ignored_prefix = {}) {
+    Fields fields;
+    if (v == nullptr || v->is_null()) return fields;
+    d_.Record(path, v->mark);
+    if (!v->is_mapping()) {
+      d_.AtPath(path, absl::StrCat("expected a mapping", path.empty() ? " " + d_.root() : "",
+                                   " (keys: ", ListNames(keys), "), got ", v->Describe()));
+      return fields;
+    }
+    for (const Entry& e : v->entries) {
+      const std::string& key = e.key.scalar;
+      if (!ignored_prefix.empty() && key.rfind(ignored_prefix, 0) == 0) continue;
+      auto known = std::find(keys.begin(), keys.end(), key);
+      std::string where = path.empty() ? d_.root() : absl::StrCat("in `", path, "`");
+      if (known == keys.end()) {
+        std::string suggestion = Suggest(key, keys, nested);
+        d_.Add(e.key.mark,
+               absl::StrCat("unknown key `", key, "` ", where,
+                            suggestion.empty() ? absl::StrCat(" (allowed: ", ListNames(keys), ")")
+                                               : DidYouMean(suggestion)));
+        continue;
+      }
+      if (const Value* first = fields.KeyOf(key)) {
+        d_.Add(e.key.mark, absl::StrCat("duplicate key `", key, "` ", where, " (first at ",
+                                        d_.Where(first->mark), ")"));
+        continue;
+      }
+      fields.Add(*known, &e.key, &e.value);
+      d_.Record(Join(path, key), e.value.mark);
+    }
+    return fields;
+  }
+
+  void Bool(const Fields& f, std::string_view key, const std::string& parent, bool* out) {
+    const Value* v = f.Get(key);
+    if (v == nullptr || v->is_null()) return;
+    std::string lower = v->is_scalar() ? Lower(v->scalar) : "";
+    if (lower == "true" || lower == "false") {
+      *out = lower == "true";
+    } else {
+      d_.AtPath(Join(parent, key), "expected true or false, got " + v->Describe());
+    }
+  }
+
+  template <typename T>
+  void Int(const Fields& f, std::string_view key, const std::string& parent, const IntRange& r,
+           T* out) {
+    const Value* v = f.Get(key);
+    if (v != nullptr && !v->is_null()) IntValue(*v, Join(parent, key), r, out);
+  }
+
+  template <typename T>
+  bool IntValue(const Value& v, const std::string& path, const IntRange& r, T* out) {
+    KILN_CHECK(
+        r.min >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+            static_cast<uint64_t>(r.max) <= static_cast<uint64_t>(std::numeric_limits<T>::max()),
+        "an IntRange does not fit the field's type");
+    int64_t n = 0;
+    if (!v.is_scalar() || ParseInt64(v.scalar, &n) != NumberParse::kOk || n < r.min || n > r.max) {
+      d_.AtPath(path, IntRangeMessage(r, v.Describe()));
+      return false;
+    }
+    *out = static_cast<T>(n);
+    return true;
+  }
+
+  void Double(const Fields& f, std::string_view key, const std::string& parent, double min,
+              double max, double* out) {
+    const Value* v = f.Get(key);
+    if (v == nullptr || v->is_null()) return;
+    double x = 0;
+    if (!v->is_scalar() || !ParseFiniteDouble(v->scalar, &x) || x < min || x > max) {
+      d_.AtPath(Join(parent, key),
+                fmt::format("expected a number in [{}, {}], got {}", min, max, v->Describe()));
+      return;
+    }
+    *out = x;
+  }
+
+  // Any scalar is a string (`name: 123` is the name "123").
+  bool String(const Fields& f, std::string_view key, const std::string& parent, std::string* out) {
+    const Value* v = f.Get(key);
+    if (v == nullptr || v->is_null()) return false;
+    if (!v->is_scalar()) {
+      d_.AtPath(Join(parent, key), "expected a string, got " + v->Describe());
+      return false;
+    }
+    *out = v->scalar;
+    return true;
+  }
+
+  // Stores the allowed spelling; `ignore_case` accepts `INFO` for `info`.
+  void Enum(const Fields& f, std::string_view key, const std::string& parent, Names allowed,
+            bool ignore_case, std::string* out) {
+    const Value* v = f.Get(key);
+    if (v == nullptr || v->is_null()) return;
+    if (v->is_scalar()) {
+      for (std::string_view a : allowed) {
+        if (v->scalar == a || (ignore_case && Lower(v->scalar) == Lower(a))) {
+          *out = std::string(a);
+          return;
+        }
+      }
+    }
+    d_.AtPath(Join(parent, key),
+              absl::StrCat("expected one of ", ListNames(allowed), "; got ", v->Describe(),
+                           v->is_scalar() ? DidYouMean(Suggest(v->scalar, allowed)) : ""));
+  }
+
+  void Address(const Fields& f, std::string_view key, const std::string& parent, std::string* out) {
+    std::string address;
+    if (!String(f, key, parent, &address)) return;
+    StatusOr<HostPort> parsed = ParseHostPort(address);
+    if (!parsed.ok()) {
+      d_.AtPath(Join(parent, key), StatusMessage(parsed.status()));
+      return;
+    }
+    *out = address;
+  }
+
+ private:
+  Diagnostics& d_;
+};
+
+void DecodeQueuePolicy(Decoder& dec, const Value* v, const std::string& path, QueuePolicy* q) {
+  Fields f = dec.Mapping(v, path, kQueuePolicyKeys);
+  std::string action;
+  dec.Enum(f, "timeout_action", path, kTimeoutActions, /*ignore_case=*/true, &action);
+  if (!action.empty()) {
+    q->timeout_action = action == "DELAY" ? QueuePolicy::TimeoutAction::kDelay
+                                          : QueuePolicy::TimeoutAction::kReject;
+  }
+  dec.Int(f, "default_timeout_microseconds", path, kMicrosecondsRange,
+          &q->default_timeout_microseconds);
+  dec.Bool(f, "allow_timeout_override", path, &q->allow_timeout_override);
+  dec.Int(f, "max_queue_size", path, kMaxQueueSizeRange, &q->max_queue_size);
+}
+
+void DecodeDynamicBatching(Decoder& dec, const Value* v, const std::string& path,
+                           DynamicBatchingConfig* db) {
+  Diagnostics& d = dec.diagnostics();
+  Fields f = dec.Mapping(v, path, kDynamicBatchingKeys,
+                         Prefixed("default_queue_policy", kQueuePolicyKeys));
+  if (const Value* sizes = f.Get("preferred_batch_size"); sizes != nullptr && !sizes->is_null()) {
+    std::string sizes_path = Join(path, "preferred_batch_size");
+    if (!sizes->is_sequence()) {
+      d.AtPath(sizes_path,
+               "expected a list of batch sizes such as [4, 8], got " + sizes->Describe());
+    } else {
+      for (size_t i = 0; i < sizes->items.size(); ++i) {
+        std::string item_path = Index(sizes_path, i);
+        d.Record(item_path, sizes->items[i].mark);
+        // A bad entry keeps its place (as 0, its error already given), so that the indices
+        // checked later are the ones written.
+        int size = 0;
+        dec.IntValue(sizes->items[i], item_path, kPreferredBatchSizeRange, &size);
+        db->preferred_batch_size.push_back(size);
+      }
+    }
+  }
+  dec.Int(f, "max_queue_delay_microseconds", path, kMicrosecondsRange,
+          &db->max_queue_delay_microseconds);
+  dec.Bool(f, "preserve_ordering", path, &db->preserve_ordering);
+  dec.Int(f, "priority_levels", path, kPriorityLevelsRange, &db->priority_levels);
+  dec.Int(f, "default_priority_level", path, kPriorityLevelRange, &db->default_priority_level);
+  DecodeQueuePolicy(dec, f.Get("default_queue_policy"), Join(path, "default_queue_policy"),
+                    &db->default_queue_policy);
+
+  // A mapping from priority level to policy: its keys are integers, not names.
+  const Value* policies = f.Get("priority_queue_policy");
+  std::string policies_path = Join(path, "priority_queue_policy");
+  if (policies == nullptr || policies->is_null()) return;
+  if (!policies->is_mapping()) {
+    d.AtPath(policies_path,
+             "expected a mapping from priority level to queue policy, such as "
+             "{1: {max_queue_size: 16}}, got " +
+                 policies->Describe());
+    return;
+  }
+  std::map<uint32_t, const Value*> seen;
+  for (const Entry& e : policies->entries) {
+    int64_t level = 0;
+    if (ParseInt64(e.key.scalar, &level) != NumberParse::kOk || level < 1 ||
+        level > kPriorityLevelsRange.max) {
+      d.Add(e.key.mark,
+            absl::StrCat("`", policies_path, "`: expected a priority level (an integer in [1, ",
+                         kPriorityLevelsRange.max, "]) as key, got ", e.key.Describe()));
+      continue;
+    }
+    auto [it, inserted] = seen.emplace(static_cast<uint32_t>(level), &e.key);
+    if (!inserted) {
+      d.Add(e.key.mark, absl::StrCat("duplicate priority level ", level, " in `", policies_path,
+                                     "` (first at ", d.Where(it->second->mark), ")"));
+      continue;
+    }
+    std::string level_path = Join(policies_path, std::to_string(level));
+    d.Record(level_path, e.key.mark);  // errors about the level point at the key
+    DecodeQueuePolicy(dec, &e.value, level_path,
+                      &db->priority_queue_policy[static_cast<uint32_t>(level)]);
+  }
+}
+
+void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelConfig* m) {
+  m->location = dec.diagnostics().Location(v.mark);
+  Fields f = dec.Mapping(&v, path, kModelKeys, Prefixed("dynamic_batching", kDynamicBatchingKeys));
+  dec.String(f, "name", path, &m->name);
+  dec.String(f, "kind", path, &m->kind);
+  dec.String(f, "builtin", path, &m->builtin);
+  dec.String(f, "path", path, &m->path);
+  dec.String(f, "backend", path, &m->backend);
+  dec.Int(f, "instance_count", path, kInstanceCountRange, &m->instance_count);
+  dec.Int(f, "max_batch_size", path, kMaxBatchSizeRange, &m->max_batch_size);
+  // Writing the section turns dynamic batching on, even with nothing under it (Triton's
+  // `dynamic_batching {}`).
+  if (const Value* db = f.Get("dynamic_batching")) {
+    DecodeDynamicBatching(dec, db, Join(path, "dynamic_batching"), &m->dynamic_batching.emplace());
+  }
+  dec.Bool(f, "load_on_start", path, &m->load_on_start);
+}
+
+// ---- Validation of a model's settings together (also for models built in code) -------------
+
+template <typename T>
+void CheckInt(Diagnostics& d, const std::string& path, const IntRange& r, T value) {
+  bool in_range;
+  if constexpr (std::is_unsigned_v<T>) {
+    in_range = static_cast<uint64_t>(value) <= static_cast<uint64_t>(r.max) &&
+               (r.min <= 0 || static_cast<uint64_t>(value) >= static_cast<uint64_t>(r.min));
+  } else {
+    in_range = static_cast<int64_t>(value) >= r.min && static_cast<int64_t>(value) <= r.max;
+  }
+  if (!in_range) d.AtPath(path, IntRangeMessage(r, Backticked(std::to_string(value))));
+}
+
+void CheckName(Diagnostics& d, const std::string& path, std::string_view kind_of_value,
+               std::string_view value, Names allowed) {
+  if (value.empty()) {
+    d.AtPath(path, absl::StrCat("missing; expected one of ", ListNames(allowed)));
+  } else if (std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+    d.AtPath(path, absl::StrCat("unknown ", ToAbsl(kind_of_value), " `", ToAbsl(value),
+                                "`; expected one of ", ListNames(allowed),
+                                DidYouMean(Suggest(value, allowed))));
+  }
+}
+
+void ValidateQueuePolicy(Diagnostics& d, const QueuePolicy& q, const std::string& path) {
+  CheckInt(d, Join(path, "default_timeout_microseconds"), kMicrosecondsRange,
+           q.default_timeout_microseconds);
+}
+
+void ValidateDynamicBatching(Diagnostics& d, const DynamicBatchingConfig& db, const ModelConfig& m,
+                             const std::string& model_path) {
+  std::string path = Join(model_path, "dynamic_batching");
+  std::string sizes_path = Join(path, "preferred_batch_size");
+  for (size_t i = 0; i < db.preferred_batch_size.size(); ++i) {
+    CheckInt(d, Index(sizes_path, i), kPreferredBatchSizeRange, db.preferred_batch_size[i]);
+  }
+  if (!db.preferred_batch_size.empty() && !d.Failed(Join(model_path, "max_batch_size"))) {
+    if (m.max_batch_size == 0) {
+      d.AtPath(sizes_path,
+               "needs max_batch_size > 0, but max_batch_size is 0 (the model does not batch)");
+    } else {
+      int previous = 0;  // the last good size; bad ones are reported once, on their own
+      for (size_t i = 0; i < db.preferred_batch_size.size(); ++i) {
+        int size = db.preferred_batch_size[i];
+        std::string item_path = Index(sizes_path, i);
+        if (d.Failed(item_path)) continue;
+        if (size > m.max_batch_size) {
+          d.AtPath(item_path, absl::StrCat("expected a batch size in [1, ", m.max_batch_size,
+                                           "] (max_batch_size), got `", size, "`"));
+        } else if (size <= previous) {
+          d.AtPath(item_path,
+                   absl::StrCat("expected sizes in ascending order without repeats, got `", size,
+                                "` after `", previous, "`"));
+        } else {
+          previous = size;
+        }
+      }
+    }
+  }
+  CheckInt(d, Join(path, "max_queue_delay_microseconds"), kMicrosecondsRange,
+           db.max_queue_delay_microseconds);
+  std::string levels_path = Join(path, "priority_levels");
+  std::string default_level_path = Join(path, "default_priority_level");
+  std::string policies_path = Join(path, "priority_queue_policy");
+  CheckInt(d, levels_path, kPriorityLevelsRange, db.priority_levels);
+  if (!d.Failed(levels_path)) {
+    uint32_t levels = db.priority_levels;
+    uint32_t level = db.default_priority_level;
+    if (levels == 0) {
+      if (level != 0) {
+        d.AtPath(default_level_path,
+                 absl::StrCat("must be 0 or absent when priority_levels is 0 (a single level), "
+                              "got `",
+                              level, "`"));
+      }
+      if (!db.priority_queue_policy.empty()) {
+        d.AtPath(policies_path, "needs priority_levels > 0, but priority_levels is 0");
+      }
+    } else {
+      if (level == 0) {
+        d.AtPath(default_level_path, absl::StrCat("missing; required in [1, ", levels,
+                                                  "] when priority_levels is ", levels));
+      } else if (level > levels) {
+        d.AtPath(default_level_path, absl::StrCat("expected a level in [1, ", levels,
+                                                  "] (priority_levels), got `", level, "`"));
+      }
+      for (const auto& [key, policy] : db.priority_queue_policy) {
+        if (key < 1 || key > levels) {
+          d.AtPath(Join(policies_path, std::to_string(key)),
+                   absl::StrCat("priority level ", key, " is not in [1, ", levels,
+                                "] (priority_levels)"));
+        }
+      }
+    }
+  }
+  ValidateQueuePolicy(d, db.default_queue_policy, Join(path, "default_queue_policy"));
+  for (const auto& [key, policy] : db.priority_queue_policy) {
+    ValidateQueuePolicy(d, policy, Join(policies_path, std::to_string(key)));
+  }
+}
+
+void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& path) {
+  std::string name_path = Join(path, "name");
+  if (m.name.empty()) {
+    d.AtPath(name_path,
+             "missing; every model needs a name of 1 to 128 characters from "
+             "[A-Za-z0-9_.-]");
+  } else if (!IsValidModelName(m.name)) {
+    d.AtPath(name_path, absl::StrCat("expected 1 to 128 characters from [A-Za-z0-9_.-], got ",
+                                     Backticked(m.name)));
+  }
+
+  std::vector<std::string_view> kinds;
+  const ModelKind* kind = nullptr;
+  for (const ModelKind& k : kModelKinds) {
+    kinds.push_back(k.name);
+    if (k.name == m.kind) kind = &k;
+  }
+  CheckName(d, Join(path, "kind"), "model kind", m.kind, kinds);
+  if (kind != nullptr) {
+    std::string builtin_path = Join(path, "builtin");
+    if (kind->uses_builtin) {
+      CheckName(d, builtin_path, "built-in model", m.builtin, kBuiltinModels);
+    } else if (!m.builtin.empty()) {
+      d.AtPath(builtin_path, absl::StrCat("not used by kind `", ToAbsl(kind->name), "`"));
+    }
+    std::string weights_path = Join(path, "path");
+    if (kind->uses_path) {
+      if (m.path.empty()) {
+        d.AtPath(weights_path, absl::StrCat("missing; kind `", ToAbsl(kind->name),
+                                            "` loads its weights from `path`"));
+      }
+    } else if (!m.path.empty()) {
+      d.AtPath(weights_path,
+               absl::StrCat("not used by kind `", ToAbsl(kind->name), "` (it loads no weights)"));
+    }
+  }
+  CheckName(d, Join(path, "backend"), "backend", m.backend, kBackends);
+  CheckInt(d, Join(path, "instance_count"), kInstanceCountRange, m.instance_count);
+  CheckInt(d, Join(path, "max_batch_size"), kMaxBatchSizeRange, m.max_batch_size);
+  if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
+}
+
+// ---- The whole file -------------------------------------------------------------------------
+
+void DecodeServer(Decoder& dec, const Value* v, ServerConfig* s) {
+  Diagnostics& d = dec.diagnostics();
+  std::vector<std::string> nested = Prefixed("grpc", kGrpcKeys);
+  for (std::string& n : Prefixed("http", kHttpKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("metrics", kMetricsKeys)) nested.push_back(std::move(n));
+  Fields f = dec.Mapping(v, "server", kServerKeys, nested);
+
+  Fields grpc = dec.Mapping(f.Get("grpc"), "server.grpc", kGrpcKeys);
+  dec.Bool(grpc, "enabled", "server.grpc", &s->grpc.enabled);
+  dec.Address(grpc, "address", "server.grpc", &s->grpc.address);
+  dec.Int(grpc, "max_message_bytes", "server.grpc", kMaxMessageBytesRange,
+          &s->grpc.max_message_bytes);
+  dec.Int(grpc, "max_concurrent_streams", "server.grpc", kMaxConcurrentStreamsRange,
+          &s->grpc.max_concurrent_streams);
+
+  Fields http = dec.Mapping(f.Get("http"), "server.http", kHttpKeys);
+  dec.Bool(http, "enabled", "server.http", &s->http.enabled);
+  dec.Address(http, "address", "server.http", &s->http.address);
+  dec.Int(http, "max_body_bytes", "server.http", kMaxBodyBytesRange, &s->http.max_body_bytes);
+  dec.Int(http, "threads", "server.http", kHttpThreadsRange, &s->http.threads);
+  dec.Int(http, "idle_timeout_seconds", "server.http", kIdleTimeoutSecondsRange,
+          &s->http.idle_timeout_seconds);
+
+  Fields metrics = dec.Mapping(f.Get("metrics"), "server.metrics", kMetricsKeys);
+  dec.Bool(metrics, "enabled", "server.metrics", &s->metrics.enabled);
+  dec.Address(metrics, "address", "server.metrics", &s->metrics.address);
+
+  dec.Int(f, "max_inflight_requests", "server", kMaxInflightRequestsRange,
+          &s->max_inflight_requests);
+  dec.Double(f, "shutdown_grace_seconds", "server", 0, kMaxShutdownGraceSeconds,
+             &s->shutdown_grace_seconds);
+  if (dec.String(f, "storage_dir", "server", &s->storage_dir) && s->storage_dir.empty()) {
+    d.AtPath("server.storage_dir", "expected a directory path, got an empty string");
+    s->storage_dir = ServerConfig().storage_dir;
+  }
+
+  // Two enabled listeners on one port fail at bind time; say so now, with both places.
+  struct Listener {
+    std::string path;
+    const std::string* address;
+    HostPort parsed;
+  };
+  std::vector<Listener> listeners;
+  auto add = [&](bool enabled, std::string path, const std::string& address) {
+    if (!enabled || d.Failed(path)) return;
+    StatusOr<HostPort> parsed = ParseHostPort(address);
+    if (parsed.ok()) listeners.push_back(Listener{std::move(path), &address, *parsed});
+  };
+  add(s->grpc.enabled, "server.grpc.address", s->grpc.address);
+  add(s->http.enabled, "server.http.address", s->http.address);
+  add(s->metrics.enabled, "server.metrics.address", s->metrics.address);
+  auto wildcard = [](const HostPort& hp) { return hp.host == "0.0.0.0" || hp.host == "::"; };
+  for (size_t j = 0; j < listeners.size(); ++j) {
+    for (size_t i = 0; i < j; ++i) {
+      const HostPort& a = listeners[i].parsed;
+      const HostPort& b = listeners[j].parsed;
+      if (a.port != 0 && a.port == b.port && (a.host == b.host || wildcard(a) || wildcard(b))) {
+        d.AtPath(listeners[j].path, absl::StrCat("port ", b.port, " is also used by `",
+                                                 listeners[i].path, "` (", *listeners[i].address,
+                                                 ", at ", d.Where(d.Find(listeners[i].path)), ")"));
+        break;
+      }
+    }
+  }
+}
+
+void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
+  Decoder dec(&d);
+  std::vector<std::string> nested = Prefixed("server", kServerKeys);
+  for (std::string& n : Prefixed("logging", kLoggingKeys)) nested.push_back(std::move(n));
+  // `x-` keys are the user's (e.g. for YAML anchors), as in Docker Compose.
+  Fields top = dec.Mapping(&root, "", kTopKeys, nested, /*ignored_prefix=*/"x-");
+  if (d.Failed("")) return;
+
+  DecodeServer(dec, top.Get("server"), &config->server);
+
+  Fields logging = dec.Mapping(top.Get("logging"), "logging", kLoggingKeys);
+  dec.Enum(logging, "level", "logging", kLogLevels, /*ignore_case=*/true, &config->logging.level);
+  dec.Enum(logging, "format", "logging", kLogFormats, /*ignore_case=*/true,
+           &config->logging.format);
+
+  const Value* models = top.Get("models");
+  if (models == nullptr || models->is_null()) return;  // no models
+  if (!models->is_sequence()) {
+    d.AtPath("models",
+             "expected a list of model entries (`- name: ...`), got " + models->Describe());
+    return;
+  }
+  for (size_t i = 0; i < models->items.size(); ++i) {
+    const Value& item = models->items[i];
+    std::string path = Index("models", i);
+    d.Record(path, item.mark);
+    if (!item.is_mapping()) {
+      d.AtPath(path, "expected a model entry (a mapping with `name`, `kind`, ...), got " +
+                         item.Describe());
+      continue;
+    }
+    ModelConfig& model = config->models.emplace_back();
+    DecodeModel(dec, item, path, &model);
+    ValidateModelInto(d, model, path);
+  }
+
+  // Names are unique. (Entries that were not mappings were skipped: index by path.)
+  std::map<std::string, std::string> first_path;
+  for (size_t i = 0, m = 0; i < models->items.size(); ++i) {
+    if (!models->items[i].is_mapping()) continue;
+    const ModelConfig& model = config->models[m++];
+    std::string path = Join(Index("models", i), "name");
+    if (!IsValidModelName(model.name)) continue;
+    auto [it, inserted] = first_path.emplace(model.name, path);
+    if (!inserted) {
+      d.AtPath(path, absl::StrCat("duplicate model name `", model.name, "` (first at ",
+                                  d.Where(d.Find(it->second)), ", `", it->second, "`)"));
+    }
+  }
+}
+
+// ---- ToYaml ---------------------------------------------------------------------------------
+
+// A string as a YAML scalar: plain when that reads back as the same string, else
+// double-quoted with escapes.
+std::string YamlString(std::string_view s) {
+  bool plain =
+      !s.empty() && s != "null" && s != "Null" && s != "NULL" && s.back() != ':' &&
+      (std::isalnum(static_cast<unsigned char>(s[0])) || s[0] == '_' || s[0] == '.' || s[0] == '/');
+  for (char c : s) {
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) ||
+                      std::string_view("_./:@+-").find(c) != std::string_view::npos);
+  }
+  if (plain) return std::string(s);
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+class YamlWriter {
+ public:
+  void Line(int indent, std::string_view key, std::string_view value = {}) {
+    out_.append(static_cast<size_t>(indent), ' ');
+    absl::StrAppend(&out_, ToAbsl(key), ":", value.empty() ? "" : " ", ToAbsl(value), "\n");
+  }
+  // The first key of a list entry: "  - key: value".
+  void ItemLine(int indent, std::string_view key, std::string_view value) {
+    out_.append(static_cast<size_t>(indent), ' ');
+    absl::StrAppend(&out_, "- ", ToAbsl(key), ": ", ToAbsl(value), "\n");
+  }
+  std::string Take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+std::string YamlBool(bool b) { return b ? "true" : "false"; }
+
+void WriteQueuePolicy(YamlWriter& w, int indent, const QueuePolicy& q) {
+  w.Line(indent, "timeout_action", TimeoutActionName(q.timeout_action));
+  w.Line(indent, "default_timeout_microseconds", std::to_string(q.default_timeout_microseconds));
+  w.Line(indent, "allow_timeout_override", YamlBool(q.allow_timeout_override));
+  w.Line(indent, "max_queue_size", std::to_string(q.max_queue_size));
+}
+
+void WriteModel(YamlWriter& w, const ModelConfig& m) {
+  w.ItemLine(2, "name", YamlString(m.name));
+  w.Line(4, "kind", YamlString(m.kind));
+  if (!m.builtin.empty()) w.Line(4, "builtin", YamlString(m.builtin));
+  if (!m.path.empty()) w.Line(4, "path", YamlString(m.path));
+  w.Line(4, "backend", YamlString(m.backend));
+  w.Line(4, "instance_count", std::to_string(m.instance_count));
+  w.Line(4, "max_batch_size", std::to_string(m.max_batch_size));
+  w.Line(4, "load_on_start", YamlBool(m.load_on_start));
+  if (m.dynamic_batching.has_value()) {
+    const DynamicBatchingConfig& db = *m.dynamic_batching;
+    w.Line(4, "dynamic_batching");
+    std::vector<std::string> sizes;
+    for (int s : db.preferred_batch_size) sizes.push_back(std::to_string(s));
+    w.Line(6, "preferred_batch_size", absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"));
+    w.Line(6, "max_queue_delay_microseconds", std::to_string(db.max_queue_delay_microseconds));
+    w.Line(6, "preserve_ordering", YamlBool(db.preserve_ordering));
+    w.Line(6, "priority_levels", std::to_string(db.priority_levels));
+    w.Line(6, "default_priority_level", std::to_string(db.default_priority_level));
+    w.Line(6, "default_queue_policy");
+    WriteQueuePolicy(w, 8, db.default_queue_policy);
+    if (db.priority_queue_policy.empty()) {
+      w.Line(6, "priority_queue_policy", "{}");
+    } else {
+      w.Line(6, "priority_queue_policy");
+      for (const auto& [level, policy] : db.priority_queue_policy) {
+        w.Line(8, std::to_string(level));
+        WriteQueuePolicy(w, 10, policy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// ---- Public API -----------------------------------------------------------------------------
+
+std::string SourceLocation::ToString() const {
+  if (line == 0) return file;
+  return absl::StrCat(file, ":", line, ":", column);
+}
+
+std::string_view TimeoutActionName(QueuePolicy::TimeoutAction action) {
+  return action == QueuePolicy::TimeoutAction::kDelay ? "DELAY" : "REJECT";
+}
+
+bool ModelConfig::operator==(const ModelConfig& o) const {
+  // Every field but `location`; keep in step with the struct.
+  return name == o.name && kind == o.kind && builtin == o.builtin && path == o.path &&
+         backend == o.backend && instance_count == o.instance_count &&
+         max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
+         load_on_start == o.load_on_start;
+}
+
+bool Config::operator==(const Config& o) const {
+  return server == o.server && logging == o.logging && models == o.models;
+}
+
+const ModelConfig* Config::FindModel(std::string_view name) const {
+  for (const ModelConfig& m : models) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+const Config& DefaultConfig() {
+  static const Config* const config = [] {
+    StatusOr<Config> parsed = ParseConfig(DefaultConfigYaml(), "<default>");
+    KILN_CHECK(parsed.ok(),
+               "the embedded default configuration (config/examples/default.yaml) "
+               "does not parse");
+    return new Config(*std::move(parsed));
+  }();
+  return *config;
+}
+
+StatusOr<Config> ParseConfig(std::string_view yaml_text, std::string_view filename,
+                             const std::vector<std::string>& overrides) {
+  Diagnostics d(std::string(filename), "at the top level", &overrides);
+  Value root;
+  Problem problem;
+  if (!internal::ParseYaml(yaml_text, 0, &root, &problem)) {
+    d.Add(problem.mark, problem.message);
+    return d.ToStatus();
+  }
+  std::vector<Problem> problems;
+  for (size_t i = 0; i < overrides.size(); ++i) {
+    internal::ApplyOverride(overrides[i], static_cast<int>(i) + 1, &root, &problems);
+  }
+  for (Problem& p : problems) d.Add(p.mark, std::move(p.message));
+
+  Config config;
+  config.source = std::string(filename);
+  DecodeConfig(root, d, &config);
+  if (!d.ok()) return d.ToStatus();
+  return config;
+}
+
+StatusOr<Config> LoadConfigFile(const std::string& path,
+                                const std::vector<std::string>& overrides) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    int error = errno;
+    std::string reason = std::error_code(error, std::generic_category()).message();
+    if (error == ENOENT || error == ENOTDIR) {
+      return NotFound("config file `", path, "` not found: ", reason);
+    }
+    if (error == EACCES || error == EPERM) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot read config file `", path, "`: ", reason));
+    }
+    return InvalidArgument("cannot open config file `", path, "`: ", reason);
+  }
+  std::string text;
+  char buffer[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0 &&
+         text.size() <= kMaxConfigFileBytes) {
+    text.append(buffer, n);
+  }
+  int error = std::ferror(file) ? errno : 0;
+  std::fclose(file);
+  if (error == EISDIR) return InvalidArgument("config file `", path, "` is a directory");
+  if (error != 0) {
+    return InvalidArgument("cannot read config file `", path,
+                           "`: ", std::error_code(error, std::generic_category()).message());
+  }
+  if (text.size() > kMaxConfigFileBytes) {
+    return InvalidArgument("config file `", path, "` is larger than ", kMaxConfigFileBytes >> 20,
+                           " MiB");
+  }
+  return ParseConfig(text, path, overrides);
+}
+
+Status ValidateModel(const ModelConfig& model, std::string_view where) {
+  Diagnostics d(std::string(where), "in the model entry", nullptr);
+  ValidateModelInto(d, model, "");
+  return d.ToStatus();
+}
+
+StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where) {
+  Diagnostics d(std::string(where), "in the model entry", nullptr);
+  Value root;
+  Problem problem;
+  if (!internal::ParseYaml(text, 0, &root, &problem)) {
+    // JSON that yaml-cpp cannot read (surrogate pairs) still is JSON; and for text that is
+    // meant as JSON, nlohmann's message is the relevant one.
+    size_t first = text.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos || text[first] != '{') {
+      d.Add(problem.mark, problem.message);
+      return d.ToStatus();
+    }
+    if (!internal::ParseJson(text, &root, &problem)) {
+      d.Add(problem.mark, problem.message);
+      return d.ToStatus();
+    }
+  }
+  if (root.is_null()) {
+    d.Add(root.mark,
+          "empty model configuration; expected a mapping with at least `name` and "
+          "`kind`");
+    return d.ToStatus();
+  }
+  Decoder dec(&d);
+  d.Record("", root.mark);
+  ModelConfig model;
+  if (!root.is_mapping()) {
+    d.AtPath("",
+             "expected a model entry (a mapping with `name`, `kind`, ...), got " + root.Describe());
+    return d.ToStatus();
+  }
+  DecodeModel(dec, root, "", &model);
+  ValidateModelInto(d, model, "");
+  if (!d.ok()) return d.ToStatus();
+  return model;
+}
+
+std::string ToYaml(const Config& c) {
+  YamlWriter w;
+  const ServerConfig& s = c.server;
+  w.Line(0, "server");
+  w.Line(2, "grpc");
+  w.Line(4, "enabled", YamlBool(s.grpc.enabled));
+  w.Line(4, "address", YamlString(s.grpc.address));
+  w.Line(4, "max_message_bytes", std::to_string(s.grpc.max_message_bytes));
+  w.Line(4, "max_concurrent_streams", std::to_string(s.grpc.max_concurrent_streams));
+  w.Line(2, "http");
+  w.Line(4, "enabled", YamlBool(s.http.enabled));
+  w.Line(4, "address", YamlString(s.http.address));
+  w.Line(4, "max_body_bytes", std::to_string(s.http.max_body_bytes));
+  w.Line(4, "threads", std::to_string(s.http.threads));
+  w.Line(4, "idle_timeout_seconds", std::to_string(s.http.idle_timeout_seconds));
+  w.Line(2, "metrics");
+  w.Line(4, "enabled", YamlBool(s.metrics.enabled));
+  w.Line(4, "address", YamlString(s.metrics.address));
+  w.Line(2, "max_inflight_requests", std::to_string(s.max_inflight_requests));
+  // Shortest text that reads back as the same double.
+  w.Line(2, "shutdown_grace_seconds", fmt::format("{}", s.shutdown_grace_seconds));
+  w.Line(2, "storage_dir", YamlString(s.storage_dir));
+  w.Line(0, "logging");
+  w.Line(2, "level", YamlString(c.logging.level));
+  w.Line(2, "format", YamlString(c.logging.format));
+  if (c.models.empty()) {
+    w.Line(0, "models", "[]");
+  } else {
+    w.Line(0, "models");
+    for (const ModelConfig& m : c.models) WriteModel(w, m);
+  }
+  return w.Take();
+}
+
+StatusOr<HostPort> ParseHostPort(std::string_view address) {
+  auto bad = [&](std::string_view what) {
+    return InvalidArgument("expected HOST:PORT", ToAbsl(what), ", got `", ToAbsl(address), "`");
+  };
+  HostPort result;
+  std::string_view host;
+  std::string_view port;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find(']');
+    if (close == std::string_view::npos || close + 1 >= address.size() ||
+        address[close + 1] != ':') {
+      return bad(" with an IPv6 HOST in brackets, e.g. [::1]:8001");
+    }
+    host = address.substr(1, close - 1);
+    port = address.substr(close + 2);
+    in6_addr unused;
+    if (inet_pton(AF_INET6, std::string(host).c_str(), &unused) != 1) {
+      return bad(" where [HOST] is an IPv6 address");
+    }
+    result.ipv6 = true;
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string_view::npos) return bad("");
+    host = address.substr(0, colon);
+    port = address.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return bad(" with an IPv6 HOST in brackets, e.g. [::1]:8001");
+    }
+    if (host.empty()) return bad(" with a HOST (0.0.0.0 listens on every interface)");
+    bool numeric = host.find_first_not_of("0123456789.") == std::string_view::npos;
+    if (numeric ? !IsIPv4(host) : !IsHostName(host)) {
+      return bad(" where HOST is an IPv4 address, [IPv6 address] or host name");
+    }
+  }
+  int64_t port_number = -1;
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string_view::npos ||
+      ParseInt64(port, &port_number) != NumberParse::kOk || port_number > 65535) {
+    return bad(" with PORT in [0, 65535]");
+  }
+  result.host = std::string(host);
+  result.port = static_cast<int>(port_number);
+  return result;
+}
+
+}  // namespace kiln::config
