@@ -92,6 +92,11 @@ const char* ExprOpName(ExprOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+DType ExprTypeOf(DType t) {
+  if (t == DType::kBool) return DType::kBool;
+  return ComputeDType(t);
+}
+
 const char* ReduceKindName(ReduceKind k) {
   switch (k) {
     case ReduceKind::kSum:
@@ -410,9 +415,7 @@ Expr Select(const Expr& c, const Expr& a, const Expr& b) { return Expr::Select(c
 Expr Substitute(const Expr& e, std::span<const Expr> inputs) {
   const ExprNode& n = e.node();
   if (n.op == ExprOp::kInput) {
-    if (n.index < static_cast<int>(inputs.size()) && inputs[n.index]) {
-      return Expr::Cast(n.type, inputs[n.index]);
-    }
+    if (n.index < static_cast<int>(inputs.size()) && inputs[n.index]) return inputs[n.index];
     return e;
   }
   if (n.args.empty()) return e;

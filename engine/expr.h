@@ -77,6 +77,10 @@ enum class ExprOp : uint8_t {
 
 const char* ExprOpName(ExprOp op);
 
+// The expression type a stored element of `t` loads as: f64 for f64, f32 for other floats
+// and quantized types, bool for bool, i64 for integers.
+DType ExprTypeOf(DType t);
+
 struct ExprNode;
 
 class Expr {
@@ -167,8 +171,9 @@ Expr Or(const Expr& a, const Expr& b);
 Expr Not(const Expr& a);
 Expr Select(const Expr& c, const Expr& a, const Expr& b);
 
-// Replaces every Input(i) leaf by `inputs[i]` (the others stay). Used to inline one form
-// into another (fusion, derivatives).
+// Replaces every Input(i) leaf by `inputs[i]` (null entries and other leaves stay). The
+// replacement's type propagates: operations above it re-promote (so substituting an f64
+// input into an f32-typed form computes in f64). Used to inline forms (fusion, derivatives).
 Expr Substitute(const Expr& e, std::span<const Expr> inputs);
 
 // d e / d Input(i), simplified (x*0, x+0, x*1 folded). Index/Acc/Count/Load/integer leaves

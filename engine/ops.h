@@ -1,0 +1,191 @@
+// The op table: every op of the graph IR is defined exactly once, here and in ops.cc —
+// its shape rule, dtype rule, backward rule (in terms of other ops) and, for pointwise and
+// reduction ops, its expression form (the input of codegen). Backends implement kernels
+// for ops; nothing else about an op is written per backend.
+//
+// Attributes are generic (ints, floats, dims, expressions, one dtype) so that printing,
+// hashing and comparing nodes needs no per-op code. The per-op layout is documented at each
+// OpKind below; builder.h is the typed way to create nodes.
+//
+// Conventions: "pointwise" ops take inputs of exactly the output's shape (the builder
+// inserts Expand for broadcasting); strides are free (kernels take strided views). Axis
+// attributes are non-negative (the builder normalizes negative ones).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine/base/status.h"
+#include "engine/dtype.h"
+#include "engine/expr.h"
+#include "engine/symbolic.h"
+
+namespace kiln {
+
+enum class OpKind : uint16_t {
+  // ---- Sources (no inputs) ----
+  kInput,     // external tensor bound per run (step inputs)
+  kWeight,    // external tensor bound once, read-only (may be quantized / mmap'd)
+  kState,     // external tensor bound once, updated in place (the paged KV cache)
+  kFull,      // floats[0] = value; dims = shape; dtype = element type
+  kIota,      // ints[0] = axis; floats = {start, step}; dims = shape; dtype
+  kDimValue,  // dims[0] = a symbolic size, as a rank-0 tensor of `dtype` at run time
+  // ---- Pointwise unary ----
+  kNeg,
+  kAbs,
+  kExp,
+  kLog,
+  kSqrt,
+  kRsqrt,
+  kTanh,
+  kSigmoid,
+  kSilu,
+  kGeluTanh,
+  kGeluErf,
+  kRelu,
+  kNot,    // bool -> bool
+  kCast,   // dtype = target (not quantized); a quantized input is dequantized
+  kClamp,  // floats = {lo, hi}
+  // ---- Pointwise binary / ternary / generic ----
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,  // integer division truncates; x / 0 is 0 for integers
+  kPow,
+  kMaximum,  // NaN-propagating
+  kMinimum,
+  kEq,  // comparisons: same-type inputs, bool output
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kAnd,  // bool
+  kOr,
+  kWhere,  // (cond bool, a, b)
+  kMap,    // expr[0] over Input(i) (typed ComputeDType of input i) and Index(axis); dtype = out
+  // ---- Reductions: ints = {keepdim, axes...} ----
+  kSum,
+  kMean,
+  kMax,
+  kMin,
+  kArgMax,  // ints = {keepdim, axis}; dtype = i32 or i64; first index of the maximum
+  // ---- Row ops over the last axis ----
+  kSoftmax,  // fully -inf rows give zeros
+  kLogSoftmax,
+  kRmsNorm,       // floats[0] = eps: x * rsqrt(mean(x^2) + eps)
+  kLayerNorm,     // floats[0] = eps: (x - mean) * rsqrt(var + eps)
+  kCrossEntropy,  // (logits [..., V], targets [...] int) -> [...]; ints[0] = ignore_index
+  // ---- Layout: views (no copy) and copies ----
+  kReshape,     // dims = new shape (same element count; input must be viewable, see passes)
+  kPermute,     // ints = permutation: out.shape[i] = in.shape[perm[i]]
+  kSlice,       // ints[0] = axis; dims = {start, size}
+  kExpand,      // dims = new shape; input dims equal or 1 (stride 0)
+  kConcat,      // ints[0] = axis; 1+ inputs
+  kContiguous,  // dense row-major copy
+  // ---- Indexing ----
+  kGather,           // (table [V, E...], idx [I...] int) -> [I..., E...]; dtype = out
+  kScatterAddRows,   // (idx [I...], src [I..., E...]) -> zeros [V, E...] += rows; dims[0] = V
+  kTakeAlong,        // (x [..., N], idx [..., K] int) -> [..., K]
+  kScatterAddAlong,  // (idx [..., K], src [..., K]) -> zeros [..., N] +=; dims[0] = N
+  kTopK,             // x [..., N] -> indices [..., k]; ints[0] = k; dtype = index type
+  // ---- Linear algebra ----
+  kMatMul,  // (a [..., M, K], b [..., K, N]) -> [..., M, N]; equal batch dims
+  kLinear,  // (x [..., K], w [N, K]) -> [..., N] = x w^T; w may be block-quantized
+  // ---- Position encoding ----
+  kRope,  // (x [..., H, D], pos [...] int); see RopeParams in builder.h for ints/floats
+  // ---- Attention ----
+  kAttention,       // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], aux...) -> [B,Hq,Tq,Dv]
+  kPagedAttention,  // (q [T,Hq,D], k_cache [NB,BS,Hkv,D], v_cache [NB,BS,Hkv,Dv],
+                    //  block_table [S,MB] i32, seq_lens [S] i32, query_start [S+1] i32,
+                    //  aux...) -> [T,Hq,Dv]
+                    // both: floats[0] = scale; expr[0] = mask_mod, expr[1] = score_mod
+  kKvWrite,         // (cache [NB,BS,H,D], x [T,H,D], slot_mapping [T] int) -> cache, in place
+  kNumOps,
+};
+
+const char* OpName(OpKind op);
+
+// Node attributes. Which fields an op uses is documented at its OpKind.
+struct Attrs {
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::vector<Dim> dims;
+  std::array<Expr, 2> expr;
+  DType dtype = DType::kInvalid;
+
+  friend bool operator==(const Attrs& a, const Attrs& b);
+  // A structural hash (for kernel caches and CSE).
+  uint64_t Hash() const;
+  // " eps=1e-05", " axes=[1] keepdim=0", ... (leading space; empty when no attributes).
+  std::string ToString(OpKind op, std::span<const std::string> symbol_names = {}) const;
+};
+
+enum class OpClass : uint8_t {
+  kSource,     // Input/Weight/State: external storage, no kernel
+  kGenerator,  // Full/Iota/DimValue: no inputs, but a kernel
+  kPointwise,
+  kReduce,  // Sum/Mean/Max/Min/ArgMax
+  kRow,     // softmax, norms, cross-entropy: reduction over the last axis
+  kView,    // Reshape/Permute/Slice/Expand: no kernel, shares the input's storage
+  kOther,
+};
+
+// The type of one value: element type and (possibly symbolic) shape.
+struct TensorType {
+  DType dtype = DType::kInvalid;
+  SymShape shape;
+};
+
+class Builder;
+struct Node;
+
+// A handle to a node's output (its id in the graph). Invalid (id < 0) after a builder error.
+struct Value {
+  int32_t id = -1;
+  bool valid() const { return id >= 0; }
+  friend bool operator==(Value a, Value b) { return a.id == b.id; }
+  friend bool operator!=(Value a, Value b) { return a.id != b.id; }
+};
+
+// What a backward rule gets: the node (a copy: the rule appends to the graph), its output
+// value, the gradient of the loss w.r.t. that output, and a slot per input to fill with the
+// input's gradient (leave invalid for "no gradient": integer inputs, indices, ...).
+struct BackwardArgs {
+  Builder& b;
+  const Node& node;
+  Value out;
+  Value grad;
+  std::vector<Value>& input_grads;
+};
+
+struct OpDef {
+  OpKind op;
+  const char* name;
+  OpClass cls;
+  int min_inputs;
+  int max_inputs;  // -1: variadic
+  // Shape and dtype rule: validates inputs and attributes, returns the output type.
+  // Messages say what was wrong and what is allowed (the builder adds the node's name).
+  StatusOr<TensorType> (*infer)(std::span<const TensorType> in, const Attrs& attrs);
+  // Backward rule, or nullptr if the op has no gradient (sources, indices, side effects).
+  Status (*backward)(BackwardArgs& args);
+  // Expression form of pointwise/generator ops: the output element as an Expr over
+  // Input(i) (typed ComputeDType(in[i])) and Index(axis). Null for other classes.
+  Expr (*pointwise)(const Attrs& attrs, std::span<const DType> in, DType out);
+  // Expression form of reduce/row ops (Input(0) = the reduced tensor; Input(i > 0) are
+  // per-row inputs, e.g. cross-entropy targets). Null for other classes.
+  ReduceForm (*reduce)(const Attrs& attrs, std::span<const DType> in, DType out);
+  bool side_effect;  // kept by DCE; ordered by builder order (KvWrite)
+  // The output may share the storage of input `inplace_input` (>= 0) when that input dies
+  // here and has the same byte size; -1: never. KvWrite always aliases input 0.
+  int inplace_input;
+};
+
+const OpDef& GetOpDef(OpKind op);
+
+}  // namespace kiln
