@@ -860,11 +860,25 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& g) {
     return InvalidArgument(g.path(), ": unsupported tokenizer.ggml.model \"", model,
                            "\" (supported: gpt2 = byte-level BPE, llama = SentencePiece BPE)");
   }
+  // llama.cpp treats these texts as control tokens whatever the file says (end-of-turn and
+  // fill-in-the-middle markers); GGUF files are written for it, so do the same.
+  static constexpr std::string_view kForcedControl[] = {
+      "<|eot_id|>",     "<|im_end|>",   "<|end|>",         "<end_of_turn>",
+      "<|endoftext|>",  "<EOT>",        "_<EOT>",          "<|eom_id|>",
+      "<|return|>",     "<|call|>",     "<|end_of_text|>", "<end_of_utterance>",
+      "<|fim_prefix|>", "<fim-prefix>", "<PRE>",           "<|fim_suffix|>",
+      "<fim-suffix>",   "<SUF>",        "<|fim_middle|>",  "<fim-middle>",
+      "<MID>",          "<|fim_pad|>",  "<fim-pad>",       "<|fim_repo|>",
+      "<|repo_name|>",  "<fim-repo>",   "<REPO>",          "<|file_sep|>",
+      "<|fim_sep|>",    "<fim-sep>"};
+  for (std::string_view t : kForcedControl) {
+    if (auto id = m->Lookup(t)) m->attrs[*id] = TokenAttr::kControl;
+  }
   for (int32_t i = 0; i < m->size(); ++i) {
     TokenAttr a = m->attrs[i];
-    if (a == TokenAttr::kControl || a == TokenAttr::kUserDefined) {
+    if (a == TokenAttr::kControl || a == TokenAttr::kUserDefined || a == TokenAttr::kUnknown) {
       if (m->pieces[i].empty()) continue;
-      m->added.push_back({i, m->pieces[i], a == TokenAttr::kControl});
+      m->added.push_back({i, m->pieces[i], a != TokenAttr::kUserDefined});
     }
   }
   // Added tokens keep their text as is when decoded.
