@@ -10,7 +10,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -26,37 +28,48 @@ using StatusCode = absl::StatusCode;
 
 inline Status OkStatus() { return absl::OkStatus(); }
 
-// Named factories, re-exported so call sites read `kiln::InvalidArgument(...)`.
-template <typename... A>
-Status InvalidArgument(const A&... a) { return absl::InvalidArgumentError(absl::StrCat(a...)); }
-template <typename... A>
-Status NotFound(const A&... a) { return absl::NotFoundError(absl::StrCat(a...)); }
-template <typename... A>
-Status AlreadyExists(const A&... a) { return absl::AlreadyExistsError(absl::StrCat(a...)); }
-template <typename... A>
-Status FailedPrecondition(const A&... a) {
-  return absl::FailedPreconditionError(absl::StrCat(a...));
+namespace internal {
+// Debian's Abseil has its own string_view: pass std::string_view arguments to absl::StrCat
+// as absl::string_view; everything else unchanged.
+template <typename T>
+decltype(auto) StrArg(const T& v) {
+  if constexpr (std::is_convertible_v<const T&, std::string_view> &&
+                !std::is_convertible_v<const T&, absl::string_view>) {
+    const std::string_view sv(v);
+    return absl::string_view(sv.data(), sv.size());
+  } else {
+    return v;
+  }
 }
+}  // namespace internal
+
+// absl::StrCat that also takes std::string_view.
 template <typename... A>
-Status OutOfRange(const A&... a) { return absl::OutOfRangeError(absl::StrCat(a...)); }
-template <typename... A>
-Status ResourceExhausted(const A&... a) {
-  return absl::ResourceExhaustedError(absl::StrCat(a...));
+std::string StrCat(const A&... a) {
+  return absl::StrCat(internal::StrArg(a)...);
 }
-template <typename... A>
-Status Unavailable(const A&... a) { return absl::UnavailableError(absl::StrCat(a...)); }
-template <typename... A>
-Status Unimplemented(const A&... a) { return absl::UnimplementedError(absl::StrCat(a...)); }
-template <typename... A>
-Status Internal(const A&... a) { return absl::InternalError(absl::StrCat(a...)); }
-template <typename... A>
-Status Cancelled(const A&... a) { return absl::CancelledError(absl::StrCat(a...)); }
-template <typename... A>
-Status DeadlineExceeded(const A&... a) {
-  return absl::DeadlineExceededError(absl::StrCat(a...));
-}
-template <typename... A>
-Status DataLoss(const A&... a) { return absl::DataLossError(absl::StrCat(a...)); }
+
+// Named factories, so call sites read `kiln::InvalidArgument("...", x, "...")`. Arguments are
+// concatenated with StrCat above.
+#define KILN_STATUS_FACTORY_(Name, absl_fn)                     \
+  template <typename... A>                                      \
+  Status Name(const A&... a) {                                  \
+    return absl::absl_fn(absl::StrCat(internal::StrArg(a)...)); \
+  }
+KILN_STATUS_FACTORY_(InvalidArgument, InvalidArgumentError)
+KILN_STATUS_FACTORY_(NotFound, NotFoundError)
+KILN_STATUS_FACTORY_(AlreadyExists, AlreadyExistsError)
+KILN_STATUS_FACTORY_(FailedPrecondition, FailedPreconditionError)
+KILN_STATUS_FACTORY_(OutOfRange, OutOfRangeError)
+KILN_STATUS_FACTORY_(ResourceExhausted, ResourceExhaustedError)
+KILN_STATUS_FACTORY_(Unavailable, UnavailableError)
+KILN_STATUS_FACTORY_(Unimplemented, UnimplementedError)
+KILN_STATUS_FACTORY_(Internal, InternalError)
+KILN_STATUS_FACTORY_(Cancelled, CancelledError)
+KILN_STATUS_FACTORY_(DeadlineExceeded, DeadlineExceededError)
+KILN_STATUS_FACTORY_(DataLoss, DataLossError)
+KILN_STATUS_FACTORY_(PermissionDenied, PermissionDeniedError)
+#undef KILN_STATUS_FACTORY_
 
 // Returns `status` with `prefix: ` in front of its message (same code).
 Status Annotate(const Status& status, std::string_view prefix);
@@ -77,10 +90,10 @@ namespace internal {
 #define KILN_STATUS_CONCAT_(a, b) KILN_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define KILN_RETURN_IF_ERROR(expr)                      \
-  do {                                                  \
-    ::kiln::Status kiln_status_ = (expr);               \
-    if (!kiln_status_.ok()) return kiln_status_;        \
+#define KILN_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::kiln::Status kiln_status_ = (expr);        \
+    if (!kiln_status_.ok()) return kiln_status_; \
   } while (0)
 
 // `KILN_ASSIGN_OR_RETURN(auto x, F());` — unwraps a StatusOr or returns its error.
@@ -93,7 +106,7 @@ namespace internal {
 
 // Programmer errors only (broken invariants), never bad input: aborts with file, line and a
 // message. Always on, in every build type.
-#define KILN_CHECK(cond, msg)                                               \
-  do {                                                                      \
+#define KILN_CHECK(cond, msg)                                                   \
+  do {                                                                          \
     if (!(cond)) ::kiln::internal::CheckFailed(__FILE__, __LINE__, #cond, msg); \
   } while (0)

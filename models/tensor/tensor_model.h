@@ -1,0 +1,66 @@
+// Tensor models: non-generative models served through KServe ModelInfer and the dynamic
+// batcher (Triton's "tensor in, tensor out" models). The built-in smoke-test models
+// (`simple`, `identity_fp32`, `sleep_us`) implement this interface.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "models/tensor/datatype.h"
+
+namespace kiln {
+
+// An input or output as the model declares it.
+struct TensorSpec {
+  std::string name;
+  DataType datatype = DataType::kInvalid;
+  // Dimensions without the batch dimension; -1 marks a variable-size dimension.
+  std::vector<int64_t> dims;
+  // True: any rank and any dims are accepted (dims is then {-1} for metadata purposes).
+  bool any_rank = false;
+};
+
+// A tensor on the host with raw contents (see datatype.h for the layout).
+struct HostTensor {
+  std::string name;
+  DataType datatype = DataType::kInvalid;
+  std::vector<int64_t> shape;  // full shape, including the batch dimension if any
+  std::string data;            // raw bytes
+};
+
+class TensorModel {
+ public:
+  virtual ~TensorModel() = default;
+
+  // The platform string reported in metadata (e.g. "kiln_builtin").
+  virtual std::string_view platform() const = 0;
+  virtual const std::vector<TensorSpec>& inputs() const = 0;
+  virtual const std::vector<TensorSpec>& outputs() const = 0;
+
+  // Runs one batch. `inputs` holds one tensor per declared input, in declaration order, each
+  // already validated against its spec; when the model batches, requests are concatenated
+  // along dimension 0. Appends one tensor per declared output, in order, with the same
+  // leading batch dimension.
+  // Thread-safety: each instance is called from one thread at a time; the batcher creates
+  // one instance per configured `instance_count`.
+  virtual Status Execute(std::span<const HostTensor> inputs, std::vector<HostTensor>* outputs) = 0;
+};
+
+// Names accepted by CreateBuiltinModel, in a stable order.
+std::span<const std::string_view> BuiltinModelNames();
+
+// Creates a built-in model instance:
+//   simple         INT32 INPUT0[16], INPUT1[16] -> OUTPUT0 = INPUT0 + INPUT1,
+//                  OUTPUT1 = INPUT0 - INPUT1 (wrapping, as Triton's QA model)
+//   identity_fp32  FP32 INPUT0 (any shape) -> OUTPUT0 = INPUT0
+//   sleep_us       INT32 SLEEP_US[1] -> sleeps the largest value in the batch (microseconds,
+//                  clamped to [0, 10 s]), returns OUTPUT0 = SLEEP_US
+// NotFound for other names.
+StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name);
+
+}  // namespace kiln

@@ -1,0 +1,330 @@
+#include "scheduler/dynamic_batcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "spdlog/spdlog.h"
+
+namespace kiln {
+namespace {
+
+// Concatenates the requests' inputs along dimension 0.
+std::vector<HostTensor> GatherInputs(std::vector<std::unique_ptr<InferenceRequest>>& batch) {
+  if (batch.size() == 1) return std::move(batch.front()->inputs);
+  std::vector<HostTensor> out = batch.front()->inputs;  // name, datatype, shape template
+  for (size_t i = 0; i < out.size(); ++i) {
+    size_t bytes = 0;
+    int64_t rows = 0;
+    for (const auto& r : batch) {
+      bytes += r->inputs[i].data.size();
+      rows += r->inputs[i].shape[0];
+    }
+    out[i].data.clear();
+    out[i].data.reserve(bytes);
+    for (const auto& r : batch) out[i].data += r->inputs[i].data;
+    out[i].shape[0] = rows;
+  }
+  return out;
+}
+
+// The raw bytes of rows [begin, begin + rows) of a tensor with `total_rows` rows.
+StatusOr<std::string> SliceRows(const HostTensor& t, int64_t total_rows, int64_t begin,
+                                int64_t rows) {
+  if (total_rows <= 0 || t.shape.empty() || t.shape[0] != total_rows) {
+    return Internal("output '", t.name, "' has shape ", ShapeToString(t.shape), ", expected ",
+                    total_rows, " rows");
+  }
+  if (t.datatype != DataType::kBytes) {
+    const size_t row_bytes = t.data.size() / static_cast<size_t>(total_rows);
+    return t.data.substr(begin * row_bytes, rows * row_bytes);
+  }
+  // BYTES: walk the length-prefixed elements.
+  KILN_ASSIGN_OR_RETURN(int64_t elements, CountBytesElements(t.data));
+  const int64_t per_row = elements / total_rows;
+  const int64_t first = begin * per_row, last = (begin + rows) * per_row;
+  size_t pos = 0, start = 0;
+  for (int64_t e = 0; e < last; ++e) {
+    if (e == first) start = pos;
+    uint32_t len;
+    std::memcpy(&len, t.data.data() + pos, 4);
+    pos += 4 + len;
+  }
+  if (first == last) start = pos;
+  return t.data.substr(start, pos - start);
+}
+
+// absl waits take absl::Time (wall clock); convert a steady-clock deadline.
+absl::Time AbslDeadline(SteadyClock::time_point t) {
+  return absl::Now() + absl::FromChrono(t - SteadyClock::now());
+}
+
+}  // namespace
+
+struct DynamicBatcher::Instance {
+  std::unique_ptr<TensorModel> model;
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<InferenceRequest>> batch ABSL_GUARDED_BY(mu);
+  bool quit ABSL_GUARDED_BY(mu) = false;
+  bool busy = false;  // guarded by the batcher's mu_ (not expressible as an annotation here)
+  std::thread thread;
+};
+
+DynamicBatcher::DynamicBatcher(BatchQueue::Options options,
+                               std::vector<std::unique_ptr<TensorModel>> instances,
+                               ModelStats* stats)
+    : stats_(stats), queue_(std::move(options)) {
+  KILN_CHECK(!instances.empty(), "a batcher needs at least one model instance");
+  for (auto& m : instances) {
+    auto inst = std::make_unique<Instance>();
+    inst->model = std::move(m);
+    instances_.push_back(std::move(inst));
+  }
+  for (auto& inst : instances_) {
+    inst->thread = std::thread([this, i = inst.get()] { WorkerLoop(i); });
+  }
+  scheduler_thread_ = std::thread([this] { SchedulerLoop(); });
+}
+
+DynamicBatcher::~DynamicBatcher() {
+  Drain(SteadyClock::now());
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  scheduler_thread_.join();
+  for (auto& inst : instances_) {
+    {
+      absl::MutexLock lock(&inst->mu);
+      inst->quit = true;
+    }
+    inst->thread.join();
+  }
+}
+
+Status DynamicBatcher::Enqueue(std::unique_ptr<InferenceRequest>& request) {
+  absl::MutexLock lock(&mu_);
+  if (!accepting_) {
+    return Unavailable("model '", request->model_name, "' is shutting down");
+  }
+  KILN_RETURN_IF_ERROR(queue_.Enqueue(request, SteadyClock::now()));
+  if (stats_) stats_->RequestQueued();
+  wake_ = true;
+  return OkStatus();
+}
+
+void DynamicBatcher::WakeUp() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+size_t DynamicBatcher::pending() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + executing_.size();
+}
+
+void DynamicBatcher::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    wake_ = false;
+    const auto now = SteadyClock::now();
+    std::vector<BatchQueue::Completion> expired = queue_.Expire(now);
+    std::optional<SteadyClock::time_point> wait_until = queue_.NextDeadline();
+    for (auto& inst : instances_) {
+      if (inst->busy || queue_.empty()) continue;
+      BatchQueue::Decision d = queue_.Next(now);
+      if (d.batch.empty()) {
+        if (d.retry_at && (!wait_until || *d.retry_at < *wait_until)) wait_until = d.retry_at;
+        break;
+      }
+      inst->busy = true;
+      for (const auto& r : d.batch) executing_.push_back(r.get());
+      absl::MutexLock inst_lock(&inst->mu);
+      inst->batch = std::move(d.batch);
+    }
+    if (!expired.empty()) {
+      mu_.Unlock();
+      for (auto& [req, status] : expired) {
+        if (stats_) stats_->RequestDequeued();
+        Complete(std::move(req), InferenceResponse{status, {}}, Timing{SteadyClock::now()});
+      }
+      mu_.Lock();
+      continue;  // the queue may have changed while unlocked
+    }
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stop_; };
+    if (wait_until) {
+      mu_.AwaitWithDeadline(absl::Condition(&woken), AbslDeadline(*wait_until));
+    } else {
+      mu_.Await(absl::Condition(&woken));
+    }
+  }
+}
+
+void DynamicBatcher::WorkerLoop(Instance* inst) {
+  for (;;) {
+    std::vector<std::unique_ptr<InferenceRequest>> batch;
+    {
+      absl::MutexLock lock(&inst->mu);
+      auto ready = [inst]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(inst->mu) {
+        return inst->quit || !inst->batch.empty();
+      };
+      inst->mu.Await(absl::Condition(&ready));
+      if (inst->batch.empty()) return;  // quit
+      batch = std::move(inst->batch);
+      inst->batch.clear();
+    }
+    Execute(inst, batch);
+    absl::MutexLock lock(&mu_);
+    inst->busy = false;
+    wake_ = true;
+  }
+}
+
+void DynamicBatcher::Execute(Instance* inst,
+                             std::vector<std::unique_ptr<InferenceRequest>>& batch) {
+  Timing timing{SteadyClock::now()};
+  if (stats_) {
+    for (size_t i = 0; i < batch.size(); ++i) stats_->RequestDequeued();
+  }
+  auto unlist = [this](const std::vector<std::unique_ptr<InferenceRequest>>& done) {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(executing_, [&](InferenceRequest* p) {
+      return std::any_of(done.begin(), done.end(), [p](const auto& r) { return r.get() == p; });
+    });
+  };
+  // Requests cancelled between batch formation and now are answered without running.
+  std::vector<std::unique_ptr<InferenceRequest>> cancelled;
+  for (auto& r : batch) {
+    if (r->cancel->cancelled()) cancelled.push_back(std::move(r));
+  }
+  if (!cancelled.empty()) {
+    std::erase(batch, nullptr);
+    unlist(cancelled);
+    for (auto& r : cancelled) {
+      Complete(std::move(r), {Cancelled("request cancelled by the client"), {}}, timing);
+    }
+  }
+  if (batch.empty()) return;
+
+  const std::string model_name = batch.front()->model_name;
+  int64_t total_rows = 0;
+  std::vector<int64_t> rows;
+  for (const auto& r : batch) {
+    total_rows += r->batch_size;
+    rows.push_back(r->batch_size);
+  }
+  const bool batched = batch.size() > 1;
+
+  std::vector<HostTensor> inputs = GatherInputs(batch);
+  const auto t_input = SteadyClock::now();
+  std::vector<HostTensor> outputs;
+  Status status = inst->model->Execute(inputs, &outputs);
+  const auto t_infer = SteadyClock::now();
+  if (status.ok() && outputs.size() != inst->model->outputs().size()) {
+    status = Internal("model '", model_name, "' produced ", outputs.size(), " outputs, expected ",
+                      inst->model->outputs().size());
+  }
+
+  // Scatter outputs back to the requests, in the order each asked for them.
+  std::vector<InferenceResponse> responses(batch.size());
+  int64_t row = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    InferenceResponse& resp = responses[i];
+    resp.status = status;
+    if (!status.ok()) continue;
+    const InferenceRequest& r = *batch[i];
+    std::vector<HostTensor*> order;
+    if (r.requested_outputs.empty()) {
+      for (auto& o : outputs) order.push_back(&o);
+    } else {
+      for (const auto& name : r.requested_outputs) {
+        auto it = std::find_if(outputs.begin(), outputs.end(),
+                               [&](const HostTensor& o) { return o.name == name; });
+        if (it != outputs.end()) order.push_back(&*it);
+      }
+    }
+    for (HostTensor* o : order) {
+      if (!batched) {
+        resp.outputs.push_back(r.requested_outputs.empty() ? std::move(*o) : *o);
+        continue;
+      }
+      auto bytes = SliceRows(*o, total_rows, row, rows[i]);
+      if (!bytes.ok()) {
+        resp.status = bytes.status();
+        resp.outputs.clear();
+        break;
+      }
+      HostTensor part{o->name, o->datatype, o->shape, std::move(*bytes)};
+      part.shape[0] = rows[i];
+      resp.outputs.push_back(std::move(part));
+    }
+    row += rows[i];
+  }
+  const auto t_output = SteadyClock::now();
+  timing.input = t_input - timing.start;
+  timing.infer = t_infer - t_input;
+  timing.output = t_output - t_infer;
+  if (stats_ && status.ok()) {
+    stats_->BatchExecuted(static_cast<uint64_t>(total_rows), timing.input, timing.infer,
+                          timing.output);
+  }
+  if (!status.ok()) {
+    spdlog::warn("model '{}' failed a batch of {} request(s): {}", model_name, batch.size(),
+                 StatusMessage(status));
+  }
+  unlist(batch);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Complete(std::move(batch[i]), std::move(responses[i]), timing);
+  }
+}
+
+void DynamicBatcher::Complete(std::unique_ptr<InferenceRequest> r, InferenceResponse&& resp,
+                              const Timing& timing) {
+  if (r->answered.exchange(true)) return;  // cut off by Drain already
+  const auto now = SteadyClock::now();
+  if (stats_) {
+    if (resp.status.ok()) {
+      stats_->RequestSucceeded(now - r->received_at, timing.start - r->enqueued_at, timing.input,
+                               timing.infer, timing.output);
+    } else {
+      stats_->RequestFailed(resp.status, now - r->received_at);
+    }
+  }
+  if (r->on_complete) r->on_complete(std::move(resp));
+}
+
+int DynamicBatcher::Drain(SteadyClock::time_point deadline) {
+  std::vector<std::unique_ptr<InferenceRequest>> queued;
+  std::vector<std::pair<std::function<void(InferenceResponse &&)>, std::string>> executing;
+  std::vector<SteadyClock::time_point> executing_received;
+  {
+    absl::MutexLock lock(&mu_);
+    accepting_ = false;
+    wake_ = true;
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return queue_.empty() && executing_.empty();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&idle), AbslDeadline(deadline));
+    queued = queue_.TakeAll();
+    // Answer executing requests now; their workers find them answered and drop the result.
+    for (InferenceRequest* r : executing_) {
+      if (r->answered.exchange(true)) continue;
+      executing.emplace_back(std::move(r->on_complete), r->model_name);
+      executing_received.push_back(r->received_at);
+    }
+  }
+  const int cut = static_cast<int>(queued.size() + executing.size());
+  for (auto& r : queued) {
+    if (stats_) stats_->RequestDequeued();
+    Status s = Unavailable("cancelled: model '", r->model_name, "' is shutting down");
+    Complete(std::move(r), {std::move(s), {}}, Timing{SteadyClock::now()});
+  }
+  for (size_t i = 0; i < executing.size(); ++i) {
+    Status s = Unavailable("cancelled: model '", executing[i].second,
+                           "' is shutting down and the request did not finish in time");
+    if (stats_) stats_->RequestFailed(s, SteadyClock::now() - executing_received[i]);
+    if (executing[i].first) executing[i].first({s, {}});
+  }
+  return cut;
+}
+
+}  // namespace kiln

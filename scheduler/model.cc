@@ -1,0 +1,183 @@
+#include "scheduler/model.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_join.h"
+
+namespace kiln {
+namespace {
+
+std::string Names(const std::vector<TensorSpec>& specs) {
+  std::vector<std::string> names;
+  for (const auto& s : specs) names.push_back(s.name);
+  return absl::StrJoin(names, ", ");
+}
+
+// The shape a client must send: [-1, dims...] when the model batches.
+std::vector<int64_t> ExpectedShape(const ModelSignature& sig, const TensorSpec& spec) {
+  std::vector<int64_t> shape;
+  if (sig.max_batch_size > 0) shape.push_back(-1);
+  shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
+  return shape;
+}
+
+Status CheckInput(const ModelSignature& sig, const TensorSpec& spec, const HostTensor& t) {
+  if (t.datatype != spec.datatype) {
+    return InvalidArgument("input '", spec.name, "' has datatype ", DataTypeName(t.datatype),
+                           " but model '", sig.name, "' expects ", DataTypeName(spec.datatype));
+  }
+  for (int64_t d : t.shape) {
+    if (d < 0) {
+      return InvalidArgument("input '", spec.name, "' has shape ", ShapeToString(t.shape),
+                             "; dimensions must not be negative");
+    }
+  }
+  const bool batched = sig.max_batch_size > 0;
+  if (batched) {
+    if (t.shape.empty()) {
+      return InvalidArgument("input '", spec.name, "' has no batch dimension: model '", sig.name,
+                             "' expects shape ", ShapeToString(ExpectedShape(sig, spec)));
+    }
+    if (t.shape[0] < 1) {
+      return InvalidArgument("input '", spec.name, "' has batch size 0; it must be at least 1");
+    }
+    if (t.shape[0] > sig.max_batch_size) {
+      return InvalidArgument("input '", spec.name, "' has batch size ", t.shape[0], " (shape ",
+                             ShapeToString(t.shape), ") but model '", sig.name,
+                             "' accepts at most ", sig.max_batch_size, " (max_batch_size)");
+    }
+  }
+  if (!spec.any_rank) {
+    const size_t offset = batched ? 1 : 0;
+    bool match = t.shape.size() == spec.dims.size() + offset;
+    for (size_t i = 0; match && i < spec.dims.size(); ++i) {
+      match = spec.dims[i] == -1 || spec.dims[i] == t.shape[i + offset];
+    }
+    if (!match) {
+      return InvalidArgument(
+          "input '", spec.name, "' has shape ", ShapeToString(t.shape), " but model '", sig.name,
+          "' expects ", ShapeToString(ExpectedShape(sig, spec)),
+          batched ? " (-1 = any size; the first dimension is the batch)" : " (-1 = any size)");
+    }
+  }
+  auto elements = ElementCount(t.shape);
+  if (!elements) {
+    return InvalidArgument("input '", spec.name, "' has shape ", ShapeToString(t.shape),
+                           " whose element count overflows");
+  }
+  if (t.datatype == DataType::kBytes) {
+    auto count = CountBytesElements(t.data);
+    if (!count.ok()) return Annotate(count.status(), absl::StrCat("input '", spec.name, "'"));
+    if (*count != *elements) {
+      return InvalidArgument("input '", spec.name, "' holds ", *count,
+                             " BYTES elements but its shape ", ShapeToString(t.shape), " has ",
+                             *elements);
+    }
+    return OkStatus();
+  }
+  const int64_t elem = DataTypeSize(t.datatype);
+  const int64_t have = static_cast<int64_t>(t.data.size());
+  if (*elements > have / elem || *elements * elem != have) {
+    const bool overflow = *elements > std::numeric_limits<int64_t>::max() / elem;
+    return InvalidArgument(
+        "input '", spec.name, "' has ", have, " bytes of contents but shape ",
+        ShapeToString(t.shape), " of ", DataTypeName(t.datatype), " needs ",
+        overflow ? std::string("more than 2^63") : absl::StrCat(*elements * elem));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status PrepareRequest(const ModelSignature& sig, InferenceRequest& r) {
+  std::vector<HostTensor> ordered(sig.inputs.size());
+  std::vector<bool> seen(sig.inputs.size(), false);
+  for (HostTensor& t : r.inputs) {
+    auto it = std::find_if(sig.inputs.begin(), sig.inputs.end(),
+                           [&](const TensorSpec& s) { return s.name == t.name; });
+    if (it == sig.inputs.end()) {
+      return InvalidArgument("model '", sig.name, "' has no input '", t.name, "'; its inputs are ",
+                             Names(sig.inputs));
+    }
+    const size_t i = it - sig.inputs.begin();
+    if (seen[i]) return InvalidArgument("input '", t.name, "' is given more than once");
+    seen[i] = true;
+    KILN_RETURN_IF_ERROR(CheckInput(sig, *it, t));
+    ordered[i] = std::move(t);
+  }
+  for (size_t i = 0; i < sig.inputs.size(); ++i) {
+    if (!seen[i]) {
+      return InvalidArgument("missing input '", sig.inputs[i].name, "': model '", sig.name,
+                             "' expects ", Names(sig.inputs));
+    }
+  }
+  r.inputs = std::move(ordered);
+  r.batch_size = 1;
+  if (sig.max_batch_size > 0 && !r.inputs.empty()) {
+    r.batch_size = r.inputs[0].shape[0];
+    for (const HostTensor& t : r.inputs) {
+      if (t.shape[0] != r.batch_size) {
+        return InvalidArgument("inputs disagree on the batch size: '", r.inputs[0].name, "' has ",
+                               r.batch_size, ", '", t.name, "' has ", t.shape[0]);
+      }
+    }
+  }
+  for (size_t i = 0; i < r.requested_outputs.size(); ++i) {
+    const std::string& name = r.requested_outputs[i];
+    if (std::none_of(sig.outputs.begin(), sig.outputs.end(),
+                     [&](const TensorSpec& s) { return s.name == name; })) {
+      return InvalidArgument("model '", sig.name, "' has no output '", name, "'; its outputs are ",
+                             Names(sig.outputs));
+    }
+    if (std::find(r.requested_outputs.begin(), r.requested_outputs.begin() + i, name) !=
+        r.requested_outputs.begin() + i) {
+      return InvalidArgument("output '", name, "' is requested more than once");
+    }
+  }
+  return OkStatus();
+}
+
+Model::Model(config::ModelConfig config, InferenceMetricFamilies* families)
+    : config_(std::move(config)), stats_(config_.name, families) {}
+
+Model::~Model() = default;
+
+StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
+                                             InferenceMetricFamilies* families) {
+  if (config.kind != "builtin") {
+    return Unimplemented("model '", config.name, "': kind '", config.kind,
+                         "' cannot be served by this build");
+  }
+  if (config.dynamic_batching && config.dynamic_batching->preserve_ordering &&
+      (config.instance_count > 1 || config.dynamic_batching->priority_levels > 1)) {
+    return InvalidArgument(
+        "model '", config.name,
+        "': preserve_ordering needs instance_count 1 and at most one priority level (responses "
+        "are then in request order by construction); Kiln does not reorder responses");
+  }
+  std::shared_ptr<Model> model(new Model(config, families));
+  std::vector<std::unique_ptr<TensorModel>> instances;
+  for (int i = 0; i < config.instance_count; ++i) {
+    auto inst = CreateBuiltinModel(config.builtin);
+    if (!inst.ok()) return Annotate(inst.status(), absl::StrCat("model '", config.name, "'"));
+    instances.push_back(std::move(*inst));
+  }
+  const TensorModel& first = *instances.front();
+  model->platform_ = std::string(first.platform());
+  model->signature_ = {config.name, config.max_batch_size, first.inputs(), first.outputs()};
+  BatchQueue::Options options{config.max_batch_size, config.dynamic_batching};
+  model->batcher_ =
+      std::make_unique<DynamicBatcher>(std::move(options), std::move(instances), &model->stats_);
+  return model;
+}
+
+Status Model::Infer(std::unique_ptr<InferenceRequest>& request) {
+  Status status = PrepareRequest(signature_, *request);
+  if (status.ok()) status = batcher_->Enqueue(request);
+  // Refused requests count as failures too (the caller answers them).
+  if (!status.ok()) stats_.RequestFailed(status, SteadyClock::now() - request->received_at);
+  return status;
+}
+
+}  // namespace kiln

@@ -1,0 +1,91 @@
+// The set of models a server knows (from its configuration, or loaded over the API), their
+// states, and access to the ready ones. Front ends reach models only through here.
+//
+// States follow Triton's repository API: READY, UNAVAILABLE (not loaded, unloaded, or failed
+// to load, with a reason), LOADING, UNLOADING. Every model is served as version "1".
+//
+// Thread-safety: every method is thread-safe. Load and Unload block while the model loads or
+// drains; call them off I/O threads.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "config/config.h"
+#include "scheduler/model.h"
+
+namespace kiln {
+
+enum class ModelState { kUnavailable, kLoading, kReady, kUnloading };
+std::string_view ModelStateName(ModelState state);  // "READY", ...
+
+struct ModelIndexEntry {
+  std::string name;
+  std::string version;
+  ModelState state = ModelState::kUnavailable;
+  std::string reason;  // why it is not READY
+};
+
+class ModelRepository {
+ public:
+  // `families` may be null (no Prometheus metrics). Nothing is loaded yet.
+  ModelRepository(std::vector<config::ModelConfig> models, InferenceMetricFamilies* families);
+  // Drains every model with an immediate deadline.
+  ~ModelRepository();
+
+  // Loads every configured model with load_on_start. All are attempted; returns an error
+  // listing every model that failed (they stay UNAVAILABLE with the reason).
+  Status LoadStartupModels();
+
+  // Loads a configured model by name, or (re)loads it with `inline_config` replacing its
+  // configuration — which may also add a model not in the configuration file. A READY model
+  // is reloaded: the new one serves new requests, the old one drains in the background.
+  // NotFound for an unknown name without inline config.
+  Status Load(std::string_view name, std::optional<config::ModelConfig> inline_config = {});
+
+  // Stops serving a model: new requests fail at once, queued and executing ones finish until
+  // `deadline`, then the model is released. NotFound for an unknown name.
+  Status Unload(std::string_view name, SteadyClock::time_point deadline);
+
+  // The ready model, or NotFound (unknown name or version) / Unavailable (known, not ready).
+  // `version` may be "" (latest) or "1".
+  StatusOr<std::shared_ptr<Model>> GetReady(std::string_view name,
+                                            std::string_view version = "") const;
+
+  std::vector<ModelIndexEntry> Index(bool ready_only = false) const;
+  std::vector<std::shared_ptr<Model>> ReadyModels() const;
+
+  // Requests queued or executing across all models.
+  size_t pending() const;
+
+  // Shutdown: drains every model until `deadline`; returns requests cut off.
+  int DrainAll(SteadyClock::time_point deadline);
+
+  // Called after every state change (readiness for gRPC health, for example). Called with no
+  // repository lock held, possibly from several threads.
+  void SetStateListener(std::function<void(const std::string& name, ModelState state)> listener);
+
+ private:
+  struct Entry {
+    config::ModelConfig config;
+    ModelState state = ModelState::kUnavailable;
+    std::string reason;
+    std::shared_ptr<Model> model;  // set when READY
+  };
+  void Notify(const std::string& name, ModelState state);
+
+  InferenceMetricFamilies* const families_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Entry, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex listener_mu_;
+  std::function<void(const std::string&, ModelState)> listener_ ABSL_GUARDED_BY(listener_mu_);
+};
+
+}  // namespace kiln

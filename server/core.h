@@ -1,0 +1,39 @@
+// What the front ends share: the model repository, admission control, metrics, and the
+// server's readiness. Front ends are adapters over this and scheduler/'s public headers.
+#pragma once
+
+#include <atomic>
+
+#include "config/config.h"
+#include "engine/base/metrics.h"
+#include "scheduler/model_repository.h"
+#include "server/inflight.h"
+
+namespace kiln {
+
+struct ServerCore {
+  const config::Config* config = nullptr;
+  ModelRepository* repository = nullptr;
+  InflightLimiter* limiter = nullptr;
+  metrics::Registry* registry = nullptr;
+
+  std::atomic<bool> started{false};        // start-up finished (models loaded)
+  std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work
+
+  bool live() const { return true; }
+  bool ready() const { return started.load() && !shutting_down.load(); }
+
+  // Admits a new inference request: Unavailable while shutting down, ResourceExhausted past
+  // server.max_inflight_requests.
+  StatusOr<InflightLimiter::Ticket> Admit() const {
+    if (shutting_down.load()) return Unavailable("the server is shutting down");
+    return limiter->Acquire();
+  }
+};
+
+// Name, version and protocol extensions reported by ServerMetadata.
+inline constexpr std::string_view kServerName = "kiln";
+std::string_view ServerVersion();
+const std::vector<std::string>& ServerExtensions();
+
+}  // namespace kiln

@@ -1,0 +1,481 @@
+#include "server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <deque>
+#include <thread>
+
+#include "config/config.h"
+#include "proto/kserve/grpc_service.grpc.pb.h"
+#include "server/kserve_codec.h"
+#include "server/net_util.h"
+#include "server/status_mapping.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerUnaryReactor;
+
+// Finishes a unary RPC at once with `status`.
+ServerUnaryReactor* FinishNow(CallbackServerContext* ctx, const Status& status) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// ModelInfer: decode, admit, enqueue; the scheduler answers through on_complete. A client
+// cancellation (or a deadline passing) marks the queued request cancelled so it leaves the
+// queue at the batcher's next step.
+class InferReactor final : public ServerUnaryReactor {
+ public:
+  InferReactor(ServerCore* core, const inference::ModelInferRequest* request,
+               inference::ModelInferResponse* response)
+      : response_(response) {
+    Status s = Start(core, const_cast<inference::ModelInferRequest*>(request));
+    if (!s.ok()) Finish(ToGrpcStatus(s));
+  }
+
+  void OnCancel() override {
+    cancel_->Cancel();
+    if (auto model = model_.lock()) model->WakeUp();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // The request message stays ours until Finish; the codec moves raw contents out of it.
+  Status Start(ServerCore* core, inference::ModelInferRequest* wire) {
+    KILN_ASSIGN_OR_RETURN(ticket_, core->Admit());
+    KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(*wire));
+    KILN_ASSIGN_OR_RETURN(auto model,
+                          core->repository->GetReady(request->model_name, request->model_version));
+    model_ = model;
+    cancel_ = request->cancel;
+    const std::string name = request->model_name, id = request->id;
+    request->on_complete = [this, name, id](InferenceResponse&& resp) {
+      ticket_.Release();
+      if (resp.status.ok()) {
+        EncodeInferResponse(name, id, std::move(resp), response_);
+        Finish(grpc::Status::OK);
+      } else {
+        Finish(ToGrpcStatus(resp.status));
+      }
+    };
+    return model->Infer(request);
+  }
+
+  inference::ModelInferResponse* response_;
+  InflightLimiter::Ticket ticket_;
+  std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
+  std::weak_ptr<Model> model_;
+};
+
+// ModelStreamInfer: each request on the stream is independent; responses (or per-request
+// errors, in error_message) are written in completion order. The stream finishes once the
+// client half-closed and every request was answered.
+class StreamInferReactor final
+    : public grpc::ServerBidiReactor<inference::ModelInferRequest,
+                                     inference::ModelStreamInferResponse> {
+ public:
+  explicit StreamInferReactor(ServerCore* core) : core_(core) { StartRead(&incoming_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    Handle(incoming_);
+    incoming_.Clear();
+    StartRead(&incoming_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writes_.pop_front();
+    if (!ok) broken_ = true;
+    if (!writes_.empty() && !broken_) {
+      StartWrite(&writes_.front());
+    } else {
+      writes_.clear();
+      MaybeFinishLocked();
+    }
+  }
+
+  void OnCancel() override {
+    std::vector<std::pair<std::shared_ptr<CancelFlag>, std::weak_ptr<Model>>> pending;
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+      pending = pending_cancels_;
+    }
+    for (auto& [flag, model] : pending) {
+      flag->Cancel();
+      if (auto m = model.lock()) m->WakeUp();
+    }
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Handle(inference::ModelInferRequest& wire) {
+    std::string id = wire.id();
+    std::string model_name = wire.model_name();
+    Status s = Submit(wire);
+    if (!s.ok()) {
+      inference::ModelStreamInferResponse out;
+      out.set_error_message(std::string(StatusMessage(s)));
+      out.mutable_infer_response()->set_id(id);
+      out.mutable_infer_response()->set_model_name(model_name);
+      absl::MutexLock lock(&mu_);
+      WriteLocked(std::move(out));
+    }
+  }
+
+  Status Submit(inference::ModelInferRequest& wire) {
+    KILN_ASSIGN_OR_RETURN(auto ticket, core_->Admit());
+    KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(wire));
+    KILN_ASSIGN_OR_RETURN(auto model,
+                          core_->repository->GetReady(request->model_name, request->model_version));
+    auto flag = request->cancel;
+    const std::string name = request->model_name, id = request->id;
+    auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(ticket));
+    request->on_complete = [this, name, id, flag, shared_ticket](InferenceResponse&& resp) {
+      shared_ticket->Release();
+      inference::ModelStreamInferResponse out;
+      if (resp.status.ok()) {
+        EncodeInferResponse(name, id, std::move(resp), out.mutable_infer_response());
+      } else {
+        out.set_error_message(std::string(StatusMessage(resp.status)));
+        out.mutable_infer_response()->set_id(id);
+        out.mutable_infer_response()->set_model_name(name);
+      }
+      absl::MutexLock lock(&mu_);
+      std::erase_if(pending_cancels_, [&](const auto& p) { return p.first == flag; });
+      --pending_;
+      WriteLocked(std::move(out));
+      MaybeFinishLocked();
+    };
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+      pending_cancels_.emplace_back(flag, model);
+    }
+    Status s = model->Infer(request);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      --pending_;
+      std::erase_if(pending_cancels_, [&](const auto& p) { return p.first == flag; });
+    }
+    return s;
+  }
+
+  void WriteLocked(inference::ModelStreamInferResponse&& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (broken_) return;  // the client is gone; nothing to deliver to
+    writes_.push_back(std::move(out));
+    if (writes_.size() == 1) StartWrite(&writes_.front());
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || (!reads_done_ && !broken_)) return;
+    if (pending_ > 0 || !writes_.empty()) return;
+    finished_ = true;
+    Finish(broken_ ? grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled")
+                   : grpc::Status::OK);
+  }
+
+  ServerCore* const core_;
+  inference::ModelInferRequest incoming_;  // only touched by the read path
+  absl::Mutex mu_;
+  std::deque<inference::ModelStreamInferResponse> writes_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::shared_ptr<CancelFlag>, std::weak_ptr<Model>>> pending_cancels_
+      ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+Status Unsupported(std::string_view feature) {
+  return Unimplemented(ToAbsl(feature), " is not supported by Kiln; send tensors in the request");
+}
+
+}  // namespace
+
+class KServeGrpcService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  explicit KServeGrpcService(ServerCore* core) : core_(core) {}
+
+  ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const inference::ServerLiveRequest*,
+                                 inference::ServerLiveResponse* resp) override {
+    resp->set_live(core_->live());
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ServerReady(CallbackServerContext* ctx, const inference::ServerReadyRequest*,
+                                  inference::ServerReadyResponse* resp) override {
+    resp->set_ready(core_->ready());
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ModelReady(CallbackServerContext* ctx,
+                                 const inference::ModelReadyRequest* req,
+                                 inference::ModelReadyResponse* resp) override {
+    auto model = core_->repository->GetReady(req->name(), req->version());
+    if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
+      return FinishNow(ctx, model.status());
+    }
+    resp->set_ready(model.ok() && core_->ready());
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ServerMetadata(CallbackServerContext* ctx,
+                                     const inference::ServerMetadataRequest*,
+                                     inference::ServerMetadataResponse* resp) override {
+    resp->set_name(std::string(kServerName));
+    resp->set_version(std::string(ServerVersion()));
+    for (const auto& e : ServerExtensions()) resp->add_extensions(e);
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ModelMetadata(CallbackServerContext* ctx,
+                                    const inference::ModelMetadataRequest* req,
+                                    inference::ModelMetadataResponse* resp) override {
+    auto model = core_->repository->GetReady(req->name(), req->version());
+    if (!model.ok()) return FinishNow(ctx, model.status());
+    FillModelMetadata(**model, resp);
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ModelConfig(CallbackServerContext* ctx,
+                                  const inference::ModelConfigRequest* req,
+                                  inference::ModelConfigResponse* resp) override {
+    auto model = core_->repository->GetReady(req->name(), req->version());
+    if (!model.ok()) return FinishNow(ctx, model.status());
+    FillModelConfig(**model, resp->mutable_config());
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* ModelInfer(CallbackServerContext*, const inference::ModelInferRequest* req,
+                                 inference::ModelInferResponse* resp) override {
+    return new InferReactor(core_, req, resp);
+  }
+
+  grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
+  ModelStreamInfer(CallbackServerContext*) override {
+    return new StreamInferReactor(core_);
+  }
+
+  ServerUnaryReactor* ModelStatistics(CallbackServerContext* ctx,
+                                      const inference::ModelStatisticsRequest* req,
+                                      inference::ModelStatisticsResponse* resp) override {
+    if (!req->name().empty()) {
+      auto model = core_->repository->GetReady(req->name(), req->version());
+      if (!model.ok()) return FinishNow(ctx, model.status());
+      FillModelStatistics(**model, resp->add_model_stats());
+    } else {
+      for (const auto& m : core_->repository->ReadyModels()) {
+        FillModelStatistics(*m, resp->add_model_stats());
+      }
+    }
+    return FinishNow(ctx, OkStatus());
+  }
+
+  ServerUnaryReactor* RepositoryIndex(CallbackServerContext* ctx,
+                                      const inference::RepositoryIndexRequest* req,
+                                      inference::RepositoryIndexResponse* resp) override {
+    for (const auto& e : core_->repository->Index(req->ready())) {
+      auto* m = resp->add_models();
+      m->set_name(e.name);
+      m->set_version(e.version);
+      m->set_state(std::string(ModelStateName(e.state)));
+      m->set_reason(e.reason);
+    }
+    return FinishNow(ctx, OkStatus());
+  }
+
+  // Loading and unloading block (model start-up, draining), so they run on their own thread
+  // and finish the RPC from there.
+  ServerUnaryReactor* RepositoryModelLoad(CallbackServerContext* ctx,
+                                          const inference::RepositoryModelLoadRequest* req,
+                                          inference::RepositoryModelLoadResponse*) override {
+    std::optional<config::ModelConfig> inline_config;
+    for (const auto& [key, value] : req->parameters()) {
+      if (key == "config") {
+        if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
+          return FinishNow(ctx, InvalidArgument("parameter 'config' must be a string (JSON)"));
+        }
+        auto parsed = ParseLoadConfig(req->model_name(), value.string_param());
+        if (!parsed.ok()) return FinishNow(ctx, parsed.status());
+        inline_config = std::move(*parsed);
+      } else if (key.rfind("file:", 0) == 0) {
+        return FinishNow(ctx, InvalidArgument("parameter '", key,
+                                              "': model files in load requests are not "
+                                              "supported; put weights on the server's disk"));
+      }
+    }
+    if (core_->shutting_down) return FinishNow(ctx, Unavailable("the server is shutting down"));
+    ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::thread([this, reactor, name = req->model_name(),
+                 cfg = std::move(inline_config)]() mutable {
+      reactor->Finish(ToGrpcStatus(core_->repository->Load(name, std::move(cfg))));
+    }).detach();
+    return reactor;
+  }
+
+  ServerUnaryReactor* RepositoryModelUnload(CallbackServerContext* ctx,
+                                            const inference::RepositoryModelUnloadRequest* req,
+                                            inference::RepositoryModelUnloadResponse*) override {
+    ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    const auto deadline =
+        SteadyClock::now() +
+        std::chrono::duration_cast<SteadyClock::duration>(
+            std::chrono::duration<double>(core_->config->server.shutdown_grace_seconds));
+    std::thread([this, reactor, name = req->model_name(), deadline] {
+      reactor->Finish(ToGrpcStatus(core_->repository->Unload(name, deadline)));
+    }).detach();
+    return reactor;
+  }
+
+  // ---- Extensions Kiln does not implement: a clear UNIMPLEMENTED each. ----
+  ServerUnaryReactor* SystemSharedMemoryStatus(
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest*,
+      inference::SystemSharedMemoryStatusResponse*) override {
+    return FinishNow(ctx, Unsupported("system shared memory"));
+  }
+  ServerUnaryReactor* SystemSharedMemoryRegister(
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest*,
+      inference::SystemSharedMemoryRegisterResponse*) override {
+    return FinishNow(ctx, Unsupported("system shared memory"));
+  }
+  ServerUnaryReactor* SystemSharedMemoryUnregister(
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest*,
+      inference::SystemSharedMemoryUnregisterResponse*) override {
+    return FinishNow(ctx, Unsupported("system shared memory"));
+  }
+  ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
+                                             const inference::CudaSharedMemoryStatusRequest*,
+                                             inference::CudaSharedMemoryStatusResponse*) override {
+    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+  }
+  ServerUnaryReactor* CudaSharedMemoryRegister(
+      CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest*,
+      inference::CudaSharedMemoryRegisterResponse*) override {
+    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+  }
+  ServerUnaryReactor* CudaSharedMemoryUnregister(
+      CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest*,
+      inference::CudaSharedMemoryUnregisterResponse*) override {
+    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+  }
+  ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx,
+                                   const inference::TraceSettingRequest*,
+                                   inference::TraceSettingResponse*) override {
+    return FinishNow(ctx, Unimplemented("trace settings are not supported by Kiln"));
+  }
+
+  // LogSettings: reads and sets the log level (Triton's keys log_info, log_warning,
+  // log_error, log_verbose_level; log_format is read-only).
+  ServerUnaryReactor* LogSettings(CallbackServerContext* ctx,
+                                  const inference::LogSettingsRequest* req,
+                                  inference::LogSettingsResponse* resp) override {
+    for (const auto& [key, value] : req->settings()) {
+      Status s = ApplyLogSetting(key, value);
+      if (!s.ok()) return FinishNow(ctx, s);
+    }
+    const auto level = spdlog::get_level();
+    auto& out = *resp->mutable_settings();
+    out["log_info"].set_bool_param(level <= spdlog::level::info);
+    out["log_warning"].set_bool_param(level <= spdlog::level::warn);
+    out["log_error"].set_bool_param(level <= spdlog::level::err);
+    out["log_verbose_level"].set_uint32_param(level <= spdlog::level::trace   ? 2
+                                              : level <= spdlog::level::debug ? 1
+                                                                              : 0);
+    out["log_format"].set_string_param(core_->config->logging.format);
+    return FinishNow(ctx, OkStatus());
+  }
+
+ private:
+  static Status ApplyLogSetting(const std::string& key,
+                                const inference::LogSettingsRequest::SettingValue& v) {
+    using Choice = inference::LogSettingsRequest::SettingValue;
+    if (key == "log_verbose_level") {
+      if (v.parameter_choice_case() != Choice::kUint32Param) {
+        return InvalidArgument("log setting 'log_verbose_level' must be an unsigned integer");
+      }
+      spdlog::set_level(v.uint32_param() >= 2   ? spdlog::level::trace
+                        : v.uint32_param() == 1 ? spdlog::level::debug
+                                                : spdlog::level::info);
+      return OkStatus();
+    }
+    if (key == "log_info" || key == "log_warning" || key == "log_error") {
+      if (v.parameter_choice_case() != Choice::kBoolParam) {
+        return InvalidArgument("log setting '", key, "' must be a boolean");
+      }
+      const auto level = key == "log_info"      ? spdlog::level::info
+                         : key == "log_warning" ? spdlog::level::warn
+                                                : spdlog::level::err;
+      if (v.bool_param()) {
+        if (spdlog::get_level() > level) spdlog::set_level(level);
+      } else if (spdlog::get_level() <= level) {
+        spdlog::set_level(static_cast<spdlog::level::level_enum>(level + 1));
+      }
+      return OkStatus();
+    }
+    return InvalidArgument("unknown log setting '", key,
+                           "'; known: log_info, log_warning, log_error, log_verbose_level");
+  }
+
+  ServerCore* const core_;
+};
+
+GrpcFrontEnd::GrpcFrontEnd(ServerCore* core)
+    : core_(core), service_(std::make_unique<KServeGrpcService>(core)) {}
+
+GrpcFrontEnd::~GrpcFrontEnd() {
+  if (server_) server_->Shutdown(std::chrono::system_clock::now());
+}
+
+Status GrpcFrontEnd::Start() {
+  const config::GrpcConfig& cfg = core_->config->server.grpc;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // Without this, a second process could bind the same port and silently share traffic.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes));
+  builder.AddListeningPort(cfg.address, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_ || port_ == 0) {
+    server_.reset();
+    Status why = ProbeListen(cfg.address);
+    return Unavailable("grpc: cannot listen on ", cfg.address, ": ",
+                       why.ok() ? absl::string_view("gRPC could not bind it") : why.message(),
+                       " (server.grpc.address)");
+  }
+  SetServing("", core_->ready());
+  SetServing("inference.GRPCInferenceService", core_->ready());
+  return OkStatus();
+}
+
+void GrpcFrontEnd::SetServing(const std::string& service, bool serving) {
+  if (!server_) return;
+  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(service, serving);
+}
+
+void GrpcFrontEnd::Shutdown(SteadyClock::time_point deadline) {
+  if (!server_) return;
+  if (auto* health = server_->GetHealthCheckService()) health->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + (deadline - SteadyClock::now()));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace kiln

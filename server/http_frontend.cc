@@ -1,0 +1,311 @@
+#include "server/http_frontend.h"
+
+#include <charconv>
+#include <thread>
+
+#include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
+#include "server/http/http_server.h"
+#include "server/kserve_codec.h"
+#include "server/kserve_json.h"
+#include "server/proto_json.h"
+#include "server/status_mapping.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+using Responder = std::shared_ptr<http::Responder>;
+
+void SendJson(const Responder& r, int status, const json& body) {
+  http::Response resp;
+  resp.status = status;
+  resp.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  r->Send(std::move(resp));
+}
+
+void SendError(const Responder& r, const Status& status) {
+  SendJson(r, ToHttpStatus(status), json{{"error", std::string(StatusMessage(status))}});
+}
+
+void SendEmpty(const Responder& r, int status) {
+  http::Response resp;
+  resp.status = status;
+  resp.content_type = "text/plain";
+  r->Send(std::move(resp));
+}
+
+// The path split on '/', without empty segments: "/v2/models/m/ready" -> v2, models, m, ready.
+std::vector<std::string> Segments(std::string_view path) {
+  std::vector<std::string> out;
+  for (absl::string_view s : absl::StrSplit(ToAbsl(path), '/', absl::SkipEmpty())) {
+    out.emplace_back(s);
+  }
+  return out;
+}
+
+// /v2/models/{m}[/versions/{v}][/{action}] -> model, version, action. False if not that form.
+bool ParseModelPath(const std::vector<std::string>& seg, std::string* model, std::string* version,
+                    std::string* action) {
+  if (seg.size() < 3 || seg[0] != "v2" || seg[1] != "models") return false;
+  *model = seg[2];
+  size_t i = 3;
+  if (seg.size() >= 5 && seg[3] == "versions") {
+    *version = seg[4];
+    i = 5;
+  }
+  if (seg.size() > i + 1) return false;
+  *action = seg.size() == i + 1 ? seg[i] : "";
+  return true;
+}
+
+class KServeHttpHandler {
+ public:
+  explicit KServeHttpHandler(ServerCore* core) : core_(core) {}
+
+  void operator()(http::Request req, Responder r) {
+    const auto seg = Segments(req.path);
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    const bool post = req.method == "POST";
+    if (seg.size() == 3 && seg[0] == "v2" && seg[1] == "health" && get) {
+      if (seg[2] == "live") return SendEmpty(r, core_->live() ? 200 : 503);
+      if (seg[2] == "ready") return SendEmpty(r, core_->ready() ? 200 : 503);
+    }
+    if (seg.size() == 1 && seg[0] == "v2" && get) return ServerMetadata(r);
+    if (seg.size() == 3 && seg[0] == "v2" && seg[1] == "models" && seg[2] == "stats" && get) {
+      return Statistics(r, "", "");
+    }
+    if (seg.size() >= 2 && seg[0] == "v2" && seg[1] == "repository") {
+      return Repository(seg, req, r);
+    }
+    std::string model, version, action;
+    if (ParseModelPath(seg, &model, &version, &action)) {
+      if (action.empty() && get) return ModelMetadata(model, version, r);
+      if (action == "ready" && get) return ModelReady(model, version, r);
+      if (action == "config" && get) return ModelConfig(model, version, r);
+      if (action == "stats" && get) return Statistics(r, model, version);
+      if (action == "infer" && post) return Infer(std::move(req), model, version, r);
+      if (action == "infer" || action == "ready" || action == "config" || action == "stats" ||
+          action.empty()) {
+        return SendError(r,
+                         InvalidArgument("method ", req.method, " is not allowed on ", req.path));
+      }
+    }
+    SendError(r, NotFound("no route for ", req.method, " ", req.path));
+  }
+
+ private:
+  void ServerMetadata(const Responder& r) {
+    SendJson(r, 200,
+             json{{"name", std::string(kServerName)},
+                  {"version", std::string(ServerVersion())},
+                  {"extensions", ServerExtensions()}});
+  }
+
+  void ModelMetadata(const std::string& name, const std::string& version, const Responder& r) {
+    auto model = core_->repository->GetReady(name, version);
+    if (!model.ok()) return SendError(r, model.status());
+    inference::ModelMetadataResponse md;
+    FillModelMetadata(**model, &md);
+    SendJson(r, 200, ProtoToJson(md));
+  }
+
+  void ModelReady(const std::string& name, const std::string& version, const Responder& r) {
+    auto model = core_->repository->GetReady(name, version);
+    if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
+      return SendError(r, model.status());
+    }
+    SendEmpty(r, model.ok() && core_->ready() ? 200 : 503);
+  }
+
+  void ModelConfig(const std::string& name, const std::string& version, const Responder& r) {
+    auto model = core_->repository->GetReady(name, version);
+    if (!model.ok()) return SendError(r, model.status());
+    inference::ModelConfig cfg;
+    FillModelConfig(**model, &cfg);
+    SendJson(r, 200, ProtoToJson(cfg));
+  }
+
+  void Statistics(const Responder& r, const std::string& name, const std::string& version) {
+    inference::ModelStatisticsResponse stats;
+    if (!name.empty()) {
+      auto model = core_->repository->GetReady(name, version);
+      if (!model.ok()) return SendError(r, model.status());
+      FillModelStatistics(**model, stats.add_model_stats());
+    } else {
+      for (const auto& m : core_->repository->ReadyModels()) {
+        FillModelStatistics(*m, stats.add_model_stats());
+      }
+    }
+    json out = ProtoToJson(stats);
+    if (!out.contains("model_stats")) out["model_stats"] = json::array();
+    SendJson(r, 200, out);
+  }
+
+  void Repository(const std::vector<std::string>& seg, const http::Request& req,
+                  const Responder& r) {
+    if (req.method != "POST") {
+      return SendError(r, InvalidArgument("repository routes take POST"));
+    }
+    json body = json::object();
+    if (!req.body.empty()) {
+      body = json::parse(req.body, nullptr, false);
+      if (body.is_discarded() || !body.is_object()) {
+        return SendError(r, InvalidArgument("request body must be a JSON object"));
+      }
+    }
+    if (seg.size() == 3 && seg[2] == "index") {
+      const bool ready_only = body.value("ready", false);
+      json out = json::array();
+      for (const auto& e : core_->repository->Index(ready_only)) {
+        json entry = {{"name", e.name},
+                      {"version", e.version},
+                      {"state", std::string(ModelStateName(e.state))}};
+        if (!e.reason.empty()) entry["reason"] = e.reason;
+        out.push_back(std::move(entry));
+      }
+      return SendJson(r, 200, out);
+    }
+    if (seg.size() == 5 && seg[2] == "models" && (seg[4] == "load" || seg[4] == "unload")) {
+      const std::string name = seg[3];
+      if (seg[4] == "load") {
+        std::optional<config::ModelConfig> inline_config;
+        if (body.contains("parameters") && body["parameters"].is_object() &&
+            body["parameters"].contains("config")) {
+          const json& c = body["parameters"]["config"];
+          const std::string text = c.is_string() ? c.get<std::string>() : c.dump();
+          auto parsed = ParseLoadConfig(name, text);
+          if (!parsed.ok()) return SendError(r, parsed.status());
+          inline_config = std::move(*parsed);
+        }
+        if (core_->shutting_down) return SendError(r, Unavailable("the server is shutting down"));
+        // Loading blocks; answer from a thread of its own.
+        std::thread([this, r, name, cfg = std::move(inline_config)]() mutable {
+          Status s = core_->repository->Load(name, std::move(cfg));
+          s.ok() ? SendEmpty(r, 200) : SendError(r, s);
+        }).detach();
+        return;
+      }
+      const auto deadline =
+          SteadyClock::now() +
+          std::chrono::duration_cast<SteadyClock::duration>(
+              std::chrono::duration<double>(core_->config->server.shutdown_grace_seconds));
+      std::thread([this, r, name, deadline] {
+        Status s = core_->repository->Unload(name, deadline);
+        s.ok() ? SendEmpty(r, 200) : SendError(r, s);
+      }).detach();
+      return;
+    }
+    SendError(r, NotFound("no route for ", req.method, " ", req.path));
+  }
+
+  void Infer(http::Request req, const std::string& name, const std::string& version,
+             const Responder& r) {
+    auto ticket = core_->Admit();
+    if (!ticket.ok()) return SendError(r, ticket.status());
+    std::optional<size_t> header_length;
+    if (auto h = req.Header("Inference-Header-Content-Length")) {
+      size_t v = 0;
+      auto [p, ec] = std::from_chars(h->data(), h->data() + h->size(), v);
+      if (ec != std::errc() || p != h->data() + h->size()) {
+        return SendError(r, InvalidArgument("Inference-Header-Content-Length `", *h,
+                                            "` is not a non-negative integer"));
+      }
+      header_length = v;
+    }
+    if (auto enc = req.Header("Content-Encoding"); enc && *enc != "identity") {
+      return SendError(r, Unimplemented("Content-Encoding `", *enc,
+                                        "` is not supported; send the body uncompressed"));
+    }
+    auto decoded = DecodeJsonInferRequest(std::move(req.body), header_length, name, version);
+    if (!decoded.ok()) return SendError(r, decoded.status());
+    auto model = core_->repository->GetReady(name, version);
+    if (!model.ok()) return SendError(r, model.status());
+    std::unique_ptr<InferenceRequest> request = std::move(decoded->request);
+    auto flag = request->cancel;
+    std::weak_ptr<Model> weak = *model;
+    r->OnClientGone([flag, weak] {
+      flag->Cancel();
+      if (auto m = weak.lock()) m->WakeUp();
+    });
+    auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(*ticket));
+    request->on_complete = [r, name, id = request->id, bin = std::move(decoded->binary_outputs),
+                            all = decoded->all_binary, shared_ticket](InferenceResponse&& resp) {
+      shared_ticket->Release();
+      if (!resp.status.ok()) return SendError(r, resp.status);
+      JsonInferResponse out = EncodeJsonInferResponse(name, id, std::move(resp), bin, all);
+      http::Response hr;
+      hr.body = std::move(out.body);
+      if (out.header_length) {
+        hr.content_type = "application/octet-stream";
+        hr.headers.emplace_back("Inference-Header-Content-Length",
+                                std::to_string(*out.header_length));
+      }
+      r->Send(std::move(hr));
+    };
+    Status s = (*model)->Infer(request);
+    if (!s.ok()) SendError(r, s);
+  }
+
+  ServerCore* const core_;
+};
+
+}  // namespace
+
+HttpFrontEnds::HttpFrontEnds(ServerCore* core) : core_(core) {}
+HttpFrontEnds::~HttpFrontEnds() { Shutdown(SteadyClock::now()); }
+
+Status HttpFrontEnds::Start() {
+  const config::ServerConfig& cfg = core_->config->server;
+  if (cfg.http.enabled) {
+    http::ServerOptions opts;
+    opts.address = cfg.http.address;
+    opts.threads = cfg.http.threads;
+    opts.max_body_bytes = cfg.http.max_body_bytes;
+    opts.idle_timeout_seconds = cfg.http.idle_timeout_seconds;
+    opts.name = "http";
+    http_ = std::make_unique<http::Server>(opts, KServeHttpHandler(core_));
+    KILN_RETURN_IF_ERROR(Annotate(http_->Start(), "server.http.address"));
+  }
+  if (cfg.metrics.enabled) {
+    http::ServerOptions opts;
+    opts.address = cfg.metrics.address;
+    opts.threads = 1;
+    opts.max_body_bytes = 1 << 16;
+    opts.name = "metrics";
+    metrics::Registry* registry = core_->registry;
+    metrics_ = std::make_unique<http::Server>(opts, [registry](http::Request req, Responder r) {
+      if (req.path != "/metrics") return SendError(r, NotFound("no route for ", req.path));
+      if (req.method != "GET" && req.method != "HEAD") {
+        return SendError(r, InvalidArgument("/metrics takes GET"));
+      }
+      http::Response resp;
+      resp.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      resp.body = registry->Serialize();
+      r->Send(std::move(resp));
+    });
+    KILN_RETURN_IF_ERROR(Annotate(metrics_->Start(), "server.metrics.address"));
+  }
+  return OkStatus();
+}
+
+int HttpFrontEnds::http_port() const { return http_ ? http_->port() : 0; }
+int HttpFrontEnds::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+int HttpFrontEnds::Shutdown(SteadyClock::time_point deadline) {
+  int cut = 0;
+  if (http_) {
+    http_->StopAccepting();
+    cut += http_->Shutdown(deadline);
+    http_.reset();
+  }
+  if (metrics_) {
+    metrics_->StopAccepting();
+    cut += metrics_->Shutdown(deadline);
+    metrics_.reset();
+  }
+  return cut;
+}
+
+}  // namespace kiln

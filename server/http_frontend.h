@@ -1,0 +1,46 @@
+// The HTTP front ends: KServe v2 REST on server.http.address and Prometheus /metrics on
+// server.metrics.address.
+//
+// KServe v2 REST routes (docs/api.md has examples):
+//   GET  /v2/health/live, /v2/health/ready
+//   GET  /v2                                        server metadata
+//   GET  /v2/models/{m}[/versions/{v}]               model metadata
+//   GET  /v2/models/{m}[/versions/{v}]/ready
+//   GET  /v2/models/{m}[/versions/{v}]/config        (Triton extension)
+//   GET  /v2/models[/{m}[/versions/{v}]]/stats       (Triton extension)
+//   POST /v2/models/{m}[/versions/{v}]/infer         JSON, or JSON + binary tensor data
+//   POST /v2/repository/index, /v2/repository/models/{m}/load, .../unload
+// Errors are {"error": "<message>"} with the status from server/status_mapping.h.
+#pragma once
+
+#include <memory>
+
+#include "server/core.h"
+
+namespace kiln {
+
+namespace http {
+class Server;
+}
+
+class HttpFrontEnds {
+ public:
+  explicit HttpFrontEnds(ServerCore* core);
+  ~HttpFrontEnds();
+
+  // Binds whichever of server.http / server.metrics are enabled.
+  Status Start();
+  int http_port() const;
+  int metrics_port() const;
+
+  // Stops accepting connections; waits for in-flight responses until `deadline`; closes the
+  // rest. Returns the number of HTTP requests cut off.
+  int Shutdown(SteadyClock::time_point deadline);
+
+ private:
+  ServerCore* core_;
+  std::unique_ptr<http::Server> http_;
+  std::unique_ptr<http::Server> metrics_;
+};
+
+}  // namespace kiln

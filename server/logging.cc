@@ -1,0 +1,94 @@
+#include "server/logging.h"
+
+#include <chrono>
+#include <memory>
+
+#include "spdlog/pattern_formatter.h"
+#include "spdlog/sinks/stdout_sinks.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln {
+namespace {
+
+void AppendJsonString(std::string_view s, spdlog::memory_buf_t& out) {
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out.append(std::string_view("\\\""));
+        break;
+      case '\\':
+        out.append(std::string_view("\\\\"));
+        break;
+      case '\n':
+        out.append(std::string_view("\\n"));
+        break;
+      case '\r':
+        out.append(std::string_view("\\r"));
+        break;
+      case '\t':
+        out.append(std::string_view("\\t"));
+        break;
+      default:
+        if (c < 0x20) {
+          fmt::format_to(std::back_inserter(out), "\\u{:04x}", c);
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+// One JSON object per line, with the message properly escaped (spdlog patterns cannot).
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    using namespace std::chrono;
+    const auto t = msg.time;
+    const auto secs = time_point_cast<seconds>(t);
+    const auto micros = duration_cast<microseconds>(t - secs).count();
+    std::time_t tt = system_clock::to_time_t(secs);
+    std::tm tm{};
+    gmtime_r(&tt, &tm);
+    fmt::format_to(
+        std::back_inserter(dest),
+        "{{\"ts\":\"{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z\",\"level\":", tm.tm_year + 1900,
+        tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, micros);
+    const auto level = spdlog::level::to_string_view(msg.level);
+    AppendJsonString(std::string_view(level.data(), level.size()), dest);
+    dest.append(std::string_view(",\"msg\":"));
+    AppendJsonString(std::string_view(msg.payload.data(), msg.payload.size()), dest);
+    fmt::format_to(std::back_inserter(dest), ",\"thread\":{}}}\n", msg.thread_id);
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>();
+  }
+};
+
+}  // namespace
+
+Status SetUpLogging(std::string_view level, std::string_view format) {
+  auto lvl = spdlog::level::from_str(std::string(level));
+  if (lvl == spdlog::level::off && level != "off") {
+    return InvalidArgument("unknown log level `", ToAbsl(level),
+                           "`; expected trace, debug, info, warn, error, critical or off");
+  }
+  if (format != "text" && format != "json") {
+    return InvalidArgument("unknown log format `", ToAbsl(format), "`; expected text or json");
+  }
+  // Logs go to stderr (containers collect it); stdout stays free for --print-default-config.
+  auto logger =
+      std::make_shared<spdlog::logger>("kilnd", std::make_shared<spdlog::sinks::stderr_sink_mt>());
+  if (format == "json") {
+    logger->set_formatter(std::make_unique<JsonFormatter>());
+  } else {
+    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%-5l%$ %v");
+  }
+  logger->set_level(lvl);
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(std::move(logger));
+  return OkStatus();
+}
+
+}  // namespace kiln

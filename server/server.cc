@@ -1,0 +1,148 @@
+#include "server/server.h"
+
+#include "server/grpc_server.h"
+#include "server/http_frontend.h"
+#include "spdlog/spdlog.h"
+
+#ifndef KILN_VERSION
+#define KILN_VERSION "0.0.0"
+#endif
+#ifndef KILN_GIT_SHA
+#define KILN_GIT_SHA "unknown"
+#endif
+
+namespace kiln {
+
+std::string_view ServerVersion() { return KILN_VERSION; }
+
+const std::vector<std::string>& ServerExtensions() {
+  static const std::vector<std::string> extensions = {"model_repository",
+                                                      "schedule_policy",
+                                                      "model_configuration",
+                                                      "binary_tensor_data",
+                                                      "statistics",
+                                                      "parameters",
+                                                      "logging"};
+  return extensions;
+}
+
+Server::Server(config::Config config) : config_(std::move(config)) {
+  families_ = std::make_unique<InferenceMetricFamilies>(registry_);
+  repository_ = std::make_unique<ModelRepository>(config_.models, families_.get());
+  limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
+  core_.config = &config_;
+  core_.repository = repository_.get();
+  core_.limiter = limiter_.get();
+  core_.registry = &registry_;
+}
+
+Server::~Server() {
+  if (grpc_ || http_) Shutdown();
+}
+
+void Server::RegisterServerMetrics() {
+  registry_
+      .AddGauge("kiln_build_info", "Build information; the value is always 1.",
+                {"version", "git_sha", "compiler"})
+      .WithLabels({std::string(ServerVersion()), KILN_GIT_SHA, __VERSION__})
+      ->Set(1);
+  metrics::Gauge* ready =
+      registry_.AddGauge("kiln_server_ready", "1 when the server is ready to serve.")
+          .WithLabels({});
+  metrics::Gauge* inflight =
+      registry_
+          .AddGauge("kiln_inflight_requests",
+                    "Inference requests admitted and not yet answered, all front ends.")
+          .WithLabels({});
+  metrics::Gauge* limit =
+      registry_.AddGauge("kiln_inflight_requests_limit", "server.max_inflight_requests.")
+          .WithLabels({});
+  auto& model_ready =
+      registry_.AddGauge("kiln_model_ready", "1 when the model is READY, else 0.", {"model"});
+  metrics::RegisterProcessMetrics(registry_);
+  registry_.AddCollector([this, ready, inflight, limit, &model_ready] {
+    ready->Set(core_.ready() ? 1 : 0);
+    inflight->Set(static_cast<double>(limiter_->inflight()));
+    limit->Set(static_cast<double>(limiter_->limit()));
+    for (const auto& e : repository_->Index()) {
+      model_ready.WithLabels({e.name})->Set(e.state == ModelState::kReady ? 1 : 0);
+    }
+  });
+}
+
+Status Server::Start() {
+  RegisterServerMetrics();
+  grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
+  http_ = std::make_unique<HttpFrontEnds>(&core_);
+  repository_->SetStateListener([this](const std::string& name, ModelState state) {
+    if (grpc_) grpc_->SetServing(name, state == ModelState::kReady);
+  });
+  // Bind first: a port conflict should fail fast, before minutes of model loading.
+  if (config_.server.grpc.enabled) {
+    Status s = grpc_->Start();
+    if (!s.ok()) {
+      grpc_.reset();
+      http_.reset();
+      return s;
+    }
+  }
+  Status s = http_->Start();
+  if (!s.ok()) {
+    if (grpc_) grpc_->Shutdown(SteadyClock::now());
+    grpc_.reset();
+    http_.reset();
+    return s;
+  }
+  spdlog::info("listening: gRPC {} (port {}), HTTP {} (port {}), metrics {} (port {})",
+               config_.server.grpc.enabled ? config_.server.grpc.address : "off", grpc_port(),
+               config_.server.http.enabled ? config_.server.http.address : "off", http_port(),
+               config_.server.metrics.enabled ? config_.server.metrics.address : "off",
+               metrics_port());
+  s = repository_->LoadStartupModels();
+  if (!s.ok()) return s;
+  for (const auto& e : repository_->Index(/*ready_only=*/true)) grpc_->SetServing(e.name, true);
+  core_.started = true;
+  if (grpc_) {
+    grpc_->SetServing("", true);
+    grpc_->SetServing("inference.GRPCInferenceService", true);
+  }
+  spdlog::info("kilnd {} ready: {} model(s) loaded", ServerVersion(),
+               repository_->Index(/*ready_only=*/true).size());
+  return OkStatus();
+}
+
+bool Server::Shutdown() {
+  const auto grace = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double>(config_.server.shutdown_grace_seconds));
+  const auto deadline = SteadyClock::now() + grace;
+  core_.shutting_down = true;
+  if (grpc_) {
+    grpc_->SetServing("", false);
+    grpc_->SetServing("inference.GRPCInferenceService", false);
+    for (const auto& e : repository_->Index()) grpc_->SetServing(e.name, false);
+  }
+  const int64_t inflight = limiter_->inflight();
+  spdlog::info("shutting down: not ready; waiting up to {:.1f} s for {} in-flight request(s)",
+               config_.server.shutdown_grace_seconds, inflight);
+  const bool idle = limiter_->WaitIdle(absl::Now() + absl::FromChrono(grace));
+  const int cut = repository_->DrainAll(idle ? SteadyClock::now() : deadline);
+  int http_cut = 0;
+  if (http_) http_cut = http_->Shutdown(std::max(deadline, SteadyClock::now()));
+  if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now()));
+  grpc_.reset();
+  http_.reset();
+  const bool clean = idle && cut == 0 && http_cut == 0;
+  if (clean) {
+    spdlog::info("shutdown complete");
+  } else {
+    spdlog::error("shutdown grace period ({:.1f} s) expired: {} request(s) cancelled",
+                  config_.server.shutdown_grace_seconds, cut + http_cut);
+  }
+  return clean;
+}
+
+int Server::grpc_port() const { return grpc_ ? grpc_->port() : 0; }
+int Server::http_port() const { return http_ ? http_->http_port() : 0; }
+int Server::metrics_port() const { return http_ ? http_->metrics_port() : 0; }
+
+}  // namespace kiln

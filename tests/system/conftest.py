@@ -1,0 +1,160 @@
+"""Shared fixtures for system tests: start a real kilnd on free loopback ports.
+
+Tests get `kilnd` (the default embedded config) or build their own with `start_kilnd`.
+Every daemon is stopped with SIGTERM at teardown and must exit cleanly (code 0) unless the
+test said otherwise; its log is printed when a test fails.
+"""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+KILND = os.environ.get("KILND") or str(
+    Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Kilnd:
+    def __init__(self, config_path=None, overrides=(), args=(), env=None):
+        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="kilnd-", suffix=".log", delete=False)
+        cmd = [KILND]
+        if config_path:
+            cmd += ["--config", str(config_path)]
+        for o in [f"server.grpc.address=127.0.0.1:{self.grpc_port}",
+                  f"server.http.address=127.0.0.1:{self.http_port}",
+                  f"server.metrics.address=127.0.0.1:{self.metrics_port}", *overrides]:
+            cmd += ["--set", o]
+        cmd += list(args)
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+        self.expected_exit = 0
+
+    @property
+    def grpc_url(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self):
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def base(self):
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def wait_ready(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if requests.get(f"{self.base}/v2/health/ready", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"kilnd not ready after {timeout}s:\n{self.output()}")
+
+    def output(self):
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def metrics(self):
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+
+    def metric_value(self, name, **labels):
+        """The value of one sample from /metrics (0.0 if absent)."""
+        want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+        for line in self.metrics().splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            if key == name and not want or key == f"{name}{{{want}}}":
+                return float(value)
+        return 0.0
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_kilnd(request, tmp_path):
+    started = []
+
+    def start(config_text=None, overrides=(), args=(), wait=True, env=None):
+        path = None
+        if config_text is not None:
+            path = tmp_path / f"kiln-{len(started)}.yaml"
+            path.write_text(config_text)
+        k = Kilnd(path, overrides, args, env)
+        started.append(k)
+        if wait:
+            k.wait_ready()
+        return k
+
+    yield start
+    failed = request.node.rep_call.failed if hasattr(request.node, "rep_call") else True
+    for k in started:
+        code = k.stop()
+        if failed or code != k.expected_exit:
+            print(f"---- kilnd log ({' '.join(k.cmd)}) ----\n{k.output()}")
+        assert code == k.expected_exit, f"kilnd exited with {code}, expected {k.expected_exit}"
+
+
+# The built-in tensor models, as the default configuration declares them; system tests of the
+# tensor path use this rather than the default file so that they do not depend on which LLM
+# the default configuration serves.
+TENSOR_MODELS = """
+models:
+  - name: simple
+    kind: builtin
+    builtin: simple
+    max_batch_size: 8
+    dynamic_batching: {max_queue_delay_microseconds: 0}
+  - name: identity_fp32
+    kind: builtin
+    builtin: identity_fp32
+    max_batch_size: 0
+  - name: sleep_us
+    kind: builtin
+    builtin: sleep_us
+    max_batch_size: 16
+    dynamic_batching:
+      max_queue_delay_microseconds: 1000
+      priority_levels: 2
+      default_priority_level: 2
+      default_queue_policy: {allow_timeout_override: true, max_queue_size: 1024}
+"""
+
+
+@pytest.fixture
+def kilnd(start_kilnd):
+    """kilnd serving the built-in tensor models (simple, identity_fp32, sleep_us)."""
+    return start_kilnd(TENSOR_MODELS)
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)

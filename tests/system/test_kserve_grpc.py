@@ -1,0 +1,182 @@
+"""KServe v2 over gRPC with the stock Triton client, grpcio health checks and reflection."""
+import queue
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+
+def simple_inputs(a, b, binary=True):
+    inputs = [grpcclient.InferInput("INPUT0", list(a.shape), "INT32"),
+              grpcclient.InferInput("INPUT1", list(b.shape), "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_live_ready_and_metadata(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    assert c.is_server_live()
+    assert c.is_server_ready()
+    assert c.is_model_ready("simple")
+    md = c.get_server_metadata()
+    assert md.name == "kiln"
+    assert "model_repository" in md.extensions and "statistics" in md.extensions
+    mm = c.get_model_metadata("simple")
+    assert mm.platform == "kiln_builtin"
+    assert [(t.name, t.datatype, list(t.shape)) for t in mm.inputs] == [
+        ("INPUT0", "INT32", [-1, 16]), ("INPUT1", "INT32", [-1, 16])]
+    cfg = c.get_model_config("simple").config
+    assert cfg.max_batch_size == 8
+    assert [i.name for i in cfg.input] == ["INPUT0", "INPUT1"]
+    idx = c.get_model_repository_index()
+    assert {m.name: m.state for m in idx.models} == {
+        "simple": "READY", "identity_fp32": "READY", "sleep_us": "READY"}
+
+
+def test_infer_simple_raw(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.ones((1, 16), dtype=np.int32)
+    r = c.infer("simple", simple_inputs(a, b),
+                outputs=[grpcclient.InferRequestedOutput("OUTPUT0"),
+                         grpcclient.InferRequestedOutput("OUTPUT1")], request_id="r1")
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(r.as_numpy("OUTPUT1"), a - b)
+    assert r.get_response().id == "r1"
+
+
+def test_infer_simple_typed_contents(kilnd):
+    """typed `contents` instead of raw_input_contents, through the raw protobuf stub."""
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(kilnd.grpc_url))
+    req = service_pb2.ModelInferRequest(model_name="simple")
+    for name, values in (("INPUT0", range(16)), ("INPUT1", [2] * 16)):
+        t = req.inputs.add(name=name, datatype="INT32", shape=[1, 16])
+        t.contents.int_contents.extend(values)
+    resp = stub.ModelInfer(req)
+    out = {o.name: np.frombuffer(raw, dtype=np.int32)
+           for o, raw in zip(resp.outputs, resp.raw_output_contents)}
+    np.testing.assert_array_equal(out["OUTPUT0"], np.arange(16) + 2)
+    np.testing.assert_array_equal(out["OUTPUT1"], np.arange(16) - 2)
+
+
+def test_identity_any_shape_and_large(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    for shape in [(3,), (2, 3, 4), (1, 1, 1, 1, 5), (1 << 20,)]:
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        i = grpcclient.InferInput("INPUT0", list(shape), "FP32")
+        i.set_data_from_numpy(x)
+        np.testing.assert_array_equal(c.infer("identity_fp32", [i]).as_numpy("OUTPUT0"), x)
+
+
+def test_64_concurrent_async_requests_all_correct(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    results = queue.Queue()
+    for k in range(64):
+        a = np.full((1, 16), k, dtype=np.int32)
+        b = np.arange(16, dtype=np.int32).reshape(1, 16)
+        c.async_infer("simple", simple_inputs(a, b),
+                      callback=lambda result, error, k=k: results.put((k, result, error)))
+    seen = set()
+    for _ in range(64):
+        k, r, e = results.get(timeout=30)
+        assert e is None, e
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), k + np.arange(16).reshape(1, 16))
+        seen.add(k)
+    assert seen == set(range(64))
+
+
+def test_stream_infer(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    got = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        for k in range(10):
+            a = np.full((1, 16), k, dtype=np.int32)
+            c.async_stream_infer("simple", simple_inputs(a, a), request_id=str(k))
+        # A bad request on the stream gets an error message; the stream stays open.
+        bad = grpcclient.InferInput("INPUT0", [1, 16], "INT32")
+        bad.set_data_from_numpy(np.zeros((1, 16), np.int32))
+        c.async_stream_infer("simple", [bad], request_id="bad")
+        a = np.full((1, 16), 99, dtype=np.int32)
+        c.async_stream_infer("simple", simple_inputs(a, a), request_id="after")
+        ids, errors = set(), []
+        for _ in range(12):
+            r, e = got.get(timeout=30)
+            if e is not None:
+                errors.append(str(e))
+                continue
+            k = r.get_response().id
+            ids.add(k)
+            expect = 99 if k == "after" else int(k)
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), np.full((1, 16), 2 * expect))
+        assert ids == {str(k) for k in range(10)} | {"after"}
+        assert len(errors) == 1 and "missing input 'INPUT1'" in errors[0]
+    finally:
+        c.stop_stream()
+
+
+def test_grpc_health_server_and_per_model(kilnd):
+    ch = grpc.insecure_channel(kilnd.grpc_url)
+    health = health_pb2_grpc.HealthStub(ch)
+    for service in ["", "inference.GRPCInferenceService", "simple", "sleep_us"]:
+        r = health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as e:
+        health.Check(health_pb2.HealthCheckRequest(service="no_such_model"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_health_follows_model_unload_and_load(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(kilnd.grpc_url))
+    c.unload_model("identity_fp32")
+    assert not c.is_model_ready("identity_fp32")
+    r = health.Check(health_pb2.HealthCheckRequest(service="identity_fp32"))
+    assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    states = {m.name: (m.state, m.reason) for m in c.get_model_repository_index().models}
+    assert states["identity_fp32"] == ("UNAVAILABLE", "unloaded")
+    with pytest.raises(InferenceServerException, match="not ready"):
+        x = grpcclient.InferInput("INPUT0", [2], "FP32")
+        x.set_data_from_numpy(np.zeros(2, np.float32))
+        c.infer("identity_fp32", [x])
+    c.load_model("identity_fp32")
+    assert c.is_model_ready("identity_fp32")
+    r = health.Check(health_pb2.HealthCheckRequest(service="identity_fp32"))
+    assert r.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_load_with_inline_config_adds_a_model(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    c.load_model("simple_b4", config='{"kind": "builtin", "builtin": "simple", '
+                                     '"max_batch_size": 4}')
+    assert c.get_model_config("simple_b4").config.max_batch_size == 4
+    with pytest.raises(InferenceServerException, match="unknown key"):
+        c.load_model("broken", config='{"kind": "builtin", "max_batch": 4}')
+
+
+def test_server_reflection_lists_services(kilnd):
+    stub = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(kilnd.grpc_url))
+    responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
+        list_services="")]))
+    names = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+def test_statistics_count_inferences(kilnd):
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    a = np.zeros((2, 16), np.int32)
+    for _ in range(3):
+        c.infer("simple", simple_inputs(a, a))
+    s = c.get_inference_statistics("simple").model_stats[0]
+    assert s.name == "simple" and s.version == "1"
+    assert s.inference_count == 6
+    assert s.inference_stats.success.count == 3
+    assert s.execution_count == 3
+    assert s.last_inference > 0
