@@ -1,0 +1,78 @@
+// The kernel calling convention: what one launch of a compiled Program hands a kernel.
+//
+// A Program is a flat list of Launch {fn, args}. Running it is a loop that calls
+// `fn(args, ctx)` — no allocation, lookups or virtual calls per launch. Everything a launch
+// needs is resolved before the loop: data pointers, concrete shapes and strides (symbolic
+// dims evaluated once per run), and run-time attribute values (`params`).
+//
+// Threading: a host backend may call every launch on `thread_count` threads at once (with a
+// barrier between launches, like ggml); each call gets its `thread_index` and must do its
+// share or nothing. Reference kernels do all the work on thread 0 and return at once on the
+// others. Device backends call fn once per launch on the host to enqueue work on
+// `native_stream`.
+//
+// Plain data only: this header is shared with out-of-tree backend plugins.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/dtype.h"
+
+namespace kiln {
+
+inline constexpr int kMaxRank = 8;
+inline constexpr int kMaxLaunchParams = 4;
+
+// A tensor as a kernel sees it. `data` is the device address of element (0, ..., 0);
+// strides are in elements (0 for broadcast axes). Block-quantized tensors are addressed by
+// rows: element offsets used with them are multiples of the block size, and the byte offset
+// of element e is ByteOffset(dtype, e).
+struct TensorArg {
+  void* data = nullptr;
+  DType dtype = DType::kInvalid;
+  int32_t rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= shape[i];
+    return n;
+  }
+  bool IsContiguous() const {
+    int64_t expect = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != expect) return false;
+      expect *= shape[i];
+    }
+    return true;
+  }
+};
+
+// Byte offset of element `elems` (a block boundary for quantized dtypes).
+inline int64_t ByteOffset(DType t, int64_t elems) {
+  return elems / DTypeBlockElems(t) * DTypeBlockBytes(t);
+}
+
+struct LaunchArgs {
+  const void* kernel_data = nullptr;  // the Kernel's data (per node, made at compile time)
+  const TensorArg* inputs = nullptr;
+  int32_t num_inputs = 0;
+  TensorArg output;
+  int64_t params[kMaxLaunchParams] = {};  // the node's attrs.dims, evaluated for this run
+};
+
+struct ExecCtx {
+  int thread_index = 0;
+  int thread_count = 1;
+  void* native_stream = nullptr;
+};
+
+using KernelFn = void (*)(const LaunchArgs& args, const ExecCtx& ctx);
+
+struct Launch {
+  KernelFn fn = nullptr;
+  const LaunchArgs* args = nullptr;
+};
+
+}  // namespace kiln

@@ -1,0 +1,212 @@
+#include "engine/passes.h"
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace kiln {
+
+std::vector<Dim> ContiguousStrides(const SymShape& shape) {
+  std::vector<Dim> s(shape.size());
+  Dim acc = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc = acc * shape[i];
+  }
+  return s;
+}
+
+bool IsContiguousLayout(const SymShape& shape, const std::vector<Dim>& strides) {
+  Dim expect = 1;
+  for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+    if (shape[i] != Dim(1) && strides[i] != expect) return false;
+    expect = expect * shape[i];
+  }
+  return true;
+}
+
+namespace {
+
+std::string NodeLabel(const Graph& g, int32_t id) {
+  const Node& n = g.node(id);
+  return absl::StrCat("%", id, n.name.empty() ? "" : absl::StrCat(" '", n.name, "'"), " (",
+                      OpName(n.op), " ", TypeString(n.dtype, n.shape, g), ")");
+}
+
+}  // namespace
+
+Status Verify(const Graph& g, std::span<const Value> outputs) {
+  absl::flat_hash_set<std::string> names;
+  for (int32_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.node(i);
+    const OpDef& def = GetOpDef(n.op);
+    std::vector<TensorType> in;
+    for (int32_t id : n.inputs) {
+      if (id < 0 || id >= i)
+        return Internal("verify: ", NodeLabel(g, i), " reads node ", id, " which is not before it");
+      in.push_back({g.node(id).dtype, g.node(id).shape});
+    }
+    const int n_in = static_cast<int>(in.size());
+    if (n_in < def.min_inputs || (def.max_inputs >= 0 && n_in > def.max_inputs)) {
+      return InvalidArgument("verify: ", NodeLabel(g, i), " has ", n_in, " inputs");
+    }
+    StatusOr<TensorType> t = def.infer(in, n.attrs);
+    if (!t.ok()) return Annotate(t.status(), absl::StrCat("verify: ", NodeLabel(g, i)));
+    if (t->dtype != n.dtype || t->shape != n.shape) {
+      return Internal("verify: ", NodeLabel(g, i), " is recorded as ",
+                      TypeString(n.dtype, n.shape, g), " but its rule gives ",
+                      TypeString(t->dtype, t->shape, g));
+    }
+    if (def.cls == OpClass::kSource) {
+      if (n.name.empty()) return InvalidArgument("verify: ", NodeLabel(g, i), " needs a name");
+      if (!names.insert(n.name).second) {
+        return InvalidArgument("verify: two external tensors are named '", n.name, "'");
+      }
+    }
+  }
+  for (Value v : outputs) {
+    if (!v.valid() || v.id >= g.size())
+      return InvalidArgument("verify: an output is not a valid value");
+  }
+  return OkStatus();
+}
+
+StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs) {
+  std::vector<char> live(g.size(), 0);
+  for (Value v : outputs) live[v.id] = 1;
+  for (int32_t i = g.size() - 1; i >= 0; --i) {
+    const Node& n = g.node(i);
+    const OpDef& def = GetOpDef(n.op);
+    if (def.side_effect || def.cls == OpClass::kSource) live[i] = 1;
+    if (!live[i]) continue;
+    for (int32_t in : n.inputs) live[in] = 1;
+  }
+  Graph out;
+  for (const SymbolInfo& s : g.symbols()) out.AddSymbol(s.name, s.max, s.min);
+  std::vector<int32_t> remap(g.size(), -1);
+  for (int32_t i = 0; i < g.size(); ++i) {
+    if (!live[i]) continue;
+    Node n = g.node(i);
+    for (int32_t& in : n.inputs) in = remap[in];
+    remap[i] = out.AddNode(std::move(n));
+  }
+  for (Value& v : outputs) v.id = remap[v.id];
+  return out;
+}
+
+namespace {
+
+// A reshape that only adds or drops size-1 axes keeps the other axes' strides.
+bool ReshapeOnlyUnitAxes(const SymShape& from, const std::vector<Dim>& strides, const SymShape& to,
+                         std::vector<Dim>* out_strides) {
+  std::vector<int> kept_from, kept_to;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] != Dim(1)) kept_from.push_back(static_cast<int>(i));
+  }
+  for (size_t i = 0; i < to.size(); ++i) {
+    if (to[i] != Dim(1)) kept_to.push_back(static_cast<int>(i));
+  }
+  if (kept_from.size() != kept_to.size()) return false;
+  for (size_t k = 0; k < kept_from.size(); ++k) {
+    if (from[kept_from[k]] != to[kept_to[k]]) return false;
+  }
+  out_strides->assign(to.size(), Dim(0));
+  for (size_t k = 0; k < kept_to.size(); ++k) (*out_strides)[kept_to[k]] = strides[kept_from[k]];
+  return true;
+}
+
+}  // namespace
+
+StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,
+                           std::vector<Layout>* layouts) {
+  Graph out;
+  for (const SymbolInfo& s : g.symbols()) out.AddSymbol(s.name, s.max, s.min);
+  std::vector<int32_t> remap(g.size(), -1);
+  layouts->clear();
+  auto own = [&](int32_t id) {
+    Layout l;
+    l.root = id;
+    l.strides = ContiguousStrides(out.node(id).shape);
+    l.offset = 0;
+    return l;
+  };
+  for (int32_t i = 0; i < g.size(); ++i) {
+    Node n = g.node(i);
+    for (int32_t& in : n.inputs) in = remap[in];
+    const OpKind op = n.op;
+    if (op == OpKind::kReshape) {
+      const Layout& src = (*layouts)[n.inputs[0]];
+      const SymShape& from = out.node(n.inputs[0]).shape;
+      Layout l;
+      if (IsContiguousLayout(from, src.strides)) {
+        l = src;
+        l.strides = ContiguousStrides(n.shape);
+      } else if (ReshapeOnlyUnitAxes(from, src.strides, n.shape, &l.strides)) {
+        l.root = src.root;
+        l.offset = src.offset;
+      } else {
+        // Not expressible as strides: copy to a dense buffer, then view that.
+        Node copy;
+        copy.op = OpKind::kContiguous;
+        copy.inputs = {n.inputs[0]};
+        copy.dtype = out.node(n.inputs[0]).dtype;
+        copy.shape = from;
+        copy.name = n.name.empty() ? "" : n.name + ".contiguous";
+        const int32_t cid = out.AddNode(std::move(copy));
+        layouts->push_back(own(cid));
+        n.inputs[0] = cid;
+        l = own(cid);
+        l.strides = ContiguousStrides(n.shape);
+      }
+      remap[i] = out.AddNode(std::move(n));
+      layouts->push_back(std::move(l));
+      continue;
+    }
+    Layout l;
+    const int32_t id = out.size();
+    switch (op) {
+      case OpKind::kPermute: {
+        const Layout& src = (*layouts)[n.inputs[0]];
+        l.root = src.root;
+        l.offset = src.offset;
+        for (int64_t p : n.attrs.ints) l.strides.push_back(src.strides[p]);
+        break;
+      }
+      case OpKind::kSlice: {
+        const Layout& src = (*layouts)[n.inputs[0]];
+        l = src;
+        l.offset = src.offset + n.attrs.dims[0] * src.strides[n.attrs.ints[0]];
+        break;
+      }
+      case OpKind::kExpand: {
+        const Layout& src = (*layouts)[n.inputs[0]];
+        const SymShape& from = out.node(n.inputs[0]).shape;
+        l = src;
+        for (size_t d = 0; d < from.size(); ++d) {
+          if (from[d] == Dim(1) && n.shape[d] != Dim(1)) l.strides[d] = 0;
+        }
+        break;
+      }
+      case OpKind::kKvWrite: {
+        const Layout& src = (*layouts)[n.inputs[0]];
+        if (out.node(src.root).op != OpKind::kState) {
+          return InvalidArgument("kv_write", n.name.empty() ? "" : " '" + n.name + "'",
+                                 ": the cache must be a State tensor (or a view of one); it is ",
+                                 OpName(out.node(src.root).op), " '", out.node(src.root).name, "'");
+        }
+        l = src;
+        break;
+      }
+      default:
+        l.root = id;
+        l.strides = ContiguousStrides(n.shape);
+        l.offset = 0;
+        break;
+    }
+    remap[i] = out.AddNode(std::move(n));
+    layouts->push_back(std::move(l));
+  }
+  for (Value& v : outputs) v.id = remap[v.id];
+  return out;
+}
+
+}  // namespace kiln

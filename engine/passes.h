@@ -1,0 +1,39 @@
+// Graph-level compiler passes. Each has a name (for KILN_DUMP) and either checks a graph or
+// returns a new one; `outputs` are remapped to the new graph's ids.
+//
+//   verify       every node's shape/dtype rule holds; sources are uniquely named
+//   dce          drops nodes that neither reach an output nor have side effects (sources stay
+//                so every declared input remains bindable)
+//   lower_views  decides where each value's elements live: views (reshape, permute, slice,
+//                expand) become strided aliases of their input's storage; a reshape that
+//                cannot be a view gets a contiguous copy first; kv_write aliases its cache
+//
+// Later passes (assign, plan, emit) are in program.cc.
+#pragma once
+
+#include <vector>
+
+#include "engine/graph.h"
+
+namespace kiln {
+
+// Where a value's elements live: `root` is the node that owns the storage (the value itself
+// unless it is a view), `strides` and `offset` are in elements of the root's storage.
+struct Layout {
+  int32_t root = -1;
+  std::vector<Dim> strides;
+  Dim offset;
+};
+
+// Row-major strides of a symbolic shape.
+std::vector<Dim> ContiguousStrides(const SymShape& shape);
+bool IsContiguousLayout(const SymShape& shape, const std::vector<Dim>& strides);
+
+Status Verify(const Graph& g, std::span<const Value> outputs);
+StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs);
+// Also fills `layouts` (one per node of the returned graph). Errors: a kv_write whose cache
+// is not a State tensor (or a view of one).
+StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,
+                           std::vector<Layout>* layouts);
+
+}  // namespace kiln
