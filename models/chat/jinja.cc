@@ -559,6 +559,7 @@ std::vector<Segment> Lex(std::string_view src, const std::string& name) {
     // Find the closer outside string literals.
     size_t k = inner;
     char quote = 0;
+    int depth = 0;
     for (; k + 1 < src.size(); ++k) {
       char c = src[k];
       if (quote) {
@@ -573,7 +574,13 @@ std::vector<Segment> Lex(std::string_view src, const std::string& name) {
         quote = c;
         continue;
       }
+      // Braces of dict literals nest, as in Jinja's lexer: `{{ {'a': {'b': 1}} }}`.
+      if (depth > 0 && c == '}') {
+        --depth;
+        continue;
+      }
       if (c == closer[0] && src[k + 1] == closer[1]) break;
+      if (c == '{') ++depth;
     }
     if (k + 1 >= src.size()) {
       Fail(name, line, col, Cat("unterminated ", kind == '{' ? "{{ ... }}" : "{% ... %}"));
