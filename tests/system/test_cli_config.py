@@ -85,3 +85,12 @@ def test_json_logs(start_kilnd):
     for line in lines:
         rec = json.loads(line)
         assert {"ts", "level", "msg"} <= rec.keys()
+
+
+def test_shipped_configs_are_valid():
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    files = [root / "deploy" / "kiln.yaml", *sorted((root / "config" / "examples").glob("*.yaml"))]
+    assert len(files) >= 3
+    for f in files:
+        r = run("--check-config", "--config", str(f))
+        assert r.returncode == 0, f"{f}: {r.stderr}"
