@@ -18,6 +18,10 @@ namespace kiln::models::jinja {
 // ============================================================================================
 // Values: Python-like, reference semantics for lists, dicts and namespaces.
 // ============================================================================================
+struct Error {
+  Status status;
+};
+
 struct Value;
 using List = std::vector<Value>;
 struct Dict;
@@ -130,7 +134,8 @@ std::string_view TypeName(const Value& v) {
   return "?";
 }
 
-Value FromJson(const nlohmann::ordered_json& j) {
+Value FromJson(const nlohmann::ordered_json& j, int depth = 0) {
+  if (depth > 64) throw Error{InvalidArgument("template input nested deeper than 64 levels")};
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return Value::None();
@@ -146,13 +151,13 @@ Value FromJson(const nlohmann::ordered_json& j) {
       return Value::Str(j.get<std::string>());
     case nlohmann::ordered_json::value_t::array: {
       Value v = Value::MakeList();
-      for (const auto& e : j) v.list->push_back(FromJson(e));
+      for (const auto& e : j) v.list->push_back(FromJson(e, depth + 1));
       return v;
     }
     case nlohmann::ordered_json::value_t::object: {
       Value v = Value::MakeDict();
       for (auto it = j.begin(); it != j.end(); ++it)
-        v.dict->items.emplace_back(it.key(), FromJson(it.value()));
+        v.dict->items.emplace_back(it.key(), FromJson(it.value(), depth + 1));
       return v;
     }
     default:
@@ -470,10 +475,6 @@ struct Node {
   std::vector<std::unique_ptr<Node>> body, else_body;
   std::vector<std::pair<std::unique_ptr<Node>, std::vector<std::unique_ptr<Node>>>>
       branches;  // kIf
-};
-
-struct Error {
-  Status status;
 };
 
 [[noreturn]] void Fail(const std::string& where, int line, int col, const std::string& msg) {
@@ -804,6 +805,7 @@ class ExprParser {
 
   // expression := or ['if' or ['else' expression]]
   std::unique_ptr<Node> Expression() {
+    DepthGuard guard(this);
     auto node = Or();
     if (IsName("if")) {
       const Tok& at = Next();
@@ -839,6 +841,7 @@ class ExprParser {
     return l;
   }
   std::unique_ptr<Node> Not() {
+    DepthGuard guard(this);
     if (IsName("not")) {
       auto n = NewNode(Node::kNot, Next());
       n->a = Not();
@@ -915,6 +918,7 @@ class ExprParser {
     return l;
   }
   std::unique_ptr<Node> Unary(bool with_filter) {
+    DepthGuard guard(this);
     std::unique_ptr<Node> node;
     if (IsOp("-") || IsOp("+")) {
       Tok at = Next();
@@ -1114,10 +1118,21 @@ class ExprParser {
     Err("expected an expression");
   }
 
+  // Bounds recursion so that hostile templates cannot exhaust the stack.
+  struct DepthGuard {
+    explicit DepthGuard(ExprParser* p) : p(p) {
+      if (++p->depth_ > kMaxDepth) p->Err("expression nested too deeply");
+    }
+    ~DepthGuard() { --p->depth_; }
+    ExprParser* p;
+  };
+  static constexpr int kMaxDepth = 200;
+
  private:
   std::vector<Tok> t_;
   size_t p_ = 0;
   const std::string& name_;
+  int depth_ = 0;
 };
 
 // ============================================================================================
@@ -1143,6 +1158,16 @@ class StmtParser {
 
   // Parses statements until one of `ends` (returned) or the end of input ("").
   std::string Body(std::vector<std::unique_ptr<Node>>* out, const std::vector<std::string>& ends) {
+    struct Nest {
+      explicit Nest(StmtParser* p) : p(p) {
+        if (++p->nesting_ > 100) {
+          const Segment& s = p->segs_[std::min(p->i_, p->segs_.size() - 1)];
+          Fail(p->name_, s.line, s.col, "blocks nested too deeply (limit 100)");
+        }
+      }
+      ~Nest() { --p->nesting_; }
+      StmtParser* p;
+    } nest(this);
     while (i_ < segs_.size()) {
       const Segment& s = segs_[i_++];
       if (s.kind == Segment::kText) {
@@ -1300,6 +1325,7 @@ class StmtParser {
   const std::string& name_;
   std::unique_ptr<ExprParser> cur_;  // the parser positioned at the end tag just found
   int end_line_ = 0, end_col_ = 0;
+  int nesting_ = 0;
 };
 
 // ============================================================================================
@@ -2311,10 +2337,11 @@ StatusOr<std::string> Template::Render(const nlohmann::ordered_json& context) co
   std::string out;
   Evaluator ev(name_, &out);
   ev.scopes.emplace_back();
-  for (auto it = context.begin(); it != context.end(); ++it)
-    ev.Assign(it.key(), FromJson(it.value()));
-  ev.scopes.emplace_back();  // template-level assignments shadow the context
   try {
+    for (auto it = context.begin(); it != context.end(); ++it) {
+      ev.Assign(it.key(), FromJson(it.value()));
+    }
+    ev.scopes.emplace_back();  // template-level assignments shadow the context
     ev.Exec(*root_);
   } catch (const Error& e) {
     return e.status;

@@ -136,6 +136,15 @@ TEST(JinjaTest, ErrorsNameConstructAndPosition) {
   EXPECT_THAT(R("{% set x = 1 %}{% set x.a = 2 %}"), HasSubstr("only namespace() objects"));
   EXPECT_THAT(R("{{ [1].pop() }}"), HasSubstr("unsupported method 'list.pop()'"));
   EXPECT_THAT(R("{% include 'x' %}"), HasSubstr("unsupported tag 'include'"));
+  // Hostile nesting is an error, not a stack overflow.
+  EXPECT_THAT(R("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"),
+              HasSubstr("nested too deeply"));
+  std::string deep;
+  for (int i = 0; i < 300; ++i) deep += "{% if 1 %}";
+  EXPECT_THAT(R(deep), HasSubstr("nested too deeply"));
+  json nested = json::array();
+  for (int i = 0; i < 100; ++i) nested = json::array({nested});
+  EXPECT_THAT(R("{{ x }}", {{"x", nested}}), HasSubstr("nested deeper than 64"));
 }
 
 TEST(JinjaTest, StrftimeNow) {

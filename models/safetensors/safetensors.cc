@@ -155,13 +155,12 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
     uint64_t n = 1;
     for (const json& d : *shape) {
       if (!d.is_number_unsigned()) {
-        return InvalidArgument(where(), ": shape ", shape->dump(),
-                               " must hold non-negative integers");
+        return InvalidArgument(where(), ": shape must be a list of non-negative integers");
       }
       uint64_t dim = d.get<uint64_t>();
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (dim != 0 && n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / dim)) {
-        return InvalidArgument(where(), ": shape ", shape->dump(), " overflows");
+        return InvalidArgument(where(), ": shape overflows 63 bits");
       }
       n *= dim;
       t.shape.push_back(static_cast<int64_t>(dim));
