@@ -1,0 +1,194 @@
+#include "backends/host/host_device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::backend {
+namespace {
+
+void CpuRelax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+class HostBuffer final : public Buffer {
+ public:
+  HostBuffer(Device* d, void* p, size_t n, bool owned, std::shared_ptr<void> keepalive)
+      : Buffer(d, p, n), owned_(owned), keepalive_(std::move(keepalive)) {}
+  ~HostBuffer() override {
+    if (owned_) std::free(data());
+  }
+
+ private:
+  bool owned_;
+  std::shared_ptr<void> keepalive_;
+};
+
+Status CheckRange(const Buffer& b, size_t offset, size_t bytes, const char* what) {
+  if (offset > b.size() || bytes > b.size() - offset) {
+    return OutOfRange(what, ": ", bytes, " bytes at offset ", offset, " exceed a buffer of ",
+                      b.size());
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+void SpinBarrier::Wait() {
+  const uint32_t gen = generation_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
+    arrived_.store(0, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    return;
+  }
+  for (int spin = 0; spin < 4000; ++spin) {
+    if (generation_.load(std::memory_order_acquire) != gen) return;
+    CpuRelax();
+  }
+  while (generation_.load(std::memory_order_acquire) == gen)
+    generation_.wait(gen, std::memory_order_acquire);
+}
+
+StatusOr<std::unique_ptr<Buffer>> HostDevice::Allocate(size_t bytes) {
+  const size_t n = (std::max<size_t>(bytes, 1) + kMinAlignment - 1) / kMinAlignment * kMinAlignment;
+  void* p = std::aligned_alloc(kMinAlignment, n);
+  if (p == nullptr) return ResourceExhausted(name_, ": cannot allocate ", bytes, " bytes");
+  return std::unique_ptr<Buffer>(new HostBuffer(this, p, bytes, /*owned=*/true, nullptr));
+}
+
+StatusOr<std::unique_ptr<Buffer>> HostDevice::WrapHostMemory(void* data, size_t bytes,
+                                                             std::shared_ptr<void> keepalive) {
+  return std::unique_ptr<Buffer>(
+      new HostBuffer(this, data, bytes, /*owned=*/false, std::move(keepalive)));
+}
+
+StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream() {
+  return std::unique_ptr<Stream>(new HostStream(this, threads_));
+}
+
+// A captured launch list: deep copies of the launch arguments, replayed as recorded.
+class HostStream::Recording final : public ExecGraph {
+ public:
+  explicit Recording(Device* device) : device_(device) {}
+  void Add(std::span<const Launch> launches) {
+    for (const Launch& l : launches) {
+      auto args = std::make_unique<LaunchArgs>(*l.args);
+      auto inputs =
+          std::make_unique<TensorArg[]>(static_cast<size_t>(std::max(l.args->num_inputs, 1)));
+      std::copy(l.args->inputs, l.args->inputs + l.args->num_inputs, inputs.get());
+      args->inputs = inputs.get();
+      launches_.push_back({l.fn, args.get()});
+      args_.push_back(std::move(args));
+      inputs_.push_back(std::move(inputs));
+    }
+  }
+  Status Replay(Stream& stream) override {
+    if (&stream.device() != device_) {
+      return InvalidArgument("replay on ", ToAbsl(stream.device().name()),
+                             " of a graph captured on ", ToAbsl(device_->name()));
+    }
+    return stream.Run(launches_);
+  }
+
+ private:
+  Device* device_;
+  std::vector<std::unique_ptr<LaunchArgs>> args_;
+  std::vector<std::unique_ptr<TensorArg[]>> inputs_;
+  std::vector<Launch> launches_;
+};
+
+HostStream::HostStream(Device* device, int threads)
+    : device_(device), threads_(threads), barrier_(threads) {
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { Worker(i); });
+}
+
+HostStream::~HostStream() {
+  stop_.store(true, std::memory_order_release);
+  job_.fetch_add(1, std::memory_order_release);
+  job_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+void HostStream::Worker(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    job_.wait(seen, std::memory_order_acquire);
+    seen = job_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    const ExecCtx ctx{index, threads_, nullptr};
+    for (const Launch& l : current_) {
+      l.fn(*l.args, ctx);
+      barrier_.Wait();
+    }
+  }
+}
+
+void HostStream::Execute(std::span<const Launch> launches) {
+  const ExecCtx ctx{0, threads_, nullptr};
+  if (threads_ == 1) {
+    for (const Launch& l : launches) l.fn(*l.args, ctx);
+    return;
+  }
+  if (launches.empty()) return;  // publishing an empty job would let workers race ahead
+  current_ = launches;
+  job_.fetch_add(1, std::memory_order_release);
+  job_.notify_all();
+  for (const Launch& l : launches) {
+    l.fn(*l.args, ctx);
+    barrier_.Wait();  // every thread finished this launch before anyone starts the next
+  }
+}
+
+Status HostStream::Run(std::span<const Launch> launches) {
+  if (recording_) {
+    recording_->Add(launches);
+    return OkStatus();
+  }
+  Execute(launches);
+  return OkStatus();
+}
+
+Status HostStream::CopyToDevice(const Buffer& dst, size_t dst_offset, const void* src,
+                                size_t bytes) {
+  KILN_RETURN_IF_ERROR(CheckRange(dst, dst_offset, bytes, "CopyToDevice"));
+  if (bytes) std::memcpy(static_cast<char*>(dst.data()) + dst_offset, src, bytes);
+  return OkStatus();
+}
+
+Status HostStream::CopyToHost(void* dst, const Buffer& src, size_t src_offset, size_t bytes) {
+  KILN_RETURN_IF_ERROR(CheckRange(src, src_offset, bytes, "CopyToHost"));
+  if (bytes) std::memcpy(dst, static_cast<const char*>(src.data()) + src_offset, bytes);
+  return OkStatus();
+}
+
+Status HostStream::CopyOnDevice(const Buffer& dst, size_t dst_offset, const Buffer& src,
+                                size_t src_offset, size_t bytes) {
+  KILN_RETURN_IF_ERROR(CheckRange(dst, dst_offset, bytes, "CopyOnDevice"));
+  KILN_RETURN_IF_ERROR(CheckRange(src, src_offset, bytes, "CopyOnDevice"));
+  if (bytes) {
+    std::memmove(static_cast<char*>(dst.data()) + dst_offset,
+                 static_cast<const char*>(src.data()) + src_offset, bytes);
+  }
+  return OkStatus();
+}
+
+Status HostStream::BeginCapture() {
+  if (recording_) return FailedPrecondition("BeginCapture: already capturing");
+  recording_ = std::make_unique<Recording>(device_);
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<ExecGraph>> HostStream::EndCapture() {
+  if (!recording_) return FailedPrecondition("EndCapture without BeginCapture");
+  return std::unique_ptr<ExecGraph>(std::move(recording_));
+}
+
+}  // namespace kiln::backend

@@ -1,0 +1,992 @@
+#include "backends/ref/ref_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::ref {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// What a reference kernel knows about its node.
+struct RefData {
+  OpKind op;
+  Attrs attrs;
+  std::vector<DType> in;
+  DType out;
+  ExprProgram expr[2];  // Map body; attention mask_mod / score_mod
+};
+
+const RefData& Data(const LaunchArgs& a) { return *static_cast<const RefData*>(a.kernel_data); }
+
+// ---- Element access ---------------------------------------------------------------------------
+
+bool IsIntLike(DType t) { return IsInteger(t) || t == DType::kBool; }
+
+int64_t Off(const TensorArg& t, const int64_t* idx) {
+  int64_t o = 0;
+  for (int d = 0; d < t.rank; ++d) o += idx[d] * t.strides[d];
+  return o;
+}
+double LoadF(const TensorArg& t, int64_t off) { return LoadElement(t.data, t.dtype, off); }
+int64_t LoadI(const TensorArg& t, int64_t off) { return LoadInt(t.data, t.dtype, off); }
+void StoreF(const TensorArg& t, int64_t off, double v) { StoreElement(t.data, t.dtype, off, v); }
+void StoreI(const TensorArg& t, int64_t off, int64_t v) { StoreInt(t.data, t.dtype, off, v); }
+// Copies one element between tensors without losing integer precision.
+void CopyElem(const TensorArg& dst, int64_t doff, const TensorArg& src, int64_t soff) {
+  if (IsIntLike(dst.dtype) && IsIntLike(src.dtype)) {
+    StoreI(dst, doff, LoadI(src, soff));
+  } else {
+    StoreF(dst, doff, LoadF(src, soff));
+  }
+}
+
+// Row-major odometer: advances idx over shape; false after the last index.
+bool Next(int64_t* idx, const int64_t* shape, int rank) {
+  for (int d = rank - 1; d >= 0; --d) {
+    if (++idx[d] < shape[d]) return true;
+    idx[d] = 0;
+  }
+  return false;
+}
+
+// Calls fn(idx) for every index of `shape` (nothing if any dim is 0).
+template <typename F>
+void ForEach(const int64_t* shape, int rank, F&& fn) {
+  for (int d = 0; d < rank; ++d) {
+    if (shape[d] == 0) return;
+  }
+  int64_t idx[kMaxRank] = {};
+  do {
+    fn(idx);
+  } while (Next(idx, shape, rank));
+}
+
+double Sigmoid(double x) {
+  if (x >= 0) return 1.0 / (1.0 + std::exp(-x));
+  const double e = std::exp(x);
+  return e / (1.0 + e);
+}
+double NanMax(double a, double b) {
+  return (std::isnan(a) || std::isnan(b)) ? kNaN : std::max(a, b);
+}
+double NanMin(double a, double b) {
+  return (std::isnan(a) || std::isnan(b)) ? kNaN : std::min(a, b);
+}
+int64_t WrapAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t WrapSub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+int64_t WrapMul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+int64_t IntDiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
+  if (a == std::numeric_limits<int64_t>::min() && b == -1) return a;
+  return a / b;
+}
+
+// ---- Generators ---------------------------------------------------------------------------------
+
+void Full(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const double v = Data(a).attrs.floats[0];
+  const TensorArg& o = a.output;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    if (IsIntLike(o.dtype)) {
+      StoreI(o, Off(o, idx), static_cast<int64_t>(v));
+    } else {
+      StoreF(o, Off(o, idx), v);
+    }
+  });
+}
+
+void Iota(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const Attrs& at = Data(a).attrs;
+  const TensorArg& o = a.output;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    const int64_t i = idx[at.ints[0]];
+    if (IsIntLike(o.dtype)) {
+      StoreI(o, Off(o, idx),
+             static_cast<int64_t>(at.floats[0]) + static_cast<int64_t>(at.floats[1]) * i);
+    } else {
+      StoreF(o, Off(o, idx), at.floats[0] + at.floats[1] * static_cast<double>(i));
+    }
+  });
+}
+
+void DimValue(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  if (IsIntLike(a.output.dtype)) {
+    StoreI(a.output, 0, a.params[0]);
+  } else {
+    StoreF(a.output, 0, static_cast<double>(a.params[0]));
+  }
+}
+
+// ---- Pointwise ----------------------------------------------------------------------------------
+
+double ApplyFloat(OpKind op, const Attrs& at, double x, double y) {
+  switch (op) {
+    case OpKind::kNeg:
+      return -x;
+    case OpKind::kAbs:
+      return std::fabs(x);
+    case OpKind::kExp:
+      return std::exp(x);
+    case OpKind::kLog:
+      return std::log(x);
+    case OpKind::kSqrt:
+      return std::sqrt(x);
+    case OpKind::kRsqrt:
+      return 1.0 / std::sqrt(x);
+    case OpKind::kTanh:
+      return std::tanh(x);
+    case OpKind::kSigmoid:
+      return Sigmoid(x);
+    case OpKind::kSilu:
+      return x * Sigmoid(x);
+    case OpKind::kGeluTanh:
+      return 0.5 * x *
+             (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+    case OpKind::kGeluErf:
+      return 0.5 * x * (1.0 + std::erf(x / std::numbers::sqrt2));
+    case OpKind::kRelu:
+      return NanMax(x, 0.0);
+    case OpKind::kClamp:
+      return NanMin(NanMax(x, at.floats[0]), at.floats[1]);
+    case OpKind::kAdd:
+      return x + y;
+    case OpKind::kSub:
+      return x - y;
+    case OpKind::kMul:
+      return x * y;
+    case OpKind::kDiv:
+      return x / y;
+    case OpKind::kPow:
+      return std::pow(x, y);
+    case OpKind::kMaximum:
+      return NanMax(x, y);
+    case OpKind::kMinimum:
+      return NanMin(x, y);
+    case OpKind::kEq:
+      return x == y;
+    case OpKind::kNe:
+      return x != y;
+    case OpKind::kLt:
+      return x < y;
+    case OpKind::kLe:
+      return x <= y;
+    case OpKind::kGt:
+      return x > y;
+    case OpKind::kGe:
+      return x >= y;
+    default:
+      KILN_CHECK(false, "ref: not a float pointwise op");
+  }
+  return 0;
+}
+
+int64_t ApplyInt(OpKind op, const Attrs& at, int64_t x, int64_t y) {
+  switch (op) {
+    case OpKind::kNeg:
+      return WrapSub(0, x);
+    case OpKind::kAbs:
+      return x < 0 ? WrapSub(0, x) : x;
+    case OpKind::kRelu:
+      return std::max<int64_t>(x, 0);
+    case OpKind::kClamp:
+      return std::min(std::max(x, static_cast<int64_t>(at.floats[0])),
+                      static_cast<int64_t>(at.floats[1]));
+    case OpKind::kAdd:
+      return WrapAdd(x, y);
+    case OpKind::kSub:
+      return WrapSub(x, y);
+    case OpKind::kMul:
+      return WrapMul(x, y);
+    case OpKind::kDiv:
+      return IntDiv(x, y);
+    case OpKind::kMaximum:
+      return std::max(x, y);
+    case OpKind::kMinimum:
+      return std::min(x, y);
+    case OpKind::kEq:
+      return x == y;
+    case OpKind::kNe:
+      return x != y;
+    case OpKind::kLt:
+      return x < y;
+    case OpKind::kLe:
+      return x <= y;
+    case OpKind::kGt:
+      return x > y;
+    case OpKind::kGe:
+      return x >= y;
+    case OpKind::kAnd:
+      return (x != 0) && (y != 0);
+    case OpKind::kOr:
+      return (x != 0) || (y != 0);
+    case OpKind::kNot:
+      return x == 0;
+    default:
+      KILN_CHECK(false, "ref: not an integer pointwise op");
+  }
+  return 0;
+}
+
+void Pointwise(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg& o = a.output;
+  const TensorArg* in = a.inputs;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    const int64_t oo = Off(o, idx);
+    switch (d.op) {
+      case OpKind::kCast: {
+        const int64_t io = Off(in[0], idx);
+        if (IsIntLike(in[0].dtype) && IsIntLike(o.dtype)) {
+          StoreI(o, oo, LoadI(in[0], io));  // wraps, like a C cast
+        } else if (IsIntLike(in[0].dtype)) {
+          StoreF(o, oo, static_cast<double>(LoadI(in[0], io)));
+        } else {
+          StoreF(o, oo, LoadF(in[0], io));  // float -> int saturates (StoreElement)
+        }
+        return;
+      }
+      case OpKind::kWhere: {
+        const bool cond = LoadI(in[0], Off(in[0], idx)) != 0;
+        const TensorArg& src = cond ? in[1] : in[2];
+        CopyElem(o, oo, src, Off(src, idx));
+        return;
+      }
+      default:
+        break;
+    }
+    const bool int_mode = IsIntLike(in[0].dtype);
+    const int64_t io0 = Off(in[0], idx);
+    const int64_t io1 = a.num_inputs > 1 ? Off(in[1], idx) : 0;
+    if (int_mode) {
+      const int64_t x = LoadI(in[0], io0);
+      const int64_t y = a.num_inputs > 1 ? LoadI(in[1], io1) : 0;
+      StoreI(o, oo, ApplyInt(d.op, d.attrs, x, y));
+    } else {
+      const double x = LoadF(in[0], io0);
+      const double y = a.num_inputs > 1 ? LoadF(in[1], io1) : 0;
+      const double r = ApplyFloat(d.op, d.attrs, x, y);
+      if (IsIntLike(o.dtype)) {
+        StoreI(o, oo, static_cast<int64_t>(r));  // comparisons: 0 or 1
+      } else {
+        StoreF(o, oo, r);
+      }
+    }
+  });
+}
+
+// Aux tensors (1-D) for expression Loads: out-of-range indices read as 0.
+struct AuxCtx {
+  const TensorArg* aux;
+  int count;
+};
+ExprValue LoadAux(const void* ctx, int k, int64_t i, DType type) {
+  const AuxCtx& a = *static_cast<const AuxCtx*>(ctx);
+  ExprValue v;
+  v.i = 0;
+  if (k >= a.count || i < 0 || i >= a.aux[k].shape[0]) {
+    if (type == DType::kF32 || type == DType::kF64) v.f = 0;
+    return v;
+  }
+  const TensorArg& t = a.aux[k];
+  if (type == DType::kF32 || type == DType::kF64) {
+    v.f = LoadF(t, i * t.strides[0]);
+  } else {
+    v.i = LoadI(t, i * t.strides[0]);
+  }
+  return v;
+}
+
+ExprValue ToValue(const TensorArg& t, int64_t off, DType type) {
+  ExprValue v;
+  if (type == DType::kF32 || type == DType::kF64) {
+    v.f = LoadF(t, off);
+  } else {
+    v.i = LoadI(t, off);
+  }
+  return v;
+}
+void StoreValue(const TensorArg& t, int64_t off, ExprValue v, DType type) {
+  if (type == DType::kF32 || type == DType::kF64) {
+    StoreF(t, off, v.f);
+  } else {
+    StoreI(t, off, v.i);
+  }
+}
+
+// A Map is defined by its expression: the reference evaluates it directly.
+void Map(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const int num_aux = d.attrs.ints.empty() ? 0 : static_cast<int>(d.attrs.ints[0]);
+  const int num_main = a.num_inputs - num_aux;
+  AuxCtx aux{a.inputs + num_main, num_aux};
+  std::vector<ExprValue> vals(std::max(num_main, 1));
+  const TensorArg& o = a.output;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    for (int i = 0; i < num_main; ++i)
+      vals[i] = ToValue(a.inputs[i], Off(a.inputs[i], idx), ExprTypeOf(d.in[i]));
+    ExprEnv env;
+    env.inputs = vals.data();
+    env.index = idx;
+    env.load = LoadAux;
+    env.load_ctx = &aux;
+    StoreValue(o, Off(o, idx), d.expr[0].Eval(env), d.expr[0].type());
+  });
+}
+
+// ---- Reductions ---------------------------------------------------------------------------------
+
+void Reduce(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg& x = a.inputs[0];
+  const TensorArg& o = a.output;
+  const bool keepdim = d.attrs.ints[0] != 0;
+  bool reduced[kMaxRank] = {};
+  for (size_t i = 1; i < d.attrs.ints.size(); ++i) reduced[d.attrs.ints[i]] = true;
+  int64_t kept_shape[kMaxRank], red_shape[kMaxRank];
+  int kept_axes[kMaxRank], red_axes[kMaxRank], nk = 0, nr = 0;
+  for (int i = 0; i < x.rank; ++i) {
+    if (reduced[i]) {
+      red_axes[nr] = i;
+      red_shape[nr++] = x.shape[i];
+    } else {
+      kept_axes[nk] = i;
+      kept_shape[nk++] = x.shape[i];
+    }
+  }
+  int64_t count = 1;
+  for (int i = 0; i < nr; ++i) count *= red_shape[i];
+  const bool ints = IsIntLike(x.dtype);
+  ForEach(kept_shape, nk, [&](const int64_t* kidx) {
+    int64_t xi[kMaxRank] = {}, oi[kMaxRank] = {};
+    for (int i = 0; i < nk; ++i) xi[kept_axes[i]] = kidx[i];
+    if (keepdim) {
+      for (int i = 0; i < nk; ++i) oi[kept_axes[i]] = kidx[i];
+    } else {
+      for (int i = 0; i < nk; ++i) oi[i] = kidx[i];
+    }
+    double fsum = 0, fbest = d.op == OpKind::kMin ? kInf : -kInf;
+    int64_t isum = 0, ibest = d.op == OpKind::kMin ? std::numeric_limits<int64_t>::max()
+                                                   : std::numeric_limits<int64_t>::min();
+    int64_t best_pos = 0, pos = 0;
+    ForEach(red_shape, nr, [&](const int64_t* ridx) {
+      for (int i = 0; i < nr; ++i) xi[red_axes[i]] = ridx[i];
+      const int64_t off = Off(x, xi);
+      if (ints) {
+        const int64_t v = LoadI(x, off);
+        isum = WrapAdd(isum, v);
+        if (d.op == OpKind::kMin ? v < ibest : v > ibest) {
+          ibest = v;
+          best_pos = pos;
+        }
+      } else {
+        const double v = LoadF(x, off);
+        fsum += v;
+        if (d.op == OpKind::kArgMax) {
+          // First maximum; NaN counts as the largest value (first NaN wins).
+          if ((std::isnan(v) && !std::isnan(fbest)) || v > fbest) {
+            fbest = v;
+            best_pos = pos;
+          }
+        } else {
+          fbest = d.op == OpKind::kMin ? NanMin(fbest, v) : NanMax(fbest, v);
+        }
+      }
+      ++pos;
+    });
+    const int64_t oo = Off(o, oi);
+    switch (d.op) {
+      case OpKind::kSum:
+        ints ? StoreI(o, oo, isum) : StoreF(o, oo, fsum);
+        break;
+      case OpKind::kMean:
+        StoreF(o, oo, fsum / static_cast<double>(count));
+        break;
+      case OpKind::kMax:
+      case OpKind::kMin:
+        ints ? StoreI(o, oo, ibest) : StoreF(o, oo, fbest);
+        break;
+      case OpKind::kArgMax:
+        StoreI(o, oo, best_pos);
+        break;
+      default:
+        KILN_CHECK(false, "ref: not a reduction");
+    }
+  });
+}
+
+// ---- Row ops (last axis)
+// -------------------------------------------------------------------------
+
+// Calls fn(x_offset_of_row_start, row_index_vector) for every row of x's leading axes.
+template <typename F>
+void ForEachRow(const TensorArg& x, F&& fn) {
+  ForEach(x.shape, x.rank - 1, [&](const int64_t* idx) {
+    int64_t off = 0;
+    for (int d = 0; d < x.rank - 1; ++d) off += idx[d] * x.strides[d];
+    fn(off, idx);
+  });
+}
+
+void Row(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg& x = a.inputs[0];
+  const TensorArg& o = a.output;
+  const int64_t n = x.shape[x.rank - 1];
+  const int64_t xs = x.strides[x.rank - 1];
+  std::vector<double> row(n);
+  ForEachRow(x, [&](int64_t xoff, const int64_t* idx) {
+    for (int64_t j = 0; j < n; ++j) row[j] = LoadF(x, xoff + j * xs);
+    int64_t ooff = 0;
+    for (int dd = 0; dd < x.rank - 1; ++dd) ooff += idx[dd] * o.strides[dd];
+    const int64_t os = d.op == OpKind::kCrossEntropy ? 0 : o.strides[o.rank - 1];
+    double m = -kInf, s = 0;
+    if (d.op == OpKind::kSoftmax || d.op == OpKind::kLogSoftmax || d.op == OpKind::kCrossEntropy) {
+      for (double v : row) m = NanMax(m, v);
+      for (double v : row) s += std::exp(v - m);
+    }
+    switch (d.op) {
+      case OpKind::kSoftmax:
+        for (int64_t j = 0; j < n; ++j)
+          StoreF(o, ooff + j * os, m == -kInf ? 0.0 : std::exp(row[j] - m) / s);
+        break;
+      case OpKind::kLogSoftmax:
+        for (int64_t j = 0; j < n; ++j) StoreF(o, ooff + j * os, row[j] - m - std::log(s));
+        break;
+      case OpKind::kRmsNorm: {
+        double ss = 0;
+        for (double v : row) ss += v * v;
+        const double r = 1.0 / std::sqrt(ss / static_cast<double>(n) + d.attrs.floats[0]);
+        for (int64_t j = 0; j < n; ++j) StoreF(o, ooff + j * os, row[j] * r);
+        break;
+      }
+      case OpKind::kLayerNorm: {
+        double mean = 0;
+        for (double v : row) mean += v;
+        mean /= static_cast<double>(n);
+        double var = 0;
+        for (double v : row) var += (v - mean) * (v - mean);
+        const double r = 1.0 / std::sqrt(var / static_cast<double>(n) + d.attrs.floats[0]);
+        for (int64_t j = 0; j < n; ++j) StoreF(o, ooff + j * os, (row[j] - mean) * r);
+        break;
+      }
+      case OpKind::kCrossEntropy: {
+        const TensorArg& t = a.inputs[1];
+        int64_t toff = 0;
+        for (int dd = 0; dd < t.rank; ++dd) toff += idx[dd] * t.strides[dd];
+        const int64_t target = LoadI(t, toff);
+        if (target == d.attrs.ints[0]) {
+          StoreF(o, ooff, 0.0);
+          break;
+        }
+        const double picked = (target >= 0 && target < n) ? row[target] : 0.0;
+        StoreF(o, ooff, m + std::log(s) - picked);
+        break;
+      }
+      default:
+        KILN_CHECK(false, "ref: not a row op");
+    }
+  });
+}
+
+// ---- Layout -------------------------------------------------------------------------------------
+
+void Contiguous(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[0], &o = a.output;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) { CopyElem(o, Off(o, idx), x, Off(x, idx)); });
+}
+
+void Concat(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const int axis = static_cast<int>(Data(a).attrs.ints[0]);
+  const TensorArg& o = a.output;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    int64_t at = idx[axis];
+    int j = 0;
+    while (at >= a.inputs[j].shape[axis]) at -= a.inputs[j++].shape[axis];
+    int64_t src[kMaxRank];
+    std::copy(idx, idx + o.rank, src);
+    src[axis] = at;
+    CopyElem(o, Off(o, idx), a.inputs[j], Off(a.inputs[j], src));
+  });
+}
+
+// ---- Indexing -----------------------------------------------------------------------------------
+
+// One table row as doubles (dequantizing a quantized row in one go).
+void LoadRow(const TensorArg& t, int64_t row, std::vector<double>& out) {
+  const int64_t n = static_cast<int64_t>(out.size());
+  if (IsQuantized(t.dtype)) {
+    std::vector<float> tmp(n);
+    const char* p = static_cast<const char*>(t.data) + ByteOffset(t.dtype, row * t.strides[0]);
+    KILN_CHECK(DequantizeRow(t.dtype, p, tmp.data(), n).ok(), "ref: dequantize failed");
+    std::copy(tmp.begin(), tmp.end(), out.begin());
+    return;
+  }
+  // Rows of a non-quantized table may be strided in every axis.
+  int64_t idx[kMaxRank] = {};
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t off = row * t.strides[0];
+    for (int d = 1; d < t.rank; ++d) off += idx[d - 1] * t.strides[d];
+    out[e] = LoadF(t, off);
+    Next(idx, t.shape + 1, t.rank - 1);
+  }
+}
+
+void Gather(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &table = a.inputs[0], &ids = a.inputs[1], &o = a.output;
+  int64_t row_elems = 1;
+  for (int d = 1; d < table.rank; ++d) row_elems *= table.shape[d];
+  std::vector<double> row(row_elems);
+  ForEach(ids.shape, ids.rank, [&](const int64_t* iidx) {
+    const int64_t r = LoadI(ids, Off(ids, iidx));
+    const bool valid = r >= 0 && r < table.shape[0];
+    if (valid) LoadRow(table, r, row);
+    int64_t oi[kMaxRank] = {};
+    std::copy(iidx, iidx + ids.rank, oi);
+    int64_t e = 0;
+    ForEach(table.shape + 1, table.rank - 1, [&](const int64_t* ridx) {
+      std::copy(ridx, ridx + table.rank - 1, oi + ids.rank);
+      StoreF(o, Off(o, oi), valid ? row[e] : 0.0);
+      ++e;
+    });
+  });
+}
+
+void ZeroFill(const TensorArg& o) {
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) { StoreF(o, Off(o, idx), 0.0); });
+}
+
+void ScatterAddRows(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &ids = a.inputs[0], &src = a.inputs[1], &o = a.output;
+  ZeroFill(o);
+  ForEach(ids.shape, ids.rank, [&](const int64_t* iidx) {
+    const int64_t r = LoadI(ids, Off(ids, iidx));
+    if (r < 0 || r >= o.shape[0]) return;
+    int64_t si[kMaxRank] = {}, oi[kMaxRank] = {};
+    std::copy(iidx, iidx + ids.rank, si);
+    oi[0] = r;
+    ForEach(o.shape + 1, o.rank - 1, [&](const int64_t* ridx) {
+      std::copy(ridx, ridx + o.rank - 1, si + ids.rank);
+      std::copy(ridx, ridx + o.rank - 1, oi + 1);
+      const int64_t oo = Off(o, oi);
+      StoreF(o, oo, LoadF(o, oo) + LoadF(src, Off(src, si)));
+    });
+  });
+}
+
+void TakeAlong(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[0], &ids = a.inputs[1], &o = a.output;
+  const int last = x.rank - 1;
+  ForEach(o.shape, o.rank, [&](const int64_t* idx) {
+    const int64_t j = LoadI(ids, Off(ids, idx));
+    const int64_t oo = Off(o, idx);
+    if (j < 0 || j >= x.shape[last]) {
+      StoreF(o, oo, 0.0);
+      return;
+    }
+    int64_t xi[kMaxRank];
+    std::copy(idx, idx + x.rank, xi);
+    xi[last] = j;
+    CopyElem(o, oo, x, Off(x, xi));
+  });
+}
+
+void ScatterAddAlong(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &ids = a.inputs[0], &src = a.inputs[1], &o = a.output;
+  const int last = o.rank - 1;
+  ZeroFill(o);
+  ForEach(src.shape, src.rank, [&](const int64_t* idx) {
+    const int64_t j = LoadI(ids, Off(ids, idx));
+    if (j < 0 || j >= o.shape[last]) return;
+    int64_t oi[kMaxRank];
+    std::copy(idx, idx + o.rank, oi);
+    oi[last] = j;
+    const int64_t oo = Off(o, oi);
+    StoreF(o, oo, LoadF(o, oo) + LoadF(src, Off(src, idx)));
+  });
+}
+
+void TopK(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[0], &o = a.output;
+  const int64_t n = x.shape[x.rank - 1], k = o.shape[o.rank - 1];
+  std::vector<double> row(n);
+  std::vector<int64_t> order(n);
+  ForEachRow(x, [&](int64_t xoff, const int64_t* idx) {
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = IsIntLike(x.dtype) ? static_cast<double>(LoadI(x, xoff + j * x.strides[x.rank - 1]))
+                                  : LoadF(x, xoff + j * x.strides[x.rank - 1]);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // Descending, NaN largest; stable keeps the lower index first on ties.
+    std::stable_sort(order.begin(), order.end(), [&](int64_t p, int64_t q) {
+      const double u = row[p], v = row[q];
+      if (std::isnan(u) || std::isnan(v)) return std::isnan(u) && !std::isnan(v);
+      return u > v;
+    });
+    int64_t ooff = 0;
+    for (int d = 0; d < o.rank - 1; ++d) ooff += idx[d] * o.strides[d];
+    for (int64_t j = 0; j < k; ++j) StoreI(o, ooff + j * o.strides[o.rank - 1], order[j]);
+  });
+}
+
+// ---- Linear algebra -----------------------------------------------------------------------------
+
+void MatMul(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[0], &y = a.inputs[1], &o = a.output;
+  const int r = o.rank;
+  const int64_t K = x.shape[r - 1];
+  ForEach(o.shape, r, [&](const int64_t* idx) {
+    int64_t xi[kMaxRank], yi[kMaxRank];
+    std::copy(idx, idx + r, xi);
+    std::copy(idx, idx + r, yi);
+    double acc = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      xi[r - 1] = k;
+      yi[r - 2] = k;
+      acc += LoadF(x, Off(x, xi)) * LoadF(y, Off(y, yi));
+    }
+    StoreF(o, Off(o, idx), acc);
+  });
+}
+
+void Linear(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[0], &w = a.inputs[1], &o = a.output;
+  const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
+  std::vector<double> wrow(K);
+  for (int64_t nn = 0; nn < N; ++nn) {
+    LoadRow(w, nn, wrow);
+    ForEachRow(x, [&](int64_t xoff, const int64_t* idx) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += LoadF(x, xoff + k * x.strides[x.rank - 1]) * wrow[k];
+      int64_t ooff = nn * o.strides[o.rank - 1];
+      for (int d = 0; d < o.rank - 1; ++d) ooff += idx[d] * o.strides[d];
+      StoreF(o, ooff, acc);
+    });
+  }
+}
+
+// ---- Rope ---------------------------------------------------------------------------------------
+
+// Inverse frequency of rotary pair i (HF transformers' rope_scaling semantics).
+double RopeInvFreq(const Attrs& at, int64_t i) {
+  const double rd = static_cast<double>(at.ints[0]);
+  const double theta = at.floats[0], factor = at.floats[1];
+  double f = std::pow(theta, -2.0 * static_cast<double>(i) / rd);
+  switch (at.ints[2]) {
+    case 1:  // linear: positions / factor
+      return f / factor;
+    case 2: {  // llama3: divide low frequencies, keep high ones, blend in between
+      const double low = at.floats[2], high = at.floats[3], orig = at.floats[4];
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < orig / high) return f;
+      if (wavelen > orig / low) return f / factor;
+      const double smooth = (orig / wavelen - low) / (high - low);
+      return (1 - smooth) * f / factor + smooth * f;
+    }
+    default:
+      return f;
+  }
+}
+
+void Rope(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const Attrs& at = Data(a).attrs;
+  const TensorArg &x = a.inputs[0], &pos = a.inputs[1], &o = a.output;
+  const int r = x.rank;
+  const int64_t H = x.shape[r - 2], D = x.shape[r - 1], rd = at.ints[0], half = rd / 2;
+  const bool interleaved = at.ints[1] == 1;
+  const double sign = at.ints[3] ? -1.0 : 1.0;
+  ForEach(x.shape, r - 2, [&](const int64_t* lead) {
+    const double p = static_cast<double>(LoadI(pos, Off(pos, lead)));
+    int64_t xi[kMaxRank];
+    std::copy(lead, lead + r - 2, xi);
+    for (int64_t h = 0; h < H; ++h) {
+      xi[r - 2] = h;
+      auto at_dim = [&](const TensorArg& t, int64_t dim) {
+        xi[r - 1] = dim;
+        return Off(t, xi);
+      };
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t d0 = interleaved ? 2 * i : i, d1 = interleaved ? 2 * i + 1 : i + half;
+        const double angle = sign * p * RopeInvFreq(at, i);
+        const double cs = std::cos(angle), sn = std::sin(angle);
+        const double x0 = LoadF(x, at_dim(x, d0)), x1 = LoadF(x, at_dim(x, d1));
+        StoreF(o, at_dim(o, d0), x0 * cs - x1 * sn);
+        StoreF(o, at_dim(o, d1), x0 * sn + x1 * cs);
+      }
+      for (int64_t dd = rd; dd < D; ++dd) StoreF(o, at_dim(o, dd), LoadF(x, at_dim(x, dd)));
+    }
+  });
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+// Softmax over the unmasked scores of one query row, then the weighted sum of values.
+// `score(j)` returns nullopt-like NaN sentinel via `keep`.
+struct AttnRow {
+  std::vector<double> s;
+  std::vector<char> keep;
+};
+
+void FinishRow(AttnRow& row, int64_t n, const std::function<double(int64_t, int64_t)>& value,
+               int64_t dv, const std::function<void(int64_t, double)>& store) {
+  double m = -kInf;
+  for (int64_t j = 0; j < n; ++j) {
+    if (row.keep[j]) m = NanMax(m, row.s[j]);
+  }
+  std::vector<double> acc(dv, 0.0);
+  if (m != -kInf) {
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      row.s[j] = row.keep[j] ? std::exp(row.s[j] - m) : 0.0;
+      sum += row.s[j];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (row.s[j] == 0) continue;
+      for (int64_t e = 0; e < dv; ++e) acc[e] += row.s[j] / sum * value(j, e);
+    }
+  }
+  for (int64_t e = 0; e < dv; ++e) store(e, acc[e]);
+}
+
+// Applies score_mod and mask_mod to one score.
+double ModScore(const RefData& d, double s, const int64_t* bhqk, const AuxCtx* aux, bool* keep) {
+  ExprEnv env;
+  env.index = bhqk;
+  env.load = LoadAux;
+  env.load_ctx = aux;
+  if (!d.expr[1].empty()) {
+    ExprValue in;
+    in.f = s;
+    env.inputs = &in;
+    s = d.expr[1].Eval(env).f;
+  }
+  *keep = d.expr[0].empty() || d.expr[0].Eval(env).i != 0;
+  return s;
+}
+
+void Attention(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
+  const AuxCtx aux{a.inputs + 3, a.num_inputs - 3};
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const double scale = d.attrs.floats[0];
+  AttnRow row{std::vector<double>(Tk), std::vector<char>(Tk)};
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Tq; ++i) {
+        for (int64_t j = 0; j < Tk; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            const int64_t qi[] = {b, h, i, e}, ki[] = {b, kh, j, e};
+            s += LoadF(q, Off(q, qi)) * LoadF(k, Off(k, ki));
+          }
+          const int64_t bhqk[] = {b, h, i, j};
+          bool keep = true;
+          row.s[j] = ModScore(d, s * scale, bhqk, &aux, &keep);
+          row.keep[j] = keep;
+        }
+        FinishRow(
+            row, Tk,
+            [&](int64_t j, int64_t e) {
+              const int64_t vi[] = {b, kh, j, e};
+              return LoadF(v, Off(v, vi));
+            },
+            Dv,
+            [&](int64_t e, double val) {
+              const int64_t oi[] = {b, h, i, e};
+              StoreF(o, Off(o, oi), val);
+            });
+      }
+    }
+  }
+}
+
+void PagedAttention(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg &q = a.inputs[0], &kc = a.inputs[1], &vc = a.inputs[2];
+  const TensorArg &bt = a.inputs[3], &sl = a.inputs[4], &qs = a.inputs[5], &o = a.output;
+  const AuxCtx aux{a.inputs + 6, a.num_inputs - 6};
+  const int64_t T = q.shape[0], Hq = q.shape[1], D = q.shape[2];
+  const int64_t NB = kc.shape[0], BS = kc.shape[1], Hkv = kc.shape[2], Dv = vc.shape[3];
+  const int64_t S = bt.shape[0], MB = bt.shape[1];
+  const double scale = d.attrs.floats[0];
+  ZeroFill(o);  // rows that belong to no sequence (padding) stay 0
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t q0 = std::clamp<int64_t>(LoadI(qs, s * qs.strides[0]), 0, T);
+    const int64_t q1 = std::clamp<int64_t>(LoadI(qs, (s + 1) * qs.strides[0]), q0, T);
+    const int64_t len = std::max<int64_t>(LoadI(sl, s * sl.strides[0]), 0);
+    AttnRow row{std::vector<double>(len), std::vector<char>(len)};
+    // Physical (block, offset) of every key position; -1 when the block table is invalid.
+    std::vector<int64_t> block(len);
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t slot = j / BS;
+      const int64_t bi[] = {s, slot};
+      const int64_t blk = slot < MB ? LoadI(bt, Off(bt, bi)) : -1;
+      block[j] = (blk >= 0 && blk < NB) ? blk : -1;
+    }
+    for (int64_t t = q0; t < q1; ++t) {
+      const int64_t qpos = len - (q1 - q0) + (t - q0);
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t kh = h / (Hq / Hkv);
+        for (int64_t j = 0; j < len; ++j) {
+          if (block[j] < 0) {
+            row.keep[j] = 0;
+            continue;
+          }
+          double sc = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            const int64_t qi[] = {t, h, e}, ki[] = {block[j], j % BS, kh, e};
+            sc += LoadF(q, Off(q, qi)) * LoadF(kc, Off(kc, ki));
+          }
+          const int64_t bhqk[] = {s, h, qpos, j};
+          bool keep = true;
+          row.s[j] = ModScore(d, sc * scale, bhqk, &aux, &keep);
+          row.keep[j] = keep;
+        }
+        FinishRow(
+            row, len,
+            [&](int64_t j, int64_t e) {
+              const int64_t vi[] = {block[j], j % BS, kh, e};
+              return LoadF(vc, Off(vc, vi));
+            },
+            Dv,
+            [&](int64_t e, double val) {
+              const int64_t oi[] = {t, h, e};
+              StoreF(o, Off(o, oi), val);
+            });
+      }
+    }
+  }
+}
+
+void KvWrite(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const TensorArg &x = a.inputs[1], &slots = a.inputs[2], &cache = a.output;
+  const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  const int64_t NB = cache.shape[0], BS = cache.shape[1];
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = LoadI(slots, t * slots.strides[0]);
+    if (slot < 0 || slot >= NB * BS) continue;  // padding rows (and bad slots) write nothing
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t e = 0; e < D; ++e) {
+        const int64_t xi[] = {t, h, e}, ci[] = {slot / BS, slot % BS, h, e};
+        StoreF(cache, Off(cache, ci), LoadF(x, Off(x, xi)));
+      }
+    }
+  }
+}
+
+KernelFn FnFor(OpKind op) {
+  switch (op) {
+    case OpKind::kFull:
+      return Full;
+    case OpKind::kIota:
+      return Iota;
+    case OpKind::kDimValue:
+      return DimValue;
+    case OpKind::kMap:
+      return Map;
+    case OpKind::kSum:
+    case OpKind::kMean:
+    case OpKind::kMax:
+    case OpKind::kMin:
+    case OpKind::kArgMax:
+      return Reduce;
+    case OpKind::kSoftmax:
+    case OpKind::kLogSoftmax:
+    case OpKind::kRmsNorm:
+    case OpKind::kLayerNorm:
+    case OpKind::kCrossEntropy:
+      return Row;
+    case OpKind::kContiguous:
+      return Contiguous;
+    case OpKind::kConcat:
+      return Concat;
+    case OpKind::kGather:
+      return Gather;
+    case OpKind::kScatterAddRows:
+      return ScatterAddRows;
+    case OpKind::kTakeAlong:
+      return TakeAlong;
+    case OpKind::kScatterAddAlong:
+      return ScatterAddAlong;
+    case OpKind::kTopK:
+      return TopK;
+    case OpKind::kMatMul:
+      return MatMul;
+    case OpKind::kLinear:
+      return Linear;
+    case OpKind::kRope:
+      return Rope;
+    case OpKind::kAttention:
+      return Attention;
+    case OpKind::kPagedAttention:
+      return PagedAttention;
+    case OpKind::kKvWrite:
+      return KvWrite;
+    default:
+      break;
+  }
+  if (GetOpDef(op).cls == OpClass::kPointwise) return Pointwise;
+  return nullptr;
+}
+
+}  // namespace
+
+StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
+  const KernelFn fn = FnFor(req.op);
+  if (fn == nullptr) return Unimplemented("no reference kernel for ", OpName(req.op));
+  auto d = std::make_shared<RefData>();
+  d->op = req.op;
+  d->attrs = *req.attrs;
+  for (const TensorType& t : req.inputs) d->in.push_back(t.dtype);
+  d->out = req.output.dtype;
+  if (req.op == OpKind::kMap) d->expr[0] = ExprProgram(req.attrs->expr[0]);
+  if (req.op == OpKind::kAttention || req.op == OpKind::kPagedAttention) {
+    // Score mods run in the query's compute type (f64 stays f64 for gradient checks).
+    const DType ct = ExprTypeOf(req.inputs[0].dtype);
+    if (req.attrs->expr[0]) d->expr[0] = ExprProgram(req.attrs->expr[0]);
+    if (req.attrs->expr[1]) {
+      const Expr mod = Substitute(req.attrs->expr[1], std::vector<Expr>{Expr::Input(0, ct)});
+      d->expr[1] = ExprProgram(Expr::Cast(ct, mod));
+    }
+  }
+  return backend::Kernel{fn, std::move(d), absl::StrCat("ref.", OpName(req.op))};
+}
+
+}  // namespace kiln::ref

@@ -1,0 +1,20 @@
+// Reference kernels: plain, obviously correct loops for every op of the op table. They are
+// the oracle every other kernel is checked against (backends/harness), so they favour
+// clarity over speed: elements are loaded into double (or int64 for integer types), computed
+// in double, and rounded once when stored; strided inputs are walked index by index.
+//
+// Kernels use the calling convention of engine/kernel_abi.h and do all their work on thread
+// 0 (other threads return at once). Bad data never crashes a kernel: out-of-range indices
+// read as zeros and are skipped when writing (gather, take_along, scatter, kv_write,
+// paged attention block tables); integer division by zero gives 0.
+#pragma once
+
+#include "backends/backend.h"
+
+namespace kiln::ref {
+
+// A reference kernel for the request; Unimplemented for ops without kernels (sources and
+// views, which the executor handles without launches).
+StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& request);
+
+}  // namespace kiln::ref

@@ -1,0 +1,68 @@
+// The backend registry: which device families this process can use, including plugins.
+//
+//   backend::Registry& r = backend::Registry::Global();   // ref + cpu + autoloaded plugins
+//   KILN_ASSIGN_OR_RETURN(backend::Device* dev, r.GetDevice("cpu"));
+//
+// Plugin autoload (plugin_abi.h): every libkiln_backend_*.so in the directories of
+// KILN_BACKEND_PATH (colon-separated), then in the default directory
+// (<install prefix>/lib/kiln/backends), is dlopened in name order and its versioned entry
+// point called. A plugin that fails to load, lacks the entry point, has another ABI or
+// interface version, or reports an error is logged and skipped — it never takes the daemon
+// down. KILN_BACKEND_AUTOLOAD=0 turns autoload off.
+//
+// `Global()` is a convenience for binaries; tests and embedders can build their own
+// Registry (nothing here assumes one per process). Loaded plugin libraries stay loaded for
+// the registry's lifetime.
+//
+// Thread-safety: all methods are thread-safe; Backend/Device pointers stay valid for the
+// registry's lifetime.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "backends/backend.h"
+
+namespace kiln::backend {
+
+class Registry {
+ public:
+  Registry() = default;
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // AlreadyExists if a backend of that name is registered.
+  Status Register(std::unique_ptr<Backend> backend);
+  // Registers ref and cpu (idempotent).
+  void RegisterBuiltins();
+  Backend* Find(std::string_view name) const;
+  std::vector<Backend*> backends() const;
+  // "cpu", "cpu:0", "ref". NotFound names the backends that exist.
+  StatusOr<Device*> GetDevice(std::string_view spec) const;
+
+  // Loads one plugin file. Errors say why (dlopen message, missing symbol, version).
+  Status LoadPlugin(const std::string& path);
+  // Loads every libkiln_backend_*.so in `dir`; returns how many registered. Failures are
+  // logged and recorded in plugin_errors().
+  int LoadPluginsFrom(const std::string& dir);
+  // The directories autoload searches (KILN_BACKEND_PATH entries, then the default).
+  static std::vector<std::string> PluginDirs();
+  // Loads plugins from PluginDirs() unless KILN_BACKEND_AUTOLOAD=0; returns the count.
+  int Autoload();
+  std::vector<std::string> plugin_errors() const;
+
+  // The process-wide registry: builtins plus Autoload(), on first use.
+  static Registry& Global();
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Backend>> backends_ ABSL_GUARDED_BY(mu_);
+  std::vector<void*> handles_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kiln::backend

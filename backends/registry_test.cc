@@ -1,0 +1,129 @@
+#include "backends/registry.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "backends/builtin.h"
+#include "engine/builder.h"
+#include "engine/program.h"
+
+namespace kiln::backend {
+namespace {
+
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~EnvGuard() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST(RegistryTest, BuiltinsAndDeviceSpecs) {
+  Registry r;
+  r.RegisterBuiltins();
+  r.RegisterBuiltins();  // idempotent
+  EXPECT_EQ(r.backends().size(), 2u);
+  ASSERT_TRUE(r.GetDevice("ref").ok());
+  ASSERT_TRUE(r.GetDevice("cpu:0").ok());
+  EXPECT_EQ((*r.GetDevice("cpu"))->name(), "cpu:0");
+  auto missing = r.GetDevice("cuda");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(std::string(StatusMessage(missing.status())).find("registered: ref, cpu"),
+            std::string::npos);
+  EXPECT_EQ(r.GetDevice("cpu:3").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.GetDevice("cpu:x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register(MakeRefBackend()).code(), StatusCode::kAlreadyExists);
+}
+
+TEST(RegistryTest, LoadsToyPluginAndSkipsBrokenOnes) {
+  Registry r;
+  r.RegisterBuiltins();
+  EXPECT_EQ(r.LoadPluginsFrom(KILN_TEST_PLUGIN_DIR), 1);
+  const std::vector<std::string> errors = r.plugin_errors();
+  ASSERT_EQ(errors.size(), 2u);
+  bool saw_version = false, saw_entry = false;
+  for (const std::string& e : errors) {
+    saw_version |= e.find("interface v1001") != std::string::npos;
+    saw_entry |= e.find("does not export kiln_backend_register_v1") != std::string::npos;
+  }
+  EXPECT_TRUE(saw_version) << errors[0] << " | " << errors[1];
+  EXPECT_TRUE(saw_entry) << errors[0] << " | " << errors[1];
+  EXPECT_EQ(r.Find("stale"), nullptr);  // refused and deleted
+
+  // The plugin's device compiles and runs a graph with its own kernel.
+  auto dev = r.GetDevice("toy");
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF32, {2, 3});
+  const Value y = b.Input("y", DType::kF32, {3});
+  const Value sum = b.Add(x, y);
+  auto program = Compile(g, {sum}, **dev);
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto xt = Tensor::FromDoubles(**dev, DType::kF32, {2, 3}, std::vector<double>{1, 2, 3, 4, 5, 6});
+  auto yt = Tensor::FromDoubles(**dev, DType::kF32, {3}, std::vector<double>{10, 20, 30});
+  ASSERT_TRUE(xt.ok() && yt.ok());
+  ASSERT_TRUE((*program)->Bind("x", *xt).ok());
+  ASSERT_TRUE((*program)->Bind("y", *yt).ok());
+  auto stream = (*dev)->CreateStream();
+  ASSERT_TRUE(stream.ok());
+  ASSERT_TRUE((*program)->Run(**stream).ok());
+  auto out = (*program)->Output(0);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(*out->ToDoubles(), (std::vector<double>{11, 22, 33, 14, 25, 36}));
+
+  // What the plugin does not support is refused at compile time, naming node and device.
+  const Value prod = b.Named(b.Mul(x, x), "square");
+  auto bad = Compile(g, {prod}, **dev);
+  ASSERT_FALSE(bad.ok());
+  const std::string msg(StatusMessage(bad.status()));
+  EXPECT_NE(msg.find("'square'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("toy:0"), std::string::npos) << msg;
+
+  // Loading the same plugin again is refused (duplicate backend name), not a crash.
+  EXPECT_FALSE(r.LoadPlugin(std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_backend_toy.so").ok());
+}
+
+TEST(RegistryTest, AutoloadFollowsEnvironment) {
+  {
+    EnvGuard path("KILN_BACKEND_PATH", KILN_TEST_PLUGIN_DIR);
+    EnvGuard off("KILN_BACKEND_AUTOLOAD", "0");
+    Registry r;
+    EXPECT_EQ(r.Autoload(), 0);
+    EXPECT_EQ(r.Find("toy"), nullptr);
+  }
+  {
+    EnvGuard path("KILN_BACKEND_PATH", "/nonexistent:" KILN_TEST_PLUGIN_DIR);
+    EnvGuard on("KILN_BACKEND_AUTOLOAD", nullptr);
+    Registry r;
+    EXPECT_EQ(r.Autoload(), 1);
+    EXPECT_NE(r.Find("toy"), nullptr);
+    EXPECT_EQ(Registry::PluginDirs().front(), "/nonexistent");
+  }
+}
+
+TEST(RegistryTest, MissingFileIsAnError) {
+  Registry r;
+  const Status s = r.LoadPlugin("/nonexistent/libkiln_backend_x.so");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kiln::backend
