@@ -206,7 +206,13 @@ std::string IntRangeMessage(const IntRange& r, std::string_view got) {
   return absl::StrCat("expected an integer ", RangeText(r), ", got ", ToAbsl(got));
 }
 
-std::string Backticked(std::string_view s) { return absl::StrCat("`", ToAbsl(s), "`"); }
+// A value from the input in a message, as Value::Describe quotes it.
+std::string Backticked(std::string_view s) {
+  Value v;
+  v.kind = Value::Kind::kScalar;
+  v.scalar = std::string(s);
+  return v.Describe();
+}
 
 enum class NumberParse { kOk, kNotANumber, kOutOfRange };
 
@@ -402,7 +408,8 @@ class Decoder {
   Diagnostics& diagnostics() { return d_; }
 
   // Reports unless `v` is a mapping (absent or null counts as empty); reports unknown and
-  // duplicate keys; records where each known key's value is.
+  // duplicate keys; records where each known key's value is. `nested` feeds the did-you-mean
+  // of unknown keys (see Suggest); keys starting with `ignored_prefix` are skipped.
   Fields Mapping(const Value* v, const std::string& path, Names keys,
                  const std::vector<std::string>& nested = {},
                  std::string_view ignored_prefix = {}) {

@@ -159,6 +159,35 @@ TEST(DefaultConfigTest, ProductionExampleIsValid) {
   EXPECT_NE(c->server, ServerConfig());
 }
 
+// The text of the first fenced block of `language` after `heading` in config/README.md.
+std::string ReadmeBlock(std::string_view heading, std::string_view language) {
+  std::string readme = ReadFile(KILN_CONFIG_SOURCE_DIR "/README.md");
+  size_t at = readme.find(absl::StrCat("\n", ToAbsl(heading), "\n"));
+  EXPECT_NE(at, std::string::npos) << heading;
+  if (at == std::string::npos) return "";
+  std::string fence = absl::StrCat("```", ToAbsl(language), "\n");
+  size_t begin = readme.find(fence, at);
+  size_t end = readme.find("```\n", begin + fence.size());
+  EXPECT_NE(end, std::string::npos) << heading;
+  if (begin == std::string::npos || end == std::string::npos) return "";
+  return readme.substr(begin + fence.size(), end - begin - fence.size());
+}
+
+TEST(ReadmeTest, FullExampleIsValid) {
+  std::string yaml = ReadmeBlock("## A full example", "yaml");
+  Config c = Parse(yaml);
+  EXPECT_EQ(c.models.size(), 2u) << yaml;
+}
+
+TEST(ReadmeTest, ErrorExampleShowsWhatKilndSays) {
+  std::string yaml = ReadmeBlock("## Errors", "yaml");
+  std::string shown = ReadmeBlock("## Errors", "text");
+  std::vector<std::string> want;
+  std::istringstream in(shown);
+  for (std::string line; std::getline(in, line);) want.push_back(line);
+  EXPECT_EQ(Errors(yaml, {}, "kiln.yaml"), want);
+}
+
 TEST(DefaultConfigTest, EmptyOrCommentOnlyFilesAreAllDefaults) {
   for (std::string_view text : {"", "\n\n", "# nothing here\n  # at all\n", "---\n", "~\n",
                                 "models:\n", "server:\nlogging:\nmodels: []\n"}) {
@@ -556,6 +585,11 @@ TEST(CrossFieldTest, ModelNames) {
               ElementsAre(absl::StrCat("f.yaml:2:11: `models[0].name`: expected 1 to 128 "
                                        "characters from [A-Za-z0-9_.-], got `",
                                        std::string(129, 'n'), "`")));
+  // A long value is quoted only in part: messages may go back to API clients.
+  EXPECT_THAT(Errors("models:\n" + Model(std::string(1000, 'n'))),
+              ElementsAre(absl::StrCat("f.yaml:2:11: `models[0].name`: expected 1 to 128 "
+                                       "characters from [A-Za-z0-9_.-], got `",
+                                       std::string(200, 'n'), "...` (1000 characters)")));
   EXPECT_THAT(Errors("models:\n  - kind: builtin\n    builtin: simple\n"),
               ElementsAre("f.yaml:2:5: `models[0].name`: missing; every model needs a name of 1 "
                           "to 128 characters from [A-Za-z0-9_.-]"));

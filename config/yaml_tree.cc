@@ -1,19 +1,13 @@
 #include "config/yaml_tree.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
-
-// yaml-cpp 0.7's node code trips GCC 12's -Wdangling-pointer false positive (GCC PR 106393)
-// when inlined; it is not ours to fix.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpragmas"
-#pragma GCC diagnostic ignored "-Wdangling-pointer"
-#include <yaml-cpp/yaml.h>
-#pragma GCC diagnostic pop
 
 namespace kiln::config::internal {
 
@@ -22,6 +16,12 @@ std::string Value::Describe() const {
     case Kind::kNull:
       return "null";
     case Kind::kScalar:
+      // Messages may go back to API clients: quote a long value only in part.
+      if (scalar.empty()) return "an empty string";
+      if (scalar.size() > 200) {
+        return "`" + scalar.substr(0, 200) + "...` (" + std::to_string(scalar.size()) +
+               " characters)";
+      }
       return "`" + scalar + "`";
     case Kind::kSequence:
       return "a sequence";
@@ -78,8 +78,10 @@ class Converter {
  private:
   bool ConvertMapping(const YAML::Node& node, int depth, Value* out) {
     std::vector<Entry> merged;  // from `<<` keys; explicit keys win, earlier sources win
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node& key = it->first;
+    // Not `it->first`: yaml-cpp's iterator returns its pair by value through a proxy, and a
+    // reference into it dangles at the end of the statement.
+    for (const auto& pair : node) {
+      const YAML::Node& key = pair.first;
       Mark key_mark = MarkOf(key, out->mark);
       if (!key.IsScalar()) {
         return Fail(key_mark, std::string("a key must be a string, got ") + (key.IsNull() ? "null"
@@ -89,7 +91,7 @@ class Converter {
       }
       Entry entry;
       if (!Convert(key, out->mark, depth + 1, &entry.key)) return false;
-      if (!Convert(it->second, key_mark, depth + 1, &entry.value)) return false;
+      if (!Convert(pair.second, key_mark, depth + 1, &entry.value)) return false;
       // `<<` is a merge key only when plain (a quoted "<<" is an ordinary key).
       if (key.Tag() == "?" && key.Scalar() == "<<") {
         if (!CollectMerge(entry.value, &merged)) return false;

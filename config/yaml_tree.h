@@ -38,7 +38,8 @@ struct Value {
   bool is_scalar() const { return kind == Kind::kScalar; }
   bool is_sequence() const { return kind == Kind::kSequence; }
   bool is_mapping() const { return kind == Kind::kMapping; }
-  // "null", "a sequence", "a mapping", or the scalar quoted in backticks, for messages.
+  // For messages: "null", "a sequence", "a mapping", "an empty string", or the scalar in
+  // backticks (its first 200 characters when longer).
   std::string Describe() const;
 };
 
