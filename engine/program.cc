@@ -182,16 +182,15 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
       request_node.push_back(root);
     }
     BufferRequest& r = requests[request_of[root]];
-    const int64_t total =
-        bytes == 0 ? 0 : (guard > 0 ? round_up(guard) * 2 + round_up(bytes) : bytes);
+    // With guards: [guard][data][guard], the trailing guard right after the last data byte.
+    const int64_t total = bytes == 0 ? 0 : (guard > 0 ? round_up(guard) * 2 + bytes : bytes);
     r.bytes = std::max(r.bytes, total);
+    p->unplanned_bytes_ += static_cast<size_t>(round_up(bytes));
     r.first = std::min(r.first, i);
     r.last = std::max(r.last, std::max(last_use[i], i));
   }
   const MemoryPlan plan = PlanMemory(requests, align);
   p->arena_bytes_ = static_cast<size_t>(plan.peak);
-  for (const BufferRequest& r : requests)
-    p->unplanned_bytes_ += static_cast<size_t>(round_up(r.bytes));
   p->storage_offset_.assign(n, -1);
   std::vector<std::string> plan_marks(n);
   for (int32_t i = 0; i < n; ++i) {

@@ -1,0 +1,75 @@
+#include "engine/tensor.h"
+
+#include <gtest/gtest.h>
+
+#include "backends/builtin.h"
+
+namespace kiln {
+namespace {
+
+class TensorTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<backend::Backend> backend_ = backend::MakeRefBackend();
+  backend::Device& dev_ = *backend_->device(0);
+  Tensor Iota(std::vector<int64_t> shape, DType t = DType::kF32) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<double> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
+    return *Tensor::FromDoubles(dev_, t, std::move(shape), v);
+  }
+};
+
+TEST_F(TensorTest, DenseLayoutAndRoundTrip) {
+  Tensor t = Iota({2, 3});
+  EXPECT_EQ(t.strides(), (std::vector<int64_t>{3, 1}));
+  EXPECT_TRUE(t.IsContiguous());
+  EXPECT_EQ(t.nbytes(), 24);
+  EXPECT_EQ(*t.ToDoubles(), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  EXPECT_NE(t.DebugString().find("f32[2,3]"), std::string::npos);
+}
+
+TEST_F(TensorTest, ViewsShareStorageWithoutCopies) {
+  Tensor t = Iota({2, 3});
+  Tensor tt = *t.Transpose(0, 1);
+  EXPECT_EQ(tt.shape(), (std::vector<int64_t>{3, 2}));
+  EXPECT_FALSE(tt.IsContiguous());
+  EXPECT_EQ(tt.buffer(), t.buffer());
+  EXPECT_EQ(*tt.ToDoubles(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  Tensor s = *t.Slice(1, 1, 2);
+  EXPECT_EQ(*s.ToDoubles(), (std::vector<double>{1, 2, 4, 5}));
+  EXPECT_EQ(s.offset(), 1);
+  Tensor r = *t.Reshape({3, 2});
+  EXPECT_EQ(*r.ToDoubles(), (std::vector<double>{0, 1, 2, 3, 4, 5}));
+  Tensor row = *Iota({3}).Expand({2, 3});
+  EXPECT_EQ(row.strides(), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(*row.ToDoubles(), (std::vector<double>{0, 1, 2, 0, 1, 2}));
+  // Writes through a view are visible in the original.
+  StoreElement(s.data(), DType::kF32, 0, 42.0);
+  EXPECT_EQ((*t.ToDoubles())[1], 42.0);
+}
+
+TEST_F(TensorTest, ViewErrors) {
+  Tensor t = Iota({2, 3});
+  EXPECT_FALSE(t.Slice(1, 2, 2).ok());
+  EXPECT_FALSE(t.Slice(2, 0, 1).ok());
+  EXPECT_FALSE(t.Reshape({4, 2}).ok());
+  EXPECT_FALSE(t.Transpose(0, 1)->Reshape({6}).ok());  // not contiguous
+  EXPECT_FALSE(t.Expand({2, 4}).ok());
+  EXPECT_FALSE(t.Permute({0, 0}).ok());
+}
+
+TEST_F(TensorTest, QuantizedTensorsViewByRows) {
+  std::vector<double> v(2 * 64);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 17) - 8;
+  Tensor q = *Tensor::FromDoubles(dev_, DType::kQ8_0, {2, 64}, v);
+  EXPECT_EQ(q.nbytes(), 2 * 2 * 34);
+  Tensor row1 = *q.Slice(0, 1, 1);
+  const std::vector<double> back = *row1.ToDoubles();
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(back[i], v[64 + i], 0.04) << i;
+  EXPECT_FALSE(q.Slice(1, 0, 32).ok());
+  EXPECT_FALSE(Tensor::Empty(dev_, DType::kQ4_0, {2, 33}).ok());
+}
+
+}  // namespace
+}  // namespace kiln
