@@ -20,17 +20,17 @@
 #include <boost/beast/http/string_body.hpp>
 #include <cctype>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <ctime>
 #include <deque>
 #include <exception>
 #include <future>
 #include <map>
+#include <mutex>
+#include <shared_mutex>
 #include <thread>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -202,50 +202,49 @@ class Server::Core : public std::enable_shared_from_this<Server::Core> {
   // handler would never run and would keep its connection alive). Returns whether posted.
   template <typename Fn>
   bool Post(const Strand& strand, Fn&& fn) {
-    absl::ReaderMutexLock lock(&post_mu_);
+    std::shared_lock<std::shared_mutex> lock(post_mu_);
     if (posts_closed_) return false;
     asio::post(strand, std::forward<Fn>(fn));
     return true;
   }
   void ClosePosts() {
-    absl::WriterMutexLock lock(&post_mu_);
+    std::unique_lock<std::shared_mutex> lock(post_mu_);
     posts_closed_ = true;
   }
 
   // Connection registry (for Shutdown). Register fails once the server is stopping.
   bool Register(uint64_t id, const std::shared_ptr<Connection>& c) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return false;
     connections_.emplace(id, c);
     return true;
   }
   void Unregister(uint64_t id) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     connections_.erase(id);
+    if (connections_.empty()) no_connections_.notify_all();
   }
   // Marks the server stopping and returns the live connections.
   std::vector<std::shared_ptr<Connection>> StopAndList() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     return ListLocked();
   }
   std::vector<std::shared_ptr<Connection>> List() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return ListLocked();
   }
   // Waits until no connection is left or `deadline` passes; returns whether none is left.
-  bool WaitNoConnections(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    auto empty = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return connections_.empty(); };
-    mu_.AwaitWithDeadline(absl::Condition(&empty), deadline);
-    return connections_.empty();
+  bool WaitNoConnections(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return no_connections_.wait_until(lock, deadline, [this] { return connections_.empty(); });
   }
 
   void DoAccept();
   void OnAccept(const error_code& ec, const Strand& strand, tcp::socket socket);
 
  private:
-  std::vector<std::shared_ptr<Connection>> ListLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  std::vector<std::shared_ptr<Connection>> ListLocked() {  // REQUIRES: mu_ held
     std::vector<std::shared_ptr<Connection>> out;
     for (auto& [id, weak] : connections_) {
       if (auto c = weak.lock()) out.push_back(std::move(c));
@@ -253,12 +252,15 @@ class Server::Core : public std::enable_shared_from_this<Server::Core> {
     return out;
   }
 
-  absl::Mutex mu_;
-  std::map<uint64_t, std::weak_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t next_id_ = 0;  // accept_strand only
-  absl::Mutex post_mu_;
-  bool posts_closed_ ABSL_GUARDED_BY(post_mu_) = false;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer,
+  // which then cannot see absl::Mutex and reports every access it guards as a race.
+  std::mutex mu_;
+  std::condition_variable no_connections_;                     // signalled under mu_
+  std::map<uint64_t, std::weak_ptr<Connection>> connections_;  // guarded by mu_
+  bool stopping_ = false;                                      // guarded by mu_
+  uint64_t next_id_ = 0;                                       // accept_strand only
+  std::shared_mutex post_mu_;
+  bool posts_closed_ = false;  // guarded by post_mu_
 };
 
 using Core = Server::Core;
@@ -1085,14 +1087,10 @@ int Server::Shutdown(std::chrono::steady_clock::time_point deadline) {
              "http::Server::Shutdown must not be called from an I/O thread (a handler)");
   StopAccepting();
   for (auto& conn : c.StopAndList()) c.Post(conn->strand(), [conn] { conn->OnStopping(); });
-  const auto to_absl = [](std::chrono::steady_clock::time_point t) {
-    const auto now = std::chrono::steady_clock::now();
-    return t <= now ? absl::Now() : absl::Now() + absl::FromChrono(t - now);
-  };
-  if (!c.WaitNoConnections(to_absl(deadline))) {
+  if (!c.WaitNoConnections(deadline)) {
     for (auto& conn : c.List()) c.Post(conn->strand(), [conn] { conn->Abort(); });
     // Closing is prompt; the bound only guards against a handler stuck on an I/O thread.
-    if (!c.WaitNoConnections(absl::Now() + absl::Seconds(5))) {
+    if (!c.WaitNoConnections(std::chrono::steady_clock::now() + std::chrono::seconds(5))) {
       spdlog::error("{}: connections did not close within 5 s of the shutdown deadline",
                     c.options.name);
     }
