@@ -57,6 +57,8 @@ StatusOr<json> ReadJsonFile(const std::string& path) {
     return json::parse(file->bytes());
   } catch (const json::parse_error& e) {
     return InvalidArgument(path, ": not valid JSON (byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {
+    return InvalidArgument(path, ": not valid JSON: ", e.what());
   }
 }
 
@@ -89,7 +91,20 @@ StatusOr<std::string> HfModelConfig::GetString(const std::string& key) const {
   return it->get<std::string>();
 }
 
+namespace {
+StatusOr<HfTokenizerConfig> ParseHfTokenizerConfig(const json& j, const std::string& path);
+}  // namespace
+
 StatusOr<HfTokenizerConfig> HfTokenizerConfig::FromJson(const json& j, const std::string& path) {
+  try {
+    return ParseHfTokenizerConfig(j, path);
+  } catch (const json::exception& e) {
+    return InvalidArgument(path, ": unexpected value: ", e.what());
+  }
+}
+
+namespace {
+StatusOr<HfTokenizerConfig> ParseHfTokenizerConfig(const json& j, const std::string& path) {
   if (!j.is_object()) return InvalidArgument(path, ": must be a JSON object");
   HfTokenizerConfig c;
   c.raw = j;
@@ -163,8 +178,22 @@ StatusOr<HfTokenizerConfig> HfTokenizerConfig::FromJson(const json& j, const std
   }
   return c;
 }
+}  // namespace
+
+namespace {
+StatusOr<HfGenerationConfig> ParseHfGenerationConfig(const json& j, const std::string& path);
+}  // namespace
 
 StatusOr<HfGenerationConfig> HfGenerationConfig::FromJson(const json& j, const std::string& path) {
+  try {
+    return ParseHfGenerationConfig(j, path);
+  } catch (const json::exception& e) {
+    return InvalidArgument(path, ": unexpected value: ", e.what());
+  }
+}
+
+namespace {
+StatusOr<HfGenerationConfig> ParseHfGenerationConfig(const json& j, const std::string& path) {
   if (!j.is_object()) return InvalidArgument(path, ": must be a JSON object");
   HfGenerationConfig g;
   g.raw = j;
@@ -195,6 +224,7 @@ StatusOr<HfGenerationConfig> HfGenerationConfig::FromJson(const json& j, const s
   KILN_ASSIGN_OR_RETURN(g.max_new_tokens, Optional<int64_t>(j, "max_new_tokens", path));
   return g;
 }
+}  // namespace
 
 StatusOr<HfFolder> HfFolder::Open(const std::string& dir) {
   HfFolder f;

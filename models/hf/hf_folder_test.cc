@@ -116,6 +116,9 @@ TEST_F(HfFolderTest, ClearErrors) {
   EXPECT_THAT(Error(), HasSubstr("\"eos_token\" must be a string or an object"));
   Write("tokenizer_config.json", R"({"added_tokens_decoder": {"x": {"content": "a"}}})");
   EXPECT_THAT(Error(), HasSubstr("key \"x\" is not a token id"));
+  Write("tokenizer_config.json",
+        R"({"added_tokens_decoder": {"1": {"content": "a", "special": "yes"}}})");
+  EXPECT_THAT(Error(), HasSubstr("tokenizer_config.json: unexpected value"));
   Write("tokenizer_config.json", "{}");
   Write("generation_config.json", R"({"eos_token_id": "2"})");
   EXPECT_THAT(Error(), HasSubstr("\"eos_token_id\" must be a token id or a list"));

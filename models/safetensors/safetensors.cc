@@ -104,6 +104,8 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Parse(
   } catch (const json::parse_error& e) {
     return InvalidArgument(name, ": header is not valid JSON (at header byte ", e.byte,
                            "): ", e.what());
+  } catch (const json::exception& e) {
+    return InvalidArgument(name, ": not valid JSON: ", e.what());
   }
   if (!header.is_object()) return InvalidArgument(name, ": header is not a JSON object");
 
@@ -271,6 +273,8 @@ StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const std::st
     index = json::parse(index_file->bytes());
   } catch (const json::parse_error& e) {
     return InvalidArgument(index_path, ": not valid JSON (byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {
+    return InvalidArgument(index_path, ": not valid JSON: ", e.what());
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
     return InvalidArgument(index_path, ": missing object \"weight_map\"");

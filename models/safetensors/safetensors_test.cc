@@ -118,6 +118,13 @@ TEST(SafetensorsCorruptTest, BadHeaders) {
   EXPECT_THAT(ErrorOf(R"([1,2])", ""), HasSubstr("not a JSON object"));
 }
 
+// Found by safetensors_fuzz: a number too large for a double made the JSON parser throw
+// out_of_range (not parse_error), which escaped as an uncaught exception.
+TEST(SafetensorsCorruptTest, RegressionHugeNumberInHeader) {
+  EXPECT_THAT(ErrorOf(R"({"__metadata__": {"f": 4795715e479571568}})", ""),
+              HasSubstr("not valid JSON"));
+}
+
 TEST(SafetensorsCorruptTest, BadSizes) {
   auto tiny = ParseBytes("abc");
   EXPECT_THAT(std::string(StatusMessage(tiny.status())), HasSubstr("truncated: 3 bytes"));

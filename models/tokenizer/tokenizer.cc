@@ -1086,16 +1086,37 @@ Status ParsePostProcessor(const json& j, Tokenizer::Impl* m, std::string_view wh
 
 }  // namespace
 
+namespace {
+StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
+                                                       const HfTokenizerConfig* config,
+                                                       std::string_view name);
+}  // namespace
+
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_view text,
                                                            const HfTokenizerConfig* config,
                                                            std::string_view name) {
+  // Field accessors throw on unexpected JSON types; turn that into a clear error.
+  try {
+    KILN_ASSIGN_OR_RETURN(auto impl, ParseHfJson(text, config, name));
+    return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(impl)));
+  } catch (const nlohmann::json::exception& e) {
+    return InvalidArgument(name, ": unexpected tokenizer.json structure: ", e.what());
+  }
+}
+
+namespace {
+StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
+                                                       const HfTokenizerConfig* config,
+                                                       std::string_view name) {
   json j;
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     return InvalidArgument(name, ": not valid JSON (byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {
+    return InvalidArgument(name, ": not valid JSON: ", e.what());
   }
-  auto m = std::make_unique<Impl>();
+  auto m = std::make_unique<Tokenizer::Impl>();
   m->name = std::string(name);
   const json& model = j.value("model", json::object());
   std::string mtype = model.value("type", "BPE");
@@ -1214,8 +1235,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(std::string_view text
   if (m->bos < 0 && !m->prefix_ids.empty()) m->bos = m->prefix_ids[0];
   if (m->eos < 0 && !m->suffix_ids.empty()) m->eos = m->suffix_ids.back();
   CollectEog(m.get(), {});
-  return std::unique_ptr<Tokenizer>(new Tokenizer(std::move(m)));
+  return m;
 }
+}  // namespace
 
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfFolder(const HfFolder& folder) {
   if (folder.tokenizer_json_path.empty()) {

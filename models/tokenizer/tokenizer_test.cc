@@ -149,6 +149,10 @@ TEST(TokenizerJsonTest, ClearErrors) {
     return t.ok() ? std::string() : std::string(StatusMessage(t.status()));
   };
   EXPECT_THAT(err("{"), HasSubstr("tok.json: not valid JSON"));
+  EXPECT_THAT(err(R"({"model": 5})"), HasSubstr("unexpected tokenizer.json structure"));
+  EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [],
+                      "byte_fallback": "yes"}})"),
+              HasSubstr("unexpected tokenizer.json structure"));
   EXPECT_THAT(err(R"({"model": {"type": "Unigram", "vocab": []}})"),
               HasSubstr("tokenizer model \"Unigram\" is not supported"));
   EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})"),
