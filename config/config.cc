@@ -206,13 +206,6 @@ std::string IntRangeMessage(const IntRange& r, std::string_view got) {
   return absl::StrCat("expected an integer ", RangeText(r), ", got ", ToAbsl(got));
 }
 
-// A value from the input in a message, as Value::Describe quotes it.
-std::string Backticked(std::string_view s) {
-  Value v;
-  v.kind = Value::Kind::kScalar;
-  v.scalar = std::string(s);
-  return v.Describe();
-}
 
 enum class NumberParse { kOk, kNotANumber, kOutOfRange };
 
@@ -429,14 +422,14 @@ class Decoder {
       if (known == keys.end()) {
         std::string suggestion = Suggest(key, keys, nested);
         d_.Add(e.key.mark,
-               absl::StrCat("unknown key `", key, "` ", where,
+               absl::StrCat("unknown key ", internal::Quote(key), " ", where,
                             suggestion.empty() ? absl::StrCat(" (allowed: ", ListNames(keys), ")")
                                                : DidYouMean(suggestion)));
         continue;
       }
       if (const Value* first = fields.KeyOf(key)) {
-        d_.Add(e.key.mark, absl::StrCat("duplicate key `", key, "` ", where, " (first at ",
-                                        d_.Where(first->mark), ")"));
+        d_.Add(e.key.mark, absl::StrCat("duplicate key ", internal::Quote(key), " ", where,
+                                        " (first at ", d_.Where(first->mark), ")"));
         continue;
       }
       fields.Add(*known, &e.key, &e.value);
@@ -643,7 +636,7 @@ void CheckInt(Diagnostics& d, const std::string& path, const IntRange& r, T valu
   } else {
     in_range = static_cast<int64_t>(value) >= r.min && static_cast<int64_t>(value) <= r.max;
   }
-  if (!in_range) d.AtPath(path, IntRangeMessage(r, Backticked(std::to_string(value))));
+  if (!in_range) d.AtPath(path, IntRangeMessage(r, internal::Quote(std::to_string(value))));
 }
 
 void CheckName(Diagnostics& d, const std::string& path, std::string_view kind_of_value,
@@ -742,7 +735,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
              "[A-Za-z0-9_.-]");
   } else if (!IsValidModelName(m.name)) {
     d.AtPath(name_path, absl::StrCat("expected 1 to 128 characters from [A-Za-z0-9_.-], got ",
-                                     Backticked(m.name)));
+                                     internal::Quote(m.name)));
   }
 
   std::vector<std::string_view> kinds;

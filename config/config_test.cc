@@ -443,6 +443,25 @@ TEST(ConfigErrorsTest, MalformedYamlIsOneError) {
                           "`---` line)"));
 }
 
+// yaml-cpp 0.7's LoadAll loops forever, allocating, on a `,` where a document should start
+// (yaml-cpp issue #1040); found by fuzzing the config parser.
+TEST(ConfigErrorsTest, RegressionStrayCommaDoesNotHangTheParser) {
+  EXPECT_THAT(Errors(","), ElementsAre("f.yaml:1:1: invalid YAML: unexpected `,`"));
+  EXPECT_THAT(Errors("server: {}\n---\n  , x\n"),
+              ElementsAre("f.yaml:3:3: invalid YAML: unexpected `,`"));
+  EXPECT_THAT(
+      Errors("", {"logging.level=, x"}),
+      ElementsAre("<set>:1:15: invalid YAML: unexpected `,` (in --set `logging.level=, x`)"));
+  StatusOr<ModelConfig> m = ParseModelConfig(", {}", "api");
+  EXPECT_EQ(StatusMessage(m.status()), "api:1:1: invalid YAML: unexpected `,`");
+}
+
+TEST(ConfigErrorsTest, ControlCharactersInMessagesAreEscaped) {
+  EXPECT_THAT(Errors("logging: {\"\\bcolour\\n\": 1}\n"),
+              ElementsAre("f.yaml:1:11: unknown key `\\x08colour\\x0a` in `logging` (allowed: "
+                          "level, format)"));
+}
+
 TEST(ConfigErrorsTest, TopLevelMustBeAMapping) {
   EXPECT_THAT(Errors("- server\n"),
               ElementsAre("f.yaml:1:1: expected a mapping at the top level (keys: server, "

@@ -1,28 +1,47 @@
 #include "config/yaml_tree.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 
 namespace kiln::config::internal {
+
+std::string Quote(std::string_view text) {
+  // Messages may go back to API clients and into logs: quote a long value only in part, and
+  // control characters as escapes.
+  constexpr size_t kMaxQuoted = 200;
+  std::string out = "`";
+  for (char c : text.substr(0, kMaxQuoted)) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[(c >> 4) & 0xf];
+      out += kHex[c & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  out += "`";
+  if (text.size() > kMaxQuoted) {
+    out.insert(out.size() - 1, "...");
+    out += " (" + std::to_string(text.size()) + " characters)";
+  }
+  return out;
+}
 
 std::string Value::Describe() const {
   switch (kind) {
     case Kind::kNull:
       return "null";
     case Kind::kScalar:
-      // Messages may go back to API clients: quote a long value only in part.
-      if (scalar.empty()) return "an empty string";
-      if (scalar.size() > 200) {
-        return "`" + scalar.substr(0, 200) + "...` (" + std::to_string(scalar.size()) +
-               " characters)";
-      }
-      return "`" + scalar + "`";
+      return scalar.empty() ? "an empty string" : Quote(scalar);
     case Kind::kSequence:
       return "a sequence";
     case Kind::kMapping:
@@ -191,6 +210,68 @@ class Converter {
   Problem problem_;
 };
 
+// yaml-cpp 0.7's LoadAll never returns on some malformed input: a `,` where a document should
+// start makes the parser yield empty documents forever, allocating as it goes (yaml-cpp issue
+// #1040, fixed upstream by PR #1319). So the documents are first walked with the event parser,
+// under a cap, and LoadAll runs only on text that ends.
+class DocumentScan : public YAML::EventHandler {
+ public:
+  static constexpr int kMaxDocuments = 64;
+
+  int documents() const { return documents_; }
+  const YAML::Mark& last_top_level_mark() const { return mark_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    ++documents_;
+    mark_ = mark;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { Top(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { Top(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    Top(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Top(mark);
+    ++depth_;
+  }
+  void OnSequenceEnd() override { --depth_; }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Top(mark);
+    ++depth_;
+  }
+  void OnMapEnd() override { --depth_; }
+
+ private:
+  void Top(const YAML::Mark& mark) {
+    if (depth_ == 0) mark_ = mark;
+  }
+  int documents_ = 0;
+  int depth_ = 0;
+  YAML::Mark mark_;
+};
+
+// Throws YAML::ParserException where DocumentScan finds yaml-cpp would loop.
+void CheckDocumentsEnd(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  YAML::Parser parser(in);
+  DocumentScan scan;
+  while (parser.HandleNextDocument(scan)) {
+    if (scan.documents() > DocumentScan::kMaxDocuments) {
+      const YAML::Mark& mark = scan.last_top_level_mark();
+      std::string what = "more than " + std::to_string(DocumentScan::kMaxDocuments) +
+                         " documents, or text where a document should start";
+      if (mark.pos >= 0 && static_cast<size_t>(mark.pos) < text.size()) {
+        what = std::string("unexpected `") + text[static_cast<size_t>(mark.pos)] + "`";
+      }
+      throw YAML::ParserException(mark, what);
+    }
+  }
+}
+
 bool FromJson(const nlohmann::json& j, int depth, int* count, Value* out, Problem* problem) {
   if (++*count > kMaxValues || depth > kMaxDepth) {
     *problem = Problem{Mark{}, "the JSON document is too large or too deeply nested"};
@@ -305,6 +386,7 @@ std::string Display(const std::vector<PathSegment>& segments, size_t count) {
 bool ParseYaml(std::string_view text, int origin, Value* out, Problem* problem) {
   std::vector<YAML::Node> docs;
   try {
+    CheckDocumentsEnd(text);
     docs = YAML::LoadAll(std::string(text));
   } catch (const YAML::Exception& e) {
     problem->mark =

@@ -38,8 +38,7 @@ struct Value {
   bool is_scalar() const { return kind == Kind::kScalar; }
   bool is_sequence() const { return kind == Kind::kSequence; }
   bool is_mapping() const { return kind == Kind::kMapping; }
-  // For messages: "null", "a sequence", "a mapping", "an empty string", or the scalar in
-  // backticks (its first 200 characters when longer).
+  // For messages: "null", "a sequence", "a mapping", "an empty string", or Quote(scalar).
   std::string Describe() const;
 };
 
@@ -47,6 +46,10 @@ struct Entry {
   Value key;  // always a scalar (a complex key is a parse problem)
   Value value;
 };
+
+// `text` in backticks for a message: control characters escaped (\x0a), and only the first 200
+// characters of a longer text, followed by its length.
+std::string Quote(std::string_view text);
 
 // Something wrong in the input, with where it is.
 struct Problem {
