@@ -308,7 +308,7 @@ Value Builder::ArgMax(Value x, int axis, bool keepdim, DType index_dtype) {
   return AddNode(OpKind::kArgMax, in, std::move(a));
 }
 
-Value Builder::SumTo(Value x, const SymShape& target) {
+Value Builder::SumTo(Value x, SymShape target) {
   if (!x.valid()) return {};
   const SymShape& s = shape(x);
   if (s == target) return x;

@@ -140,7 +140,7 @@ class Builder {
   Value Min(Value x, std::vector<int> axes, bool keepdim = false);
   Value ArgMax(Value x, int axis, bool keepdim = false, DType index_dtype = DType::kI32);
   // Sums `x` down to `shape` (the inverse of broadcasting; used by backward rules).
-  Value SumTo(Value x, const SymShape& shape);
+  Value SumTo(Value x, SymShape shape);  // by value: callers pass shapes of this graph
 
   // ---- Row ops (last axis) ----
   Value Softmax(Value x);

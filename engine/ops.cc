@@ -1013,8 +1013,9 @@ Status BackwardRope(BackwardArgs& a) {
 
 // Dense attention as other ops (used by its backward rule, and by the harness as a second
 // opinion on the reference kernel).
-Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& attrs,
+Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& attrs_in,
                           std::span<const Value> aux) {
+  const Attrs attrs = attrs_in;  // may point into the graph, which grows below
   const SymShape qs = b.shape(q), ks = b.shape(k), vs = b.shape(v);
   const DType t = b.dtype(q);
   auto expand_heads = [&](Value x, const SymShape& s) {

@@ -145,12 +145,13 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   // Storage group per planned node (in-place ops join their input's group).
   std::vector<int32_t> group(n, -1);
   auto planned = [&](int32_t i) { return kernel_of[i] >= 0 && layouts[i].root == i; };
+  const bool allow_inplace = options.guard_bytes == 0;
   for (int32_t i = 0; i < n; ++i) {
     if (!planned(i)) continue;
     group[i] = i;
     const Node& node = g.node(i);
     const int k = GetOpDef(node.op).inplace_input;
-    if (k < 0 || k >= static_cast<int>(node.inputs.size())) continue;
+    if (!allow_inplace || k < 0 || k >= static_cast<int>(node.inputs.size())) continue;
     const int32_t v = node.inputs[k];
     if (!planned(v) || last_use[v] != i || is_output[v]) continue;
     const Node& src = g.node(v);
@@ -188,6 +189,7 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
     p->unplanned_bytes_ += static_cast<size_t>(round_up(bytes));
     r.first = std::min(r.first, i);
     r.last = std::max(r.last, std::max(last_use[i], i));
+    if (guard > 0) r.first = 0, r.last = n;  // guards are checked after the run: no sharing
   }
   const MemoryPlan plan = PlanMemory(requests, align);
   p->arena_bytes_ = static_cast<size_t>(plan.peak);

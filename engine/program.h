@@ -46,6 +46,8 @@ struct CompileOptions {
   DumpConfig dump = DumpConfigFromEnv();
   // Debug aid: surround every arena buffer with this many guard bytes, filled with a pattern
   // before each run and checked after it (Run fails naming the node whose guard changed).
+  // Guards are checked once per run, so with guards on every buffer gets its own memory
+  // (no liveness reuse, no in-place): a larger arena, for debugging and the op harness.
   size_t guard_bytes = 0;
   // Arena alignment (at least backend::kMinAlignment).
   size_t alignment = 256;

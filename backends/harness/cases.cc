@@ -1,0 +1,810 @@
+// The harness's case catalogue: every op of the op table, over dtypes and shapes
+// (including broadcast and strided inputs). Gradient cases are f64.
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/harness/harness.h"
+
+namespace kiln::harness {
+namespace {
+
+using V = std::vector<Value>;
+using BuildFn = std::function<Value(Builder&, const V&)>;
+
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+InputSpec Normal(std::string name, DType t, std::vector<int64_t> shape, double scale = 1) {
+  InputSpec s;
+  s.name = std::move(name);
+  s.dtype = t;
+  s.shape = std::move(shape);
+  s.init = Init::kNormal;
+  s.hi = scale;
+  return s;
+}
+InputSpec Uniform(std::string name, DType t, std::vector<int64_t> shape, double lo, double hi) {
+  InputSpec s = Normal(std::move(name), t, std::move(shape));
+  s.init = Init::kUniform;
+  s.lo = lo;
+  s.hi = hi;
+  return s;
+}
+InputSpec Index(std::string name, DType t, std::vector<int64_t> shape, int64_t lo, int64_t hi) {
+  InputSpec s = Normal(std::move(name), t, std::move(shape));
+  s.init = Init::kIndex;
+  s.lo = static_cast<double>(lo);
+  s.hi = static_cast<double>(hi);
+  s.differentiable = false;
+  return s;
+}
+InputSpec Bools(std::string name, std::vector<int64_t> shape) {
+  InputSpec s = Normal(std::move(name), DType::kBool, std::move(shape));
+  s.init = Init::kBool;
+  s.differentiable = false;
+  return s;
+}
+InputSpec Custom(std::string name, DType t, std::vector<int64_t> shape, std::vector<double> v) {
+  InputSpec s = Normal(std::move(name), t, std::move(shape));
+  s.init = Init::kCustom;
+  s.values = std::move(v);
+  s.differentiable = IsFloat(t);
+  return s;
+}
+InputSpec Blocks(std::string name, DType t, std::vector<int64_t> shape) {
+  InputSpec s = Normal(std::move(name), t, std::move(shape));
+  s.init = Init::kRandomBlocks;
+  s.source = OpKind::kWeight;
+  s.differentiable = false;
+  return s;
+}
+InputSpec AsWeight(InputSpec s) {
+  s.source = OpKind::kWeight;
+  return s;
+}
+InputSpec AsState(InputSpec s) {
+  s.source = OpKind::kState;
+  s.differentiable = false;
+  return s;
+}
+
+OpCase Make(std::string op, std::string detail, std::vector<InputSpec> inputs, BuildFn build) {
+  OpCase c;
+  c.name = absl::StrCat(op, " ", detail);
+  c.op = std::move(op);
+  c.inputs = std::move(inputs);
+  c.build = std::move(build);
+  return c;
+}
+
+struct UnaryOp {
+  const char* name;
+  Value (Builder::*fn)(Value);
+  bool positive;  // needs positive inputs
+  bool ints;      // also defined for integers
+};
+const UnaryOp kUnary[] = {
+    {"neg", &Builder::Neg, false, true},    {"abs", &Builder::Abs, false, true},
+    {"exp", &Builder::Exp, false, false},   {"log", &Builder::Log, true, false},
+    {"sqrt", &Builder::Sqrt, true, false},  {"rsqrt", &Builder::Rsqrt, true, false},
+    {"tanh", &Builder::Tanh, false, false}, {"sigmoid", &Builder::Sigmoid, false, false},
+    {"silu", &Builder::Silu, false, false}, {"relu", &Builder::Relu, false, true},
+};
+
+struct BinaryOp {
+  const char* name;
+  Value (Builder::*fn)(Value, Value);
+  bool ints;
+};
+const BinaryOp kArith[] = {
+    {"add", &Builder::Add, true},         {"sub", &Builder::Sub, true},
+    {"mul", &Builder::Mul, true},         {"div", &Builder::Div, true},
+    {"maximum", &Builder::Maximum, true}, {"minimum", &Builder::Minimum, true}};
+const BinaryOp kCompare[] = {{"eq", &Builder::Eq, true}, {"ne", &Builder::Ne, true},
+                             {"lt", &Builder::Lt, true}, {"le", &Builder::Le, true},
+                             {"gt", &Builder::Gt, true}, {"ge", &Builder::Ge, true}};
+
+InputSpec UnaryInput(const UnaryOp& u, DType t, std::vector<int64_t> shape) {
+  return u.positive ? Uniform("x", t, std::move(shape), 0.1, 3)
+                    : Normal("x", t, std::move(shape), 2);
+}
+
+// Shared setup of paged-attention cases: 2 sequences (a 5-token prefill, a 1-token decode of
+// a 7-token sequence) in 6 blocks of 4, plus one padding row: T = 7.
+std::vector<InputSpec> PagedInputs(DType q, DType cache, int64_t hq, int64_t hkv, int64_t d) {
+  return {Normal("q", q, {7, hq, d}),
+          AsState(Normal("k_cache", cache, {6, 4, hkv, d})),
+          AsState(Normal("v_cache", cache, {6, 4, hkv, d})),
+          Custom("block_table", DType::kI32, {2, 3}, {2, 0, 5, 1, 3, 4}),
+          Custom("seq_lens", DType::kI32, {2}, {5, 7}),
+          Custom("query_start", DType::kI32, {3}, {0, 5, 6})};
+}
+
+// Every dense-attention variant used by forward and gradient cases.
+struct AttnVariant {
+  const char* name;
+  AttentionParams params;
+  bool prefix_aux;
+};
+std::vector<AttnVariant> AttentionVariants() {
+  std::vector<AttnVariant> v;
+  v.push_back({"causal", {0, attn::CausalMask(), {}}, false});
+  v.push_back({"unmasked", {0, {}, {}}, false});
+  v.push_back({"sliding_window", {0, attn::SlidingWindowMask(2), {}}, false});
+  v.push_back({"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}, false});
+  v.push_back({"softcap", {0.5, attn::CausalMask(), attn::SoftCapScore(2.0)}, false});
+  v.push_back({"prefix_lm", {0, attn::PrefixLmMask(0), {}}, true});
+  return v;
+}
+
+void AddPointwise(std::vector<OpCase>& out, bool full) {
+  std::vector<DType> floats = {DType::kF32, DType::kF16, DType::kBF16};
+  if (full) floats.push_back(DType::kF64);
+  std::vector<std::vector<int64_t>> shapes = {{7}, {3, 33}};
+  if (full) shapes.push_back({64, 257});
+  for (const UnaryOp& u : kUnary) {
+    for (DType t : floats) {
+      for (const auto& s : shapes) {
+        out.push_back(Make(u.name, absl::StrCat(DTypeName(t), " ", ShapeStr(s)),
+                           {UnaryInput(u, t, s)},
+                           [fn = u.fn](Builder& b, const V& in) { return (b.*fn)(in[0]); }));
+      }
+    }
+    // A strided (transposed) input.
+    out.push_back(
+        Make(u.name, "f32 transposed [6,5]", {UnaryInput(u, DType::kF32, {5, 6})},
+             [fn = u.fn](Builder& b, const V& in) { return (b.*fn)(b.Transpose(in[0], 0, 1)); }));
+    if (u.ints) {
+      out.push_back(Make(u.name, "i32 [13]", {Index("x", DType::kI32, {13}, -50, 50)},
+                         [fn = u.fn](Builder& b, const V& in) { return (b.*fn)(in[0]); }));
+    }
+  }
+  for (DType t : floats) {
+    for (bool tanh : {true, false}) {
+      out.push_back(Make(tanh ? "gelu_tanh" : "gelu_erf", absl::StrCat(DTypeName(t), " [3,33]"),
+                         {Normal("x", t, {3, 33}, 2)},
+                         [tanh](Builder& b, const V& in) { return b.Gelu(in[0], tanh); }));
+    }
+    out.push_back(Make("clamp", absl::StrCat(DTypeName(t), " [3,33]"), {Normal("x", t, {3, 33})},
+                       [](Builder& b, const V& in) { return b.Clamp(in[0], -0.5, 0.7); }));
+  }
+  out.push_back(Make("clamp", "i32 [13]", {Index("x", DType::kI32, {13}, -9, 9)},
+                     [](Builder& b, const V& in) { return b.Clamp(in[0], -3, 4); }));
+  out.push_back(Make("not", "bool [17]", {Bools("x", {17})},
+                     [](Builder& b, const V& in) { return b.Not(in[0]); }));
+
+  // Casts between every family, including saturation, wrapping and dequantization.
+  struct CastCase {
+    DType from, to;
+    double scale;
+  };
+  const CastCase casts[] = {
+      {DType::kF32, DType::kF16, 3},    {DType::kF32, DType::kBF16, 3},
+      {DType::kF16, DType::kF32, 3},    {DType::kBF16, DType::kF16, 3},
+      {DType::kF32, DType::kF8E4M3, 3}, {DType::kF32, DType::kF8E5M2, 3},
+      {DType::kF8E4M3, DType::kF32, 3}, {DType::kF32, DType::kF64, 3},
+      {DType::kF64, DType::kF32, 3},    {DType::kF32, DType::kI32, 1e10},
+      {DType::kF32, DType::kI8, 300},   {DType::kF32, DType::kBool, 1},
+      {DType::kF16, DType::kU8, 200},
+  };
+  for (const CastCase& cc : casts) {
+    out.push_back(Make("cast", absl::StrCat(DTypeName(cc.from), "->", DTypeName(cc.to), " [5,7]"),
+                       {Normal("x", cc.from, {5, 7}, cc.scale)},
+                       [to = cc.to](Builder& b, const V& in) { return b.Cast(in[0], to); }));
+  }
+  out.push_back(Make("cast", "i32->f32 [9]", {Index("x", DType::kI32, {9}, -1000, 1000)},
+                     [](Builder& b, const V& in) { return b.Cast(in[0], DType::kF32); }));
+  out.push_back(Make("cast", "i64->i8 (wraps) [9]", {Index("x", DType::kI64, {9}, -1000, 1000)},
+                     [](Builder& b, const V& in) { return b.Cast(in[0], DType::kI8); }));
+  out.push_back(Make("cast", "bool->f16 [9]", {Bools("x", {9})},
+                     [](Builder& b, const V& in) { return b.Cast(in[0], DType::kF16); }));
+  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    out.push_back(Make("cast", absl::StrCat(DTypeName(q), "->f32 [3,64]"),
+                       {AsWeight(Normal("x", q, {3, 64}))},
+                       [](Builder& b, const V& in) { return b.Cast(in[0], DType::kF32); }));
+  }
+  for (DType q : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    out.push_back(Make("cast", absl::StrCat(DTypeName(q), "->f32 [2,256]"),
+                       {Blocks("x", q, {2, 256})},
+                       [](Builder& b, const V& in) { return b.Cast(in[0], DType::kF32); }));
+  }
+
+  for (const BinaryOp& op : kArith) {
+    for (DType t : floats) {
+      InputSpec y = std::string(op.name) == "div" ? Uniform("y", t, {4, 33}, 0.5, 2)
+                                                  : Normal("y", t, {4, 33});
+      out.push_back(Make(op.name, absl::StrCat(DTypeName(t), " [4,33]"),
+                         {Normal("x", t, {4, 33}), y},
+                         [fn = op.fn](Builder& b, const V& in) { return (b.*fn)(in[0], in[1]); }));
+    }
+    out.push_back(
+        Make(op.name, "f32 broadcast [4,1,3]x[5,1]",
+             {Normal("x", DType::kF32, {4, 1, 3}), Uniform("y", DType::kF32, {5, 1}, 0.5, 2)},
+             [fn = op.fn](Builder& b, const V& in) { return (b.*fn)(in[0], in[1]); }));
+    out.push_back(
+        Make(op.name, "i32 [16] (incl. division by 0)",
+             {Index("x", DType::kI32, {16}, -100, 100), Index("y", DType::kI32, {16}, -3, 4)},
+             [fn = op.fn](Builder& b, const V& in) { return (b.*fn)(in[0], in[1]); }));
+  }
+  out.push_back(Make("pow", "f32 [4,9]",
+                     {Uniform("x", DType::kF32, {4, 9}, 0.2, 2), Normal("y", DType::kF32, {4, 9})},
+                     [](Builder& b, const V& in) { return b.Pow(in[0], in[1]); }));
+  out.push_back(Make("pow", "f16 [4,9]",
+                     {Uniform("x", DType::kF16, {4, 9}, 0.2, 2), Normal("y", DType::kF16, {4, 9})},
+                     [](Builder& b, const V& in) { return b.Pow(in[0], in[1]); }));
+  for (const BinaryOp& op : kCompare) {
+    // Small integer-valued inputs so equal values occur.
+    for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+      out.push_back(Make(op.name, absl::StrCat(DTypeName(t), " [6,7]"),
+                         {Index("x", t, {6, 7}, -2, 3), Index("y", t, {6, 7}, -2, 3)},
+                         [fn = op.fn](Builder& b, const V& in) { return (b.*fn)(in[0], in[1]); }));
+    }
+  }
+  out.push_back(Make("and", "bool [4,5]", {Bools("x", {4, 5}), Bools("y", {4, 5})},
+                     [](Builder& b, const V& in) { return b.And(in[0], in[1]); }));
+  out.push_back(Make("or", "bool broadcast [4,5]x[5]", {Bools("x", {4, 5}), Bools("y", {5})},
+                     [](Builder& b, const V& in) { return b.Or(in[0], in[1]); }));
+  for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+    out.push_back(
+        Make("where", absl::StrCat(DTypeName(t), " broadcast cond [5]"),
+             {Bools("c", {5}), Index("x", t, {4, 5}, -9, 9), Index("y", t, {4, 5}, -9, 9)},
+             [](Builder& b, const V& in) { return b.Where(in[0], in[1], in[2]); }));
+  }
+  for (DType t : {DType::kF32, DType::kF64, DType::kF16}) {
+    out.push_back(Make("map", absl::StrCat(DTypeName(t), " exp/select/index [4,6]"),
+                       {Normal("x", t, {4, 6}), Normal("y", t, {4, 6})},
+                       [t](Builder& b, const V& in) {
+                         const DType c = ExprTypeOf(t);
+                         const Expr x = Expr::Input(0, c), y = Expr::Input(1, c);
+                         const Expr e = Exp(x * 0.5) + y * Expr::Cast(c, Expr::Index(1)) -
+                                        Select(Gt(x, y), Expr::Const(1, c), Expr::Const(0, c));
+                         return b.Map(e, in, t);
+                       }));
+  }
+  out.push_back(Make("map", "index-only mask i32 aux [3,5]",
+                     {Custom("limit", DType::kI32, {3}, {1, 4, 0})}, [](Builder& b, const V& in) {
+                       const Expr e =
+                           Lt(Expr::Index(1), Expr::Load(0, Expr::Index(0), DType::kI64));
+                       return b.MapIndices(e, {3, 5}, DType::kBool, in);
+                     }));
+  out.push_back(Make("full", "f32 [3,4]", {}, [](Builder& b, const V&) {
+    return b.Full(2.5, DType::kF32, {3, 4});
+  }));
+  out.push_back(Make("full", "i32 [5]", {},
+                     [](Builder& b, const V&) { return b.Full(-7, DType::kI32, {5}); }));
+  out.push_back(Make("full", "f16 [2,2]", {}, [](Builder& b, const V&) {
+    return b.Full(0.1, DType::kF16, {2, 2});
+  }));
+  out.push_back(Make("iota", "f32 axis 1 [3,5]", {}, [](Builder& b, const V&) {
+    return b.Iota(DType::kF32, {3, 5}, 1, 0.5, 0.25);
+  }));
+  out.push_back(Make("iota", "i64 axis 0 [4,2]", {}, [](Builder& b, const V&) {
+    return b.Iota(DType::kI64, {4, 2}, 0, 3, 2);
+  }));
+  out.push_back(Make("dim_value", "i64", {},
+                     [](Builder& b, const V&) { return b.DimValue(Dim(7), DType::kI64); }));
+  out.push_back(Make("dim_value", "f32", {},
+                     [](Builder& b, const V&) { return b.DimValue(Dim(7), DType::kF32); }));
+}
+
+void AddReductions(std::vector<OpCase>& out, bool full) {
+  struct R {
+    const char* name;
+    Value (Builder::*fn)(Value, std::vector<int>, bool);
+    bool ints;
+  };
+  const R reds[] = {{"sum", &Builder::Sum, true},
+                    {"mean", &Builder::Mean, false},
+                    {"max", &Builder::Max, true},
+                    {"min", &Builder::Min, true}};
+  const std::vector<std::pair<std::vector<int>, bool>> axes = {
+      {{1}, false}, {{0, 2}, true}, {{0, 1, 2}, false}, {{-1}, true}};
+  std::vector<DType> types = {DType::kF32, DType::kF16, DType::kBF16};
+  for (const R& r : reds) {
+    for (DType t : types) {
+      for (const auto& [ax, keep] : axes) {
+        std::vector<std::string> as;
+        for (int a : ax) as.push_back(std::to_string(a));
+        out.push_back(Make(
+            r.name,
+            absl::StrCat(DTypeName(t), " [3,4,5] axes=[", absl::StrJoin(as, ","), "]",
+                         keep ? " keepdim" : ""),
+            {Normal("x", t, {3, 4, 5})},
+            [fn = r.fn, ax, keep](Builder& b, const V& in) { return (b.*fn)(in[0], ax, keep); }));
+      }
+    }
+    if (r.ints) {
+      out.push_back(
+          Make(r.name, "i32 [4,6] axes=[0]", {Index("x", DType::kI32, {4, 6}, -99, 99)},
+               [fn = r.fn](Builder& b, const V& in) { return (b.*fn)(in[0], {0}, false); }));
+    }
+  }
+  if (full) {
+    out.push_back(Make("sum", "f32 [64,1000] axes=[1]", {Normal("x", DType::kF32, {64, 1000})},
+                       [](Builder& b, const V& in) { return b.Sum(in[0], {1}); }));
+  }
+  for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+    out.push_back(Make("argmax", absl::StrCat(DTypeName(t), " [4,9] axis=1"),
+                       {t == DType::kI32 ? Index("x", t, {4, 9}, -5, 5) : Normal("x", t, {4, 9})},
+                       [](Builder& b, const V& in) { return b.ArgMax(in[0], 1); }));
+    out.push_back(
+        Make("argmax", absl::StrCat(DTypeName(t), " [3,4,2] axis=0 keepdim i64"),
+             {t == DType::kI32 ? Index("x", t, {3, 4, 2}, -5, 5) : Normal("x", t, {3, 4, 2})},
+             [](Builder& b, const V& in) { return b.ArgMax(in[0], 0, true, DType::kI64); }));
+  }
+}
+
+void AddRows(std::vector<OpCase>& out, bool full) {
+  std::vector<DType> types = {DType::kF32, DType::kF16, DType::kBF16};
+  if (full) types.push_back(DType::kF64);
+  std::vector<std::vector<int64_t>> shapes = {{3, 17}, {2, 3, 64}};
+  if (full) shapes.push_back({16, 4096});
+  struct R {
+    const char* name;
+    BuildFn fn;
+  };
+  const R rows[] = {
+      {"softmax", [](Builder& b, const V& in) { return b.Softmax(in[0]); }},
+      {"log_softmax", [](Builder& b, const V& in) { return b.LogSoftmax(in[0]); }},
+      {"rms_norm", [](Builder& b, const V& in) { return b.RmsNorm(in[0], 1e-5); }},
+      {"layer_norm", [](Builder& b, const V& in) { return b.LayerNorm(in[0], 1e-5); }},
+  };
+  for (const R& r : rows) {
+    for (DType t : types) {
+      for (const auto& s : shapes) {
+        out.push_back(Make(r.name, absl::StrCat(DTypeName(t), " ", ShapeStr(s)),
+                           {Normal("x", t, s, 3)}, r.fn));
+      }
+    }
+    out.push_back(
+        Make(r.name, "f32 transposed [5,4]", {Normal("x", DType::kF32, {4, 5}, 3)},
+             [fn = r.fn](Builder& b, const V& in) { return fn(b, {b.Transpose(in[0], 0, 1)}); }));
+  }
+  // Masked rows: -inf entries, and one fully masked row (softmax gives zeros).
+  const double ninf = -INFINITY;
+  const std::vector<double> masked = {1, ninf, 2, ninf, ninf, ninf, ninf, ninf, 0.5, 0.25, ninf, 3};
+  out.push_back(Make("softmax", "f32 with -inf and a fully masked row [3,4]",
+                     {Custom("x", DType::kF32, {3, 4}, masked)},
+                     [](Builder& b, const V& in) { return b.Softmax(in[0]); }));
+  out.push_back(Make("log_softmax", "f32 with -inf [2,4]",
+                     {Custom("x", DType::kF32, {2, 4}, {1, ninf, 2, 0, ninf, 0.5, 0.25, 3})},
+                     [](Builder& b, const V& in) { return b.LogSoftmax(in[0]); }));
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    out.push_back(Make("cross_entropy", absl::StrCat(DTypeName(t), " [6,11] with ignore_index"),
+                       {Normal("logits", t, {6, 11}, 3),
+                        Custom("targets", DType::kI32, {6}, {3, -100, 10, 0, 5, 7})},
+                       [](Builder& b, const V& in) { return b.CrossEntropy(in[0], in[1]); }));
+  }
+  out.push_back(
+      Make("cross_entropy", "f32 [2,3,5] i64 targets",
+           {Normal("logits", DType::kF32, {2, 3, 5}), Index("targets", DType::kI64, {2, 3}, 0, 5)},
+           [](Builder& b, const V& in) { return b.CrossEntropy(in[0], in[1]); }));
+}
+
+void AddLayout(std::vector<OpCase>& out) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kI64}) {
+    const InputSpec x = t == DType::kI64 ? Index("x", t, {4, 6}, -9, 9) : Normal("x", t, {4, 6});
+    out.push_back(Make("reshape", absl::StrCat(DTypeName(t), " [4,6]->[2,12] (view)"), {x},
+                       [](Builder& b, const V& in) {
+                         return b.Contiguous(b.Reshape(in[0], {2, 12}));
+                       }));
+    out.push_back(Make(
+        "reshape", absl::StrCat(DTypeName(t), " transposed->[24] (copy)"), {x},
+        [](Builder& b, const V& in) { return b.Neg(b.Reshape(b.Transpose(in[0], 0, 1), {24})); }));
+    out.push_back(
+        Make("permute", absl::StrCat(DTypeName(t), " [2,3,4] perm=[2,0,1]"),
+             {t == DType::kI64 ? Index("x", t, {2, 3, 4}, -9, 9) : Normal("x", t, {2, 3, 4})},
+             [](Builder& b, const V& in) {
+               return b.Contiguous(b.Permute(in[0], {2, 0, 1}));
+             }));
+    out.push_back(Make("slice", absl::StrCat(DTypeName(t), " [4,6] axis 1 [2,5)"), {x},
+                       [](Builder& b, const V& in) { return b.Neg(b.Slice(in[0], 1, 2, 3)); }));
+    out.push_back(Make("expand", absl::StrCat(DTypeName(t), " [4,1]->[4,6]"),
+                       {t == DType::kI64 ? Index("x", t, {4, 1}, -9, 9) : Normal("x", t, {4, 1})},
+                       [](Builder& b, const V& in) {
+                         return b.Contiguous(b.Expand(in[0], {4, 6}));
+                       }));
+    out.push_back(
+        Make("contiguous", absl::StrCat(DTypeName(t), " transposed [6,4]"), {x},
+             [](Builder& b, const V& in) { return b.Contiguous(b.Transpose(in[0], 0, 1)); }));
+  }
+  for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+    auto in = [t](const char* n, std::vector<int64_t> s) {
+      return t == DType::kI32 ? Index(n, t, std::move(s), -9, 9) : Normal(n, t, std::move(s));
+    };
+    out.push_back(Make("concat", absl::StrCat(DTypeName(t), " axis 1 [2,3]+[2,1]+[2,2]"),
+                       {in("a", {2, 3}), in("b", {2, 1}), in("c", {2, 2})},
+                       [](Builder& b, const V& v) { return b.Concat(v, 1); }));
+    out.push_back(Make("concat", absl::StrCat(DTypeName(t), " axis 0 with a strided input"),
+                       {in("a", {2, 3}), in("b", {3, 3})}, [](Builder& b, const V& v) {
+                         return b.Concat({v[0], b.Transpose(v[1], 0, 1)}, 0);
+                       }));
+  }
+}
+
+void AddIndexing(std::vector<OpCase>& out) {
+  const std::vector<double> ids = {1, 9, 0, 4};
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    out.push_back(Make("gather", absl::StrCat(DTypeName(t), " table [10,4] idx [4]"),
+                       {Normal("table", t, {10, 4}), Custom("idx", DType::kI32, {4}, ids)},
+                       [](Builder& b, const V& in) { return b.Gather(in[0], in[1]); }));
+  }
+  out.push_back(Make("gather", "f32 table [10,2,3] idx i64 [2,2] incl. out of range",
+                     {Normal("table", DType::kF32, {10, 2, 3}),
+                      Custom("idx", DType::kI64, {2, 2}, {3, 12, 0, -1})},
+                     [](Builder& b, const V& in) { return b.Gather(in[0], in[1]); }));
+  for (DType q : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    out.push_back(
+        Make("gather", absl::StrCat(DTypeName(q), " table [5,64] -> f32"),
+             {AsWeight(Normal("table", q, {5, 64})), Custom("idx", DType::kI32, {3}, {4, 0, 2})},
+             [](Builder& b, const V& in) { return b.Gather(in[0], in[1]); }));
+  }
+  out.push_back(
+      Make("gather", "q6_k table [3,256] -> f16",
+           {Blocks("table", DType::kQ6_K, {3, 256}), Custom("idx", DType::kI32, {2}, {2, 1})},
+           [](Builder& b, const V& in) { return b.Gather(in[0], in[1], DType::kF16); }));
+  out.push_back(
+      Make("scatter_add_rows", "f32 idx [4] with repeats -> [5,3]",
+           {Custom("idx", DType::kI32, {4}, {1, 3, 1, 0}), Normal("src", DType::kF32, {4, 3})},
+           [](Builder& b, const V& in) { return b.ScatterAddRows(in[0], in[1], 5); }));
+  out.push_back(Make(
+      "scatter_add_rows", "f16 idx [2,2] -> [3,2]",
+      {Custom("idx", DType::kI64, {2, 2}, {2, 2, 7, 0}), Normal("src", DType::kF16, {2, 2, 2})},
+      [](Builder& b, const V& in) { return b.ScatterAddRows(in[0], in[1], 3); }));
+  for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+    out.push_back(Make("take_along", absl::StrCat(DTypeName(t), " [3,6] idx [3,2]"),
+                       {t == DType::kI32 ? Index("x", t, {3, 6}, -9, 9) : Normal("x", t, {3, 6}),
+                        Index("idx", DType::kI32, {3, 2}, 0, 6)},
+                       [](Builder& b, const V& in) { return b.TakeAlong(in[0], in[1]); }));
+  }
+  out.push_back(Make("scatter_add_along", "f32 [3,3] -> [3,6] with repeats",
+                     {Custom("idx", DType::kI32, {3, 3}, {0, 0, 5, 2, 1, 2, 4, 3, 9}),
+                      Normal("src", DType::kF32, {3, 3})},
+                     [](Builder& b, const V& in) { return b.ScatterAddAlong(in[0], in[1], 6); }));
+  for (DType t : {DType::kF32, DType::kF16, DType::kI32}) {
+    out.push_back(
+        Make("top_k", absl::StrCat(DTypeName(t), " [4,9] k=3 values and indices"),
+             {t == DType::kI32 ? Index("x", t, {4, 9}, -3, 3) : Normal("x", t, {4, 9})},
+             [](Builder& b, const V& in) {
+               auto [values, idx] = b.TopK(in[0], 3);
+               return b.Concat({b.Cast(values, DType::kF32), b.Cast(idx, DType::kF32)}, 1);
+             }));
+  }
+  out.push_back(Make("top_k", "f32 [2,5] k=5 i64 with NaN",
+                     {Custom("x", DType::kF32, {2, 5}, {1, NAN, 3, 3, -1, 0, 0, 2, 0, 1})},
+                     [](Builder& b, const V& in) { return b.TopK(in[0], 5, DType::kI64).second; }));
+}
+
+void AddLinear(std::vector<OpCase>& out, bool full) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    out.push_back(Make("matmul", absl::StrCat(DTypeName(t), " [2,3,5]x[2,5,4]"),
+                       {Normal("a", t, {2, 3, 5}), Normal("b", t, {2, 5, 4})},
+                       [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  }
+  out.push_back(Make("matmul", "f32 broadcast [3,5]x[2,5,4]",
+                     {Normal("a", DType::kF32, {3, 5}), Normal("b", DType::kF32, {2, 5, 4})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  out.push_back(
+      Make("matmul", "f32 transposed rhs [3,5]x[4,5]^T",
+           {Normal("a", DType::kF32, {3, 5}), Normal("b", DType::kF32, {4, 5})},
+           [](Builder& b, const V& in) { return b.MatMul(in[0], b.Transpose(in[1], 0, 1)); }));
+  if (full) {
+    out.push_back(Make("matmul", "f32 [64,128]x[128,96]",
+                       {Normal("a", DType::kF32, {64, 128}), Normal("b", DType::kF32, {128, 96})},
+                       [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  }
+  for (DType w : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
+                  DType::kMXFP4}) {
+    out.push_back(Make("linear", absl::StrCat("f32 x [3,64], ", DTypeName(w), " w [5,64]"),
+                       {Normal("x", DType::kF32, {3, 64}), AsWeight(Normal("w", w, {5, 64}, 0.5))},
+                       [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  }
+  for (DType w : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
+    out.push_back(Make("linear", absl::StrCat("f32 x [2,256], ", DTypeName(w), " w [3,256]"),
+                       {Normal("x", DType::kF32, {2, 256}), Blocks("w", w, {3, 256})},
+                       [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  }
+  out.push_back(
+      Make("linear", "f16 x [2,3,64], q8_0 w [4,64], f16 bias",
+           {Normal("x", DType::kF16, {2, 3, 64}), AsWeight(Normal("w", DType::kQ8_0, {4, 64})),
+            Normal("bias", DType::kF16, {4})},
+           [](Builder& b, const V& in) { return b.Linear(in[0], in[1], in[2]); }));
+}
+
+void AddRope(std::vector<OpCase>& out) {
+  struct Variant {
+    const char* name;
+    RopeParams p;
+  };
+  RopeParams neox;
+  RopeParams inter;
+  inter.layout = RopeParams::Layout::kInterleaved;
+  RopeParams linear;
+  linear.scaling = RopeParams::Scaling::kLinear;
+  linear.factor = 2;
+  RopeParams llama3;
+  llama3.scaling = RopeParams::Scaling::kLlama3;
+  llama3.theta = 500000;
+  llama3.factor = 8;
+  llama3.low_freq_factor = 1;
+  llama3.high_freq_factor = 4;
+  llama3.original_max_position = 8192;
+  RopeParams partial;
+  partial.rotary_dim = 4;
+  partial.layout = RopeParams::Layout::kInterleaved;
+  const Variant variants[] = {{"neox", neox},
+                              {"interleaved", inter},
+                              {"linear", linear},
+                              {"llama3", llama3},
+                              {"partial", partial}};
+  for (const Variant& v : variants) {
+    for (DType t : {DType::kF32, DType::kF16}) {
+      out.push_back(
+          Make("rope", absl::StrCat(v.name, " ", DTypeName(t), " [4,2,8]"),
+               {Normal("x", t, {4, 2, 8}), Custom("pos", DType::kI32, {4}, {0, 1, 5, 3000})},
+               [p = v.p](Builder& b, const V& in) { return b.Rope(in[0], in[1], p); }));
+    }
+  }
+  out.push_back(
+      Make("rope", "neox f32 batched [2,3,2,8]",
+           {Normal("x", DType::kF32, {2, 3, 2, 8}), Index("pos", DType::kI64, {2, 3}, 0, 50)},
+           [](Builder& b, const V& in) { return b.Rope(in[0], in[1], RopeParams{}); }));
+}
+
+void AddAttention(std::vector<OpCase>& out) {
+  for (const AttnVariant& v : AttentionVariants()) {
+    for (DType t : {DType::kF32, DType::kF16}) {
+      std::vector<InputSpec> in = {Normal("q", t, {2, 4, 5, 8}), Normal("k", t, {2, 2, 5, 8}),
+                                   Normal("v", t, {2, 2, 5, 8})};
+      if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {2}, {3, 0}));
+      out.push_back(Make("attention", absl::StrCat(v.name, " ", DTypeName(t), " GQA 4/2 [2,4,5,8]"),
+                         in, [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
+                           std::vector<Value> ax;
+                           if (aux) ax.push_back(x[3]);
+                           return b.Attention(x[0], x[1], x[2], p, ax);
+                         }));
+    }
+  }
+  out.push_back(
+      Make("attention", "unmasked f32 Tq<Tk, Dv!=D [1,2,3,4]",
+           {Normal("q", DType::kF32, {1, 2, 3, 4}), Normal("k", DType::kF32, {1, 2, 6, 4}),
+            Normal("v", DType::kF32, {1, 2, 6, 3})},
+           [](Builder& b, const V& x) { return b.Attention(x[0], x[1], x[2], {}); }));
+  // The decomposition the backward rule differentiates is a second opinion on the kernel.
+  out.push_back(
+      Make("attention", "decomposed = fused (causal GQA f32)",
+           {Normal("q", DType::kF32, {1, 4, 5, 8}), Normal("k", DType::kF32, {1, 2, 5, 8}),
+            Normal("v", DType::kF32, {1, 2, 5, 8})},
+           [](Builder& b, const V& x) {
+             AttentionParams p;
+             p.mask_mod = attn::CausalMask();
+             const Value fused = b.Attention(x[0], x[1], x[2], p);
+             const Value dec = AttentionDecomposed(b, x[0], x[1], x[2], b.node(fused).attrs, {});
+             return b.Concat({fused, b.Sub(fused, dec)}, 3);
+           }));
+
+  struct Paged {
+    const char* name;
+    DType q, cache;
+    int64_t hq, hkv;
+    AttentionParams p;
+  };
+  const Paged paged[] = {
+      {"causal GQA 4/2 f32", DType::kF32, DType::kF32, 4, 2, {0, attn::CausalMask(), {}}},
+      {"causal MHA f16 cache", DType::kF32, DType::kF16, 2, 2, {0, attn::CausalMask(), {}}},
+      {"causal f8e4m3 cache", DType::kF32, DType::kF8E4M3, 4, 2, {0, attn::CausalMask(), {}}},
+      {"f16 q and cache", DType::kF16, DType::kF16, 4, 1, {0, attn::CausalMask(), {}}},
+      {"sliding window 3", DType::kF32, DType::kF32, 4, 2, {0, attn::SlidingWindowMask(3), {}}},
+      {"softcap + alibi",
+       DType::kF32,
+       DType::kBF16,
+       4,
+       2,
+       {0, attn::CausalMask(), attn::SoftCapScore(3)}},
+      {"alibi", DType::kF32, DType::kF32, 4, 4, {0, attn::CausalMask(), attn::AlibiScore(4)}},
+      {"unmasked", DType::kF32, DType::kF32, 4, 2, {0, {}, {}}},
+  };
+  for (const Paged& pc : paged) {
+    out.push_back(Make("paged_attention", absl::StrCat(pc.name, " (prefill 5 + decode 1 + pad)"),
+                       PagedInputs(pc.q, pc.cache, pc.hq, pc.hkv, 8),
+                       [p = pc.p](Builder& b, const V& x) {
+                         return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], p);
+                       }));
+  }
+  // Prefix-LM through an aux tensor, on the paged path.
+  {
+    std::vector<InputSpec> in = PagedInputs(DType::kF32, DType::kF32, 2, 2, 4);
+    in.push_back(Custom("prefix_len", DType::kI32, {2}, {3, 2}));
+    out.push_back(Make("paged_attention", "prefix-LM via aux", in, [](Builder& b, const V& x) {
+      const Value aux[] = {x[6]};
+      return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], {0, attn::PrefixLmMask(0), {}},
+                              aux);
+    }));
+  }
+  for (DType cache : {DType::kF32, DType::kF16, DType::kF8E5M2}) {
+    out.push_back(
+        Make("kv_write", absl::StrCat("f32 rows -> ", DTypeName(cache), " cache, slot -1 skipped"),
+             {AsState(Normal("cache", cache, {4, 2, 2, 3})), Normal("x", DType::kF32, {3, 2, 3}),
+              Custom("slots", DType::kI32, {3}, {5, -1, 0})},
+             [](Builder& b, const V& x) { return b.KvWrite(x[0], x[1], x[2]); }));
+  }
+}
+
+}  // namespace
+
+std::vector<OpCase> ForwardCases(bool full) {
+  std::vector<OpCase> out;
+  AddPointwise(out, full);
+  AddReductions(out, full);
+  AddRows(out, full);
+  AddLayout(out);
+  AddIndexing(out);
+  AddLinear(out, full);
+  AddRope(out);
+  AddAttention(out);
+  return out;
+}
+
+std::vector<OpCase> GradientCases(bool full) {
+  const DType d = DType::kF64;
+  std::vector<OpCase> out;
+  for (const UnaryOp& u : kUnary) {
+    out.push_back(Make(u.name, "f64 [3,4]", {UnaryInput(u, d, {3, 4})},
+                       [fn = u.fn](Builder& b, const V& in) { return (b.*fn)(in[0]); }));
+  }
+  for (bool tanh : {true, false}) {
+    out.push_back(Make(tanh ? "gelu_tanh" : "gelu_erf", "f64 [3,4]", {Normal("x", d, {3, 4}, 2)},
+                       [tanh](Builder& b, const V& in) { return b.Gelu(in[0], tanh); }));
+  }
+  out.push_back(Make("clamp", "f64 [3,4]", {Normal("x", d, {3, 4})},
+                     [](Builder& b, const V& in) { return b.Clamp(in[0], -0.5, 0.7); }));
+  {
+    OpCase c =
+        Make("cast", "f64->f32->f64 [3,4]", {Normal("x", d, {3, 4})}, [](Builder& b, const V& in) {
+          return b.Cast(b.Exp(b.Cast(in[0], DType::kF32)), DType::kF64);
+        });
+    c.grad_eps = 1e-2;
+    c.grad_tol = 1e-4;
+    out.push_back(c);
+  }
+  for (const BinaryOp& op : kArith) {
+    out.push_back(Make(op.name, "f64 broadcast [3,4]x[4]",
+                       {Normal("x", d, {3, 4}), Uniform("y", d, {4}, 0.5, 2)},
+                       [fn = op.fn](Builder& b, const V& in) { return (b.*fn)(in[0], in[1]); }));
+  }
+  out.push_back(Make("pow", "f64 [3,4]", {Uniform("x", d, {3, 4}, 0.3, 2), Normal("y", d, {3, 4})},
+                     [](Builder& b, const V& in) { return b.Pow(in[0], in[1]); }));
+  out.push_back(Make("where", "f64 broadcast",
+                     {Bools("c", {3, 4}), Normal("x", d, {3, 4}), Normal("y", d, {4})},
+                     [](Builder& b, const V& in) { return b.Where(in[0], in[1], in[2]); }));
+  out.push_back(Make("map", "f64 two inputs and an index",
+                     {Normal("x", d, {3, 4}), Normal("y", d, {3, 4})}, [](Builder& b, const V& in) {
+                       const Expr x = Expr::Input(0, d), y = Expr::Input(1, d);
+                       const Expr e = Tanh(x * y) +
+                                      Exp(x * 0.3) * Expr::Cast(d, Expr::Index(1) + Expr::Int(1));
+                       return b.Map(e, in, d);
+                     }));
+  out.push_back(Make("sum", "f64 axes=[0,2] keepdim", {Normal("x", d, {2, 3, 4})},
+                     [](Builder& b, const V& in) {
+                       return b.Sum(in[0], {0, 2}, true);
+                     }));
+  out.push_back(Make("mean", "f64 axes=[1]", {Normal("x", d, {2, 3, 4})},
+                     [](Builder& b, const V& in) { return b.Mean(in[0], {1}); }));
+  out.push_back(Make("max", "f64 axes=[1] keepdim", {Normal("x", d, {2, 3, 4})},
+                     [](Builder& b, const V& in) { return b.Max(in[0], {1}, true); }));
+  out.push_back(
+      Make("min", "f64 all axes", {Normal("x", d, {2, 3, 4})}, [](Builder& b, const V& in) {
+        return b.Min(in[0], {0, 1, 2});
+      }));
+  out.push_back(Make("softmax", "f64 [3,5]", {Normal("x", d, {3, 5})},
+                     [](Builder& b, const V& in) { return b.Softmax(in[0]); }));
+  out.push_back(Make("log_softmax", "f64 [3,5]", {Normal("x", d, {3, 5})},
+                     [](Builder& b, const V& in) { return b.LogSoftmax(in[0]); }));
+  out.push_back(Make("rms_norm", "f64 with weight [3,6]",
+                     {Normal("x", d, {3, 6}), Normal("w", d, {6})},
+                     [](Builder& b, const V& in) { return b.RmsNorm(in[0], in[1], 1e-5); }));
+  out.push_back(
+      Make("layer_norm", "f64 with weight and bias [3,6]",
+           {Normal("x", d, {3, 6}), Normal("w", d, {6}), Normal("bias", d, {6})},
+           [](Builder& b, const V& in) { return b.LayerNorm(in[0], in[1], in[2], 1e-5); }));
+  out.push_back(
+      Make("cross_entropy", "f64 [4,7] with ignore_index",
+           {Normal("logits", d, {4, 7}), Custom("targets", DType::kI32, {4}, {3, -100, 6, 0})},
+           [](Builder& b, const V& in) { return b.CrossEntropy(in[0], in[1]); }));
+  out.push_back(Make("reshape", "f64", {Normal("x", d, {3, 4})}, [](Builder& b, const V& in) {
+    return b.Reshape(in[0], {2, 6});
+  }));
+  out.push_back(Make("permute", "f64", {Normal("x", d, {2, 3, 4})}, [](Builder& b, const V& in) {
+    return b.Permute(in[0], {2, 0, 1});
+  }));
+  out.push_back(Make("slice", "f64 axis 1", {Normal("x", d, {3, 6})},
+                     [](Builder& b, const V& in) { return b.Slice(in[0], 1, 2, 3); }));
+  out.push_back(Make("expand", "f64", {Normal("x", d, {3, 1})}, [](Builder& b, const V& in) {
+    return b.Expand(in[0], {2, 3, 4});
+  }));
+  out.push_back(Make("concat", "f64 axis 1", {Normal("a", d, {2, 3}), Normal("b", d, {2, 2})},
+                     [](Builder& b, const V& in) { return b.Concat(in, 1); }));
+  out.push_back(
+      Make("contiguous", "f64 transposed", {Normal("x", d, {3, 4})},
+           [](Builder& b, const V& in) { return b.Contiguous(b.Transpose(in[0], 0, 1)); }));
+  out.push_back(Make("gather", "f64 table",
+                     {Normal("table", d, {6, 3}), Custom("idx", DType::kI32, {4}, {1, 5, 1, 0})},
+                     [](Builder& b, const V& in) { return b.Gather(in[0], in[1]); }));
+  out.push_back(Make("scatter_add_rows", "f64 src",
+                     {Custom("idx", DType::kI32, {3}, {2, 0, 2}), Normal("src", d, {3, 2})},
+                     [](Builder& b, const V& in) { return b.ScatterAddRows(in[0], in[1], 4); }));
+  out.push_back(
+      Make("take_along", "f64",
+           {Normal("x", d, {3, 5}), Custom("idx", DType::kI32, {3, 2}, {0, 4, 2, 2, 1, 3})},
+           [](Builder& b, const V& in) { return b.TakeAlong(in[0], in[1]); }));
+  out.push_back(
+      Make("scatter_add_along", "f64",
+           {Custom("idx", DType::kI32, {2, 3}, {0, 2, 0, 4, 1, 1}), Normal("src", d, {2, 3})},
+           [](Builder& b, const V& in) { return b.ScatterAddAlong(in[0], in[1], 5); }));
+  out.push_back(Make("top_k", "f64 values", {Normal("x", d, {3, 6})},
+                     [](Builder& b, const V& in) { return b.TopK(in[0], 2).first; }));
+  out.push_back(Make("matmul", "f64 broadcast [3,4]x[2,4,5]",
+                     {Normal("a", d, {3, 4}), Normal("b", d, {2, 4, 5})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  out.push_back(Make("linear", "f64 x [2,3,4] w [5,4]",
+                     {Normal("x", d, {2, 3, 4}), Normal("w", d, {5, 4})},
+                     [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  {
+    RopeParams neox;
+    RopeParams llama3;
+    llama3.layout = RopeParams::Layout::kInterleaved;
+    llama3.scaling = RopeParams::Scaling::kLlama3;
+    llama3.theta = 500000;
+    llama3.factor = 8;
+    RopeParams partial;
+    partial.rotary_dim = 2;
+    for (const auto& [name, p] : {std::pair{"neox", neox}, std::pair{"interleaved llama3", llama3},
+                                  std::pair{"partial", partial}}) {
+      out.push_back(Make("rope", absl::StrCat(name, " f64"),
+                         {Normal("x", d, {3, 2, 4}), Custom("pos", DType::kI32, {3}, {0, 2, 700})},
+                         [p = p](Builder& b, const V& in) { return b.Rope(in[0], in[1], p); }));
+    }
+  }
+  for (const AttnVariant& v : AttentionVariants()) {
+    std::vector<InputSpec> in = {Normal("q", d, {1, 4, 4, 3}), Normal("k", d, {1, 2, 4, 3}),
+                                 Normal("v", d, {1, 2, 4, 3})};
+    if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {1}, {2}));
+    out.push_back(Make("attention", absl::StrCat(v.name, " f64 GQA 4/2"), in,
+                       [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
+                         std::vector<Value> ax;
+                         if (aux) ax.push_back(x[3]);
+                         return b.Attention(x[0], x[1], x[2], p, ax);
+                       }));
+  }
+  if (full) {
+    out.push_back(Make("softmax", "f64 [8,64]", {Normal("x", d, {8, 64})},
+                       [](Builder& b, const V& in) { return b.Softmax(in[0]); }));
+  }
+  return out;
+}
+
+std::vector<OpCase> PerfCases(bool full) {
+  const int64_t m = full ? 64 : 4, k = full ? 4096 : 256, n = full ? 4096 : 256;
+  std::vector<OpCase> out;
+  out.push_back(Make("linear", absl::StrCat("f32 [", m, ",", k, "]x[", n, ",", k, "]^T"),
+                     {Normal("x", DType::kF32, {m, k}), AsWeight(Normal("w", DType::kF32, {n, k}))},
+                     [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  out.push_back(
+      Make("linear", absl::StrCat("q4_0 w [", n, ",", k, "]"),
+           {Normal("x", DType::kF32, {m, k}), AsWeight(Normal("w", DType::kQ4_0, {n, k}))},
+           [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  out.push_back(Make("rms_norm", absl::StrCat("f32 [", m, ",", k, "]"),
+                     {Normal("x", DType::kF32, {m, k})},
+                     [](Builder& b, const V& in) { return b.RmsNorm(in[0], 1e-5); }));
+  out.push_back(Make("silu", absl::StrCat("f32 [", m, ",", k, "]"),
+                     {Normal("x", DType::kF32, {m, k})},
+                     [](Builder& b, const V& in) { return b.Silu(in[0]); }));
+  out.push_back(Make("softmax", absl::StrCat("f32 [", m, ",", k, "]"),
+                     {Normal("x", DType::kF32, {m, k})},
+                     [](Builder& b, const V& in) { return b.Softmax(in[0]); }));
+  return out;
+}
+
+}  // namespace kiln::harness
