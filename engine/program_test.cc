@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <sstream>
 
 #include "backends/builtin.h"
@@ -325,6 +327,27 @@ TEST_P(ProgramTest, DumpPrintsNamedPasses) {
   EXPECT_NE(s.find("arena:"), std::string::npos) << s;
   EXPECT_NE(s.find("program on"), std::string::npos) << s;
   EXPECT_EQ(s.find("after 'dce'"), std::string::npos) << s;
+}
+
+TEST_P(ProgramTest, DumpSwitchFromEnvironment) {
+  const std::string file = ::testing::TempDir() + "kiln_dump_" + GetParam() + ".txt";
+  std::remove(file.c_str());
+  setenv("KILN_DUMP", "lower_views,program", 1);
+  setenv("KILN_DUMP_FILE", file.c_str(), 1);
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF32, {2, 3});
+  const Value y = b.Named(b.Exp(b.Transpose(x, 0, 1)), "y");
+  const bool ok = Compile(g, {y}, *dev_).ok();  // CompileOptions{} reads the environment
+  unsetenv("KILN_DUMP");
+  unsetenv("KILN_DUMP_FILE");
+  ASSERT_TRUE(ok);
+  std::ifstream in(file);
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(s.find("after 'lower_views'"), std::string::npos) << s;
+  EXPECT_NE(s.find("# view of %0 strides=[1,3]"), std::string::npos) << s;
+  EXPECT_NE(s.find("%2 y: exp -> f32[3,2]"), std::string::npos) << s;
+  EXPECT_EQ(s.find("after 'verify'"), std::string::npos) << s;
 }
 
 TEST_P(ProgramTest, UnsupportedGraphsFailToCompileClearly) {
