@@ -16,7 +16,7 @@ APT_PACKAGES=(
   libsqlite3-dev libpcre2-dev
   libdnnl-dev libclblast-dev opencl-headers ocl-icd-opencl-dev pocl-opencl-icd clinfo
   python3 python3-venv python3-dev
-  libclang-rt-14-dev
+  libclang-rt-14-dev libicu-dev
   clang
   prometheus
 )

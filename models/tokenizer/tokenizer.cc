@@ -1,5 +1,8 @@
 #include "models/tokenizer/tokenizer.h"
 
+#include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
+
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -55,7 +58,7 @@ const ByteLevelMap& ByteLevel() {
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct NormStep {
-  enum Kind { kPrepend, kReplace } kind;
+  enum Kind { kPrepend, kReplace, kNfc } kind;
   std::string a, b;  // prepend: a; replace: a -> b
 };
 
@@ -271,7 +274,9 @@ struct Tokenizer::Impl {
   std::string Normalize(std::string_view s) const {
     std::string out(s);
     for (const NormStep& n : normalizers) {
-      if (n.kind == NormStep::kPrepend) {
+      if (n.kind == NormStep::kNfc) {
+        out = Nfc(out);
+      } else if (n.kind == NormStep::kPrepend) {
         if (!out.empty()) out = n.a + out;
       } else {
         if (n.a.empty()) continue;
@@ -288,6 +293,23 @@ struct Tokenizer::Impl {
         out = std::move(r);
       }
     }
+    return out;
+  }
+
+  // Unicode NFC (Qwen2's normalizer), via ICU. REQUIRES: valid UTF-8.
+  static std::string Nfc(const std::string& s) {
+    bool ascii = std::all_of(s.begin(), s.end(),
+                             [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+    if (ascii) return s;  // ASCII is always in NFC
+    UErrorCode err = U_ZERO_ERROR;
+    const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(err);
+    if (U_FAILURE(err)) return s;
+    icu::UnicodeString u =
+        icu::UnicodeString::fromUTF8(icu::StringPiece(s.data(), static_cast<int32_t>(s.size())));
+    icu::UnicodeString n = nfc->normalize(u, err);
+    if (U_FAILURE(err)) return s;
+    std::string out;
+    n.toUTF8String(out);
     return out;
   }
 
@@ -937,11 +959,15 @@ Status ParseNormalizer(const json& j, Tokenizer::Impl* m, std::string_view where
         {NormStep::kReplace, p["String"].get<std::string>(), j.value("content", "")});
     return OkStatus();
   }
-  if (type == "NFC" || type == "NFKC" || type == "NFD" || type == "NFKD" || type == "Lowercase" ||
+  if (type == "NFC") {
+    m->normalizers.push_back({NormStep::kNfc, "", ""});
+    return OkStatus();
+  }
+  if (type == "NFKC" || type == "NFD" || type == "NFKD" || type == "Lowercase" ||
       type == "BertNormalizer" || type == "Strip" || type == "StripAccents" ||
       type == "Precompiled") {
     return Unimplemented(where, ": normalizer \"", type,
-                         "\" is not supported (supported: Sequence, Prepend, Replace)");
+                         "\" is not supported (supported: Sequence, Prepend, Replace, NFC)");
   }
   return InvalidArgument(where, ": unknown normalizer type \"", type, "\"");
 }

@@ -142,6 +142,18 @@ TEST(ByteLevelBpeTest, DecodeReplacesInvalidUtf8) {
   EXPECT_EQ(tok->Decode(std::vector<int32_t>{-1, 9999, 'x'}), "x");
 }
 
+TEST(ByteLevelBpeTest, NfcNormalizer) {
+  json j = json::parse(ByteLevelJson());
+  j["normalizer"] = {{"type", "NFC"}};
+  auto tok = Make(j.dump());
+  ASSERT_NE(tok, nullptr);
+  // "e" + combining acute composes to U+00E9 before byte-level BPE.
+  EXPECT_EQ(*tok->Encode("caf"
+                         "e\xCC\x81"),
+            *tok->Encode("caf\xC3\xA9"));
+  EXPECT_EQ(tok->Encode("caf\xC3\xA9")->size(), 5u);
+}
+
 TEST(TokenizerJsonTest, ClearErrors) {
   auto err = [](const std::string& text) {
     auto t = Tokenizer::FromHfJson(text, nullptr, "tok.json");
