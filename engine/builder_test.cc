@@ -145,3 +145,20 @@ TEST(AutogradTest, RefusesOpsWithoutGradient) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+TEST(BuilderTest, MapChecksItsExpressionAgainstTheInputs) {
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF16, {4});
+  const Value ok = b.Map(Exp(Expr::Input(0, DType::kF32)), std::vector<Value>{x}, DType::kF16);
+  EXPECT_TRUE(ok.valid()) << b.status();
+  const Value wrong = b.Map(Exp(Expr::Input(0, DType::kF64)), std::vector<Value>{x}, DType::kF16);
+  EXPECT_FALSE(wrong.valid());
+  EXPECT_NE(std::string(StatusMessage(b.status())).find("loads as f32"), std::string::npos) << b.status();
+}
+
+}  // namespace
+}  // namespace kiln

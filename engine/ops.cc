@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numbers>
 
@@ -182,6 +183,19 @@ StatusOr<TensorType> InferMap(Types in, const Attrs& a) {
     if (in[i].shape.size() != 1) return Bad("map aux tensors must have rank 1");
   }
   if (a.expr[0].NumInputs() > num_main) return Bad("map expression reads a missing input");
+  // Every Input leaf must have the type its tensor loads as (kernels load by tensor dtype).
+  Status leaf_types = OkStatus();
+  std::function<void(const Expr&)> check = [&](const Expr& e) {
+    const ExprNode& n = e.node();
+    if (n.op == ExprOp::kInput && n.type != ExprTypeOf(in[n.index].dtype) && leaf_types.ok()) {
+      leaf_types = Bad("map expression reads input ", n.index, " as ", DTypeName(n.type),
+                       " but it is ", DTypeName(in[n.index].dtype), " (loads as ",
+                       DTypeName(ExprTypeOf(in[n.index].dtype)), ")");
+    }
+    for (const Expr& arg : n.args) check(arg);
+  };
+  check(a.expr[0]);
+  KILN_RETURN_IF_ERROR(leaf_types);
   if (a.expr[0].NumAux() > num_aux) return Bad("map expression loads a missing aux tensor");
   for (int axis = static_cast<int>(a.dims.size()); axis < kMaxSymbols * 2; ++axis) {
     if (a.expr[0].Uses(ExprOp::kIndex, axis)) return Bad("map expression indexes axis ", axis);

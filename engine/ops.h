@@ -67,7 +67,9 @@ enum class OpKind : uint16_t {
   kAnd,  // bool
   kOr,
   kWhere,  // (cond bool, a, b)
-  kMap,    // expr[0] over Input(i) (typed ComputeDType of input i) and Index(axis); dtype = out
+  kMap,    // expr[0] over Input(i) (typed ExprTypeOf(input i's dtype)), Index(axis) and
+           // Load(k, ...) of aux tensor k; ints[0] = number of aux inputs (1-D, last in the
+           // input list); dims = output shape (the other inputs have it); dtype = output
   // ---- Reductions: ints = {keepdim, axes...} ----
   kSum,
   kMean,
