@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "models/gguf/gguf.h"
 #include "models/gguf/gguf_test_util.h"
@@ -106,6 +107,31 @@ TEST(DetokenizerTest, StreamEqualsDecode) {
       ExpectStreamEqualsDecode(*tok, ids);
     }
   }
+}
+
+// Encode is const and shares a word cache between threads: results must not depend on
+// interleaving.
+TEST(TokenizerConcurrencyTest, ParallelEncodeMatchesSerial) {
+  auto tok = FixtureTokenizer("bpe_bytelevel.tokenizer.json");
+  ASSERT_NE(tok, nullptr);
+  std::vector<std::string> texts;
+  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/tokenizer/strings.jsonl");
+  std::string line;
+  while (std::getline(in, line)) texts.push_back(nlohmann::json::parse(line).get<std::string>());
+  std::vector<std::vector<int32_t>> serial;
+  for (const auto& t : texts) serial.push_back(*tok->Encode(t));
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (size_t i = 0; i < texts.size(); ++i) {
+        size_t j = (i * 7 + k * 131) % texts.size();
+        if (*tok->Encode(texts[j]) != serial[j]) ++mismatches[k];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 }  // namespace
