@@ -23,7 +23,9 @@ bool Full() {
 backend::Registry& Backends() {
   static backend::Registry* r = [] {
     auto* reg = new backend::Registry();
-    reg->RegisterBuiltins();
+    // Two pool threads: exercises the split/barrier path on any machine, cheaply.
+    (void)reg->Register(backend::MakeRefBackend());
+    (void)reg->Register(backend::MakeCpuBackend(2));
     reg->Autoload();
     return reg;
   }();
