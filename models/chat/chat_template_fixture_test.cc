@@ -9,13 +9,14 @@
 #include "models/chat/chat_template.h"
 #include "models/gguf/gguf.h"
 #include "models/io/mapped_file.h"
+#include "models/io/test_paths.h"
 
 namespace kiln::models {
 namespace {
 
 using json = nlohmann::ordered_json;
 
-std::string Dir() { return std::string(KILN_SOURCE_DIR) + "/tests/fixtures/chat/"; }
+std::string Dir() { return testing::FixturePath("chat/"); }
 
 TEST(ChatTemplateFixtureTest, MatchesTransformers) {
   std::map<std::string, std::unique_ptr<ChatTemplate>> templates;
@@ -60,10 +61,7 @@ TEST(ChatTemplateFixtureTest, MatchesTransformers) {
 }
 
 TEST(ChatTemplateFixtureTest, SmolLM2TemplateFromGguf) {
-  const char* dir = std::getenv("KILN_MODELS_DIR");
-  std::string path = (dir ? std::string(dir) : std::string(KILN_SOURCE_DIR) + "/.kiln/models") +
-                     "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  auto gguf = GgufFile::Open(path);
+  auto gguf = GgufFile::Open(testing::DefaultModelPath());
   ASSERT_TRUE(gguf.ok()) << gguf.status() << " (run scripts/fetch-default-model.sh)";
   auto t = ChatTemplate::FromGguf(**gguf);
   ASSERT_TRUE(t.ok()) << t.status();

@@ -8,15 +8,17 @@
 
 #include "models/gguf/dequant.h"
 #include "models/gguf/gguf.h"
+#include "models/io/test_paths.h"
 
 namespace kiln::models {
 namespace {
 
 TEST(GgufFixtureTest, DequantizeIsBitExactWithGgufPython) {
-  auto f = GgufFile::Open(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/gguf/dequant.gguf");
+  auto f = GgufFile::Open(testing::FixturePath("gguf/dequant.gguf"));
   ASSERT_TRUE(f.ok()) << f.status();
   int checked = 0;
-  for (const char* name : {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F16", "BF16"}) {
+  for (const char* name :
+       {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F16", "BF16"}) {
     SCOPED_TRACE(name);
     const GgufTensor* q = (*f)->FindTensor(name);
     const GgufTensor* want = (*f)->FindTensor(std::string(name) + ".expected");
@@ -43,10 +45,7 @@ TEST(GgufFixtureTest, DequantizeIsBitExactWithGgufPython) {
 }
 
 TEST(GgufFixtureTest, OpensSmolLM2) {
-  const char* dir = std::getenv("KILN_MODELS_DIR");
-  std::string path = (dir ? std::string(dir) : std::string(KILN_SOURCE_DIR) + "/.kiln/models") +
-                     "/SmolLM2-135M-Instruct.Q4_1.gguf";
-  auto f = GgufFile::Open(path);
+  auto f = GgufFile::Open(testing::DefaultModelPath());
   ASSERT_TRUE(f.ok()) << f.status() << " (run scripts/fetch-default-model.sh)";
   const GgufFile& g = **f;
   EXPECT_EQ(g.version(), 3u);

@@ -10,13 +10,14 @@
 #include "models/gguf/gguf.h"
 #include "models/gguf/gguf_test_util.h"
 #include "models/io/mapped_file.h"
+#include "models/io/test_paths.h"
 #include "models/tokenizer/unicode.h"
 
 namespace kiln::models {
 namespace {
 
 std::unique_ptr<Tokenizer> FixtureTokenizer(const std::string& name) {
-  auto file = MappedFile::Open(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/tokenizer/" + name);
+  auto file = MappedFile::Open(testing::FixturePath("tokenizer/" + name));
   EXPECT_TRUE(file.ok()) << file.status();
   if (!file.ok()) return nullptr;
   auto tok = Tokenizer::FromHfJson((*file)->bytes(), nullptr, name);
@@ -91,7 +92,7 @@ TEST(DetokenizerTest, StreamEqualsDecode) {
   for (const char* name : {"bpe_bytelevel.tokenizer.json", "sp_bpe.tokenizer.json"}) {
     auto tok = FixtureTokenizer(name);
     ASSERT_NE(tok, nullptr);
-    std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/tokenizer/strings.jsonl");
+    std::ifstream in(testing::FixturePath("tokenizer/strings.jsonl"));
     std::string line;
     int n = 0;
     while (std::getline(in, line) && n++ < 300) {
@@ -115,7 +116,7 @@ TEST(TokenizerConcurrencyTest, ParallelEncodeMatchesSerial) {
   auto tok = FixtureTokenizer("bpe_bytelevel.tokenizer.json");
   ASSERT_NE(tok, nullptr);
   std::vector<std::string> texts;
-  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/tokenizer/strings.jsonl");
+  std::ifstream in(testing::FixturePath("tokenizer/strings.jsonl"));
   std::string line;
   while (std::getline(in, line)) texts.push_back(nlohmann::json::parse(line).get<std::string>());
   std::vector<std::vector<int32_t>> serial;

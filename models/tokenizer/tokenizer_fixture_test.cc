@@ -11,6 +11,7 @@
 
 #include "models/gguf/gguf.h"
 #include "models/io/mapped_file.h"
+#include "models/io/test_paths.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace kiln::models {
@@ -18,13 +19,9 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string FixtureDir() { return std::string(KILN_SOURCE_DIR) + "/tests/fixtures/tokenizer/"; }
+using ::kiln::models::testing::DefaultModelPath;
 
-std::string DefaultModelPath() {
-  const char* dir = std::getenv("KILN_MODELS_DIR");
-  std::string d = dir ? dir : std::string(KILN_SOURCE_DIR) + "/.kiln/models";
-  return d + "/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string FixtureDir() { return testing::FixturePath("tokenizer/"); }
 
 std::vector<json> ReadJsonl(const std::string& path) {
   std::ifstream in(path);

@@ -1,0 +1,25 @@
+// Test-only: where fixture-driven tests find tests/fixtures/ and the default model.
+// REQUIRES: the test target defines KILN_SOURCE_DIR (models/CMakeLists.txt does).
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+namespace kiln::models::testing {
+
+inline std::string SourceDir() { return KILN_SOURCE_DIR; }
+
+inline std::string FixturePath(const std::string& relative) {
+  return SourceDir() + "/tests/fixtures/" + relative;
+}
+
+// ${KILN_MODELS_DIR:-.kiln/models}/SmolLM2-135M-Instruct.Q4_1.gguf; a relative directory is
+// taken from the repository root, as scripts/fetch-default-model.sh does.
+inline std::string DefaultModelPath() {
+  const char* env = std::getenv("KILN_MODELS_DIR");
+  std::string dir = env != nullptr && *env != '\0' ? env : ".kiln/models";
+  if (dir[0] != '/') dir = SourceDir() + "/" + dir;
+  return dir + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+}  // namespace kiln::models::testing
