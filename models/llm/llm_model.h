@@ -1,0 +1,76 @@
+// The interface between the continuous batcher (scheduler/llm/) and a generative model: one
+// forward step over a batch of sequences whose keys and values live in a paged KV cache.
+//
+// The batcher owns the *allocation* of KV blocks (which block holds which tokens of which
+// sequence); the model owns the KV *memory* (per layer, num_blocks blocks of block_size
+// tokens). Each step the batcher says, per new token, which cache slot it goes to
+// (slot_mapping) and, per sequence, which blocks hold its context (block_table).
+//
+// Thread-safety: a model instance is driven by one batcher thread; Step is not reentrant.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "models/tokenizer/tokenizer.h"
+
+namespace kiln::models {
+
+struct LlmModelInfo {
+  std::string architecture;    // "llama", "qwen2", "gpt2", ...
+  std::string name;            // e.g. the GGUF general.name
+  int32_t vocab_size = 0;      // rows of the logits
+  int32_t context_length = 0;  // positions the model supports
+  int32_t num_layers = 0;
+  int32_t num_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  // Tokens that end generation by default (EOS, end-of-turn), from the model's metadata.
+  std::vector<int32_t> eos_token_ids;
+  // The model's own chat template (Jinja), empty if it has none.
+  std::string chat_template;
+};
+
+// One step, described on the host. S sequences, T new tokens in total.
+struct StepBatch {
+  std::span<const int32_t> tokens;       // [T] new tokens, sequence by sequence
+  std::span<const int32_t> positions;    // [T] position of each new token in its sequence
+  std::span<const int32_t> query_start;  // [S+1] new tokens of sequence s: [qs[s], qs[s+1])
+  std::span<const int32_t> seq_lens;     // [S] tokens in the cache after this step
+  std::span<const int32_t> block_table;  // [S, max_blocks_per_seq] row-major, -1 padded
+  int32_t max_blocks_per_seq = 0;
+  std::span<const int32_t> slot_mapping;  // [T] block * block_size + offset of each new token
+  // True when every sequence has exactly one new token (a decode-only step): the model may
+  // replay a captured program padded to a captured batch size.
+  bool decode_only = false;
+};
+
+struct StepStats {
+  bool replayed = false;    // a captured program ran (graph replay)
+  int32_t padded_seqs = 0;  // batch size the step was padded to (== S when not padded)
+};
+
+class LlmModel {
+ public:
+  virtual ~LlmModel() = default;
+
+  virtual const LlmModelInfo& info() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+
+  // Bytes of KV cache one block of `block_size` tokens takes, all layers (K and V).
+  virtual int64_t KvBytesPerBlock(int32_t block_size) const = 0;
+  // Allocates the KV cache. Called once, before the first Step. ResourceExhausted if the
+  // memory cannot be had.
+  virtual Status AllocateKvCache(int32_t num_blocks, int32_t block_size) = 0;
+
+  // Runs the model on the batch: writes the new tokens' keys and values into their slots and
+  // fills `logits` [S, vocab_size] (f32, row-major) with the logits of each sequence's last
+  // new token. REQUIRES: AllocateKvCache succeeded; every slot and block id is in range.
+  virtual Status Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) = 0;
+};
+
+}  // namespace kiln::models

@@ -1,0 +1,36 @@
+// What a client may ask of token sampling, with the limits Kiln enforces. Front ends fill
+// this from their wire format and call Validate before queueing a request.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/base/status.h"
+
+namespace kiln::models {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy (argmax); else in (0, 100]
+  int32_t top_k = 0;                // 0: off; else keep the k most likely tokens
+  float top_p = 1.0f;               // (0, 1]: keep the smallest set whose probability reaches p
+  float min_p = 0.0f;               // [0, 1]: drop tokens below min_p * p(most likely)
+  float repetition_penalty = 1.0f;  // (0, 10]: CTRL-style, on tokens in prompt and output
+  float presence_penalty = 0.0f;    // [-2, 2]: OpenAI's, on tokens already generated
+  float frequency_penalty = 0.0f;   // [-2, 2]: OpenAI's, times the count in the output
+  std::optional<uint64_t> seed;     // same seed + same request -> same tokens
+  int32_t max_tokens = 256;         // new tokens, >= 1
+  int32_t min_tokens = 0;           // EOS and stop tokens are ignored before this many
+  std::vector<std::string> stop;    // stop strings (not included in the output), <= 16
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t logprobs = -1;  // -1: none; 0..20: the sampled token's logprob plus top-n others
+};
+
+// Checks every field against the limits above. `vocab_size` bounds stop_token_ids; the
+// message names the field, its value and what is allowed ("`top_p` is 1.5; it must be in
+// (0, 1]"). NaN and infinities are rejected for every float.
+Status ValidateSamplingParams(const SamplingParams& params, int32_t vocab_size);
+
+}  // namespace kiln::models
