@@ -725,12 +725,27 @@ std::vector<Tok> Tokenize(const std::string& s, int line, int col, const std::st
             case '"':
               v.push_back('"');
               break;
+            case 'x':
             case 'u': {
-              if (e + 4 < s.size()) {
-                uint32_t cp = static_cast<uint32_t>(std::stoul(s.substr(e + 1, 4), nullptr, 16));
-                utf8::AppendCodepoint(cp, &v);
-                e += 4;
+              // \xNN and \uNNNN, as in Python string literals.
+              size_t digits = n == 'x' ? 2 : 4;
+              uint32_t cp = 0;
+              bool ok = e + digits < s.size();
+              for (size_t d = 1; ok && d <= digits; ++d) {
+                char h = s[e + d];
+                int x = std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
+                        : (h >= 'a' && h <= 'f')                    ? h - 'a' + 10
+                        : (h >= 'A' && h <= 'F')                    ? h - 'A' + 10
+                                                                    : -1;
+                ok = x >= 0;
+                cp = cp * 16 + static_cast<uint32_t>(x);
               }
+              if (!ok)
+                Fail(name, line, col,
+                     Cat("invalid \\", std::string(1, n), " escape in string literal"));
+              if (cp >= 0xD800 && cp <= 0xDFFF) cp = 0xFFFD;  // lone surrogates are not UTF-8
+              utf8::AppendCodepoint(cp, &v);
+              e += digits;
               break;
             }
             default:

@@ -24,6 +24,10 @@ TEST(JinjaTest, OutputAndLiterals) {
   EXPECT_EQ(R("{{ {'a': 1, \"b\": [true]} }}"), "{'a': 1, 'b': [True]}");
   EXPECT_EQ(R("{{ 'it\\'s' }}|{{ \"say \\\"hi\\\"\" }}|{{ 'a\\nb' }}"), "it's|say \"hi\"|a\nb");
   EXPECT_EQ(R("{{ 'a' 'b' }}"), "ab");
+  EXPECT_EQ(R("{{ '\\u00e9\\x41\\ud800' }}"),
+            "\xC3\xA9"
+            "A"
+            "\xEF\xBF\xBD");
   EXPECT_EQ(R("{{ undefined_thing }}"), "");
   EXPECT_EQ(R("{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 2 ** 10 }}"),
             "3 -4 1 2 3.5 1024");
@@ -129,6 +133,9 @@ TEST(JinjaTest, ErrorsNameConstructAndPosition) {
   EXPECT_THAT(R("{% endfor %}"), HasSubstr("unexpected {% endfor %}"));
   EXPECT_THAT(R("{{ 1 + }}"), HasSubstr("expected an expression"));
   EXPECT_THAT(R("{{ 'abc }}"), HasSubstr("unterminated"));
+  // Found by jinja_fuzz: a \u escape without hex digits threw std::invalid_argument.
+  EXPECT_THAT(R("{{ '\\uZZZZ' }}"), HasSubstr("invalid \\u escape"));
+  EXPECT_THAT(R("{{ '\\u12' }}"), HasSubstr("invalid \\u escape"));
   EXPECT_THAT(R("{{ raise_exception('Bad role: ' ~ 3) }}"),
               HasSubstr("template error: Bad role: 3"));
   EXPECT_THAT(R("{{ 1 + 'a' }}"), HasSubstr("unsupported operand types for +: 'int' and 'str'"));

@@ -175,7 +175,19 @@ struct Tokenizer::Impl {
     for (int32_t i = 0; i < size(); ++i) {
       const std::string& p = pieces[i];
       if (attrs[i] == TokenAttr::kByte && p.size() == 6 && p[0] == '<' && p[5] == '>') {
-        token_bytes[i] = std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
+        // Vocabulary text is untrusted: parse the hex digits without exceptions.
+        auto hex = [](char c) {
+          return std::isdigit(static_cast<unsigned char>(c)) ? c - '0'
+                 : (c >= 'A' && c <= 'F')                    ? c - 'A' + 10
+                 : (c >= 'a' && c <= 'f')                    ? c - 'a' + 10
+                                                             : -1;
+        };
+        int hi = hex(p[3]), lo = hex(p[4]);
+        if (p[1] == '0' && p[2] == 'x' && hi >= 0 && lo >= 0) {
+          token_bytes[i] = std::string(1, static_cast<char>(hi * 16 + lo));
+          continue;
+        }
+        token_bytes[i] = p;
         continue;
       }
       if (kind == TokenizerKind::kByteLevelBpe) {

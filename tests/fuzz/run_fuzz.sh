@@ -12,7 +12,7 @@ BUILD=${1:?usage: run_fuzz.sh BUILD_DIR SECONDS [TARGET...]}
 SECS=${2:?usage: run_fuzz.sh BUILD_DIR SECONDS [TARGET...]}
 shift 2
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf_fuzz safetensors_fuzz jinja_fuzz)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf_fuzz safetensors_fuzz jinja_fuzz tokenizer_fuzz)
 
 CXX=${KILN_FUZZ_CXX:-clang++}
 if ! command -v "$CXX" >/dev/null; then
@@ -35,6 +35,7 @@ for t in "${TARGETS[@]}"; do
   case "$name" in
     gguf) seeds+=("$SRC/tests/fixtures/gguf") ;;
     jinja) seeds+=("$SRC/tests/fixtures/chat/templates") ;;
+    tokenizer) seeds=("$SRC/tests/fuzz/seeds/tokenizer") ;;
   esac
   echo "run_fuzz: $t for ${SECS}s"
   if ! (cd "$BUILD" && "./$t" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 \
