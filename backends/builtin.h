@@ -7,6 +7,8 @@
 //        persistent thread pool) and everything else with the reference kernels; generated
 //        and library kernels replace both (issue 4). Threads: KILN_CPU_THREADS (default:
 //        hardware concurrency, at most 8).
+//
+// The factories are thread-safe; each call makes an independent backend with its own device.
 #pragma once
 
 #include <memory>

@@ -10,6 +10,9 @@
 // Conventions: "pointwise" ops take inputs of exactly the output's shape (the builder
 // inserts Expand for broadcasting); strides are free (kernels take strided views). Axis
 // attributes are non-negative (the builder normalizes negative ones).
+//
+// Thread-safety: the table is built once on first use and immutable afterwards; every
+// function here is thread-safe. Backward rules append to the Builder they are given.
 #pragma once
 
 #include <array>

@@ -9,6 +9,8 @@
 //                cannot be a view gets a contiguous copy first; kv_write aliases its cache
 //
 // Later passes (assign, plan, emit) are in program.cc.
+//
+// Thread-safety: pure functions of their arguments.
 #pragma once
 
 #include <vector>

@@ -18,6 +18,9 @@
 // A new op is not done without cases here (harness_test checks coverage of the op table).
 // `full` adds larger shapes and more dtype combinations (slower; KILN_HARNESS_FULL=1 or
 // `kiln_op_harness --full`).
+//
+// Thread-safety: cases are values; Run* create their own programs and streams and may run
+// concurrently on different devices.
 #pragma once
 
 #include <functional>
