@@ -201,6 +201,7 @@ Status Dequantize(GgmlType type, const void* src, size_t n_elements, float* dst)
     return InvalidArgument("Dequantize: ", n_elements, " elements of ", traits->name,
                            " is not a multiple of the block size ", traits->block_size);
   }
+  if (n_elements == 0) return OkStatus();  // dst/src may be null (memcpy must not see that)
   const auto* b = static_cast<const uint8_t*>(src);
   const size_t nb = n_elements / traits->block_size;
   switch (type) {

@@ -322,6 +322,8 @@ TEST(DequantTest, Q4_0AndQ8_0ByHand) {
   ASSERT_TRUE(z.ok());
   for (int j = 0; j < 32; ++j) EXPECT_EQ((*z)[j], (j - 16) * 2.0f);
   EXPECT_FALSE(Dequantize(GgmlType::kQ8_0, q8.data(), 31).ok());
+  // Found by gguf_fuzz (UBSan): zero elements with null buffers.
+  EXPECT_TRUE(Dequantize(GgmlType::kF32, nullptr, 0, nullptr).ok());
   EXPECT_EQ(Dequantize(GgmlType::kQ2_K, q8.data(), 256).status().code(),
             StatusCode::kUnimplemented);
 }
