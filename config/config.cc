@@ -206,7 +206,6 @@ std::string IntRangeMessage(const IntRange& r, std::string_view got) {
   return absl::StrCat("expected an integer ", RangeText(r), ", got ", ToAbsl(got));
 }
 
-
 enum class NumberParse { kOk, kNotANumber, kOutOfRange };
 
 NumberParse ParseInt64(std::string_view text, int64_t* out) {
