@@ -598,7 +598,11 @@ ExprValue ExprProgram::Eval(const ExprEnv& env) const {
   KILN_CHECK(!code_.empty(), "ExprProgram::Eval on an empty program");
   // Registers are the instruction indices; expressions are small (tens of nodes).
   constexpr int kInline = 64;
-  ExprValue inline_regs[kInline] = {};
+  // Not zero-filled (this runs per element): every register is written before it is read,
+  // since instructions only refer to earlier ones.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  ExprValue inline_regs[kInline];
   std::vector<ExprValue> heap;
   ExprValue* r = inline_regs;
   if (code_.size() > kInline) {
@@ -794,6 +798,7 @@ ExprValue ExprProgram::Eval(const ExprEnv& env) const {
     }
   }
   return r[code_.size() - 1];
+#pragma GCC diagnostic pop
 }
 
 // ---- Attention modifiers ----------------------------------------------------------------------
