@@ -572,9 +572,10 @@ void AddAttention(std::vector<OpCase>& out) {
            {Normal("q", DType::kF32, {1, 2, 3, 4}), Normal("k", DType::kF32, {1, 2, 6, 4}),
             Normal("v", DType::kF32, {1, 2, 6, 3})},
            [](Builder& b, const V& x) { return b.Attention(x[0], x[1], x[2], {}); }));
-  // The decomposition the backward rule differentiates is a second opinion on the kernel.
+  // The decomposition the backward rule differentiates, side by side with the fused op (their
+  // equality is asserted in engine/attention_test.cc).
   out.push_back(
-      Make("attention", "decomposed = fused (causal GQA f32)",
+      Make("attention", "fused and decomposed side by side (causal GQA f32)",
            {Normal("q", DType::kF32, {1, 4, 5, 8}), Normal("k", DType::kF32, {1, 2, 5, 8}),
             Normal("v", DType::kF32, {1, 2, 5, 8})},
            [](Builder& b, const V& x) {
