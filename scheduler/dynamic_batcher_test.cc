@@ -53,7 +53,7 @@ config::ModelConfig SimpleConfig(uint64_t delay_us, int instances = 1) {
 }
 
 TEST(DynamicBatcherTest, ConcurrentRequestsAreBatchedAndEachGetsItsOwnResult) {
-  auto model = Model::Load(SimpleConfig(/*delay_us=*/20'000), nullptr);
+  auto model = Model::Load(SimpleConfig(/*delay_us=*/20'000), {});
   ASSERT_TRUE(model.ok()) << model.status();
   std::vector<std::future<InferenceResponse>> futures;
   for (int i = 0; i < 16; ++i) {
@@ -88,7 +88,7 @@ TEST(DynamicBatcherTest, ConcurrentRequestsAreBatchedAndEachGetsItsOwnResult) {
 }
 
 TEST(DynamicBatcherTest, RequestedOutputSubsetInRequestedOrder) {
-  auto model = Model::Load(SimpleConfig(0), nullptr);
+  auto model = Model::Load(SimpleConfig(0), {});
   ASSERT_TRUE(model.ok());
   auto [req, fut] = SimpleRequest(5);
   req->requested_outputs = {"OUTPUT1"};
@@ -123,7 +123,7 @@ std::pair<std::unique_ptr<InferenceRequest>, std::future<InferenceResponse>> Sle
 }
 
 TEST(DynamicBatcherTest, CancelledQueuedRequestLeavesPromptly) {
-  auto model = Model::Load(SleepConfig(0), nullptr);
+  auto model = Model::Load(SleepConfig(0), {});
   ASSERT_TRUE(model.ok());
   auto [busy, busy_fut] = SleepRequest(300'000);  // occupies the only instance
   ASSERT_TRUE((*model)->Infer(busy).ok());
@@ -142,7 +142,7 @@ TEST(DynamicBatcherTest, CancelledQueuedRequestLeavesPromptly) {
 }
 
 TEST(DynamicBatcherTest, DrainFinishesInFlightWorkBeforeTheDeadline) {
-  auto model = Model::Load(SleepConfig(0), nullptr);
+  auto model = Model::Load(SleepConfig(0), {});
   ASSERT_TRUE(model.ok());
   auto [a, fa] = SleepRequest(50'000);
   auto [b, fb] = SleepRequest(50'000);
@@ -157,7 +157,7 @@ TEST(DynamicBatcherTest, DrainFinishesInFlightWorkBeforeTheDeadline) {
 }
 
 TEST(DynamicBatcherTest, DrainCutsOffWhatIsLeftAtTheDeadline) {
-  auto model = Model::Load(SleepConfig(0), nullptr);
+  auto model = Model::Load(SleepConfig(0), {});
   ASSERT_TRUE(model.ok());
   auto [running, fr] = SleepRequest(400'000);
   auto [queued, fq] = SleepRequest(1);
@@ -178,7 +178,7 @@ TEST(DynamicBatcherTest, DrainCutsOffWhatIsLeftAtTheDeadline) {
 TEST(DynamicBatcherTest, TwoInstancesRunInParallel) {
   auto cfg = SleepConfig(0);
   cfg.instance_count = 2;
-  auto model = Model::Load(cfg, nullptr);
+  auto model = Model::Load(cfg, {});
   ASSERT_TRUE(model.ok());
   const auto start = SteadyClock::now();
   auto [a, fa] = SleepRequest(200'000);

@@ -107,11 +107,13 @@ Status PrepareRequest(const ModelSignature& sig, InferenceRequest& r) {
     ordered[i] = std::move(t);
   }
   for (size_t i = 0; i < sig.inputs.size(); ++i) {
-    if (!seen[i]) {
+    if (!seen[i] && !sig.inputs[i].optional) {
       return InvalidArgument("missing input '", sig.inputs[i].name, "': model '", sig.name,
                              "' expects ", Names(sig.inputs));
     }
   }
+  // Optional inputs left out are dropped from the declared order.
+  std::erase_if(ordered, [](const HostTensor& t) { return t.name.empty(); });
   r.inputs = std::move(ordered);
   r.batch_size = 1;
   if (sig.max_batch_size > 0 && !r.inputs.empty()) {
@@ -138,13 +140,57 @@ Status PrepareRequest(const ModelSignature& sig, InferenceRequest& r) {
   return OkStatus();
 }
 
+ModelSignature LlmSignature(const std::string& name) {
+  ModelSignature sig;
+  sig.name = name;
+  sig.max_batch_size = 0;
+  sig.inputs = {{"text_input", DataType::kBytes, {1}},
+                {"stream", DataType::kBool, {1}, false, /*optional=*/true},
+                {"sampling_parameters", DataType::kBytes, {1}, false, /*optional=*/true},
+                {"exclude_input_in_output", DataType::kBool, {1}, false, /*optional=*/true}};
+  sig.outputs = {{"text_output", DataType::kBytes, {-1}}};
+  return sig;
+}
+
+ContinuousBatcherOptions LlmBatcherOptions(const config::ModelConfig& config) {
+  const config::LlmSchedulerConfig& s = config.scheduler;
+  ContinuousBatcherOptions o;
+  o.max_num_seqs = s.max_num_seqs;
+  o.max_num_batched_tokens = s.max_num_batched_tokens;
+  o.max_queue_size = s.max_queue_size;
+  o.block_size = s.block_size;
+  o.kv_cache_bytes = s.kv_cache_bytes;
+  o.enable_prefix_caching = s.enable_prefix_caching;
+  o.priority_levels = s.priority_levels;
+  o.default_priority_level = s.default_priority_level;
+  // The prefix cache is per model: a reload with other weights under the same name must not
+  // match blocks computed by the old ones, so the path is part of the namespace.
+  o.prefix_seed = std::hash<std::string>{}(config.name + '\0' + config.path);
+  return o;
+}
+
 Model::Model(config::ModelConfig config, InferenceMetricFamilies* families)
     : config_(std::move(config)), stats_(config_.name, families) {}
 
 Model::~Model() = default;
 
 StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
-                                             InferenceMetricFamilies* families) {
+                                             const ModelDeps& deps) {
+  std::shared_ptr<Model> model(new Model(config, deps.tensor_metrics));
+  if (config.kind == "llm") {
+    if (!deps.llm_loader) {
+      return Unimplemented("model '", config.name, "': this server cannot load LLMs");
+    }
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<models::LlmModel> llm, deps.llm_loader(config));
+    model->platform_ = "kiln_llm";
+    model->signature_ = LlmSignature(config.name);
+    std::unique_ptr<LlmMetrics> metrics;
+    if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
+    model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm),
+                                                      LlmBatcherOptions(config), std::move(metrics));
+    KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
+    return model;
+  }
   if (config.kind != "builtin") {
     return Unimplemented("model '", config.name, "': kind '", config.kind,
                          "' cannot be served by this build");
@@ -156,11 +202,10 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
         "': preserve_ordering needs instance_count 1 and at most one priority level (responses "
         "are then in request order by construction); Kiln does not reorder responses");
   }
-  std::shared_ptr<Model> model(new Model(config, families));
   std::vector<std::unique_ptr<TensorModel>> instances;
   for (int i = 0; i < config.instance_count; ++i) {
     auto inst = CreateBuiltinModel(config.builtin);
-    if (!inst.ok()) return Annotate(inst.status(), absl::StrCat("model '", config.name, "'"));
+    if (!inst.ok()) return Annotate(inst.status(), StrCat("model '", config.name, "'"));
     instances.push_back(std::move(*inst));
   }
   const TensorModel& first = *instances.front();
@@ -173,11 +218,29 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
 }
 
 Status Model::Infer(std::unique_ptr<InferenceRequest>& request) {
-  Status status = PrepareRequest(signature_, *request);
+  Status status = batcher_ ? PrepareRequest(signature_, *request)
+                           : FailedPrecondition("model '", name(),
+                                                "' is an LLM: send text_input (KServe) or use "
+                                                "the generation APIs");
   if (status.ok()) status = batcher_->Enqueue(request);
   // Refused requests count as failures too (the caller answers them).
   if (!status.ok()) stats_.RequestFailed(status, SteadyClock::now() - request->received_at);
   return status;
+}
+
+void Model::WakeUp() {
+  if (batcher_) batcher_->WakeUp();
+  if (llm_) llm_->WakeUp();
+}
+
+size_t Model::pending() const {
+  if (batcher_) return batcher_->pending();
+  const auto snap = llm_->snapshot();
+  return static_cast<size_t>(snap.running + snap.waiting);
+}
+
+int Model::Drain(SteadyClock::time_point deadline) {
+  return batcher_ ? batcher_->Drain(deadline) : llm_->Drain(deadline);
 }
 
 }  // namespace kiln

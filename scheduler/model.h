@@ -8,9 +8,13 @@
 #include <string>
 #include <vector>
 
+#include <functional>
+
 #include "config/config.h"
+#include "models/llm/llm_model.h"
 #include "scheduler/dynamic_batcher.h"
 #include "scheduler/inference_request.h"
+#include "scheduler/llm/continuous_batcher.h"
 #include "scheduler/model_stats.h"
 
 namespace kiln {
@@ -33,11 +37,31 @@ inline constexpr std::string_view kModelVersion = "1";
 // contents whose byte size does not match the shape, or an unknown or duplicate output.
 Status PrepareRequest(const ModelSignature& signature, InferenceRequest& request);
 
+// Builds the generative model of a `kind: llm` entry (weights, tokenizer, compiled program).
+using LlmLoader =
+    std::function<StatusOr<std::unique_ptr<models::LlmModel>>(const config::ModelConfig&)>;
+
+// What loading a model needs from the server. Metric families may be null (no metrics).
+struct ModelDeps {
+  InferenceMetricFamilies* tensor_metrics = nullptr;
+  LlmMetricFamilies* llm_metrics = nullptr;
+  LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
+};
+
+// The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]
+// -> BYTES text_output [1], with optional BOOL stream, BYTES sampling_parameters (JSON),
+// BOOL exclude_input_in_output.
+ModelSignature LlmSignature(const std::string& name);
+
+// The continuous batcher's settings from a model entry's `scheduler:` section.
+ContinuousBatcherOptions LlmBatcherOptions(const config::ModelConfig& config);
+
 class Model {
  public:
-  // Creates the model's instances and its batcher. `families` may be null.
+  // Creates the model's instances and its batcher (dynamic batcher for tensor models,
+  // continuous batcher for LLMs).
   static StatusOr<std::shared_ptr<Model>> Load(const config::ModelConfig& config,
-                                               InferenceMetricFamilies* families);
+                                               const ModelDeps& deps);
   ~Model();
 
   const config::ModelConfig& config() const { return config_; }
@@ -45,19 +69,28 @@ class Model {
   const std::string& platform() const { return platform_; }
   const ModelSignature& signature() const { return signature_; }
 
-  // PrepareRequest, then queue. On success the model owns the request and answers it through
-  // on_complete; on error the caller keeps it.
+  // The continuous batcher of an LLM (generation goes through it); nullptr for tensor
+  // models.
+  ContinuousBatcher* llm() const { return llm_.get(); }
+  bool is_llm() const { return llm_ != nullptr; }
+
+  // Tensor models: PrepareRequest, then queue. On success the model owns the request and
+  // answers it through on_complete; on error the caller keeps it. LLMs take generation
+  // requests through llm() instead (FailedPrecondition here).
   Status Infer(std::unique_ptr<InferenceRequest>& request);
 
   // Call after setting a queued request's CancelFlag so it leaves the queue promptly.
-  void WakeUp() { batcher_->WakeUp(); }
+  void WakeUp();
 
-  size_t pending() const { return batcher_->pending(); }
+  // Requests queued or executing.
+  size_t pending() const;
   ModelStatsSnapshot Stats() const { return stats_.Snapshot(); }
+  // For front ends that complete LLM requests on the KServe path (Triton's statistics).
+  ModelStats& stats() { return stats_; }
 
   // Stops accepting, finishes queued work until `deadline`, cuts off the rest (see
-  // DynamicBatcher::Drain). Returns the number cut off.
-  int Drain(SteadyClock::time_point deadline) { return batcher_->Drain(deadline); }
+  // DynamicBatcher::Drain, ContinuousBatcher::Drain). Returns the number cut off.
+  int Drain(SteadyClock::time_point deadline);
 
  private:
   Model(config::ModelConfig config, InferenceMetricFamilies* families);
@@ -66,7 +99,8 @@ class Model {
   std::string platform_;
   ModelSignature signature_;
   ModelStats stats_;
-  std::unique_ptr<DynamicBatcher> batcher_;
+  std::unique_ptr<DynamicBatcher> batcher_;   // tensor models
+  std::unique_ptr<ContinuousBatcher> llm_;    // LLMs
 };
 
 }  // namespace kiln

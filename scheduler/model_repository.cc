@@ -19,9 +19,8 @@ std::string_view ModelStateName(ModelState state) {
   return "UNAVAILABLE";
 }
 
-ModelRepository::ModelRepository(std::vector<config::ModelConfig> models,
-                                 InferenceMetricFamilies* families)
-    : families_(families) {
+ModelRepository::ModelRepository(std::vector<config::ModelConfig> models, ModelDeps deps)
+    : deps_(std::move(deps)) {
   absl::MutexLock lock(&mu_);
   for (auto& m : models) {
     Entry e;
@@ -94,7 +93,7 @@ Status ModelRepository::Load(std::string_view name,
   if (!old) Notify(std::string(name), ModelState::kLoading);
 
   const auto start = SteadyClock::now();
-  auto loaded = Model::Load(cfg, families_);
+  auto loaded = Model::Load(cfg, deps_);
   const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
   {
     absl::MutexLock lock(&mu_);

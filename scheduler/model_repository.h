@@ -35,8 +35,8 @@ struct ModelIndexEntry {
 
 class ModelRepository {
  public:
-  // `families` may be null (no Prometheus metrics). Nothing is loaded yet.
-  ModelRepository(std::vector<config::ModelConfig> models, InferenceMetricFamilies* families);
+  // Nothing is loaded yet; `deps` is what loading needs (see model.h).
+  ModelRepository(std::vector<config::ModelConfig> models, ModelDeps deps);
   // Drains every model with an immediate deadline.
   ~ModelRepository();
 
@@ -81,7 +81,7 @@ class ModelRepository {
   };
   void Notify(const std::string& name, ModelState state);
 
-  InferenceMetricFamilies* const families_;
+  const ModelDeps deps_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
   absl::Mutex listener_mu_;

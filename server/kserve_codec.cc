@@ -357,6 +357,7 @@ void FillModelConfig(const Model& model, inference::ModelConfig* wire) {
     auto* in = wire->add_input();
     in->set_name(s.name);
     in->set_data_type(ToConfigType(s.datatype));
+    in->set_optional(s.optional);
     if (s.any_rank) {
       in->add_dims(-1);
     } else {

@@ -28,7 +28,11 @@ const std::vector<std::string>& ServerExtensions() {
 
 Server::Server(config::Config config) : config_(std::move(config)) {
   families_ = std::make_unique<InferenceMetricFamilies>(registry_);
-  repository_ = std::make_unique<ModelRepository>(config_.models, families_.get());
+  llm_families_ = std::make_unique<LlmMetricFamilies>(registry_);
+  ModelDeps deps;
+  deps.tensor_metrics = families_.get();
+  deps.llm_metrics = llm_families_.get();
+  repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
   core_.config = &config_;
   core_.repository = repository_.get();

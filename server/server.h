@@ -47,6 +47,7 @@ class Server {
   config::Config config_;
   metrics::Registry registry_;
   std::unique_ptr<InferenceMetricFamilies> families_;
+  std::unique_ptr<LlmMetricFamilies> llm_families_;
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InflightLimiter> limiter_;
   ServerCore core_;

@@ -23,6 +23,8 @@ struct TensorSpec {
   std::vector<int64_t> dims;
   // True: any rank and any dims are accepted (dims is then {-1} for metadata purposes).
   bool any_rank = false;
+  // True: a request may leave this input out.
+  bool optional = false;
 };
 
 // A tensor on the host with raw contents (see datatype.h for the layout).
