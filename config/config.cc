@@ -63,6 +63,14 @@ constexpr IntRange kMicrosecondsRange{0, 86'400'000'000, "at most 24 hours"};
 constexpr IntRange kPriorityLevelsRange{0, 1024};
 constexpr IntRange kPriorityLevelRange{0, kPriorityLevelsRange.max};
 constexpr IntRange kMaxQueueSizeRange{0, kUint32Max};
+// kind llm:
+constexpr IntRange kMaxNumSeqsRange{1, 4096};
+constexpr IntRange kMaxNumBatchedTokensRange{1, 1 << 20};
+constexpr IntRange kLlmQueueSizeRange{0, 1 << 20};
+constexpr IntRange kBlockSizeRange{1, 1024};
+constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB"};
+constexpr IntRange kThreadsRange{0, 1024};
+constexpr IntRange kContextLengthRange{0, 1 << 24};
 
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
@@ -81,6 +89,7 @@ struct ModelKind {
 };
 constexpr ModelKind kModelKinds[] = {
     {"builtin", /*uses_builtin=*/true, /*uses_path=*/false},
+    {"llm", /*uses_builtin=*/false, /*uses_path=*/true},
 };
 constexpr std::string_view kBuiltinModels[] = {"simple", "identity_fp32", "sleep_us"};
 
@@ -98,8 +107,13 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
 constexpr std::string_view kModelKeys[] = {
-    "name",           "kind",           "builtin",          "path",         "backend",
-    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start"};
+    "name",           "kind",           "builtin",          "path",          "backend",
+    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start", "scheduler",
+    "threads",        "context_length"};
+constexpr std::string_view kSchedulerKeys[] = {
+    "max_num_seqs",          "max_num_batched_tokens", "max_queue_size",
+    "block_size",            "kv_cache_bytes",         "enable_prefix_caching",
+    "priority_levels",       "default_priority_level", "capture_batch_sizes"};
 constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
     "priority_levels",      "default_priority_level",       "default_queue_policy",
@@ -606,9 +620,42 @@ void DecodeDynamicBatching(Decoder& dec, const Value* v, const std::string& path
   }
 }
 
+void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path,
+                     LlmSchedulerConfig* s) {
+  Diagnostics& d = dec.diagnostics();
+  Fields f = dec.Mapping(v, path, kSchedulerKeys);
+  dec.Int(f, "max_num_seqs", path, kMaxNumSeqsRange, &s->max_num_seqs);
+  dec.Int(f, "max_num_batched_tokens", path, kMaxNumBatchedTokensRange,
+          &s->max_num_batched_tokens);
+  dec.Int(f, "max_queue_size", path, kLlmQueueSizeRange, &s->max_queue_size);
+  dec.Int(f, "block_size", path, kBlockSizeRange, &s->block_size);
+  dec.Int(f, "kv_cache_bytes", path, kKvCacheBytesRange, &s->kv_cache_bytes);
+  dec.Bool(f, "enable_prefix_caching", path, &s->enable_prefix_caching);
+  dec.Int(f, "priority_levels", path, kPriorityLevelsRange, &s->priority_levels);
+  dec.Int(f, "default_priority_level", path, kPriorityLevelRange, &s->default_priority_level);
+  if (const Value* sizes = f.Get("capture_batch_sizes"); sizes != nullptr && !sizes->is_null()) {
+    std::string sizes_path = Join(path, "capture_batch_sizes");
+    if (!sizes->is_sequence()) {
+      d.AtPath(sizes_path, "expected a list of batch sizes such as [1, 2, 4, 8], got " +
+                               sizes->Describe());
+    } else {
+      s->capture_batch_sizes.clear();
+      for (size_t i = 0; i < sizes->items.size(); ++i) {
+        std::string item_path = Index(sizes_path, i);
+        d.Record(item_path, sizes->items[i].mark);
+        int size = 0;
+        dec.IntValue(sizes->items[i], item_path, kMaxNumSeqsRange, &size);
+        s->capture_batch_sizes.push_back(size);
+      }
+    }
+  }
+}
+
 void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelConfig* m) {
   m->location = dec.diagnostics().Location(v.mark);
-  Fields f = dec.Mapping(&v, path, kModelKeys, Prefixed("dynamic_batching", kDynamicBatchingKeys));
+  std::vector<std::string> nested = Prefixed("dynamic_batching", kDynamicBatchingKeys);
+  for (std::string& n : Prefixed("scheduler", kSchedulerKeys)) nested.push_back(std::move(n));
+  Fields f = dec.Mapping(&v, path, kModelKeys, nested);
   dec.String(f, "name", path, &m->name);
   dec.String(f, "kind", path, &m->kind);
   dec.String(f, "builtin", path, &m->builtin);
@@ -622,7 +669,20 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
     DecodeDynamicBatching(dec, db, Join(path, "dynamic_batching"), &m->dynamic_batching.emplace());
   }
   dec.Bool(f, "load_on_start", path, &m->load_on_start);
+  if (const Value* sched = f.Get("scheduler")) {
+    if (m->kind != "llm" && !m->kind.empty()) {
+      dec.diagnostics().AtPath(Join(path, "scheduler"),
+                               absl::StrCat("not used by kind `", m->kind,
+                                            "` (the continuous batcher is for kind `llm`; "
+                                            "tensor models use `dynamic_batching`)"));
+    } else {
+      DecodeScheduler(dec, sched, Join(path, "scheduler"), &m->scheduler);
+    }
+  }
+  dec.Int(f, "threads", path, kThreadsRange, &m->threads);
+  dec.Int(f, "context_length", path, kContextLengthRange, &m->context_length);
 }
+
 
 // ---- Validation of a model's settings together (also for models built in code) -------------
 
@@ -726,6 +786,46 @@ void ValidateDynamicBatching(Diagnostics& d, const DynamicBatchingConfig& db, co
   }
 }
 
+void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::string& path) {
+  CheckInt(d, Join(path, "max_num_seqs"), kMaxNumSeqsRange, s.max_num_seqs);
+  CheckInt(d, Join(path, "max_num_batched_tokens"), kMaxNumBatchedTokensRange,
+           s.max_num_batched_tokens);
+  CheckInt(d, Join(path, "max_queue_size"), kLlmQueueSizeRange, s.max_queue_size);
+  CheckInt(d, Join(path, "block_size"), kBlockSizeRange, s.block_size);
+  CheckInt(d, Join(path, "kv_cache_bytes"), kKvCacheBytesRange, s.kv_cache_bytes);
+  const std::string levels_path = Join(path, "priority_levels");
+  const std::string level_path = Join(path, "default_priority_level");
+  CheckInt(d, levels_path, kPriorityLevelsRange, s.priority_levels);
+  if (!d.Failed(levels_path)) {
+    if (s.priority_levels == 0 && s.default_priority_level != 0) {
+      d.AtPath(level_path, absl::StrCat("must be 0 or absent when priority_levels is 0 (a "
+                                        "single level), got `",
+                                        s.default_priority_level, "`"));
+    } else if (s.priority_levels > 0 &&
+               (s.default_priority_level < 1 || s.default_priority_level > s.priority_levels)) {
+      d.AtPath(level_path, absl::StrCat("expected a level in [1, ", s.priority_levels,
+                                        "] when priority_levels is ", s.priority_levels,
+                                        ", got `", s.default_priority_level, "`"));
+    }
+  }
+  const std::string sizes_path = Join(path, "capture_batch_sizes");
+  int previous = 0;
+  for (size_t i = 0; i < s.capture_batch_sizes.size(); ++i) {
+    const std::string item_path = Index(sizes_path, i);
+    if (d.Failed(item_path)) continue;
+    const int size = s.capture_batch_sizes[i];
+    if (size < 1 || size > s.max_num_seqs) {
+      d.AtPath(item_path, absl::StrCat("expected a batch size in [1, ", s.max_num_seqs,
+                                       "] (max_num_seqs), got `", size, "`"));
+    } else if (size <= previous) {
+      d.AtPath(item_path, absl::StrCat("expected sizes in ascending order without repeats, got `",
+                                       size, "` after `", previous, "`"));
+    } else {
+      previous = size;
+    }
+  }
+}
+
 void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& path) {
   std::string name_path = Join(path, "name");
   if (m.name.empty()) {
@@ -765,7 +865,28 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
   CheckName(d, Join(path, "backend"), "backend", m.backend, kBackends);
   CheckInt(d, Join(path, "instance_count"), kInstanceCountRange, m.instance_count);
   CheckInt(d, Join(path, "max_batch_size"), kMaxBatchSizeRange, m.max_batch_size);
-  if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
+  CheckInt(d, Join(path, "threads"), kThreadsRange, m.threads);
+  CheckInt(d, Join(path, "context_length"), kContextLengthRange, m.context_length);
+  if (m.kind == "llm") {
+    // An LLM batches with its continuous batcher, configured under `scheduler`.
+    if (m.max_batch_size != 0) {
+      d.AtPath(Join(path, "max_batch_size"),
+               "not used by kind `llm` (set scheduler.max_num_seqs instead)");
+    }
+    if (m.dynamic_batching.has_value()) {
+      d.AtPath(Join(path, "dynamic_batching"),
+               "not used by kind `llm` (the continuous batcher is configured under `scheduler`)");
+    }
+    if (m.instance_count != 1) {
+      d.AtPath(Join(path, "instance_count"),
+               "must be 1 for kind `llm` (scale LLMs out with replicas)");
+    }
+    ValidateScheduler(d, m.scheduler, Join(path, "scheduler"));
+  } else {
+    if (m.threads != 0) d.AtPath(Join(path, "threads"), "only used by kind `llm`");
+    if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
+    if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
+  }
 }
 
 // ---- The whole file -------------------------------------------------------------------------
@@ -964,6 +1085,23 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
   w.Line(4, "instance_count", std::to_string(m.instance_count));
   w.Line(4, "max_batch_size", std::to_string(m.max_batch_size));
   w.Line(4, "load_on_start", YamlBool(m.load_on_start));
+  if (m.kind == "llm") {
+    const LlmSchedulerConfig& s = m.scheduler;
+    w.Line(4, "threads", std::to_string(m.threads));
+    w.Line(4, "context_length", std::to_string(m.context_length));
+    w.Line(4, "scheduler");
+    w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
+    w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
+    w.Line(6, "max_queue_size", std::to_string(s.max_queue_size));
+    w.Line(6, "block_size", std::to_string(s.block_size));
+    w.Line(6, "kv_cache_bytes", std::to_string(s.kv_cache_bytes));
+    w.Line(6, "enable_prefix_caching", YamlBool(s.enable_prefix_caching));
+    w.Line(6, "priority_levels", std::to_string(s.priority_levels));
+    w.Line(6, "default_priority_level", std::to_string(s.default_priority_level));
+    std::vector<std::string> sizes;
+    for (int n : s.capture_batch_sizes) sizes.push_back(std::to_string(n));
+    w.Line(6, "capture_batch_sizes", absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"));
+  }
   if (m.dynamic_batching.has_value()) {
     const DynamicBatchingConfig& db = *m.dynamic_batching;
     w.Line(4, "dynamic_batching");
@@ -1006,7 +1144,8 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
   return name == o.name && kind == o.kind && builtin == o.builtin && path == o.path &&
          backend == o.backend && instance_count == o.instance_count &&
          max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
-         load_on_start == o.load_on_start;
+         load_on_start == o.load_on_start && scheduler == o.scheduler && threads == o.threads &&
+         context_length == o.context_length;
 }
 
 bool Config::operator==(const Config& o) const {

@@ -623,10 +623,10 @@ TEST(CrossFieldTest, DuplicateModelNamesNameBothPlaces) {
 
 TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
   EXPECT_THAT(Errors("models:\n  - name: a\n"),
-              ElementsAre("f.yaml:2:5: `models[0].kind`: missing; expected one of builtin"));
-  EXPECT_THAT(Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n"),
-              ElementsAre("f.yaml:3:11: `models[0].kind`: unknown model kind `llm`; expected one "
-                          "of builtin"));
+              ElementsAre("f.yaml:2:5: `models[0].kind`: missing; expected one of builtin, llm"));
+  EXPECT_THAT(Errors("models:\n  - name: a\n    kind: lm\n    path: /m\n"),
+              ElementsAre("f.yaml:3:11: `models[0].kind`: unknown model kind `lm`; expected one "
+                          "of builtin, llm (did you mean `llm`?)"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n"),
               ElementsAre("f.yaml:2:5: `models[0].builtin`: missing; expected one of simple, "
                           "identity_fp32, sleep_us"));
@@ -1038,6 +1038,75 @@ TEST_F(LoadConfigFileTest, UnreadableFile) {
   StatusOr<Config> denied = LoadConfigFile(locked);
   EXPECT_EQ(denied.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(StatusMessage(denied.status()), HasSubstr(locked));
+}
+
+// ---- kind llm ---------------------------------------------------------------------------------
+
+TEST(LlmModelTest, DefaultsAndScheduler) {
+  Config c = Parse(
+      "models:\n"
+      "  - name: chat\n"
+      "    kind: llm\n"
+      "    path: /models/smollm2.gguf\n"
+      "    threads: 2\n"
+      "    scheduler:\n"
+      "      max_num_seqs: 32\n"
+      "      kv_cache_bytes: 134217728\n"
+      "      priority_levels: 2\n"
+      "      default_priority_level: 2\n"
+      "      capture_batch_sizes: [1, 2, 4, 8]\n");
+  ASSERT_EQ(c.models.size(), 1u);
+  const ModelConfig& m = c.models[0];
+  EXPECT_EQ(m.kind, "llm");
+  EXPECT_EQ(m.path, "/models/smollm2.gguf");
+  EXPECT_EQ(m.threads, 2);
+  EXPECT_EQ(m.scheduler.max_num_seqs, 32);
+  EXPECT_EQ(m.scheduler.max_num_batched_tokens, 512);  // default
+  EXPECT_EQ(m.scheduler.kv_cache_bytes, 134217728);
+  EXPECT_EQ(m.scheduler.capture_batch_sizes, (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_TRUE(m.scheduler.enable_prefix_caching);
+  // Round trip through ToYaml.
+  Config again = Parse(ToYaml(c));
+  EXPECT_EQ(again, c);
+}
+
+TEST(LlmModelTest, NeedsAPath) {
+  EXPECT_THAT(Errors("models:\n  - name: a\n    kind: llm\n"),
+              ElementsAre("f.yaml:2:5: `models[0].path`: missing; kind `llm` loads its weights "
+                          "from `path`"));
+}
+
+TEST(LlmModelTest, TensorModelSettingsAreRefused) {
+  EXPECT_THAT(
+      Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n    max_batch_size: 4\n"),
+      ElementsAre("f.yaml:5:21: `models[0].max_batch_size`: not used by kind `llm` (set "
+                  "scheduler.max_num_seqs instead)"));
+  EXPECT_THAT(Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n"
+                     "    dynamic_batching: {}\n"),
+              ElementsAre(HasSubstr("`models[0].dynamic_batching`: not used by kind `llm`")));
+}
+
+TEST(LlmModelTest, SchedulerOnATensorModelIsRefused) {
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    scheduler: {max_num_seqs: 4}\n")),
+              ElementsAre(HasSubstr("`models[0].scheduler`: not used by kind `builtin`")));
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    threads: 4\n")),
+              ElementsAre(HasSubstr("`models[0].threads`: only used by kind `llm`")));
+}
+
+TEST(LlmModelTest, SchedulerRangesAndTypos) {
+  const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n    scheduler:\n";
+  EXPECT_THAT(Errors(head + "      max_num_seqs: 0\n"),
+              ElementsAre(HasSubstr("f.yaml:6:21: `models[0].scheduler.max_num_seqs`")));
+  EXPECT_THAT(Errors(head + "      kv_cache_bytes: 1000\n"),
+              ElementsAre(HasSubstr("1 MiB to 1 TiB")));
+  EXPECT_THAT(Errors(head + "      max_num_seq: 8\n"),
+              ElementsAre(HasSubstr("did you mean `max_num_seqs`?")));
+  EXPECT_THAT(Errors(head + "      capture_batch_sizes: [1, 4, 2]\n"),
+              ElementsAre(HasSubstr("ascending order")));
+  EXPECT_THAT(Errors(head + "      max_num_seqs: 4\n      capture_batch_sizes: [1, 8]\n"),
+              ElementsAre(HasSubstr("expected a batch size in [1, 4] (max_num_seqs), got `8`")));
+  EXPECT_THAT(Errors(head + "      priority_levels: 2\n"),
+              ElementsAre(HasSubstr("`models[0].scheduler.default_priority_level`")));
 }
 
 }  // namespace
