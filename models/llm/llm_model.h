@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/base/status.h"
+#include "models/chat/chat_template.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace kiln::models {
@@ -60,6 +61,9 @@ class LlmModel {
 
   virtual const LlmModelInfo& info() const = 0;
   virtual const Tokenizer& tokenizer() const = 0;
+  // The model's chat template, parsed; nullptr when the model has none (chat requests are
+  // then refused with a clear error).
+  virtual const ChatTemplate* chat_template() const { return nullptr; }
 
   // Bytes of KV cache one block of `block_size` tokens takes, all layers (K and V).
   virtual int64_t KvBytesPerBlock(int32_t block_size) const = 0;
