@@ -1,9 +1,9 @@
-// Reference dequantization of ggml block formats to f32.
+// Dequantization of ggml tensors to f32, for loading and testing (not for hot loops: the
+// engine runs Q4_0/Q4_1/Q8_0/MXFP4 natively).
 //
-// Bit-exact with ggml's dequantize_row_* and the gguf Python package's
-// gguf.quants.dequantize (same float32 operations in the same order; this file is compiled
-// without floating-point contraction). Meant for loading and testing, not for hot loops:
-// the engine runs Q4_0/Q4_1/Q8_0/MXFP4 natively and expands the K-quants with these.
+// The block formats are the engine's (engine/dtype.h, one implementation); these functions
+// map ggml type ids onto them. Bit-exact with ggml's dequantize_row_* and the gguf Python
+// package's gguf.quants.dequantize (checked against fixtures in gguf_fixture_test).
 #pragma once
 
 #include <cstddef>

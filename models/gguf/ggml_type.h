@@ -1,13 +1,15 @@
 // ggml tensor types as stored in GGUF files, with their block layout.
 //
-// Kept self-contained (no engine dtypes): the mapping to engine dtypes belongs to the model
-// architectures. Numeric values are the on-disk ids from ggml.h and must never change.
+// Numeric values are the on-disk ids from ggml.h and must never change. ToDType maps the types
+// the engine stores natively to engine dtypes.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "engine/dtype.h"
 
 namespace kiln::models {
 
@@ -65,5 +67,9 @@ inline std::string GgmlTypeName(GgmlType t) { return GgmlTypeName(static_cast<ui
 
 // Comma-separated names of the supported types, for error messages.
 std::string_view SupportedGgmlTypeList();
+
+// The engine dtype with the same byte layout (F32, F16, BF16, F64, I8..I64, Q4_0, Q4_1, Q8_0,
+// MXFP4, Q4_K, Q5_K, Q6_K), or nullopt for types the engine does not store.
+std::optional<DType> ToDType(GgmlType t);
 
 }  // namespace kiln::models
