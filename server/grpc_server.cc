@@ -10,6 +10,8 @@
 #include "config/config.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "server/kserve_codec.h"
+#include "server/llm/generation_service.h"
+#include "server/llm/kserve_llm.h"
 #include "server/net_util.h"
 #include "server/status_mapping.h"
 #include "spdlog/spdlog.h"
@@ -55,6 +57,17 @@ class InferReactor final : public ServerUnaryReactor {
     model_ = model;
     cancel_ = request->cancel;
     const std::string name = request->model_name, id = request->id;
+    if (model->is_llm()) {
+      KILN_ASSIGN_OR_RETURN(auto text,
+                            llm::ReadKServeRequest(*model, *request, llm::ParametersJson(*wire)));
+      return llm::SubmitText(model, std::move(text), std::move(ticket_), /*may_stream=*/false,
+                             [this, name, id](std::string out, bool, const Status& s) {
+                               if (s.ok()) {
+                                 EncodeInferResponse(name, id, llm::TextResponse(out), response_);
+                               }
+                               Finish(ToGrpcStatus(s));
+                             });
+    }
     request->on_complete = [this, name, id](InferenceResponse&& resp) {
       ticket_.Release();
       if (resp.status.ok()) {
@@ -143,6 +156,7 @@ class StreamInferReactor final
                           core_->repository->GetReady(request->model_name, request->model_version));
     auto flag = request->cancel;
     const std::string name = request->model_name, id = request->id;
+    if (model->is_llm()) return SubmitLlm(wire, model, std::move(request), std::move(ticket));
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(ticket));
     request->on_complete = [this, name, id, flag, shared_ticket](InferenceResponse&& resp) {
       shared_ticket->Release();
@@ -166,6 +180,57 @@ class StreamInferReactor final
       pending_cancels_.emplace_back(flag, model);
     }
     Status s = model->Infer(request);
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      --pending_;
+      std::erase_if(pending_cancels_, [&](const auto& p) { return p.first == flag; });
+    }
+    return s;
+  }
+
+  // An LLM request (Triton's decoupled convention): one response per piece of text when it
+  // streams, each marked with triton_final_response.
+  Status SubmitLlm(const inference::ModelInferRequest& wire, const std::shared_ptr<Model>& model,
+                   std::unique_ptr<InferenceRequest> request, InflightLimiter::Ticket ticket) {
+    KILN_ASSIGN_OR_RETURN(auto text,
+                          llm::ReadKServeRequest(*model, *request, llm::ParametersJson(wire)));
+    const bool empty_final = llm::EmptyFinalResponseRequested(wire);
+    auto flag = request->cancel;
+    const std::string name = request->model_name, id = request->id;
+    auto sink = [this, name, id, flag, empty_final](std::string out, bool final, const Status& s) {
+      std::vector<inference::ModelStreamInferResponse> msgs;
+      auto make = [&](const std::string& text, bool is_final, bool empty) {
+        inference::ModelStreamInferResponse& msg = msgs.emplace_back();
+        if (s.ok()) {
+          EncodeInferResponse(name, id, llm::TextResponse(text, empty),
+                              msg.mutable_infer_response());
+        } else {
+          msg.set_error_message(std::string(StatusMessage(s)));
+          msg.mutable_infer_response()->set_id(id);
+          msg.mutable_infer_response()->set_model_name(name);
+        }
+        llm::MarkFinal(msg.mutable_infer_response(), is_final);
+      };
+      if (final && empty_final && s.ok()) {
+        if (!out.empty()) make(out, false, false);
+        make("", true, true);
+      } else {
+        make(out, final, false);
+      }
+      absl::MutexLock lock(&mu_);
+      for (auto& msg : msgs) WriteLocked(std::move(msg));
+      if (!final) return;
+      std::erase_if(pending_cancels_, [&](const auto& p) { return p.first == flag; });
+      --pending_;
+      MaybeFinishLocked();
+    };
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+      pending_cancels_.emplace_back(flag, model);
+    }
+    Status s = llm::SubmitText(model, std::move(text), std::move(ticket), /*may_stream=*/true,
+                               std::move(sink));
     if (!s.ok()) {
       absl::MutexLock lock(&mu_);
       --pending_;
@@ -208,7 +273,11 @@ Status Unsupported(std::string_view feature) {
 
 class KServeGrpcService final : public inference::GRPCInferenceService::CallbackService {
  public:
-  explicit KServeGrpcService(ServerCore* core) : core_(core) {}
+  explicit KServeGrpcService(ServerCore* core)
+      : core_(core), generation_(llm::NewGenerationService(core)) {}
+
+  // kiln.v1.Generation, served on the same port.
+  grpc::Service* generation() const { return generation_.get(); }
 
   ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const inference::ServerLiveRequest*,
                                  inference::ServerLiveResponse* resp) override {
@@ -257,6 +326,9 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     auto model = core_->repository->GetReady(req->name(), req->version());
     if (!model.ok()) return FinishNow(ctx, model.status());
     FillModelConfig(**model, resp->mutable_config());
+    if ((*model)->is_llm()) {
+      resp->mutable_config()->mutable_model_transaction_policy()->set_decoupled(true);
+    }
     return FinishNow(ctx, OkStatus());
   }
 
@@ -431,6 +503,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   }
 
   ServerCore* const core_;
+  std::unique_ptr<grpc::Service> generation_;
 };
 
 GrpcFrontEnd::GrpcFrontEnd(ServerCore* core)
@@ -452,6 +525,7 @@ Status GrpcFrontEnd::Start() {
   builder.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes));
   builder.AddListeningPort(cfg.address, grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
+  builder.RegisterService(service_->generation());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     server_.reset();
@@ -467,7 +541,11 @@ Status GrpcFrontEnd::Start() {
 
 void GrpcFrontEnd::SetServing(const std::string& service, bool serving) {
   if (!server_) return;
-  if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(service, serving);
+  auto* health = server_->GetHealthCheckService();
+  if (!health) return;
+  health->SetServingStatus(service, serving);
+  // kiln.v1.Generation serves whenever the server does.
+  if (service.empty()) health->SetServingStatus("kiln.v1.Generation", serving);
 }
 
 void GrpcFrontEnd::Shutdown(SteadyClock::time_point deadline) {

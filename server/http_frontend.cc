@@ -8,6 +8,8 @@
 #include "server/http/http_server.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
+#include "server/llm/kserve_llm.h"
+#include "server/llm/openai_http.h"
 #include "server/proto_json.h"
 #include "server/status_mapping.h"
 #include "spdlog/spdlog.h"
@@ -62,9 +64,10 @@ bool ParseModelPath(const std::vector<std::string>& seg, std::string* model, std
 
 class KServeHttpHandler {
  public:
-  explicit KServeHttpHandler(ServerCore* core) : core_(core) {}
+  explicit KServeHttpHandler(ServerCore* core) : core_(core), openai_(core) {}
 
   void operator()(http::Request req, Responder r) {
+    if (openai_.Handle(req, r)) return;  // /v1/...: the OpenAI-compatible API
     const auto seg = Segments(req.path);
     const bool get = req.method == "GET" || req.method == "HEAD";
     const bool post = req.method == "POST";
@@ -86,8 +89,11 @@ class KServeHttpHandler {
       if (action == "config" && get) return ModelConfig(model, version, r);
       if (action == "stats" && get) return Statistics(r, model, version);
       if (action == "infer" && post) return Infer(std::move(req), model, version, r);
+      if ((action == "generate" || action == "generate_stream") && post) {
+        return Generate(req, model, version, r, action == "generate_stream");
+      }
       if (action == "infer" || action == "ready" || action == "config" || action == "stats" ||
-          action.empty()) {
+          action == "generate" || action == "generate_stream" || action.empty()) {
         return SendError(r,
                          InvalidArgument("method ", req.method, " is not allowed on ", req.path));
       }
@@ -124,6 +130,7 @@ class KServeHttpHandler {
     if (!model.ok()) return SendError(r, model.status());
     inference::ModelConfig cfg;
     FillModelConfig(**model, &cfg);
+    if ((*model)->is_llm()) cfg.mutable_model_transaction_policy()->set_decoupled(true);
     SendJson(r, 200, ProtoToJson(cfg));
   }
 
@@ -229,6 +236,10 @@ class KServeHttpHandler {
       flag->Cancel();
       if (auto m = weak.lock()) m->WakeUp();
     });
+    if ((*model)->is_llm()) {
+      return llm::HandleJsonInfer(*model, std::move(request), std::move(*ticket), r,
+                                  std::move(decoded->binary_outputs), decoded->all_binary);
+    }
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(*ticket));
     request->on_complete = [r, name, id = request->id, bin = std::move(decoded->binary_outputs),
                             all = decoded->all_binary, shared_ticket](InferenceResponse&& resp) {
@@ -248,7 +259,21 @@ class KServeHttpHandler {
     if (!s.ok()) SendError(r, s);
   }
 
+  // Triton's generate extension (LLMs only).
+  void Generate(const http::Request& req, const std::string& name, const std::string& version,
+                const Responder& r, bool stream) {
+    auto model = core_->repository->GetReady(name, version);
+    if (!model.ok()) return SendError(r, model.status());
+    if (!(*model)->is_llm()) {
+      return SendError(r, InvalidArgument("model '", name,
+                                          "' does not generate text; the generate extension "
+                                          "serves LLMs (use /infer)"));
+    }
+    llm::HandleGenerate(*core_, *model, req, r, stream);
+  }
+
   ServerCore* const core_;
+  llm::OpenAiApi openai_;
 };
 
 }  // namespace

@@ -1,0 +1,371 @@
+#include "server/llm/generation_service.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <mutex>
+
+#include "proto/kiln/v1/generation.grpc.pb.h"
+#include "server/llm/generation.h"
+#include "server/llm/params.h"
+#include "server/llm/prompt.h"
+#include "server/status_mapping.h"
+
+namespace kiln::llm {
+namespace {
+
+using grpc::CallbackServerContext;
+using grpc::ServerUnaryReactor;
+
+grpc::ServerUnaryReactor* FinishNow(CallbackServerContext* ctx, const Status& status) {
+  ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+nlohmann::ordered_json ChatJson(const v1::Chat& chat) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const auto& m : chat.messages())
+    out.push_back({{"role", m.role()}, {"content", m.content()}});
+  return out;
+}
+
+// A request ready for the batcher, and what the responses need.
+struct Prepared {
+  std::shared_ptr<Model> model;
+  std::unique_ptr<GenerateRequest> request;
+};
+
+StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& req,
+                           const CallbackServerContext& ctx) {
+  Prepared p;
+  KILN_ASSIGN_OR_RETURN(p.model, GetLlm(core, req.model()));
+  const ContinuousBatcher& batcher = *p.model->llm();
+  PromptRequest pr;
+  switch (req.input_case()) {
+    case v1::GenerateRequest::kPrompt:
+      pr.kind = PromptRequest::Kind::kText;
+      pr.field = "prompt";
+      pr.text = req.prompt();
+      pr.add_special_tokens = !req.has_add_special_tokens() || req.add_special_tokens();
+      break;
+    case v1::GenerateRequest::kPromptIds:
+      pr.kind = PromptRequest::Kind::kTokenIds;
+      pr.field = "prompt_ids.ids";
+      pr.token_ids.assign(req.prompt_ids().ids().begin(), req.prompt_ids().ids().end());
+      break;
+    case v1::GenerateRequest::kChat:
+      pr.kind = PromptRequest::Kind::kChat;
+      pr.field = "chat.messages";
+      pr.messages = ChatJson(req.chat());
+      pr.add_generation_prompt = req.chat().add_generation_prompt();
+      break;
+    default:
+      return InvalidArgument(
+          "the request has no input: set one of `prompt`, `prompt_ids` or "
+          "`chat`");
+  }
+  KILN_ASSIGN_OR_RETURN(Prompt prompt, BuildPrompt(batcher.model(), batcher.name(), pr));
+
+  auto r = std::make_unique<GenerateRequest>();
+  const v1::SamplingParams& s = req.sampling();
+  models::SamplingParams& sp = r->sampling;
+  KILN_ASSIGN_OR_RETURN(
+      sp.max_tokens,
+      ResolveMaxTokens(batcher, static_cast<int64_t>(prompt.ids.size()),
+                       s.has_max_tokens() ? std::optional<int64_t>(s.max_tokens()) : std::nullopt,
+                       "sampling.max_tokens", pr.field));
+  if (s.has_temperature()) sp.temperature = s.temperature();
+  if (s.has_top_k()) sp.top_k = s.top_k();
+  if (s.has_top_p()) sp.top_p = s.top_p();
+  if (s.has_min_p()) sp.min_p = s.min_p();
+  if (s.has_repetition_penalty()) sp.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) sp.seed = s.seed();
+  if (s.has_logprobs()) sp.logprobs = s.logprobs();
+  sp.min_tokens = s.min_tokens();
+  sp.ignore_eos = s.ignore_eos();
+  sp.stop.assign(s.stop().begin(), s.stop().end());
+  sp.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  Status valid = models::ValidateSamplingParams(sp, batcher.model().info().vocab_size);
+  if (!valid.ok()) return Annotate(valid, "sampling");
+
+  r->model_name = req.model();
+  r->id = req.request_id().empty() ? NewRequestId() : req.request_id();
+  r->prompt = std::move(prompt.ids);
+  r->priority = req.priority();
+  if (req.timeout_ms() > 0) {
+    r->deadline = r->received_at + std::chrono::milliseconds(
+                                       std::min<uint64_t>(req.timeout_ms(), 365ull * 86400000));
+  }
+  // The RPC's own deadline (the client's timeout) bounds the request too.
+  const auto rpc_deadline = ctx.deadline();
+  if (rpc_deadline < std::chrono::system_clock::time_point::max() - std::chrono::hours(24)) {
+    const auto d = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                            rpc_deadline - std::chrono::system_clock::now());
+    if (!r->deadline || d < *r->deadline) r->deadline = d;
+  }
+  p.request = std::move(r);
+  return p;
+}
+
+void FillLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps,
+                  google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
+  for (const auto& t : lps) {
+    v1::TokenLogprobs* e = out->Add();
+    e->set_id(t.token);
+    // proto3 strings must be UTF-8: a token that is part of a character reads as U+FFFD.
+    e->set_text(ValidUtf8(tok.TokenBytes(t.token)));
+    e->set_logprob(t.logprob);
+    for (const auto& alt : t.top) {
+      v1::TopLogprob* a = e->add_top();
+      a->set_id(alt.token);
+      a->set_text(ValidUtf8(tok.TokenBytes(alt.token)));
+      a->set_logprob(alt.logprob);
+    }
+  }
+}
+
+void FillUsage(const GenerateUsage& u, v1::Usage* out) {
+  out->set_prompt_tokens(u.prompt_tokens);
+  out->set_completion_tokens(u.completion_tokens);
+  out->set_cached_tokens(u.cached_tokens);
+}
+
+// Generate: collects the events, answers once.
+class GenerateReactor final : public ServerUnaryReactor {
+ public:
+  GenerateReactor(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest* req,
+                  v1::GenerateResponse* resp) {
+    Status s = Start(core, ctx, *req, resp);
+    if (!s.ok()) Finish(ToGrpcStatus(s));
+  }
+  void OnCancel() override { Cancel(cancel_, model_); }
+  void OnDone() override { delete this; }
+
+ private:
+  Status Start(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest& req,
+               v1::GenerateResponse* resp) {
+    KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
+    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
+    model_ = p.model;
+    cancel_ = p.request->cancel;
+    resp->set_request_id(p.request->id);
+    resp->set_model(req.model());
+    const models::Tokenizer* tok = &p.model->llm()->model().tokenizer();
+    auto result = std::make_shared<GenerationResult>();
+    p.request->on_event = [this, resp, tok, result](GenerateEvent&& ev) {
+      result->Add(std::move(ev));
+      if (!result->done()) return;
+      Status s = FinalStatus(result->finish, result->status);
+      if (s.ok()) {
+        resp->set_text(std::move(result->text));
+        resp->mutable_token_ids()->Assign(result->token_ids.begin(), result->token_ids.end());
+        resp->set_finish_reason(std::string(FinishReasonName(result->finish)));
+        resp->set_stop_reason(ValidUtf8(result->stop));
+        FillUsage(result->usage, resp->mutable_usage());
+        FillLogprobs(*tok, result->logprobs, resp->mutable_logprobs());
+      }
+      Finish(ToGrpcStatus(s));  // last: the reactor may be gone once it returns
+    };
+    return Submit(p.model, std::move(p.request), std::move(ticket));
+  }
+
+  std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
+  std::weak_ptr<Model> model_;
+};
+
+// GenerateStream: one message per event, written in order; the last carries finish_reason
+// and usage. An error or cancellation ends the RPC with that status after what was queued.
+class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamResponse> {
+ public:
+  StreamReactor(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest* req)
+      : state_(std::make_shared<State>()) {
+    state_->reactor = this;
+    Status s = Start(core, ctx, *req);
+    if (!s.ok()) Finish(ToGrpcStatus(s));
+  }
+
+  void OnWriteDone(bool ok) override {
+    auto state = state_;  // keeps the state alive past Finish (OnDone may delete us)
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->queue.pop_front();
+    if (!ok && !state->broken) {
+      // The client is gone: stop generating; the final event ends the RPC.
+      state->broken = true;
+      state->queue.clear();
+      Cancel(cancel_, model_);
+    }
+    if (!state->queue.empty()) {
+      StartWrite(&state->queue.front());
+      return;
+    }
+    state->writing = false;
+    state->MaybeFinish();
+  }
+  void OnCancel() override { Cancel(cancel_, model_); }
+  void OnDone() override { delete this; }
+
+ private:
+  struct State {
+    std::mutex mu;
+    StreamReactor* reactor = nullptr;
+    std::deque<v1::GenerateStreamResponse> queue;  // front: being written
+    bool writing = false, broken = false, final_seen = false, finished = false;
+    grpc::Status status;
+
+    // REQUIRES: mu held.
+    void Push(v1::GenerateStreamResponse&& msg) {
+      if (broken) return;
+      queue.push_back(std::move(msg));
+      if (!writing) {
+        writing = true;
+        reactor->StartWrite(&queue.front());
+      }
+    }
+    // REQUIRES: mu held.
+    void MaybeFinish() {
+      if (!final_seen || writing || finished) return;
+      finished = true;
+      reactor->Finish(status);
+    }
+  };
+
+  Status Start(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest& req) {
+    KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
+    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
+    model_ = p.model;
+    cancel_ = p.request->cancel;
+    const models::Tokenizer* tok = &p.model->llm()->model().tokenizer();
+    p.request->on_event = [state = state_, tok, id = p.request->id](GenerateEvent&& ev) {
+      const bool final = ev.finish != FinishReason::kNone;
+      const Status s = final ? FinalStatus(ev.finish, ev.status) : OkStatus();
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (s.ok() && (final || !ev.text.empty() || !ev.token_ids.empty())) {
+        v1::GenerateStreamResponse msg;
+        msg.set_request_id(id);
+        msg.set_text(std::move(ev.text));
+        msg.mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
+        FillLogprobs(*tok, ev.logprobs, msg.mutable_logprobs());
+        if (final) {
+          msg.set_finish_reason(std::string(FinishReasonName(ev.finish)));
+          msg.set_stop_reason(ValidUtf8(ev.stop));
+          FillUsage(ev.usage, msg.mutable_usage());
+        }
+        state->Push(std::move(msg));
+      }
+      if (!final) return;
+      state->final_seen = true;
+      state->status = ToGrpcStatus(s);
+      state->MaybeFinish();
+    };
+    return Submit(p.model, std::move(p.request), std::move(ticket));
+  }
+
+  std::shared_ptr<State> state_;
+  std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
+  std::weak_ptr<Model> model_;
+};
+
+class GenerationService final : public v1::Generation::CallbackService {
+ public:
+  explicit GenerationService(ServerCore* core) : core_(core) {}
+
+  ServerUnaryReactor* Generate(CallbackServerContext* ctx, const v1::GenerateRequest* req,
+                               v1::GenerateResponse* resp) override {
+    return new GenerateReactor(core_, ctx, req, resp);
+  }
+
+  grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
+      CallbackServerContext* ctx, const v1::GenerateRequest* req) override {
+    return new StreamReactor(core_, ctx, req);
+  }
+
+  ServerUnaryReactor* Tokenize(CallbackServerContext* ctx, const v1::TokenizeRequest* req,
+                               v1::TokenizeResponse* resp) override {
+    return FinishNow(ctx, DoTokenize(*req, resp));
+  }
+
+  ServerUnaryReactor* Detokenize(CallbackServerContext* ctx, const v1::DetokenizeRequest* req,
+                                 v1::DetokenizeResponse* resp) override {
+    return FinishNow(ctx, DoDetokenize(*req, resp));
+  }
+
+  ServerUnaryReactor* ListModels(CallbackServerContext* ctx, const v1::ListModelsRequest*,
+                                 v1::ListModelsResponse* resp) override {
+    std::map<std::string, std::shared_ptr<Model>> ready;
+    for (auto& m : core_->repository->ReadyModels()) ready[m->name()] = m;
+    for (const auto& e : core_->repository->Index()) {
+      v1::ModelInfo* info = resp->add_models();
+      info->set_name(e.name);
+      info->set_state(std::string(ModelStateName(e.state)));
+      auto it = ready.find(e.name);
+      if (it == ready.end()) {
+        if (const auto* cfg = core_->config->FindModel(e.name)) info->set_kind(cfg->kind);
+        continue;
+      }
+      const Model& m = *it->second;
+      info->set_kind(m.config().kind);
+      if (!m.is_llm()) continue;
+      const models::LlmModel& llm = m.llm()->model();
+      info->set_architecture(llm.info().architecture);
+      info->set_context_length(llm.info().context_length);
+      info->set_vocab_size(llm.info().vocab_size);
+      info->set_has_chat_template(llm.chat_template() != nullptr);
+    }
+    return FinishNow(ctx, OkStatus());
+  }
+
+ private:
+  Status DoTokenize(const v1::TokenizeRequest& req, v1::TokenizeResponse* resp) {
+    KILN_ASSIGN_OR_RETURN(auto model, GetLlm(*core_, req.model()));
+    const models::LlmModel& llm = model->llm()->model();
+    PromptRequest pr;
+    if (req.input_case() == v1::TokenizeRequest::kChat) {
+      pr.kind = PromptRequest::Kind::kChat;
+      pr.field = "chat.messages";
+      pr.messages = ChatJson(req.chat());
+      pr.add_generation_prompt = req.chat().add_generation_prompt();
+    } else {
+      pr.kind = PromptRequest::Kind::kText;
+      pr.field = "text";
+      pr.text = req.text();
+      pr.add_special_tokens = !req.has_add_special_tokens() || req.add_special_tokens();
+      if (pr.text.empty() && !(pr.add_special_tokens && llm.tokenizer().add_bos())) {
+        return OkStatus();  // nothing to tokenize
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(Prompt prompt, BuildPrompt(llm, model->name(), pr));
+    for (int32_t id : prompt.ids) {
+      resp->add_token_ids(id);
+      resp->add_pieces(ValidUtf8(llm.tokenizer().Piece(id)));
+    }
+    return OkStatus();
+  }
+
+  Status DoDetokenize(const v1::DetokenizeRequest& req, v1::DetokenizeResponse* resp) {
+    KILN_ASSIGN_OR_RETURN(auto model, GetLlm(*core_, req.model()));
+    const models::Tokenizer& tok = model->llm()->model().tokenizer();
+    for (int i = 0; i < req.token_ids_size(); ++i) {
+      const int32_t id = req.token_ids(i);
+      if (id < 0 || id >= tok.vocab_size()) {
+        return InvalidArgument("`token_ids[", i, "]` is ", id, ", which is not a token of model '",
+                               req.model(), "' (token ids are 0 to ", tok.vocab_size() - 1, ")");
+      }
+    }
+    std::vector<int32_t> ids(req.token_ids().begin(), req.token_ids().end());
+    resp->set_text(tok.Decode(ids, {.skip_special_tokens = req.skip_special_tokens()}));
+    return OkStatus();
+  }
+
+  ServerCore* const core_;
+};
+
+}  // namespace
+
+std::unique_ptr<grpc::Service> NewGenerationService(ServerCore* core) {
+  return std::make_unique<GenerationService>(core);
+}
+
+}  // namespace kiln::llm

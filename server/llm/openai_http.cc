@@ -1,0 +1,548 @@
+#include "server/llm/openai_http.h"
+
+#include <chrono>
+
+#include "absl/strings/str_split.h"
+#include "server/llm/generation.h"
+#include "server/llm/params.h"
+#include "server/llm/prompt.h"
+#include "server/status_mapping.h"
+
+namespace kiln::llm {
+namespace {
+
+using nlohmann::json;
+using Responder = std::shared_ptr<http::Responder>;
+
+// OpenAI's documented default for the legacy completions endpoint.
+constexpr int32_t kCompletionsDefaultMaxTokens = 16;
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void SendJson(const Responder& r, int status, const json& body, http::Headers headers = {}) {
+  http::Response resp;
+  resp.status = status;
+  resp.body = Dump(body);
+  resp.headers = std::move(headers);
+  r->Send(std::move(resp));
+}
+
+void SendError(const Responder& r, const Status& status) {
+  SendJson(r, ToHttpStatus(status), OpenAiError(status));
+}
+
+// ---- Parsing -------------------------------------------------------------------------------
+
+struct Call {
+  bool chat = false;
+  std::string model_name;
+  std::shared_ptr<Model> model;
+  Prompt prompt;
+  models::SamplingParams sampling;
+  uint32_t priority = 0;
+  bool stream = false;
+  bool include_usage = false;
+  bool echo = false;
+  std::string id;
+  int64_t created = 0;
+};
+
+Status Unsupported(std::string_view field, std::string_view what) {
+  return WithParam(InvalidArgument("`", field, "`: ", what, " is not supported by Kiln"), field);
+}
+
+// Fields OpenAI defines that Kiln cannot honour: refused when they ask for something, so a
+// client never silently gets other behaviour than it asked for.
+Status CheckUnsupported(const JsonFields& f, bool chat) {
+  if (const json* v = f.Get("logit_bias"); v && !(v->is_object() && v->empty())) {
+    return Unsupported("logit_bias", "biasing token logits");
+  }
+  if (const json* v = f.Get("tools"); v && !(v->is_array() && v->empty())) {
+    return Unsupported("tools", "tool calling");
+  }
+  if (f.Has("functions")) return Unsupported("functions", "function calling");
+  if (const json* v = f.Get("response_format")) {
+    if (!v->is_object() || v->value("type", "") != "text") {
+      return Unsupported("response_format", "structured output (json_object, json_schema)");
+    }
+  }
+  if (!chat) {
+    KILN_ASSIGN_OR_RETURN(auto suffix, f.String("suffix"));
+    if (suffix && !suffix->empty()) return Unsupported("suffix", "insertion (a suffix)");
+    KILN_ASSIGN_OR_RETURN(auto best_of, f.Int("best_of"));
+    if (best_of && *best_of != 1) {
+      return WithParam(InvalidArgument("`best_of` is ", *best_of,
+                                       "; Kiln generates one candidate per request (best_of "
+                                       "must be 1)"),
+                       "best_of");
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<PromptRequest> ReadPrompt(const JsonFields& f, bool chat) {
+  PromptRequest pr;
+  if (chat) {
+    pr.kind = PromptRequest::Kind::kChat;
+    pr.field = "messages";
+    const json* messages = f.Get("messages");
+    if (!messages) {
+      return WithParam(InvalidArgument("`messages` is missing: send the conversation"), "messages");
+    }
+    pr.messages = nlohmann::ordered_json(*messages);
+    KILN_ASSIGN_OR_RETURN(auto agp, f.Bool("add_generation_prompt"));
+    pr.add_generation_prompt = agp.value_or(true);
+    return pr;
+  }
+  const json* p = f.Get("prompt");
+  if (!p) return WithParam(InvalidArgument("`prompt` is missing"), "prompt");
+  auto ids_of = [&](const json& list) -> StatusOr<std::vector<int64_t>> {
+    std::vector<int64_t> ids;
+    for (const json& e : list) {
+      if (!e.is_number_integer() && !e.is_number_unsigned()) {
+        return WithParam(InvalidArgument("`prompt` must be a string or a list of token ids"),
+                         "prompt");
+      }
+      ids.push_back(e.is_number_unsigned()
+                        ? static_cast<int64_t>(std::min<uint64_t>(e.get<uint64_t>(), INT64_MAX))
+                        : e.get<int64_t>());
+    }
+    return ids;
+  };
+  const json* one = p;
+  if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+    // A batch of prompts: Kiln takes one per request.
+    if (p->size() != 1) {
+      return WithParam(InvalidArgument("`prompt` holds ", p->size(),
+                                       " prompts; Kiln takes one prompt per request (send them "
+                                       "as separate requests)"),
+                       "prompt");
+    }
+    one = &p->front();
+  }
+  if (one->is_string()) {
+    pr.kind = PromptRequest::Kind::kText;
+    pr.text = one->get<std::string>();
+  } else if (one->is_array()) {
+    pr.kind = PromptRequest::Kind::kTokenIds;
+    KILN_ASSIGN_OR_RETURN(pr.token_ids, ids_of(*one));
+  } else {
+    return WithParam(InvalidArgument("`prompt` must be a string or a list of token ids"), "prompt");
+  }
+  return pr;
+}
+
+StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
+  JsonFields f(body);
+  Call c;
+  c.chat = chat;
+  c.created = UnixNow();
+  c.id = NewRequestId(chat ? "chatcmpl-" : "cmpl-");
+  KILN_ASSIGN_OR_RETURN(auto name, f.String("model"));
+  c.model_name = name.value_or("");
+  KILN_ASSIGN_OR_RETURN(c.model, GetLlm(core, c.model_name));
+  const ContinuousBatcher& batcher = *c.model->llm();
+
+  KILN_ASSIGN_OR_RETURN(auto n, f.Int("n"));
+  if (n && *n != 1) {
+    return WithParam(
+        InvalidArgument("`n` is ", *n, "; Kiln returns one choice per request (n must be 1)"), "n");
+  }
+  KILN_RETURN_IF_ERROR(CheckUnsupported(f, chat));
+  KILN_ASSIGN_OR_RETURN(auto stream, f.Bool("stream"));
+  c.stream = stream.value_or(false);
+  if (const json* so = f.Get("stream_options")) {
+    if (!c.stream) {
+      return WithParam(InvalidArgument("`stream_options` is only allowed with `stream`: true"),
+                       "stream_options");
+    }
+    if (!so->is_object()) {
+      return WithParam(InvalidArgument("`stream_options` must be an object"), "stream_options");
+    }
+    KILN_ASSIGN_OR_RETURN(auto usage, JsonFields(*so, "stream_options.").Bool("include_usage"));
+    c.include_usage = usage.value_or(false);
+  }
+
+  KILN_ASSIGN_OR_RETURN(PromptRequest pr, ReadPrompt(f, chat));
+  KILN_ASSIGN_OR_RETURN(c.prompt, BuildPrompt(batcher.model(), c.model_name, pr));
+
+  std::optional<int64_t> max_tokens;
+  std::string max_field = "max_tokens";
+  if (chat) {
+    KILN_ASSIGN_OR_RETURN(max_tokens, f.Int("max_completion_tokens"));
+    if (max_tokens) max_field = "max_completion_tokens";
+  }
+  if (!max_tokens) {
+    KILN_ASSIGN_OR_RETURN(max_tokens, f.Int("max_tokens"));
+  }
+  KILN_ASSIGN_OR_RETURN(
+      c.sampling.max_tokens,
+      ResolveMaxTokens(batcher, static_cast<int64_t>(c.prompt.ids.size()), max_tokens, max_field,
+                       pr.field, chat ? kDefaultMaxTokens : kCompletionsDefaultMaxTokens));
+  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &c.sampling));
+
+  if (chat) {
+    KILN_ASSIGN_OR_RETURN(auto logprobs, f.Bool("logprobs"));
+    KILN_ASSIGN_OR_RETURN(auto top, f.Int("top_logprobs"));
+    if (top && !logprobs.value_or(false)) {
+      return WithParam(InvalidArgument("`top_logprobs` needs `logprobs`: true"), "top_logprobs");
+    }
+    if (top && (*top < 0 || *top > 20)) {
+      return WithParam(InvalidArgument("`top_logprobs` is ", *top, "; it must be in [0, 20]"),
+                       "top_logprobs");
+    }
+    if (logprobs.value_or(false)) c.sampling.logprobs = static_cast<int32_t>(top.value_or(0));
+  } else {
+    KILN_ASSIGN_OR_RETURN(auto logprobs, f.Int("logprobs"));
+    if (logprobs && (*logprobs < 0 || *logprobs > 20)) {
+      return WithParam(InvalidArgument("`logprobs` is ", *logprobs, "; it must be in [0, 20]"),
+                       "logprobs");
+    }
+    if (logprobs) c.sampling.logprobs = static_cast<int32_t>(*logprobs);
+    KILN_ASSIGN_OR_RETURN(auto echo, f.Bool("echo"));
+    c.echo = echo.value_or(false);
+    if (c.echo && logprobs) {
+      return Unsupported("echo", "`echo` together with `logprobs` (prompt logprobs)");
+    }
+  }
+  Status valid = models::ValidateSamplingParams(c.sampling, batcher.model().info().vocab_size);
+  if (!valid.ok()) return WithParam(valid, ParamOf(valid));
+
+  KILN_ASSIGN_OR_RETURN(auto priority, f.Int("priority"));
+  if (priority) {
+    if (*priority < 0 || *priority > UINT32_MAX) {
+      return WithParam(InvalidArgument("`priority` is ", *priority,
+                                       "; it must be >= 0 (0 = the model's default level, 1 = "
+                                       "highest)"),
+                       "priority");
+    }
+    c.priority = static_cast<uint32_t>(*priority);
+  }
+  return c;
+}
+
+// ---- Encoding ------------------------------------------------------------------------------
+
+json Usage(const GenerateUsage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}}};
+}
+
+json Bytes(std::string_view s) {
+  json out = json::array();
+  for (char c : s) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+// Logprobs of the tokens a client sees: control tokens (EOS, end of turn) are not part of
+// the text, so they are left out here too.
+std::vector<const models::SampledToken*> Visible(const models::Tokenizer& tok,
+                                                 const std::vector<models::SampledToken>& lps) {
+  std::vector<const models::SampledToken*> out;
+  for (const auto& t : lps) {
+    if (!tok.IsSpecial(t.token)) out.push_back(&t);
+  }
+  return out;
+}
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}
+json ChatLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps) {
+  json content = json::array();
+  for (const models::SampledToken* t : Visible(tok, lps)) {
+    const std::string_view text = tok.TokenBytes(t->token);
+    json top = json::array();
+    for (const auto& alt : t->top) {
+      const std::string_view at = tok.TokenBytes(alt.token);
+      top.push_back({{"token", std::string(at)}, {"logprob", alt.logprob}, {"bytes", Bytes(at)}});
+    }
+    content.push_back({{"token", std::string(text)},
+                       {"logprob", t->logprob},
+                       {"bytes", Bytes(text)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset` is the
+// text offset of the first token (it continues across streamed chunks).
+json CompletionLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps,
+                        size_t* offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const models::SampledToken* t : Visible(tok, lps)) {
+    const std::string_view text = tok.TokenBytes(t->token);
+    tokens.push_back(std::string(text));
+    token_lps.push_back(t->logprob);
+    json top = json::object();
+    for (const auto& alt : t->top) top[std::string(tok.TokenBytes(alt.token))] = alt.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(*offset);
+    *offset += text.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// What the response encoders need from the parsed call. The tokenizer belongs to the model,
+// which outlives every event its batcher delivers.
+struct Meta {
+  explicit Meta(const Call& c)
+      : chat(c.chat),
+        id(c.id),
+        created(c.created),
+        model_name(c.model_name),
+        tokenizer(&c.model->llm()->model().tokenizer()),
+        logprobs(c.sampling.logprobs >= 0),
+        include_usage(c.include_usage),
+        echo(c.echo ? c.prompt.text : "") {}
+  const models::Tokenizer& tok() const { return *tokenizer; }
+  json Envelope(std::string_view object) const {
+    return {{"id", id}, {"object", object}, {"created", created}, {"model", model_name}};
+  }
+
+  bool chat;
+  std::string id;
+  int64_t created;
+  std::string model_name;
+  const models::Tokenizer* tokenizer;
+  bool logprobs;
+  bool include_usage;
+  std::string echo;  // prompt text to put before the completion (completions' echo)
+};
+
+std::string_view FinishName(FinishReason f) {
+  return f == FinishReason::kLength ? "length" : "stop";
+}
+
+json FullResponse(const Meta& m, GenerationResult& res) {
+  json choice = {{"index", 0}, {"finish_reason", FinishName(res.finish)}, {"logprobs", nullptr}};
+  json out;
+  if (m.chat) {
+    out = m.Envelope("chat.completion");
+    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+    if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
+  } else {
+    out = m.Envelope("text_completion");
+    choice["text"] = m.echo + res.text;
+    size_t offset = m.echo.size();
+    if (m.logprobs) choice["logprobs"] = CompletionLogprobs(m.tok(), res.logprobs, &offset);
+  }
+  out["choices"] = json::array({std::move(choice)});
+  out["usage"] = Usage(res.usage);
+  return out;
+}
+
+std::string Sse(const json& j) { return "data: " + Dump(j) + "\n\n"; }
+
+// One streamed response: turns the batcher's events into OpenAI's chunks. Events arrive on
+// the batcher's thread, one at a time.
+class SseStream {
+ public:
+  SseStream(Meta meta, const Responder& r) : meta_(std::move(meta)), gate_(r) {}
+
+  // Sends the header and the first chunk: the assistant's turn (chat) or the echoed prompt.
+  void Start() {
+    std::string first;
+    if (meta_.chat) {
+      first = Sse(Chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+    } else if (!meta_.echo.empty()) {
+      first = Sse(Chunk(meta_.echo, nullptr, nullptr));
+    }
+    gate_.Start(200, "text/event-stream",
+                {{"Cache-Control", "no-cache"}, {"X-Request-Id", meta_.id}}, std::move(first));
+  }
+
+  void OnEvent(GenerateEvent&& ev) {
+    const bool final = ev.finish != FinishReason::kNone;
+    if (final && ev.finish != FinishReason::kStop && ev.finish != FinishReason::kLength) {
+      // Cancelled: the client is gone. An error: say so in the stream, as OpenAI does.
+      if (ev.finish == FinishReason::kError) {
+        gate_.Write(Sse(OpenAiError(FinalStatus(ev.finish, ev.status))));
+        gate_.Write("data: [DONE]\n\n");
+      }
+      gate_.Finish();
+      return;
+    }
+    json lps = nullptr;
+    if (meta_.logprobs && !ev.logprobs.empty()) {
+      lps = meta_.chat ? ChatLogprobs(meta_.tok(), ev.logprobs)
+                       : CompletionLogprobs(meta_.tok(), ev.logprobs, &offset_);
+    }
+    if (!ev.text.empty() || !lps.is_null()) {
+      gate_.Write(Sse(
+          Chunk(meta_.chat ? json{{"content", ev.text}} : json(ev.text), std::move(lps), nullptr)));
+    }
+    if (!final) return;
+    gate_.Write(Sse(Chunk(meta_.chat ? json::object() : json(""), nullptr, FinishName(ev.finish))));
+    if (meta_.include_usage) {
+      json usage = meta_.Envelope(meta_.chat ? "chat.completion.chunk" : "text_completion");
+      usage["choices"] = json::array();
+      usage["usage"] = Usage(ev.usage);
+      gate_.Write(Sse(usage));
+    }
+    gate_.Write("data: [DONE]\n\n");
+    gate_.Finish();
+  }
+
+ private:
+  // A chunk with one choice: `delta` (chat) or `text` (completions).
+  json Chunk(json content, json logprobs, json finish) const {
+    json choice = {
+        {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
+    json out = meta_.Envelope(meta_.chat ? "chat.completion.chunk" : "text_completion");
+    choice[meta_.chat ? "delta" : "text"] = std::move(content);
+    out["choices"] = json::array({std::move(choice)});
+    if (meta_.include_usage) out["usage"] = nullptr;
+    return out;
+  }
+
+  const Meta meta_;
+  HttpStreamGate gate_;
+  size_t offset_ = 0;  // completions logprobs: text offset of the next token
+};
+
+void Generate(const ServerCore& core, const http::Request& req, const Responder& r, bool chat) {
+  auto ticket = core.Admit();
+  if (!ticket.ok()) return SendError(r, ticket.status());
+  auto body = ParseJsonObject(req.body, "the request body");
+  if (!body.ok()) return SendError(r, body.status());
+  auto call = Parse(core, *body, chat);
+  if (!call.ok()) return SendError(r, call.status());
+
+  auto gen = std::make_unique<GenerateRequest>();
+  gen->model_name = call->model_name;
+  gen->id = call->id;
+  gen->prompt = std::move(call->prompt.ids);
+  gen->sampling = std::move(call->sampling);
+  gen->priority = call->priority;
+  const std::shared_ptr<CancelFlag> flag = gen->cancel;
+  const std::weak_ptr<Model> weak = call->model;
+  r->OnClientGone([flag, weak] { Cancel(flag, weak); });
+  Meta meta(*call);
+
+  if (call->stream) {
+    auto stream = std::make_shared<SseStream>(std::move(meta), r);
+    gen->on_event = [stream](GenerateEvent&& ev) { stream->OnEvent(std::move(ev)); };
+    Status s = Submit(call->model, std::move(gen), std::move(*ticket));
+    if (!s.ok()) return SendError(r, s);
+    stream->Start();
+    return;
+  }
+  auto result = std::make_shared<GenerationResult>();
+  gen->on_event = [result, r, meta = std::move(meta)](GenerateEvent&& ev) {
+    result->Add(std::move(ev));
+    if (!result->done()) return;
+    Status s = FinalStatus(result->finish, result->status);
+    if (!s.ok()) return SendError(r, s);
+    SendJson(r, 200, FullResponse(meta, *result), {{"X-Request-Id", meta.id}});
+  };
+  Status s = Submit(call->model, std::move(gen), std::move(*ticket));
+  if (!s.ok()) SendError(r, s);
+}
+
+json ModelObject(const Model& m, int64_t created) {
+  return {{"id", m.name()},          {"object", "model"},
+          {"created", created},      {"owned_by", "kiln"},
+          {"root", m.config().path}, {"max_model_len", m.llm()->model().info().context_length}};
+}
+
+void SendMethodNotAllowed(const Responder& r, const http::Request& req, std::string_view allow) {
+  json err = OpenAiError(
+      InvalidArgument("method ", req.method, " is not allowed on ", req.path, "; use ", allow));
+  SendJson(r, 405, err, {{"Allow", std::string(allow)}});
+}
+
+}  // namespace
+
+json OpenAiError(const Status& status) {
+  const int http = ToHttpStatus(status);
+  const std::string param = ParamOf(status);
+  std::string_view type = "server_error";
+  json code = nullptr;
+  switch (http) {
+    case 400:
+      type = "invalid_request_error";
+      break;
+    case 404:
+      type = "invalid_request_error";
+      if (param == "model") code = "model_not_found";
+      break;
+    case 429:
+      type = "rate_limit_error";
+      code = "rate_limit_exceeded";
+      break;
+    case 499:
+      type = "cancelled";
+      break;
+    case 501:
+      type = "not_implemented";
+      break;
+    case 503:
+      type = "service_unavailable";
+      break;
+    case 504:
+      type = "timeout";
+      break;
+  }
+  return {{"error",
+           {{"message", ValidUtf8(StatusMessage(status))},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", std::move(code)}}}};
+}
+
+OpenAiApi::OpenAiApi(ServerCore* core) : core_(core), created_(UnixNow()) {}
+
+bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder>& r) const {
+  std::vector<std::string> seg;
+  for (absl::string_view s : absl::StrSplit(ToAbsl(req.path), '/', absl::SkipEmpty())) {
+    seg.emplace_back(s);
+  }
+  if (seg.empty() || seg[0] != "v1") return false;
+  const bool get = req.method == "GET";
+  const bool post = req.method == "POST";
+  if (seg.size() == 2 && seg[1] == "models") {
+    if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
+    json data = json::array();
+    for (const auto& m : core_->repository->ReadyModels()) {
+      if (m->is_llm()) data.push_back(ModelObject(*m, created_));
+    }
+    SendJson(r, 200, {{"object", "list"}, {"data", std::move(data)}});
+    return true;
+  }
+  if (seg.size() == 3 && seg[1] == "models") {
+    if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
+    auto model = GetLlm(*core_, seg[2]);
+    if (!model.ok()) {
+      SendError(r, model.status().code() == StatusCode::kInvalidArgument
+                       ? WithParam(NotFound(model.status().message()), "model")
+                       : model.status());
+      return true;
+    }
+    SendJson(r, 200, ModelObject(**model, created_));
+    return true;
+  }
+  const bool completions = seg.size() == 2 && seg[1] == "completions";
+  const bool chat = seg.size() == 3 && seg[1] == "chat" && seg[2] == "completions";
+  if (completions || chat) {
+    if (!post) return SendMethodNotAllowed(r, req, "POST"), true;
+    Generate(*core_, req, r, chat);
+    return true;
+  }
+  SendError(r, NotFound("no route for ", req.method, " ", req.path,
+                        "; the OpenAI-compatible API serves /v1/models, /v1/completions and "
+                        "/v1/chat/completions"));
+  return true;
+}
+
+}  // namespace kiln::llm

@@ -1,0 +1,294 @@
+#include "server/llm/params.h"
+
+#include <charconv>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/cord.h"
+
+namespace kiln::llm {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kParamPayload = "type.kiln.dev/llm.param";
+
+std::string_view TypeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "a list";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unsupported value";
+  }
+}
+
+std::string Trimmed(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// Whole-string numeric parses for lenient fields.
+std::optional<double> ParseDouble(const std::string& s) {
+  const std::string t = Trimmed(s);
+  double v = 0;
+  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.empty() || ec != std::errc() || p != t.data() + t.size()) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+Status WithParam(Status status, std::string_view param) {
+  if (!status.ok()) status.SetPayload(ToAbsl(kParamPayload), absl::Cord(ToAbsl(param)));
+  return status;
+}
+
+std::string ParamOf(const Status& status) {
+  if (auto p = status.GetPayload(ToAbsl(kParamPayload))) return std::string(*p);
+  std::string_view m = StatusMessage(status);
+  if (m.size() > 2 && m[0] == '`') {
+    const size_t end = m.find('`', 1);
+    if (end != std::string_view::npos) return std::string(m.substr(1, end - 1));
+  }
+  return "";
+}
+
+JsonFields::JsonFields(const json& object, std::string prefix, bool lenient)
+    : object_(object), prefix_(std::move(prefix)), lenient_(lenient) {}
+
+const json* JsonFields::Get(std::string_view key) const {
+  auto it = object_.find(std::string(key));
+  if (it == object_.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool JsonFields::Has(std::string_view key) const { return Get(key) != nullptr; }
+
+StatusOr<std::optional<int64_t>> JsonFields::Int(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  auto bad = [&] {
+    return WithParam(InvalidArgument("`", Name(key), "` must be an integer, got ", TypeName(*v),
+                                     v->is_primitive() ? StrCat(" ", v->dump()) : std::string()),
+                     Name(key));
+  };
+  // nlohmann counts unsigned numbers as integers too: look at those first.
+  if (v->is_number_unsigned()) {
+    // Above int64: certainly out of every range; report the number as given.
+    if (v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return WithParam(InvalidArgument("`", Name(key), "` is ", v->dump(), ", which is too large"),
+                       Name(key));
+    }
+    return static_cast<int64_t>(v->get<uint64_t>());
+  }
+  if (v->is_number_integer()) return v->get<int64_t>();
+  std::optional<double> d;
+  if (v->is_number_float()) d = v->get<double>();
+  if (lenient_ && v->is_string()) d = ParseDouble(v->get<std::string>());
+  if (!d) return bad();
+  if (!std::isfinite(*d) || std::trunc(*d) != *d) return bad();
+  if (std::fabs(*d) >= 9.2e18) {
+    return WithParam(InvalidArgument("`", Name(key), "` is ", v->dump(), ", which is too large"),
+                     Name(key));
+  }
+  return static_cast<int64_t>(*d);
+}
+
+StatusOr<std::optional<double>> JsonFields::Number(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  if (v->is_number()) return v->get<double>();
+  if (lenient_ && v->is_string()) {
+    if (auto d = ParseDouble(v->get<std::string>())) return *d;
+  }
+  return WithParam(InvalidArgument("`", Name(key), "` must be a number, got ", TypeName(*v),
+                                   v->is_string() ? StrCat(" ", v->dump()) : std::string()),
+                   Name(key));
+}
+
+StatusOr<std::optional<bool>> JsonFields::Bool(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  if (v->is_boolean()) return v->get<bool>();
+  if (lenient_ && v->is_string()) {
+    const std::string s = Trimmed(v->get<std::string>());
+    if (s == "true" || s == "True" || s == "1") return true;
+    if (s == "false" || s == "False" || s == "0") return false;
+  }
+  return WithParam(InvalidArgument("`", Name(key), "` must be true or false, got ", TypeName(*v)),
+                   Name(key));
+}
+
+StatusOr<std::optional<std::string>> JsonFields::String(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  if (v->is_string()) return v->get<std::string>();
+  return WithParam(InvalidArgument("`", Name(key), "` must be a string, got ", TypeName(*v)),
+                   Name(key));
+}
+
+StatusOr<std::optional<std::vector<std::string>>> JsonFields::Strings(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  if (v->is_string()) return std::vector<std::string>{v->get<std::string>()};
+  if (v->is_array()) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v->size(); ++i) {
+      if (!(*v)[i].is_string()) {
+        return WithParam(
+            InvalidArgument("`", Name(key), "[", i, "]` must be a string, got ", TypeName((*v)[i])),
+            Name(key));
+      }
+      out.push_back((*v)[i].get<std::string>());
+    }
+    return out;
+  }
+  return WithParam(InvalidArgument("`", Name(key), "` must be a string or a list of strings, got ",
+                                   TypeName(*v)),
+                   Name(key));
+}
+
+StatusOr<std::optional<std::vector<int64_t>>> JsonFields::Ints(std::string_view key) const {
+  const json* v = Get(key);
+  if (!v) return std::nullopt;
+  if (!v->is_array()) {
+    return WithParam(
+        InvalidArgument("`", Name(key), "` must be a list of integers, got ", TypeName(*v)),
+        Name(key));
+  }
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& e = (*v)[i];
+    if (e.is_number_unsigned()) {
+      out.push_back(static_cast<int64_t>(
+          std::min<uint64_t>(e.get<uint64_t>(), std::numeric_limits<int64_t>::max())));
+    } else if (e.is_number_integer()) {
+      out.push_back(e.get<int64_t>());
+    } else {
+      return WithParam(
+          InvalidArgument("`", Name(key), "[", i, "]` must be an integer, got ", TypeName(e)),
+          Name(key));
+    }
+  }
+  return out;
+}
+
+Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p) {
+  auto read_float = [&](std::string_view key, float* out) -> Status {
+    KILN_ASSIGN_OR_RETURN(auto v, f.Number(key));
+    if (v) *out = static_cast<float>(*v);
+    return OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(read_float("temperature", &p->temperature));
+  KILN_RETURN_IF_ERROR(read_float("top_p", &p->top_p));
+  KILN_RETURN_IF_ERROR(read_float("min_p", &p->min_p));
+  KILN_RETURN_IF_ERROR(read_float("repetition_penalty", &p->repetition_penalty));
+  KILN_RETURN_IF_ERROR(read_float("presence_penalty", &p->presence_penalty));
+  KILN_RETURN_IF_ERROR(read_float("frequency_penalty", &p->frequency_penalty));
+  KILN_ASSIGN_OR_RETURN(auto top_k, f.Int("top_k"));
+  if (top_k) {
+    // vLLM spells "off" as -1; Kiln as 0.
+    if (*top_k < -1 || *top_k > std::numeric_limits<int32_t>::max()) {
+      return WithParam(InvalidArgument("`", f.Name("top_k"), "` is ", *top_k,
+                                       "; it must be >= 0 (0 or -1 = off)"),
+                       f.Name("top_k"));
+    }
+    p->top_k = *top_k == -1 ? 0 : static_cast<int32_t>(*top_k);
+  }
+  KILN_ASSIGN_OR_RETURN(auto seed, f.Int("seed"));
+  // OpenAI's seed is any 64-bit integer; the sampler takes its bit pattern.
+  if (seed) p->seed = static_cast<uint64_t>(*seed);
+  KILN_ASSIGN_OR_RETURN(auto stop, f.Strings("stop"));
+  if (stop) p->stop = std::move(*stop);
+  KILN_ASSIGN_OR_RETURN(auto stop_ids, f.Ints("stop_token_ids"));
+  if (stop_ids) {
+    p->stop_token_ids.clear();
+    for (int64_t id : *stop_ids) {
+      if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
+        return WithParam(InvalidArgument("`", f.Name("stop_token_ids"), "` contains ", id,
+                                         ", which is not a token id"),
+                         f.Name("stop_token_ids"));
+      }
+      p->stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(auto ignore_eos, f.Bool("ignore_eos"));
+  if (ignore_eos) p->ignore_eos = *ignore_eos;
+  KILN_ASSIGN_OR_RETURN(auto min_tokens, f.Int("min_tokens"));
+  if (min_tokens) {
+    if (*min_tokens < 0 || *min_tokens > std::numeric_limits<int32_t>::max()) {
+      return WithParam(InvalidArgument("`", f.Name("min_tokens"), "` is ", *min_tokens,
+                                       "; it must be >= 0 and at most max_tokens"),
+                       f.Name("min_tokens"));
+    }
+    p->min_tokens = static_cast<int32_t>(*min_tokens);
+  }
+  return OkStatus();
+}
+
+StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view what) {
+  json parsed;
+  try {
+    parsed = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 9: ...";
+    // keep the part after the id.
+    std::string_view msg = e.what();
+    if (size_t p = msg.find("] "); p != std::string_view::npos) msg.remove_prefix(p + 2);
+    return InvalidArgument(what, " is not valid JSON: ", msg);
+  }
+  if (!parsed.is_object()) {
+    return InvalidArgument(what, " must be a JSON object, got ", TypeName(parsed));
+  }
+  return parsed;
+}
+
+std::string ValidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80           ? 1
+                 : (c >> 5) == 0x6  ? 2
+                 : (c >> 4) == 0xE  ? 3
+                 : (c >> 3) == 0x1E ? 4
+                                    : 0;
+    bool ok = len > 0 && i + len <= s.size() && !(len == 2 && c < 0xC2);
+    for (size_t k = 1; ok && k < len; ++k) {
+      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
+    }
+    if (ok && len == 3) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
+    }
+    if (ok && len == 4) {
+      const auto c1 = static_cast<unsigned char>(s[i + 1]);
+      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90) && c <= 0xF4;
+    }
+    if (!ok) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+      continue;
+    }
+    out.append(s.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+}  // namespace kiln::llm

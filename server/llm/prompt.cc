@@ -1,0 +1,297 @@
+#include "server/llm/prompt.h"
+
+#include <algorithm>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "server/llm/params.h"
+
+namespace kiln::llm {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+bool KnownRole(std::string_view role) {
+  return role == "system" || role == "user" || role == "assistant" || role == "tool" ||
+         role == "developer";
+}
+
+Status Bad(std::string_view param, Status status) { return WithParam(std::move(status), param); }
+
+// The first control token that `text` would produce if special tokens were parsed in it.
+std::optional<int32_t> ControlTokenIn(const models::Tokenizer& tok, std::string_view text) {
+  auto ids = tok.Encode(text, {.add_special_tokens = false, .parse_special = true});
+  if (!ids.ok()) return std::nullopt;
+  for (int32_t id : *ids) {
+    if (tok.IsSpecial(id)) return id;
+  }
+  return std::nullopt;
+}
+
+StatusOr<std::vector<int32_t>> Encode(const models::Tokenizer& tok, std::string_view text,
+                                      models::EncodeOptions options, std::string_view field) {
+  auto ids = tok.Encode(text, options);
+  if (!ids.ok()) return Bad(field, Annotate(ids.status(), StrCat("`", field, "`")));
+  return std::move(*ids);
+}
+
+StatusOr<Prompt> BuildChat(const models::LlmModel& model, std::string_view model_name,
+                           const PromptRequest& req) {
+  const models::ChatTemplate* tmpl = model.chat_template();
+  if (tmpl == nullptr) {
+    return Bad(req.field, InvalidArgument("model '", model_name,
+                                          "' has no chat template; send a plain-text prompt "
+                                          "(/v1/completions) instead of chat messages"));
+  }
+  KILN_ASSIGN_OR_RETURN(ojson messages, NormalizeMessages(req.messages, req.field));
+  models::ChatTemplate::Inputs in;
+  in.messages = messages;
+  in.add_generation_prompt = req.add_generation_prompt;
+  auto rendered = tmpl->Apply(in);
+  if (!rendered.ok()) {
+    return Bad(req.field, Annotate(rendered.status(), StrCat("`", req.field, "`")));
+  }
+  const models::Tokenizer& tok = model.tokenizer();
+  Prompt out;
+  out.text = std::move(*rendered);
+
+  // Where no message carries control-token text, the whole rendering tokenizes exactly as
+  // transformers would (template markup parsed as control tokens).
+  std::optional<size_t> tainted;
+  std::optional<int32_t> token;
+  for (size_t i = 0; i < messages.size() && !tainted; ++i) {
+    const ojson& c = messages[i]["content"];
+    if (!c.is_string()) continue;
+    if ((token = ControlTokenIn(tok, c.get_ref<const std::string&>()))) tainted = i;
+  }
+  if (!tainted) {
+    KILN_ASSIGN_OR_RETURN(
+        out.ids,
+        Encode(tok, out.text, {.add_special_tokens = false, .parse_special = true}, req.field));
+    return out;
+  }
+
+  // Otherwise render again with each content replaced by a unique marker, tokenize the
+  // markup between markers with control tokens and the contents without. This is exact only
+  // if the template copies contents verbatim (no trim, no filters): check that putting the
+  // contents back gives the same text.
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const std::string nonce = absl::StrCat(rng());
+  auto marker = [&](size_t i) { return absl::StrCat("\x1e", nonce, ":", i, "\x1e"); };
+  ojson marked = messages;
+  std::vector<std::pair<std::string, std::string>> contents;  // marker, content
+  for (size_t i = 0; i < marked.size(); ++i) {
+    if (!marked[i]["content"].is_string()) continue;
+    contents.emplace_back(marker(i), marked[i]["content"].get<std::string>());
+    marked[i]["content"] = contents.back().first;
+  }
+  in.messages = marked;
+  auto skeleton = tmpl->Apply(in);
+  std::vector<int32_t> ids;
+  std::string rebuilt;
+  bool verbatim = skeleton.ok();
+  if (verbatim) {
+    std::string_view rest = *skeleton;
+    while (verbatim && !rest.empty()) {
+      // The next marker in the rest of the skeleton.
+      size_t at = std::string_view::npos;
+      const std::pair<std::string, std::string>* which = nullptr;
+      for (const auto& c : contents) {
+        size_t p = rest.find(c.first);
+        if (p < at) {
+          at = p;
+          which = &c;
+        }
+      }
+      const std::string_view markup = rest.substr(0, at);
+      KILN_ASSIGN_OR_RETURN(
+          auto part,
+          Encode(tok, markup, {.add_special_tokens = false, .parse_special = true}, req.field));
+      ids.insert(ids.end(), part.begin(), part.end());
+      rebuilt.append(markup);
+      if (which == nullptr) break;
+      KILN_ASSIGN_OR_RETURN(
+          part, Encode(tok, which->second, {.add_special_tokens = false, .parse_special = false},
+                       req.field));
+      ids.insert(ids.end(), part.begin(), part.end());
+      rebuilt.append(which->second);
+      rest.remove_prefix(at + which->first.size());
+    }
+    verbatim = rebuilt == out.text;
+  }
+  if (!verbatim) {
+    return Bad(StrCat(req.field, "[", *tainted, "].content"),
+               InvalidArgument("`", req.field, "[", *tainted,
+                               "].content` contains the control token text `", tok.Piece(*token),
+                               "`, which model '", model_name,
+                               "''s chat template cannot keep apart from its own markup; remove "
+                               "it from the message"));
+  }
+  out.ids = std::move(ids);
+  return out;
+}
+
+}  // namespace
+
+StatusOr<ojson> NormalizeMessages(const ojson& messages, std::string_view field) {
+  if (!messages.is_array()) {
+    return Bad(field, InvalidArgument("`", field, "` must be a list of messages"));
+  }
+  if (messages.empty()) {
+    return Bad(field, InvalidArgument("`", field, "` is empty; send at least one message"));
+  }
+  ojson out = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& m = messages[i];
+    const std::string at = StrCat(field, "[", i, "]");
+    if (!m.is_object()) {
+      return Bad(at, InvalidArgument("`", at, "` must be an object with `role` and `content`"));
+    }
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return Bad(StrCat(at, ".role"),
+                 InvalidArgument("`", at,
+                                 ".role` is missing or not a string; allowed roles: ", kChatRoles));
+    }
+    const std::string& r = role->get_ref<const std::string&>();
+    if (!KnownRole(r)) {
+      return Bad(StrCat(at, ".role"), InvalidArgument("`", at, ".role` is `", ValidUtf8(r),
+                                                      "`; allowed roles: ", kChatRoles));
+    }
+    ojson norm = m;
+    norm["role"] = r == "developer" ? "system" : r;
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      // Only an assistant turn that calls tools may come without content.
+      if (r != "assistant") {
+        return Bad(StrCat(at, ".content"), InvalidArgument("`", at, ".content` is missing; a ", r,
+                                                           " message needs content"));
+      }
+      norm["content"] = nullptr;
+    } else if (content->is_string()) {
+      // as is
+    } else if (content->is_array()) {
+      std::string text;
+      for (size_t k = 0; k < content->size(); ++k) {
+        const ojson& part = (*content)[k];
+        const std::string pat = StrCat(at, ".content[", k, "]");
+        auto type = part.is_object() ? part.find("type") : part.end();
+        if (!part.is_object() || type == part.end() || !type->is_string()) {
+          return Bad(pat, InvalidArgument("`", pat, "` must be an object with a `type`"));
+        }
+        if (*type != "text") {
+          return Bad(pat,
+                     InvalidArgument("`", pat, "` has type `", ValidUtf8(type->get<std::string>()),
+                                     "`; this model takes text only (type `text`)"));
+        }
+        auto t = part.find("text");
+        if (t == part.end() || !t->is_string()) {
+          return Bad(pat, InvalidArgument("`", pat, ".text` is missing or not a string"));
+        }
+        if (k > 0) text += "\n";
+        text += t->get_ref<const std::string&>();
+      }
+      norm["content"] = text;
+    } else {
+      return Bad(
+          StrCat(at, ".content"),
+          InvalidArgument("`", at, ".content` must be a string or a list of text parts, got ",
+                          content->type_name()));
+    }
+    out.push_back(std::move(norm));
+  }
+  return out;
+}
+
+StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view model_name,
+                             const PromptRequest& req) {
+  const models::Tokenizer& tok = model.tokenizer();
+  Prompt out;
+  switch (req.kind) {
+    case PromptRequest::Kind::kChat: {
+      KILN_ASSIGN_OR_RETURN(out, BuildChat(model, model_name, req));
+      break;
+    }
+    case PromptRequest::Kind::kText: {
+      KILN_ASSIGN_OR_RETURN(
+          out.ids, Encode(tok, req.text,
+                          {.add_special_tokens = req.add_special_tokens, .parse_special = false},
+                          req.field));
+      out.text = req.text;
+      break;
+    }
+    case PromptRequest::Kind::kTokenIds: {
+      const int32_t vocab = model.info().vocab_size;
+      out.ids.reserve(req.token_ids.size());
+      for (size_t i = 0; i < req.token_ids.size(); ++i) {
+        const int64_t id = req.token_ids[i];
+        if (id < 0 || id >= vocab) {
+          return Bad(req.field, InvalidArgument("`", req.field, "[", i, "]` is ", id,
+                                                ", which is not a token of model '", model_name,
+                                                "' (token ids are 0 to ", vocab - 1, ")"));
+        }
+        out.ids.push_back(static_cast<int32_t>(id));
+      }
+      out.text = tok.Decode(out.ids, {.skip_special_tokens = false});
+      break;
+    }
+  }
+  if (out.ids.empty()) {
+    return Bad(req.field, InvalidArgument("`", req.field,
+                                          "` is empty; the prompt needs at least "
+                                          "one token"));
+  }
+  return out;
+}
+
+int64_t KvCapacityTokens(const ContinuousBatcher& batcher) {
+  const ContinuousBatcherOptions& o = batcher.options();
+  const auto snap = batcher.snapshot();
+  if (snap.kv_blocks_total > 0) return int64_t{snap.kv_blocks_total} * o.block_size;
+  // The snapshot is filled after the first step; before it, size the pool as Start() does.
+  int64_t blocks = o.num_blocks;
+  if (blocks <= 0) {
+    const int64_t per_block = batcher.model().KvBytesPerBlock(o.block_size);
+    blocks = per_block > 0 ? o.kv_cache_bytes / per_block : 0;
+  }
+  return std::min<int64_t>(blocks, 1 << 24) * o.block_size;
+}
+
+StatusOr<int32_t> ResolveMaxTokens(const ContinuousBatcher& batcher, int64_t prompt_tokens,
+                                   std::optional<int64_t> requested,
+                                   std::string_view max_tokens_field, std::string_view prompt_field,
+                                   int32_t default_max_tokens) {
+  const std::string& name = batcher.name();
+  const int64_t context = batcher.model().info().context_length;
+  const int64_t kv = KvCapacityTokens(batcher);
+  if (prompt_tokens >= context) {
+    return Bad(prompt_field, InvalidArgument("the prompt is ", prompt_tokens, " tokens but model '",
+                                             name, "' has a context of ", context,
+                                             " tokens (it must leave room for at least one new "
+                                             "token)"));
+  }
+  if (prompt_tokens >= kv) {
+    return Bad(prompt_field,
+               InvalidArgument("the prompt is ", prompt_tokens, " tokens but model '", name,
+                               "''s KV cache holds ", kv,
+                               " tokens (scheduler.kv_cache_bytes); shorten the prompt"));
+  }
+  const int64_t room = std::min(context, kv) - prompt_tokens;
+  if (!requested) return static_cast<int32_t>(std::min<int64_t>(room, default_max_tokens));
+  if (*requested < 1) {
+    return Bad(max_tokens_field, InvalidArgument("`", max_tokens_field, "` is ", *requested,
+                                                 "; it must be at least 1 (leave it out for up to ",
+                                                 std::min<int64_t>(room, default_max_tokens), ")"));
+  }
+  if (*requested > room) {
+    return Bad(max_tokens_field,
+               InvalidArgument("`", max_tokens_field, "` is ", *requested, " but the prompt (",
+                               prompt_tokens, " tokens) leaves room for at most ", room,
+                               " in model '", name, "''s ",
+                               kv < context ? StrCat("KV cache of ", kv, " tokens")
+                                            : StrCat("context of ", context, " tokens")));
+  }
+  return static_cast<int32_t>(*requested);
+}
+
+}  // namespace kiln::llm
