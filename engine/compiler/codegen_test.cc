@@ -1,0 +1,114 @@
+#include "engine/compiler/codegen.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "engine/compiler/testing/samples.h"
+#include "engine/ops.h"
+
+namespace kiln::compiler {
+namespace {
+
+const std::vector<testing::Sample>& Samples() {
+  static const auto* s = new std::vector<testing::Sample>(testing::SampleSpecs());
+  return *s;
+}
+
+TEST(CodegenTest, EveryOpFormIsSampled) {
+  std::set<std::string> names;
+  for (const testing::Sample& s : Samples()) names.insert(s.spec.name);
+  for (int i = 0; i < static_cast<int>(OpKind::kNumOps); ++i) {
+    const OpDef& def = GetOpDef(static_cast<OpKind>(i));
+    if (def.pointwise == nullptr && def.reduce == nullptr) continue;
+    EXPECT_TRUE(names.count(def.name)) << "no sample kernel for " << def.name;
+  }
+  EXPECT_GT(Samples().size(), 100u);
+}
+
+TEST(CodegenTest, EverySampleGeneratesInEveryDialect) {
+  for (const testing::Sample& s : Samples()) {
+    for (Dialect d : {Dialect::kCpp, Dialect::kOpenCL, Dialect::kCuda, Dialect::kHip}) {
+      StatusOr<GeneratedKernel> k = GenerateKernel(s.spec, d);
+      ASSERT_TRUE(k.ok()) << s.label << " (" << DialectName(d) << "): " << k.status();
+      EXPECT_NE(k->code.find(k->entry), std::string::npos);
+      EXPECT_EQ(k->code.find("kiln_KERNEL_NAME"), std::string::npos);
+    }
+  }
+}
+
+TEST(CodegenTest, KeysAreDeterministicAndDistinguishSpecs) {
+  ASSERT_GE(Samples().size(), 2u);
+  const KernelSpec& a = Samples()[0].spec;
+  const KernelSpec& b = Samples()[1].spec;
+  auto ka = GenerateKernel(a, Dialect::kCpp), ka2 = GenerateKernel(a, Dialect::kCpp);
+  auto kb = GenerateKernel(b, Dialect::kCpp), kc = GenerateKernel(a, Dialect::kOpenCL);
+  ASSERT_TRUE(ka.ok() && ka2.ok() && kb.ok() && kc.ok());
+  EXPECT_EQ(ka->key, ka2->key);
+  EXPECT_EQ(ka->entry, ka2->entry);
+  EXPECT_NE(ka->key, kb->key);
+  EXPECT_NE(ka->key, kc->key);  // the dialect is part of the key
+  EXPECT_EQ(ka->key.size(), 64u);
+}
+
+TEST(CodegenTest, InvalidSpecsAreRefused) {
+  KernelSpec s;
+  s.name = "bad";
+  s.rank = 1;
+  s.out_rank = 1;
+  s.out_dtype = DType::kF32;
+  s.args = {{DType::kF32, ArgRole::kFull, 1}};
+  s.value = Expr::Input(1);  // no such arg
+  EXPECT_FALSE(GenerateKernel(s, Dialect::kCpp).ok());
+  s.value = Expr::Input(0, DType::kF64);  // wrong leaf type for an f32 arg
+  EXPECT_FALSE(GenerateKernel(s, Dialect::kCpp).ok());
+  s.value = Expr::Input(0) + Expr::Acc(0);  // reduction leaf in a pointwise kernel
+  EXPECT_FALSE(GenerateKernel(s, Dialect::kCpp).ok());
+  s.args[0].dtype = DType::kQ4_0;
+  s.value = Expr::Input(0);
+  EXPECT_EQ(GenerateKernel(s, Dialect::kCpp).status().code(), StatusCode::kUnimplemented);
+}
+
+TEST(CodegenTest, PackDeviceMetaFollowsTheLayout) {
+  KernelSpec s;
+  s.name = "add";
+  s.kind = KernelKind::kPointwise;
+  s.rank = s.out_rank = 2;
+  s.out_dtype = DType::kF32;
+  s.args = {{DType::kF32, ArgRole::kFull, 2}, {DType::kF32, ArgRole::kFull, 2}};
+  s.value = Expr::Input(0) + Expr::Input(1);
+  TensorArg in[2];
+  LaunchArgs a;
+  a.inputs = in;
+  a.num_inputs = 2;
+  a.output.rank = 2;
+  a.output.shape[0] = 3, a.output.shape[1] = 5;
+  a.output.strides[0] = 5, a.output.strides[1] = 1;
+  in[0] = a.output;
+  in[1] = a.output;
+  in[1].strides[0] = 0;  // broadcast rows
+  const int64_t offs[] = {7, 8, 9};
+  const std::vector<int64_t> m = PackDeviceMeta(s, a, offs);
+  EXPECT_EQ(m, (std::vector<int64_t>{3, 5, 7, 5, 1, 8, 5, 1, 9, 0, 1}));
+  const DeviceGeometry g = DeviceLaunchGeometry(s, a);
+  EXPECT_EQ(g.local_size, 128);
+  EXPECT_EQ(g.global_size, 128);
+}
+
+// All samples in one C++ module must compile with the system compiler (the CPU JIT's tests
+// run them; this catches printer errors early and cheaply).
+TEST(CodegenTest, CppModuleCompiles) {
+  if (std::system("c++ --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no c++ compiler";
+  std::vector<GeneratedKernel> ks;
+  for (const testing::Sample& s : Samples()) ks.push_back(*GenerateKernel(s.spec, Dialect::kCpp));
+  const std::string path = ::testing::TempDir() + "/kiln_codegen_test.cc";
+  std::ofstream(path) << ModuleSource(Dialect::kCpp, ks);
+  const std::string cmd = "c++ -std=c++17 -fsyntax-only -Wall -Werror -Wno-unknown-pragmas " + path;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace kiln::compiler
