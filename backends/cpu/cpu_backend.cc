@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
+#include "backends/cpu/kernels/select.h"
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
 
@@ -255,6 +256,11 @@ class CpuDevice final : public HostDevice {
   explicit CpuDevice(int threads) : HostDevice("cpu:0", threads) {}
 
   StatusOr<Kernel> GetKernel(const KernelRequest& req) override {
+    // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
+    KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast,
+                          cpu::SelectKernel(req, cpu::DefaultSelectContext(this, threads(),
+                                                                           ref::KernelFor)));
+    if (fast) return *std::move(fast);
     const OpDef& def = GetOpDef(req.op);
     std::vector<DType> in;
     for (const TensorType& t : req.inputs) in.push_back(t.dtype);

@@ -1,0 +1,281 @@
+#include "backends/cpu/kernels/attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cpu/kernels/kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+using backend::Kernel;
+using backend::KernelRequest;
+
+// A decode row is split over its context when it has at least this many keys per part.
+constexpr int64_t kMinSplitKeys = 256;
+
+// Partial softmax states and arrival counters of one launch's split rows.
+struct SplitScratch {
+  std::vector<float> partials;
+  std::unique_ptr<std::atomic<int>[]> arrivals;
+  size_t num_arrivals = 0;
+};
+
+struct AttnData {
+  const IsaKernels* k = nullptr;
+  MaskKind mask = MaskKind::kNone;
+  int64_t window = 0;
+  float scale = 1;
+  Kernel fallback;
+  mutable std::mutex mu;
+  mutable std::unordered_map<const LaunchArgs*, std::unique_ptr<SplitScratch>> scratch;
+
+  // The scratch of launch `a` with room for `floats` partial floats and `rows` counters.
+  SplitScratch* ScratchFor(const LaunchArgs* a, size_t floats, size_t rows) const {
+    std::lock_guard<std::mutex> l(mu);
+    std::unique_ptr<SplitScratch>& s = scratch[a];
+    if (s == nullptr) s = std::make_unique<SplitScratch>();
+    if (s->partials.size() < floats) s->partials.resize(floats);
+    if (s->num_arrivals < rows) {
+      s->arrivals.reset(new std::atomic<int>[rows]);
+      for (size_t i = 0; i < rows; ++i) s->arrivals[i].store(0, std::memory_order_relaxed);
+      s->num_arrivals = rows;
+    }
+    return s.get();
+  }
+};
+
+struct Item {
+  int64_t seq, g, t0, t1, pos0, j0, j1;
+  int64_t split = -1;  // index of the split row (decode split over the context), else -1
+  int64_t part = 0;    // which part of the split row
+  int64_t cost = 0;
+};
+
+struct SplitRow {
+  int64_t seq, g, t, parts;
+  size_t offset;  // into SplitScratch::partials
+};
+
+bool InnerContiguous(const TensorArg& t) {
+  return t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1;
+}
+
+void RunFallback(const AttnData& d, const LaunchArgs& a, const ExecCtx& c) {
+  LaunchArgs fa = a;
+  fa.kernel_data = d.fallback.data.get();
+  d.fallback.fn(fa, c);
+}
+
+void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &kc = a.inputs[1], &vc = a.inputs[2];
+  const TensorArg &bt = a.inputs[3], &sl = a.inputs[4], &qs = a.inputs[5], &o = a.output;
+  if (!InnerContiguous(q) || !InnerContiguous(kc) || !InnerContiguous(vc) || !InnerContiguous(o)) {
+    return RunFallback(d, a, c);
+  }
+  const int64_t T = q.shape[0], Hq = q.shape[1], D = q.shape[2];
+  const int64_t NB = kc.shape[0], BS = kc.shape[1], Hkv = kc.shape[2], Dv = vc.shape[3];
+  const int64_t S = bt.shape[0], MB = bt.shape[1];
+  const int64_t G = Hq / Hkv;
+  // Query ranges; overlapping ranges (bad data) go to the reference kernel, which defines
+  // their meaning (later sequences overwrite earlier ones).
+  std::vector<int64_t> q0(S), q1(S), len(S);
+  int64_t prev_end = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    q0[s] = std::clamp<int64_t>(LoadInt(qs.data, qs.dtype, s * qs.strides[0]), 0, T);
+    q1[s] = std::clamp<int64_t>(LoadInt(qs.data, qs.dtype, (s + 1) * qs.strides[0]), q0[s], T);
+    len[s] = std::max<int64_t>(LoadInt(sl.data, sl.dtype, s * sl.strides[0]), 0);
+    if (q1[s] > q0[s]) {
+      if (q0[s] < prev_end) return RunFallback(d, a, c);
+      prev_end = q1[s];
+    }
+  }
+
+  // Work items, identical on every thread.
+  const int nt = c.thread_count;
+  int64_t num_items_unsplit = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    if (q1[s] > q0[s]) num_items_unsplit += Hkv;
+  }
+  std::vector<Item> items;
+  std::vector<SplitRow> splits;
+  size_t split_floats = 0;
+  const int64_t want = 4 * nt;  // items to aim for
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t nq = q1[s] - q0[s];
+    if (nq == 0) continue;
+    const int64_t pos0 = len[s] - nq;
+    for (int64_t g = 0; g < Hkv; ++g) {
+      // Visible keys of a decode row (position len - 1).
+      const int64_t klo =
+          d.mask == MaskKind::kSlidingWindow ? std::max<int64_t>(0, len[s] - d.window) : 0;
+      const int64_t span = len[s] - klo;
+      if (nq == 1 && num_items_unsplit < want && span >= 2 * kMinSplitKeys) {
+        const int64_t parts =
+            std::min(span / kMinSplitKeys, (want + num_items_unsplit - 1) / num_items_unsplit);
+        splits.push_back({s, g, q0[s], parts, split_floats});
+        split_floats += static_cast<size_t>(parts * G * AttnPartialFloats(Dv));
+        for (int64_t p = 0; p < parts; ++p) {
+          const int64_t j0 = klo + span * p / parts, j1 = klo + span * (p + 1) / parts;
+          items.push_back({s, g, q0[s], q1[s], pos0, j0, j1,
+                           static_cast<int64_t>(splits.size()) - 1, p, j1 - j0});
+        }
+        continue;
+      }
+      // Rows in chunks so that there are enough items to balance.
+      const int64_t chunks =
+          std::clamp<int64_t>(want / std::max<int64_t>(num_items_unsplit, 1), 1, nq);
+      for (int64_t ch = 0; ch < chunks; ++ch) {
+        const int64_t t0 = q0[s] + nq * ch / chunks, t1 = q0[s] + nq * (ch + 1) / chunks;
+        if (t0 == t1) continue;
+        const int64_t last = pos0 + (t1 - q0[s]);  // visible keys of the last row (causal)
+        const int64_t keys =
+            d.mask == MaskKind::kNone ? len[s] : std::clamp<int64_t>(last, 1, len[s]);
+        items.push_back({s, g, t0, t1, pos0 + (t0 - q0[s]), 0, len[s], -1, 0,
+                         (t1 - t0) * std::max<int64_t>(keys, 1)});
+      }
+    }
+  }
+
+  // Rows covered by no sequence are zero (this thread's share of them).
+  {
+    const int64_t r0 = T * c.thread_index / nt, r1 = T * (c.thread_index + 1) / nt;
+    std::vector<char> covered(static_cast<size_t>(std::max<int64_t>(r1 - r0, 0)), 0);
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t t = std::max(q0[s], r0); t < std::min(q1[s], r1); ++t) covered[t - r0] = 1;
+    }
+    for (int64_t t = r0; t < r1; ++t) {
+      if (covered[t - r0]) continue;
+      for (int64_t h = 0; h < Hq; ++h) {
+        float* out = static_cast<float*>(o.data) + t * o.strides[0] + h * o.strides[1];
+        std::fill(out, out + Dv, 0.0f);
+      }
+    }
+  }
+  if (items.empty()) return;
+
+  // This thread's items: a contiguous run by cumulative cost.
+  int64_t total = 0;
+  for (const Item& it : items) total += it.cost;
+  const int64_t lo = total * c.thread_index / nt, hi = total * (c.thread_index + 1) / nt;
+  SplitScratch* scratch = splits.empty() ? nullptr : d.ScratchFor(&a, split_floats, splits.size());
+
+  AttnArgs args;
+  args.q = static_cast<const float*>(q.data);
+  args.q_st = q.strides[0];
+  args.q_sh = q.strides[1];
+  args.k = kc.data;
+  args.v = vc.data;
+  args.kv_dtype = kc.dtype;
+  args.k_sb = kc.strides[0];
+  args.k_ss = kc.strides[1];
+  args.k_sh = kc.strides[2];
+  args.v_sb = vc.strides[0];
+  args.v_ss = vc.strides[1];
+  args.v_sh = vc.strides[2];
+  args.block_size = BS;
+  args.out = static_cast<float*>(o.data);
+  args.o_st = o.strides[0];
+  args.o_sh = o.strides[1];
+  args.Hq = Hq;
+  args.Hkv = Hkv;
+  args.D = D;
+  args.Dv = Dv;
+  args.scale = d.scale;
+  args.mask = d.mask;
+  args.window = d.window;
+
+  std::vector<int64_t> blocks;
+  int64_t blocks_seq = -1;
+  int64_t start = 0;
+  for (const Item& it : items) {
+    const int64_t mid = start + it.cost / 2;  // an item belongs to the thread owning its middle
+    start += it.cost;
+    if (mid < lo || mid >= hi) continue;
+    if (it.seq != blocks_seq) {
+      blocks_seq = it.seq;
+      blocks.assign(static_cast<size_t>((len[it.seq] + BS - 1) / BS), -1);
+      for (int64_t slot = 0; slot < static_cast<int64_t>(blocks.size()) && slot < MB; ++slot) {
+        const int64_t b = LoadInt(bt.data, bt.dtype, it.seq * bt.strides[0] + slot * bt.strides[1]);
+        blocks[slot] = (b >= 0 && b < NB) ? b : -1;
+      }
+    }
+    AttnTask task;
+    task.blocks = blocks.data();
+    task.t0 = it.t0;
+    task.t1 = it.t1;
+    task.pos0 = it.pos0;
+    task.g = it.g;
+    task.j0 = it.j0;
+    task.j1 = it.j1;
+    if (it.split < 0) {
+      d.k->attend(args, task);
+      continue;
+    }
+    const SplitRow& sr = splits[it.split];
+    float* base = scratch->partials.data() + sr.offset;
+    task.partial = base + it.part * G * AttnPartialFloats(Dv);
+    d.k->attend(args, task);
+    // The last part to finish merges all of them (acquire: sees every part's writes).
+    std::atomic<int>& arrived = scratch->arrivals[it.split];
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 < sr.parts) continue;
+    arrived.store(0, std::memory_order_relaxed);  // ready for the next launch
+    std::vector<const float*> parts(static_cast<size_t>(sr.parts));
+    for (int64_t h = 0; h < G; ++h) {
+      for (int64_t p = 0; p < sr.parts; ++p) {
+        parts[p] = base + (p * G + h) * AttnPartialFloats(Dv);
+      }
+      float* out = args.out + sr.t * args.o_st + (sr.g * G + h) * args.o_sh;
+      CombinePartials(parts.data(), static_cast<int>(sr.parts), Dv, out);
+    }
+  }
+}
+
+// mask_mod -> MaskKind; nullopt if it is not one the kernel implements.
+std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
+  if (!mask) return std::pair{MaskKind::kNone, int64_t{0}};
+  if (mask == attn::CausalMask()) return std::pair{MaskKind::kCausal, int64_t{0}};
+  // SlidingWindowMask(w) = (kv <= q) && (q - kv < w): read w, then compare whole trees.
+  const ExprNode& n = mask.node();
+  if (n.op == ExprOp::kAnd && n.args.size() == 2 && n.args[1].node().args.size() == 2) {
+    const ExprNode& w = n.args[1].node().args[1].node();
+    if (w.op == ExprOp::kConst && w.type == DType::kI64 && w.ivalue > 0 &&
+        mask == attn::SlidingWindowMask(w.ivalue)) {
+      return std::pair{MaskKind::kSlidingWindow, w.ivalue};
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& req,
+                                                         const SelectContext& ctx) {
+  if (req.inputs.size() != 6 || req.attrs->expr[1]) return std::optional<Kernel>();
+  const DType kv = req.inputs[1].dtype;
+  if (req.inputs[0].dtype != DType::kF32 || req.output.dtype != DType::kF32 ||
+      req.inputs[2].dtype != kv || (kv != DType::kF32 && kv != DType::kF16 && kv != DType::kBF16)) {
+    return std::optional<Kernel>();
+  }
+  const auto mask = ClassifyMask(req.attrs->expr[0]);
+  if (!mask) return std::optional<Kernel>();
+  auto d = std::make_shared<AttnData>();
+  d->k = KernelsFor(ctx.isa);
+  if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
+  d->mask = mask->first;
+  d->window = mask->second;
+  d->scale = static_cast<float>(req.attrs->floats[0]);
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  static const char* kMaskNames[] = {"none", "causal", "window"};
+  std::string name = absl::StrCat("cpu.paged_attention.", IsaName(d->k->isa), "[",
+                                  kMaskNames[static_cast<int>(d->mask)], "]");
+  return std::optional<Kernel>(Kernel{PagedAttentionKernel, std::move(d), std::move(name)});
+}
+
+}  // namespace kiln::cpu

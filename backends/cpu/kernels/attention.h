@@ -1,0 +1,23 @@
+// Paged attention on the cpu backend (see select.h for what is covered).
+//
+// Work items are (sequence, kv head, query rows): the query heads that share a kv head are
+// processed together (each key and value row is loaded once for the whole group), and
+// items are spread over the pool by estimated cost. A decode row (one query of a
+// sequence) with a long context is also split over the context: each part produces an
+// unnormalized softmax state and the last thread to finish a row merges them, so a single
+// long sequence keeps every thread busy without a barrier.
+//
+// Kernel data holds per-launch scratch for those partial states (keyed by the launch, so
+// programs that share kernels may run concurrently on different streams).
+#pragma once
+
+#include <optional>
+
+#include "backends/cpu/kernels/select.h"
+
+namespace kiln::cpu {
+
+StatusOr<std::optional<backend::Kernel>> MakePagedAttentionKernel(const backend::KernelRequest& req,
+                                                                  const SelectContext& ctx);
+
+}  // namespace kiln::cpu

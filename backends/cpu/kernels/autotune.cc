@@ -1,0 +1,191 @@
+#include "backends/cpu/kernels/autotune.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "spdlog/spdlog.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr char kFileName[] = "cpu_gemm_tuning.v1.txt";
+
+// Parses "key\tm=name m=name" lines into `out` (malformed lines are skipped).
+void ParseInto(std::istream& in,
+               std::map<std::string, std::map<int64_t, std::string>, std::less<>>* out) {
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos || tab == 0) continue;
+    std::map<int64_t, std::string> e;
+    std::istringstream fields(line.substr(tab + 1));
+    std::string f;
+    bool ok = true;
+    while (fields >> f) {
+      const size_t eq = f.find('=');
+      char* end = nullptr;
+      const long long m = eq == std::string::npos ? 0 : std::strtoll(f.c_str(), &end, 10);
+      if (eq == std::string::npos || end != f.c_str() + eq || m <= 0 || eq + 1 == f.size()) {
+        ok = false;
+        break;
+      }
+      e[m] = f.substr(eq + 1);
+    }
+    if (ok && !e.empty()) (*out)[line.substr(0, tab)] = std::move(e);
+  }
+}
+
+}  // namespace
+
+std::string CpuCacheDir() {
+  if (const char* d = std::getenv("KILN_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    return std::string(h) + "/.cache/kiln";
+  }
+  return "";
+}
+
+bool AutotuneEnabled() {
+  const char* v = std::getenv("KILN_CPU_AUTOTUNE");
+  return v == nullptr || std::string_view(v) != "0";
+}
+
+GemmTuner::GemmTuner(std::string dir, bool timing_enabled)
+    : file_(dir.empty() ? "" : (std::filesystem::path(dir) / kFileName).string()),
+      timing_enabled_(timing_enabled) {}
+
+GemmTuner& GemmTuner::Global() {
+  static GemmTuner* t = new GemmTuner(CpuCacheDir(), AutotuneEnabled());
+  return *t;
+}
+
+int64_t GemmTuner::timed_runs() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return timed_runs_;
+}
+
+void GemmTuner::LoadLocked() {
+  if (loaded_) return;
+  loaded_ = true;
+  if (file_.empty()) return;
+  std::ifstream in(file_);
+  if (in) ParseInto(in, &entries_);
+}
+
+Status GemmTuner::SaveLocked(const std::string& key, const Entry& e) {
+  if (file_.empty()) return OkStatus();
+  const std::filesystem::path path(file_);
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec) {
+    return Unavailable("cannot create the cache directory ", path.parent_path().string(), ": ",
+                       ec.message());
+  }
+  // Merge with what other processes wrote meanwhile; this process's entry wins for `key`.
+  std::map<std::string, Entry, std::less<>> merged;
+  if (std::ifstream in(file_); in) ParseInto(in, &merged);
+  merged[key] = e;
+  std::ostringstream tid;
+  tid << std::this_thread::get_id();
+  const std::string tmp = file_ + ".tmp." + std::to_string(::getpid()) + "." + tid.str();
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    for (const auto& [k, entry] : merged) {
+      out << k << '\t';
+      bool first = true;
+      for (const auto& [m, name] : entry) {
+        out << (first ? "" : " ") << m << '=' << name;
+        first = false;
+      }
+      out << '\n';
+    }
+    out.flush();
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      return Unavailable("cannot write ", tmp);
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return Unavailable("cannot replace ", file_, ": ", ec.message());
+  }
+  for (const auto& [k, entry] : merged) entries_[k] = entry;
+  return OkStatus();
+}
+
+StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key,
+                                                            std::span<const std::string> names,
+                                                            std::span<const int64_t> ms,
+                                                            const RunFn& run) {
+  KILN_CHECK(!names.empty(), "GemmTuner::Choose needs candidates");
+  std::lock_guard<std::mutex> l(mu_);
+  LoadLocked();
+  auto index_of = [&](const std::string& n) {
+    return static_cast<int>(std::find(names.begin(), names.end(), n) - names.begin());
+  };
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    std::vector<int> out;
+    for (int64_t m : ms) {
+      auto e = it->second.find(m);
+      if (e == it->second.end() || index_of(e->second) == static_cast<int>(names.size())) break;
+      out.push_back(index_of(e->second));
+    }
+    if (out.size() == ms.size()) return std::optional<std::vector<int>>(std::move(out));
+  }
+  if (!timing_enabled_) return std::optional<std::vector<int>>();
+
+  using Clock = std::chrono::steady_clock;
+  const auto started = Clock::now();
+  Entry entry;
+  std::vector<int> out;
+  for (int64_t m : ms) {
+    int best = 0;
+    double best_s = 0;
+    for (int c = 0; c < static_cast<int>(names.size()); ++c) {
+      // A warm-up run, then the minimum of up to 5 runs within ~20 ms (one run for slow
+      // shapes: the warm-up itself is the measurement).
+      auto t0 = Clock::now();
+      KILN_RETURN_IF_ERROR(run(c, m));
+      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      ++timed_runs_;
+      if (s < 0.02) {
+        double total = 0;
+        s = 1e30;
+        for (int rep = 0; rep < 5 && total < 0.02; ++rep) {
+          t0 = Clock::now();
+          KILN_RETURN_IF_ERROR(run(c, m));
+          const double r = std::chrono::duration<double>(Clock::now() - t0).count();
+          ++timed_runs_;
+          s = std::min(s, r);
+          total += r;
+        }
+      }
+      if (c == 0 || s < best_s) {
+        best = c;
+        best_s = s;
+      }
+    }
+    out.push_back(best);
+    entry[m] = names[best];
+  }
+  std::string summary;
+  for (const auto& [m, name] : entry) absl::StrAppend(&summary, " ", m, "=", name);
+  spdlog::info("cpu autotune: {}:{} ({:.0f} ms)", key, summary,
+               std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+  const std::string k(key);
+  if (Status s = SaveLocked(k, entry); !s.ok()) {
+    spdlog::warn("cpu autotune: choice kept in memory only: {}", StatusMessage(s));
+  }
+  entries_[k] = std::move(entry);
+  return std::optional<std::vector<int>>(std::move(out));
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,107 @@
+// The CPU kernels' inner interface: plain-data problem descriptions and one table of entry
+// points per instruction-set variant (isa.h). The variants are compiled from one generic
+// source (kernels_impl.h) with different target flags; everything above this header —
+// threading, kernel choice, autotuning, oneDNN — is ISA-neutral (linear.cc, attention.cc).
+//
+// Entry points compute a caller-chosen part of a problem on the calling thread; callers
+// split problems over the pool's threads. They never allocate on the heap in steady state
+// (thread-local scratch grows once) and are safe to call from many threads at once on
+// disjoint outputs.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cpu/kernels/isa.h"
+#include "engine/dtype.h"
+
+namespace kiln::cpu {
+
+// y[M, N] = x[M, K] · W^T, f32 activations and output.
+//
+// W is N rows of K elements. For block-quantized and f16/bf16/f32 weights, row n starts at
+// `w + n * w_row_bytes` and its elements are contiguous (quantization blocks along K, as in
+// GGUF). For f32 weights only, `w_k_stride` != 1 describes a strided view: element (n, k)
+// is at `((const float*)w)[n * w_row_bytes / 4 + k * w_k_stride]` (MatMul's [K, N] operand
+// seen as W = b^T). x rows are contiguous with `ldx` elements between rows; y likewise.
+struct GemmArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  DType wtype = DType::kF32;
+  int64_t w_row_bytes = 0;
+  int64_t w_k_stride = 1;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t M = 0, N = 0, K = 0;
+};
+
+// Weight types with register-level decoders (every variant): f32, f16, bf16, q4_0, q4_1,
+// q8_0, mxfp4. Other quantized types (K-quants) run through DequantizeRow (slower).
+bool HasFastDecoder(DType wtype);
+
+// Paged attention problem (the engine's PagedAttention op, f32 queries and output; K/V cache
+// in f32, f16 or bf16 — both caches the same type). Strides are in elements; the last axis
+// of every tensor is contiguous.
+enum class MaskKind : uint8_t { kNone, kCausal, kSlidingWindow };
+struct AttnArgs {
+  const float* q = nullptr;  // [T, Hq, D]
+  int64_t q_st = 0, q_sh = 0;
+  const void* k = nullptr;  // [NB, BS, Hkv, D]
+  const void* v = nullptr;  // [NB, BS, Hkv, Dv]
+  DType kv_dtype = DType::kF32;
+  int64_t k_sb = 0, k_ss = 0, k_sh = 0;
+  int64_t v_sb = 0, v_ss = 0, v_sh = 0;
+  int64_t block_size = 0;
+  float* out = nullptr;  // [T, Hq, Dv]
+  int64_t o_st = 0, o_sh = 0;
+  int64_t Hq = 0, Hkv = 0, D = 0, Dv = 0;
+  float scale = 1;
+  MaskKind mask = MaskKind::kNone;
+  int64_t window = 0;  // kSlidingWindow: key j is visible from query position p iff
+                       // j <= p && p - j < window
+};
+
+// One unit of attention work: query rows [t0, t1) of one sequence (row t0 at key position
+// `pos0`, row t0 + i at pos0 + i), the query heads of kv head `g`, keys [j0, j1).
+// `blocks[j / block_size]` is the physical block of key j, or -1 (key skipped).
+// With `partial` null the rows are finished (softmax-normalized, written to `out`; rows
+// with no visible key get zeros). Otherwise the unnormalized state goes to `partial`, per
+// row and head of the group: {max, sum, acc[Dv]} (max = -inf when no key was visible),
+// for CombinePartials.
+struct AttnTask {
+  const int64_t* blocks = nullptr;
+  int64_t t0 = 0, t1 = 0, pos0 = 0;
+  int64_t g = 0;
+  int64_t j0 = 0, j1 = 0;
+  float* partial = nullptr;
+};
+// Floats per partial state of one row and head.
+inline int64_t AttnPartialFloats(int64_t dv) { return dv + 2; }
+
+struct IsaKernels {
+  Isa isa;
+  // Rows n in [n0, n1) of y, all M rows: weights decoded in registers, each weight byte
+  // read once from memory (decode: small M). REQUIRES: w_k_stride == 1.
+  void (*gemv)(const GemmArgs& a, int64_t n0, int64_t n1);
+  // The tile y[m0:m1, n0:n1]: weight panels decoded to f32 in cache-sized packs, then a
+  // register-blocked f32 micro-kernel (prefill: large M).
+  void (*gemm)(const GemmArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1);
+  // Decodes weight rows [n0, n1) to f32, dst[(n - n0) * K + k].
+  void (*dequant)(const GemmArgs& a, int64_t n0, int64_t n1, float* dst);
+  // Runs one attention task.
+  void (*attend)(const AttnArgs& a, const AttnTask& task);
+};
+
+// The table of a variant, or null if it cannot run on this CPU.
+const IsaKernels* KernelsFor(Isa isa);
+
+// Merges `n` partial states (each AttnPartialFloats(dv) floats, layout as in AttnTask) of
+// one row and head into the final output row `out[dv]` (zeros if no key was visible).
+void CombinePartials(const float* const* parts, int n, int64_t dv, float* out);
+
+// Per-variant tables (defined in kernels_<isa>.cc).
+const IsaKernels& ScalarKernels();
+const IsaKernels& Avx2Kernels();
+const IsaKernels& Avx512Kernels();
+
+}  // namespace kiln::cpu

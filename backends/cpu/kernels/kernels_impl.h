@@ -1,0 +1,488 @@
+// The CPU kernels, written once over a vector layer and compiled per instruction set.
+//
+// A kernels_<isa>.cc file includes its vector layer (simd_<isa>.h, namespace
+// kiln::cpu::<isa>) and then this header inside the same namespace, so every function here
+// exists once per variant and never crosses variants (no ODR mixing of target flags).
+// The vector layer provides: kLanes, kGemmMR, F with Zero/Set1/Load/Store/Add/Mul/Fma/Max/
+// HSum/HSum8/Exp/LoadF16/LoadBF16, PackTranspose, and the weight decoders Dec*.
+//
+// Numerics: f32 activations are never quantized; weights are decoded to their exact f32
+// values in registers and accumulated with f32 FMAs (so results match the f64 reference
+// kernels to f32 rounding, well inside the op harness's f32 tolerance).
+//
+// No include guard on purpose: included once per kernels_<isa>.cc.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+
+#include "backends/cpu/kernels/kernels.h"
+#include "engine/kernel_abi.h"
+
+namespace kiln::cpu::KILN_ISA_NS {
+namespace {
+
+// ---- Thread-local scratch ----------------------------------------------------------------
+enum ScratchSlot {
+  kSlotPanel,
+  kSlotRows,
+  kSlotRow,
+  kSlotKeys,
+  kSlotValues,
+  kSlotScores,
+  kSlotAcc,
+  kNumSlots
+};
+
+struct AlignedFree {
+  void operator()(float* p) const { std::free(p); }
+};
+
+// A per-thread buffer of at least `n` floats (64-byte aligned); grows, never shrinks.
+float* Scratch(ScratchSlot slot, int64_t n) {
+  thread_local std::unique_ptr<float, AlignedFree> bufs[kNumSlots];
+  thread_local int64_t sizes[kNumSlots] = {};
+  if (sizes[slot] < n) {
+    const int64_t want = std::max<int64_t>(n, 2 * sizes[slot]);
+    const size_t bytes = (static_cast<size_t>(want) * sizeof(float) + 63) / 64 * 64;
+    bufs[slot].reset(static_cast<float*>(std::aligned_alloc(64, bytes)));
+    KILN_CHECK(bufs[slot] != nullptr, "cpu kernels: out of memory for scratch");
+    sizes[slot] = want;
+  }
+  return bufs[slot].get();
+}
+
+// Calls fn(Dec{}) with the register decoder for `t`; false if `t` has none.
+template <class Fn>
+bool WithDecoder(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::kF32:
+      fn(DecF32{});
+      return true;
+    case DType::kF16:
+      fn(DecF16{});
+      return true;
+    case DType::kBF16:
+      fn(DecBF16{});
+      return true;
+    case DType::kQ4_0:
+      fn(DecQ4_0{});
+      return true;
+    case DType::kQ4_1:
+      fn(DecQ4_1{});
+      return true;
+    case DType::kQ8_0:
+      fn(DecQ8_0{});
+      return true;
+    case DType::kMXFP4:
+      fn(DecMXFP4{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <class D>
+concept HasElem = requires(const uint8_t* p) {
+  D::Elem(p, 0);
+};
+
+constexpr int kChunks = 32 / kLanes;  // vector chunks per 32-element block
+
+const uint8_t* WeightRow(const GemmArgs& a, int64_t n) {
+  return static_cast<const uint8_t*>(a.w) + n * a.w_row_bytes;
+}
+
+// dst[0, kc) = W[n, k0 : k0 + kc) as f32. k0 is a multiple of the weight's block size.
+void DecodeRow(const GemmArgs& a, int64_t n, int64_t k0, int64_t kc, float* dst) {
+  if (a.w_k_stride != 1) {  // strided f32 view (MatMul's right operand)
+    const float* w = static_cast<const float*>(a.w) + n * (a.w_row_bytes / 4);
+    for (int64_t k = 0; k < kc; ++k) dst[k] = w[(k0 + k) * a.w_k_stride];
+    return;
+  }
+  const uint8_t* row = WeightRow(a, n);
+  const bool fast = WithDecoder(a.wtype, [&](auto dec) {
+    using D = decltype(dec);
+    const int64_t nb = kc / 32;
+    const uint8_t* b0 = row + (k0 / 32) * D::kBlockBytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      const auto st = D::Load(b0 + b * D::kBlockBytes);
+      for (int c = 0; c < kChunks; ++c) Store(dst + b * 32 + c * kLanes, D::Chunk(st, c));
+    }
+    if constexpr (HasElem<D>) {
+      for (int64_t k = nb * 32; k < kc; ++k) dst[k] = D::Elem(row, k0 + k);
+    }
+  });
+  if (!fast) {
+    // K-quants: the engine's scalar dequantizer (k0 and kc are multiples of 256 here).
+    (void)DequantizeRow(a.wtype, row + ByteOffset(a.wtype, k0), dst, kc);
+  }
+}
+
+// ---- GEMV: weights decoded in registers ------------------------------------------------------
+
+// y[i, j] = x[i, :] . W[j, :] for i < MR, j < NR.
+template <class D, int MR, int NR>
+void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_t K, float* y,
+              int64_t ldy) {
+  F acc[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
+  }
+  const int64_t nb = K / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    for (int j = 0; j < NR; ++j) {
+      const auto st = D::Load(w + j * ldw + b * D::kBlockBytes);
+      for (int c = 0; c < kChunks; ++c) {
+        const F wv = D::Chunk(st, c);
+        for (int i = 0; i < MR; ++i)
+          acc[i][j] = Fma(wv, Load(xb + i * ldx + c * kLanes), acc[i][j]);
+      }
+    }
+  }
+  float tail[MR][NR] = {};
+  if constexpr (HasElem<D>) {
+    for (int64_t k = nb * 32; k < K; ++k) {
+      for (int j = 0; j < NR; ++j) {
+        const float wk = D::Elem(w + j * ldw, k);
+        for (int i = 0; i < MR; ++i) tail[i][j] += x[i * ldx + k] * wk;
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + tail[i][j];
+  }
+}
+
+// Rows of x in groups of up to 4 against one strip of `nr` (<= 4) weight rows.
+template <class D>
+void GemvStrip(const GemmArgs& a, int64_t n, int nr) {
+  const uint8_t* w = WeightRow(a, n);
+  const int64_t ldw = a.w_row_bytes;
+  for (int64_t m = 0; m < a.M; m += 4) {
+    const int mr = static_cast<int>(std::min<int64_t>(4, a.M - m));
+    const float* x = a.x + m * a.ldx;
+    float* y = a.y + m * a.ldy + n;
+    auto tile = [&]<int MR>() {
+      if constexpr (MR <= 2) {  // MR x 4 accumulators
+        if (nr == 4) return GemvTile<D, MR, 4>(x, a.ldx, w, ldw, a.K, y, a.ldy);
+      } else {  // MR x 2
+        if (nr == 4) {
+          GemvTile<D, MR, 2>(x, a.ldx, w, ldw, a.K, y, a.ldy);
+          return GemvTile<D, MR, 2>(x, a.ldx, w + 2 * ldw, ldw, a.K, y + 2, a.ldy);
+        }
+      }
+      for (int j = 0; j < nr; ++j)
+        GemvTile<D, MR, 1>(x, a.ldx, w + j * ldw, ldw, a.K, y + j, a.ldy);
+    };
+    switch (mr) {
+      case 1:
+        tile.template operator()<1>();
+        break;
+      case 2:
+        tile.template operator()<2>();
+        break;
+      case 3:
+        tile.template operator()<3>();
+        break;
+      default:
+        tile.template operator()<4>();
+        break;
+    }
+  }
+}
+
+// Generic weights (K-quants): each row dequantized once into scratch, then f32 dots.
+void GemvGeneric(const GemmArgs& a, int64_t n0, int64_t n1) {
+  float* row = Scratch(kSlotRow, a.K);
+  for (int64_t n = n0; n < n1; ++n) {
+    DecodeRow(a, n, 0, a.K, row);
+    for (int64_t m = 0; m < a.M; ++m) {
+      const float* x = a.x + m * a.ldx;
+      F acc = Zero();
+      int64_t k = 0;
+      for (; k + kLanes <= a.K; k += kLanes) acc = Fma(Load(row + k), Load(x + k), acc);
+      float s = HSum(acc);
+      for (; k < a.K; ++k) s += row[k] * x[k];
+      a.y[m * a.ldy + n] = s;
+    }
+  }
+}
+
+void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
+  const bool fast = WithDecoder(a.wtype, [&](auto dec) {
+    using D = decltype(dec);
+    for (int64_t n = n0; n < n1; n += 4)
+      GemvStrip<D>(a, n, static_cast<int>(std::min<int64_t>(4, n1 - n)));
+  });
+  if (!fast) GemvGeneric(a, n0, n1);
+}
+
+// ---- GEMM: packed f32 panels and an outer-product micro-kernel -----------------------------
+
+constexpr int kNR = 2 * kLanes;   // micro-kernel columns (weight rows)
+constexpr int64_t kKC = 256;      // K block (a multiple of every block size, 256)
+constexpr int64_t kNC = 8 * kNR;  // weight rows per packed panel
+
+// y[i, 0:ncols] (+)= sum_k x[i, k] * panel[k, 0:ncols] for i < MR.
+template <int MR>
+void Micro(const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy,
+           bool accumulate, int ncols) {
+  F c0[MR], c1[MR];
+  for (int i = 0; i < MR; ++i) c0[i] = c1[i] = Zero();
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const F b0 = Load(p + k * kNR), b1 = Load(p + k * kNR + kLanes);
+    for (int i = 0; i < MR; ++i) {
+      const F av = Set1(x[i * ldx + k]);
+      c0[i] = Fma(av, b0, c0[i]);
+      c1[i] = Fma(av, b1, c1[i]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* yi = y + i * ldy;
+    if (ncols == kNR) {
+      if (accumulate) {
+        c0[i] = Add(c0[i], Load(yi));
+        c1[i] = Add(c1[i], Load(yi + kLanes));
+      }
+      Store(yi, c0[i]);
+      Store(yi + kLanes, c1[i]);
+    } else {
+      float t[kNR];
+      Store(t, c0[i]);
+      Store(t + kLanes, c1[i]);
+      for (int j = 0; j < ncols; ++j) yi[j] = accumulate ? yi[j] + t[j] : t[j];
+    }
+  }
+}
+
+template <int... I>
+void MicroDispatch(int mr, std::integer_sequence<int, I...>, const float* x, int64_t ldx,
+                   const float* p, int64_t kc, float* y, int64_t ldy, bool accumulate, int ncols) {
+  ((mr == I + 1 ? (Micro<I + 1>(x, ldx, p, kc, y, ldy, accumulate, ncols), 0) : 0), ...);
+}
+
+void Gemm(const GemmArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  if (m0 >= m1 || n0 >= n1) return;
+  float* panel = Scratch(kSlotPanel, kNC * kKC);
+  float* rows = Scratch(kSlotRows, kNR * kKC);
+  for (int64_t nb = n0; nb < n1; nb += kNC) {
+    const int64_t nc = std::min(kNC, n1 - nb);
+    const int nsub = static_cast<int>((nc + kNR - 1) / kNR);
+    for (int64_t k0 = 0; k0 < a.K; k0 += kKC) {
+      const int64_t kc = std::min(kKC, a.K - k0);
+      for (int s = 0; s < nsub; ++s) {
+        const int64_t r0 = nb + s * kNR;
+        const int nr = static_cast<int>(std::min<int64_t>(kNR, nb + nc - r0));
+        float* dst = panel + s * kKC * kNR;
+        if (a.w_k_stride != 1 && a.w_row_bytes == 4) {
+          // MatMul's [K, N] operand: panel rows are contiguous runs of N.
+          const float* w = static_cast<const float*>(a.w);
+          for (int64_t k = 0; k < kc; ++k) {
+            const float* src = w + (k0 + k) * a.w_k_stride + r0;
+            float* d = dst + k * kNR;
+            for (int r = 0; r < nr; ++r) d[r] = src[r];
+            for (int r = nr; r < kNR; ++r) d[r] = 0;
+          }
+          continue;
+        }
+        for (int r = 0; r < nr; ++r) DecodeRow(a, r0 + r, k0, kc, rows + r * kKC);
+        for (int r = nr; r < kNR; ++r) std::fill(rows + r * kKC, rows + r * kKC + kc, 0.0f);
+        PackTranspose(rows, kKC, kNR, kc, dst);
+      }
+      for (int64_t m = m0; m < m1; m += kGemmMR) {
+        const int mr = static_cast<int>(std::min<int64_t>(kGemmMR, m1 - m));
+        for (int s = 0; s < nsub; ++s) {
+          const int64_t c0 = nb + s * kNR;
+          MicroDispatch(mr, std::make_integer_sequence<int, kGemmMR>{}, a.x + m * a.ldx + k0, a.ldx,
+                        panel + s * kKC * kNR, kc, a.y + m * a.ldy + c0, a.ldy, k0 > 0,
+                        static_cast<int>(std::min<int64_t>(kNR, nb + nc - c0)));
+        }
+      }
+    }
+  }
+}
+
+void Dequant(const GemmArgs& a, int64_t n0, int64_t n1, float* dst) {
+  for (int64_t n = n0; n < n1; ++n) DecodeRow(a, n, 0, a.K, dst + (n - n0) * a.K);
+}
+
+// ---- Paged attention ---------------------------------------------------------------------------
+
+constexpr int64_t kKeyTile = 64;
+
+inline float Dot(const float* a, const float* b, int64_t n) {
+  F acc = Zero();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = Fma(Load(a + i), Load(b + i), acc);
+  float s = HSum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Rows of a K or V tile as f32: pointers into the cache (f32) or into converted scratch.
+void ConvertRow(const void* src, DType t, int64_t n, float* dst) {
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  if (t == DType::kF16) {
+    for (; i + kLanes <= n; i += kLanes) Store(dst + i, LoadF16(h + i));
+    for (; i < n; ++i) dst[i] = F16ToFloat(h[i]);
+  } else {
+    for (; i + kLanes <= n; i += kLanes) Store(dst + i, LoadBF16(h + i));
+    for (; i < n; ++i) dst[i] = BF16ToFloat(h[i]);
+  }
+}
+
+void Attend(const AttnArgs& a, const AttnTask& t) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv, BS = a.block_size;
+  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
+  const bool convert = a.kv_dtype != DType::kF32;
+  float* kbuf = convert ? Scratch(kSlotKeys, kKeyTile * D) : nullptr;
+  float* vbuf = convert ? Scratch(kSlotValues, kKeyTile * Dv) : nullptr;
+  float* scores = Scratch(kSlotScores, G * kKeyTile);
+  float* acc = Scratch(kSlotAcc, G * (Dv + 2));  // per head: acc[Dv], then max, sum
+  const float* krow[kKeyTile];
+  const float* vrow[kKeyTile];
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = t.t0; r < t.t1; ++r) {
+    const int64_t pos = t.pos0 + (r - t.t0);
+    int64_t lo = t.j0, hi = t.j1;
+    if (a.mask != MaskKind::kNone) hi = std::min(hi, pos + 1);
+    if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, pos - a.window + 1);
+    for (int64_t h = 0; h < G; ++h) {
+      float* ah = acc + h * (Dv + 2);
+      std::fill(ah, ah + Dv, 0.0f);
+      ah[Dv] = ninf;
+      ah[Dv + 1] = 0;
+    }
+    for (int64_t jt = lo; jt < hi; jt += kKeyTile) {
+      const int64_t jend = std::min(hi, jt + kKeyTile);
+      int n = 0;  // visible keys with a valid block
+      for (int64_t j = jt; j < jend; ++j) {
+        const int64_t blk = t.blocks[j / BS];
+        if (blk < 0) continue;
+        const int64_t slot = j % BS;
+        const char* kp =
+            static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
+        const char* vp =
+            static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
+        if (convert) {
+          ConvertRow(kp, a.kv_dtype, D, kbuf + n * D);
+          ConvertRow(vp, a.kv_dtype, Dv, vbuf + n * Dv);
+          krow[n] = kbuf + n * D;
+          vrow[n] = vbuf + n * Dv;
+        } else {
+          krow[n] = reinterpret_cast<const float*>(kp);
+          vrow[n] = reinterpret_cast<const float*>(vp);
+        }
+        ++n;
+      }
+      if (n == 0) continue;
+      for (int64_t h = 0; h < G; ++h) {
+        const float* q = a.q + r * a.q_st + (t.g * G + h) * a.q_sh;
+        float* s = scores + h * kKeyTile;
+        int i = 0;
+        for (; i + 8 <= n; i += 8) {  // 8 keys at once, one transposing reduction
+          F dacc[8];
+          for (F& d : dacc) d = Zero();
+          int64_t e = 0;
+          for (; e + kLanes <= D; e += kLanes) {
+            const F qv = Load(q + e);
+            for (int u = 0; u < 8; ++u) dacc[u] = Fma(qv, Load(krow[i + u] + e), dacc[u]);
+          }
+          HSum8(dacc, s + i);
+          for (; e < D; ++e) {
+            for (int u = 0; u < 8; ++u) s[i + u] += q[e] * krow[i + u][e];
+          }
+        }
+        for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
+        // Online softmax: rescale the running state to the new maximum.
+        F mv = Set1(ninf);
+        int64_t i8 = 0;
+        for (; i8 + kLanes <= n; i8 += kLanes) {
+          const F sv = Mul(Load(s + i8), Set1(a.scale));
+          Store(s + i8, sv);
+          mv = Max(mv, sv);
+        }
+        float m = ninf;
+        {
+          float lanes[kLanes];
+          Store(lanes, mv);
+          for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
+        }
+        for (; i8 < n; ++i8) {
+          s[i8] *= a.scale;
+          m = (std::isnan(m) || std::isnan(s[i8])) ? NAN : std::max(m, s[i8]);
+        }
+        float* ah = acc + h * (Dv + 2);
+        const float m_old = ah[Dv];
+        const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
+        if (m_new == ninf) continue;  // every score -inf: contributes nothing
+        const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
+        F sum = Zero();
+        int64_t p = 0;
+        for (; p + kLanes <= n; p += kLanes) {
+          const F e = Exp(Add(Load(s + p), Set1(-m_new)));
+          Store(s + p, e);
+          sum = Add(sum, e);
+        }
+        float l = HSum(sum);
+        for (; p < n; ++p) {
+          s[p] = std::exp(s[p] - m_new);
+          l += s[p];
+        }
+        ah[Dv + 1] = ah[Dv + 1] * corr + l;
+        ah[Dv] = m_new;
+        // acc = acc * corr + sum_i p_i v_i, up to 8 vectors of Dv at a time in registers.
+        int64_t e = 0;
+        for (; e + kLanes <= Dv; e += 8 * kLanes) {
+          const int nv = static_cast<int>(std::min<int64_t>(8, (Dv - e) / kLanes));
+          F o[8];
+          const F cv = Set1(corr);
+          for (int u = 0; u < nv; ++u) o[u] = Mul(Load(ah + e + u * kLanes), cv);
+          for (int k = 0; k < n; ++k) {
+            const F pk = Set1(s[k]);
+            for (int u = 0; u < nv; ++u) o[u] = Fma(pk, Load(vrow[k] + e + u * kLanes), o[u]);
+          }
+          for (int u = 0; u < nv; ++u) Store(ah + e + u * kLanes, o[u]);
+          if (nv < 8) {
+            e += nv * kLanes;
+            break;
+          }
+        }
+        for (; e < Dv; ++e) {
+          float o = ah[e] * corr;
+          for (int k = 0; k < n; ++k) o += s[k] * vrow[k][e];
+          ah[e] = o;
+        }
+      }
+    }
+    for (int64_t h = 0; h < G; ++h) {
+      const float* ah = acc + h * (Dv + 2);
+      if (t.partial != nullptr) {
+        float* dst = t.partial + ((r - t.t0) * G + h) * AttnPartialFloats(Dv);
+        std::copy(ah + Dv, ah + Dv + 2, dst);
+        std::copy(ah, ah + Dv, dst + 2);
+        continue;
+      }
+      float* out = a.out + r * a.o_st + (t.g * G + h) * a.o_sh;
+      const float l = ah[Dv + 1];
+      if (ah[Dv] == ninf || l == 0) {
+        std::fill(out, out + Dv, 0.0f);
+        continue;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend};
+
+}  // namespace kiln::cpu::KILN_ISA_NS

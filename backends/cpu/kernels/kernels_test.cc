@@ -1,0 +1,429 @@
+// The per-ISA kernels against plain double-precision loops over the engine's dequantizer:
+// every weight type, shapes with tails (N not a multiple of the strip, K not a multiple of
+// 256 or of 32 for float weights, M = 1..20), strided MatMul operands, and paged attention
+// with GQA, block tables with holes, masks and split partials. Each variant this CPU can
+// run is tested; the others are skipped with a message.
+#include "backends/cpu/kernels/kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+std::vector<Isa> AllIsas() { return {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}; }
+
+class IsaTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    k_ = KernelsFor(GetParam());
+    if (k_ == nullptr) GTEST_SKIP() << IsaName(GetParam()) << " is not supported by this CPU";
+  }
+  const IsaKernels* k_ = nullptr;
+};
+
+struct Weights {
+  DType t;
+  int64_t n, k, row_bytes;
+  std::vector<uint8_t> bytes;
+  std::vector<float> f32;  // dequantized
+};
+
+Weights MakeWeights(DType t, int64_t n, int64_t k, std::mt19937& rng) {
+  Weights w{t, n, k, DTypeBytes(t, k), {}, {}};
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> src(n * k);
+  for (float& v : src) v = nd(rng);
+  w.bytes.resize(n * w.row_bytes);
+  w.f32.resize(n * k);
+  for (int64_t r = 0; r < n; ++r) {
+    if (IsQuantized(t)) {
+      EXPECT_TRUE(QuantizeRow(t, src.data() + r * k, w.bytes.data() + r * w.row_bytes, k).ok());
+    } else {
+      EXPECT_TRUE(
+          ConvertElements(DType::kF32, src.data() + r * k, t, w.bytes.data() + r * w.row_bytes, k)
+              .ok());
+    }
+    EXPECT_TRUE(
+        ConvertElements(t, w.bytes.data() + r * w.row_bytes, DType::kF32, w.f32.data() + r * k, k)
+            .ok());
+  }
+  return w;
+}
+
+double Nmse(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return den > 0 ? num / den : num;
+}
+
+TEST_P(IsaTest, GemvAndGemmMatchReferenceForEveryWeightType) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0, 1);
+  const DType types[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ4_0,
+                         DType::kQ4_1, DType::kQ8_0, DType::kMXFP4};
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (DType t : types) {
+    const bool fl = !IsQuantized(t);
+    for (const Shape s : {Shape{1, 7, 64}, Shape{3, 9, 96}, Shape{5, 37, 288}, Shape{20, 70, 544},
+                          Shape{1, 5, fl ? 45 : 32}, Shape{7, 33, fl ? 300 : 320}}) {
+      const Weights w = MakeWeights(t, s.n, s.k, rng);
+      const int64_t ldx = s.k + 3, ldy = s.n + 5;
+      std::vector<float> x(s.m * ldx);
+      for (float& v : x) v = nd(rng);
+      std::vector<double> want(s.m * s.n);
+      for (int64_t m = 0; m < s.m; ++m) {
+        for (int64_t n = 0; n < s.n; ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < s.k; ++k) acc += double(x[m * ldx + k]) * w.f32[n * s.k + k];
+          want[m * s.n + n] = acc;
+        }
+      }
+      GemmArgs a;
+      a.x = x.data();
+      a.ldx = ldx;
+      a.w = w.bytes.data();
+      a.wtype = t;
+      a.w_row_bytes = w.row_bytes;
+      a.ldy = ldy;
+      a.M = s.m;
+      a.N = s.n;
+      a.K = s.k;
+      const std::string what = absl::StrCat(DTypeName(t), " M=", s.m, " N=", s.n, " K=", s.k);
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<float> y(s.m * ldy, NAN);
+        a.y = y.data();
+        if (variant == 0) {  // gemv in two row ranges
+          k_->gemv(a, 0, s.n / 3);
+          k_->gemv(a, s.n / 3, s.n);
+        } else if (variant == 1) {  // gemm in four tiles
+          k_->gemm(a, 0, s.m / 2, 0, s.n / 2);
+          k_->gemm(a, 0, s.m / 2, s.n / 2, s.n);
+          k_->gemm(a, s.m / 2, s.m, 0, s.n / 2);
+          k_->gemm(a, s.m / 2, s.m, s.n / 2, s.n);
+        } else {  // dequant
+          std::vector<float> d(s.n * s.k);
+          k_->dequant(a, 0, s.n, d.data());
+          for (int64_t i = 0; i < s.n * s.k; ++i) ASSERT_EQ(d[i], w.f32[i]) << what << " at " << i;
+          continue;
+        }
+        std::vector<float> got(s.m * s.n);
+        for (int64_t m = 0; m < s.m; ++m) {
+          for (int64_t n = 0; n < s.n; ++n) got[m * s.n + n] = y[m * ldy + n];
+        }
+        EXPECT_LT(Nmse(got, want), 1e-12) << what << (variant == 0 ? " gemv" : " gemm");
+        // Padding columns between rows are untouched.
+        for (int64_t m = 0; m < s.m; ++m) {
+          for (int64_t n = s.n; n < ldy; ++n) EXPECT_TRUE(std::isnan(y[m * ldy + n])) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(IsaTest, GemmTakesStridedF32Operands) {
+  // MatMul's right operand b [K, N] (N contiguous), seen as W = b^T with k stride N.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0, 1);
+  const int64_t M = 9, N = 40, K = 300;
+  std::vector<float> x(M * K), b(K * N);
+  for (float& v : x) v = nd(rng);
+  for (float& v : b) v = nd(rng);
+  std::vector<double> want(M * N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0;
+      for (int64_t k = 0; k < K; ++k) acc += double(x[m * K + k]) * b[k * N + n];
+      want[m * N + n] = acc;
+    }
+  }
+  GemmArgs a;
+  a.x = x.data();
+  a.ldx = K;
+  a.w = b.data();
+  a.w_row_bytes = 4;
+  a.w_k_stride = N;
+  std::vector<float> y(M * N);
+  a.y = y.data();
+  a.ldy = N;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  k_->gemm(a, 0, M, 0, N);
+  EXPECT_LT(Nmse(y, want), 1e-12);
+}
+
+TEST_P(IsaTest, GemvRunsKQuantsThroughTheDequantizer) {
+  // Random q4_k super-blocks with sane f16 scales.
+  std::mt19937 rng(11);
+  const int64_t N = 5, K = 512, M = 2;
+  const int64_t rb = DTypeBytes(DType::kQ4_K, K);
+  std::vector<uint8_t> w(N * rb);
+  for (auto& v : w) v = static_cast<uint8_t>(rng());
+  for (int64_t r = 0; r < N; ++r) {
+    for (int64_t b = 0; b < K / 256; ++b) {
+      uint8_t* blk = w.data() + r * rb + b * DTypeBlockBytes(DType::kQ4_K);
+      const uint16_t d = FloatToF16(0.01f), dmin = FloatToF16(0.002f);
+      std::memcpy(blk, &d, 2);
+      std::memcpy(blk + 2, &dmin, 2);
+    }
+  }
+  std::vector<float> wf(N * K), x(M * K, 0.5f), y(M * N);
+  for (int64_t r = 0; r < N; ++r)
+    ASSERT_TRUE(DequantizeRow(DType::kQ4_K, w.data() + r * rb, wf.data() + r * K, K).ok());
+  GemmArgs a;
+  a.x = x.data();
+  a.ldx = K;
+  a.w = w.data();
+  a.wtype = DType::kQ4_K;
+  a.w_row_bytes = rb;
+  a.y = y.data();
+  a.ldy = N;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  k_->gemv(a, 0, N);
+  std::vector<double> want(M * N);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t k = 0; k < K; ++k) want[m * N + n] += 0.5 * wf[n * K + k];
+    }
+  }
+  EXPECT_LT(Nmse(y, want), 1e-12);
+  std::fill(y.begin(), y.end(), 0.0f);
+  k_->gemm(a, 0, M, 0, N);
+  EXPECT_LT(Nmse(y, want), 1e-12);
+}
+
+TEST_P(IsaTest, NonFiniteWeightsPropagate) {
+  // A NaN mxfp4 scale (e8m0 0xff) and an Inf f16 weight reach the output as NaN / Inf.
+  const int64_t K = 64;
+  std::vector<uint8_t> w(2 * 34);
+  std::vector<uint8_t> mx(2 * 17, 0x11);
+  mx[0] = 0xff;  // block 0 of row 0: NaN scale
+  mx[17] = 127;  // row 0, block 1: scale 1
+  std::vector<float> x(K, 1.0f), y(1);
+  GemmArgs a;
+  a.x = x.data();
+  a.ldx = K;
+  a.w = mx.data();
+  a.wtype = DType::kMXFP4;
+  a.w_row_bytes = 34;
+  a.y = y.data();
+  a.ldy = 1;
+  a.M = 1;
+  a.N = 1;
+  a.K = K;
+  k_->gemv(a, 0, 1);
+  EXPECT_TRUE(std::isnan(y[0]));
+  std::vector<uint16_t> h(K, FloatToF16(1.0f));
+  h[5] = 0x7c00;  // +Inf
+  a.w = h.data();
+  a.wtype = DType::kF16;
+  a.w_row_bytes = 2 * K;
+  k_->gemv(a, 0, 1);
+  EXPECT_TRUE(std::isinf(y[0]) && y[0] > 0);
+}
+
+// ---- Paged attention ----
+
+struct AttnProblem {
+  int64_t T, Hq, Hkv, D, Dv, NB, BS;
+  std::vector<float> q, k, v;
+};
+
+// Reference: one row and head, in double.
+void RefRow(const AttnProblem& p, const std::vector<int64_t>& blocks, int64_t t, int64_t h,
+            int64_t pos, int64_t j0, int64_t j1, MaskKind mask, int64_t window, double scale,
+            std::vector<double>* out) {
+  const int64_t g = h / (p.Hq / p.Hkv);
+  std::vector<double> s;
+  std::vector<int64_t> js;
+  for (int64_t j = j0; j < j1; ++j) {
+    if (mask != MaskKind::kNone && j > pos) continue;
+    if (mask == MaskKind::kSlidingWindow && pos - j >= window) continue;
+    const int64_t blk = blocks[j / p.BS];
+    if (blk < 0) continue;
+    double d = 0;
+    for (int64_t e = 0; e < p.D; ++e) {
+      d += double(p.q[(t * p.Hq + h) * p.D + e]) *
+           p.k[((blk * p.BS + j % p.BS) * p.Hkv + g) * p.D + e];
+    }
+    s.push_back(d * scale);
+    js.push_back(j);
+  }
+  out->assign(p.Dv, 0.0);
+  if (s.empty()) return;
+  const double m = *std::max_element(s.begin(), s.end());
+  double l = 0;
+  for (double& v : s) l += (v = std::exp(v - m));
+  for (size_t i = 0; i < s.size(); ++i) {
+    const int64_t j = js[i], blk = blocks[j / p.BS];
+    for (int64_t e = 0; e < p.Dv; ++e)
+      (*out)[e] += s[i] / l * p.v[((blk * p.BS + j % p.BS) * p.Hkv + g) * p.Dv + e];
+  }
+}
+
+TEST_P(IsaTest, AttentionMatchesReference) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 1);
+  for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (auto [hq, hkv, d] : {std::tuple{6, 2, 64}, std::tuple{4, 4, 12}, std::tuple{8, 1, 40}}) {
+      AttnProblem p{5, hq, hkv, d, d, 40, 16, {}, {}, {}};
+      p.q.resize(p.T * p.Hq * p.D);
+      p.k.resize(p.NB * p.BS * p.Hkv * p.D);
+      p.v.resize(p.NB * p.BS * p.Hkv * p.Dv);
+      for (float& x : p.q) x = nd(rng);
+      for (float& x : p.k) x = nd(rng);
+      for (float& x : p.v) x = nd(rng);
+      // Round the caches to the cache type (the reference reads the rounded values).
+      std::vector<uint16_t> kh(p.k.size()), vh(p.v.size());
+      if (kv != DType::kF32) {
+        ASSERT_TRUE(ConvertElements(DType::kF32, p.k.data(), kv, kh.data(), p.k.size()).ok());
+        ASSERT_TRUE(ConvertElements(DType::kF32, p.v.data(), kv, vh.data(), p.v.size()).ok());
+        ASSERT_TRUE(ConvertElements(kv, kh.data(), DType::kF32, p.k.data(), p.k.size()).ok());
+        ASSERT_TRUE(ConvertElements(kv, vh.data(), DType::kF32, p.v.data(), p.v.size()).ok());
+      }
+      // 300 keys over 19 blocks, one hole (block -1): 5 query rows at the end.
+      std::vector<int64_t> blocks(19);
+      for (int64_t i = 0; i < 19; ++i) blocks[i] = (i * 7) % p.NB;
+      blocks[3] = -1;
+      const int64_t len = 300;
+      AttnArgs a;
+      a.q = p.q.data();
+      a.q_st = p.Hq * p.D;
+      a.q_sh = p.D;
+      a.k = kv == DType::kF32 ? static_cast<const void*>(p.k.data()) : kh.data();
+      a.v = kv == DType::kF32 ? static_cast<const void*>(p.v.data()) : vh.data();
+      a.kv_dtype = kv;
+      a.k_sb = p.BS * p.Hkv * p.D;
+      a.k_ss = p.Hkv * p.D;
+      a.k_sh = p.D;
+      a.v_sb = p.BS * p.Hkv * p.Dv;
+      a.v_ss = p.Hkv * p.Dv;
+      a.v_sh = p.Dv;
+      a.block_size = p.BS;
+      std::vector<float> out(p.T * p.Hq * p.Dv, NAN);
+      a.out = out.data();
+      a.o_st = p.Hq * p.Dv;
+      a.o_sh = p.Dv;
+      a.Hq = p.Hq;
+      a.Hkv = p.Hkv;
+      a.D = p.D;
+      a.Dv = p.Dv;
+      a.scale = 1.0f / std::sqrt(float(p.D));
+      for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kSlidingWindow}) {
+        a.mask = mask;
+        a.window = 70;
+        const std::string what = absl::StrCat(DTypeName(kv), " Hq=", hq, " Hkv=", hkv, " D=", d,
+                                              " mask=", static_cast<int>(mask));
+        // Whole rows.
+        for (int64_t g = 0; g < p.Hkv; ++g) {
+          AttnTask task;
+          task.blocks = blocks.data();
+          task.t0 = 0;
+          task.t1 = p.T;
+          task.pos0 = len - p.T;
+          task.g = g;
+          task.j0 = 0;
+          task.j1 = len;
+          k_->attend(a, task);
+        }
+        // Split: row T-1 over three key ranges, combined.
+        std::vector<float> split(p.Hq * p.Dv);
+        for (int64_t g = 0; g < p.Hkv; ++g) {
+          const int64_t G = p.Hq / p.Hkv;
+          std::vector<std::vector<float>> parts(3, std::vector<float>(G * AttnPartialFloats(p.Dv)));
+          const int64_t cut[] = {0, 100, 230, len};
+          for (int c = 0; c < 3; ++c) {
+            AttnTask task;
+            task.blocks = blocks.data();
+            task.t0 = p.T - 1;
+            task.t1 = p.T;
+            task.pos0 = len - 1;
+            task.g = g;
+            task.j0 = cut[c];
+            task.j1 = cut[c + 1];
+            task.partial = parts[c].data();
+            k_->attend(a, task);
+          }
+          for (int64_t h = 0; h < G; ++h) {
+            const float* ps[3];
+            for (int c = 0; c < 3; ++c) ps[c] = parts[c].data() + h * AttnPartialFloats(p.Dv);
+            CombinePartials(ps, 3, p.Dv, split.data() + (g * G + h) * p.Dv);
+          }
+        }
+        std::vector<float> got;
+        std::vector<double> want;
+        std::vector<float> got_split;
+        std::vector<double> want_split;
+        for (int64_t t = 0; t < p.T; ++t) {
+          for (int64_t h = 0; h < p.Hq; ++h) {
+            std::vector<double> r;
+            RefRow(p, blocks, t, h, len - p.T + t, 0, len, mask, a.window, a.scale, &r);
+            for (int64_t e = 0; e < p.Dv; ++e) {
+              got.push_back(out[(t * p.Hq + h) * p.Dv + e]);
+              want.push_back(r[e]);
+              if (t == p.T - 1) {
+                got_split.push_back(split[h * p.Dv + e]);
+                want_split.push_back(r[e]);
+              }
+            }
+          }
+        }
+        EXPECT_LT(Nmse(got, want), 1e-12) << what;
+        EXPECT_LT(Nmse(got_split, want_split), 1e-12) << what << " split";
+      }
+    }
+  }
+}
+
+TEST_P(IsaTest, AttentionRowsWithoutVisibleKeysAreZero) {
+  // Every key of the row sits in a hole of the block table.
+  std::vector<float> q(8, 1.0f), k(4 * 8, 1.0f), v(4 * 8, 1.0f), out(8, NAN);
+  std::vector<int64_t> blocks = {-1};
+  AttnArgs a;
+  a.q = q.data();
+  a.q_st = 8;
+  a.q_sh = 8;
+  a.k = k.data();
+  a.v = v.data();
+  a.k_sb = a.v_sb = 32;
+  a.k_ss = a.v_ss = 8;
+  a.k_sh = a.v_sh = 8;
+  a.block_size = 4;
+  a.out = out.data();
+  a.o_st = a.o_sh = 8;
+  a.Hq = a.Hkv = 1;
+  a.D = a.Dv = 8;
+  AttnTask t;
+  t.blocks = blocks.data();
+  t.t0 = 0;
+  t.t1 = 1;
+  t.pos0 = 3;
+  t.j1 = 4;
+  k_->attend(a, t);
+  for (float o : out) EXPECT_EQ(o, 0.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Isa, IsaTest, ::testing::ValuesIn(AllIsas()),
+                         [](const auto& info) { return std::string(IsaName(info.param)); });
+
+TEST(IsaDetection, ActiveIsaIsSupportedAndNamed) {
+  EXPECT_TRUE(IsaSupported(ActiveIsa()));
+  EXPECT_TRUE(IsaSupported(Isa::kScalar));
+  EXPECT_EQ(ParseIsa(IsaName(DetectedIsa())), DetectedIsa());
+  EXPECT_FALSE(ParseIsa("sse9").has_value());
+  EXPECT_NE(std::string(CpuDescription()), "");
+}
+
+}  // namespace
+}  // namespace kiln::cpu

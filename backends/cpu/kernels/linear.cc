@@ -1,0 +1,495 @@
+#include "backends/cpu/kernels/linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cpu/kernels/autotune.h"
+#include "backends/cpu/kernels/kernels.h"
+#include "backends/cpu/kernels/onednn_gemm.h"
+
+namespace kiln::cpu {
+namespace {
+
+using backend::Kernel;
+using backend::KernelRequest;
+
+// Shapes below this many weight elements are not worth timing (the heuristic is fine).
+constexpr int64_t kMinTunedWeights = 1 << 16;
+// Heuristic: GEMV up to this M (each weight strip is decoded once per 4 rows of x).
+constexpr int64_t kGemvMaxM = 8;
+// Rows of a weight panel decoded for oneDNN at a time (kOneDnnDequant).
+constexpr int64_t kDequantPanel = 64;
+
+struct Plan {
+  std::vector<std::pair<int64_t, GemmImpl>> upto;  // (max M, impl) ascending; last: all M
+  GemmImpl For(int64_t m) const {
+    for (const auto& [mx, impl] : upto) {
+      if (m <= mx) return impl;
+    }
+    return upto.back().second;
+  }
+};
+
+struct GemmData {
+  bool matmul = false;
+  const IsaKernels* k = nullptr;
+  Plan plan;
+  std::shared_ptr<const OneDnnGemm> onednn_k;  // W rows K-contiguous ([N, K])
+  std::shared_ptr<const OneDnnGemm> onednn_n;  // W N-contiguous ([K, N], matmul)
+  Kernel fallback;
+};
+
+// [begin, end) of `units` for this thread.
+std::pair<int64_t, int64_t> Share(int64_t units, int t, int n) {
+  return {units * t / n, units * (t + 1) / n};
+}
+
+void RunFallback(const GemmData& d, const LaunchArgs& a, const ExecCtx& c) {
+  LaunchArgs fa = a;
+  fa.kernel_data = d.fallback.data.get();
+  d.fallback.fn(fa, c);
+}
+
+// The implementation to use for this layout (the plan's, or the packed GEMM where the
+// plan's cannot take it).
+GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
+  switch (impl) {
+    case GemmImpl::kGemv:
+      return g.w_k_stride == 1 ? impl : GemmImpl::kGemm;
+    case GemmImpl::kOneDnn:
+      if (g.wtype != DType::kF32) return GemmImpl::kGemm;
+      if (g.w_k_stride == 1) return d.onednn_k ? impl : GemmImpl::kGemm;
+      return (d.onednn_n && g.w_row_bytes == 4) ? impl : GemmImpl::kGemm;
+    case GemmImpl::kOneDnnDequant:
+      return (d.onednn_k && g.w_k_stride == 1) ? impl : GemmImpl::kGemm;
+    case GemmImpl::kGemm:
+      return impl;
+  }
+  return GemmImpl::kGemm;
+}
+
+// This thread's share of one GEMM problem.
+void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt) {
+  if (g.M <= 0 || g.N <= 0) return;
+  if (g.K == 0) {
+    const auto [m0, m1] = Share(g.M, t, nt);
+    for (int64_t m = m0; m < m1; ++m) std::fill(g.y + m * g.ldy, g.y + m * g.ldy + g.N, 0.0f);
+    return;
+  }
+  // 2-D split: along N in units of 16 columns when each thread gets enough of them,
+  // otherwise along M in units of 8 rows.
+  const bool split_n = g.N >= 64 * nt || g.M < 8 * nt;
+  int64_t m0 = 0, m1 = g.M, n0 = 0, n1 = g.N;
+  if (split_n) {
+    const auto [b, e] = Share((g.N + 15) / 16, t, nt);
+    n0 = std::min(g.N, b * 16);
+    n1 = std::min(g.N, e * 16);
+  } else {
+    const auto [b, e] = Share((g.M + 7) / 8, t, nt);
+    m0 = std::min(g.M, b * 8);
+    m1 = std::min(g.M, e * 8);
+  }
+  switch (impl) {
+    case GemmImpl::kGemv: {
+      const auto [b, e] = Share((g.N + 3) / 4, t, nt);  // strips of 4 weight rows
+      d.k->gemv(g, std::min(g.N, b * 4), std::min(g.N, e * 4));
+      return;
+    }
+    case GemmImpl::kGemm:
+      d.k->gemm(g, m0, m1, n0, n1);
+      return;
+    case GemmImpl::kOneDnn:
+      (g.w_k_stride == 1 ? d.onednn_k : d.onednn_n)->Run(g, m0, m1, n0, n1);
+      return;
+    case GemmImpl::kOneDnnDequant: {
+      const auto [b, e] = Share((g.N + 15) / 16, t, nt);
+      const int64_t nb = std::min(g.N, b * 16), ne = std::min(g.N, e * 16);
+      thread_local std::vector<float> panel;
+      panel.resize(static_cast<size_t>(kDequantPanel * g.K));
+      for (int64_t n = nb; n < ne; n += kDequantPanel) {
+        const int64_t p = std::min(kDequantPanel, ne - n);
+        d.k->dequant(g, n, n + p, panel.data());
+        GemmArgs sub = g;
+        sub.w = panel.data();
+        sub.wtype = DType::kF32;
+        sub.w_row_bytes = 4 * g.K;
+        sub.y = g.y + n;
+        sub.N = p;
+        d.onednn_k->Run(sub, 0, g.M, 0, p);
+      }
+      return;
+    }
+  }
+}
+
+// Collapses the leading axes of `t` (all but the last) into rows with one stride. False if
+// they do not form a single stride sequence.
+bool RowStride(const TensorArg& t, int64_t inner, int64_t* rows, int64_t* ld) {
+  *rows = 1;
+  *ld = inner;
+  bool first = true;
+  int64_t expect = 0;
+  for (int i = t.rank - 2; i >= 0; --i) {
+    *rows *= t.shape[i];
+    if (t.shape[i] == 1) continue;
+    if (first) {
+      *ld = t.strides[i];
+      expect = t.strides[i] * t.shape[i];
+      first = false;
+    } else if (t.strides[i] != expect) {
+      return false;
+    } else {
+      expect *= t.shape[i];
+    }
+  }
+  return *ld >= 0;
+}
+
+bool LinearProblem(const LaunchArgs& a, GemmArgs* g) {
+  const TensorArg &x = a.inputs[0], &w = a.inputs[1], &o = a.output;
+  const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
+  if ((K > 1 && x.strides[x.rank - 1] != 1) || (N > 1 && o.strides[o.rank - 1] != 1)) return false;
+  if (K > 1 && w.strides[1] != 1) return false;
+  int64_t M = 0, ldx = 0, mo = 0, ldy = 0;
+  if (!RowStride(x, K, &M, &ldx) || !RowStride(o, N, &mo, &ldy) || mo != M) return false;
+  if (M > 1 && ldy < N) return false;
+  const int64_t wrow = N > 1 ? w.strides[0] : K;
+  if (wrow < 0 || wrow % DTypeBlockElems(w.dtype) != 0) return false;
+  g->x = static_cast<const float*>(x.data);
+  g->ldx = ldx;
+  g->w = w.data;
+  g->wtype = w.dtype;
+  g->w_row_bytes = ByteOffset(w.dtype, wrow);
+  g->w_k_stride = 1;
+  g->y = static_cast<float*>(o.data);
+  g->ldy = ldy;
+  g->M = M;
+  g->N = N;
+  g->K = K;
+  return true;
+}
+
+void LinearKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
+  GemmArgs g;
+  if (!LinearProblem(a, &g)) return RunFallback(d, a, c);
+  RunGemm(d, Resolve(d, d.plan.For(g.M), g), g, c.thread_index, c.thread_count);
+}
+
+// MatMul: (a [..., M, K], b [..., K, N]) -> [..., M, N], batch axes possibly broadcast.
+void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
+  const GemmData& d = *static_cast<const GemmData*>(args.kernel_data);
+  const TensorArg &a = args.inputs[0], &b = args.inputs[1], &o = args.output;
+  const int r = o.rank;
+  const int64_t M = a.shape[r - 2], K = a.shape[r - 1], N = b.shape[r - 1];
+  GemmArgs g;
+  g.M = M;
+  g.N = N;
+  g.K = K;
+  g.ldx = a.strides[r - 2];
+  g.ldy = o.strides[r - 2];
+  g.wtype = DType::kF32;
+  const bool x_ok = K <= 1 || a.strides[r - 1] == 1;
+  const bool y_ok = (N <= 1 || o.strides[r - 1] == 1) && (M <= 1 || g.ldy >= N);
+  if (!x_ok || !y_ok) return RunFallback(d, args, c);
+  if (K <= 1 || b.strides[r - 2] == 1) {  // W = b^T has K-contiguous rows
+    g.w_row_bytes = 4 * b.strides[r - 1];
+    g.w_k_stride = 1;
+  } else {
+    g.w_row_bytes = 4 * b.strides[r - 1];
+    g.w_k_stride = b.strides[r - 2];
+  }
+  const GemmImpl impl = Resolve(d, d.plan.For(M), g);
+  int64_t batches = 1;
+  for (int i = 0; i < r - 2; ++i) batches *= o.shape[i];
+  // Many batches: whole batches per thread. Few: every thread takes part of each.
+  const bool per_thread = batches >= c.thread_count;
+  const auto [b0, b1] = per_thread ? Share(batches, c.thread_index, c.thread_count)
+                                   : std::pair<int64_t, int64_t>{0, batches};
+  for (int64_t bi = b0; bi < b1; ++bi) {
+    int64_t rem = bi, ao = 0, bo = 0, oo = 0;
+    for (int i = r - 3; i >= 0; --i) {
+      const int64_t idx = rem % o.shape[i];
+      rem /= o.shape[i];
+      ao += idx * a.strides[i];
+      bo += idx * b.strides[i];
+      oo += idx * o.strides[i];
+    }
+    GemmArgs gb = g;
+    gb.x = static_cast<const float*>(a.data) + ao;
+    gb.w = static_cast<const float*>(b.data) + bo;
+    gb.y = static_cast<float*>(o.data) + oo;
+    if (per_thread) {
+      RunGemm(d, impl, gb, 0, 1);
+    } else {
+      RunGemm(d, impl, gb, c.thread_index, c.thread_count);
+    }
+  }
+}
+
+// ---- Compile time ---------------------------------------------------------------------------
+
+bool LinearWeightCovered(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || IsQuantized(t);
+}
+
+// Deterministic, finite, non-denormal weight bytes for timing runs.
+void FillSynthetic(DType t, uint8_t* p, int64_t rows, int64_t K) {
+  const int64_t rb = DTypeBytes(t, K), total = rows * rb;
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < total; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    p[i] = static_cast<uint8_t>(s);
+  }
+  auto put16 = [](uint8_t* q, float v) {
+    const uint16_t h = FloatToF16(v);
+    std::memcpy(q, &h, 2);
+  };
+  switch (t) {
+    case DType::kF32:
+      for (int64_t i = 0; i < total / 4; ++i) {
+        const float v = static_cast<float>(p[4 * i] % 200) * 0.01f - 1.0f;
+        std::memcpy(p + 4 * i, &v, 4);
+      }
+      break;
+    case DType::kF16:
+    case DType::kBF16:
+      for (int64_t i = 0; i < total / 2; ++i) {
+        const float v = static_cast<float>(p[2 * i] % 200) * 0.01f - 1.0f;
+        const uint16_t h = t == DType::kF16 ? FloatToF16(v) : FloatToBF16(v);
+        std::memcpy(p + 2 * i, &h, 2);
+      }
+      break;
+    default:
+      if (!IsQuantized(t) || DTypeBlockElems(t) != 32) break;
+      for (int64_t b = 0; b < total / DTypeBlockBytes(t); ++b) {
+        uint8_t* q = p + b * DTypeBlockBytes(t);
+        if (t == DType::kMXFP4) {
+          q[0] = 120;
+        } else {
+          put16(q, 0.01f);
+          if (t == DType::kQ4_1) put16(q + 2, -0.05f);
+        }
+      }
+      break;
+  }
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+std::unique_ptr<uint8_t, AlignedFree> AlignedBytes(int64_t n) {
+  const size_t bytes = (static_cast<size_t>(std::max<int64_t>(n, 1)) + 63) / 64 * 64;
+  return std::unique_ptr<uint8_t, AlignedFree>(
+      static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
+}
+
+TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
+  TensorArg a;
+  a.data = data;
+  a.dtype = t;
+  a.rank = 2;
+  a.shape[0] = rows;
+  a.shape[1] = cols;
+  a.strides[0] = cols;
+  a.strides[1] = 1;
+  return a;
+}
+
+// Times candidate implementations of one shape through the device's own stream (its pool).
+class TimingBench {
+ public:
+  static StatusOr<std::unique_ptr<TimingBench>> Create(backend::Device& dev, bool matmul, DType wt,
+                                                       int64_t max_m, int64_t N, int64_t K) {
+    std::unique_ptr<TimingBench> b(new TimingBench());
+    KILN_ASSIGN_OR_RETURN(b->stream_, dev.CreateStream());
+    b->matmul_ = matmul;
+    b->wt_ = wt;
+    b->N_ = N;
+    b->K_ = K;
+    b->x_ = AlignedBytes(4 * max_m * K);
+    b->y_ = AlignedBytes(4 * max_m * N);
+    b->w_ = AlignedBytes(matmul ? 4 * K * N : DTypeBytes(wt, K) * N);
+    if (b->x_ == nullptr || b->y_ == nullptr || b->w_ == nullptr) {
+      return ResourceExhausted("cpu autotune: no memory for a ", N, "x", K, " timing run");
+    }
+    float* x = reinterpret_cast<float*>(b->x_.get());
+    for (int64_t i = 0; i < max_m * K; ++i) x[i] = static_cast<float>(i % 97) * 0.01f - 0.5f;
+    if (matmul) {
+      FillSynthetic(DType::kF32, b->w_.get(), K, N);
+    } else {
+      FillSynthetic(wt, b->w_.get(), N, K);
+    }
+    return b;
+  }
+
+  Status Run(const GemmData& base, GemmImpl impl, int64_t m) {
+    GemmData d = base;
+    d.plan.upto = {{1, impl}};
+    TensorArg in[2] = {
+        Arg2D(x_.get(), DType::kF32, m, K_),
+        matmul_ ? Arg2D(w_.get(), DType::kF32, K_, N_) : Arg2D(w_.get(), wt_, N_, K_)};
+    LaunchArgs args;
+    args.kernel_data = &d;
+    args.inputs = in;
+    args.num_inputs = 2;
+    args.output = Arg2D(y_.get(), DType::kF32, m, N_);
+    const Launch l{matmul_ ? MatMulKernel : LinearKernel, &args};
+    KILN_RETURN_IF_ERROR(stream_->Run(std::span<const Launch>(&l, 1)));
+    return stream_->Synchronize();
+  }
+
+ private:
+  TimingBench() = default;
+  std::unique_ptr<backend::Stream> stream_;
+  bool matmul_ = false;
+  DType wt_ = DType::kF32;
+  int64_t N_ = 0, K_ = 0;
+  std::unique_ptr<uint8_t, AlignedFree> x_, y_, w_;
+};
+
+// Plan from per-M choices: each representative M owns the range up to the geometric mean
+// with the next one.
+Plan PlanFrom(std::span<const int64_t> ms, const std::vector<GemmImpl>& impls) {
+  Plan p;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const int64_t mx = i + 1 < ms.size()
+                           ? static_cast<int64_t>(std::sqrt(double(ms[i]) * double(ms[i + 1])))
+                           : INT64_MAX;
+    if (!p.upto.empty() && p.upto.back().second == impls[i]) {
+      p.upto.back().first = mx;
+    } else {
+      p.upto.push_back({mx, impls[i]});
+    }
+  }
+  return p;
+}
+
+std::string PlanString(const Plan& p) {
+  std::string s;
+  int64_t lo = 1;
+  for (const auto& [mx, impl] : p.upto) {
+    absl::StrAppend(&s, s.empty() ? "" : " ", lo, "-", mx == INT64_MAX ? "" : absl::StrCat(mx), ":",
+                    GemmImplName(impl));
+    if (mx == INT64_MAX) break;
+    lo = mx + 1;
+  }
+  return s;
+}
+
+}  // namespace
+
+const char* GemmImplName(GemmImpl impl) {
+  switch (impl) {
+    case GemmImpl::kGemv:
+      return "gemv";
+    case GemmImpl::kGemm:
+      return "gemm";
+    case GemmImpl::kOneDnn:
+      return "onednn";
+    case GemmImpl::kOneDnnDequant:
+      return "onednn_dequant";
+  }
+  return "?";
+}
+
+std::span<const int64_t> RepresentativeMs() {
+  static constexpr int64_t kMs[] = {1, 2, 4, 8, 16, 32, 128, 512};
+  return kMs;
+}
+
+StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const SelectContext& ctx) {
+  const bool matmul = req.op == OpKind::kMatMul;
+  const TensorType &x = req.inputs[0], &w = req.inputs[1];
+  if (x.dtype != DType::kF32 || req.output.dtype != DType::kF32) return std::optional<Kernel>();
+  if (matmul ? w.dtype != DType::kF32 : !LinearWeightCovered(w.dtype)) {
+    return std::optional<Kernel>();
+  }
+  auto d = std::make_shared<GemmData>();
+  d->matmul = matmul;
+  d->k = KernelsFor(ctx.isa);
+  if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+
+  const std::optional<int64_t> K = x.shape.back().TryConstant();
+  const std::optional<int64_t> N = matmul ? w.shape.back().TryConstant() : w.shape[0].TryConstant();
+  // oneDNN primitives (run-time M, N and strides; one per weight layout).
+  const bool fast_decode = HasFastDecoder(w.dtype);
+  if (K && (w.dtype == DType::kF32 || fast_decode)) {
+    if (auto g = OneDnnGemm::Create(*K, /*w_k_contiguous=*/true); g.ok())
+      d->onednn_k = *std::move(g);
+    if (matmul) {
+      if (auto g = OneDnnGemm::Create(*K, /*w_k_contiguous=*/false); g.ok()) {
+        d->onednn_n = *std::move(g);
+      }
+    }
+  }
+  std::vector<GemmImpl> candidates;
+  if (!matmul) candidates.push_back(GemmImpl::kGemv);
+  candidates.push_back(GemmImpl::kGemm);
+  if (w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n)) {
+    candidates.push_back(GemmImpl::kOneDnn);
+  } else if (!matmul && fast_decode && d->onednn_k) {
+    candidates.push_back(GemmImpl::kOneDnnDequant);
+  }
+  d->plan.upto = matmul ? std::vector<std::pair<int64_t, GemmImpl>>{{INT64_MAX, GemmImpl::kGemm}}
+                        : std::vector<std::pair<int64_t, GemmImpl>>{{kGemvMaxM, GemmImpl::kGemv},
+                                                                    {INT64_MAX, GemmImpl::kGemm}};
+
+  // M: rows of x (Linear) or of each matrix (MatMul; batched MatMul is not timed).
+  std::optional<int64_t> m_const;
+  bool tunable = ctx.tuner != nullptr && K && N && *N * *K >= kMinTunedWeights &&
+                 (fast_decode || w.dtype == DType::kF32);
+  if (matmul) {
+    tunable = tunable && x.shape.size() == 2;
+    m_const = x.shape[x.shape.size() - 2].TryConstant();
+  } else {
+    Dim m = 1;
+    for (size_t i = 0; i + 1 < x.shape.size(); ++i) m = m * x.shape[i];
+    m_const = m.TryConstant();
+  }
+  if (tunable && candidates.size() > 1) {
+    std::vector<int64_t> ms;
+    if (m_const) {
+      ms.push_back(std::max<int64_t>(*m_const, 1));
+    } else {
+      const auto rep = RepresentativeMs();
+      ms.assign(rep.begin(), rep.end());
+    }
+    std::vector<std::string> names;
+    for (GemmImpl c : candidates) names.push_back(GemmImplName(c));
+    const std::string key =
+        absl::StrCat(OpName(req.op), " x=f32 w=", DTypeName(w.dtype), " N=", *N, " K=", *K, " ",
+                     IsaName(d->k->isa), " threads=", ctx.threads, " cpu=", CpuDescription());
+    std::unique_ptr<TimingBench> bench;
+    const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
+      if (bench == nullptr) {
+        KILN_ASSIGN_OR_RETURN(bench,
+                              TimingBench::Create(*ctx.device, matmul, w.dtype,
+                                                  *std::max_element(ms.begin(), ms.end()), *N, *K));
+      }
+      return bench->Run(*d, candidates[c], m);
+    };
+    KILN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> choice,
+                          ctx.tuner->Choose(key, names, ms, run));
+    if (choice) {
+      std::vector<GemmImpl> impls;
+      for (int c : *choice) impls.push_back(candidates[c]);
+      d->plan = PlanFrom(ms, impls);
+    }
+  }
+  const std::string name =
+      absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", PlanString(d->plan), "]");
+  return std::optional<Kernel>(Kernel{matmul ? MatMulKernel : LinearKernel, std::move(d), name});
+}
+
+std::string DescribeGemmPlan(const Kernel& kernel) {
+  if (kernel.fn != LinearKernel && kernel.fn != MatMulKernel) return "";
+  return PlanString(static_cast<const GemmData*>(kernel.data.get())->plan);
+}
+
+}  // namespace kiln::cpu

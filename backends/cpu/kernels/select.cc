@@ -1,0 +1,34 @@
+#include "backends/cpu/kernels/select.h"
+
+#include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/autotune.h"
+#include "backends/cpu/kernels/linear.h"
+
+namespace kiln::cpu {
+
+SelectContext DefaultSelectContext(
+    backend::Device* device, int threads,
+    StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&)) {
+  SelectContext c;
+  c.device = device;
+  c.threads = threads;
+  c.isa = ActiveIsa();
+  c.tuner = &GemmTuner::Global();
+  c.reference = reference;
+  return c;
+}
+
+StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelRequest& req,
+                                                      const SelectContext& ctx) {
+  switch (req.op) {
+    case OpKind::kLinear:
+    case OpKind::kMatMul:
+      return MakeGemmKernel(req, ctx);
+    case OpKind::kPagedAttention:
+      return MakePagedAttentionKernel(req, ctx);
+    default:
+      return std::optional<backend::Kernel>();
+  }
+}
+
+}  // namespace kiln::cpu

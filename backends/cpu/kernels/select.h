@@ -1,0 +1,48 @@
+// Kernel selection for the cpu backend's hand-tuned kernels: the one entry point
+// backends/cpu/cpu_backend.cc calls before its generic paths.
+//
+// Covered (f32 activations and outputs):
+//   linear      x [..., K] f32, w [N, K] f32/f16/bf16/q4_0/q4_1/q8_0/mxfp4 (K-quants through
+//               the dequantizer) — GEMV with weights decoded in registers (decode), packed
+//               GEMM (prefill), oneDNN f32 GEMM (f32 weights) or weight panels dequantized
+//               for oneDNN; chosen per M range by autotuning (autotune.h).
+//   matmul      f32 (batched, broadcast batch dims) — packed GEMM or oneDNN.
+//   paged_attention  q f32, K/V caches both f32, f16 or bf16, no score_mod, mask none,
+//               causal or sliding window — threads over (sequence, kv head, query rows), and
+//               over the context for long decode.
+// Everything else (and layouts the kernels do not take, found at run time: non-contiguous
+// rows, overlapping sequences) runs the reference kernel.
+//
+// Instruction set: ActiveIsa() (isa.h; KILN_CPU_ISA lowers it). Thread-safety: thread-safe.
+#pragma once
+
+#include <optional>
+
+#include "backends/backend.h"
+#include "backends/cpu/kernels/isa.h"
+
+namespace kiln::cpu {
+
+class GemmTuner;
+
+struct SelectContext {
+  backend::Device* device = nullptr;  // for autotuning runs (CreateStream)
+  int threads = 1;                    // the device's pool size (part of tuning keys)
+  Isa isa = Isa::kScalar;
+  GemmTuner* tuner = nullptr;  // null: heuristics only
+  // The reference kernel factory (the fallback for layouts the fast kernels do not take).
+  StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&) = nullptr;
+};
+
+// The cpu backend's context: ActiveIsa(), GemmTuner::Global() (autotuning with the disk
+// cache), the given device, pool size and reference kernels.
+SelectContext DefaultSelectContext(
+    backend::Device* device, int threads,
+    StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&));
+
+// A hand-tuned kernel for `req`, or nullopt if none covers it (the backend then uses its
+// generic path). Errors only for real failures (e.g. a timing run failed).
+StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelRequest& req,
+                                                      const SelectContext& ctx);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,247 @@
+// The AVX2 + FMA + F16C vector layer of the CPU kernels (8 float lanes). Included only by
+// kernels_avx2.cc, compiled with -mavx2 -mfma -mf16c, inside namespace
+// kiln::cpu::avx2 (see kernels_impl.h for the interface every vector layer provides).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "engine/dtype.h"
+
+namespace kiln::cpu::avx2 {
+
+inline constexpr int kLanes = 8;
+inline constexpr int kGemmMR = 6;  // micro-kernel rows: 6 x 2 accumulators + 2 + 1 = 15 ymm
+
+struct F {
+  __m256 v;
+};
+inline F Zero() { return {_mm256_setzero_ps()}; }
+inline F Set1(float x) { return {_mm256_set1_ps(x)}; }
+inline F Load(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline void Store(float* p, F a) { _mm256_storeu_ps(p, a.v); }
+inline F Add(F a, F b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline F Mul(F a, F b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline F Fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+// NaN-propagating maximum (either operand NaN -> NaN).
+inline F Max(F a, F b) {
+  const __m256 m = _mm256_max_ps(a.v, b.v);
+  const __m256 nan = _mm256_cmp_ps(a.v, a.v, _CMP_UNORD_Q);
+  return {_mm256_blendv_ps(m, a.v, nan)};
+}
+inline float HSum(F a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// out[i] = HSum(a[i]) for 8 vectors, by a transposing reduction (9 shuffles/adds in all).
+inline void HSum8(const F* a, float* out) {
+  const __m256 t0 = _mm256_hadd_ps(a[0].v, a[1].v), t1 = _mm256_hadd_ps(a[2].v, a[3].v);
+  const __m256 t2 = _mm256_hadd_ps(a[4].v, a[5].v), t3 = _mm256_hadd_ps(a[6].v, a[7].v);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+}
+
+// exp(x) to about 1 ulp (Cephes' expf polynomial). NaN stays NaN; x < -87.33 (below the
+// smallest normal result) gives 0; +Inf gives +Inf.
+inline F Exp(F xf) {
+  const __m256 x0 = xf.v;
+  __m256 x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x0);
+  x = _mm256_max_ps(_mm256_set1_ps(-87.33654475f), x);
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  // 2^fx in two steps so that fx = 128 (x near the top of the range) does not overflow the
+  // exponent field.
+  const __m256i n = _mm256_cvtps_epi32(fx);
+  const __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
+  const __m256i b = _mm256_set1_epi32(127);
+  const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, b), 23));
+  const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, b), 23));
+  y = _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+  // Below the range: 0. Above it: +Inf. NaN: NaN.
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(),
+                       _mm256_cmp_ps(x0, _mm256_set1_ps(-87.33654475f), _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()),
+                       _mm256_cmp_ps(x0, _mm256_set1_ps(88.3762626647949f), _CMP_GT_OQ));
+  return {_mm256_blendv_ps(y, x0, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q))};
+}
+
+inline F LoadF16(const uint16_t* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+inline F LoadBF16(const uint16_t* p) {
+  const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(w, 16))};
+}
+inline float F16Scalar(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// dst[k * 16 + r] = src[r * lds + k] for r < 16, k < kc: an [16 x kc] row block transposed
+// into the packed-panel layout, 8 x 8 tiles at a time.
+inline void Transpose8x8(const float* src, int64_t lds, float* dst, int64_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds);
+  __m256 r2 = _mm256_loadu_ps(src + 2 * lds), r3 = _mm256_loadu_ps(src + 3 * lds);
+  __m256 r4 = _mm256_loadu_ps(src + 4 * lds), r5 = _mm256_loadu_ps(src + 5 * lds);
+  __m256 r6 = _mm256_loadu_ps(src + 6 * lds), r7 = _mm256_loadu_ps(src + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+  __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+  __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+  __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  r0 = _mm256_shuffle_ps(t0, t2, 0x44);
+  r1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  r2 = _mm256_shuffle_ps(t1, t3, 0x44);
+  r3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  r4 = _mm256_shuffle_ps(t4, t6, 0x44);
+  r5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  r6 = _mm256_shuffle_ps(t5, t7, 0x44);
+  r7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(dst + 0 * ldd, _mm256_permute2f128_ps(r0, r4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ldd, _mm256_permute2f128_ps(r1, r5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(r2, r6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(r3, r7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(r0, r4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(r1, r5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(r2, r6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(r3, r7, 0x31));
+}
+// dst[k * nr + r] = src[r * lds + k], r < nr (a multiple of 8), k < kc.
+inline void PackTranspose(const float* src, int64_t lds, int nr, int64_t kc, float* dst) {
+  int64_t k = 0;
+  for (; k + 8 <= kc; k += 8) {
+    for (int r = 0; r < nr; r += 8) Transpose8x8(src + r * lds + k, lds, dst + k * nr + r, nr);
+  }
+  for (; k < kc; ++k) {
+    for (int r = 0; r < nr; ++r) dst[k * nr + r] = src[r * lds + k];
+  }
+}
+
+// ---- Weight decoders: one 32-element block -> 4 chunks of 8 floats ----
+// Each provides kBlockBytes, a State loaded once per block, Chunk(state, c) for c < 4, and
+// (float types) Elem(row, k) for K tails. Values are exactly the dequantized weights of
+// engine/dtype.h (q * d + m is exact in f32 for 4/8-bit quanta and f16 scales), except that
+// a non-finite block scale yields NaN for every element of the block.
+
+struct DecF32 {
+  static constexpr int64_t kBlockBytes = 128;
+  using State = const float*;
+  static State Load(const uint8_t* b) { return reinterpret_cast<const float*>(b); }
+  static F Chunk(State s, int c) { return avx2::Load(s + 8 * c); }
+  static float Elem(const uint8_t* row, int64_t k) {
+    float v;
+    std::memcpy(&v, row + 4 * k, 4);
+    return v;
+  }
+};
+struct DecF16 {
+  static constexpr int64_t kBlockBytes = 64;
+  using State = const uint16_t*;
+  static State Load(const uint8_t* b) { return reinterpret_cast<const uint16_t*>(b); }
+  static F Chunk(State s, int c) { return LoadF16(s + 8 * c); }
+  static float Elem(const uint8_t* row, int64_t k) { return F16Scalar(row + 2 * k); }
+};
+struct DecBF16 {
+  static constexpr int64_t kBlockBytes = 64;
+  using State = const uint16_t*;
+  static State Load(const uint8_t* b) { return reinterpret_cast<const uint16_t*>(b); }
+  static F Chunk(State s, int c) { return LoadBF16(s + 8 * c); }
+  static float Elem(const uint8_t* row, int64_t k) {
+    uint16_t h;
+    std::memcpy(&h, row + 2 * k, 2);
+    return BF16ToFloat(h);
+  }
+};
+// q4_0: x = (q - 8) * d computed as fma(q, d, -8d) (exact for finite d).
+struct DecQ4_0 {
+  static constexpr int64_t kBlockBytes = 18;
+  struct State {
+    __m256i lo, hi;  // bytes 0-7 and 8-15, zero-extended to 32 bits
+    __m256 d, off;
+  };
+  static State Load(const uint8_t* b) {
+    const float d = F16Scalar(b);
+    return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2))),
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 10))),
+            _mm256_set1_ps(d), _mm256_set1_ps(-8.0f * d)};
+  }
+  static F Chunk(const State& s, int c) {
+    const __m256i m = _mm256_set1_epi32(15);
+    const __m256i q = c == 0   ? _mm256_and_si256(s.lo, m)
+                      : c == 1 ? _mm256_and_si256(s.hi, m)
+                      : c == 2 ? _mm256_srli_epi32(s.lo, 4)
+                               : _mm256_srli_epi32(s.hi, 4);
+    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s.d, s.off)};
+  }
+};
+// q4_1: x = q * d + m.
+struct DecQ4_1 {
+  static constexpr int64_t kBlockBytes = 20;
+  using State = DecQ4_0::State;
+  static State Load(const uint8_t* b) {
+    return {_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 4))),
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 12))),
+            _mm256_set1_ps(F16Scalar(b)), _mm256_set1_ps(F16Scalar(b + 2))};
+  }
+  static F Chunk(const State& s, int c) { return DecQ4_0::Chunk(s, c); }
+};
+// q8_0: x = q * d.
+struct DecQ8_0 {
+  static constexpr int64_t kBlockBytes = 34;
+  struct State {
+    const uint8_t* qs;
+    __m256 d;
+  };
+  static State Load(const uint8_t* b) { return {b + 2, _mm256_set1_ps(F16Scalar(b))}; }
+  static F Chunk(const State& s, int c) {
+    const __m256i q =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.qs + 8 * c)));
+    return {_mm256_mul_ps(_mm256_cvtepi32_ps(q), s.d)};
+  }
+};
+// mxfp4: x = e2m1(nibble) * 2^(e - 127), via a table of 2 * e2m1 as int8 and a scale of
+// 2^(e - 128) (exact, including the subnormal e = 0 and 1; e = 255 is NaN).
+struct DecMXFP4 {
+  static constexpr int64_t kBlockBytes = 17;
+  struct State {
+    __m128i lo, hi;  // table values of elements 0-15 and 16-31
+    __m256 d;
+  };
+  static State Load(const uint8_t* b) {
+    const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
+    const __m128i m = _mm_set1_epi8(15);
+    float d;
+    if (b[0] == 0xff) {
+      d = __builtin_nanf("");
+    } else if (b[0] < 2) {
+      d = b[0] == 0 ? 0x1p-128f : 0x1p-127f;
+    } else {
+      const uint32_t bits = static_cast<uint32_t>(b[0] - 1) << 23;
+      std::memcpy(&d, &bits, 4);
+    }
+    return {_mm_shuffle_epi8(table, _mm_and_si128(v, m)),
+            _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), m)), _mm256_set1_ps(d)};
+  }
+  static F Chunk(const State& s, int c) {
+    const __m128i src = c < 2 ? s.lo : s.hi;
+    const __m128i part = (c & 1) ? _mm_srli_si128(src, 8) : src;
+    return {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), s.d)};
+  }
+};
+
+}  // namespace kiln::cpu::avx2
