@@ -73,7 +73,7 @@ Status FinalStatus(FinishReason finish, const Status& status) {
 
 void HttpStreamGate::Start(int status, std::string content_type, http::Headers headers,
                            std::string first) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   r_->StartStream(status, std::move(content_type), std::move(headers));
   started_ = true;
   if (!first.empty()) r_->Write(std::move(first));
@@ -83,7 +83,7 @@ void HttpStreamGate::Start(int status, std::string content_type, http::Headers h
 }
 
 void HttpStreamGate::Write(std::string chunk) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (finished_) return;
   if (started_) {
     r_->Write(std::move(chunk));
@@ -93,7 +93,7 @@ void HttpStreamGate::Write(std::string chunk) {
 }
 
 void HttpStreamGate::Finish() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (finished_) return;
   finished_ = true;
   if (started_) r_->Finish();

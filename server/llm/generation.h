@@ -73,10 +73,11 @@ class HttpStreamGate {
   void Finish();
 
  private:
-  std::mutex mu_;
-  std::shared_ptr<http::Responder> r_;
-  bool started_ = false, finished_ = false;
-  std::vector<std::string> held_;
+  absl::Mutex mu_;
+  const std::shared_ptr<http::Responder> r_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kiln::llm

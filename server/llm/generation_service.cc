@@ -3,8 +3,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
-#include <mutex>
+#include <map>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "server/llm/generation.h"
 #include "server/llm/params.h"
@@ -189,7 +191,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
 
   void OnWriteDone(bool ok) override {
     auto state = state_;  // keeps the state alive past Finish (OnDone may delete us)
-    std::lock_guard<std::mutex> lock(state->mu);
+    absl::MutexLock lock(&state->mu);
     state->queue.pop_front();
     if (!ok && !state->broken) {
       // The client is gone: stop generating; the final event ends the RPC.
@@ -209,14 +211,16 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
 
  private:
   struct State {
-    std::mutex mu;
-    StreamReactor* reactor = nullptr;
-    std::deque<v1::GenerateStreamResponse> queue;  // front: being written
-    bool writing = false, broken = false, final_seen = false, finished = false;
-    grpc::Status status;
+    absl::Mutex mu;
+    StreamReactor* reactor = nullptr;                                  // set once, before any event
+    std::deque<v1::GenerateStreamResponse> queue ABSL_GUARDED_BY(mu);  // front: being written
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool broken ABSL_GUARDED_BY(mu) = false;  // the client is gone: drop messages
+    bool final_seen ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+    grpc::Status status ABSL_GUARDED_BY(mu);
 
-    // REQUIRES: mu held.
-    void Push(v1::GenerateStreamResponse&& msg) {
+    void Push(v1::GenerateStreamResponse&& msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       if (broken) return;
       queue.push_back(std::move(msg));
       if (!writing) {
@@ -224,8 +228,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
         reactor->StartWrite(&queue.front());
       }
     }
-    // REQUIRES: mu held.
-    void MaybeFinish() {
+    void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       if (!final_seen || writing || finished) return;
       finished = true;
       reactor->Finish(status);
@@ -241,7 +244,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
     p.request->on_event = [state = state_, tok, id = p.request->id](GenerateEvent&& ev) {
       const bool final = ev.finish != FinishReason::kNone;
       const Status s = final ? FinalStatus(ev.finish, ev.status) : OkStatus();
-      std::lock_guard<std::mutex> lock(state->mu);
+      absl::MutexLock lock(&state->mu);
       if (s.ok() && (final || !ev.text.empty() || !ev.token_ids.empty())) {
         v1::GenerateStreamResponse msg;
         msg.set_request_id(id);

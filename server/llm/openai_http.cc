@@ -261,9 +261,10 @@ json ChatLogprobs(const models::Tokenizer& tok, const std::vector<models::Sample
     json top = json::array();
     for (const auto& alt : t->top) {
       const std::string_view at = tok.TokenBytes(alt.token);
-      top.push_back({{"token", std::string(at)}, {"logprob", alt.logprob}, {"bytes", Bytes(at)}});
+      top.push_back({{"token", ValidUtf8(at)}, {"logprob", alt.logprob}, {"bytes", Bytes(at)}});
     }
-    content.push_back({{"token", std::string(text)},
+    // `token` reads U+FFFD for part of a character; `bytes` has the exact bytes.
+    content.push_back({{"token", ValidUtf8(text)},
                        {"logprob", t->logprob},
                        {"bytes", Bytes(text)},
                        {"top_logprobs", std::move(top)}});
@@ -271,21 +272,29 @@ json ChatLogprobs(const models::Tokenizer& tok, const std::vector<models::Sample
   return {{"content", std::move(content)}};
 }
 
+// Characters (code points) in valid UTF-8 text: what a client's string indices count.
+size_t CodePoints(std::string_view s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset` is the
-// text offset of the first token (it continues across streamed chunks).
+// character offset of the first token (it continues across streamed chunks). A token that
+// holds part of a character reads as U+FFFD, as in the text.
 json CompletionLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps,
                         size_t* offset) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(),
        offsets = json::array();
   for (const models::SampledToken* t : Visible(tok, lps)) {
-    const std::string_view text = tok.TokenBytes(t->token);
-    tokens.push_back(std::string(text));
-    token_lps.push_back(t->logprob);
+    const std::string text = ValidUtf8(tok.TokenBytes(t->token));
     json top = json::object();
-    for (const auto& alt : t->top) top[std::string(tok.TokenBytes(alt.token))] = alt.logprob;
+    for (const auto& alt : t->top) top[ValidUtf8(tok.TokenBytes(alt.token))] = alt.logprob;
     tops.push_back(std::move(top));
+    token_lps.push_back(t->logprob);
     offsets.push_back(*offset);
-    *offset += text.size();
+    *offset += CodePoints(text);
+    tokens.push_back(text);
   }
   return {{"tokens", std::move(tokens)},
           {"token_logprobs", std::move(token_lps)},
@@ -334,7 +343,7 @@ json FullResponse(const Meta& m, GenerationResult& res) {
   } else {
     out = m.Envelope("text_completion");
     choice["text"] = m.echo + res.text;
-    size_t offset = m.echo.size();
+    size_t offset = CodePoints(m.echo);
     if (m.logprobs) choice["logprobs"] = CompletionLogprobs(m.tok(), res.logprobs, &offset);
   }
   out["choices"] = json::array({std::move(choice)});

@@ -1,0 +1,1019 @@
+// The LLM front ends end to end, in-process: the real gRPC and HTTP servers over a repository
+// serving the fake LLM (test_llm.h), driven by real clients (gRPC stubs, an HTTP client).
+// Every generation is checked against FakeLlm::Continue, the model's own greedy output.
+#include <grpcpp/grpcpp.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/kiln/v1/generation.grpc.pb.h"
+#include "proto/kserve/grpc_service.grpc.pb.h"
+#include "server/llm/prompt.h"
+#include "server/llm/test_llm.h"
+
+namespace kiln::llm {
+namespace {
+
+using nlohmann::json;
+using testing::FakeLlm;
+using ::testing::HasSubstr;
+using testing::HttpCall;
+using testing::SseData;
+using ::testing::StartsWith;
+using testing::TestServer;
+using namespace std::chrono_literals;
+
+config::ModelConfig Simple() {
+  config::ModelConfig m;
+  m.name = "simple";
+  m.kind = "builtin";
+  m.builtin = "simple";
+  m.max_batch_size = 8;
+  m.dynamic_batching.emplace();
+  return m;
+}
+
+// Polls `cond` for up to 3 s.
+template <typename F>
+bool Eventually(F cond) {
+  for (int i = 0; i < 300; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return cond();
+}
+
+class FrontEndsTest : public ::testing::Test {
+ protected:
+  FrontEndsTest() : server_({testing::FakeModelConfig("fake"), Simple()}) {
+    tok_ = testing::LoadFixtureTokenizer();
+  }
+
+  std::vector<int32_t> Encode(const std::string& text) {
+    return *tok_->Encode(text, {.add_special_tokens = true, .parse_special = false});
+  }
+  // What the model generates greedily after `prompt`, as ids and as text.
+  std::vector<int32_t> ExpectedIds(const std::vector<int32_t>& prompt, int n) {
+    return FakeLlm::Continue(prompt, n, server_.fake().eos_at->load());
+  }
+  std::string Text(const std::vector<int32_t>& ids) {
+    return tok_->Decode(ids, {.skip_special_tokens = true, .strip_leading_space = false});
+  }
+  std::vector<int32_t> ChatPrompt(const std::string& user) {
+    FakeLlm model;
+    PromptRequest r;
+    r.kind = PromptRequest::Kind::kChat;
+    r.messages =
+        nlohmann::ordered_json::parse(json::array({{{"role", "user"}, {"content", user}}}).dump());
+    return BuildPrompt(model, "fake", r)->ids;
+  }
+
+  std::pair<int, json> Post(const std::string& path, const json& body) {
+    auto reply = HttpCall(server_.http_port(), "POST", path, body.dump());
+    return {reply.status, json::parse(reply.body, nullptr, false)};
+  }
+
+  TestServer server_;
+  std::unique_ptr<models::Tokenizer> tok_;
+};
+
+// ---- OpenAI-compatible HTTP ----------------------------------------------------------------
+
+size_t CodePoints(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+TEST_F(FrontEndsTest, ModelsListsTheLlmsOnly) {
+  auto reply = HttpCall(server_.http_port(), "GET", "/v1/models");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  json j = json::parse(reply.body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 1u) << "tensor models do not generate text";
+  EXPECT_EQ(j["data"][0]["id"], "fake");
+  EXPECT_EQ(j["data"][0]["object"], "model");
+  EXPECT_EQ(j["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/fake").status, 200);
+  auto missing = HttpCall(server_.http_port(), "GET", "/v1/models/nope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(json::parse(missing.body)["error"]["code"], "model_not_found");
+  EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/simple").status, 404);
+}
+
+TEST_F(FrontEndsTest, CompletionMatchesTheModel) {
+  auto [status, j] =
+      Post("/v1/completions",
+           {{"model", "fake"}, {"prompt", "Hello world"}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j;
+  const auto prompt = Encode("Hello world");
+  EXPECT_THAT(j["id"].get<std::string>(), StartsWith("cmpl-"));
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["model"], "fake");
+  EXPECT_EQ(j["choices"][0]["text"], Text(ExpectedIds(prompt, 8)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(j["usage"]["total_tokens"], prompt.size() + 8);
+}
+
+TEST_F(FrontEndsTest, CompletionDefaultsToSixteenTokensAndTakesTokenIds) {
+  const std::vector<int32_t> prompt = {5, 400, 401, 402};
+  auto [status, j] =
+      Post("/v1/completions", {{"model", "fake"}, {"prompt", prompt}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["usage"]["completion_tokens"], 16) << "OpenAI's default for completions";
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 4) << "token ids go in as they are";
+  EXPECT_EQ(j["choices"][0]["text"], Text(ExpectedIds(prompt, 16)));
+}
+
+TEST_F(FrontEndsTest, ChatCompletionMatchesTheModelAndStopsAtEos) {
+  const auto prompt = ChatPrompt("Hi there");
+  server_.fake().eos_at->store(static_cast<int>(prompt.size()) + 5);
+  auto [status, j] = Post("/v1/chat/completions",
+                          {{"model", "fake"},
+                           {"messages", json::array({{{"role", "user"}, {"content", "Hi there"}}})},
+                           {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_THAT(j["id"].get<std::string>(), StartsWith("chatcmpl-"));
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], Text(ExpectedIds(prompt, 100)));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6) << "five tokens and EOS";
+}
+
+TEST_F(FrontEndsTest, StreamedChatDeliversTheSameTextAsNonStreamed) {
+  json body = {{"model", "fake"},
+               {"messages", json::array({{{"role", "user"}, {"content", "Tell me"}}})},
+               {"max_tokens", 12},
+               {"seed", 7},
+               {"temperature", 0.8}};
+  auto [status, full] = Post("/v1/chat/completions", body);
+  ASSERT_EQ(status, 200) << full;
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto reply = HttpCall(server_.http_port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(reply.content_type, "text/event-stream");
+  auto events = SseData(reply.body);
+  ASSERT_GE(events.size(), 4u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  json first = json::parse(events[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  std::string finish;
+  for (size_t i = 0; i + 2 < events.size(); ++i) {
+    json c = json::parse(events[i]);
+    EXPECT_EQ(c["id"], first["id"]) << "one id for the whole stream";
+    EXPECT_TRUE(c.contains("usage") && c["usage"].is_null());
+    ASSERT_EQ(c["choices"].size(), 1u);
+    if (c["choices"][0]["delta"].contains("content")) {
+      text += c["choices"][0]["delta"]["content"].get<std::string>();
+    }
+    if (!c["choices"][0]["finish_reason"].is_null()) finish = c["choices"][0]["finish_reason"];
+  }
+  EXPECT_EQ(text, full["choices"][0]["message"]["content"]) << "same seed, same text";
+  EXPECT_EQ(finish, "length");
+  json usage = json::parse(events[events.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  for (const char* k : {"prompt_tokens", "completion_tokens", "total_tokens"}) {
+    EXPECT_EQ(usage["usage"][k], full["usage"][k]) << k;
+  }
+  EXPECT_GT(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+      << "the second request reuses the first one's prompt blocks";
+}
+
+TEST_F(FrontEndsTest, StreamedCompletionWithLogprobs) {
+  auto reply = HttpCall(server_.http_port(), "POST", "/v1/completions",
+                        json{{"model", "fake"},
+                             {"prompt", "Once upon"},
+                             {"max_tokens", 6},
+                             {"temperature", 0},
+                             {"logprobs", 2},
+                             {"stream", true}}
+                            .dump());
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  auto events = SseData(reply.body);
+  ASSERT_EQ(events.back(), "[DONE]");
+  std::string text, token_text;
+  int tokens = 0;
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    json c = json::parse(events[i]);
+    EXPECT_EQ(c["object"], "text_completion");
+    text += c["choices"][0]["text"].get<std::string>();
+    const json& lp = c["choices"][0]["logprobs"];
+    if (lp.is_null()) continue;
+    for (size_t k = 0; k < lp["tokens"].size(); ++k) {
+      token_text += lp["tokens"][k].get<std::string>();
+      EXPECT_LT(lp["token_logprobs"][k].get<double>(), 0.0);
+      EXPECT_EQ(lp["top_logprobs"][k].size(), 2u);
+      EXPECT_EQ(lp["text_offset"][k],
+                CodePoints(token_text) - CodePoints(lp["tokens"][k].get<std::string>()));
+      ++tokens;
+    }
+  }
+  EXPECT_EQ(text, Text(ExpectedIds(Encode("Once upon"), 6)));
+  EXPECT_EQ(tokens, 6);
+  EXPECT_EQ(token_text, text);
+}
+
+TEST_F(FrontEndsTest, ChatLogprobsInOpenAisShape) {
+  auto [status, j] = Post("/v1/chat/completions",
+                          {{"model", "fake"},
+                           {"messages", json::array({{{"role", "user"}, {"content", "x"}}})},
+                           {"max_completion_tokens", 4},
+                           {"temperature", 0},
+                           {"logprobs", true},
+                           {"top_logprobs", 3}});
+  ASSERT_EQ(status, 200) << j;
+  const json& content = j["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u);
+  std::string joined;
+  for (const json& t : content) {
+    joined += t["token"].get<std::string>();
+    EXPECT_EQ(t["top_logprobs"].size(), 3u);
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]) << "greedy: the top token was taken";
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+  }
+  EXPECT_EQ(joined, j["choices"][0]["message"]["content"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 4) << "max_completion_tokens wins";
+}
+
+TEST_F(FrontEndsTest, StopStringEndsTheText) {
+  const auto prompt = Encode("Stop here");
+  const std::string full = Text(ExpectedIds(prompt, 20));
+  ASSERT_GT(full.size(), 20u);
+  const std::string stop = full.substr(10, 3);
+  const std::string want = full.substr(0, full.find(stop));
+  auto [status, j] = Post("/v1/completions", {{"model", "fake"},
+                                              {"prompt", "Stop here"},
+                                              {"max_tokens", 20},
+                                              {"temperature", 0},
+                                              {"stop", json::array({stop, "never-there"})}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["choices"][0]["text"], want);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(FrontEndsTest, EchoPutsThePromptFirst) {
+  auto [status, j] = Post("/v1/completions", {{"model", "fake"},
+                                              {"prompt", "Echo me"},
+                                              {"max_tokens", 3},
+                                              {"temperature", 0},
+                                              {"echo", true}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["choices"][0]["text"], "Echo me" + Text(ExpectedIds(Encode("Echo me"), 3)));
+}
+
+struct BadCase {
+  std::string name, path;
+  json body;
+  int status;
+  std::string param;    // expected error.param ("" = null)
+  std::string message;  // substring of error.message
+};
+
+TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
+  const json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += " word";
+  const std::vector<BadCase> cases = {
+      {"n",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"n", 2}},
+       400,
+       "n",
+       "n must be 1"},
+      {"max_tokens 0",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 0}},
+       400,
+       "max_tokens",
+       "`max_tokens` is 0; it must be at least 1"},
+      {"max_tokens negative",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"max_tokens", -3}},
+       400,
+       "max_tokens",
+       "`max_tokens` is -3"},
+      {"max_tokens huge",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 1000000000000LL}},
+       400,
+       "max_tokens",
+       "leaves room for at most"},
+      {"max_tokens string",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", "10"}},
+       400,
+       "max_tokens",
+       "must be an integer"},
+      {"temperature negative",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"temperature", -0.5}},
+       400,
+       "temperature",
+       "`temperature` is -0.5"},
+      {"temperature NaN string",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"temperature", "NaN"}},
+       400,
+       "temperature",
+       "must be a number"},
+      {"top_p zero",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"top_p", 0}},
+       400,
+       "top_p",
+       "(0, 1]"},
+      {"top_p above one",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"top_p", 1.5}},
+       400,
+       "top_p",
+       "`top_p` is 1.5"},
+      {"empty messages",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", json::array()}},
+       400,
+       "messages",
+       "`messages` is empty"},
+      {"unknown role",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", json::array({{{"role", "robot"}, {"content", "beep"}}})}},
+       400,
+       "messages[0].role",
+       "allowed roles"},
+      {"prompt longer than the context",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", long_prompt}},
+       400,
+       "prompt",
+       "has a context of 256 tokens"},
+      {"missing model", "/v1/completions", {{"prompt", "a"}}, 400, "model", "`model` is missing"},
+      {"unknown model",
+       "/v1/completions",
+       {{"model", "nope"}, {"prompt", "a"}},
+       404,
+       "model",
+       "nope"},
+      {"tensor model",
+       "/v1/completions",
+       {{"model", "simple"}, {"prompt", "a"}},
+       400,
+       "model",
+       "does not generate text"},
+      {"stream_options without stream",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"stream_options", {{"include_usage", true}}}},
+       400,
+       "stream_options",
+       "only allowed"},
+      {"logit_bias",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", {{"50", 10}}}},
+       400,
+       "logit_bias",
+       "not supported"},
+      {"tools",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"tools", json::array({{{"type", "function"}}})}},
+       400,
+       "tools",
+       "not supported"},
+      {"top_logprobs without logprobs",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"top_logprobs", 2}},
+       400,
+       "top_logprobs",
+       "needs `logprobs`"},
+      {"two prompts",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", json::array({"a", "b"})}},
+       400,
+       "prompt",
+       "one prompt per request"},
+      {"prompt token out of range",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", json::array({1, 999999})}},
+       400,
+       "prompt",
+       "not a token of model 'fake'"},
+      {"min_tokens above max_tokens",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 2}, {"min_tokens", 5}},
+       400,
+       "min_tokens",
+       "min_tokens"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto [status, j] = Post(c.path, c.body);
+    EXPECT_EQ(status, c.status) << j;
+    ASSERT_TRUE(j.contains("error")) << j;
+    const json& e = j["error"];
+    EXPECT_THAT(e["message"].get<std::string>(), HasSubstr(c.message));
+    EXPECT_EQ(e["param"], c.param.empty() ? json(nullptr) : json(c.param));
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_TRUE(e.contains("code"));
+  }
+}
+
+TEST_F(FrontEndsTest, MalformedBodiesAreRefused) {
+  for (const std::string& body :
+       {std::string("{\"model\": \"fake\", \"prompt\": \"\xff\xfe\"}"),
+        std::string(R"({"model": "fake", "prompt": "\ud800"})"),
+        std::string(R"({"model": "fake", "prompt": "a", "temperature": NaN})"),
+        std::string("not json"), std::string("[1]")}) {
+    auto reply = HttpCall(server_.http_port(), "POST", "/v1/completions", body);
+    EXPECT_EQ(reply.status, 400) << body;
+    json j = json::parse(reply.body);
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("the request body"));
+  }
+  // Invalid UTF-8 reaching the tokenizer through a token-id-free path: a chat message.
+  auto reply =
+      HttpCall(server_.http_port(), "POST", "/v1/chat/completions",
+               "{\"model\":\"fake\",\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\x28\"}]}");
+  EXPECT_EQ(reply.status, 400);
+}
+
+TEST_F(FrontEndsTest, WrongMethodsAndRoutes) {
+  auto get = HttpCall(server_.http_port(), "GET", "/v1/chat/completions");
+  EXPECT_EQ(get.status, 405);
+  EXPECT_THAT(json::parse(get.body)["error"]["message"].get<std::string>(), HasSubstr("POST"));
+  auto unknown = HttpCall(server_.http_port(), "POST", "/v1/embeddings", "{}");
+  EXPECT_EQ(unknown.status, 404);
+  EXPECT_TRUE(json::parse(unknown.body)["error"].contains("type"));
+  EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v2/health/live").status, 200)
+      << "KServe routes are untouched";
+}
+
+// Reads a streamed response until `enough` of it arrived, calls `before_leaving`, then drops
+// the connection.
+void StreamThenDisconnect(int port, const json& body, size_t enough,
+                          const std::function<void()>& before_leaving) {
+  namespace asio = boost::asio;
+  namespace bhttp = boost::beast::http;
+  asio::io_context ioc;
+  asio::ip::tcp::socket sock(ioc);
+  sock.connect({asio::ip::address_v4::loopback(), static_cast<uint16_t>(port)});
+  bhttp::request<bhttp::string_body> req{bhttp::verb::post, "/v1/chat/completions", 11};
+  req.set(bhttp::field::host, "127.0.0.1");
+  req.body() = body.dump();
+  req.prepare_payload();
+  bhttp::write(sock, req);
+  // Raw reads: Beast's read_some would block until the whole stream is parsed.
+  std::string got;
+  char data[4096];
+  while (got.size() < enough) {
+    got.append(data, sock.read_some(asio::buffer(data)));
+  }
+  ASSERT_EQ(got.find("[DONE]"), std::string::npos) << "the stream ended before the client left";
+  before_leaving();
+  sock.close();
+}
+
+TEST_F(FrontEndsTest, ClientDisconnectMidStreamFreesTheKvBlocks) {
+  server_.fake().step_delay_us->store(5000);
+  ContinuousBatcher& b = server_.batcher("fake");
+  StreamThenDisconnect(server_.http_port(),
+                       {{"model", "fake"},
+                        {"messages", json::array({{{"role", "user"}, {"content", "long"}}})},
+                        {"max_tokens", 200},
+                        {"stream", true}},
+                       1500, [&] {
+                         // The request holds KV blocks while it streams.
+                         EXPECT_TRUE(Eventually([&] { return b.snapshot().running == 1; }));
+                         EXPECT_GT(b.snapshot().kv_blocks_used, 0);
+                         EXPECT_GT(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"),
+                                   0.0);
+                       });
+  EXPECT_TRUE(Eventually([&] {
+    auto s = b.snapshot();
+    return s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0;
+  })) << "running "
+      << b.snapshot().running << ", blocks " << b.snapshot().kv_blocks_used;
+  EXPECT_TRUE(Eventually(
+      [&] { return server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})") == 0.0; }));
+  EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
+            1.0)
+      << server_.registry().Serialize();
+  EXPECT_EQ(server_.core().limiter->inflight(), 0) << "the admission ticket was released";
+}
+
+TEST(FrontEndsLimitsTest, FullQueueIsRefusedQuicklyWith429) {
+  auto cfg = testing::FakeModelConfig("fake");
+  cfg.scheduler.max_queue_size = 2;
+  cfg.scheduler.max_num_seqs = 2;
+  TestServer server({cfg});
+  server.fake().step_delay_us->store(10000);
+  constexpr int kClients = 24;
+  std::vector<std::future<std::pair<int, double>>> calls;
+  for (int i = 0; i < kClients; ++i) {
+    calls.push_back(std::async(std::launch::async, [&server, i] {
+      const auto start = std::chrono::steady_clock::now();
+      auto reply = HttpCall(server.http_port(), "POST", "/v1/completions",
+                            json{{"model", "fake"},
+                                 {"prompt", "client " + std::to_string(i)},
+                                 {"max_tokens", 10},
+                                 {"stream", true}}
+                                .dump());
+      if (reply.status == 429) {
+        json e = json::parse(reply.body)["error"];
+        EXPECT_EQ(e["type"], "rate_limit_error");
+        EXPECT_THAT(e["message"].get<std::string>(), HasSubstr("queue"));
+      } else {
+        EXPECT_EQ(reply.status, 200);
+        EXPECT_EQ(SseData(reply.body).back(), "[DONE]") << "an admitted stream completes";
+      }
+      return std::pair<int, double>(
+          reply.status,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }));
+  }
+  int ok = 0, refused = 0;
+  double slowest_refusal = 0;
+  for (auto& c : calls) {
+    auto [status, seconds] = c.get();
+    if (status == 429) {
+      ++refused;
+      slowest_refusal = std::max(slowest_refusal, seconds);
+    } else if (status == 200) {
+      ++ok;
+    }
+  }
+  EXPECT_EQ(ok + refused, kClients);
+  EXPECT_GE(ok, 2);
+  EXPECT_GE(refused, 1);
+  EXPECT_LT(slowest_refusal, 1.0) << "refusals do not wait for the queue";
+}
+
+TEST(FrontEndsLimitsTest, InflightLimitIsRefusedWith429) {
+  TestServer server({testing::FakeModelConfig("fake")}, {}, /*max_inflight=*/1);
+  server.fake().step_delay_us->store(20000);
+  auto slow = std::async(std::launch::async, [&] {
+    return HttpCall(server.http_port(), "POST", "/v1/completions",
+                    json{{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 20}}.dump());
+  });
+  ASSERT_TRUE(Eventually([&] { return server.core().limiter->inflight() == 1; }));
+  auto refused = HttpCall(server.http_port(), "POST", "/v1/completions",
+                          json{{"model", "fake"}, {"prompt", "b"}}.dump());
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_EQ(json::parse(refused.body)["error"]["code"], "rate_limit_exceeded");
+  EXPECT_EQ(slow.get().status, 200);
+}
+
+TEST(FrontEndsLimitsTest, ShuttingDownIsRefusedWith503) {
+  TestServer server({testing::FakeModelConfig("fake")});
+  server.core().shutting_down = true;
+  auto reply = HttpCall(server.http_port(), "POST", "/v1/completions",
+                        json{{"model", "fake"}, {"prompt", "a"}}.dump());
+  EXPECT_EQ(reply.status, 503);
+  EXPECT_EQ(json::parse(reply.body)["error"]["type"], "service_unavailable");
+}
+
+// ---- kiln.v1.Generation over gRPC ----------------------------------------------------------
+
+class GenerationGrpcTest : public FrontEndsTest {
+ protected:
+  GenerationGrpcTest()
+      : stub_(v1::Generation::NewStub(
+            grpc::CreateChannel(server_.grpc_target(), grpc::InsecureChannelCredentials()))) {}
+
+  v1::GenerateRequest TextRequest(const std::string& prompt, int max_tokens) {
+    v1::GenerateRequest r;
+    r.set_model("fake");
+    r.set_prompt(prompt);
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    r.mutable_sampling()->set_temperature(0);
+    return r;
+  }
+
+  std::unique_ptr<v1::Generation::Stub> stub_;
+};
+
+TEST_F(GenerationGrpcTest, GenerateAndGenerateStreamMatchTheModel) {
+  const auto prompt = Encode("The sky");
+  const auto want = ExpectedIds(prompt, 10);
+  grpc::ClientContext ctx;
+  v1::GenerateResponse resp;
+  auto req = TextRequest("The sky", 10);
+  req.set_request_id("req-1");
+  ASSERT_TRUE(stub_->Generate(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.request_id(), "req-1");
+  EXPECT_EQ(resp.model(), "fake");
+  EXPECT_EQ(std::vector<int32_t>(resp.token_ids().begin(), resp.token_ids().end()), want);
+  EXPECT_EQ(resp.text(), Text(want));
+  EXPECT_EQ(resp.finish_reason(), "length");
+  EXPECT_EQ(resp.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+  EXPECT_EQ(resp.usage().completion_tokens(), 10);
+
+  grpc::ClientContext sctx;
+  auto reader = stub_->GenerateStream(&sctx, req);
+  v1::GenerateStreamResponse msg;
+  std::string text;
+  std::vector<int32_t> ids;
+  int messages = 0;
+  v1::GenerateStreamResponse last;
+  while (reader->Read(&msg)) {
+    ++messages;
+    text += msg.text();
+    ids.insert(ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (!msg.finish_reason().empty()) last = msg;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(text, resp.text());
+  EXPECT_EQ(ids, want);
+  EXPECT_GE(messages, 2);
+  EXPECT_EQ(last.finish_reason(), "length");
+  EXPECT_EQ(last.usage().completion_tokens(), 10);
+}
+
+TEST_F(GenerationGrpcTest, ChatPromptIdsAndLogprobs) {
+  v1::GenerateRequest chat;
+  chat.set_model("fake");
+  auto* m = chat.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi there");
+  chat.mutable_chat()->set_add_generation_prompt(true);
+  chat.mutable_sampling()->set_max_tokens(5);
+  chat.mutable_sampling()->set_temperature(0);
+  chat.mutable_sampling()->set_logprobs(2);
+  grpc::ClientContext ctx;
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(stub_->Generate(&ctx, chat, &resp).ok());
+  EXPECT_EQ(resp.text(), Text(ExpectedIds(ChatPrompt("Hi there"), 5)));
+  ASSERT_EQ(resp.logprobs_size(), 5);
+  EXPECT_EQ(resp.logprobs(0).top_size(), 2);
+  EXPECT_EQ(resp.logprobs(0).id(), resp.token_ids(0));
+
+  v1::GenerateRequest ids;
+  ids.set_model("fake");
+  for (int32_t t : {7, 500, 501}) ids.mutable_prompt_ids()->add_ids(t);
+  ids.mutable_sampling()->set_max_tokens(4);
+  ids.mutable_sampling()->set_temperature(0);
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub_->Generate(&ctx2, ids, &resp).ok());
+  EXPECT_EQ(resp.text(), Text(ExpectedIds({7, 500, 501}, 4)));
+}
+
+TEST_F(GenerationGrpcTest, BadRequestsAreInvalidArgumentNamingTheField) {
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest&)> edit;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"top_p 0", [](auto& r) { r.mutable_sampling()->set_top_p(0); },
+       grpc::StatusCode::INVALID_ARGUMENT, "`top_p` is 0"},
+      {"temperature NaN", [](auto& r) { r.mutable_sampling()->set_temperature(std::nanf("")); },
+       grpc::StatusCode::INVALID_ARGUMENT, "`temperature` is nan"},
+      {"temperature negative", [](auto& r) { r.mutable_sampling()->set_temperature(-1); },
+       grpc::StatusCode::INVALID_ARGUMENT, "`temperature` is -1"},
+      {"max_tokens 0", [](auto& r) { r.mutable_sampling()->set_max_tokens(0); },
+       grpc::StatusCode::INVALID_ARGUMENT, "`sampling.max_tokens` is 0"},
+      {"max_tokens huge", [](auto& r) { r.mutable_sampling()->set_max_tokens(1 << 30); },
+       grpc::StatusCode::INVALID_ARGUMENT, "leaves room for at most"},
+      {"no input", [](auto& r) { r.clear_prompt(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "has no input"},
+      {"unknown role",
+       [](auto& r) {
+         auto* m = r.mutable_chat()->add_messages();
+         m->set_role("ghost");
+         m->set_content("boo");
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "`chat.messages[0].role` is `ghost`"},
+      {"empty chat", [](auto& r) { r.mutable_chat(); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "`chat.messages` is empty"},
+      {"unknown model", [](auto& r) { r.set_model("nope"); }, grpc::StatusCode::NOT_FOUND, "nope"},
+      {"tensor model", [](auto& r) { r.set_model("simple"); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "does not generate text"},
+      {"priority without levels", [](auto& r) { r.set_priority(3); },
+       grpc::StatusCode::INVALID_ARGUMENT, "priority"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto req = TextRequest("hello", 4);
+    c.edit(req);
+    grpc::ClientContext ctx;
+    v1::GenerateResponse resp;
+    grpc::Status s = stub_->Generate(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), c.code) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+    // The streaming RPC refuses the same way.
+    grpc::ClientContext sctx;
+    auto reader = stub_->GenerateStream(&sctx, req);
+    v1::GenerateStreamResponse msg;
+    EXPECT_FALSE(reader->Read(&msg));
+    EXPECT_EQ(reader->Finish().error_code(), c.code);
+  }
+}
+
+TEST_F(GenerationGrpcTest, CancellingTheStreamFreesTheKvBlocks) {
+  server_.fake().step_delay_us->store(5000);
+  grpc::ClientContext ctx;
+  auto reader = stub_->GenerateStream(&ctx, TextRequest("go on and on", 200));
+  v1::GenerateStreamResponse msg;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(reader->Read(&msg));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ContinuousBatcher& b = server_.batcher("fake");
+  EXPECT_TRUE(Eventually([&] {
+    auto s = b.snapshot();
+    return s.running == 0 && s.kv_blocks_used == 0;
+  }));
+  EXPECT_TRUE(Eventually([&] { return server_.core().limiter->inflight() == 0; }));
+  EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
+            1.0);
+}
+
+TEST_F(GenerationGrpcTest, TimeoutIsDeadlineExceeded) {
+  server_.fake().step_delay_us->store(5000);
+  auto req = TextRequest("slow", 200);
+  req.set_timeout_ms(50);
+  grpc::ClientContext ctx;
+  v1::GenerateResponse resp;
+  grpc::Status s = stub_->Generate(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("deadline"));
+}
+
+TEST_F(GenerationGrpcTest, TokenizeDetokenizeAndListModels) {
+  v1::TokenizeRequest tr;
+  tr.set_model("fake");
+  tr.set_text("Hello <|im_end|> world");
+  grpc::ClientContext c1;
+  v1::TokenizeResponse tokens;
+  ASSERT_TRUE(stub_->Tokenize(&c1, tr, &tokens).ok());
+  EXPECT_EQ(std::vector<int32_t>(tokens.token_ids().begin(), tokens.token_ids().end()),
+            Encode("Hello <|im_end|> world"));
+  ASSERT_EQ(tokens.pieces_size(), tokens.token_ids_size());
+  EXPECT_EQ(tokens.pieces(0), "<|begin_of_text|>");
+
+  v1::DetokenizeRequest dr;
+  dr.set_model("fake");
+  dr.mutable_token_ids()->CopyFrom(tokens.token_ids());
+  dr.set_skip_special_tokens(true);
+  grpc::ClientContext c2;
+  v1::DetokenizeResponse text;
+  ASSERT_TRUE(stub_->Detokenize(&c2, dr, &text).ok());
+  EXPECT_EQ(text.text(), "Hello <|im_end|> world");
+  dr.add_token_ids(-4);
+  grpc::ClientContext c3;
+  EXPECT_EQ(stub_->Detokenize(&c3, dr, &text).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  grpc::ClientContext c4;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub_->ListModels(&c4, v1::ListModelsRequest(), &models).ok());
+  ASSERT_EQ(models.models_size(), 2);
+  for (const auto& m : models.models()) {
+    EXPECT_EQ(m.state(), "READY");
+    if (m.name() == "fake") {
+      EXPECT_EQ(m.kind(), "llm");
+      EXPECT_EQ(m.architecture(), "fake");
+      EXPECT_EQ(m.context_length(), 256);
+      EXPECT_TRUE(m.has_chat_template());
+    } else {
+      EXPECT_EQ(m.kind(), "builtin");
+    }
+  }
+}
+
+// ---- KServe on an LLM ----------------------------------------------------------------------
+
+std::string BytesElement(const std::string& s) {
+  std::string out(4, '\0');
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  std::memcpy(out.data(), &n, 4);
+  return out + s;
+}
+
+std::string TextOutput(const inference::ModelInferResponse& r) {
+  if (r.raw_output_contents_size() == 0) return "<none>";
+  const std::string& raw = r.raw_output_contents(0);
+  uint32_t n = 0;
+  std::memcpy(&n, raw.data(), 4);
+  return raw.substr(4, n);
+}
+
+class KServeLlmTest : public FrontEndsTest {
+ protected:
+  KServeLlmTest()
+      : stub_(inference::GRPCInferenceService::NewStub(
+            grpc::CreateChannel(server_.grpc_target(), grpc::InsecureChannelCredentials()))) {}
+
+  inference::ModelInferRequest Request(const std::string& text, const std::string& sampling,
+                                       std::optional<bool> stream = std::nullopt,
+                                       std::optional<bool> exclude = std::nullopt) {
+    inference::ModelInferRequest r;
+    r.set_model_name("fake");
+    r.set_id("k1");
+    auto add = [&](const std::string& name, const std::string& dtype, std::string raw) {
+      auto* in = r.add_inputs();
+      in->set_name(name);
+      in->set_datatype(dtype);
+      in->add_shape(1);
+      r.add_raw_input_contents(std::move(raw));
+    };
+    add("text_input", "BYTES", BytesElement(text));
+    if (!sampling.empty()) add("sampling_parameters", "BYTES", BytesElement(sampling));
+    if (stream) add("stream", "BOOL", std::string(1, *stream ? 1 : 0));
+    if (exclude) add("exclude_input_in_output", "BOOL", std::string(1, *exclude ? 1 : 0));
+    return r;
+  }
+
+  std::unique_ptr<inference::GRPCInferenceService::Stub> stub_;
+};
+
+TEST_F(KServeLlmTest, ModelInferReturnsPromptAndCompletion) {
+  const std::string want = Text(ExpectedIds(Encode("Hello world"), 6));
+  grpc::ClientContext ctx;
+  inference::ModelInferResponse resp;
+  ASSERT_TRUE(stub_
+                  ->ModelInfer(&ctx, Request("Hello world", R"({"max_tokens": 6,
+      "temperature": 0})"),
+                               &resp)
+                  .ok());
+  EXPECT_EQ(resp.id(), "k1");
+  EXPECT_EQ(resp.model_name(), "fake");
+  ASSERT_EQ(resp.outputs_size(), 1);
+  EXPECT_EQ(resp.outputs(0).name(), "text_output");
+  EXPECT_EQ(resp.outputs(0).datatype(), "BYTES");
+  EXPECT_EQ(TextOutput(resp), "Hello world" + want) << "Triton's default: the prompt first";
+
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub_
+                  ->ModelInfer(&ctx2,
+                               Request("Hello world", R"({"max_tokens": "6",
+      "temperature": "0"})",
+                                       false, true),
+                               &resp)
+                  .ok());
+  EXPECT_EQ(TextOutput(resp), want) << "exclude_input_in_output; string values as vLLM takes";
+}
+
+TEST_F(KServeLlmTest, RequestParametersCarrySamplingKeys) {
+  auto req = Request("Hello world", "", std::nullopt, true);
+  (*req.mutable_parameters())["max_tokens"].set_int64_param(3);
+  (*req.mutable_parameters())["temperature"].set_double_param(0);
+  grpc::ClientContext ctx;
+  inference::ModelInferResponse resp;
+  ASSERT_TRUE(stub_->ModelInfer(&ctx, req, &resp).ok());
+  EXPECT_EQ(TextOutput(resp), Text(ExpectedIds(Encode("Hello world"), 3)));
+}
+
+TEST_F(KServeLlmTest, ModelInferRefusesStreamingAndBadSamplingParameters) {
+  grpc::ClientContext ctx;
+  inference::ModelInferResponse resp;
+  grpc::Status s = stub_->ModelInfer(&ctx, Request("a", "", true), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("ModelStreamInfer"));
+  grpc::ClientContext ctx2;
+  s = stub_->ModelInfer(&ctx2, Request("a", "{not json"), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("sampling_parameters"));
+  grpc::ClientContext ctx3;
+  s = stub_->ModelInfer(&ctx3, Request("a", R"({"top_p": 2})"), &resp);
+  EXPECT_THAT(s.error_message(), HasSubstr("`top_p` is 2"));
+  grpc::ClientContext ctx4;
+  s = stub_->ModelInfer(&ctx4, Request("bad \xff utf8", ""), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("UTF-8"));
+}
+
+// Runs one request on ModelStreamInfer; returns every response.
+std::vector<inference::ModelStreamInferResponse> StreamInfer(
+    inference::GRPCInferenceService::Stub& stub, const inference::ModelInferRequest& req) {
+  grpc::ClientContext ctx;
+  auto stream = stub.ModelStreamInfer(&ctx);
+  EXPECT_TRUE(stream->Write(req));
+  stream->WritesDone();
+  std::vector<inference::ModelStreamInferResponse> out;
+  inference::ModelStreamInferResponse r;
+  while (stream->Read(&r)) out.push_back(r);
+  EXPECT_TRUE(stream->Finish().ok());
+  return out;
+}
+
+bool IsFinal(const inference::ModelStreamInferResponse& r) {
+  auto it = r.infer_response().parameters().find("triton_final_response");
+  return it != r.infer_response().parameters().end() && it->second.bool_param();
+}
+
+TEST_F(KServeLlmTest, ModelStreamInferStreamsWithTritonsFinalFlag) {
+  const std::string want = Text(ExpectedIds(Encode("Stream it"), 8));
+  auto responses =
+      StreamInfer(*stub_, Request("Stream it", R"({"max_tokens": 8, "temperature": 0})", true));
+  ASSERT_GE(responses.size(), 2u);
+  std::string text;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    EXPECT_EQ(responses[i].error_message(), "");
+    EXPECT_EQ(IsFinal(responses[i]), i + 1 == responses.size());
+    text += TextOutput(responses[i].infer_response());
+  }
+  EXPECT_EQ(text, want) << "streaming leaves the prompt out by default";
+
+  auto req = Request("Stream it", R"({"max_tokens": 8, "temperature": 0})", true);
+  (*req.mutable_parameters())["triton_enable_empty_final_response"].set_bool_param(true);
+  responses = StreamInfer(*stub_, req);
+  ASSERT_GE(responses.size(), 2u);
+  EXPECT_TRUE(IsFinal(responses.back()));
+  EXPECT_EQ(responses.back().infer_response().outputs_size(), 0) << "an empty final response";
+  text.clear();
+  for (size_t i = 0; i + 1 < responses.size(); ++i) {
+    EXPECT_FALSE(IsFinal(responses[i]));
+    text += TextOutput(responses[i].infer_response());
+  }
+  EXPECT_EQ(text, want);
+
+  // Not streaming on the stream RPC: one final response with the prompt first.
+  responses = StreamInfer(*stub_, Request("Stream it", R"({"max_tokens": 8, "temperature": 0})"));
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_TRUE(IsFinal(responses[0]));
+  EXPECT_EQ(TextOutput(responses[0].infer_response()), "Stream it" + want);
+
+  // Errors come back in error_message; the stream stays usable.
+  responses = StreamInfer(*stub_, Request("x", R"({"max_tokens": 0})", true));
+  ASSERT_EQ(responses.size(), 1u);
+  EXPECT_THAT(responses[0].error_message(), HasSubstr("max_tokens"));
+}
+
+TEST_F(KServeLlmTest, MetadataAndConfigShowTheLlmSignatureDecoupled) {
+  grpc::ClientContext c1;
+  inference::ModelMetadataRequest mreq;
+  mreq.set_name("fake");
+  inference::ModelMetadataResponse md;
+  ASSERT_TRUE(stub_->ModelMetadata(&c1, mreq, &md).ok());
+  EXPECT_EQ(md.inputs(0).name(), "text_input");
+  EXPECT_EQ(md.outputs(0).name(), "text_output");
+  grpc::ClientContext c2;
+  inference::ModelConfigRequest creq;
+  creq.set_name("fake");
+  inference::ModelConfigResponse cfg;
+  ASSERT_TRUE(stub_->ModelConfig(&c2, creq, &cfg).ok());
+  EXPECT_TRUE(cfg.config().model_transaction_policy().decoupled());
+  auto rest = HttpCall(server_.http_port(), "GET", "/v2/models/fake/config");
+  EXPECT_TRUE(json::parse(rest.body)["model_transaction_policy"]["decoupled"].get<bool>());
+  grpc::ClientContext c3;
+  creq.set_name("simple");
+  ASSERT_TRUE(stub_->ModelConfig(&c3, creq, &cfg).ok());
+  EXPECT_FALSE(cfg.config().model_transaction_policy().decoupled());
+}
+
+TEST_F(KServeLlmTest, RestInferAndGenerateExtension) {
+  const std::string want = Text(ExpectedIds(Encode("Hello world"), 4));
+  auto [status, j] =
+      Post("/v2/models/fake/infer",
+           {{"id", "r1"},
+            {"inputs", json::array({{{"name", "text_input"},
+                                     {"shape", {1}},
+                                     {"datatype", "BYTES"},
+                                     {"data", {"Hello world"}}},
+                                    {{"name", "sampling_parameters"},
+                                     {"shape", {1}},
+                                     {"datatype", "BYTES"},
+                                     {"data", {R"({"max_tokens": 4, "temperature": 0})"}}}})}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["id"], "r1");
+  EXPECT_EQ(j["outputs"][0]["name"], "text_output");
+  EXPECT_EQ(j["outputs"][0]["data"][0], "Hello world" + want);
+
+  auto [gstatus, g] = Post(
+      "/v2/models/fake/generate",
+      {{"text_input", "Hello world"}, {"parameters", {{"max_tokens", 4}, {"temperature", 0}}}});
+  ASSERT_EQ(gstatus, 200) << g;
+  EXPECT_EQ(g["model_name"], "fake");
+  EXPECT_EQ(g["text_output"], "Hello world" + want);
+
+  auto reply =
+      HttpCall(server_.http_port(), "POST", "/v2/models/fake/generate_stream",
+               json{{"text_input", "Hello world"}, {"max_tokens", 4}, {"temperature", 0}}.dump());
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  std::string text;
+  for (const auto& e : SseData(reply.body))
+    text += json::parse(e)["text_output"].get<std::string>();
+  EXPECT_EQ(text, want);
+
+  auto bad = Post("/v2/models/fake/generate", {{"parameters", {{"max_tokens", 4}}}});
+  EXPECT_EQ(bad.first, 400);
+  EXPECT_THAT(bad.second["error"].get<std::string>(), HasSubstr("text_input"));
+  auto tensor = Post("/v2/models/simple/generate", {{"text_input", "x"}});
+  EXPECT_EQ(tensor.first, 400);
+}
+
+}  // namespace
+}  // namespace kiln::llm
