@@ -12,6 +12,8 @@
 #include <vector>
 
 namespace kiln::cpu {
+namespace {}  // namespace
+void PrintTo(Isa isa, std::ostream* os) { *os << IsaName(isa); }
 namespace {
 
 std::vector<Isa> AllIsas() { return {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}; }

@@ -452,6 +452,13 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     for (size_t i = 0; i + 1 < x.shape.size(); ++i) m = m * x.shape[i];
     m_const = m.TryConstant();
   }
+  if (ctx.force_gemm != nullptr) {
+    for (GemmImpl c :
+         {GemmImpl::kGemv, GemmImpl::kGemm, GemmImpl::kOneDnn, GemmImpl::kOneDnnDequant}) {
+      if (std::string_view(ctx.force_gemm) == GemmImplName(c)) d->plan.upto = {{INT64_MAX, c}};
+    }
+    tunable = false;
+  }
   if (tunable && candidates.size() > 1) {
     std::vector<int64_t> ms;
     if (m_const) {

@@ -32,6 +32,9 @@ struct SelectContext {
   GemmTuner* tuner = nullptr;  // null: heuristics only
   // The reference kernel factory (the fallback for layouts the fast kernels do not take).
   StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&) = nullptr;
+  // Tests and debugging: use this GEMM implementation ("gemv", "gemm", "onednn",
+  // "onednn_dequant") for every M where it applies. Null: tuned or heuristic choice.
+  const char* force_gemm = nullptr;
 };
 
 // The cpu backend's context: ActiveIsa(), GemmTuner::Global() (autotuning with the disk

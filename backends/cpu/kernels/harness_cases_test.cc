@@ -1,0 +1,280 @@
+// The op harness (backends/harness) on the hand-tuned cpu kernels: every code path of
+// Linear, MatMul and PagedAttention against the reference backend, for every instruction-set
+// variant this CPU runs and every GEMM implementation, on pools of 1, 2 and 3 threads.
+//
+// Shapes are chosen to hit the paths: M = 1..4 (GEMV row groups), M > 16 and not a multiple
+// of the micro-kernel rows; N not a multiple of the GEMV strip (4) or the GEMM panel (16,
+// 128); K not a multiple of 256 (the GEMM K block) and, for float weights, not of 32 or 8;
+// strided and 3-D activations; a transposed activation (the reference fallback); GQA ratios
+// 1, 2, 3, 4 and 8; long decode rows (split over the context), holes in block tables,
+// padding rows, sliding windows, f16/bf16 caches.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/builtin.h"
+#include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/select.h"
+#include "backends/harness/harness.h"
+#include "backends/host/host_device.h"
+#include "backends/ref/ref_kernels.h"
+#include "backends/registry.h"
+
+namespace kiln::cpu {
+namespace {
+
+using harness::InputSpec;
+using harness::OpCase;
+using V = std::vector<Value>;
+
+// A host device whose Linear/MatMul/PagedAttention kernels come from SelectKernel with a
+// fixed variant and GEMM implementation, everything else from the reference kernels.
+class VariantDevice final : public backend::HostDevice {
+ public:
+  VariantDevice(Isa isa, const char* force_gemm, int threads)
+      : HostDevice("cpu-variant", threads), isa_(isa), force_gemm_(force_gemm) {}
+  StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& req) override {
+    SelectContext c;
+    c.device = this;
+    c.threads = threads();
+    c.isa = isa_;
+    c.reference = ref::KernelFor;
+    c.force_gemm = force_gemm_;
+    KILN_ASSIGN_OR_RETURN(std::optional<backend::Kernel> k, SelectKernel(req, c));
+    if (k) {
+      if (req.op == OpKind::kLinear || req.op == OpKind::kMatMul ||
+          req.op == OpKind::kPagedAttention) {
+        ++selected_;
+      }
+      return *std::move(k);
+    }
+    return ref::KernelFor(req);
+  }
+  int selected() const { return selected_; }
+
+ private:
+  Isa isa_;
+  const char* force_gemm_;
+  std::atomic<int> selected_{0};
+};
+
+InputSpec Normal(std::string name, DType t, std::vector<int64_t> shape, double scale = 1) {
+  InputSpec s;
+  s.name = std::move(name);
+  s.dtype = t;
+  s.shape = std::move(shape);
+  s.hi = scale;
+  return s;
+}
+InputSpec Weight(std::string name, DType t, std::vector<int64_t> shape) {
+  InputSpec s = Normal(std::move(name), t, std::move(shape), 0.5);
+  s.source = OpKind::kWeight;
+  return s;
+}
+InputSpec State(InputSpec s) {
+  s.source = OpKind::kState;
+  s.differentiable = false;
+  return s;
+}
+InputSpec Ints(std::string name, std::vector<int64_t> shape, std::vector<double> v) {
+  InputSpec s = Normal(std::move(name), DType::kI32, std::move(shape));
+  s.init = harness::Init::kCustom;
+  s.values = std::move(v);
+  s.differentiable = false;
+  return s;
+}
+OpCase Make(std::string op, std::string detail, std::vector<InputSpec> in,
+            std::function<Value(Builder&, const V&)> build) {
+  OpCase c;
+  c.op = op;
+  c.name = absl::StrCat(op, " ", detail);
+  c.inputs = std::move(in);
+  c.build = std::move(build);
+  return c;
+}
+
+std::vector<OpCase> LinearCases() {
+  std::vector<OpCase> out;
+  const auto linear = [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); };
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const std::vector<Shape> quant = {{1, 5, 32},  {2, 13, 96},    {3, 17, 288},  {4, 70, 256},
+                                    {5, 4, 544}, {17, 33, 1056}, {33, 130, 320}};
+  const std::vector<Shape> floats = {{1, 3, 7},     {2, 9, 45},   {4, 16, 300},
+                                     {19, 21, 257}, {1, 130, 64}, {40, 17, 520}};
+  for (DType w : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    for (const Shape& s : quant) {
+      out.push_back(Make("linear", absl::StrCat(DTypeName(w), " M=", s.m, " N=", s.n, " K=", s.k),
+                         {Normal("x", DType::kF32, {s.m, s.k}), Weight("w", w, {s.n, s.k})},
+                         linear));
+    }
+  }
+  for (DType w : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (const Shape& s : floats) {
+      out.push_back(Make("linear", absl::StrCat(DTypeName(w), " M=", s.m, " N=", s.n, " K=", s.k),
+                         {Normal("x", DType::kF32, {s.m, s.k}), Weight("w", w, {s.n, s.k})},
+                         linear));
+    }
+  }
+  // K-quants go through the dequantizer (random blocks: they cannot be quantized here).
+  for (int64_t m : {1, 9}) {
+    InputSpec w = Weight("w", DType::kQ6_K, {6, 512});
+    w.init = harness::Init::kRandomBlocks;
+    out.push_back(Make("linear", absl::StrCat("q6_k M=", m, " N=6 K=512"),
+                       {Normal("x", DType::kF32, {m, 512}), w}, linear));
+  }
+  // 3-D activations, a strided row view, and a transposed (non-contiguous) x.
+  out.push_back(Make("linear", "q4_0 x [2,3,64]",
+                     {Normal("x", DType::kF32, {2, 3, 64}), Weight("w", DType::kQ4_0, {7, 64})},
+                     linear));
+  out.push_back(
+      Make("linear", "q8_0 x sliced [5,96] of [5,160]",
+           {Normal("x", DType::kF32, {5, 160}), Weight("w", DType::kQ8_0, {9, 96})},
+           [](Builder& b, const V& in) { return b.Linear(b.Slice(in[0], 1, 32, 96), in[1]); }));
+  out.push_back(
+      Make("linear", "f32 x transposed [6,40]",
+           {Normal("x", DType::kF32, {40, 6}), Weight("w", DType::kF32, {11, 40})},
+           [](Builder& b, const V& in) { return b.Linear(b.Transpose(in[0], 0, 1), in[1]); }));
+  // MatMul: 2-D, batched with broadcast, and a transposed right operand.
+  out.push_back(Make("matmul", "f32 [37,300]x[300,45]",
+                     {Normal("a", DType::kF32, {37, 300}), Normal("b", DType::kF32, {300, 45})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  out.push_back(Make("matmul", "f32 broadcast [9,70]x[3,70,20]",
+                     {Normal("a", DType::kF32, {9, 70}), Normal("b", DType::kF32, {3, 70, 20})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  out.push_back(
+      Make("matmul", "f32 transposed rhs [6,33]x[19,33]^T",
+           {Normal("a", DType::kF32, {6, 33}), Normal("b", DType::kF32, {19, 33})},
+           [](Builder& b, const V& in) { return b.MatMul(in[0], b.Transpose(in[1], 0, 1)); }));
+  return out;
+}
+
+struct PagedSetup {
+  std::string name;
+  int64_t T, hq, hkv, d, nb, bs;
+  std::vector<double> block_table;  // [S, MB]
+  int64_t mb;
+  std::vector<double> seq_lens, query_start;
+};
+
+std::vector<OpCase> AttentionCases() {
+  std::vector<PagedSetup> setups;
+  // Decode of 4 sequences + 2 padding rows; one table entry out of range, one hole.
+  setups.push_back({"decode x4 + pad, GQA 3",
+                    6,
+                    9,
+                    3,
+                    64,
+                    12,
+                    8,
+                    {0, 1, 2, 3, 4, 5, 6, -1, 8, 9, 10, 99},
+                    3,
+                    {17, 9, 20, 24},
+                    {0, 1, 2, 3, 4}});
+  // One long decode row: split over the context (1100 keys in blocks of 16).
+  {
+    PagedSetup s{"long decode 1100 keys, GQA 4", 1, 8, 2, 32, 80, 16, {}, 70, {1100}, {0, 1}};
+    for (int i = 0; i < 70; ++i) s.block_table.push_back((i * 37) % 80);
+    setups.push_back(s);
+  }
+  // Prefill 21 rows + decode 1 (GQA 8, odd head dim).
+  {
+    PagedSetup s{
+        "prefill 21 + decode 1, GQA 8", 23, 8, 1, 12, 20, 4, {}, 10, {21, 30}, {0, 21, 22}};
+    for (int i = 0; i < 20; ++i) s.block_table.push_back(19 - i);
+    setups.push_back(s);
+  }
+  // Chunked prefill: 5 new rows at the end of a 40-token sequence, MHA.
+  {
+    PagedSetup s{"chunk 5 of 40, MHA", 5, 4, 4, 16, 12, 4, {}, 10, {40}, {0, 5}};
+    for (int i = 0; i < 10; ++i) s.block_table.push_back((i + 2) % 12);
+    setups.push_back(s);
+  }
+  std::vector<OpCase> out;
+  struct Mask {
+    const char* name;
+    Expr mask;
+  };
+  const Mask masks[] = {{"causal", attn::CausalMask()},
+                        {"window 7", attn::SlidingWindowMask(7)},
+                        {"window 300", attn::SlidingWindowMask(300)},
+                        {"unmasked", Expr()}};
+  for (const PagedSetup& s : setups) {
+    const int64_t S = static_cast<int64_t>(s.seq_lens.size());
+    for (DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (const Mask& m : masks) {
+        if (cache != DType::kF32 && std::string(m.name) != "causal") continue;
+        std::vector<InputSpec> in = {Normal("q", DType::kF32, {s.T, s.hq, s.d}),
+                                     State(Normal("k_cache", cache, {s.nb, s.bs, s.hkv, s.d})),
+                                     State(Normal("v_cache", cache, {s.nb, s.bs, s.hkv, s.d})),
+                                     Ints("block_table", {S, s.mb}, s.block_table),
+                                     Ints("seq_lens", {S}, s.seq_lens),
+                                     Ints("query_start", {S + 1}, s.query_start)};
+        AttentionParams p;
+        p.mask_mod = m.mask;
+        out.push_back(Make("paged_attention",
+                           absl::StrCat(s.name, " ", DTypeName(cache), " cache, ", m.name), in,
+                           [p](Builder& b, const V& x) {
+                             return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], p);
+                           }));
+      }
+    }
+  }
+  return out;
+}
+
+struct Variant {
+  Isa isa;
+  const char* gemm;
+  int threads;
+};
+
+std::string VariantName(const Variant& v) {
+  return absl::StrCat(IsaName(v.isa), "_", v.gemm == nullptr ? "auto" : v.gemm, "_t", v.threads);
+}
+
+void PrintTo(const Variant& v, std::ostream* os) { *os << VariantName(v); }
+
+class HarnessTest : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(HarnessTest, HandTunedKernelsMatchReference) {
+  const Variant v = GetParam();
+  if (!IsaSupported(v.isa)) GTEST_SKIP() << IsaName(v.isa) << " is not supported by this CPU";
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  VariantDevice dev(v.isa, v.gemm, v.threads);
+  std::vector<OpCase> cases = LinearCases();
+  if (v.gemm == nullptr || std::string(v.gemm) == "gemm") {
+    for (OpCase& c : AttentionCases()) cases.push_back(std::move(c));
+  }
+  int run = 0;
+  for (const OpCase& c : cases) {
+    const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+    EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << c.name << ": " << r.message;
+    ++run;
+  }
+  EXPECT_GT(dev.selected(), run) << "the hand-tuned kernels were not selected";
+}
+
+std::vector<Variant> Variants() {
+  std::vector<Variant> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    for (const char* g :
+         {static_cast<const char*>(nullptr), "gemv", "gemm", "onednn", "onednn_dequant"}) {
+      out.push_back({isa, g, 2});
+    }
+    out.push_back({isa, nullptr, 1});
+    out.push_back({isa, "gemm", 3});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),
+                         [](const auto& info) { return VariantName(info.param); });
+
+}  // namespace
+}  // namespace kiln::cpu

@@ -1,0 +1,236 @@
+// GEMV/GEMM throughput of the cpu backend's Linear kernels per weight type, beside this
+// machine's memory bandwidth measured by the same program (docs/performance.md).
+//
+//   build/tests/bench/gemm_bench [--benchmark_filter=q4_0] [--threads=2]
+//
+// BM_MemoryBandwidth: a streaming read of 1 GiB (far beyond L3) on the same threads, as one
+// sequential stream per thread and as 8 interleaved streams per thread (the pattern the
+// GEMV kernels produce: several weight rows at once); the larger figure is the machine's.
+// BM_Linear/<weights>/N/K/M/<impl>: y[M, N] = x[M, K] · w[N, K]^T through the kernel the
+// cpu backend selects (autotuned: "auto") or a forced implementation, run on the backend's
+// thread pool. Decode shapes (M <= 16) rotate over copies of the weights totalling more than
+// 256 MiB, so every byte comes from memory as in a real decode step; GB/s counts weight
+// bytes per second. Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model
+// (K = 2048, N = 8192).
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/builtin.h"
+#include "backends/cpu/kernels/autotune.h"
+#include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/select.h"
+#include "backends/ref/ref_kernels.h"
+#include "engine/builder.h"
+
+namespace kiln {
+namespace {
+
+int Threads() {
+  const char* t = std::getenv("KILN_CPU_THREADS");
+  return t != nullptr && std::atoi(t) > 0 ? std::atoi(t) : 2;
+}
+
+struct Free {
+  void operator()(void* p) const { std::free(p); }
+};
+std::unique_ptr<uint8_t, Free> Alloc(size_t n) {
+  auto p = std::unique_ptr<uint8_t, Free>(
+      static_cast<uint8_t*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)));
+  return p;
+}
+
+// ---- Memory bandwidth ----------------------------------------------------------------------
+
+__attribute__((target("avx2"))) float ReadStreams(const uint8_t* p, size_t bytes, int streams) {
+  // `streams` sequential pointers through consecutive 64 KiB rows, like a GEMV strip.
+  const size_t row = 64 << 10;
+  __m256 acc[8];
+  for (__m256& a : acc) a = _mm256_setzero_ps();
+  for (size_t strip = 0; strip + streams * row <= bytes; strip += streams * row) {
+    for (size_t i = 0; i < row; i += 128) {
+      for (int s = 0; s < streams; ++s) {
+        const float* q = reinterpret_cast<const float*>(p + strip + s * row + i);
+        for (int u = 0; u < 4; ++u)
+          acc[(u + s) & 7] = _mm256_add_ps(acc[(u + s) & 7], _mm256_load_ps(q + 8 * u));
+      }
+    }
+  }
+  for (int u = 1; u < 8; ++u) acc[0] = _mm256_add_ps(acc[0], acc[u]);
+  float f[8];
+  _mm256_storeu_ps(f, acc[0]);
+  return f[0];
+}
+
+void BM_MemoryBandwidth(benchmark::State& state) {
+  const int streams = static_cast<int>(state.range(0));
+  const size_t bytes = size_t{1} << 30;
+  auto buf = Alloc(bytes);
+  std::memset(buf.get(), 1, bytes);
+  const int nt = Threads();
+  float sink = 0;
+  for (auto _ : state) {
+    std::vector<std::thread> ts;
+    std::vector<float> r(nt);
+    for (int t = 0; t < nt; ++t) {
+      ts.emplace_back(
+          [&, t] { r[t] = ReadStreams(buf.get() + bytes / nt * t, bytes / nt, streams); });
+    }
+    for (std::thread& t : ts) t.join();
+    for (float v : r) sink += v;
+  }
+  benchmark::DoNotOptimize(sink);
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(bytes));
+  state.counters["GB/s"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- Linear ----------------------------------------------------------------------------------
+
+backend::Device& Cpu() {
+  static backend::Backend* b = backend::MakeCpuBackend(Threads()).release();
+  return *b->device(0);
+}
+
+TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
+  TensorArg a;
+  a.data = data;
+  a.dtype = t;
+  a.rank = 2;
+  a.shape[0] = rows;
+  a.shape[1] = cols;
+  a.strides[0] = cols;
+  a.strides[1] = 1;
+  return a;
+}
+
+// Valid weights of any type: quantized from random floats (one row, repeated).
+void FillWeights(DType t, uint8_t* p, int64_t n, int64_t k) {
+  std::vector<float> row(k);
+  uint64_t s = 88172645463325252ull;
+  for (float& v : row) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    v = static_cast<float>(static_cast<int64_t>(s % 2001) - 1000) * 0.001f;
+  }
+  const int64_t rb = DTypeBytes(t, k);
+  std::vector<uint8_t> enc(rb);
+  if (IsQuantized(t)) {
+    (void)QuantizeRow(t, row.data(), enc.data(), k);
+  } else {
+    (void)ConvertElements(DType::kF32, row.data(), t, enc.data(), k);
+  }
+  for (int64_t r = 0; r < n; ++r) std::memcpy(p + r * rb, enc.data(), rb);
+}
+
+void BM_Linear(benchmark::State& state, DType wt, int64_t N, int64_t K, int64_t M,
+               const char* impl) {
+  backend::Device& dev = Cpu();
+  // The kernel exactly as the cpu backend would make it (auto) or with a forced choice.
+  Graph g;
+  Builder b(&g);
+  const Dim T = b.Symbol("T", 512);
+  const Value y = b.Linear(b.Input("x", DType::kF32, {T, K}), b.Weight("w", wt, {N, K}));
+  const Node& n = g.node(y.id);
+  std::vector<TensorType> in = {{DType::kF32, {T, K}}, {wt, {N, K}}};
+  backend::KernelRequest req;
+  req.op = n.op;
+  req.attrs = &n.attrs;
+  req.inputs = in;
+  req.output = {n.dtype, n.shape};
+  cpu::SelectContext ctx = cpu::DefaultSelectContext(&dev, Threads(), ref::KernelFor);
+  if (std::string(impl) != "auto") ctx.force_gemm = impl;
+  auto k = cpu::SelectKernel(req, ctx);
+  if (!k.ok() || !k->has_value()) {
+    state.SkipWithError("no kernel");
+    return;
+  }
+  const backend::Kernel kernel = **k;
+  const int64_t wbytes = DTypeBytes(wt, K) * N;
+  const int copies =
+      M <= 16 ? static_cast<int>(std::max<int64_t>(1, (int64_t{256} << 20) / wbytes + 1)) : 1;
+  auto w = Alloc(static_cast<size_t>(wbytes) * copies);
+  for (int c = 0; c < copies; ++c) FillWeights(wt, w.get() + c * wbytes, N, K);
+  auto x = Alloc(4 * M * K), out = Alloc(4 * M * N);
+  for (int64_t i = 0; i < M * K; ++i)
+    reinterpret_cast<float*>(x.get())[i] = static_cast<float>(i % 13) * 0.1f - 0.6f;
+  auto stream = dev.CreateStream();
+  if (!stream.ok()) {
+    state.SkipWithError("no stream");
+    return;
+  }
+  TensorArg inputs[2] = {Arg2D(x.get(), DType::kF32, M, K), Arg2D(w.get(), wt, N, K)};
+  LaunchArgs args;
+  args.kernel_data = kernel.data.get();
+  args.inputs = inputs;
+  args.num_inputs = 2;
+  args.output = Arg2D(out.get(), DType::kF32, M, N);
+  const Launch launch{kernel.fn, &args};
+  int c = 0;
+  for (auto _ : state) {
+    inputs[1].data = w.get() + (c++ % copies) * wbytes;
+    (void)(*stream)->Run(std::span<const Launch>(&launch, 1));
+  }
+  state.SetLabel(kernel.name);
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(wbytes),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void Register() {
+  benchmark::RegisterBenchmark("BM_MemoryBandwidth/streams:1", BM_MemoryBandwidth)
+      ->Arg(1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_MemoryBandwidth/streams:8", BM_MemoryBandwidth)
+      ->Arg(8)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  struct Shape {
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{576, 576}, {1536, 576}, {49152, 576}, {8192, 2048}};
+  const DType types[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4,
+                         DType::kF16,  DType::kBF16, DType::kF32};
+  for (DType t : types) {
+    for (const Shape& s : shapes) {
+      for (int64_t m : {1, 2, 4, 8, 16, 512}) {
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_Linear/", DTypeName(t), "/N:", s.n, "/K:", s.k, "/M:", m, "/auto")
+                .c_str(),
+            [=](benchmark::State& st) { BM_Linear(st, t, s.n, s.k, m, "auto"); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against.
+  for (const Shape& s : shapes) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_Linear/f32/N:", s.n, "/K:", s.k, "/M:512/onednn").c_str(),
+        [=](benchmark::State& st) { BM_Linear(st, DType::kF32, s.n, s.k, 512, "onednn"); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  kiln::Register();
+  benchmark::AddCustomContext("cpu", kiln::cpu::CpuDescription());
+  benchmark::AddCustomContext("isa", kiln::cpu::IsaName(kiln::cpu::ActiveIsa()));
+  benchmark::AddCustomContext("threads", std::to_string(kiln::Threads()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
