@@ -1,5 +1,7 @@
 #include "engine/passes.h"
 
+#include <atomic>
+
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
@@ -116,8 +118,19 @@ bool ReshapeOnlyUnitAxes(const SymShape& from, const std::vector<Dim>& strides, 
 
 }  // namespace
 
-StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,
+namespace {
+std::atomic<PreLowerRewrite> g_pre_lower{nullptr};
+}  // namespace
+
+void SetPreLowerRewrite(PreLowerRewrite rewrite) { g_pre_lower.store(rewrite); }
+
+StatusOr<Graph> LowerViews(const Graph& g_in, std::vector<Value>& outputs,
                            std::vector<Layout>* layouts) {
+  std::optional<Graph> rewritten;
+  if (PreLowerRewrite rewrite = g_pre_lower.load()) {
+    KILN_ASSIGN_OR_RETURN(rewritten, rewrite(g_in, outputs));
+  }
+  const Graph& g = rewritten ? *rewritten : g_in;
   Graph out;
   for (const SymbolInfo& s : g.symbols()) out.AddSymbol(s.name, s.max, s.min);
   std::vector<int32_t> remap(g.size(), -1);

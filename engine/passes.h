@@ -10,9 +10,14 @@
 //
 // Later passes (assign, plan, emit) are in program.cc.
 //
+// Optimizing passes register a pre-lowering rewrite (SetPreLowerRewrite): lower_views runs it
+// first, on the graph after dce. The compiler (engine/compiler/compile.h) installs fusion
+// there; the rewrite acts only for compiles that asked for it and returns nullopt otherwise.
+//
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "engine/graph.h"
@@ -37,5 +42,11 @@ StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs);
 // is not a State tensor (or a view of one).
 StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,
                            std::vector<Layout>* layouts);
+
+// A graph rewrite run at the start of lower_views: nullopt keeps the graph; a new graph must
+// remap `outputs`. Thread-safe to set (once, before compiling); null removes it.
+using PreLowerRewrite = StatusOr<std::optional<Graph>> (*)(const Graph& g,
+                                                           std::vector<Value>& outputs);
+void SetPreLowerRewrite(PreLowerRewrite rewrite);
 
 }  // namespace kiln

@@ -1,7 +1,8 @@
-// The CPU backend. Pointwise, generator and reduction ops run by interpreting the op table's
-// expression forms (so the op harness, comparing this backend with `ref`, proves every form
-// right); other ops use the reference kernels until issue 4 brings generated and library
-// kernels. Interpreted kernels split their rows over the stream's thread pool.
+// The CPU backend. Pointwise, generator and reduction ops run generated C++ compiled from the
+// op table's expression forms (backends/cpu/jit), with an interpreter of the same forms as
+// the fallback (no compiler, KILN_CPU_JIT=0) — so the op harness, comparing this backend with
+// `ref`, proves every form and its generated code right; fused groups from compiler::Compile
+// run generated code too. Both split their rows over the stream's thread pool.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
+#include "backends/cpu/jit/fused.h"
 #include "backends/cpu/kernels/select.h"
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
@@ -253,9 +255,21 @@ void ReduceKernel(const LaunchArgs& a, const ExecCtx& c) {
 
 class CpuDevice final : public HostDevice {
  public:
-  explicit CpuDevice(int threads) : HostDevice("cpu:0", threads) {}
+  explicit CpuDevice(int threads) : HostDevice("cpu:0", threads) {
+    jit_.SetSpecFn(cpu::jit::JitSpecFor);
+  }
+
+  // The compiler's view of this device (engine/compiler/target.h): fusion and batch builds.
+  void* GetExtension(std::string_view name) override {
+    return name == compiler::kTargetExtension ? static_cast<compiler::Target*>(&jit_) : nullptr;
+  }
 
   StatusOr<Kernel> GetKernel(const KernelRequest& req) override {
+    // Fused groups from compiler::Compile run generated code (backends/cpu/jit).
+    if (const compiler::FusedGroup* g = compiler::FusedGroupOf(req)) {
+      return cpu::jit::FusedKernel(*g, jit_,
+                                   [this](const KernelRequest& r) { return GetKernel(r); });
+    }
     // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
     KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast,
                           cpu::SelectKernel(req, cpu::DefaultSelectContext(this, threads(),
@@ -273,7 +287,9 @@ class CpuDevice final : public HostDevice {
       d->num_main = static_cast<int>(in.size()) - d->num_aux;
       if (d->num_main > 16) return ref::KernelFor(req);
       for (DType t : in) d->leaf.push_back(ExprTypeOf(t));
-      return Kernel{PointwiseKernel, std::move(d), absl::StrCat("cpu.expr.", def.name)};
+      // Generated code where it builds; the interpreter as its fallback.
+      return cpu::jit::ExpressionKernel(
+          jit_, req, Kernel{PointwiseKernel, std::move(d), absl::StrCat("cpu.expr.", def.name)});
     }
     if (def.reduce != nullptr) {
       const ReduceForm form = def.reduce(*req.attrs, in, req.output.dtype);
@@ -294,12 +310,16 @@ class CpuDevice final : public HostDevice {
         d->axes = {rank - 1};
       }
       for (DType t : in) d->leaf.push_back(ExprTypeOf(t));
-      return Kernel{ReduceKernel, std::move(d), absl::StrCat("cpu.reduce.", def.name)};
+      return cpu::jit::ExpressionKernel(
+          jit_, req, Kernel{ReduceKernel, std::move(d), absl::StrCat("cpu.reduce.", def.name)});
     }
     KILN_ASSIGN_OR_RETURN(Kernel k, ref::KernelFor(req));
     k.name = absl::StrCat("cpu.", k.name);
     return k;
   }
+
+ private:
+  cpu::jit::CpuJit jit_;
 };
 
 class CpuBackend final : public Backend {
