@@ -110,7 +110,7 @@ config::ModelConfig FakeModelConfig(const std::string& name) {
 }
 
 TestServer::TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions fake,
-                       int64_t max_inflight)
+                       int64_t max_inflight, LlmLoader loader)
     : fake_(std::move(fake)) {
   config_.server.grpc.address = "127.0.0.1:0";
   config_.server.http.address = "127.0.0.1:0";
@@ -123,10 +123,13 @@ TestServer::TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions f
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
-  deps.llm_loader =
-      [opts = fake_](const config::ModelConfig&) -> StatusOr<std::unique_ptr<models::LlmModel>> {
-    return std::make_unique<FakeLlm>(opts);
-  };
+  deps.llm_loader = std::move(loader);
+  if (!deps.llm_loader) {
+    deps.llm_loader =
+        [opts = fake_](const config::ModelConfig&) -> StatusOr<std::unique_ptr<models::LlmModel>> {
+      return std::make_unique<FakeLlm>(opts);
+    };
+  }
   repository_ = std::make_unique<ModelRepository>(std::move(models), std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(max_inflight);
   core_.config = &config_;

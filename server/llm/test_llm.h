@@ -66,9 +66,10 @@ config::ModelConfig FakeModelConfig(const std::string& name);
 // kilnd's front ends in-process, on loopback ports picked by the OS (metrics off).
 class TestServer {
  public:
-  // `models` may mix fake LLMs (FakeModelConfig) and builtin tensor models.
+  // `models` may mix fake LLMs (FakeModelConfig) and builtin tensor models. `loader`, if set,
+  // builds the `kind: llm` models instead of the fake (e.g. models::LoadLlm).
   TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions fake = {},
-             int64_t max_inflight = 4096);
+             int64_t max_inflight = 4096, LlmLoader loader = {});
   ~TestServer();
 
   int grpc_port() const { return grpc_->port(); }

@@ -1,0 +1,180 @@
+"""The OpenAI-compatible API with the official `openai` SDK, unchanged, against a real kilnd
+serving SmolLM2-135M-Instruct: models, chat and text completions, streaming and not, usage,
+logprobs, stop strings, seeds, and the SDK's error classes.
+
+Generation on 2 CPU cores is slow, so every request asks for a few tokens; one kilnd serves the
+whole module.
+"""
+import subprocess
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from conftest import Kilnd
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def default_model_path():
+    out = subprocess.run([str(ROOT / "scripts" / "fetch-default-model.sh")], cwd=ROOT,
+                         check=True, capture_output=True, text=True).stdout
+    return str((ROOT / out.strip().splitlines()[-1]).resolve())
+
+
+@pytest.fixture(scope="module")
+def kilnd(tmp_path_factory):
+    config = tmp_path_factory.mktemp("openai") / "kiln.yaml"
+    config.write_text(f"""
+models:
+  - name: {MODEL}
+    kind: llm
+    path: {default_model_path()}
+    context_length: 2048
+    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
+""")
+    k = Kilnd(config)
+    try:
+        k.wait_ready(timeout=300)
+    except Exception:
+        k.stop()
+        raise
+    yield k
+    assert k.stop() == 0, k.output()
+
+
+@pytest.fixture(scope="module")
+def client(kilnd):
+    return OpenAI(base_url=f"{kilnd.base}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_lists_the_llm(client):
+    models = client.models.list()
+    assert [m.id for m in models] == [MODEL]
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model" and model.owned_by == "kiln"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_chat_completion(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8,
+                                       temperature=0)
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-") and r.model == MODEL
+    choice = r.choices[0]
+    assert choice.message.role == "assistant"
+    assert "Paris" in choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.prompt_tokens > 10
+    assert 1 <= r.usage.completion_tokens <= 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_chat_stream_is_identical_to_the_non_streamed_answer(client):
+    kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, seed=11)
+    full = client.chat.completions.create(**kwargs)
+    stream = client.chat.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert text == full.choices[0].message.content
+    assert finish == [full.choices[0].finish_reason]
+    assert len({c.id for c in chunks}) == 1
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == full.usage.completion_tokens
+    assert usage.usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_sampled_text_repeats_with_the_same_seed(client):
+    kwargs = dict(model=MODEL, prompt="Once upon a time", max_tokens=6, temperature=0.9, seed=42)
+    a = client.completions.create(**kwargs).choices[0].text
+    b = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True))
+    assert a == b
+
+
+def test_text_completion_streamed_and_not(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4,
+                                  temperature=0)
+    assert r.object == "text_completion" and r.id.startswith("cmpl-")
+    assert "Paris" in r.choices[0].text
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+    chunks = list(client.completions.create(model=MODEL, prompt="The capital of France is",
+                                            max_tokens=4, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_completion_defaults_to_sixteen_tokens_and_echo(client):
+    r = client.completions.create(model=MODEL, prompt="One, two, three,", temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16
+    echoed = client.completions.create(model=MODEL, prompt="One, two, three,", temperature=0,
+                                       max_tokens=3, echo=True)
+    assert echoed.choices[0].text.startswith("One, two, three,")
+
+
+def test_chat_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=3,
+                                       extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+        assert t.top_logprobs[0].token == t.token, "greedy takes the most likely token"
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token or "\ufffd" in t.token
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=3,
+                                  temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert lp.text_offset[0] == 0 and "".join(lp.tokens) == r.choices[0].text
+
+
+def test_stop_string_ends_the_text(client):
+    r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=12,
+                                  temperature=0, stop=[" 8"])
+    assert r.choices[0].finish_reason == "stop"
+    assert " 8" not in r.choices[0].text and r.choices[0].text.strip().startswith("6")
+
+
+def test_vllm_extensions_are_accepted(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_completion_tokens=3, temperature=0.7, top_p=0.9,
+        presence_penalty=0.1, frequency_penalty=0.1, user="someone",
+        extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "ignore_eos": True,
+                    "min_tokens": 3})
+    assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    (dict(n=2), "n"),
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(messages=[]), "messages"),
+    (dict(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role"),
+])
+def test_bad_requests_raise_bad_request_error_naming_the_field(client, kwargs, param):
+    args = dict(model=MODEL, messages=QUESTION, max_tokens=4)
+    args.update(kwargs)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**args)
+    assert e.value.status_code == 400
+    assert e.value.body["param"] == param
+    assert e.value.body["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_not_found(client):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="gpt-4o", messages=QUESTION)
+    assert e.value.body["code"] == "model_not_found"
