@@ -19,6 +19,7 @@ APT_PACKAGES=(
   libclang-rt-14-dev libicu-dev
   clang
   prometheus
+  hipcc
 )
 
 missing=()

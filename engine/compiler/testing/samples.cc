@@ -4,11 +4,56 @@
 
 #include "backends/harness/harness.h"
 #include "engine/compiler/codegen.h"
+#include "engine/compiler/fusion.h"
+#include "engine/compiler/testing/llama_graph.h"
 
 namespace kiln::compiler::testing {
+namespace {
+
+void AddNodeSpecs(const Graph& g, const std::string& label, std::set<std::string>& keys,
+                  std::vector<Sample>& out) {
+  for (int32_t id = 0; id < g.size(); ++id) {
+    const Node& n = g.node(id);
+    const OpDef& def = GetOpDef(n.op);
+    if (def.pointwise == nullptr && def.reduce == nullptr) continue;
+    if (FusedGroupIndex(n.attrs) >= 0) continue;  // fused nodes are added by the caller
+    std::vector<TensorType> types;
+    for (int32_t i : n.inputs) types.push_back({g.node(i).dtype, g.node(i).shape});
+    backend::KernelRequest req;
+    req.op = n.op;
+    req.attrs = &n.attrs;
+    req.inputs = types;
+    req.output = {n.dtype, n.shape};
+    StatusOr<KernelSpec> spec = SpecFromRequest(req);
+    if (!spec.ok()) continue;
+    StatusOr<GeneratedKernel> k = GenerateKernel(*spec, Dialect::kCpp);
+    if (!k.ok() || !keys.insert(k->key).second) continue;
+    out.push_back({StrCat(label, " / ", def.name), *std::move(spec)});
+  }
+}
+
+void AddFused(Graph g, std::vector<Value> outs, const std::string& label,
+              std::set<std::string>& keys, std::vector<Sample>& out) {
+  FusionOptions o;
+  o.caps.pointwise = o.caps.reductions = o.caps.gemm_epilogues = true;
+  StatusOr<FusionResult> r = Fuse(g, outs, o);
+  if (!r.ok()) return;
+  for (const auto& grp : r->groups) {
+    StatusOr<GeneratedKernel> k = GenerateKernel(grp->spec, Dialect::kCpp);
+    if (!k.ok() || !keys.insert(k->key).second) continue;
+    out.push_back({StrCat("fused ", label, ": ", grp->label), grp->spec});
+  }
+  // Fused pointwise groups are map nodes.
+  std::vector<Sample> maps;
+  AddNodeSpecs(r->graph, StrCat("fused ", label), keys, maps);
+  for (Sample& s : maps) {
+    if (s.spec.name == "map") out.push_back(std::move(s));
+  }
+}
+
+}  // namespace
 
 std::vector<Sample> SampleSpecs(bool fused) {
-  (void)fused;
   std::vector<Sample> out;
   std::set<std::string> keys;
   for (const harness::OpCase& c : harness::ForwardCases(false)) {
@@ -20,23 +65,39 @@ std::vector<Sample> SampleSpecs(bool fused) {
     }
     c.build(b, in);
     if (!b.ok()) continue;
-    for (int32_t id = 0; id < g.size(); ++id) {
-      const Node& n = g.node(id);
-      const OpDef& def = GetOpDef(n.op);
-      if (def.pointwise == nullptr && def.reduce == nullptr) continue;
-      std::vector<TensorType> types;
-      for (int32_t i : n.inputs) types.push_back({g.node(i).dtype, g.node(i).shape});
-      backend::KernelRequest req;
-      req.op = n.op;
-      req.attrs = &n.attrs;
-      req.inputs = types;
-      req.output = {n.dtype, n.shape};
-      StatusOr<KernelSpec> spec = SpecFromRequest(req);
-      if (!spec.ok()) continue;
-      StatusOr<GeneratedKernel> k = GenerateKernel(*spec, Dialect::kCpp);
-      if (!k.ok() || !keys.insert(k->key).second) continue;
-      out.push_back({StrCat(c.name, " / ", def.name), *std::move(spec)});
-    }
+    AddNodeSpecs(g, c.name, keys, out);
+  }
+  if (!fused) return out;
+  // Llama blocks at the serving dtypes.
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    LlamaConfig cfg;
+    cfg.layers = 2;
+    cfg.dtype = cfg.weight_dtype = t;
+    StatusOr<LlamaGraph> m = BuildLlama(cfg);
+    if (!m.ok()) continue;
+    AddFused(m->graph, {m->logits}, StrCat("llama ", DTypeName(t)), keys, out);
+  }
+  // Patterns the blocks do not contain.
+  {
+    Graph g;
+    Builder b(&g);
+    const Dim T = b.Symbol("T", 32);
+    const Value s = b.Input("scores", DType::kF32, {2, 4, T, T});
+    const Value mask = b.MapIndices(Select(attn::CausalMask(), Expr::Const(0), Expr::Const(-1e30)),
+                                    {2, 4, T, T}, DType::kF32);
+    const Value p = b.Softmax(b.Add(b.MulScalar(s, 0.125), mask));  // scaled masked softmax
+    const Value x = b.Input("x", DType::kF16, {T, 64});
+    const Value l2 = b.Sqrt(b.Sum(b.Mul(x, x), {1}, true));  // keepdim reduction + epilogue
+    const Value lse = b.Exp(b.LogSoftmax(b.Tanh(x)));
+    const Value tgt = b.Input("targets", DType::kI64, {T});
+    const Value ce =
+        b.Mul(b.CrossEntropy(b.Cast(x, DType::kF32), tgt), b.Input("wt", DType::kF32, {T}));
+    const Value am = b.ArgMax(b.Neg(x), 1, false, DType::kI64);
+    const Value w = b.Weight("w", DType::kBF16, {48, 64});
+    const Value gelu =
+        b.Add(b.Gelu(b.Linear(b.Cast(x, DType::kBF16), w)), b.Input("res", DType::kBF16, {T, 48}));
+    const Value mx = b.Max(b.Abs(b.Input("y", DType::kF64, {3, T, 5})), {0, 2});
+    if (b.ok()) AddFused(g, {p, l2, lse, ce, am, gelu, mx}, "patterns", keys, out);
   }
   return out;
 }
