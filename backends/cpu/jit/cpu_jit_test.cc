@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "backends/builtin.h"
+#include "backends/cpu/jit/aot.h"
 #include "engine/compiler/compile.h"
 #include "engine/compiler/testing/llama_graph.h"
 
@@ -183,6 +184,23 @@ TEST(CpuJitTest, CorruptEntriesAreDetectedAndRebuilt) {
   ASSERT_TRUE(fourth.ok) << fourth.output;
   EXPECT_EQ(fourth.runs, 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST(CpuJitTest, AotKernelsMakeAFirstStartRunNoCompiler) {
+  if (AotKernels().empty()) GTEST_SKIP() << "built without AOT kernels (KILN_AOT_KERNELS=OFF)";
+  const std::string dir = FreshCacheDir("aot");
+  const ChildResult jit = RunChild("KILN_CACHE_DIR=" + dir + "_jit");
+  ASSERT_TRUE(jit.ok) << jit.output;
+  const ChildResult aot = RunChild("KILN_CACHE_DIR=" + dir + " KILN_CPU_AOT=1");
+  ASSERT_TRUE(aot.ok) << aot.output;
+  EXPECT_EQ(aot.runs, 0) << "every kernel of the model is built in";
+  EXPECT_EQ(aot.compiled, 0);
+  EXPECT_GT(aot.cached, 0);
+  EXPECT_TRUE(CacheFiles(dir, ".so").empty());
+  // Built by the project's compiler for a CPU level chosen at load time: same math.
+  EXPECT_NEAR(aot.checksum, jit.checksum, 1e-9 * std::abs(jit.checksum));
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir + "_jit");
 }
 
 TEST(CpuJitTest, WithoutACompilerProgramsRunOnTheInterpreter) {
