@@ -1,5 +1,7 @@
 #include "models/gguf/gguf.h"
 
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -275,7 +277,7 @@ TEST(GgufCorruptTest, BadAlignment) {
 }
 
 TEST(GgufTest, OpensFromDisk) {
-  std::string path = ::testing::TempDir() + "/kiln_gguf_test.gguf";
+  std::string path = ::testing::TempDir() + "/kiln_gguf_test_" + std::to_string(getpid()) + ".gguf";
   {
     std::ofstream out(path, std::ios::binary);
     std::string s = ValidFile();

@@ -1,5 +1,7 @@
 #include "models/hf/hf_folder.h"
 
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -15,7 +17,7 @@ using ::testing::HasSubstr;
 class HfFolderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) / "kiln_hf_folder";
+    dir_ = std::filesystem::path(::testing::TempDir()) / ("kiln_hf_folder_" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }
