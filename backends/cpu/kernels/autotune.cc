@@ -147,31 +147,31 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
   Entry entry;
   std::vector<int> out;
   for (int64_t m : ms) {
-    int best = 0;
-    double best_s = 0;
-    for (int c = 0; c < static_cast<int>(names.size()); ++c) {
-      // A warm-up run, then the minimum of up to 5 runs within ~20 ms (one run for slow
-      // shapes: the warm-up itself is the measurement).
-      auto t0 = Clock::now();
+    // One warm-up run per candidate, then rounds that run every candidate once (so load
+    // from other processes hits all of them alike) until 5 rounds or ~30 ms; the minimum
+    // per candidate counts. A later candidate must beat the earlier best by 3%: the list is
+    // ordered from the default choice on, and a tie is noise.
+    const int nc = static_cast<int>(names.size());
+    std::vector<double> best_s(nc, 1e30);
+    for (int c = 0; c < nc; ++c) {
+      const auto t0 = Clock::now();
       KILN_RETURN_IF_ERROR(run(c, m));
-      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      best_s[c] = std::chrono::duration<double>(Clock::now() - t0).count();
       ++timed_runs_;
-      if (s < 0.02) {
-        double total = 0;
-        s = 1e30;
-        for (int rep = 0; rep < 5 && total < 0.02; ++rep) {
-          t0 = Clock::now();
-          KILN_RETURN_IF_ERROR(run(c, m));
-          const double r = std::chrono::duration<double>(Clock::now() - t0).count();
-          ++timed_runs_;
-          s = std::min(s, r);
-          total += r;
-        }
+    }
+    double round_total = 0;
+    for (double v : best_s) round_total += v;
+    for (int round = 0; round < 5 && round_total * (round + 1) < 0.03; ++round) {
+      for (int c = 0; c < nc; ++c) {
+        const auto t0 = Clock::now();
+        KILN_RETURN_IF_ERROR(run(c, m));
+        best_s[c] = std::min(best_s[c], std::chrono::duration<double>(Clock::now() - t0).count());
+        ++timed_runs_;
       }
-      if (c == 0 || s < best_s) {
-        best = c;
-        best_s = s;
-      }
+    }
+    int best = 0;
+    for (int c = 1; c < nc; ++c) {
+      if (best_s[c] < 0.97 * best_s[best]) best = c;
     }
     out.push_back(best);
     entry[m] = names[best];

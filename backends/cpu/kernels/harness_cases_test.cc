@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
 #include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/kernels/select.h"
 #include "backends/harness/harness.h"
@@ -35,8 +36,8 @@ using V = std::vector<Value>;
 // fixed variant and GEMM implementation, everything else from the reference kernels.
 class VariantDevice final : public backend::HostDevice {
  public:
-  VariantDevice(Isa isa, const char* force_gemm, int threads)
-      : HostDevice("cpu-variant", threads), isa_(isa), force_gemm_(force_gemm) {}
+  VariantDevice(Isa isa, const char* force_gemm, int threads, bool q8 = false)
+      : HostDevice("cpu-variant", threads), isa_(isa), force_gemm_(force_gemm), q8_(q8) {}
   StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& req) override {
     SelectContext c;
     c.device = this;
@@ -44,6 +45,7 @@ class VariantDevice final : public backend::HostDevice {
     c.isa = isa_;
     c.reference = ref::KernelFor;
     c.force_gemm = force_gemm_;
+    c.q8_activations = q8_;
     KILN_ASSIGN_OR_RETURN(std::optional<backend::Kernel> k, SelectKernel(req, c));
     if (k) {
       if (req.op == OpKind::kLinear || req.op == OpKind::kMatMul ||
@@ -59,6 +61,7 @@ class VariantDevice final : public backend::HostDevice {
  private:
   Isa isa_;
   const char* force_gemm_;
+  bool q8_;
   std::atomic<int> selected_{0};
 };
 
@@ -271,6 +274,29 @@ std::vector<Variant> Variants() {
     out.push_back({isa, "gemm", 3});
   }
   return out;
+}
+
+// With q8 activations allowed (ggml's decode numerics), quantized Linear: within a normalized
+// MSE of 5e-4 of the exact result — ggml's test-backend-ops bound for mul_mat; typically
+// ~1e-5, up to ~2e-4 for a single 32-element block — on every variant.
+TEST(HarnessQ8, QuantizedActivationsStayWithinTheirTolerance) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  int run = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    VariantDevice dev(isa, "gemv_q8", 2, /*q8=*/true);
+    for (OpCase c : LinearCases()) {
+      const DType wt = c.inputs[1].dtype;
+      if (c.op != "linear" || !HasQ8Path(wt) || c.inputs[0].shape.size() != 2) continue;
+      c.tol = 5e-4;
+      const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+      EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
+          << IsaName(isa) << " " << c.name << ": " << r.message;
+      EXPECT_GT(r.error, 0) << "suspiciously exact: were activations quantized? " << c.name;
+      ++run;
+    }
+  }
+  EXPECT_GT(run, 20);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),

@@ -20,6 +20,10 @@ bool HasFastDecoder(DType t) {
   }
 }
 
+bool HasQ8Path(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kMXFP4;
+}
+
 const IsaKernels* KernelsFor(Isa isa) {
   if (!IsaSupported(isa)) return nullptr;
   switch (isa) {

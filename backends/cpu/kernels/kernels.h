@@ -78,6 +78,19 @@ struct AttnTask {
 // Floats per partial state of one row and head.
 inline int64_t AttnPartialFloats(int64_t dv) { return dv + 2; }
 
+// Activations quantized to 8 bits per 32-element block, ggml's Q8_1 numerics: d = max|x|/127,
+// q = x * (127 / max|x|) rounded to nearest even; d is rounded to f16 as ggml stores it, so
+// that products match llama.cpp's as closely as possible; s = d * sum(q) (exact in f32). Used only where the numerics policy
+// allows quantized activations (linear.h): results differ from exact f32 products by about
+// 1e-5 in normalized MSE.
+// Rounds to the nearest f16 value (kept as a float).
+inline float RoundToF16(float x) { return F16ToFloat(FloatToF16(x)); }
+
+struct Q8Block {
+  float d, s;
+  int8_t qs[32];
+};
+
 struct IsaKernels {
   Isa isa;
   // Rows n in [n0, n1) of y, all M rows: weights decoded in registers, each weight byte
@@ -90,7 +103,16 @@ struct IsaKernels {
   void (*dequant)(const GemmArgs& a, int64_t n0, int64_t n1, float* dst);
   // Runs one attention task.
   void (*attend)(const AttnArgs& a, const AttnTask& task);
+  // Quantizes K floats (K a multiple of 32) into K / 32 blocks. Null in variants without
+  // their own q8 path (AVX-512 uses the AVX2 one).
+  void (*quantize_q8)(const float* x, int64_t K, Q8Block* out);
+  // Rows n in [n0, n1) of y from activations already quantized: `xq` holds M rows of
+  // K / 32 blocks. REQUIRES: wtype q4_0, q4_1, q8_0 or mxfp4; w_k_stride == 1.
+  void (*gemv_q8)(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1);
 };
+
+// True for the weight types gemv_q8 takes.
+bool HasQ8Path(DType wtype);
 
 // The table of a variant, or null if it cannot run on this CPU.
 const IsaKernels* KernelsFor(Isa isa);

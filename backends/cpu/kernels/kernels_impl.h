@@ -127,9 +127,14 @@ void DecodeRow(const GemmArgs& a, int64_t n, int64_t k0, int64_t kc, float* dst)
 template <class D, int MR, int NR>
 void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_t K, float* y,
               int64_t ldy) {
-  F acc[MR][NR];
+  // With few tiles in flight, two accumulators per tile (even and odd chunks) halve the FMA
+  // dependency chain through a block.
+  constexpr int kAcc = (MR * NR <= 4 && kChunks % 2 == 0) ? 2 : 1;
+  F acc[MR][NR][kAcc];
   for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
+    for (int j = 0; j < NR; ++j) {
+      for (int u = 0; u < kAcc; ++u) acc[i][j][u] = Zero();
+    }
   }
   const int64_t nb = K / 32;
   for (int64_t b = 0; b < nb; ++b) {
@@ -138,8 +143,10 @@ void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_
       const auto st = D::Load(w + j * ldw + b * D::kBlockBytes);
       for (int c = 0; c < kChunks; ++c) {
         const F wv = D::Chunk(st, c);
-        for (int i = 0; i < MR; ++i)
-          acc[i][j] = Fma(wv, Load(xb + i * ldx + c * kLanes), acc[i][j]);
+        for (int i = 0; i < MR; ++i) {
+          F& a = acc[i][j][c % kAcc];
+          a = Fma(wv, Load(xb + i * ldx + c * kLanes), a);
+        }
       }
     }
   }
@@ -153,21 +160,72 @@ void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_
     }
   }
   for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + tail[i][j];
+    for (int j = 0; j < NR; ++j) {
+      F sum = acc[i][j][0];
+      for (int u = 1; u < kAcc; ++u) sum = Add(sum, acc[i][j][u]);
+      y[i * ldy + j] = HSum(sum) + tail[i][j];
+    }
+  }
+}
+
+template <class D>
+concept HasSplit = D::kSplit;
+
+// GemvTile for quantized weights at small MR: sum raw quanta * x per block, then scale once
+// per block (acc += d * sum) and add the block offset times the block's sum of x
+// (`xsum[i * ldxs + b]`) — fewer operations per element than decoding every weight.
+template <class D, int MR, int NR>
+void GemvTileSplit(const float* x, int64_t ldx, const float* xsum, int64_t ldxs, const uint8_t* w,
+                   int64_t ldw, int64_t K, float* y, int64_t ldy) {
+  F acc[MR][NR];
+  float off[MR][NR] = {};
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
+  }
+  const int64_t nb = K / 32;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    for (int j = 0; j < NR; ++j) {
+      const auto st = D::Load(w + j * ldw + b * D::kBlockBytes);
+      F t[MR][2];
+      for (int c = 0; c < kChunks; ++c) {
+        const F q = D::Raw(st, c);
+        for (int i = 0; i < MR; ++i) {
+          const F xv = Load(xb + i * ldx + c * kLanes);
+          t[i][c & 1] = c < 2 ? Mul(q, xv) : Fma(q, xv, t[i][c & 1]);
+        }
+      }
+      const F d = D::Scale(st);
+      const float o = D::Offset(st);
+      for (int i = 0; i < MR; ++i) {
+        acc[i][j] = Fma(kChunks > 1 ? Add(t[i][0], t[i][1]) : t[i][0], d, acc[i][j]);
+        off[i][j] += o * xsum[i * ldxs + b];
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + off[i][j];
   }
 }
 
 // Rows of x in groups of up to 4 against one strip of `nr` (<= 4) weight rows.
 template <class D>
-void GemvStrip(const GemmArgs& a, int64_t n, int nr) {
+void GemvStrip(const GemmArgs& a, int64_t n, int nr, const float* xsum) {
   const uint8_t* w = WeightRow(a, n);
-  const int64_t ldw = a.w_row_bytes;
+  const int64_t ldw = a.w_row_bytes, nb = a.K / 32;
   for (int64_t m = 0; m < a.M; m += 4) {
     const int mr = static_cast<int>(std::min<int64_t>(4, a.M - m));
     const float* x = a.x + m * a.ldx;
     float* y = a.y + m * a.ldy + n;
     auto tile = [&]<int MR>() {
-      if constexpr (MR <= 2) {  // MR x 4 accumulators
+      if constexpr (MR == 1 && HasSplit<D>) {  // measured: a win for one row only
+        const float* xs = xsum + m * nb;
+        if (nr == 4) return GemvTileSplit<D, MR, 4>(x, a.ldx, xs, nb, w, ldw, a.K, y, a.ldy);
+        for (int j = 0; j < nr; ++j) {
+          GemvTileSplit<D, MR, 1>(x, a.ldx, xs, nb, w + j * ldw, ldw, a.K, y + j, a.ldy);
+        }
+        return;
+      } else if constexpr (MR <= 2) {  // MR x 4 accumulators
         if (nr == 4) return GemvTile<D, MR, 4>(x, a.ldx, w, ldw, a.K, y, a.ldy);
       } else {  // MR x 2
         if (nr == 4) {
@@ -215,11 +273,91 @@ void GemvGeneric(const GemmArgs& a, int64_t n0, int64_t n1) {
 void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
   const bool fast = WithDecoder(a.wtype, [&](auto dec) {
     using D = decltype(dec);
-    for (int64_t n = n0; n < n1; n += 4)
-      GemvStrip<D>(a, n, static_cast<int>(std::min<int64_t>(4, n1 - n)));
+    const float* xsum = nullptr;
+    if constexpr (HasSplit<D>) {  // per-block sums of x for the block offsets
+      const int64_t nb = a.K / 32;
+      float* s = Scratch(kSlotRow, std::max<int64_t>(a.M * nb, 1));
+      for (int64_t m = 0; m < a.M; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+          F v = Zero();
+          for (int c = 0; c < kChunks; ++c) v = Add(v, Load(a.x + m * a.ldx + b * 32 + c * kLanes));
+          s[m * nb + b] = HSum(v);
+        }
+      }
+      xsum = s;
+    }
+    for (int64_t n = n0; n < n1; n += 4) {
+      GemvStrip<D>(a, n, static_cast<int>(std::min<int64_t>(4, n1 - n)), xsum);
+    }
   });
   if (!fast) GemvGeneric(a, n0, n1);
 }
+
+// ---- GEMV on q8 activations (ggml's numerics; see kernels.h Q8Block) ---------------------------
+// Only in variants whose vector layer has the q8 primitives (KILN_ISA_HAS_Q8).
+#if KILN_ISA_HAS_Q8
+
+template <class W, int MR, int NR>
+void GemvQ8Tile(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
+                float* y, int64_t ldy) {
+  F acc[MR][NR];
+  float off[MR][NR] = {};
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int j = 0; j < NR; ++j) {
+      const auto wb = W::Load(w + j * ldw + b * W::kBlockBytes);
+      for (int i = 0; i < MR; ++i) Q8Accumulate<W>(wb, xq[i * ldxq + b], acc[i][j], off[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + off[i][j];
+  }
+}
+
+template <class W>
+void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
+  const int64_t nb = a.K / 32, ldw = a.w_row_bytes;
+  for (int64_t n = n0; n < n1; n += 4) {
+    const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
+    const uint8_t* w = WeightRow(a, n);
+    for (int64_t m = 0; m < a.M; m += 2) {
+      const Q8Block* x = xq + m * nb;
+      float* y = a.y + m * a.ldy + n;
+      if (a.M - m >= 2) {
+        if (nr == 4) {
+          GemvQ8Tile<W, 2, 4>(x, nb, w, ldw, nb, y, a.ldy);
+        } else {
+          for (int j = 0; j < nr; ++j)
+            GemvQ8Tile<W, 2, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
+        }
+      } else if (nr == 4) {
+        GemvQ8Tile<W, 1, 4>(x, nb, w, ldw, nb, y, a.ldy);
+      } else {
+        for (int j = 0; j < nr; ++j) GemvQ8Tile<W, 1, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
+      }
+    }
+  }
+}
+
+void GemvQ8(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
+  {
+    switch (a.wtype) {
+      case DType::kQ4_0:
+        return GemvQ8Rows<Q8DecQ4_0>(a, xq, n0, n1);
+      case DType::kQ4_1:
+        return GemvQ8Rows<Q8DecQ4_1>(a, xq, n0, n1);
+      case DType::kQ8_0:
+        return GemvQ8Rows<Q8DecQ8_0>(a, xq, n0, n1);
+      case DType::kMXFP4:
+        return GemvQ8Rows<Q8DecMXFP4>(a, xq, n0, n1);
+      default:
+        KILN_CHECK(false, "gemv_q8: weight type without a q8 path");
+    }
+  }
+}
+#endif  // KILN_ISA_HAS_Q8
 
 // ---- GEMM: packed f32 panels and an outer-product micro-kernel -----------------------------
 
@@ -483,6 +621,10 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
 
 }  // namespace
 
-const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend};
+#if KILN_ISA_HAS_Q8
+const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend, QuantizeQ8, GemvQ8};
+#else
+const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend, nullptr, nullptr};
+#endif
 
 }  // namespace kiln::cpu::KILN_ISA_NS

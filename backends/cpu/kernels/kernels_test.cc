@@ -235,6 +235,64 @@ TEST_P(IsaTest, NonFiniteWeightsPropagate) {
   EXPECT_TRUE(std::isinf(y[0]) && y[0] > 0);
 }
 
+TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
+  const IsaKernels* q8 = k_->gemv_q8 != nullptr ? k_ : KernelsFor(Isa::kAvx2);
+  ASSERT_NE(q8, nullptr);
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0, 1);
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    for (auto [M, N, K] :
+         {std::tuple<int64_t, int64_t, int64_t>{1, 7, 64}, {2, 13, 288}, {3, 4, 544}, {5, 9, 96}}) {
+      const Weights w = MakeWeights(t, N, K, rng);
+      std::vector<float> x(M * K);
+      for (float& v : x) v = nd(rng);
+      x[0] = 0;
+      std::vector<Q8Block> xq(M * K / 32);
+      for (int64_t m = 0; m < M; ++m) q8->quantize_q8(x.data() + m * K, K, xq.data() + m * K / 32);
+      // The blocks: d = max|x| / 127 rounded to f16, q = round(x * 127 / max|x|), s = d * sum(q).
+      for (int64_t b = 0; b < M * K / 32; ++b) {
+        float amax = 0;
+        for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+        const float d = amax / 127.0f;
+        int sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          sum += xq[b].qs[j];
+          EXPECT_LE(std::fabs(xq[b].qs[j] * d - x[b * 32 + j]), 0.5001f * d);
+        }
+        EXPECT_EQ(xq[b].d, RoundToF16(d));
+        EXPECT_EQ(xq[b].s, xq[b].d * sum);
+      }
+      // y equals the exact product with the dequantized activations.
+      std::vector<double> want(M * N);
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t n = 0; n < N; ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            const Q8Block& xb = xq[(m * K + k) / 32];
+            acc += double(xb.qs[k % 32]) * xb.d * w.f32[n * K + k];
+          }
+          want[m * N + n] = acc;
+        }
+      }
+      std::vector<float> y(M * N);
+      GemmArgs a;
+      a.x = x.data();
+      a.ldx = K;
+      a.w = w.bytes.data();
+      a.wtype = t;
+      a.w_row_bytes = w.row_bytes;
+      a.y = y.data();
+      a.ldy = N;
+      a.M = M;
+      a.N = N;
+      a.K = K;
+      q8->gemv_q8(a, xq.data(), 0, N / 2);
+      q8->gemv_q8(a, xq.data(), N / 2, N);
+      EXPECT_LT(Nmse(y, want), 1e-12) << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
+    }
+  }
+}
+
 // ---- Paged attention ----
 
 struct AttnProblem {

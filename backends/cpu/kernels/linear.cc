@@ -37,6 +37,7 @@ struct Plan {
 struct GemmData {
   bool matmul = false;
   const IsaKernels* k = nullptr;
+  const IsaKernels* q8 = nullptr;  // the variant with gemv_q8 (AVX-512 uses AVX2's); null: off
   Plan plan;
   std::shared_ptr<const OneDnnGemm> onednn_k;  // W rows K-contiguous ([N, K])
   std::shared_ptr<const OneDnnGemm> onednn_n;  // W N-contiguous ([K, N], matmul)
@@ -60,6 +61,9 @@ GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
   switch (impl) {
     case GemmImpl::kGemv:
       return g.w_k_stride == 1 ? impl : GemmImpl::kGemm;
+    case GemmImpl::kGemvQ8:
+      if (g.w_k_stride != 1) return GemmImpl::kGemm;
+      return (d.q8 != nullptr && HasQ8Path(g.wtype)) ? impl : GemmImpl::kGemv;
     case GemmImpl::kOneDnn:
       if (g.wtype != DType::kF32) return GemmImpl::kGemm;
       if (g.w_k_stride == 1) return d.onednn_k ? impl : GemmImpl::kGemm;
@@ -97,6 +101,16 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
     case GemmImpl::kGemv: {
       const auto [b, e] = Share((g.N + 3) / 4, t, nt);  // strips of 4 weight rows
       d.k->gemv(g, std::min(g.N, b * 4), std::min(g.N, e * 4));
+      return;
+    }
+    case GemmImpl::kGemvQ8: {
+      // Every thread quantizes all rows (M is small here): no barrier needed.
+      const int64_t nb = g.K / 32;
+      thread_local std::vector<Q8Block> xq;
+      xq.resize(static_cast<size_t>(g.M * nb));
+      for (int64_t m = 0; m < g.M; ++m) d.q8->quantize_q8(g.x + m * g.ldx, g.K, xq.data() + m * nb);
+      const auto [b, e] = Share((g.N + 3) / 4, t, nt);
+      d.q8->gemv_q8(g, xq.data(), std::min(g.N, b * 4), std::min(g.N, e * 4));
       return;
     }
     case GemmImpl::kGemm:
@@ -387,6 +401,8 @@ const char* GemmImplName(GemmImpl impl) {
   switch (impl) {
     case GemmImpl::kGemv:
       return "gemv";
+    case GemmImpl::kGemvQ8:
+      return "gemv_q8";
     case GemmImpl::kGemm:
       return "gemm";
     case GemmImpl::kOneDnn:
@@ -413,6 +429,9 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   d->matmul = matmul;
   d->k = KernelsFor(ctx.isa);
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
+  if (ctx.q8_activations && !matmul && HasQ8Path(w.dtype)) {
+    d->q8 = d->k->gemv_q8 != nullptr ? d->k : KernelsFor(Isa::kAvx2);
+  }
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
 
   const std::optional<int64_t> K = x.shape.back().TryConstant();
@@ -429,16 +448,26 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     }
   }
   std::vector<GemmImpl> candidates;
-  if (!matmul) candidates.push_back(GemmImpl::kGemv);
-  candidates.push_back(GemmImpl::kGemm);
-  if (w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n)) {
-    candidates.push_back(GemmImpl::kOneDnn);
-  } else if (!matmul && fast_decode && d->onednn_k) {
-    candidates.push_back(GemmImpl::kOneDnnDequant);
+  if (d->q8 != nullptr) {
+    // With q8 activations every M uses them: a sequence's numerics must not depend on how
+    // many others share its step (nor on timing), so nothing else is a candidate.
+    candidates.push_back(GemmImpl::kGemvQ8);
+  } else {
+    if (!matmul) candidates.push_back(GemmImpl::kGemv);
+    candidates.push_back(GemmImpl::kGemm);
+    if (w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n)) {
+      candidates.push_back(GemmImpl::kOneDnn);
+    } else if (!matmul && fast_decode && d->onednn_k) {
+      candidates.push_back(GemmImpl::kOneDnnDequant);
+    }
   }
-  d->plan.upto = matmul ? std::vector<std::pair<int64_t, GemmImpl>>{{INT64_MAX, GemmImpl::kGemm}}
-                        : std::vector<std::pair<int64_t, GemmImpl>>{{kGemvMaxM, GemmImpl::kGemv},
-                                                                    {INT64_MAX, GemmImpl::kGemm}};
+  if (matmul) {
+    d->plan.upto = {{INT64_MAX, GemmImpl::kGemm}};
+  } else if (d->q8 != nullptr) {
+    d->plan.upto = {{INT64_MAX, GemmImpl::kGemvQ8}};
+  } else {
+    d->plan.upto = {{kGemvMaxM, GemmImpl::kGemv}, {INT64_MAX, GemmImpl::kGemm}};
+  }
 
   // M: rows of x (Linear) or of each matrix (MatMul; batched MatMul is not timed).
   std::optional<int64_t> m_const;
@@ -453,8 +482,8 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     m_const = m.TryConstant();
   }
   if (ctx.force_gemm != nullptr) {
-    for (GemmImpl c :
-         {GemmImpl::kGemv, GemmImpl::kGemm, GemmImpl::kOneDnn, GemmImpl::kOneDnnDequant}) {
+    for (GemmImpl c : {GemmImpl::kGemv, GemmImpl::kGemvQ8, GemmImpl::kGemm, GemmImpl::kOneDnn,
+                       GemmImpl::kOneDnnDequant}) {
       if (std::string_view(ctx.force_gemm) == GemmImplName(c)) d->plan.upto = {{INT64_MAX, c}};
     }
     tunable = false;
@@ -471,7 +500,8 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     for (GemmImpl c : candidates) names.push_back(GemmImplName(c));
     const std::string key =
         absl::StrCat(OpName(req.op), " x=f32 w=", DTypeName(w.dtype), " N=", *N, " K=", *K, " ",
-                     IsaName(d->k->isa), " threads=", ctx.threads, " cpu=", CpuDescription());
+                     IsaName(d->k->isa), d->q8 != nullptr ? " q8" : "", " threads=", ctx.threads,
+                     " cpu=", CpuDescription());
     std::unique_ptr<TimingBench> bench;
     const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
       if (bench == nullptr) {

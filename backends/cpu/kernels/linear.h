@@ -19,6 +19,7 @@ namespace kiln::cpu {
 
 enum class GemmImpl : uint8_t {
   kGemv,           // weights decoded in registers (kernels.h gemv)
+  kGemvQ8,         // activations quantized to q8, integer dots (only with q8_activations)
   kGemm,           // packed panels + micro-kernel (kernels.h gemm)
   kOneDnn,         // oneDNN f32 matmul (f32 weights)
   kOneDnnDequant,  // weight panels decoded to f32, then oneDNN

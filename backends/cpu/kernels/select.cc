@@ -1,5 +1,8 @@
 #include "backends/cpu/kernels/select.h"
 
+#include <cstdlib>
+#include <string_view>
+
 #include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/autotune.h"
 #include "backends/cpu/kernels/linear.h"
@@ -15,6 +18,8 @@ SelectContext DefaultSelectContext(
   c.isa = ActiveIsa();
   c.tuner = &GemmTuner::Global();
   c.reference = reference;
+  const char* q8 = std::getenv("KILN_CPU_Q8_ACTIVATIONS");
+  c.q8_activations = q8 != nullptr && std::string_view(q8) == "1";
   return c;
 }
 

@@ -32,13 +32,17 @@ struct SelectContext {
   GemmTuner* tuner = nullptr;  // null: heuristics only
   // The reference kernel factory (the fallback for layouts the fast kernels do not take).
   StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&) = nullptr;
-  // Tests and debugging: use this GEMM implementation ("gemv", "gemm", "onednn",
-  // "onednn_dequant") for every M where it applies. Null: tuned or heuristic choice.
+  // Numerics policy: allow quantizing activations to q8 blocks for q4_0/q4_1/q8_0/mxfp4
+  // weights (ggml's decode numerics: ~1e-5 normalized MSE against exact f32 products, beyond
+  // the op harness's f32 tolerance). Off by default; KILN_CPU_Q8_ACTIVATIONS=1 turns it on.
+  bool q8_activations = false;
+  // Tests and debugging: use this GEMM implementation ("gemv", "gemv_q8", "gemm",
+  // "onednn", "onednn_dequant") for every M where it applies. Null: tuned or heuristic choice.
   const char* force_gemm = nullptr;
 };
 
 // The cpu backend's context: ActiveIsa(), GemmTuner::Global() (autotuning with the disk
-// cache), the given device, pool size and reference kernels.
+// cache), KILN_CPU_Q8_ACTIVATIONS, the given device, pool size and reference kernels.
 SelectContext DefaultSelectContext(
     backend::Device* device, int threads,
     StatusOr<backend::Kernel> (*reference)(const backend::KernelRequest&));

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "engine/dtype.h"
 
 namespace kiln::cpu::avx2 {
@@ -179,14 +180,19 @@ struct DecQ4_0 {
             _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 10))),
             _mm256_set1_ps(d), _mm256_set1_ps(-8.0f * d)};
   }
-  static F Chunk(const State& s, int c) {
+  static F Chunk(const State& s, int c) { return {_mm256_fmadd_ps(Raw(s, c).v, s.d, s.off)}; }
+  // Split-scale interface (GemvTileSplit): x = Raw * Scale + Offset, Offset per block.
+  static constexpr bool kSplit = true;
+  static F Raw(const State& s, int c) {
     const __m256i m = _mm256_set1_epi32(15);
     const __m256i q = c == 0   ? _mm256_and_si256(s.lo, m)
                       : c == 1 ? _mm256_and_si256(s.hi, m)
                       : c == 2 ? _mm256_srli_epi32(s.lo, 4)
                                : _mm256_srli_epi32(s.hi, 4);
-    return {_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s.d, s.off)};
+    return {_mm256_cvtepi32_ps(q)};
   }
+  static F Scale(const State& s) { return {s.d}; }
+  static float Offset(const State& s) { return _mm256_cvtss_f32(s.off); }
 };
 // q4_1: x = q * d + m.
 struct DecQ4_1 {
@@ -198,6 +204,10 @@ struct DecQ4_1 {
             _mm256_set1_ps(F16Scalar(b)), _mm256_set1_ps(F16Scalar(b + 2))};
   }
   static F Chunk(const State& s, int c) { return DecQ4_0::Chunk(s, c); }
+  static constexpr bool kSplit = true;
+  static F Raw(const State& s, int c) { return DecQ4_0::Raw(s, c); }
+  static F Scale(const State& s) { return {s.d}; }
+  static float Offset(const State& s) { return _mm256_cvtss_f32(s.off); }
 };
 // q8_0: x = q * d.
 struct DecQ8_0 {
@@ -207,12 +217,32 @@ struct DecQ8_0 {
     __m256 d;
   };
   static State Load(const uint8_t* b) { return {b + 2, _mm256_set1_ps(F16Scalar(b))}; }
-  static F Chunk(const State& s, int c) {
+  static F Chunk(const State& s, int c) { return {_mm256_mul_ps(Raw(s, c).v, s.d)}; }
+  static constexpr bool kSplit = true;
+  static F Raw(const State& s, int c) {
     const __m256i q =
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s.qs + 8 * c)));
-    return {_mm256_mul_ps(_mm256_cvtepi32_ps(q), s.d)};
+    return {_mm256_cvtepi32_ps(q)};
   }
+  static F Scale(const State& s) { return {s.d}; }
+  static float Offset(const State&) { return 0.0f; }
 };
+// 2^(e - 128) for every e8m0 code (255: NaN), exact (e = 0 and 1 are subnormal).
+struct E8M0HalfTable {
+  float v[256];
+  constexpr E8M0HalfTable() : v() {
+    for (int e = 0; e < 255; ++e) {
+      float f = 1.0f;
+      for (int i = 128; i > e; --i) f *= 0.5f;
+      for (int i = 128; i < e; ++i) f *= 2.0f;
+      v[e] = f;
+    }
+    v[255] = __builtin_nanf("");
+  }
+  float operator[](uint8_t e) const { return v[e]; }
+};
+inline constexpr E8M0HalfTable kE8M0Half;
+
 // mxfp4: x = e2m1(nibble) * 2^(e - 127), via a table of 2 * e2m1 as int8 and a scale of
 // 2^(e - 128) (exact, including the subnormal e = 0 and 1; e = 255 is NaN).
 struct DecMXFP4 {
@@ -225,23 +255,111 @@ struct DecMXFP4 {
     const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
     const __m128i m = _mm_set1_epi8(15);
-    float d;
-    if (b[0] == 0xff) {
-      d = __builtin_nanf("");
-    } else if (b[0] < 2) {
-      d = b[0] == 0 ? 0x1p-128f : 0x1p-127f;
-    } else {
-      const uint32_t bits = static_cast<uint32_t>(b[0] - 1) << 23;
-      std::memcpy(&d, &bits, 4);
-    }
+    const float d = kE8M0Half[b[0]];
     return {_mm_shuffle_epi8(table, _mm_and_si128(v, m)),
             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), m)), _mm256_set1_ps(d)};
   }
-  static F Chunk(const State& s, int c) {
+  static F Chunk(const State& s, int c) { return {_mm256_mul_ps(Raw(s, c).v, s.d)}; }
+  static constexpr bool kSplit = true;
+  static F Raw(const State& s, int c) {
     const __m128i src = c < 2 ? s.lo : s.hi;
     const __m128i part = (c & 1) ? _mm_srli_si128(src, 8) : src;
-    return {_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part)), s.d)};
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part))};
+  }
+  static F Scale(const State& s) { return {s.d}; }
+  static float Offset(const State&) { return 0.0f; }
+};
+
+// ---- q8 activations (kernels.h Q8Block): integer dot products per block ----
+#define KILN_ISA_HAS_Q8 1
+
+inline void QuantizeQ8(const float* x, int64_t K, Q8Block* out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < K / 32; ++b, x += 32) {
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int c = 0; c < 4; ++c) {
+      v[c] = _mm256_loadu_ps(x + 8 * c);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[c]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float amax_s = _mm_cvtss_f32(m), d = amax_s / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax_s != 0 ? 127.0f / amax_s : 0.0f);
+    __m256i q[4];
+    for (int c = 0; c < 4; ++c) {
+      q[c] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[c], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    // int32 -> int8 keeping element order (packs interleave 128-bit lanes: undo with a permute).
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+    __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].qs), p8);
+    const __m256i s16 =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p8), _mm256_set1_epi16(1));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s16), _mm256_extracti128_si256(s16, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    out[b].d = RoundToF16(d);
+    out[b].s = out[b].d * static_cast<float>(_mm_cvtsi128_si32(s4));
+  }
+}
+
+// Weight block for the q8 path: 32 8-bit values in element order, unsigned (q4: the
+// nibbles) or signed (q8_0, mxfp4 table values), a scale, and the coefficient of s (the
+// activation block's d * sum(q)): -8d for q4_0, m for q4_1, 0 otherwise.
+struct Q8W {
+  __m256i q;
+  float d, off;
+};
+inline __m256i Nibbles(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+  return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+struct Q8DecQ4_0 {
+  static constexpr int64_t kBlockBytes = 18;
+  static constexpr bool kSigned = false;
+  static Q8W Load(const uint8_t* b) {
+    const float d = F16Scalar(b);
+    return {Nibbles(b + 2), d, -8.0f * d};
   }
 };
+struct Q8DecQ4_1 {
+  static constexpr int64_t kBlockBytes = 20;
+  static constexpr bool kSigned = false;
+  static Q8W Load(const uint8_t* b) { return {Nibbles(b + 4), F16Scalar(b), F16Scalar(b + 2)}; }
+};
+struct Q8DecQ8_0 {
+  static constexpr int64_t kBlockBytes = 34;
+  static constexpr bool kSigned = true;
+  static Q8W Load(const uint8_t* b) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), F16Scalar(b), 0.0f};
+  }
+};
+struct Q8DecMXFP4 {
+  static constexpr int64_t kBlockBytes = 17;
+  static constexpr bool kSigned = true;
+  static Q8W Load(const uint8_t* b) {
+    const DecMXFP4::State s = DecMXFP4::Load(b);
+    return {_mm256_set_m128i(s.hi, s.lo), _mm256_cvtss_f32(s.d), 0.0f};
+  }
+};
+// acc += (w.d * x.d) * dot(w.q, x.qs); off += w.off * x.s.
+template <class W>
+inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
+  const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
+  __m256i p;
+  if constexpr (W::kSigned) {
+    p = _mm256_maddubs_epi16(_mm256_sign_epi8(w.q, w.q), _mm256_sign_epi8(xq, w.q));
+  } else {
+    p = _mm256_maddubs_epi16(w.q, xq);
+  }
+  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  acc.v = _mm256_fmadd_ps(dot, _mm256_set1_ps(w.d * x.d), acc.v);
+  off += w.off * x.s;
+}
 
 }  // namespace kiln::cpu::avx2

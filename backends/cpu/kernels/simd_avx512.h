@@ -14,6 +14,8 @@ namespace kiln::cpu::avx512 {
 
 inline constexpr int kLanes = 16;
 inline constexpr int kGemmMR = 12;  // 12 x 2 accumulators + 2 + 1 = 27 zmm of 32
+// No q8 path of its own: the AVX2 one serves AVX-512 CPUs.
+#define KILN_ISA_HAS_Q8 0
 
 struct F {
   __m512 v;
@@ -171,6 +173,22 @@ struct DecQ8_0 {
     return {_mm512_mul_ps(_mm512_cvtepi32_ps(q), s.d)};
   }
 };
+// 2^(e - 128) for every e8m0 code (255: NaN), exact (e = 0 and 1 are subnormal).
+struct E8M0HalfTable {
+  float v[256];
+  constexpr E8M0HalfTable() : v() {
+    for (int e = 0; e < 255; ++e) {
+      float f = 1.0f;
+      for (int i = 128; i > e; --i) f *= 0.5f;
+      for (int i = 128; i < e; ++i) f *= 2.0f;
+      v[e] = f;
+    }
+    v[255] = __builtin_nanf("");
+  }
+  float operator[](uint8_t e) const { return v[e]; }
+};
+inline constexpr E8M0HalfTable kE8M0Half;
+
 struct DecMXFP4 {
   static constexpr int64_t kBlockBytes = 17;
   struct State {
@@ -181,15 +199,7 @@ struct DecMXFP4 {
     const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1));
     const __m128i m = _mm_set1_epi8(15);
-    float d;
-    if (b[0] == 0xff) {
-      d = __builtin_nanf("");
-    } else if (b[0] < 2) {
-      d = b[0] == 0 ? 0x1p-128f : 0x1p-127f;
-    } else {
-      const uint32_t bits = static_cast<uint32_t>(b[0] - 1) << 23;
-      std::memcpy(&d, &bits, 4);
-    }
+    const float d = kE8M0Half[b[0]];
     return {_mm_shuffle_epi8(table, _mm_and_si128(v, m)),
             _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(v, 4), m)), _mm512_set1_ps(d)};
   }

@@ -3,10 +3,12 @@
 // namespace kiln::cpu::scalar; it is the fallback that runs on every CPU.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "engine/dtype.h"
 
 namespace kiln::cpu::scalar {
@@ -171,5 +173,86 @@ struct DecMXFP4 {
   }
   static F Chunk(const State& s, int c) { return ChunkOf(s, c); }
 };
+
+// ---- q8 activations (see simd_avx2.h) ----
+#define KILN_ISA_HAS_Q8 1
+
+inline void QuantizeQ8(const float* x, int64_t K, Q8Block* out) {
+  for (int64_t b = 0; b < K / 32; ++b, x += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f, id = amax != 0 ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      out[b].qs[j] = static_cast<int8_t>(std::clamp(q, -128, 127));
+      sum += out[b].qs[j];
+    }
+    out[b].d = RoundToF16(d);
+    out[b].s = out[b].d * static_cast<float>(sum);
+  }
+}
+
+struct Q8W {
+  int16_t q[32];
+  float d, off;
+};
+struct Q8DecQ4_0 {
+  static constexpr int64_t kBlockBytes = 18;
+  static Q8W Load(const uint8_t* b) {
+    Q8W w;
+    w.d = F16ToFloat(U16(b));
+    w.off = -8.0f * w.d;
+    for (int j = 0; j < 16; ++j) {
+      w.q[j] = b[2 + j] & 15;
+      w.q[j + 16] = b[2 + j] >> 4;
+    }
+    return w;
+  }
+};
+struct Q8DecQ4_1 {
+  static constexpr int64_t kBlockBytes = 20;
+  static Q8W Load(const uint8_t* b) {
+    Q8W w;
+    w.d = F16ToFloat(U16(b));
+    w.off = F16ToFloat(U16(b + 2));
+    for (int j = 0; j < 16; ++j) {
+      w.q[j] = b[4 + j] & 15;
+      w.q[j + 16] = b[4 + j] >> 4;
+    }
+    return w;
+  }
+};
+struct Q8DecQ8_0 {
+  static constexpr int64_t kBlockBytes = 34;
+  static Q8W Load(const uint8_t* b) {
+    Q8W w;
+    w.d = F16ToFloat(U16(b));
+    w.off = 0;
+    for (int j = 0; j < 32; ++j) w.q[j] = static_cast<int8_t>(b[2 + j]);
+    return w;
+  }
+};
+struct Q8DecMXFP4 {
+  static constexpr int64_t kBlockBytes = 17;
+  static Q8W Load(const uint8_t* b) {
+    static constexpr int8_t kTable[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    Q8W w;
+    w.d = b[0] == 0xff ? NAN : std::ldexp(1.0f, static_cast<int>(b[0]) - 128);
+    w.off = 0;
+    for (int j = 0; j < 16; ++j) {
+      w.q[j] = kTable[b[1 + j] & 15];
+      w.q[j + 16] = kTable[b[1 + j] >> 4];
+    }
+    return w;
+  }
+};
+template <class W>
+inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
+  int32_t dot = 0;
+  for (int j = 0; j < 32; ++j) dot += w.q[j] * x.qs[j];
+  acc.v[0] += w.d * x.d * static_cast<float>(dot);
+  off += w.off * x.s;
+}
 
 }  // namespace kiln::cpu::scalar
