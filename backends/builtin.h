@@ -7,6 +7,10 @@
 //        persistent thread pool) and everything else with the reference kernels; generated
 //        and library kernels replace both (issue 4). Threads: KILN_CPU_THREADS (default:
 //        hardware concurrency, at most 8).
+//   xpu  the OpenCL backend (backends/xpu): Intel GPUs through their OpenCL runtime, PoCL's
+//        CPU device in CI. Present only when the build found OpenCL and CLBlast and a usable
+//        OpenCL device exists (GPUs preferred, then accelerators, then CPUs;
+//        KILN_XPU_DEVICE=<platform>:<device> picks one, KILN_XPU_DEVICE=none disables it).
 //
 // The factories are thread-safe; each call makes an independent backend with its own device.
 #pragma once
@@ -19,5 +23,7 @@ namespace kiln::backend {
 
 std::unique_ptr<Backend> MakeRefBackend();
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);  // 0: from KILN_CPU_THREADS / cores
+// Null (and logged) when there is no usable OpenCL device or the build has no OpenCL.
+std::unique_ptr<Backend> MakeXpuBackend();
 
 }  // namespace kiln::backend

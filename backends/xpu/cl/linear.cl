@@ -1,0 +1,106 @@
+// Linear and MatMul templates, instantiated per dtype combination by the host, which defines
+// before the template:
+//   KNAME             the kernel name
+//   ACC               float, or double for f64
+//   XLD(p, i)         load element i of x / a (as ACC)
+//   WLD(p, i)         load element i of w / b (as ACC)
+//   OST(p, i, v)      store v into element i of the output
+// and for LINEAR: MT (x rows per work-group) and, for 32-element block types with a float
+// accumulator, WDEQ32(wv, p, e): dequantize the 32 elements from element e (a multiple of 32)
+// into float wv[32]; without it WLD is used element by element (float weights of any
+// strides, K-quants). For MATMUL: TS (TS * TS = KILN_WG).
+
+#ifdef LINEAR
+// out[m, n] = sum_k x[m, k] * w[n, k]: dequantize-in-register dot products. A work-group
+// computes NR weight rows for MT rows of x; its work-items split K in 32-element chunks and
+// combine their partial sums in local memory. Weights are read once per MT rows of x.
+// Meta: x TD (0), w off/stride_n/stride_k (18..20), out TD (21), M, N, K (39..41).
+#define NR 4
+__kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
+  const long* m = mt.v;
+  cgptr px = b_x + TD_OFF(m, 0);
+  cgptr pw = b_w + m[18];
+  gptr po = b_out + TD_OFF(m, 21);
+  const long wsn = m[19], wsk = m[20];
+  const long M = m[39], N = m[40], K = m[41];
+  const int lid = get_local_id(0);
+  const long n0 = get_group_id(0) * NR, m0 = get_group_id(1) * MT;
+  const int xrank = TD_RANK(m, 0);
+  const long xsk = TD_STRIDE(m, 0, xrank - 1);
+  long xrow[MT];
+  for (int i = 0; i < MT; ++i) xrow[i] = m0 + i < M ? td_offset(m, 0, (m0 + i) * K) : 0;
+  ACC acc[MT][NR];
+  for (int i = 0; i < MT; ++i)
+    for (int r = 0; r < NR; ++r) acc[i][r] = 0;
+  for (long k0 = (long)lid * 32; k0 < K; k0 += (long)KILN_WG * 32) {
+    for (int r = 0; r < NR; ++r) {
+      const long n = n0 + r;
+      if (n >= N) break;
+#ifdef WDEQ32
+      float wv[32];
+      WDEQ32(wv, pw, n * wsn + k0);
+#else
+      ACC wv[32];
+      for (int j = 0; j < 32; ++j) wv[j] = k0 + j < K ? WLD(pw, n * wsn + (k0 + j) * wsk) : (ACC)0;
+#endif
+      for (int i = 0; i < MT; ++i) {
+        if (m0 + i >= M) break;
+        ACC s = 0;
+        if (xsk == 1 && k0 + 32 <= K) {
+          for (int j = 0; j < 32; ++j) s += XLD(px, xrow[i] + k0 + j) * (ACC)wv[j];
+        } else {
+          for (int j = 0; j < 32 && k0 + j < K; ++j) s += XLD(px, xrow[i] + (k0 + j) * xsk) * (ACC)wv[j];
+        }
+        acc[i][r] += s;
+      }
+    }
+  }
+  __local ACC red[KILN_WG];
+  for (int i = 0; i < MT; ++i) {
+    for (int r = 0; r < NR; ++r) {
+      red[lid] = acc[i][r];
+      barrier(CLK_LOCAL_MEM_FENCE);
+      for (int s = KILN_WG / 2; s > 0; s >>= 1) {
+        if (lid < s) red[lid] += red[lid + s];
+        barrier(CLK_LOCAL_MEM_FENCE);
+      }
+      if (lid == 0 && m0 + i < M && n0 + r < N) {
+        OST(po, td_offset(m, 21, (m0 + i) * N + n0 + r), red[0]);
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+  }
+}
+#undef NR
+#endif
+
+#ifdef MATMUL
+// out[b, i, j] = sum_k a[b, i, k] * bm[b, k, j] with local-memory tiles of TS x TS (TS*TS =
+// KILN_WG); any strides (broadcast batch dims have stride 0).
+// Meta: a TD (0), b TD (18), out TD (36), M, N, K, batch (54..57).
+__kernel void KNAME(gptr b_out, cgptr b_a, cgptr b_b, const meta64 mt) {
+  const long* m = mt.v;
+  cgptr pa = b_a + TD_OFF(m, 0);
+  cgptr pb = b_b + TD_OFF(m, 18);
+  gptr po = b_out + TD_OFF(m, 36);
+  const long M = m[54], N = m[55], K = m[56];
+  const int ra = TD_RANK(m, 0), rb = TD_RANK(m, 18);
+  const long sam = TD_STRIDE(m, 0, ra - 2), sak = TD_STRIDE(m, 0, ra - 1);
+  const long sbk = TD_STRIDE(m, 18, rb - 2), sbn = TD_STRIDE(m, 18, rb - 1);
+  const int tx = get_local_id(0), ty = get_local_id(1);
+  const long j = get_group_id(0) * TS + tx, i = get_group_id(1) * TS + ty;
+  const long bidx = get_global_id(2);
+  const long abase = td_offset(m, 0, bidx * M * K), bbase = td_offset(m, 18, bidx * K * N);
+  __local ACC ta[TS][TS + 1];
+  __local ACC tb[TS][TS + 1];
+  ACC acc = 0;
+  for (long k0 = 0; k0 < K; k0 += TS) {
+    ta[ty][tx] = (i < M && k0 + tx < K) ? XLD(pa, abase + i * sam + (k0 + tx) * sak) : (ACC)0;
+    tb[ty][tx] = (j < N && k0 + ty < K) ? WLD(pb, bbase + (k0 + ty) * sbk + j * sbn) : (ACC)0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int k = 0; k < TS; ++k) acc += ta[ty][k] * tb[k][tx];
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  if (i < M && j < N) OST(po, td_offset(m, 36, (bidx * M + i) * N + j), acc);
+}
+#endif

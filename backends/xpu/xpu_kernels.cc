@@ -1,0 +1,880 @@
+// XpuDevice::GetKernel: which kernel runs each op on an OpenCL device, and the launchers.
+//
+//   generated      pointwise/generator ops and reductions/row ops from the op table's
+//                  expression forms (cl_codegen); attention and paged attention from a template
+//                  with the node's mask_mod/score_mod printed in
+//   templated      Linear with quantized / f16 / bf16 weights (dequantize-in-register dot
+//                  products), MatMul and Linear fallbacks (tiled), per dtype combination
+//   library        dtype-generic data movement: contiguous, concat, gather, scatters,
+//                  take_along, top_k, kv_write, rope, dim_value (cl/library.cl)
+//   CLBlast        GEMM for MatMul and Linear with float operands of one dtype (f32; f64 with
+//                  cl_khr_fp64; f16 with cl_khr_fp16) when the strides fit BLAS
+#include <clblast.h>
+#include <clblast_half.h>
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "absl/strings/str_cat.h"
+#include "backends/xpu/cl_codegen.h"
+#include "backends/xpu/cl_sources.h"
+#include "backends/xpu/xpu_device.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::xpu {
+namespace {
+
+Exec& ExOf(const ExecCtx& c) { return *static_cast<Exec*>(c.native_stream); }
+
+size_t Groups(int64_t items, size_t wg) {
+  return std::min<size_t>((static_cast<size_t>(items) + wg - 1) / wg, 65536);
+}
+
+std::string Lower(DType t) { return DTypeName(t); }
+
+// Template instantiation: `#define`s, the template, `#undef`s (several instantiations share
+// one program).
+class Defines {
+ public:
+  void Add(std::string name, std::string value) { d_.emplace_back(std::move(name), std::move(value)); }
+  std::string Wrap(std::string_view body, std::string_view before = "") const {
+    std::string s;
+    for (const auto& [n, v] : d_) absl::StrAppend(&s, "#define ", n, " ", v, "\n");
+    absl::StrAppend(&s, ToAbsl(before), ToAbsl(body), "\n");
+    for (const auto& [n, v] : d_) {
+      const size_t paren = n.find('(');
+      absl::StrAppend(&s, "#undef ", paren == std::string::npos ? n : n.substr(0, paren), "\n");
+    }
+    return s;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> d_;
+};
+
+// Loader macro body for an element of `t` as `acc` (float or double).
+std::string LoadAs(DType t, DType acc) {
+  if (acc == DType::kF64) {
+    if (t == DType::kF64) return "ldd_f64(p, i)";
+    return absl::StrCat("(double)ldf_", Lower(t), "(p, i)");
+  }
+  return absl::StrCat("ldf_", Lower(t), "(p, i)");
+}
+std::string StoreFrom(DType t, DType acc) {
+  return absl::StrCat(acc == DType::kF64 ? "std_" : "stf_", Lower(t), "(p, i, v)");
+}
+
+// ---- Generated: pointwise and reductions ---------------------------------------------------------
+
+struct PwData {
+  PointwiseKernel k;
+};
+void PwFn(const LaunchArgs& a, const ExecCtx& c) {
+  LaunchPointwise(static_cast<const PwData*>(a.kernel_data)->k, a, ExOf(c));
+}
+
+struct RedData {
+  ReduceKernel k;
+};
+void RedFn(const LaunchArgs& a, const ExecCtx& c) {
+  LaunchReduce(static_cast<const RedData*>(a.kernel_data)->k, a, ExOf(c));
+}
+
+std::string Label(const backend::KernelRequest& req) {
+  std::string s = OpName(req.op);
+  for (const TensorType& t : req.inputs) absl::StrAppend(&s, " ", DTypeName(t.dtype));
+  absl::StrAppend(&s, " -> ", DTypeName(req.output.dtype));
+  return s;
+}
+
+// ---- Library kernels ------------------------------------------------------------------------------
+
+struct LibData {
+  KernelSlot* slot = nullptr;
+  int64_t extra = 0;  // op-specific (concat axis)
+};
+const LibData& Lib(const LaunchArgs& a) { return *static_cast<const LibData*>(a.kernel_data); }
+
+void DimValueFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  ClArgs args;
+  args.Long(args.Mem(*ex.device, a.output.data));
+  args.Long(static_cast<int64_t>(a.output.dtype));
+  args.Long(a.params[0]);
+  const size_t wg = ex.device->work_group();
+  ex.Enqueue(Lib(a).slot, args, 1, &wg, &wg, 8);
+}
+
+// out (a view) = x, elementwise with conversion.
+void EnqueueCopy(Exec& ex, KernelSlot* k, const TensorArg& out, int64_t out_byte_offset_delta,
+                 const TensorArg& x) {
+  const XpuDevice& dev = *ex.device;
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, out.data) + out_byte_offset_delta;
+  const int64_t xo = args.Mem(dev, x.data);
+  TensorArg view = out;
+  for (int d = 0; d < x.rank; ++d) view.shape[d] = x.shape[d];
+  args.Desc(view, oo);
+  args.Desc(x, xo);
+  args.Long(static_cast<int64_t>(out.dtype));
+  args.Long(static_cast<int64_t>(x.dtype));
+  args.Long(n);
+  const size_t wg = dev.work_group(), global = Groups(n, wg) * wg;
+  ex.Enqueue(k, args, 1, &global, &wg, 48);
+}
+
+void ContiguousFn(const LaunchArgs& a, const ExecCtx& c) {
+  EnqueueCopy(ExOf(c), Lib(a).slot, a.output, 0, a.inputs[0]);
+}
+
+void ConcatFn(const LaunchArgs& a, const ExecCtx& c) {
+  const int axis = static_cast<int>(Lib(a).extra);
+  int64_t start = 0;
+  for (int j = 0; j < a.num_inputs; ++j) {
+    EnqueueCopy(ExOf(c), Lib(a).slot, a.output,
+                ByteOffset(a.output.dtype, start * a.output.strides[axis]), a.inputs[j]);
+    start += a.inputs[j].shape[axis];
+  }
+}
+
+int64_t RowElems(const TensorArg& t, int from) {
+  int64_t n = 1;
+  for (int d = from; d < t.rank; ++d) n *= t.shape[d];
+  return n;
+}
+
+void GatherFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &table = a.inputs[0], &idx = a.inputs[1], &o = a.output;
+  const int64_t row = RowElems(table, 1), count = idx.numel();
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), to = args.Mem(dev, table.data),
+                io = args.Mem(dev, idx.data);
+  args.Desc(table, to);
+  args.Desc(idx, io);
+  args.Desc(o, oo);
+  for (DType t : {table.dtype, idx.dtype, o.dtype}) args.Long(static_cast<int64_t>(t));
+  args.Long(row);
+  args.Long(count);
+  const size_t wg = dev.work_group(), global = Groups(row * count, wg) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 64);
+}
+
+void ScatterAddRowsFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &idx = a.inputs[0], &src = a.inputs[1], &o = a.output;
+  const int64_t row = RowElems(o, 1), count = idx.numel();
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), io = args.Mem(dev, idx.data),
+                so = args.Mem(dev, src.data);
+  args.Desc(idx, io);
+  args.Desc(src, so);
+  args.Desc(o, oo);
+  for (DType t : {idx.dtype, src.dtype, o.dtype}) args.Long(static_cast<int64_t>(t));
+  args.Long(row);
+  args.Long(count);
+  const size_t wg = dev.work_group(), global = Groups(row, wg) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 64);
+}
+
+void TakeAlongFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &x = a.inputs[0], &idx = a.inputs[1], &o = a.output;
+  const int64_t n = o.numel();
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data),
+                io = args.Mem(dev, idx.data);
+  args.Desc(x, xo);
+  args.Desc(idx, io);
+  args.Desc(o, oo);
+  for (DType t : {x.dtype, idx.dtype, o.dtype}) args.Long(static_cast<int64_t>(t));
+  args.Long(n);
+  const size_t wg = dev.work_group(), global = Groups(n, wg) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 64);
+}
+
+void ScatterAddAlongFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &idx = a.inputs[0], &src = a.inputs[1], &o = a.output;
+  const int64_t K = src.shape[src.rank - 1], N = o.shape[o.rank - 1];
+  const int64_t rows = K > 0 ? src.numel() / K : RowElems(o, 0) / std::max<int64_t>(N, 1);
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), io = args.Mem(dev, idx.data),
+                so = args.Mem(dev, src.data);
+  args.Desc(idx, io);
+  args.Desc(src, so);
+  args.Desc(o, oo);
+  for (DType t : {idx.dtype, src.dtype, o.dtype}) args.Long(static_cast<int64_t>(t));
+  args.Long(rows);
+  args.Long(K);
+  args.Long(N);
+  const size_t wg = dev.work_group(), global = Groups(rows, wg) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 64);
+}
+
+void TopKFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &x = a.inputs[0], &o = a.output;
+  const int64_t N = x.shape[x.rank - 1], K = o.shape[o.rank - 1];
+  const int64_t rows = N > 0 ? x.numel() / N : 0;
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data);
+  args.Desc(x, xo);
+  args.Desc(o, oo);
+  args.Long(static_cast<int64_t>(x.dtype));
+  args.Long(static_cast<int64_t>(o.dtype));
+  args.Long(rows);
+  args.Long(N);
+  args.Long(K);
+  const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 48);
+}
+
+void KvWriteFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &x = a.inputs[1], &slots = a.inputs[2], &cache = a.output;
+  ClArgs args;
+  const int64_t co = args.Mem(dev, cache.data), xo = args.Mem(dev, x.data),
+                so = args.Mem(dev, slots.data);
+  args.Desc(cache, co);
+  args.Desc(x, xo);
+  args.Desc(slots, so);
+  for (DType t : {cache.dtype, x.dtype, slots.dtype}) args.Long(static_cast<int64_t>(t));
+  const size_t wg = dev.work_group(), global = Groups(x.numel(), wg) * wg;
+  ex.Enqueue(Lib(a).slot, args, 1, &global, &wg, 64);
+}
+
+// ---- Rope -------------------------------------------------------------------------------------
+
+// Inverse frequency of rotary pair i with HF transformers' rope_scaling rules (the formula of
+// backends/ref/ref_kernels.cc's RopeInvFreq; the tables are made on the host in double).
+double RopeInvFreq(const Attrs& at, int64_t i) {
+  const double rd = static_cast<double>(at.ints[0]);
+  const double theta = at.floats[0], factor = at.floats[1];
+  const double f = std::pow(theta, -2.0 * static_cast<double>(i) / rd);
+  switch (at.ints[2]) {
+    case 1:
+      return f / factor;
+    case 2: {
+      const double low = at.floats[2], high = at.floats[3], orig = at.floats[4];
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < orig / high) return f;
+      if (wavelen > orig / low) return f / factor;
+      const double smooth = (orig / wavelen - low) / (high - low);
+      return (1 - smooth) * f / factor + smooth * f;
+    }
+    default:
+      return f;
+  }
+}
+
+struct RopeData {
+  KernelSlot* slot = nullptr;
+  std::unique_ptr<backend::Buffer> freq;
+  int64_t rotary_dim = 0;
+  bool interleaved = false;
+  bool inverse = false;
+};
+
+void RopeFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const RopeData& d = *static_cast<const RopeData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[0], &pos = a.inputs[1], &o = a.output;
+  const int64_t H = x.shape[x.rank - 2], D = x.shape[x.rank - 1];
+  const int64_t lead = D > 0 && H > 0 ? x.numel() / (H * D) : 0;
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data),
+                po = args.Mem(dev, pos.data);
+  args.Mem(dev, d.freq->data());
+  args.Desc(x, xo);
+  args.Desc(pos, po);
+  args.Desc(o, oo);
+  for (DType t : {x.dtype, pos.dtype, o.dtype}) args.Long(static_cast<int64_t>(t));
+  args.Long(H);
+  args.Long(D);
+  args.Long(d.rotary_dim);
+  args.Long(d.interleaved ? 1 : 0);
+  args.Long(d.inverse ? -1 : 1);
+  args.Long(lead);
+  const int64_t n = lead * H * (d.rotary_dim / 2 + (D - d.rotary_dim));
+  const size_t wg = dev.work_group(), global = Groups(n, wg) * wg;
+  ex.Enqueue(d.slot, args, 1, &global, &wg, 64);
+}
+
+StatusOr<backend::Kernel> MakeRope(XpuDevice& dev, const backend::KernelRequest& req) {
+  const Attrs& at = *req.attrs;
+  auto d = std::make_shared<RopeData>();
+  d->slot = dev.LibraryKernel("rope");
+  d->rotary_dim = at.ints[0];
+  d->interleaved = at.ints[1] == 1;
+  d->inverse = at.ints[3] != 0;
+  const int64_t half = std::max<int64_t>(d->rotary_dim / 2, 1);
+  std::vector<unsigned char> bytes;
+  if (dev.fp64()) {
+    std::vector<double> f(half);
+    for (int64_t i = 0; i < half; ++i) f[i] = RopeInvFreq(at, i);
+    bytes.resize(f.size() * sizeof(double));
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+  } else {
+    // Turns per position as an unevaluated float pair (hi + lo).
+    std::vector<float> f(2 * half);
+    for (int64_t i = 0; i < half; ++i) {
+      const double turns = RopeInvFreq(at, i) / (2 * std::numbers::pi);
+      f[2 * i] = static_cast<float>(turns);
+      f[2 * i + 1] = static_cast<float>(turns - static_cast<double>(f[2 * i]));
+    }
+    bytes.resize(f.size() * sizeof(float));
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+  }
+  KILN_ASSIGN_OR_RETURN(d->freq, dev.Allocate(bytes.size()));
+  cl_mem mem = nullptr;
+  size_t off = 0;
+  dev.Resolve(d->freq->data(), &mem, &off);
+  KILN_RETURN_IF_ERROR(dev.Upload(mem, off, bytes.data(), bytes.size()));
+  return backend::Kernel{RopeFn, std::move(d), "xpu.lib.rope"};
+}
+
+// ---- Linear and MatMul ------------------------------------------------------------------------
+
+bool IsBlock32(DType t) {
+  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kMXFP4;
+}
+
+KernelSlot* LinearTemplate(XpuDevice& dev, DType xt, DType wt, DType ot, int mt) {
+  const DType acc = xt == DType::kF64 ? DType::kF64 : DType::kF32;
+  Defines d;
+  d.Add("LINEAR", "1");
+  d.Add("MT", absl::StrCat(mt));
+  d.Add("ACC", acc == DType::kF64 ? "double" : "float");
+  d.Add("XLD(p, i)", LoadAs(xt, acc));
+  d.Add("WLD(p, i)", LoadAs(wt, acc));
+  d.Add("OST(p, i, v)", StoreFrom(ot, acc));
+  if (IsBlock32(wt) && acc == DType::kF32) {
+    d.Add("WDEQ32(wv, p, e)", absl::StrCat("deq32_", Lower(wt), "(wv, p, e)"));
+  }
+  return dev.DeclareKernel(absl::StrCat("linear_", Lower(wt)),
+                           d.Wrap(kClLinear, absl::StrCat("// linear x ", Lower(xt), " w ",
+                                                          Lower(wt), " -> ", Lower(ot), "\n")));
+}
+
+KernelSlot* MatMulTemplate(XpuDevice& dev, DType t) {
+  const DType acc = t == DType::kF64 ? DType::kF64 : DType::kF32;
+  int ts = 1;
+  while ((ts * 2) * (ts * 2) <= static_cast<int>(dev.work_group())) ts *= 2;
+  Defines d;
+  d.Add("MATMUL", "1");
+  d.Add("TS", absl::StrCat(ts));
+  d.Add("ACC", acc == DType::kF64 ? "double" : "float");
+  d.Add("XLD(p, i)", LoadAs(t, acc));
+  d.Add("WLD(p, i)", LoadAs(t, acc));
+  d.Add("OST(p, i, v)", StoreFrom(t, acc));
+  return dev.DeclareKernel(absl::StrCat("matmul_", Lower(t)), d.Wrap(kClLinear));
+}
+
+int MatMulTile(const XpuDevice& dev) {
+  int ts = 1;
+  while ((ts * 2) * (ts * 2) <= static_cast<int>(dev.work_group())) ts *= 2;
+  return ts;
+}
+
+// A BLAS view of a 2-D (rows x cols) operand with strides (sr, sc): row-major with leading
+// dimension ld (trans = false), or column-major (trans = true: the transpose is row-major).
+struct BlasMat {
+  bool ok = false;
+  bool trans = false;
+  size_t ld = 0;
+};
+BlasMat AsBlas(int64_t rows, int64_t cols, int64_t sr, int64_t sc) {
+  BlasMat m;
+  if (rows <= 1) sr = std::max<int64_t>(cols, 1) * (sc == 0 ? 1 : sc);
+  if (cols <= 1) sc = 1;
+  if (sc == 1 && sr >= std::max<int64_t>(cols, 1)) {
+    m.ok = true;
+    m.ld = static_cast<size_t>(sr);
+  } else if (sr == 1 && sc >= std::max<int64_t>(rows, 1)) {
+    m.ok = true;
+    m.trans = true;
+    m.ld = static_cast<size_t>(sc);
+  }
+  return m;
+}
+
+// The single stride that walks the flattened dims [from, to) of `t` (0 if all broadcast), or
+// -1 if there is none.
+int64_t CollapsedStride(const TensorArg& t, int from, int to) {
+  int64_t stride = -1, inner = 1;
+  bool all_zero = true;
+  for (int d = to - 1; d >= from; --d) {
+    if (t.shape[d] == 1) continue;
+    if (t.strides[d] != 0) all_zero = false;
+    if (stride < 0) {
+      stride = t.strides[d];
+    } else if (t.strides[d] != stride * inner) {
+      return all_zero ? 0 : -1;
+    }
+    inner *= t.shape[d];
+  }
+  if (all_zero) return 0;
+  return stride < 0 ? 0 : stride;
+}
+
+template <typename T>
+T Alpha(double v) {
+  return static_cast<T>(v);
+}
+template <>
+half Alpha<half>(double v) {
+  return FloatToHalf(static_cast<float>(v));
+}
+
+// C[batch] = A[batch] x B[batch] through CLBlast. False when the layout does not fit or
+// CLBlast declines (the caller falls back to its own kernel).
+template <typename T>
+bool BlasGemm(Exec& ex, bool a_trans, size_t lda, cl_mem a, size_t a_off, size_t a_stride,
+              bool b_trans, size_t ldb, cl_mem b, size_t b_off, size_t b_stride, cl_mem c,
+              size_t c_off, size_t ldc, size_t c_stride, size_t batch, size_t M, size_t N,
+              size_t K) {
+  using clblast::Transpose;
+  const Transpose ta = a_trans ? Transpose::kYes : Transpose::kNo;
+  const Transpose tb = b_trans ? Transpose::kYes : Transpose::kNo;
+  cl_command_queue q = ex.queue;
+  clblast::StatusCode st;
+  if (batch == 1) {
+    st = clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a, a_off,
+                          lda, b, b_off, ldb, Alpha<T>(0), c, c_off, ldc, &q, nullptr);
+  } else {
+    st = clblast::GemmStridedBatched<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1),
+                                        a, a_off, lda, a_stride, b, b_off, ldb, b_stride,
+                                        Alpha<T>(0), c, c_off, ldc, c_stride, batch, &q, nullptr);
+  }
+  if (st != clblast::StatusCode::kSuccess) {
+    static std::atomic<int> logged{0};
+    if (logged.fetch_add(1) < 3) {
+      spdlog::debug("xpu: CLBlast GEMM declined ({}); using the generic kernel",
+                    static_cast<int>(st));
+    }
+    return false;
+  }
+  return true;
+}
+
+bool BlasFor(Exec& ex, DType t, bool a_trans, size_t lda, cl_mem a, size_t a_off, size_t a_stride,
+             bool b_trans, size_t ldb, cl_mem b, size_t b_off, size_t b_stride, cl_mem c,
+             size_t c_off, size_t ldc, size_t c_stride, size_t batch, size_t M, size_t N,
+             size_t K) {
+  const size_t es = static_cast<size_t>(DTypeBlockBytes(t));
+  if (a_off % es || b_off % es || c_off % es) return false;
+  a_off /= es;
+  b_off /= es;
+  c_off /= es;
+  switch (t) {
+    case DType::kF32:
+      return BlasGemm<float>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
+                             b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
+    case DType::kF64:
+      return BlasGemm<double>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
+                              b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
+    case DType::kF16:
+      return BlasGemm<half>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
+                            b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
+    default:
+      return false;
+  }
+}
+
+struct GemmData {
+  bool blas = false;  // the dtype has a CLBlast GEMM on this device
+  KernelSlot* small = nullptr;  // Linear: MT = 1 (decode); MatMul: the tiled kernel
+  KernelSlot* large = nullptr;  // Linear: MT = 8
+};
+
+bool BlasDType(const XpuDevice& dev, DType t) {
+  return t == DType::kF32 || (t == DType::kF64 && dev.fp64()) ||
+         (t == DType::kF16 && dev.info().fp16);
+}
+
+void MatMulFn(const LaunchArgs& a, const ExecCtx& c);
+void LinearFn(const LaunchArgs& a, const ExecCtx& c);
+
+void MatMulFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[0], &y = a.inputs[1], &o = a.output;
+  const int r = o.rank;
+  const int64_t M = o.shape[r - 2], N = o.shape[r - 1], K = x.shape[r - 1];
+  int64_t batch = 1;
+  for (int i = 0; i < r - 2; ++i) batch *= o.shape[i];
+  if (M == 0 || N == 0 || batch == 0) return;
+  if (d.blas && K > 0) {
+    const BlasMat am = AsBlas(M, K, x.strides[r - 2], x.strides[r - 1]);
+    const BlasMat bm = AsBlas(K, N, y.strides[r - 2], y.strides[r - 1]);
+    const BlasMat cm = AsBlas(M, N, o.strides[r - 2], o.strides[r - 1]);
+    const int64_t sa = CollapsedStride(x, 0, r - 2), sb = CollapsedStride(y, 0, r - 2),
+                  sc = CollapsedStride(o, 0, r - 2);
+    if (am.ok && bm.ok && cm.ok && !cm.trans && sa >= 0 && sb >= 0 && sc >= 0 &&
+        (batch == 1 || sc > 0)) {
+      if (ex.DeferWhileCapturing(MatMulFn, a)) return;
+      cl_mem am_mem, bm_mem, cm_mem;
+      size_t ao, bo, co;
+      dev.Resolve(x.data, &am_mem, &ao);
+      dev.Resolve(y.data, &bm_mem, &bo);
+      dev.Resolve(o.data, &cm_mem, &co);
+      if (BlasFor(ex, o.dtype, am.trans, am.ld, am_mem, ao, static_cast<size_t>(sa), bm.trans,
+                  bm.ld, bm_mem, bo, static_cast<size_t>(sb), cm_mem, co, cm.ld,
+                  static_cast<size_t>(sc), static_cast<size_t>(batch), M, N, K)) {
+        return;
+      }
+    }
+  }
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data), yo = args.Mem(dev, y.data);
+  args.Desc(x, xo);
+  args.Desc(y, yo);
+  args.Desc(o, oo);
+  args.Long(M);
+  args.Long(N);
+  args.Long(K);
+  args.Long(batch);
+  const size_t ts = static_cast<size_t>(MatMulTile(dev));
+  const size_t global[3] = {(static_cast<size_t>(N) + ts - 1) / ts * ts,
+                            (static_cast<size_t>(M) + ts - 1) / ts * ts,
+                            static_cast<size_t>(batch)};
+  const size_t local[3] = {ts, ts, 1};
+  ex.Enqueue(d.small, args, 3, global, local, 64);
+}
+
+void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[0], &w = a.inputs[1], &o = a.output;
+  const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
+  const int64_t M = K > 0 ? x.numel() / K : RowElems(o, 0) / std::max<int64_t>(N, 1);
+  if (M == 0 || N == 0) return;
+  if (d.blas && K > 0) {
+    const int64_t sx = CollapsedStride(x, 0, x.rank - 1), so = CollapsedStride(o, 0, o.rank - 1);
+    const BlasMat am = AsBlas(M, K, sx, x.strides[x.rank - 1]);
+    // w [N, K] used as B^T: B = w^T is (K x N) with strides (w.s1, w.s0).
+    const BlasMat bm = AsBlas(K, N, w.strides[1], w.strides[0]);
+    const BlasMat cm = AsBlas(M, N, so, o.strides[o.rank - 1]);
+    if (sx >= 0 && so >= 0 && am.ok && bm.ok && cm.ok && !cm.trans) {
+      if (ex.DeferWhileCapturing(LinearFn, a)) return;
+      cl_mem xm, wm, om;
+      size_t xo, wo, oo;
+      dev.Resolve(x.data, &xm, &xo);
+      dev.Resolve(w.data, &wm, &wo);
+      dev.Resolve(o.data, &om, &oo);
+      if (BlasFor(ex, o.dtype, am.trans, am.ld, xm, xo, 0, bm.trans, bm.ld, wm, wo, 0, om, oo,
+                  cm.ld, 0, 1, M, N, K)) {
+        return;
+      }
+    }
+  }
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data), wo = args.Mem(dev, w.data);
+  args.Desc(x, xo);
+  args.Long(wo);
+  args.Long(w.strides[0]);
+  args.Long(w.strides[1]);
+  args.Desc(o, oo);
+  args.Long(M);
+  args.Long(N);
+  args.Long(K);
+  const bool small = M <= 4;
+  const size_t mt = small ? 1 : 8, wg = dev.work_group();
+  const size_t global[2] = {(static_cast<size_t>(N) + 3) / 4 * wg,
+                            (static_cast<size_t>(M) + mt - 1) / mt};
+  const size_t local[2] = {wg, 1};
+  ex.Enqueue(small ? d.small : d.large, args, 2, global, local, 48);
+}
+
+// ---- Attention ----------------------------------------------------------------------------------
+
+struct AttnData {
+  KernelSlot* slot = nullptr;
+  bool paged = false;
+  int num_aux = 0;
+  double scale = 0;
+};
+
+void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
+  const int fixed = d.paged ? 6 : 3;
+  ClArgs args;
+  const int64_t oo = args.Mem(dev, o.data), qo = args.Mem(dev, q.data), ko = args.Mem(dev, k.data),
+                vo = args.Mem(dev, v.data);
+  int64_t bto = 0, slo = 0, qso = 0;
+  if (d.paged) {
+    bto = args.Mem(dev, a.inputs[3].data);
+    slo = args.Mem(dev, a.inputs[4].data);
+    qso = args.Mem(dev, a.inputs[5].data);
+  }
+  std::vector<int64_t> aux_off;
+  for (int i = 0; i < d.num_aux; ++i) aux_off.push_back(args.Mem(dev, a.inputs[fixed + i].data));
+  args.Desc(q, qo);
+  args.Desc(k, ko);
+  args.Desc(v, vo);
+  args.Desc(o, oo);
+  int64_t rows = 0;
+  if (d.paged) {
+    const TensorArg &bt = a.inputs[3], &sl = a.inputs[4], &qs = a.inputs[5];
+    args.Long(bto);
+    args.Long(bt.strides[0]);
+    args.Long(bt.strides[1]);
+    args.Long(bt.shape[0]);
+    args.Long(bt.shape[1]);
+    args.Long(slo);
+    args.Long(sl.strides[0]);
+    args.Long(qso);
+    args.Long(qs.strides[0]);
+    rows = q.shape[0] * q.shape[1];
+  } else {
+    rows = q.shape[0] * q.shape[1] * q.shape[2];
+  }
+  int64_t dbits;
+  std::memcpy(&dbits, &d.scale, 8);
+  const float fscale = static_cast<float>(d.scale);
+  int32_t fbits;
+  std::memcpy(&fbits, &fscale, 4);
+  args.Long(dbits);
+  args.Long(fbits);
+  for (int i = 0; i < d.num_aux; ++i) {
+    const TensorArg& t = a.inputs[fixed + i];
+    args.Long(aux_off[i]);
+    args.Long(t.rank > 0 ? t.shape[0] : 1);
+    args.Long(t.rank > 0 ? t.strides[0] : 0);
+  }
+  if (rows == 0) return;
+  const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
+  ex.Enqueue(d.slot, args, 1, &global, &wg, 96);
+}
+
+// The key range a mask allows, from its structure: causal and sliding-window masks.
+void KvRange(const Expr& mask, std::string* begin, std::string* end) {
+  *begin = "0L";
+  *end = "len";
+  if (!mask) return;
+  if (mask == attn::CausalMask()) {
+    *end = "min(len, (q) + 1)";
+    return;
+  }
+  const ExprNode& n = mask.node();
+  if (n.op == ExprOp::kAnd && n.args.size() == 2) {
+    const ExprNode& lt = n.args[1].node();
+    if (lt.op == ExprOp::kLt && lt.args.size() == 2 && lt.args[1].node().op == ExprOp::kConst &&
+        lt.args[1].type() == DType::kI64) {
+      const int64_t w = lt.args[1].node().ivalue;
+      if (mask == attn::SlidingWindowMask(w)) {
+        *begin = absl::StrCat("((q) - ", w, "L + 1)");
+        *end = "min(len, (q) + 1)";
+      }
+    }
+  }
+}
+
+StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelRequest& req,
+                                        bool paged) {
+  const Attrs& at = *req.attrs;
+  const TensorType &q = req.inputs[0], &k = req.inputs[1], &v = req.inputs[2];
+  const int fixed = paged ? 6 : 3;
+  const int num_aux = static_cast<int>(req.inputs.size()) - fixed;
+  if (num_aux > (paged ? 4 : 7)) {
+    return Unimplemented("attention with more than ", paged ? 4 : 7, " aux tensors");
+  }
+  auto hd = q.shape.back().TryConstant();
+  auto hdv = v.shape.back().TryConstant();
+  if (!hd || !hdv) return Unimplemented("attention needs constant head dims on xpu");
+  const DType acc = ExprTypeOf(q.dtype);
+  if (acc == DType::kF64 && !dev.fp64()) {
+    return Unimplemented("f64 attention needs cl_khr_fp64");
+  }
+  const int64_t wg = static_cast<int64_t>(dev.work_group());
+  Defines d;
+  if (paged) {
+    d.Add("PAGED", "1");
+    d.Add("BT_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[3].dtype), "(p, i)"));
+    d.Add("SL_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[4].dtype), "(p, i)"));
+    d.Add("QS_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[5].dtype), "(p, i)"));
+  }
+  d.Add("ACC", acc == DType::kF64 ? "double" : "float");
+  d.Add("ACC_MAX(a, b)", acc == DType::kF64 ? "nmaxd(a, b)" : "nmaxf(a, b)");
+  d.Add("QLD(p, i)", LoadAs(q.dtype, acc));
+  d.Add("KLD(p, i)", LoadAs(k.dtype, acc));
+  d.Add("VLD(p, i)", LoadAs(v.dtype, acc));
+  d.Add("OST(p, i, v)", StoreFrom(req.output.dtype, acc));
+  d.Add("HEAD_D", absl::StrCat(std::max<int64_t>(*hd, 1)));
+  d.Add("HEAD_DV", absl::StrCat(*hdv));
+  d.Add("DV_PER", absl::StrCat(std::max<int64_t>((*hdv + wg - 1) / wg, 1)));
+  std::string params, setup, fn_params, fn_args;
+  const int aux_meta = paged ? 83 : 74;
+  std::vector<DType> aux_types;
+  for (int i = 0; i < num_aux; ++i) {
+    absl::StrAppend(&params, ", cgptr b_aux", i);
+    absl::StrAppend(&setup, "cgptr px", i, " = b_aux", i, " + m[", aux_meta + 3 * i,
+                    "]; const long xn", i, " = m[", aux_meta + 3 * i + 1, "], xs", i, " = m[",
+                    aux_meta + 3 * i + 2, "]; ");
+    absl::StrAppend(&fn_params, ", cgptr px", i, ", long xn", i, ", long xs", i);
+    absl::StrAppend(&fn_args, ", px", i, ", xn", i, ", xs", i);
+    aux_types.push_back(req.inputs[fixed + i].dtype);
+  }
+  d.Add("KERNEL_AUX_PARAMS", params);
+  d.Add("AUX_SETUP", setup);
+  std::string helpers;
+  const char* ct = acc == DType::kF64 ? "double" : "float";
+  if (at.expr[0]) {
+    ClExprPrinter::Leaves leaves;
+    leaves.aux_dtype = aux_types;
+    ClExprPrinter printer(leaves, dev.fp64());
+    std::string body;
+    KILN_ASSIGN_OR_RETURN(std::string r, printer.Print(at.expr[0], &body));
+    absl::StrAppend(&helpers, "inline bool KNAME_mask(long idx0, long idx1, long idx2, long idx3",
+                    fn_params, ") {\n", body, "    return ", r, ";\n}\n");
+    d.Add("MASK(b, h, q, kv)", absl::StrCat("KNAME_mask(b, h, q, kv", fn_args, ")"));
+  }
+  if (at.expr[1]) {
+    // As the reference: the modifier runs in the query's compute type.
+    const Expr mod = Expr::Cast(
+        acc, Substitute(at.expr[1], std::vector<Expr>{Expr::Input(0, acc)}));
+    ClExprPrinter::Leaves leaves;
+    leaves.inputs = {"in0"};
+    leaves.aux_dtype = aux_types;
+    ClExprPrinter printer(leaves, dev.fp64());
+    std::string body;
+    KILN_ASSIGN_OR_RETURN(std::string r, printer.Print(mod, &body));
+    absl::StrAppend(&helpers, "inline ", ct, " KNAME_score(", ct,
+                    " in0, long idx0, long idx1, long idx2, long idx3", fn_params, ") {\n", body,
+                    "    return ", r, ";\n}\n");
+    d.Add("SCORE(s, b, h, q, kv)", absl::StrCat("KNAME_score(s, b, h, q, kv", fn_args, ")"));
+  }
+  std::string begin, end;
+  KvRange(at.expr[0], &begin, &end);
+  d.Add("KV_BEGIN(q)", begin);
+  d.Add("KV_END(q, len)", end);
+  auto data = std::make_shared<AttnData>();
+  data->paged = paged;
+  data->num_aux = num_aux;
+  data->scale = at.floats[0];
+  data->slot = dev.DeclareKernel(paged ? "paged_attn" : "attn",
+                                 d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
+  return backend::Kernel{AttentionFn, std::move(data),
+                         paged ? "xpu.gen.paged_attention" : "xpu.gen.attention"};
+}
+
+StatusOr<backend::Kernel> Library(XpuDevice& dev, KernelFn fn, const char* name,
+                                  int64_t extra = 0) {
+  auto d = std::make_shared<LibData>();
+  d->slot = dev.LibraryKernel(name);
+  d->extra = extra;
+  return backend::Kernel{fn, std::move(d), absl::StrCat("xpu.lib.", name)};
+}
+
+}  // namespace
+
+StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req) {
+  for (const TensorType& t : req.inputs) {
+    if (!SupportsDType(t.dtype)) {
+      return Unimplemented(name_, " has no f64 support (cl_khr_fp64)");
+    }
+  }
+  if (!SupportsDType(req.output.dtype)) {
+    return Unimplemented(name_, " has no f64 support (cl_khr_fp64)");
+  }
+  const OpDef& def = GetOpDef(req.op);
+  std::vector<DType> in;
+  for (const TensorType& t : req.inputs) in.push_back(t.dtype);
+  const DType out = req.output.dtype;
+  const int rank = static_cast<int>(req.output.shape.size());
+  if (def.pointwise != nullptr) {
+    Expr value = def.pointwise(*req.attrs, in, out);
+    // Float -> integer casts: the store itself truncates and saturates (NaN -> 0), so the
+    // form's f64 clamping (which needs cl_khr_fp64) is not printed.
+    if (req.op == OpKind::kCast && IsInteger(out) && !IsInteger(in[0]) && in[0] != DType::kBool) {
+      value = Expr::Input(0, ExprTypeOf(in[0]));
+    }
+    const int num_aux = req.op == OpKind::kMap && !req.attrs->ints.empty()
+                            ? static_cast<int>(req.attrs->ints[0])
+                            : 0;
+    auto d = std::make_shared<PwData>();
+    KILN_ASSIGN_OR_RETURN(d->k, MakePointwiseKernel(*this, Label(req), value, in, num_aux, out, rank));
+    return backend::Kernel{PwFn, std::move(d), absl::StrCat("xpu.gen.", def.name)};
+  }
+  if (def.reduce != nullptr) {
+    const ReduceForm form = def.reduce(*req.attrs, in, out);
+    const int in_rank = static_cast<int>(req.inputs[0].shape.size());
+    std::vector<int> axes;
+    bool keepdim = false;
+    if (def.cls == OpClass::kReduce) {
+      keepdim = req.attrs->ints[0] != 0;
+      for (size_t i = 1; i < req.attrs->ints.size(); ++i) {
+        axes.push_back(static_cast<int>(req.attrs->ints[i]));
+      }
+    } else {
+      axes = {in_rank - 1};
+    }
+    auto d = std::make_shared<RedData>();
+    KILN_ASSIGN_OR_RETURN(
+        d->k, MakeReduceKernel(*this, Label(req), form, in, out, in_rank, axes, keepdim));
+    return backend::Kernel{RedFn, std::move(d), absl::StrCat("xpu.gen.", def.name)};
+  }
+  switch (req.op) {
+    case OpKind::kDimValue:
+      return Library(*this, DimValueFn, "dim_value");
+    case OpKind::kContiguous:
+      return Library(*this, ContiguousFn, "copy_strided");
+    case OpKind::kConcat:
+      return Library(*this, ConcatFn, "copy_strided", req.attrs->ints[0]);
+    case OpKind::kGather:
+      return Library(*this, GatherFn, "gather");
+    case OpKind::kScatterAddRows:
+      return Library(*this, ScatterAddRowsFn, "scatter_add_rows");
+    case OpKind::kTakeAlong:
+      return Library(*this, TakeAlongFn, "take_along");
+    case OpKind::kScatterAddAlong:
+      return Library(*this, ScatterAddAlongFn, "scatter_add_along");
+    case OpKind::kTopK:
+      return Library(*this, TopKFn, "top_k");
+    case OpKind::kKvWrite:
+      return Library(*this, KvWriteFn, "kv_write");
+    case OpKind::kRope:
+      return MakeRope(*this, req);
+    case OpKind::kAttention:
+      return MakeAttention(*this, req, /*paged=*/false);
+    case OpKind::kPagedAttention:
+      return MakeAttention(*this, req, /*paged=*/true);
+    case OpKind::kMatMul: {
+      auto d = std::make_shared<GemmData>();
+      d->blas = BlasDType(*this, out);
+      d->small = MatMulTemplate(*this, out);
+      const char* kname = d->blas ? "xpu.clblast.matmul" : "xpu.tmpl.matmul";
+      return backend::Kernel{MatMulFn, std::move(d), kname};
+    }
+    case OpKind::kLinear: {
+      auto d = std::make_shared<GemmData>();
+      d->blas = in[0] == in[1] && in[0] == out && BlasDType(*this, out);
+      d->small = LinearTemplate(*this, in[0], in[1], out, 1);
+      d->large = LinearTemplate(*this, in[0], in[1], out, 8);
+      const std::string kname = d->blas ? "xpu.clblast.linear"
+                                        : absl::StrCat("xpu.tmpl.linear_", Lower(in[1]));
+      return backend::Kernel{LinearFn, std::move(d), kname};
+    }
+    default:
+      break;
+  }
+  return Unimplemented(name_, " has no kernel for ", def.name);
+}
+
+}  // namespace kiln::xpu
