@@ -5,9 +5,12 @@
 #include <memory>
 
 #include "config/config.h"
+#include "engine/dtype.h"
 #include "models/llm/llm_model.h"
 
 namespace kiln::models {
+
+class PagedLlm;
 
 // Opens `config.path` (a GGUF file, or a Hugging Face folder with config.json and
 // safetensors), picks the architecture from its metadata, loads tokenizer and chat template,
@@ -16,5 +19,17 @@ namespace kiln::models {
 // context. Errors name the file and what is wrong or unsupported (unknown architecture,
 // missing or mis-shaped tensors, unsupported tensor types).
 StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config);
+
+// Settings beyond the configuration file (tools and tests).
+struct LlmLoadOptions {
+  // Element type of the KV cache: f32 (default; exact against f32 references) or f16/bf16
+  // (half the memory per cached token).
+  DType kv_dtype = DType::kF32;
+};
+
+// LoadLlm with options, returning the concrete model (models/llm/paged_llm.h) for
+// introspection: hyper-parameters, the compiled program, weight bytes, captures.
+StatusOr<std::unique_ptr<PagedLlm>> LoadPagedLlm(const config::ModelConfig& config,
+                                                 const LlmLoadOptions& options = {});
 
 }  // namespace kiln::models

@@ -1,0 +1,76 @@
+// Generative model architectures: one file each (llama.cc for the llama family, gpt2.cc),
+// llama.cpp `src/models/` style — read the hyper-parameters, name the tensors, build the
+// forward graph of one serving step.
+//
+// An Architecture is plain data plus three functions. The loader (models/llm/loader.cc)
+// looks the model's GGUF `general.architecture` or config.json `model_type` up with
+// FindArchitecture, reads the hyper-parameters, indexes Hugging Face tensors with `hf_naming`,
+// and calls `build` inside a ForwardContext (models/llm/forward.h).
+//
+// Adding an architecture: a new file defining a `const Architecture& FooArchitecture()`, an
+// entry in arch.cc's table, golden fixtures (scripts/fixtures/make_llm_fixtures.py) and a
+// line in docs/models.md.
+//
+// Thread-safety: Architectures are immutable; every function here is thread-safe.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/base/status.h"
+#include "engine/builder.h"
+#include "models/gguf/gguf.h"
+#include "models/hf/hf_folder.h"
+#include "models/llm/forward.h"
+#include "models/llm/hparams.h"
+#include "models/llm/model_files.h"
+
+namespace kiln::models {
+
+struct Architecture {
+  std::string_view family;  // "llama", "gpt2"
+  // GGUF general.architecture values and config.json model_type values this family reads;
+  // each is also the variant name passed to the readers ("qwen2" turns on q/k/v biases).
+  std::vector<std::string_view> gguf_names;
+  std::vector<std::string_view> hf_model_types;
+
+  // Hyper-parameters from GGUF metadata (`variant` = general.architecture; keys are
+  // "<variant>.block_count", ...) or from config.json (`variant` = model_type). Errors name
+  // the file and key.
+  StatusOr<LlmHParams> (*from_gguf)(const GgufFile& gguf, std::string_view variant);
+  StatusOr<LlmHParams> (*from_hf)(const HfModelConfig& config, std::string_view variant);
+  // Hugging Face tensor names -> GGUF names.
+  const HfNaming& (*hf_naming)();
+  // The forward graph of one step; returns the logits [S, V] (f32). Errors go to the
+  // context (missing or mis-shaped tensors) and the builder.
+  Value (*build)(ForwardContext& ctx);
+};
+
+const Architecture& LlamaArchitecture();
+const Architecture& Gpt2Architecture();
+
+// Every architecture, in the order the docs list them.
+const std::vector<const Architecture*>& Architectures();
+
+// The architecture for a GGUF `general.architecture` (gguf = true) or a config.json
+// `model_type`; nullptr if none supports it.
+const Architecture* FindArchitecture(std::string_view name, bool gguf);
+
+// "gpt2, llama, mistral, qwen2, qwen3" (the names FindArchitecture accepts for that format).
+std::string SupportedArchitectures(bool gguf);
+
+// ---- Helpers for the readers ----
+// Optional keys: `fallback` when absent (or null in JSON); InvalidArgument naming the file and
+// key when present with the wrong type.
+StatusOr<int64_t> HfIntOr(const HfModelConfig& c, const std::string& key, int64_t fallback);
+StatusOr<double> HfFloatOr(const HfModelConfig& c, const std::string& key, double fallback);
+StatusOr<bool> HfBoolOr(const HfModelConfig& c, const std::string& key, bool fallback);
+StatusOr<int64_t> GgufInt(const GgufFile& g, const std::string& key);
+StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t fallback);
+
+// Checks sizes common to every architecture (positive, heads divisible by KV heads, even
+// rotary dim, ...). `source` names the file for messages.
+Status ValidateHParams(const LlmHParams& hp, std::string_view source);
+
+}  // namespace kiln::models

@@ -1,0 +1,108 @@
+#include "models/llm/forward.h"
+
+#include <algorithm>
+
+#include "models/io/errors.h"
+
+namespace kiln::models {
+
+ForwardContext::ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp,
+                               const StepInputs& in, int64_t block_size, DType kv_dtype)
+    : b_(b), files_(files), hp_(hp), in_(in), block_size_(block_size), kv_dtype_(kv_dtype) {}
+
+void ForwardContext::Fail(Status s) {
+  if (status_.ok()) {
+    status_ = std::move(s);
+  } else {
+    ++more_errors_;
+  }
+}
+
+Status ForwardContext::status() const {
+  if (status_.ok() || more_errors_ == 0) return status_;
+  return Status(status_.code(), Cat(StatusMessage(status_), " (and ", more_errors_,
+                                    " more problem", more_errors_ == 1 ? "" : "s", ")"));
+}
+
+Value ForwardContext::Source(std::string_view name, std::vector<int64_t> shape, bool required) {
+  const WeightInfo* w = files_.Find(name);
+  if (w == nullptr) {
+    if (required) {
+      Fail(InvalidArgument(files_.weights_path(), ": missing tensor '", files_.MissingName(name),
+                           "' (architecture ", hp_.architecture, " with ", hp_.num_layers,
+                           " layers needs it)"));
+    }
+    return {};
+  }
+  if (w->LoadedShape() != shape) {
+    std::vector<int64_t> expected = shape;
+    if (w->transpose) std::reverse(expected.begin(), expected.end());
+    Fail(InvalidArgument(files_.weights_path(), ": tensor '", w->DisplayName(), "' has shape ",
+                         ShapeString(w->shape), " but the model's hyper-parameters need ",
+                         ShapeString(expected)));
+    return {};
+  }
+  StatusOr<DType> dtype = LoadedDType(*w);
+  if (!dtype.ok()) {
+    Fail(dtype.status());
+    return {};
+  }
+  if (std::find(weight_names_.begin(), weight_names_.end(), name) == weight_names_.end()) {
+    weight_names_.emplace_back(name);
+  }
+  SymShape s(shape.begin(), shape.end());
+  // Weights carry their GGUF names whatever the current name scope.
+  const std::string scope = b_.name_scope();
+  b_.SetNameScope("");
+  const Value v = b_.Weight(name, *dtype, std::move(s));
+  b_.SetNameScope(scope);
+  return v;
+}
+
+Value ForwardContext::Weight(std::string_view name, std::vector<int64_t> shape) {
+  return Source(name, std::move(shape), /*required=*/true);
+}
+
+Value ForwardContext::OptionalWeight(std::string_view name, std::vector<int64_t> shape) {
+  return Source(name, std::move(shape), /*required=*/false);
+}
+
+Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
+  Builder& b = b_;
+  const std::string scope = b.name_scope();
+  b.SetNameScope("");
+  const std::string blk = Cat("blk.", layer, ".");
+  const SymShape cache_shape = {in_.NB, block_size_, hp_.num_kv_heads, hp_.head_dim};
+  Value k_cache = b.State(blk + "k_cache", kv_dtype_, cache_shape);  // [NB, BS, Hkv, D]
+  Value v_cache = b.State(blk + "v_cache", kv_dtype_, cache_shape);  // [NB, BS, Hkv, D]
+  // KvWrite returns the written cache: attention reads that value, so it runs after the write.
+  k_cache = b.Named(b.KvWrite(k_cache, k, in_.slot_mapping), blk + "k_cache_write");
+  v_cache = b.Named(b.KvWrite(v_cache, v, in_.slot_mapping), blk + "v_cache_write");
+  AttentionParams p;
+  const int64_t window = hp_.window(layer);
+  p.mask_mod = window > 0 ? attn::SlidingWindowMask(window) : attn::CausalMask();
+  const Value out = b.Named(b.PagedAttention(q, k_cache, v_cache, in_.block_table, in_.seq_lens,
+                                             in_.query_start, p),
+                            blk + "attn");  // [T, Hq, D]
+  b.SetNameScope(scope);
+  return out;
+}
+
+Value ForwardContext::LastTokens(Value h) {
+  Builder& b = b_;
+  // query_start[1..S] - 1: the last new token of each sequence.
+  const Value last = b.Named(b.AddScalar(b.Slice(in_.query_start, 0, 1, in_.S), -1),
+                             "last_token_rows");  // [S] i32
+  return b.Gather(h, last);                       // [S, C]
+}
+
+Value ForwardContext::Embed(Value table, Value ids) {
+  Builder& b = b_;
+  if (!table.valid()) return {};
+  const DType t = b.dtype(table);
+  if (IsQuantized(t)) return b.Gather(table, ids, DType::kF32);  // dequantized rows
+  const Value rows = b.Gather(table, ids);
+  return t == DType::kF32 ? rows : b.Cast(rows, DType::kF32);
+}
+
+}  // namespace kiln::models

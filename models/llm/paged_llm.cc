@@ -1,0 +1,327 @@
+#include "models/llm/paged_llm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/builder.h"
+#include "models/io/errors.h"
+#include "models/llm/forward.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::models {
+
+struct PagedLlm::Capture {
+  StepBuffers buffers;
+  std::unique_ptr<CapturedProgram> graph;
+  Tensor logits;  // [P, V], in the program's arena
+};
+
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+PagedLlm::PagedLlm(PagedLlmParts parts, const PagedLlmOptions& options)
+    : parts_(std::move(parts)), options_(options) {}
+
+PagedLlm::~PagedLlm() = default;
+
+StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
+                                                     const PagedLlmOptions& options) {
+  KILN_CHECK(parts.files != nullptr && parts.arch != nullptr && parts.device != nullptr &&
+                 parts.tokenizer != nullptr,
+             "PagedLlm::Create: incomplete parts");
+  if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 || options.block_size < 1) {
+    return InvalidArgument("max_num_seqs (", options.max_num_seqs, "), max_num_batched_tokens (",
+                           options.max_num_batched_tokens, ") and block_size (",
+                           options.block_size, ") must be at least 1");
+  }
+  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kF16 &&
+      options.kv_dtype != DType::kBF16) {
+    return InvalidArgument("KV cache type ", DTypeName(options.kv_dtype),
+                           " is not supported; use f32, f16 or bf16");
+  }
+  std::unique_ptr<PagedLlm> m(new PagedLlm(std::move(parts), options));
+  for (int size : options.capture_batch_sizes) {
+    if (size >= 1 && size <= options.max_num_seqs) m->capture_sizes_.push_back(size);
+  }
+  std::sort(m->capture_sizes_.begin(), m->capture_sizes_.end());
+  m->capture_sizes_.erase(std::unique(m->capture_sizes_.begin(), m->capture_sizes_.end()),
+                          m->capture_sizes_.end());
+  KILN_ASSIGN_OR_RETURN(m->stream_, m->parts_.device->CreateStream());
+  KILN_RETURN_IF_ERROR(m->Build(options.block_size));
+  return m;
+}
+
+Status PagedLlm::Build(int32_t block_size) {
+  const LlmHParams& hp = parts_.hparams;
+  block_size_ = block_size;
+  s_max_ = options_.max_num_seqs;
+  t_max_ = std::max<int64_t>(options_.max_num_batched_tokens,
+                             capture_sizes_.empty() ? 0 : capture_sizes_.back());
+  mb_max_ = CeilDiv(parts_.info.context_length, block_size);
+
+  Graph graph;
+  Builder b(&graph);
+  StepInputs in;
+  in.T = b.Symbol("T", t_max_);
+  in.S = b.Symbol("S", s_max_);
+  in.MB = b.Symbol("MB", mb_max_);
+  in.NB = b.Symbol("NB", int64_t{1} << 24);
+  in.tokens = b.Input("tokens", DType::kI32, {in.T});                       // [T]
+  in.positions = b.Input("positions", DType::kI32, {in.T});                 // [T]
+  in.slot_mapping = b.Input("slot_mapping", DType::kI32, {in.T});           // [T]
+  in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});      // [S, MB]
+  in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});                   // [S]
+  in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});         // [S+1]
+  ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
+  const Value logits = parts_.arch->build(ctx);  // [S, V]
+  KILN_RETURN_IF_ERROR(ctx.status());
+  KILN_RETURN_IF_ERROR(b.status());
+  const SymShape want = {in.S, hp.vocab_size};
+  if (b.dtype(logits) != DType::kF32 || b.shape(logits) != want) {
+    return Internal("architecture ", hp.architecture, " built logits of type ",
+                    TypeString(b.dtype(logits), b.shape(logits), graph), "; expected f32[S,",
+                    hp.vocab_size, "]");
+  }
+  KILN_ASSIGN_OR_RETURN(program_, Compile(graph, {logits}, *parts_.device));
+  KILN_RETURN_IF_ERROR(LoadWeights(ctx.weight_names()));
+  for (const auto& [name, t] : weights_) {
+    if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
+  }
+  KILN_ASSIGN_OR_RETURN(direct_, AllocateStepBuffers(t_max_, s_max_));
+  captures_.clear();
+  spdlog::debug("{}: step program of {} launches, arena {:.1f} MiB (unplanned {:.1f} MiB)",
+                parts_.info.name, program_->num_launches(), program_->arena_bytes() / 1048576.0,
+                program_->unplanned_bytes() / 1048576.0);
+  return OkStatus();
+}
+
+Status PagedLlm::LoadWeights(const std::vector<std::string>& names) {
+  auto keepalive = std::const_pointer_cast<ModelFiles>(parts_.files);
+  for (const std::string& name : names) {
+    if (weights_.count(name)) continue;
+    const WeightInfo* w = parts_.files->Find(name);
+    KILN_CHECK(w != nullptr, "LoadWeights: the graph uses a weight the files do not have");
+    KILN_ASSIGN_OR_RETURN(Tensor t, parts_.files->Load(*w, *parts_.device, keepalive));
+    weight_bytes_ += t.nbytes();
+    if (t.data() == w->data) mapped_weight_bytes_ += t.nbytes();
+    weights_.emplace(name, std::move(t));
+  }
+  return OkStatus();
+}
+
+StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, int64_t seqs) {
+  backend::Device& dev = *parts_.device;
+  auto alloc = [&](int64_t n) -> StatusOr<std::shared_ptr<backend::Buffer>> {
+    KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Buffer> buf,
+                          dev.Allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
+    return std::shared_ptr<backend::Buffer>(std::move(buf));
+  };
+  StepBuffers s;
+  KILN_ASSIGN_OR_RETURN(s.tokens, alloc(tokens));
+  KILN_ASSIGN_OR_RETURN(s.positions, alloc(tokens));
+  KILN_ASSIGN_OR_RETURN(s.slots, alloc(tokens));
+  KILN_ASSIGN_OR_RETURN(s.block_table, alloc(seqs * mb_max_));
+  KILN_ASSIGN_OR_RETURN(s.seq_lens, alloc(seqs));
+  KILN_ASSIGN_OR_RETURN(s.query_start, alloc(seqs + 1));
+  return s;
+}
+
+int64_t PagedLlm::KvBytesPerBlock(int32_t block_size) const {
+  const LlmHParams& hp = parts_.hparams;
+  return 2 * hp.num_layers * DTypeBytes(options_.kv_dtype, int64_t{block_size} *
+                                                               hp.num_kv_heads * hp.head_dim);
+}
+
+Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
+  if (num_blocks < 1 || block_size < 1) {
+    return InvalidArgument("the KV cache needs at least one block of at least one token (got ",
+                           num_blocks, " blocks of ", block_size, ")");
+  }
+  if (block_size != block_size_) KILN_RETURN_IF_ERROR(Build(block_size));
+  captures_.clear();
+  const LlmHParams& hp = parts_.hparams;
+  // One scratch block past the pool for the padding rows of captured steps.
+  const int64_t blocks = int64_t{num_blocks} + 1;
+  const std::vector<int64_t> shape = {blocks, block_size, hp.num_kv_heads, hp.head_dim};
+  k_cache_.clear();
+  v_cache_.clear();
+  KILN_RETURN_IF_ERROR(program_->SetSymbol("NB", blocks));
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    for (auto* caches : {&k_cache_, &v_cache_}) {
+      StatusOr<Tensor> t = Tensor::Empty(*parts_.device, options_.kv_dtype, shape);
+      if (!t.ok()) {
+        k_cache_.clear();
+        v_cache_.clear();
+        return ResourceExhausted("KV cache of ", num_blocks, " blocks (",
+                                 KvBytesPerBlock(block_size) * num_blocks,
+                                 " bytes) cannot be allocated: ", StatusMessage(t.status()));
+      }
+      // Zeroed, so that a kernel reading a slot nobody wrote sees finite values.
+      if (parts_.device->host_visible()) {
+        std::memset(t->data(), 0, static_cast<size_t>(t->nbytes()));
+      } else {
+        const std::vector<uint8_t> zeros(static_cast<size_t>(t->nbytes()));
+        KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*t->buffer(), 0, zeros.data(), zeros.size()));
+      }
+      caches->push_back(*std::move(t));
+    }
+    const std::string blk = Cat("blk.", l, ".");
+    KILN_RETURN_IF_ERROR(program_->Bind(blk + "k_cache", k_cache_.back()));
+    KILN_RETURN_IF_ERROR(program_->Bind(blk + "v_cache", v_cache_.back()));
+  }
+  KILN_RETURN_IF_ERROR(stream_->Synchronize());
+  num_blocks_ = num_blocks;
+  return OkStatus();
+}
+
+Status PagedLlm::Upload(const StepBuffers& buf, int32_t S, int32_t MB) {
+  const size_t T = h_tokens_.size();
+  auto put = [&](const std::shared_ptr<backend::Buffer>& dst, const std::vector<int32_t>& src,
+                 size_t n) {
+    return stream_->CopyToDevice(*dst, 0, src.data(), n * sizeof(int32_t));
+  };
+  KILN_RETURN_IF_ERROR(put(buf.tokens, h_tokens_, T));
+  KILN_RETURN_IF_ERROR(put(buf.positions, h_positions_, T));
+  KILN_RETURN_IF_ERROR(put(buf.slots, h_slots_, T));
+  KILN_RETURN_IF_ERROR(put(buf.block_table, h_block_table_, static_cast<size_t>(S) * MB));
+  KILN_RETURN_IF_ERROR(put(buf.seq_lens, h_seq_lens_, static_cast<size_t>(S)));
+  KILN_RETURN_IF_ERROR(put(buf.query_start, h_query_start_, static_cast<size_t>(S) + 1));
+  return OkStatus();
+}
+
+Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB) {
+  KILN_RETURN_IF_ERROR(program_->SetSymbol("T", T));
+  KILN_RETURN_IF_ERROR(program_->SetSymbol("S", S));
+  KILN_RETURN_IF_ERROR(program_->SetSymbol("MB", MB));
+  auto bind = [&](const char* name, const std::shared_ptr<backend::Buffer>& b,
+                  std::vector<int64_t> shape) -> Status {
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(b, 0, DType::kI32, std::move(shape)));
+    return program_->Bind(name, t);
+  };
+  KILN_RETURN_IF_ERROR(bind("tokens", buf.tokens, {T}));
+  KILN_RETURN_IF_ERROR(bind("positions", buf.positions, {T}));
+  KILN_RETURN_IF_ERROR(bind("slot_mapping", buf.slots, {T}));
+  KILN_RETURN_IF_ERROR(bind("block_table", buf.block_table, {S, MB}));
+  KILN_RETURN_IF_ERROR(bind("seq_lens", buf.seq_lens, {S}));
+  KILN_RETURN_IF_ERROR(bind("query_start", buf.query_start, {S + 1}));
+  return OkStatus();
+}
+
+Status PagedLlm::CopyLogits(const Tensor& out, int32_t rows, std::span<float> logits) {
+  const int64_t V = parts_.info.vocab_size;
+  if (out.dtype() != DType::kF32 || !out.IsContiguous() || out.rank() != 2 ||
+      out.shape()[1] != V || out.shape()[0] < rows) {
+    return Internal("unexpected logits tensor ", out.DebugString());
+  }
+  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float);
+  KILN_RETURN_IF_ERROR(stream_->CopyToHost(logits.data(), *out.buffer(),
+                                           static_cast<size_t>(out.offset()) * sizeof(float),
+                                           bytes));
+  return stream_->Synchronize();
+}
+
+Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) {
+  if (num_blocks_ == 0) return FailedPrecondition("Step before AllocateKvCache");
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t S = static_cast<int64_t>(batch.query_start.size()) - 1;
+  const int64_t MB = batch.max_blocks_per_seq;
+  if (T < 1 || S < 1 || batch.positions.size() != batch.tokens.size() ||
+      batch.slot_mapping.size() != batch.tokens.size() ||
+      static_cast<int64_t>(batch.seq_lens.size()) != S ||
+      static_cast<int64_t>(batch.block_table.size()) != S * MB || MB < 1) {
+    return InvalidArgument("inconsistent step batch: ", T, " tokens, ", batch.positions.size(),
+                           " positions, ", batch.slot_mapping.size(), " slots, ", S,
+                           " sequences, ", batch.seq_lens.size(), " seq_lens, block table of ",
+                           batch.block_table.size(), " for ", MB, " blocks per sequence");
+  }
+  if (T > t_max_ || S > s_max_ || MB > mb_max_) {
+    return InvalidArgument("step of ", T, " tokens, ", S, " sequences and ", MB,
+                           " blocks per sequence exceeds what the model was compiled for (",
+                           t_max_, " tokens, ", s_max_, " sequences, ", mb_max_,
+                           " blocks: max_num_batched_tokens, max_num_seqs, context_length)");
+  }
+  if (logits.size() < static_cast<size_t>(S * parts_.info.vocab_size)) {
+    return InvalidArgument("logits span of ", logits.size(), " floats; ", S, " x ",
+                           parts_.info.vocab_size, " needed");
+  }
+  if (batch.decode_only && T == S && !capture_sizes_.empty() && S <= capture_sizes_.back()) {
+    const int32_t padded =
+        *std::lower_bound(capture_sizes_.begin(), capture_sizes_.end(), static_cast<int32_t>(S));
+    return RunCaptured(batch, padded, logits, stats);
+  }
+  return RunDirect(batch, logits, stats);
+}
+
+Status PagedLlm::RunDirect(const StepBatch& batch, std::span<float> logits, StepStats* stats) {
+  const int32_t T = static_cast<int32_t>(batch.tokens.size());
+  const int32_t S = static_cast<int32_t>(batch.query_start.size()) - 1;
+  const int32_t MB = batch.max_blocks_per_seq;
+  h_tokens_.assign(batch.tokens.begin(), batch.tokens.end());
+  h_positions_.assign(batch.positions.begin(), batch.positions.end());
+  h_slots_.assign(batch.slot_mapping.begin(), batch.slot_mapping.end());
+  h_block_table_.assign(batch.block_table.begin(), batch.block_table.end());
+  h_seq_lens_.assign(batch.seq_lens.begin(), batch.seq_lens.end());
+  h_query_start_.assign(batch.query_start.begin(), batch.query_start.end());
+  KILN_RETURN_IF_ERROR(Upload(direct_, S, MB));
+  KILN_RETURN_IF_ERROR(BindStep(direct_, T, S, MB));
+  KILN_RETURN_IF_ERROR(program_->Run(*stream_));
+  KILN_ASSIGN_OR_RETURN(Tensor out, program_->Output(0));
+  KILN_RETURN_IF_ERROR(CopyLogits(out, S, logits));
+  if (stats != nullptr) {
+    stats->replayed = false;
+    stats->padded_seqs = S;
+  }
+  return OkStatus();
+}
+
+Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, std::span<float> logits,
+                             StepStats* stats) {
+  const int32_t S = static_cast<int32_t>(batch.query_start.size()) - 1;
+  const int32_t MB = static_cast<int32_t>(mb_max_);
+  const int32_t scratch_block = num_blocks_;
+  // Real rows, then padding rows: token 0 at position 0 in the scratch block's first slot, a
+  // one-token context (so attention is well defined) that no real sequence can see.
+  h_tokens_.assign(batch.tokens.begin(), batch.tokens.end());
+  h_positions_.assign(batch.positions.begin(), batch.positions.end());
+  h_slots_.assign(batch.slot_mapping.begin(), batch.slot_mapping.end());
+  h_seq_lens_.assign(batch.seq_lens.begin(), batch.seq_lens.end());
+  h_tokens_.resize(padded, 0);
+  h_positions_.resize(padded, 0);
+  h_slots_.resize(padded, scratch_block * block_size_);
+  h_seq_lens_.resize(padded, 1);
+  h_query_start_.resize(static_cast<size_t>(padded) + 1);
+  for (int32_t i = 0; i <= padded; ++i) h_query_start_[i] = i;
+  h_block_table_.assign(static_cast<size_t>(padded) * MB, -1);
+  for (int32_t s = 0; s < S; ++s) {
+    std::copy_n(batch.block_table.begin() + static_cast<size_t>(s) * batch.max_blocks_per_seq,
+                batch.max_blocks_per_seq, h_block_table_.begin() + static_cast<size_t>(s) * MB);
+  }
+  for (int32_t s = S; s < padded; ++s) h_block_table_[static_cast<size_t>(s) * MB] = scratch_block;
+
+  auto it = captures_.find(padded);
+  if (it == captures_.end()) {
+    auto c = std::make_unique<Capture>();
+    KILN_ASSIGN_OR_RETURN(c->buffers, AllocateStepBuffers(padded, padded));
+    KILN_RETURN_IF_ERROR(BindStep(c->buffers, padded, padded, MB));
+    KILN_ASSIGN_OR_RETURN(c->graph, CapturedProgram::Capture(*program_, *stream_));
+    KILN_ASSIGN_OR_RETURN(c->logits, program_->Output(0));
+    spdlog::debug("{}: captured the decode step for batch size {} ({} launches{})",
+                  parts_.info.name, padded, c->graph->num_launches(),
+                  c->graph->native() ? ", native" : "");
+    it = captures_.emplace(padded, std::move(c)).first;
+  }
+  Capture& c = *it->second;
+  KILN_RETURN_IF_ERROR(Upload(c.buffers, padded, MB));
+  KILN_RETURN_IF_ERROR(c.graph->Replay(*stream_));
+  KILN_RETURN_IF_ERROR(CopyLogits(c.logits, S, logits));
+  if (stats != nullptr) {
+    stats->replayed = true;
+    stats->padded_seqs = padded;
+  }
+  return OkStatus();
+}
+
+}  // namespace kiln::models

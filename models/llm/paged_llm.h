@@ -1,0 +1,135 @@
+// PagedLlm: the LlmModel every architecture runs as — one compiled step program over a paged
+// KV cache, plus captured programs for padded decode steps.
+//
+// The step graph is built once (by the architecture's `build`, see models/arch/arch.h) with
+// symbols T (tokens in the step, <= max(max_num_batched_tokens, largest capture size)),
+// S (sequences, <= max_num_seqs), MB (blocks per sequence, <= ceil(context / block_size))
+// and NB (cache blocks), compiled for the device, and its weights bound once (zero-copy from
+// the file mapping where possible). The memory planner sizes the arena at those bounds; the
+// LM head runs on S rows only (the last token of each sequence), so no T x vocab buffer
+// exists.
+//
+// KV cache: per layer a K and a V State tensor [NB, block_size, Hkv, D] of `kv_dtype`,
+// allocated by AllocateKvCache with one extra *scratch* block (index num_blocks) that only
+// padding rows of captured steps write to and read from.
+//
+// Graph capture: a decode-only step (every sequence one new token) with S <= the largest
+// capture size <= max_num_seqs is padded to the next capture size P (token 0 at position 0,
+// its slot in the scratch block, seq_len 1), and a CapturedProgram recorded for P (on first
+// use) is replayed with the step's data copied into its static input buffers. Other steps
+// run the program directly. StepStats reports which, and P.
+//
+// Thread-safety: as LlmModel (one batcher thread drives it; Step is not reentrant).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "engine/capture.h"
+#include "engine/program.h"
+#include "models/arch/arch.h"
+#include "models/chat/chat_template.h"
+#include "models/llm/hparams.h"
+#include "models/llm/llm_model.h"
+#include "models/llm/model_files.h"
+#include "models/tokenizer/tokenizer.h"
+
+namespace kiln::models {
+
+struct PagedLlmOptions {
+  int32_t max_num_seqs = 64;             // S bound
+  int32_t max_num_batched_tokens = 512;  // T bound
+  int32_t block_size = 16;               // tokens per KV block the program is compiled for
+  // Decode batch sizes to capture; sizes above max_num_seqs are ignored.
+  std::vector<int> capture_batch_sizes;
+  DType kv_dtype = DType::kF32;  // f32 or f16
+};
+
+// Everything a PagedLlm is made of, loaded by models/llm/loader.cc.
+struct PagedLlmParts {
+  std::shared_ptr<const ModelFiles> files;
+  const Architecture* arch = nullptr;
+  LlmHParams hparams;
+  LlmModelInfo info;  // context_length already capped
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<ChatTemplate> chat_template;  // may be null
+  // The device, and the backend that owns it when the model has its own (a cpu backend
+  // with the configured thread count); null when the device belongs to the registry.
+  std::unique_ptr<backend::Backend> backend;
+  backend::Device* device = nullptr;
+};
+
+class PagedLlm final : public LlmModel {
+ public:
+  // Builds the step graph, compiles it and binds the weights. Errors: the architecture's
+  // (missing or mis-shaped tensors, unsupported types) and the compiler's.
+  static StatusOr<std::unique_ptr<PagedLlm>> Create(PagedLlmParts parts,
+                                                    const PagedLlmOptions& options);
+  ~PagedLlm() override;
+
+  const LlmModelInfo& info() const override { return parts_.info; }
+  const Tokenizer& tokenizer() const override { return *parts_.tokenizer; }
+  const ChatTemplate* chat_template() const override { return parts_.chat_template.get(); }
+  int64_t KvBytesPerBlock(int32_t block_size) const override;
+  // A block_size other than options.block_size rebuilds and recompiles the program.
+  Status AllocateKvCache(int32_t num_blocks, int32_t block_size) override;
+  Status Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) override;
+
+  // ---- Introspection (tools, tests, metrics) ----
+  const LlmHParams& hparams() const { return parts_.hparams; }
+  const Program& program() const { return *program_; }
+  backend::Device& device() const { return *parts_.device; }
+  // Bytes of the bound weights (as loaded) and how many of them point into the file mapping.
+  int64_t weight_bytes() const { return weight_bytes_; }
+  int64_t mapped_weight_bytes() const { return mapped_weight_bytes_; }
+  // The capture sizes in use (ascending) and how many captures were recorded so far.
+  const std::vector<int32_t>& capture_sizes() const { return capture_sizes_; }
+  int num_captured() const { return static_cast<int>(captures_.size()); }
+
+ private:
+  // Device buffers for the step inputs, sized for `tokens` tokens and `seqs` sequences.
+  struct StepBuffers {
+    std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens,
+        query_start;
+  };
+  struct Capture;
+
+  PagedLlm(PagedLlmParts parts, const PagedLlmOptions& options);
+  Status Build(int32_t block_size);
+  Status LoadWeights(const std::vector<std::string>& names);
+  StatusOr<StepBuffers> AllocateStepBuffers(int64_t tokens, int64_t seqs);
+  // Uploads the host arrays into `buf` and binds T/S/MB and the inputs to the program.
+  Status BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB);
+  Status Upload(const StepBuffers& buf, int32_t S, int32_t MB);
+  Status RunDirect(const StepBatch& batch, std::span<float> logits, StepStats* stats);
+  Status RunCaptured(const StepBatch& batch, int32_t padded, std::span<float> logits,
+                     StepStats* stats);
+  Status CopyLogits(const Tensor& out, int32_t rows, std::span<float> logits);
+
+  PagedLlmParts parts_;
+  PagedLlmOptions options_;
+  int32_t block_size_ = 0;  // what the program is compiled for
+  int64_t t_max_ = 0, s_max_ = 0, mb_max_ = 0;
+  std::vector<int32_t> capture_sizes_;
+
+  std::unique_ptr<Program> program_;
+  std::unique_ptr<backend::Stream> stream_;
+  std::map<std::string, Tensor> weights_;  // by GGUF name, loaded once
+  int64_t weight_bytes_ = 0, mapped_weight_bytes_ = 0;
+
+  int32_t num_blocks_ = 0;  // allocated (without the scratch block); 0 before AllocateKvCache
+  std::vector<Tensor> k_cache_, v_cache_;
+
+  StepBuffers direct_;
+  // Host staging for the inputs of one step (padded rows included).
+  std::vector<int32_t> h_tokens_, h_positions_, h_slots_, h_block_table_, h_seq_lens_,
+      h_query_start_;
+  std::map<int32_t, std::unique_ptr<Capture>> captures_;  // by padded size
+};
+
+}  // namespace kiln::models
