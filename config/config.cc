@@ -648,6 +648,9 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path,
         s->capture_batch_sizes.push_back(size);
       }
     }
+  } else {
+    // The default sizes stop at max_num_seqs (a larger batch cannot happen).
+    std::erase_if(s->capture_batch_sizes, [&](int n) { return n > s->max_num_seqs; });
   }
 }
 

@@ -118,6 +118,7 @@ struct LlmSchedulerConfig {
   uint32_t priority_levels = 0;         // 0: a single level; else levels 1..N, 1 is highest
   uint32_t default_priority_level = 0;  // in [1, priority_levels] when priority_levels > 0
   // Decode-step batch sizes to capture and replay (padded up to the next one); empty: none.
+  // Left out, the defaults above max_num_seqs are dropped.
   std::vector<int> capture_batch_sizes = {1, 2, 4, 8, 16, 32, 64};
   bool operator==(const LlmSchedulerConfig&) const = default;
 };

@@ -82,7 +82,12 @@ Config DocumentedDefaults() {
   db.default_priority_level = 2;
   db.default_queue_policy.allow_timeout_override = true;
   db.default_queue_policy.max_queue_size = 1024;
-  c.models = {simple, identity, sleep};
+  ModelConfig smollm2;
+  smollm2.name = "smollm2";
+  smollm2.kind = "llm";
+  smollm2.path = ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  smollm2.context_length = 8192;
+  c.models = {simple, identity, sleep, smollm2};
   return c;
 }
 
@@ -802,7 +807,7 @@ TEST(OverridesTest, ErrorsNameTheOverride) {
               ElementsAre("<set>:1:1: unknown key `sever` at the top level (did you mean "
                           "`server`?) (in --set `sever.grpc.address=127.0.0.1:1`)"));
   EXPECT_THAT(Errors(DefaultConfigYaml(), {"models[5].name=x"}),
-              ElementsAre("<set>:1:7: index [5] is out of range: `models` has 3 entries (use [3] "
+              ElementsAre("<set>:1:7: index [5] is out of range: `models` has 4 entries (use [4] "
                           "to append one) (in --set `models[5].name=x`)"));
   EXPECT_THAT(Errors("", {"logging.level"}),
               ElementsAre("<set>:1:1: expected PATH=VALUE, e.g. "
@@ -1068,6 +1073,16 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   // Round trip through ToYaml.
   Config again = Parse(ToYaml(c));
   EXPECT_EQ(again, c);
+}
+
+TEST(LlmModelTest, DefaultCaptureSizesStopAtMaxNumSeqs) {
+  Config c = Parse(
+      "models:\n"
+      "  - name: m\n"
+      "    kind: llm\n"
+      "    path: /models/smollm2.gguf\n"
+      "    scheduler: {max_num_seqs: 12}\n");
+  EXPECT_EQ(c.models[0].scheduler.capture_batch_sizes, (std::vector<int>{1, 2, 4, 8}));
 }
 
 TEST(LlmModelTest, NeedsAPath) {

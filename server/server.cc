@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include "models/llm/loader.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -32,6 +33,7 @@ Server::Server(config::Config config) : config_(std::move(config)) {
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
+  deps.llm_loader = models::LoadLlm;
   repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
   core_.config = &config_;
@@ -129,7 +131,9 @@ bool Server::Shutdown() {
   spdlog::info("shutting down: not ready; waiting up to {:.1f} s for {} in-flight request(s)",
                config_.server.shutdown_grace_seconds, inflight);
   const bool idle = limiter_->WaitIdle(absl::Now() + absl::FromChrono(grace));
-  const int cut = repository_->DrainAll(idle ? SteadyClock::now() : deadline);
+  // Even when no request is in flight, a model's loop may still be finishing its last step
+  // (a stream's final chunk is sent before the sequence is retired): give it the same deadline.
+  const int cut = repository_->DrainAll(deadline);
   int http_cut = 0;
   if (http_) http_cut = http_->Shutdown(std::max(deadline, SteadyClock::now()));
   if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now()));

@@ -28,6 +28,10 @@ namespace kiln::llm {
 // with this cap, so a forgotten limit cannot hold a sequence for a model's whole 128k context.
 inline constexpr int32_t kDefaultMaxTokens = 4096;
 
+// Prompt text longer than this many bytes per token of the context is refused without
+// tokenizing it (natural text averages about 4; the margin is for pathological tokenizations).
+inline constexpr int64_t kMaxPromptBytesPerToken = 64;
+
 // Roles a chat message may have. "developer" (OpenAI's newer name for system) is rendered as
 // "system".
 inline constexpr std::string_view kChatRoles = "system, user, assistant, tool, developer";
@@ -58,7 +62,8 @@ struct Prompt {
 };
 
 // Validates and tokenizes. InvalidArgument (its param set to the offending field, see
-// params.h) for: an empty prompt or message list; a message that is not an object, with a
+// params.h) for: text longer than kMaxPromptBytesPerToken x the context; an empty prompt or
+// message list; a message that is not an object, with a
 // missing, non-string or unknown role, or content that is neither a string, null nor a list
 // of text parts; token ids outside the vocabulary; invalid UTF-8; a model without a chat
 // template (for chats); errors raised by the template itself ("roles must alternate").

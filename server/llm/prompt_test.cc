@@ -168,6 +168,20 @@ TEST(BuildPromptTest, TokenIdsAreCheckedAgainstTheVocabulary) {
   EXPECT_THAT(StatusMessage(BuildPrompt(model, "fake", r).status()), HasSubstr("is empty"));
 }
 
+TEST(BuildPromptTest, TextFarBeyondTheContextIsRefusedBeforeTokenizing) {
+  FakeLlm model;  // context 256: at most 16384 bytes of text
+  EXPECT_TRUE(BuildPrompt(model, "fake", Text(std::string(16000, 'a'))).ok());
+  auto p = BuildPrompt(model, "fake", Text(std::string(20000, 'a')));
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(StatusMessage(p.status()),
+              HasSubstr("the prompt is 20000 bytes, far more than model 'fake''s context of 256 "
+                        "tokens can hold"));
+  auto chat = BuildPrompt(model, "fake",
+                          Chat(ordered_json::parse("[{\"role\": \"user\", \"content\": \"" +
+                                                   std::string(20000, 'b') + "\"}]")));
+  EXPECT_EQ(ParamOf(chat.status()), "messages");
+}
+
 TEST(BuildPromptTest, InvalidUtf8IsRefused) {
   FakeLlm model;
   auto p = BuildPrompt(model, "fake", Text("ok \xff\xfe bad"));

@@ -319,5 +319,5 @@ def test_sigterm_lets_streams_in_flight_finish_and_exits_0(tmp_path_factory):
         assert events[-1] == b"[DONE]"
         usage = json.loads(events[-2])["usage"]
         assert usage["completion_tokens"] == 12, "the stream finished, not cut off"
-    assert k.proc.wait(timeout=60) == 0
+    assert k.proc.wait(timeout=60) == 0, k.output()
     assert "shutdown complete" in k.output()
