@@ -21,6 +21,8 @@ using backend::KernelRequest;
 constexpr int64_t kMinTunedWeights = 1 << 16;
 // Heuristic: GEMV up to this M (each weight strip is decoded once per 4 rows of x).
 constexpr int64_t kGemvMaxM = 8;
+// Smallest M for which kOneDnnDequant may be chosen.
+constexpr int64_t kDequantMinM = 64;
 // Rows of a weight panel decoded for oneDNN at a time (kOneDnnDequant).
 constexpr int64_t kDequantPanel = 64;
 
@@ -515,7 +517,15 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
                           ctx.tuner->Choose(key, names, ms, run));
     if (choice) {
       std::vector<GemmImpl> impls;
-      for (int c : *choice) impls.push_back(candidates[c]);
+      for (size_t i = 0; i < choice->size(); ++i) {
+        GemmImpl impl = candidates[(*choice)[i]];
+        // Decoding the whole weight for a few rows of x never beats decoding it in registers;
+        // a timing that says otherwise was disturbed (a busy machine), so it is overruled.
+        if (impl == GemmImpl::kOneDnnDequant && ms[i] < kDequantMinM) {
+          impl = (ms[i] <= kGemvMaxM && !matmul) ? GemmImpl::kGemv : GemmImpl::kGemm;
+        }
+        impls.push_back(impl);
+      }
       d->plan = PlanFrom(ms, impls);
     }
   }
