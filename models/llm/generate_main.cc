@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
   gen->add_option("--threads", a.threads, "CPU threads; 0: one per core");
   gen->add_option("--backend", a.backend, "cpu (default), ref, or a registered device");
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  gen->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   const kiln::Status s = kiln::models::Generate(a);

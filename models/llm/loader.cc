@@ -54,7 +54,15 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
     parts.device = parts.backend->device(0);
     return OkStatus();
   }
-  KILN_ASSIGN_OR_RETURN(parts.device, backend::Registry::Global().GetDevice(name));
+  backend::Registry& registry = backend::Registry::Global();
+  // The OpenCL backend is registered on first use: probing OpenCL platforms costs every process
+  // that never asks for it.
+  if ((name == "xpu" || name.rfind("xpu:", 0) == 0) && registry.Find("xpu") == nullptr) {
+    if (std::unique_ptr<backend::Backend> xpu = backend::MakeXpuBackend()) {
+      (void)registry.Register(std::move(xpu));  // AlreadyExists if another load won the race
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(parts.device, registry.GetDevice(name));
   return OkStatus();
 }
 

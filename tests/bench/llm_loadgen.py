@@ -148,7 +148,9 @@ async def calibrate(session, server, target, timeout):
 
 
 async def run_level(server, concurrency, per_worker, words, max_tokens, timeout, seed):
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # A new connection per request, for every server alike: llama-server closes a connection
+    # after a streamed response, and a reused one then fails ("Server disconnected").
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         rng = random.Random(seed)
         warm = await complete(session, server, make_prompt(rng, words), 8, True, timeout)
