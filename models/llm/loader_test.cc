@@ -1,0 +1,202 @@
+// LoadLlm's errors on bad model files and configurations, and PagedLlm's contract: step
+// validation, compiled bounds, and captured (replayed) decode steps equal to direct runs.
+// Models: the random-weight fixtures (tests/fixtures/models/), copied and damaged per test.
+#include "models/llm/loader.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/io/test_paths.h"
+#include "models/llm/paged_llm.h"
+
+namespace kiln::models {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+config::ModelConfig ConfigFor(const std::string& path) {
+  config::ModelConfig c;
+  c.name = "m";
+  c.kind = "llm";
+  c.path = path;
+  c.threads = 1;
+  c.scheduler.max_num_seqs = 4;
+  c.scheduler.max_num_batched_tokens = 32;
+  c.scheduler.capture_batch_sizes = {1, 2, 4};
+  return c;
+}
+
+class LoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("kiln_loader_test_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::copy(testing::FixturePath("models/llama_gqa_f32"), dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void EditConfig(const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j;
+    std::ifstream(dir_ / "config.json") >> j;
+    edit(j);
+    std::ofstream(dir_ / "config.json") << j.dump(1);
+  }
+  std::string LoadError(config::ModelConfig c) {
+    auto m = LoadLlm(c);
+    EXPECT_FALSE(m.ok());
+    return m.ok() ? "" : std::string(StatusMessage(m.status()));
+  }
+  std::string LoadError() { return LoadError(ConfigFor(dir_.string())); }
+
+  fs::path dir_;
+};
+
+TEST_F(LoaderTest, LoadsTheFixture) {
+  auto m = LoadPagedLlm(ConfigFor(dir_.string()));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->info().architecture, "llama");
+  EXPECT_EQ((*m)->hparams().num_kv_heads * 2, (*m)->hparams().num_heads);  // GQA
+  EXPECT_GT((*m)->mapped_weight_bytes(), 0);  // f32 safetensors: zero-copy
+}
+
+TEST_F(LoaderTest, UnknownArchitectureListsTheSupportedOnes) {
+  EditConfig([](nlohmann::json& j) { j["model_type"] = "bert"; });
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("model 'm'"), HasSubstr("architecture 'bert'"),
+                                 HasSubstr("not supported"), HasSubstr("llama")));
+}
+
+TEST_F(LoaderTest, NotACausalLm) {
+  EditConfig([](nlohmann::json& j) { j["architectures"] = {"LlamaForSequenceClassification"}; });
+  EXPECT_THAT(LoadError(), HasSubstr("not a causal language model"));
+}
+
+TEST_F(LoaderTest, ShapeMismatchNamesTheTensorAndBothShapes) {
+  EditConfig([](nlohmann::json& j) { j["intermediate_size"] = j["intermediate_size"].get<int>() * 2; });
+  EXPECT_THAT(LoadError(), AllOf(HasSubstr("has shape"), HasSubstr("hyper-parameters need")));
+}
+
+TEST_F(LoaderTest, MissingTensorIsNamed) {
+  EditConfig([](nlohmann::json& j) { j["num_hidden_layers"] = j["num_hidden_layers"].get<int>() + 1; });
+  EXPECT_THAT(LoadError(), HasSubstr("missing tensor"));
+}
+
+TEST_F(LoaderTest, TruncatedWeightsAreRefused) {
+  const fs::path st = dir_ / "model.safetensors";
+  fs::resize_file(st, fs::file_size(st) / 2);
+  EXPECT_THAT(LoadError(), HasSubstr("model.safetensors"));
+}
+
+TEST_F(LoaderTest, MissingTokenizerIsRefused) {
+  fs::remove(dir_ / "tokenizer.json");
+  EXPECT_THAT(LoadError(), HasSubstr("tokenizer.json"));
+}
+
+TEST_F(LoaderTest, MissingPathAndUnknownBackend) {
+  EXPECT_THAT(LoadError(ConfigFor((dir_ / "nope").string())), HasSubstr("nope"));
+  config::ModelConfig c = ConfigFor(dir_.string());
+  c.path.clear();
+  EXPECT_THAT(LoadError(c), HasSubstr("`path` is required"));
+  c = ConfigFor(dir_.string());
+  c.backend = "tpu";
+  EXPECT_THAT(LoadError(c), HasSubstr("no backend 'tpu'"));
+}
+
+TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {
+  const std::string src = testing::DefaultModelPath();
+  ASSERT_TRUE(fs::exists(src)) << src;
+  const fs::path bad = fs::path(::testing::TempDir()) / ("kiln_bad_" + std::to_string(getpid()) + ".gguf");
+  {
+    std::ifstream in(src, std::ios::binary);
+    std::vector<char> head(1 << 20);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(bad, std::ios::binary).write(head.data(), static_cast<std::streamsize>(head.size()));
+  }
+  auto m = LoadLlm(ConfigFor(bad.string()));
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(StatusMessage(m.status())), HasSubstr(bad.string()));
+  {
+    std::fstream f(bad, std::ios::binary | std::ios::in | std::ios::out);
+    f.write("NOPE", 4);
+  }
+  m = LoadLlm(ConfigFor(bad.string()));
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(std::string(StatusMessage(m.status())), HasSubstr("magic"));
+  fs::remove(bad);
+}
+
+// ---- PagedLlm ----
+
+class PagedLlmTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = LoadPagedLlm(ConfigFor(testing::FixturePath("models/llama_gqa_f32")));
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = *std::move(m);
+    V_ = model_->info().vocab_size;
+  }
+  std::unique_ptr<PagedLlm> model_;
+  int32_t V_ = 0;
+};
+
+TEST_F(PagedLlmTest, StepValidatesItsBatch) {
+  std::vector<float> logits(V_);
+  std::vector<int32_t> tok = {1}, pos = {0}, qs = {0, 1}, lens = {1}, table = {0};
+  StepBatch b{tok, pos, qs, lens, table, 1, pos, false};
+  EXPECT_EQ(model_->Step(b, logits, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(model_->AllocateKvCache(8, 16).ok());
+  EXPECT_TRUE(model_->Step(b, logits, nullptr).ok());
+  std::vector<int32_t> lens2 = {1, 1};
+  StepBatch bad{tok, pos, qs, lens2, table, 1, pos, false};
+  EXPECT_THAT(std::string(StatusMessage(model_->Step(bad, logits, nullptr))),
+              HasSubstr("inconsistent step batch"));
+  std::vector<int32_t> many(33, 1), many_pos(33), many_qs = {0, 33}, many_lens = {33},
+      many_table = {0, 1, 2};
+  for (int i = 0; i < 33; ++i) many_pos[i] = i;
+  StepBatch big{many, many_pos, many_qs, many_lens, many_table, 3, many_pos, false};
+  std::vector<float> more(V_);
+  EXPECT_THAT(std::string(StatusMessage(model_->Step(big, more, nullptr))),
+              HasSubstr("exceeds what the model was compiled for"));
+  std::vector<float> small(V_ - 1);
+  EXPECT_THAT(std::string(StatusMessage(model_->Step(b, small, nullptr))), HasSubstr("logits span"));
+}
+
+TEST_F(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
+  ASSERT_TRUE(model_->AllocateKvCache(8, 16).ok());
+  // Two sequences (blocks 0 and 1), prompts of 3 and 2 tokens in one prefill step.
+  std::vector<int32_t> tok = {5, 6, 7, 8, 9}, pos = {0, 1, 2, 0, 1}, slots = {0, 1, 2, 16, 17},
+                       qs = {0, 3, 5}, lens = {3, 2}, table = {0, 1};
+  std::vector<float> logits(2 * V_);
+  StepStats stats;
+  ASSERT_TRUE(model_->Step({tok, pos, qs, lens, table, 1, slots, false}, logits, &stats).ok());
+  EXPECT_FALSE(stats.replayed);
+  // The same decode step twice: direct, then replayed (padded to the capture size 2). The
+  // KV write of the second run rewrites the same slots with the same values.
+  std::vector<int32_t> dtok = {10, 11}, dpos = {3, 2}, dslots = {3, 18}, dqs = {0, 1, 2},
+                       dlens = {4, 3};
+  std::vector<float> direct(2 * V_), replayed(2 * V_);
+  ASSERT_TRUE(model_->Step({dtok, dpos, dqs, dlens, table, 1, dslots, false}, direct, &stats).ok());
+  EXPECT_FALSE(stats.replayed);
+  ASSERT_TRUE(model_->Step({dtok, dpos, dqs, dlens, table, 1, dslots, true}, replayed, &stats).ok());
+  EXPECT_TRUE(stats.replayed);
+  EXPECT_EQ(stats.padded_seqs, 2);
+  EXPECT_EQ(model_->num_captured(), 1);
+  for (size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], replayed[i], 1e-4) << i;
+  // One sequence pads up to... itself (capture size 1); three pad to 4.
+  std::vector<int32_t> one_tok = {12}, one_pos = {4}, one_slot = {4}, one_qs = {0, 1}, one_len = {5},
+                       one_table = {0};
+  std::vector<float> one(V_);
+  ASSERT_TRUE(model_->Step({one_tok, one_pos, one_qs, one_len, one_table, 1, one_slot, true}, one,
+                           &stats).ok());
+  EXPECT_EQ(stats.padded_seqs, 1);
+  EXPECT_EQ(model_->num_captured(), 2);
+}
+
+}  // namespace
+}  // namespace kiln::models
