@@ -33,7 +33,11 @@ Server::Server(config::Config config) : config_(std::move(config)) {
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
-  deps.llm_loader = models::LoadLlm;
+  deps.llm_loader = [this](const config::ModelConfig& c) {
+    models::LlmLoadOptions options;
+    options.metrics = &registry_;  // kiln_compile_*
+    return models::LoadLlm(c, options);
+  };
   repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
   core_.config = &config_;

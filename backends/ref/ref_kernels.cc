@@ -726,8 +726,16 @@ void Rope(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t H = x.shape[r - 2], D = x.shape[r - 1], rd = at.ints[0], half = rd / 2;
   const bool interleaved = at.ints[1] == 1;
   const double sign = at.ints[3] ? -1.0 : 1.0;
+  std::vector<double> inv(static_cast<size_t>(half)), cs(inv.size()), sn(inv.size());
+  for (int64_t i = 0; i < half; ++i) inv[i] = RopeInvFreq(at, i);
   ForEach(x.shape, r - 2, [&](const int64_t* lead) {
     const double p = static_cast<double>(LoadI(pos, Off(pos, lead)));
+    // One rotation per pair for every head of this position.
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = sign * p * inv[i];
+      cs[i] = std::cos(angle);
+      sn[i] = std::sin(angle);
+    }
     int64_t xi[kMaxRank];
     std::copy(lead, lead + r - 2, xi);
     for (int64_t h = 0; h < H; ++h) {
@@ -738,11 +746,9 @@ void Rope(const LaunchArgs& a, const ExecCtx& c) {
       };
       for (int64_t i = 0; i < half; ++i) {
         const int64_t d0 = interleaved ? 2 * i : i, d1 = interleaved ? 2 * i + 1 : i + half;
-        const double angle = sign * p * RopeInvFreq(at, i);
-        const double cs = std::cos(angle), sn = std::sin(angle);
         const double x0 = LoadF(x, at_dim(x, d0)), x1 = LoadF(x, at_dim(x, d1));
-        StoreF(o, at_dim(o, d0), x0 * cs - x1 * sn);
-        StoreF(o, at_dim(o, d1), x0 * sn + x1 * cs);
+        StoreF(o, at_dim(o, d0), x0 * cs[i] - x1 * sn[i]);
+        StoreF(o, at_dim(o, d1), x0 * sn[i] + x1 * cs[i]);
       }
       for (int64_t dd = rd; dd < D; ++dd) StoreF(o, at_dim(o, dd), LoadF(x, at_dim(x, dd)));
     }

@@ -147,6 +147,7 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
   opts.block_size = config.scheduler.block_size;
   opts.capture_batch_sizes = config.scheduler.capture_batch_sizes;
   opts.kv_dtype = options.kv_dtype;
+  opts.metrics = options.metrics;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, PagedLlm::Create(std::move(parts), opts));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -172,9 +173,14 @@ StatusOr<std::unique_ptr<PagedLlm>> LoadPagedLlm(const config::ModelConfig& conf
   return m;
 }
 
-StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config) {
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> m, LoadPagedLlm(config));
+StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config,
+                                            const LlmLoadOptions& options) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> m, LoadPagedLlm(config, options));
   return std::unique_ptr<LlmModel>(std::move(m));
+}
+
+StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config) {
+  return LoadLlm(config, LlmLoadOptions());
 }
 
 }  // namespace kiln::models

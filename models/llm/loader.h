@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "config/config.h"
+#include "engine/base/metrics.h"
 #include "engine/dtype.h"
 #include "models/llm/llm_model.h"
 
@@ -20,12 +21,18 @@ class PagedLlm;
 // missing or mis-shaped tensors, unsupported tensor types).
 StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config);
 
-// Settings beyond the configuration file (tools and tests).
+// Settings beyond the configuration file (the server, tools and tests).
 struct LlmLoadOptions {
   // Element type of the KV cache: f32 (default; exact against f32 references) or f16/bf16
   // (half the memory per cached token).
   DType kv_dtype = DType::kF32;
+  // Where the compiler adds kiln_compile_* (kernels compiled / reused / cached, seconds);
+  // not owned; null: none.
+  metrics::Registry* metrics = nullptr;
 };
+
+StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config,
+                                            const LlmLoadOptions& options);
 
 // LoadLlm with options, returning the concrete model (models/llm/paged_llm.h) for
 // introspection: hyper-parameters, the compiled program, weight bytes, captures.

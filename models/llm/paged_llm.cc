@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/builder.h"
+#include "engine/compiler/compile.h"
 #include "models/io/errors.h"
 #include "models/llm/forward.h"
 #include "spdlog/spdlog.h"
@@ -85,7 +86,13 @@ Status PagedLlm::Build(int32_t block_size) {
                     TypeString(b.dtype(logits), b.shape(logits), graph), "; expected f32[S,",
                     hp.vocab_size, "]");
   }
-  KILN_ASSIGN_OR_RETURN(program_, Compile(graph, {logits}, *parts_.device));
+  // The compiler: fusion (norms, activations, residual adds, GEMM epilogues), generated
+  // kernels shared by the identical blocks, the AOT table and the disk cache.
+  compiler::CompilerOptions copts;
+  copts.label = parts_.info.name;
+  copts.metrics = options_.metrics;
+  compiler::CompileReport report;
+  KILN_ASSIGN_OR_RETURN(program_, compiler::Compile(graph, {logits}, *parts_.device, copts, &report));
   KILN_RETURN_IF_ERROR(LoadWeights(ctx.weight_names()));
   for (const auto& [name, t] : weights_) {
     if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "engine/base/metrics.h"
 #include "engine/capture.h"
 #include "engine/program.h"
 #include "models/arch/arch.h"
@@ -47,7 +48,8 @@ struct PagedLlmOptions {
   int32_t block_size = 16;               // tokens per KV block the program is compiled for
   // Decode batch sizes to capture; sizes above max_num_seqs are ignored.
   std::vector<int> capture_batch_sizes;
-  DType kv_dtype = DType::kF32;  // f32 or f16
+  DType kv_dtype = DType::kF32;  // f32, f16 or bf16
+  metrics::Registry* metrics = nullptr;  // compile metrics go here; not owned; may be null
 };
 
 // Everything a PagedLlm is made of, loaded by models/llm/loader.cc.

@@ -5,6 +5,8 @@ logprobs, stop strings, seeds, and the SDK's error classes.
 Generation on 2 CPU cores is slow, so every request asks for a few tokens; one kilnd serves the
 whole module.
 """
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -178,3 +180,24 @@ def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_llm_and_compiler_metrics_are_exposed_as_documented(kilnd, client):
+    """Every kiln_llm_* and kiln_compile_* family of docs/metrics.md is served, counts what this
+    module did, and the exposition passes promtool."""
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=3)
+    text = kilnd.metrics()
+    documented = re.findall(r"^\| `(kiln_(?:llm|compile)_[a-z_]+)` \|",
+                            (ROOT / "docs" / "metrics.md").read_text(), re.M)
+    assert len(documented) >= 20, documented
+    for family in documented:
+        assert f"# TYPE {family} " in text, family
+    assert kilnd.metric_value("kiln_llm_generation_tokens_total", model=MODEL) >= 3
+    assert kilnd.metric_value("kiln_llm_steps_total", model=MODEL, mode="replay") >= 1
+    assert kilnd.metric_value("kiln_llm_kv_cache_blocks", model=MODEL) > 0
+    assert kilnd.metric_value("kiln_compile_kernels_total", outcome="reused") > 0
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/install-deps.sh"
+    r = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True)
+    assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), \
+        r.stdout.decode() + r.stderr.decode()
