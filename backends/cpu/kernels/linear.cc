@@ -519,10 +519,15 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
       std::vector<GemmImpl> impls;
       for (size_t i = 0; i < choice->size(); ++i) {
         GemmImpl impl = candidates[(*choice)[i]];
-        // Decoding the whole weight for a few rows of x never beats decoding it in registers;
-        // a timing that says otherwise was disturbed (a busy machine), so it is overruled.
-        if (impl == GemmImpl::kOneDnnDequant && ms[i] < kDequantMinM) {
-          impl = (ms[i] <= kGemvMaxM && !matmul) ? GemmImpl::kGemv : GemmImpl::kGemm;
+        // Timings on a busy machine can pick anything. Where the outcome is known by
+        // construction it is not left to them: for a few rows of x (decode) every weight byte
+        // is read once by GEMV, while packing panels (gemm) or decoding the whole weight
+        // first (onednn_dequant) only adds work; f32 weights may also go to oneDNN.
+        if (!matmul && ms[i] <= kGemvMaxM && impl != GemmImpl::kGemv &&
+            !(w.dtype == DType::kF32 && impl == GemmImpl::kOneDnn)) {
+          impl = GemmImpl::kGemv;
+        } else if (impl == GemmImpl::kOneDnnDequant && ms[i] < kDequantMinM) {
+          impl = GemmImpl::kGemm;
         }
         impls.push_back(impl);
       }
