@@ -9,7 +9,8 @@
 #   load (AOT)   kernels built into the binary (the default): no compiler runs
 #   load (cold)  KILN_CPU_AOT=0 with an empty KILN_CACHE_DIR: every kernel is compiled
 #   load (warm)  KILN_CPU_AOT=0, the cache filled by the cold run: kernels load from disk
-#   decode tokens/s fused (default) vs KILN_FUSE=0 (every op its own kernel), 128 tokens
+#   decode tokens/s fused (default) vs KILN_FUSE=0 (every op its own kernel), 128 tokens,
+#   median of 5 alternating runs each
 # "load" is kiln generate's figure: open + build the step graph + compile + bind weights +
 # allocate the KV cache, i.e. everything before the first token's prefill.
 set -euo pipefail
@@ -34,7 +35,14 @@ echo "model: $MODEL, $THREADS threads"
 echo "load (AOT kernels, default):           ${aot} s"
 echo "load (cold: compiler runs):            ${cold} s"
 echo "load (warm: kernels from disk cache):  ${warm} s"
-fused=$(for i in 1 2 3; do TOKENS=128 run KILN_CACHE_DIR="$CACHE/jit" KILN_CPU_AOT=0 | decode_tps; done | median)
-unfused=$(for i in 1 2 3; do TOKENS=128 run KILN_CACHE_DIR="$CACHE/unfused" KILN_CPU_AOT=0 KILN_FUSE=0 | decode_tps; done | median)
+# Alternating runs, so that a machine whose speed drifts (shared hosts) biases neither.
+f_runs=() u_runs=()
+for i in 1 2 3 4 5; do
+  f_runs+=("$(TOKENS=128 run KILN_CACHE_DIR="$CACHE/jit" KILN_CPU_AOT=0 | decode_tps)")
+  u_runs+=("$(TOKENS=128 run KILN_CACHE_DIR="$CACHE/unfused" KILN_CPU_AOT=0 KILN_FUSE=0 | decode_tps)")
+done
+median5() { sort -g | sed -n 3p; }
+fused=$(printf '%s\n' "${f_runs[@]}" | median5)
+unfused=$(printf '%s\n' "${u_runs[@]}" | median5)
 echo "decode, fused (default):               ${fused} tok/s"
 echo "decode, unfused (KILN_FUSE=0):         ${unfused} tok/s"
