@@ -1296,4 +1296,24 @@ std::string Attrs::ToString(OpKind op, std::span<const std::string> names) const
   return s;
 }
 
+double RopeInvFreq(const Attrs& at, int64_t i) {
+  const double rd = static_cast<double>(at.ints[0]);
+  const double theta = at.floats[0], factor = at.floats[1];
+  double f = std::pow(theta, -2.0 * static_cast<double>(i) / rd);
+  switch (at.ints[2]) {
+    case 1:  // linear: positions / factor
+      return f / factor;
+    case 2: {  // llama3: divide low frequencies, keep high ones, blend in between
+      const double low = at.floats[2], high = at.floats[3], orig = at.floats[4];
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < orig / high) return f;
+      if (wavelen > orig / low) return f / factor;
+      const double smooth = (orig / wavelen - low) / (high - low);
+      return (1 - smooth) * f / factor + smooth * f;
+    }
+    default:
+      return f;
+  }
+}
+
 }  // namespace kiln

@@ -193,4 +193,8 @@ struct OpDef {
 
 const OpDef& GetOpDef(OpKind op);
 
+// Inverse frequency of rotary pair i of a kRope node's attrs (HF transformers' rope_scaling
+// semantics: none, linear, llama3); shared by every RoPE kernel.
+double RopeInvFreq(const Attrs& attrs, int64_t i);
+
 }  // namespace kiln

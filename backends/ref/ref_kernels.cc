@@ -697,26 +697,6 @@ void Linear(const LaunchArgs& a, const ExecCtx& c) {
 
 // ---- Rope ---------------------------------------------------------------------------------------
 
-// Inverse frequency of rotary pair i (HF transformers' rope_scaling semantics).
-double RopeInvFreq(const Attrs& at, int64_t i) {
-  const double rd = static_cast<double>(at.ints[0]);
-  const double theta = at.floats[0], factor = at.floats[1];
-  double f = std::pow(theta, -2.0 * static_cast<double>(i) / rd);
-  switch (at.ints[2]) {
-    case 1:  // linear: positions / factor
-      return f / factor;
-    case 2: {  // llama3: divide low frequencies, keep high ones, blend in between
-      const double low = at.floats[2], high = at.floats[3], orig = at.floats[4];
-      const double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen < orig / high) return f;
-      if (wavelen > orig / low) return f / factor;
-      const double smooth = (orig / wavelen - low) / (high - low);
-      return (1 - smooth) * f / factor + smooth * f;
-    }
-    default:
-      return f;
-  }
-}
 
 void Rope(const LaunchArgs& a, const ExecCtx& c) {
   if (c.thread_index) return;
@@ -727,7 +707,7 @@ void Rope(const LaunchArgs& a, const ExecCtx& c) {
   const bool interleaved = at.ints[1] == 1;
   const double sign = at.ints[3] ? -1.0 : 1.0;
   std::vector<double> inv(static_cast<size_t>(half)), cs(inv.size()), sn(inv.size());
-  for (int64_t i = 0; i < half; ++i) inv[i] = RopeInvFreq(at, i);
+  for (int64_t i = 0; i < half; ++i) inv[i] = kiln::RopeInvFreq(at, i);
   ForEach(x.shape, r - 2, [&](const int64_t* lead) {
     const double p = static_cast<double>(LoadI(pos, Off(pos, lead)));
     // One rotation per pair for every head of this position.
@@ -994,5 +974,6 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
   }
   return backend::Kernel{fn, std::move(d), absl::StrCat("ref.", OpName(req.op))};
 }
+
 
 }  // namespace kiln::ref

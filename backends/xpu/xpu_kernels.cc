@@ -20,6 +20,7 @@
 #include "backends/xpu/cl_codegen.h"
 #include "backends/xpu/cl_sources.h"
 #include "backends/xpu/xpu_device.h"
+#include "engine/ops.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::xpu {
@@ -255,28 +256,8 @@ void KvWriteFn(const LaunchArgs& a, const ExecCtx& c) {
 
 // ---- Rope -------------------------------------------------------------------------------------
 
-// Inverse frequency of rotary pair i with HF transformers' rope_scaling rules (the formula of
-// backends/ref/ref_kernels.cc's RopeInvFreq; the tables are made on the host in double).
-double RopeInvFreq(const Attrs& at, int64_t i) {
-  const double rd = static_cast<double>(at.ints[0]);
-  const double theta = at.floats[0], factor = at.floats[1];
-  const double f = std::pow(theta, -2.0 * static_cast<double>(i) / rd);
-  switch (at.ints[2]) {
-    case 1:
-      return f / factor;
-    case 2: {
-      const double low = at.floats[2], high = at.floats[3], orig = at.floats[4];
-      const double wavelen = 2 * std::numbers::pi / f;
-      if (wavelen < orig / high) return f;
-      if (wavelen > orig / low) return f / factor;
-      const double smooth = (orig / wavelen - low) / (high - low);
-      return (1 - smooth) * f / factor + smooth * f;
-    }
-    default:
-      return f;
-  }
-}
-
+// Inverse frequencies: kiln::RopeInvFreq (engine/ops.h); the tables are made on the host
+// in double.
 struct RopeData {
   KernelSlot* slot = nullptr;
   std::unique_ptr<backend::Buffer> freq;

@@ -6,6 +6,7 @@
 #include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/autotune.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/token_ops.h"
 
 namespace kiln::cpu {
 
@@ -31,6 +32,10 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeGemmKernel(req, ctx);
     case OpKind::kPagedAttention:
       return MakePagedAttentionKernel(req, ctx);
+    case OpKind::kRope:
+      return MakeRopeKernel(req, ctx);
+    case OpKind::kKvWrite:
+      return MakeKvWriteKernel(req, ctx);
     default:
       return std::optional<backend::Kernel>();
   }

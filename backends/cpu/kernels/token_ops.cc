@@ -1,0 +1,154 @@
+// RoPE and the KV-cache write on the cpu backend: per-token operations of every step, split
+// over the pool's threads by token, with direct indexing. The reference loops (thread 0 only,
+// generic per-element indexing) took about a tenth of a SmolLM2 decode step while the other
+// thread waited at the barrier. Numerics are the reference's exactly: rotations in double,
+// one rounding to the output type.
+#include "backends/cpu/kernels/token_ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/ops.h"
+
+namespace kiln::cpu {
+namespace {
+
+using backend::Kernel;
+using backend::KernelRequest;
+
+std::pair<int64_t, int64_t> Share(int64_t n, const ExecCtx& c) {
+  const int64_t per = (n + c.thread_count - 1) / c.thread_count;
+  const int64_t b = std::min(n, per * c.thread_index);
+  return {b, std::min(n, b + per)};
+}
+
+void RunFallback(const Kernel& fallback, const LaunchArgs& a, const ExecCtx& c) {
+  LaunchArgs fa = a;
+  fa.kernel_data = fallback.data.get();
+  fallback.fn(fa, c);
+}
+
+int64_t LoadIndex(const TensorArg& t, int64_t i) {
+  return t.dtype == DType::kI64 ? static_cast<const int64_t*>(t.data)[i * t.strides[0]]
+                                : static_cast<const int32_t*>(t.data)[i * t.strides[0]];
+}
+
+// ---- RoPE -------------------------------------------------------------------------------------
+
+struct RopeData {
+  std::vector<double> inv;  // inverse frequency per rotary pair
+  bool interleaved = false;
+  double sign = 1;
+  Kernel fallback;
+};
+
+void RopeKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const RopeData& d = *static_cast<const RopeData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[0], &pos = a.inputs[1], &o = a.output;
+  // Fast layout: x and out contiguous [T, H, D], positions [T].
+  if (x.rank != 3 || pos.rank != 1 || !x.IsContiguous() || !o.IsContiguous()) {
+    return RunFallback(d.fallback, a, c);
+  }
+  const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
+  const int64_t half = static_cast<int64_t>(d.inv.size()), rd = 2 * half;
+  const auto [t0, t1] = Share(T, c);
+  std::vector<double> cs(static_cast<size_t>(half)), sn(cs.size());
+  const float* xs = static_cast<const float*>(x.data);
+  float* os = static_cast<float*>(o.data);
+  for (int64_t t = t0; t < t1; ++t) {
+    const double p = static_cast<double>(LoadIndex(pos, t));
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = d.sign * p * d.inv[i];
+      cs[i] = std::cos(angle);
+      sn[i] = std::sin(angle);
+    }
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xr = xs + (t * H + h) * D;
+      float* orow = os + (t * H + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t d0 = d.interleaved ? 2 * i : i, d1 = d.interleaved ? 2 * i + 1 : i + half;
+        const double x0 = xr[d0], x1 = xr[d1];
+        orow[d0] = static_cast<float>(x0 * cs[i] - x1 * sn[i]);
+        orow[d1] = static_cast<float>(x0 * sn[i] + x1 * cs[i]);
+      }
+      if (orow != xr) std::memcpy(orow + rd, xr + rd, static_cast<size_t>(D - rd) * sizeof(float));
+    }
+  }
+}
+
+// ---- KV-cache write ---------------------------------------------------------------------------
+
+struct KvWriteData {
+  Kernel fallback;
+};
+
+void KvWriteKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const KvWriteData& d = *static_cast<const KvWriteData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[1], &slots = a.inputs[2], &cache = a.output;
+  if (x.rank != 3 || cache.rank != 4 || slots.rank != 1 || !x.IsContiguous() ||
+      !cache.IsContiguous()) {
+    return RunFallback(d.fallback, a, c);
+  }
+  const int64_t T = x.shape[0], row = x.shape[1] * x.shape[2];
+  const int64_t capacity = cache.shape[0] * cache.shape[1];
+  const auto [t0, t1] = Share(T, c);
+  const float* xs = static_cast<const float*>(x.data);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t slot = LoadIndex(slots, t);
+    if (slot < 0 || slot >= capacity) continue;  // padding rows (and bad slots) write nothing
+    const float* src = xs + t * row;
+    switch (cache.dtype) {
+      case DType::kF32:
+        std::memcpy(static_cast<float*>(cache.data) + slot * row, src,
+                    static_cast<size_t>(row) * sizeof(float));
+        break;
+      case DType::kF16: {
+        uint16_t* dst = static_cast<uint16_t*>(cache.data) + slot * row;
+        for (int64_t e = 0; e < row; ++e) dst[e] = FloatToF16(src[e]);
+        break;
+      }
+      default: {  // bf16 (MakeKvWriteKernel admits nothing else)
+        uint16_t* dst = static_cast<uint16_t*>(cache.data) + slot * row;
+        for (int64_t e = 0; e < row; ++e) dst[e] = FloatToBF16(src[e]);
+        break;
+      }
+    }
+  }
+}
+
+bool IsIndex(DType t) { return t == DType::kI32 || t == DType::kI64; }
+
+}  // namespace
+
+StatusOr<std::optional<Kernel>> MakeRopeKernel(const KernelRequest& req, const SelectContext& ctx) {
+  if (req.inputs.size() != 2 || req.inputs[0].dtype != DType::kF32 ||
+      req.output.dtype != DType::kF32 || !IsIndex(req.inputs[1].dtype)) {
+    return std::optional<Kernel>();
+  }
+  auto d = std::make_shared<RopeData>();
+  const Attrs& at = *req.attrs;
+  const int64_t half = at.ints[0] / 2;
+  for (int64_t i = 0; i < half; ++i) d->inv.push_back(RopeInvFreq(at, i));
+  d->interleaved = at.ints[1] == 1;
+  d->sign = at.ints[3] ? -1.0 : 1.0;
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  return std::optional<Kernel>(Kernel{RopeKernel, std::move(d), "cpu.rope"});
+}
+
+StatusOr<std::optional<Kernel>> MakeKvWriteKernel(const KernelRequest& req,
+                                                  const SelectContext& ctx) {
+  const DType cache = req.output.dtype;
+  if (req.inputs.size() != 3 || req.inputs[1].dtype != DType::kF32 ||
+      !IsIndex(req.inputs[2].dtype) ||
+      (cache != DType::kF32 && cache != DType::kF16 && cache != DType::kBF16)) {
+    return std::optional<Kernel>();
+  }
+  auto d = std::make_shared<KvWriteData>();
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  return std::optional<Kernel>(
+      Kernel{KvWriteKernel, std::move(d), absl::StrCat("cpu.kv_write.", DTypeName(cache))});
+}
+
+}  // namespace kiln::cpu

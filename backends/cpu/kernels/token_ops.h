@@ -1,0 +1,17 @@
+// Per-token operations on the cpu backend: RoPE and the paged KV-cache write (token_ops.cc).
+// Selected for f32 activations (and f32/f16/bf16 caches); other layouts run the reference
+// kernel. Results equal the reference's bit for bit.
+#pragma once
+
+#include <optional>
+
+#include "backends/cpu/kernels/select.h"
+
+namespace kiln::cpu {
+
+StatusOr<std::optional<backend::Kernel>> MakeRopeKernel(const backend::KernelRequest& req,
+                                                        const SelectContext& ctx);
+StatusOr<std::optional<backend::Kernel>> MakeKvWriteKernel(const backend::KernelRequest& req,
+                                                           const SelectContext& ctx);
+
+}  // namespace kiln::cpu
