@@ -133,10 +133,17 @@ TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {
 
 // ---- PagedLlm ----
 
-class PagedLlmTest : public ::testing::Test {
+// On the cpu backend and, where an OpenCL device exists (PoCL in CI), on xpu, where a
+// captured step is an OpenCL command buffer (cl_khr_command_buffer) or a recorded enqueue list.
+class PagedLlmTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    auto m = LoadPagedLlm(ConfigFor(testing::FixturePath("models/llama_gqa_f32")));
+    config::ModelConfig c = ConfigFor(testing::FixturePath("models/llama_gqa_f32"));
+    c.backend = GetParam();
+    auto m = LoadPagedLlm(c);
+    if (GetParam() == "xpu" && absl::IsNotFound(m.status())) {
+      GTEST_SKIP() << "no OpenCL device: " << m.status();
+    }
     ASSERT_TRUE(m.ok()) << m.status();
     model_ = *std::move(m);
     V_ = model_->info().vocab_size;
@@ -145,7 +152,7 @@ class PagedLlmTest : public ::testing::Test {
   int32_t V_ = 0;
 };
 
-TEST_F(PagedLlmTest, StepValidatesItsBatch) {
+TEST_P(PagedLlmTest, StepValidatesItsBatch) {
   std::vector<float> logits(V_);
   std::vector<int32_t> tok = {1}, pos = {0}, qs = {0, 1}, lens = {1}, table = {0};
   StepBatch b{tok, pos, qs, lens, table, 1, pos, false};
@@ -167,7 +174,7 @@ TEST_F(PagedLlmTest, StepValidatesItsBatch) {
   EXPECT_THAT(std::string(StatusMessage(model_->Step(b, small, nullptr))), HasSubstr("logits span"));
 }
 
-TEST_F(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
+TEST_P(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
   ASSERT_TRUE(model_->AllocateKvCache(8, 16).ok());
   // Two sequences (blocks 0 and 1), prompts of 3 and 2 tokens in one prefill step.
   std::vector<int32_t> tok = {5, 6, 7, 8, 9}, pos = {0, 1, 2, 0, 1}, slots = {0, 1, 2, 16, 17},
@@ -197,6 +204,9 @@ TEST_F(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
   EXPECT_EQ(stats.padded_seqs, 1);
   EXPECT_EQ(model_->num_captured(), 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, PagedLlmTest, ::testing::Values("cpu", "xpu"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace kiln::models
