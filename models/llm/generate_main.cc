@@ -8,6 +8,7 @@
 // detokenizer never prints half a UTF-8 character). --chat wraps the prompt in the model's
 // chat template as one user message. Statistics (load time, prefill and decode speed) go to
 // stderr. Exit status: 0 on success, 1 on a bad argument or a model that does not load.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <random>
