@@ -112,8 +112,7 @@ StatusOr<DType> LoadedDType(const WeightInfo& w) {
     // Norm weights and biases are added to / multiplied with f32 activations.
     if (vector) return DType::kF32;
     // K-quants: Q8_0 is the nearest type the engine runs natively (8.5 bits per weight, so
-    // more than the K-quant's 4.5-6.6 bits: the added error is Q8_0's rounding, see
-    // docs/models.md for the measured figure).
+    // more than the K-quant's 4.5-6.6 bits: the added error is Q8_0's rounding; docs/models.md).
     if (IsKQuant(w.dtype)) return DType::kQ8_0;
     return w.dtype;
   }
