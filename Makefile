@@ -2,7 +2,9 @@
 #   make run    install what is missing, build (Release), start kilnd on the default config
 #   make test   install what is missing, build, run every unit and system test
 BUILD      ?= build
-KILN_WERROR ?= OFF
+# KILN_WERROR=ON|OFF: warnings as errors (CI sets ON). Unset: the build directory keeps what it
+# was configured with (default OFF), so `make run` after `make test` does not rebuild everything.
+KILN_WERROR ?=
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 KILND_ARGS ?=
@@ -15,7 +17,7 @@ deps:
 	scripts/install-deps.sh
 
 configure: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=$(KILN_WERROR) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(if $(KILN_WERROR),-DKILN_WERROR=$(KILN_WERROR)) $(CMAKE_ARGS)
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
