@@ -1066,7 +1066,7 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   EXPECT_EQ(m.path, "/models/smollm2.gguf");
   EXPECT_EQ(m.threads, 2);
   EXPECT_EQ(m.scheduler.max_num_seqs, 32);
-  EXPECT_EQ(m.scheduler.max_num_batched_tokens, 512);  // default
+  EXPECT_EQ(m.scheduler.max_num_batched_tokens, 128);  // default
   EXPECT_EQ(m.scheduler.kv_cache_bytes, 134217728);
   EXPECT_EQ(m.scheduler.capture_batch_sizes, (std::vector<int>{1, 2, 4, 8}));
   EXPECT_TRUE(m.scheduler.enable_prefix_caching);

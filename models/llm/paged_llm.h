@@ -44,7 +44,7 @@ namespace kiln::models {
 
 struct PagedLlmOptions {
   int32_t max_num_seqs = 64;             // S bound
-  int32_t max_num_batched_tokens = 512;  // T bound
+  int32_t max_num_batched_tokens = 128;  // T bound
   int32_t block_size = 16;               // tokens per KV block the program is compiled for
   // Decode batch sizes to capture; sizes above max_num_seqs are ignored.
   std::vector<int> capture_batch_sizes;

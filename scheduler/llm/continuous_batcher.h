@@ -39,7 +39,7 @@ namespace kiln {
 
 struct ContinuousBatcherOptions {
   int32_t max_num_seqs = 64;             // sequences in one step
-  int32_t max_num_batched_tokens = 512;  // tokens in one step (decode + prefill chunks)
+  int32_t max_num_batched_tokens = 128;  // tokens in one step (decode + prefill chunks)
   int32_t max_queue_size = 1024;         // waiting requests; more are refused at once
   int32_t block_size = 16;               // tokens per KV block
   // KV pool: num_blocks if > 0, else as many blocks as kv_cache_bytes holds.
