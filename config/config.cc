@@ -107,13 +107,13 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
 constexpr std::string_view kModelKeys[] = {
-    "name",           "kind",           "builtin",          "path",          "backend",
-    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start", "scheduler",
-    "threads",        "context_length"};
+    "name",          "kind",           "builtin",        "path",
+    "backend",       "instance_count", "max_batch_size", "dynamic_batching",
+    "load_on_start", "scheduler",      "threads",        "context_length"};
 constexpr std::string_view kSchedulerKeys[] = {
-    "max_num_seqs",          "max_num_batched_tokens", "max_queue_size",
-    "block_size",            "kv_cache_bytes",         "enable_prefix_caching",
-    "priority_levels",       "default_priority_level", "capture_batch_sizes"};
+    "max_num_seqs",    "max_num_batched_tokens", "max_queue_size",
+    "block_size",      "kv_cache_bytes",         "enable_prefix_caching",
+    "priority_levels", "default_priority_level", "capture_batch_sizes"};
 constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
     "priority_levels",      "default_priority_level",       "default_queue_policy",
@@ -620,13 +620,11 @@ void DecodeDynamicBatching(Decoder& dec, const Value* v, const std::string& path
   }
 }
 
-void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path,
-                     LlmSchedulerConfig* s) {
+void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmSchedulerConfig* s) {
   Diagnostics& d = dec.diagnostics();
   Fields f = dec.Mapping(v, path, kSchedulerKeys);
   dec.Int(f, "max_num_seqs", path, kMaxNumSeqsRange, &s->max_num_seqs);
-  dec.Int(f, "max_num_batched_tokens", path, kMaxNumBatchedTokensRange,
-          &s->max_num_batched_tokens);
+  dec.Int(f, "max_num_batched_tokens", path, kMaxNumBatchedTokensRange, &s->max_num_batched_tokens);
   dec.Int(f, "max_queue_size", path, kLlmQueueSizeRange, &s->max_queue_size);
   dec.Int(f, "block_size", path, kBlockSizeRange, &s->block_size);
   dec.Int(f, "kv_cache_bytes", path, kKvCacheBytesRange, &s->kv_cache_bytes);
@@ -636,8 +634,8 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path,
   if (const Value* sizes = f.Get("capture_batch_sizes"); sizes != nullptr && !sizes->is_null()) {
     std::string sizes_path = Join(path, "capture_batch_sizes");
     if (!sizes->is_sequence()) {
-      d.AtPath(sizes_path, "expected a list of batch sizes such as [1, 2, 4, 8], got " +
-                               sizes->Describe());
+      d.AtPath(sizes_path,
+               "expected a list of batch sizes such as [1, 2, 4, 8], got " + sizes->Describe());
     } else {
       s->capture_batch_sizes.clear();
       for (size_t i = 0; i < sizes->items.size(); ++i) {
@@ -685,7 +683,6 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   dec.Int(f, "threads", path, kThreadsRange, &m->threads);
   dec.Int(f, "context_length", path, kContextLengthRange, &m->context_length);
 }
-
 
 // ---- Validation of a model's settings together (also for models built in code) -------------
 
@@ -807,8 +804,8 @@ void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::s
     } else if (s.priority_levels > 0 &&
                (s.default_priority_level < 1 || s.default_priority_level > s.priority_levels)) {
       d.AtPath(level_path, absl::StrCat("expected a level in [1, ", s.priority_levels,
-                                        "] when priority_levels is ", s.priority_levels,
-                                        ", got `", s.default_priority_level, "`"));
+                                        "] when priority_levels is ", s.priority_levels, ", got `",
+                                        s.default_priority_level, "`"));
     }
   }
   const std::string sizes_path = Join(path, "capture_batch_sizes");

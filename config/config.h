@@ -109,14 +109,14 @@ struct DynamicBatchingConfig {
 
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
-  int max_num_seqs = 64;              // sequences in one step, [1, 4096]
-  int max_num_batched_tokens = 128;   // tokens in one step (decode + prefill chunks), >= 1
-  int max_queue_size = 1024;          // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
-  int block_size = 16;                // tokens per KV-cache block, [1, 1024]
+  int max_num_seqs = 64;                 // sequences in one step, [1, 4096]
+  int max_num_batched_tokens = 128;      // tokens in one step (decode + prefill chunks), >= 1
+  int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
+  int block_size = 16;                   // tokens per KV-cache block, [1, 1024]
   int64_t kv_cache_bytes = 256ll << 20;  // memory for the KV cache (all layers)
-  bool enable_prefix_caching = true;  // share KV blocks of identical prompt prefixes
-  uint32_t priority_levels = 0;         // 0: a single level; else levels 1..N, 1 is highest
-  uint32_t default_priority_level = 0;  // in [1, priority_levels] when priority_levels > 0
+  bool enable_prefix_caching = true;     // share KV blocks of identical prompt prefixes
+  uint32_t priority_levels = 0;          // 0: a single level; else levels 1..N, 1 is highest
+  uint32_t default_priority_level = 0;   // in [1, priority_levels] when priority_levels > 0
   // Decode-step batch sizes to capture and replay (padded up to the next one); empty: none.
   // Left out, the defaults above max_num_seqs are dropped.
   std::vector<int> capture_batch_sizes = {1, 2, 4, 8, 16, 32, 64};
@@ -135,9 +135,9 @@ struct ModelConfig {
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   // kind llm only:
   LlmSchedulerConfig scheduler;
-  int threads = 0;         // CPU threads for the model's kernels; 0: one per core
-  int context_length = 0;  // cap on the model's context (KV per sequence); 0: the model's own
-  SourceLocation location;    // of the list entry
+  int threads = 0;          // CPU threads for the model's kernels; 0: one per core
+  int context_length = 0;   // cap on the model's context (KV per sequence); 0: the model's own
+  SourceLocation location;  // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.
   bool operator==(const ModelConfig& other) const;

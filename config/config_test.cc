@@ -1092,10 +1092,9 @@ TEST(LlmModelTest, NeedsAPath) {
 }
 
 TEST(LlmModelTest, TensorModelSettingsAreRefused) {
-  EXPECT_THAT(
-      Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n    max_batch_size: 4\n"),
-      ElementsAre("f.yaml:5:21: `models[0].max_batch_size`: not used by kind `llm` (set "
-                  "scheduler.max_num_seqs instead)"));
+  EXPECT_THAT(Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n    max_batch_size: 4\n"),
+              ElementsAre("f.yaml:5:21: `models[0].max_batch_size`: not used by kind `llm` (set "
+                          "scheduler.max_num_seqs instead)"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: llm\n    path: /m\n"
                      "    dynamic_batching: {}\n"),
               ElementsAre(HasSubstr("`models[0].dynamic_batching`: not used by kind `llm`")));

@@ -186,8 +186,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     model->signature_ = LlmSignature(config.name);
     std::unique_ptr<LlmMetrics> metrics;
     if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
-    model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm),
-                                                      LlmBatcherOptions(config), std::move(metrics));
+    model->llm_ = std::make_unique<ContinuousBatcher>(
+        config.name, std::move(llm), LlmBatcherOptions(config), std::move(metrics));
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
     return model;
   }

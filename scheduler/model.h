@@ -4,11 +4,10 @@
 // Thread-safety: every method is thread-safe.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <functional>
 
 #include "config/config.h"
 #include "models/llm/llm_model.h"
@@ -99,8 +98,8 @@ class Model {
   std::string platform_;
   ModelSignature signature_;
   ModelStats stats_;
-  std::unique_ptr<DynamicBatcher> batcher_;   // tensor models
-  std::unique_ptr<ContinuousBatcher> llm_;    // LLMs
+  std::unique_ptr<DynamicBatcher> batcher_;  // tensor models
+  std::unique_ptr<ContinuousBatcher> llm_;   // LLMs
 };
 
 }  // namespace kiln

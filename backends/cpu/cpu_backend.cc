@@ -271,9 +271,9 @@ class CpuDevice final : public HostDevice {
                                    [this](const KernelRequest& r) { return GetKernel(r); });
     }
     // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
-    KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast,
-                          cpu::SelectKernel(req, cpu::DefaultSelectContext(this, threads(),
-                                                                           ref::KernelFor)));
+    KILN_ASSIGN_OR_RETURN(
+        std::optional<Kernel> fast,
+        cpu::SelectKernel(req, cpu::DefaultSelectContext(this, threads(), ref::KernelFor)));
     if (fast) return *std::move(fast);
     const OpDef& def = GetOpDef(req.op);
     std::vector<DType> in;

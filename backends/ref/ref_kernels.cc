@@ -697,7 +697,6 @@ void Linear(const LaunchArgs& a, const ExecCtx& c) {
 
 // ---- Rope ---------------------------------------------------------------------------------------
 
-
 void Rope(const LaunchArgs& a, const ExecCtx& c) {
   if (c.thread_index) return;
   const Attrs& at = Data(a).attrs;
@@ -974,6 +973,5 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
   }
   return backend::Kernel{fn, std::move(d), absl::StrCat("ref.", OpName(req.op))};
 }
-
 
 }  // namespace kiln::ref

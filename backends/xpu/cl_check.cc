@@ -89,9 +89,8 @@ Status ClError(cl_int err, const char* call, const char* file, int line) {
   if (const size_t slash = where.rfind("backends/"); slash != std::string::npos) {
     where = where.substr(slash);
   }
-  const std::string msg =
-      absl::StrCat("OpenCL call failed: ", call, " returned ", ClErrorName(err), " at ", where,
-                   ":", line);
+  const std::string msg = absl::StrCat("OpenCL call failed: ", call, " returned ", ClErrorName(err),
+                                       " at ", where, ":", line);
   if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_HOST_MEMORY ||
       err == CL_OUT_OF_RESOURCES) {
     return ResourceExhausted(msg);

@@ -35,15 +35,15 @@ std::string Hex64(uint64_t v);
 }  // namespace kiln::xpu
 
 // Returns a Status from the enclosing function if the OpenCL call fails.
-#define KILN_CL(call)                                                                    \
-  do {                                                                                   \
-    const cl_int kiln_cl_err_ = (call);                                                  \
-    if (kiln_cl_err_ != CL_SUCCESS)                                                      \
-      return ::kiln::xpu::ClError(kiln_cl_err_, #call, __FILE__, __LINE__);              \
+#define KILN_CL(call)                                                       \
+  do {                                                                      \
+    const cl_int kiln_cl_err_ = (call);                                     \
+    if (kiln_cl_err_ != CL_SUCCESS)                                         \
+      return ::kiln::xpu::ClError(kiln_cl_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // For calls that report errors through an out-parameter: `KILN_CL_ERR(err, "clCreateBuffer")`.
-#define KILN_CL_ERR(err, what)                                                   \
-  do {                                                                           \
+#define KILN_CL_ERR(err, what)                                                             \
+  do {                                                                                     \
     if ((err) != CL_SUCCESS) return ::kiln::xpu::ClError((err), what, __FILE__, __LINE__); \
   } while (0)

@@ -153,10 +153,10 @@ StatusOr<std::string> ClExprPrinter::Node(const Expr& e, std::string* body) {
       const std::string k = absl::StrCat(n.index);
       const std::string e_var = absl::StrCat("le", next_++);
       absl::StrAppend(body, "    const long ", e_var, " = ", a[0], ";\n");
-      v = absl::StrCat("((", e_var, " >= 0 && ", e_var, " < xn", k, ") ? ",
-                       ClLoad(leaves_.aux_dtype[n.index], t, "px" + k,
-                              absl::StrCat(e_var, " * xs", k)),
-                       " : ", Zero(t), ")");
+      v = absl::StrCat(
+          "((", e_var, " >= 0 && ", e_var, " < xn", k, ") ? ",
+          ClLoad(leaves_.aux_dtype[n.index], t, "px" + k, absl::StrCat(e_var, " * xs", k)), " : ",
+          Zero(t), ")");
       break;
     }
     case ExprOp::kNeg:
@@ -222,8 +222,8 @@ StatusOr<std::string> ClExprPrinter::Node(const Expr& e, std::string* body) {
     case ExprOp::kMax:
     case ExprOp::kMin: {
       const bool mx = n.op == ExprOp::kMax;
-      const char* f = fl ? (f64 ? (mx ? "nmaxd" : "nmind") : (mx ? "nmaxf" : "nminf"))
-                         : (mx ? "max" : "min");
+      const char* f =
+          fl ? (f64 ? (mx ? "nmaxd" : "nmind") : (mx ? "nmaxf" : "nminf")) : (mx ? "max" : "min");
       v = absl::StrCat(f, "(", a[0], ", ", a[1], ")");
       break;
     }
@@ -249,9 +249,9 @@ StatusOr<std::string> ClExprPrinter::Node(const Expr& e, std::string* body) {
       break;
     case ExprOp::kCast:
       if (fl) {
-        v = at == DType::kBool ? absl::StrCat("(", a[0], " ? (", CType(t), ")1 : (", CType(t),
-                                              ")0)")
-                               : absl::StrCat("((", CType(t), ")", a[0], ")");
+        v = at == DType::kBool
+                ? absl::StrCat("(", a[0], " ? (", CType(t), ")1 : (", CType(t), ")0)")
+                : absl::StrCat("((", CType(t), ")", a[0], ")");
       } else if (t == DType::kBool) {
         v = absl::StrCat("(", a[0], " != 0)");
       } else {  // to i64: truncate, saturate, NaN -> 0
@@ -282,7 +282,8 @@ StatusOr<PointwiseKernel> MakePointwiseKernel(XpuDevice& dev, const std::string&
   const int per = 1 + rank;
   const int n_meta = 2 + rank + per * (1 + k.num_main) + 3 * num_aux;
   k.meta_size = ClArgs::MetaSize(n_meta);
-  if (k.meta_size < 0 || static_cast<size_t>(k.meta_size) * 8 + 8 * 24 > dev.info().max_param_bytes) {
+  if (k.meta_size < 0 ||
+      static_cast<size_t>(k.meta_size) * 8 + 8 * 24 > dev.info().max_param_bytes) {
     return Unimplemented("too many inputs for one OpenCL kernel (", inputs.size(), ")");
   }
   ClExprPrinter::Leaves leaves;
@@ -298,7 +299,8 @@ StatusOr<PointwiseKernel> MakePointwiseKernel(XpuDevice& dev, const std::string&
   for (int i = 0; i < k.num_main; ++i) absl::StrAppend(&s, ", cgptr b_in", i);
   for (int i = 0; i < num_aux; ++i) absl::StrAppend(&s, ", cgptr b_aux", i);
   absl::StrAppend(&s, ", const meta", k.meta_size, " mt) {\n");
-  absl::StrAppend(&s, "  const long* m = mt.v;\n  const long n = m[0];\n  const int contig = (int)m[1];\n");
+  absl::StrAppend(
+      &s, "  const long* m = mt.v;\n  const long n = m[0];\n  const int contig = (int)m[1];\n");
   const int out_at = 2 + rank;
   absl::StrAppend(&s, "  gptr po = b_out + ", M(out_at), ";\n");
   for (int i = 0; i < k.num_main; ++i) {
@@ -386,8 +388,7 @@ void LaunchPointwise(const PointwiseKernel& k, const LaunchArgs& a, Exec& ex) {
 
 StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label,
                                         const ReduceForm& form, std::span<const DType> inputs,
-                                        DType out, int rank, std::vector<int> axes,
-                                        bool keepdim) {
+                                        DType out, int rank, std::vector<int> axes, bool keepdim) {
   ReduceKernel k;
   k.rank = rank;
   k.axes = axes;
@@ -407,7 +408,8 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
   std::string s = absl::StrCat("// ", label, "\n__kernel void KNAME(gptr b_out, cgptr b_x");
   for (int i = 1; i < k.num_inputs; ++i) absl::StrAppend(&s, ", cgptr b_t", i);
   absl::StrAppend(&s, ", const meta", k.meta_size, " mt) {\n  const long* m = mt.v;\n");
-  absl::StrAppend(&s, "  const int lid = get_local_id(0);\n  const long rows = m[0], count = m[1];\n");
+  absl::StrAppend(&s,
+                  "  const int lid = get_local_id(0);\n  const long rows = m[0], count = m[1];\n");
   absl::StrAppend(&s, "  cgptr px = b_x + ", M(x_at), ";\n  gptr po = b_out + ", M(o_at), ";\n");
   for (int i = 1; i < k.num_inputs; ++i) {
     absl::StrAppend(&s, "  cgptr pt", i, " = b_t", i, " + ", M(t_at + (1 + nk) * (i - 1)), ";\n");
@@ -428,7 +430,8 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
   if (need[1]) s += "  __local double red_d[KILN_WG];\n";
   if (need[2]) s += "  __local long red_l[KILN_WG];\n";
   if (need[3]) s += "  __local long red_p[KILN_WG];\n";
-  absl::StrAppend(&s, "  for (long row = get_group_id(0); row < rows; row += get_num_groups(0)) {\n");
+  absl::StrAppend(&s,
+                  "  for (long row = get_group_id(0); row < rows; row += get_num_groups(0)) {\n");
   // Kept index of this row, and the row's base offsets.
   absl::StrAppend(&s, "    long krem = row;\n");
   for (int i = nk - 1; i >= 0; --i) {
@@ -447,17 +450,17 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
   for (int i = 1; i < k.num_inputs; ++i) {
     const DType as = ExprTypeOf(inputs[i]);
     input_names[i] = absl::StrCat("in", i);
-    absl::StrAppend(&s, "    const ", ClExprPrinter::CType(as), " in", i, " = ",
-                    ClLoad(inputs[i], as, absl::StrCat("pt", i),
-                           kept_offset(t_at + (1 + nk) * (i - 1) + 1)),
-                    ";\n");
+    absl::StrAppend(
+        &s, "    const ", ClExprPrinter::CType(as), " in", i, " = ",
+        ClLoad(inputs[i], as, absl::StrCat("pt", i), kept_offset(t_at + (1 + nk) * (i - 1) + 1)),
+        ";\n");
   }
   // The offsets of reduced position p within the row.
   auto reduced_offsets = [&](bool with_out) {
     std::string res = "      long rrem = p;\n";
     for (int j = nr - 1; j >= 0; --j) {
-      absl::StrAppend(&res, "      const long r", j, " = rrem % ", M(2 + nk + j), "; rrem /= ",
-                      M(2 + nk + j), ";\n");
+      absl::StrAppend(&res, "      const long r", j, " = rrem % ", M(2 + nk + j),
+                      "; rrem /= ", M(2 + nk + j), ";\n");
     }
     absl::StrAppend(&res, "      const long xo = xbase");
     for (int j = 0; j < nr; ++j) absl::StrAppend(&res, " + r", j, " * ", M(x_at + 1 + nk + j));
@@ -470,8 +473,8 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
     return res;
   };
   const DType xt = ExprTypeOf(inputs[0]);
-  const std::string load_x = absl::StrCat("      const ", ClExprPrinter::CType(xt), " in0 = ",
-                                          ClLoad(inputs[0], xt, "px", "xo"), ";\n");
+  const std::string load_x = absl::StrCat("      const ", ClExprPrinter::CType(xt),
+                                          " in0 = ", ClLoad(inputs[0], xt, "px", "xo"), ";\n");
   for (size_t si = 0; si < form.stages.size(); ++si) {
     const ReduceStage& st = form.stages[si];
     const DType t = st.value.type();
@@ -519,8 +522,9 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
                                : "      part = min(part, v);\n");
         break;
       case ReduceKind::kArgMax:
-        absl::StrAppend(&s, fl ? "      if ((isnan(v) && !isnan(part)) || v > part) { part = v; best = p; }\n"
-                               : "      if (v > part) { part = v; best = p; }\n");
+        absl::StrAppend(
+            &s, fl ? "      if ((isnan(v) && !isnan(part)) || v > part) { part = v; best = p; }\n"
+                   : "      if (v > part) { part = v; best = p; }\n");
         break;
     }
     absl::StrAppend(&s, "    }\n");
@@ -533,14 +537,16 @@ StatusOr<ReduceKernel> MakeReduceKernel(XpuDevice& dev, const std::string& label
     const std::string A = red + "[lid]", B = red + "[lid + s]";
     switch (st.kind) {
       case ReduceKind::kSum:
-        absl::StrAppend(&s, "        ", A, fl ? absl::StrCat(" += ", B, ";\n")
-                                              : absl::StrCat(" = wadd(", A, ", ", B, ");\n"));
+        absl::StrAppend(
+            &s, "        ", A,
+            fl ? absl::StrCat(" += ", B, ";\n") : absl::StrCat(" = wadd(", A, ", ", B, ");\n"));
         break;
       case ReduceKind::kMax:
       case ReduceKind::kMin: {
         const bool mx = st.kind == ReduceKind::kMax;
-        const char* f = fl ? (t == DType::kF32 ? (mx ? "nmaxf" : "nminf") : (mx ? "nmaxd" : "nmind"))
-                           : (mx ? "max" : "min");
+        const char* f =
+            fl ? (t == DType::kF32 ? (mx ? "nmaxf" : "nminf") : (mx ? "nmaxd" : "nmind"))
+               : (mx ? "max" : "min");
         absl::StrAppend(&s, "        ", A, " = ", f, "(", A, ", ", B, ");\n");
         break;
       }

@@ -26,7 +26,7 @@ namespace kiln::xpu {
 class ClExprPrinter {
  public:
   struct Leaves {
-    std::vector<std::string> inputs;  // Input(i)
+    std::vector<std::string> inputs;   // Input(i)
     std::string index_prefix = "idx";  // Index(a) -> idx<a>
     std::string acc_prefix = "acc";    // Acc(k) -> acc<k>
     std::string count = "count";

@@ -81,8 +81,8 @@ DeviceInfo QueryDevice(cl_platform_id p, cl_device_id d) {
   i.fp64 = i.HasExtension("cl_khr_fp64");
   i.command_buffer = i.HasExtension("cl_khr_command_buffer");
   if (i.command_buffer) {
-    const auto caps =
-        DeviceValue<cl_device_command_buffer_capabilities_khr>(d, CL_DEVICE_COMMAND_BUFFER_CAPABILITIES_KHR);
+    const auto caps = DeviceValue<cl_device_command_buffer_capabilities_khr>(
+        d, CL_DEVICE_COMMAND_BUFFER_CAPABILITIES_KHR);
     i.command_buffer_simultaneous = (caps & CL_COMMAND_BUFFER_CAPABILITY_SIMULTANEOUS_USE_KHR) != 0;
   }
   return i;
@@ -262,8 +262,8 @@ StatusOr<std::vector<Candidate>> SelectDevices(std::vector<Candidate> all,
       absl::StrAppend(&known, known.empty() ? "" : ", ", c.info.platform_index, ":",
                       c.info.device_index, " ", c.info.name);
     }
-    return NotFound("KILN_XPU_DEVICE=", spec, " names no OpenCL device; found: ",
-                    known.empty() ? "none" : known);
+    return NotFound("KILN_XPU_DEVICE=", spec,
+                    " names no OpenCL device; found: ", known.empty() ? "none" : known);
   }
   std::vector<Candidate> usable;
   for (Candidate& c : all) {
@@ -312,7 +312,8 @@ std::vector<unsigned char> BinaryCache::Load(std::string_view key) const {
   if (!f.read(reinterpret_cast<char*>(&bin_len), 8) || bin_len == 0 || bin_len > (1ull << 32))
     return {};
   std::vector<unsigned char> bin(bin_len);
-  if (!f.read(reinterpret_cast<char*>(bin.data()), static_cast<std::streamsize>(bin_len))) return {};
+  if (!f.read(reinterpret_cast<char*>(bin.data()), static_cast<std::streamsize>(bin_len)))
+    return {};
   return bin;
 }
 
@@ -361,8 +362,8 @@ class XpuBuffer final : public backend::Buffer {
  public:
   XpuBuffer(XpuDevice* dev, uint32_t id, cl_mem mem, size_t bytes, std::shared_ptr<void> keepalive)
       : Buffer(dev,
-               reinterpret_cast<void*>(XpuDevice::kAddressTag |
-                                       static_cast<uint64_t>(id) << XpuDevice::kOffsetBits),
+               reinterpret_cast<void*>(XpuDevice::kAddressTag | static_cast<uint64_t>(id)
+                                                                    << XpuDevice::kOffsetBits),
                bytes),
         dev_(dev),
         id_(id),
@@ -405,7 +406,7 @@ uint32_t XpuDevice::RegisterMem(cl_mem mem) {
 
 void XpuDevice::UnregisterMem(uint32_t id) {
   chunks_[id >> kChunkBits][id & ((1u << kChunkBits) - 1)].store(nullptr,
-                                                                std::memory_order_release);
+                                                                 std::memory_order_release);
   std::lock_guard<std::mutex> lock(ids_mu_);
   free_ids_.push_back(id);
 }
@@ -427,8 +428,8 @@ StatusOr<std::unique_ptr<backend::Buffer>> XpuDevice::Allocate(size_t bytes) {
                              info_.name, " allows ", info_.max_alloc_bytes, ")");
   }
   cl_int err = CL_SUCCESS;
-  cl_mem mem = clCreateBuffer(context_, CL_MEM_READ_WRITE, std::max<size_t>(bytes, 64), nullptr,
-                              &err);
+  cl_mem mem =
+      clCreateBuffer(context_, CL_MEM_READ_WRITE, std::max<size_t>(bytes, 64), nullptr, &err);
   KILN_CL_ERR(err, "clCreateBuffer");
   const uint32_t id = RegisterMem(mem);
   if (id == 0) {
@@ -736,8 +737,7 @@ Status Recording::Record(KernelSlot* k, const ClArgs& args, int dims, const size
   return OkStatus();
 }
 
-Status Recording::RecordCopy(cl_mem src, cl_mem dst, size_t src_off, size_t dst_off,
-                             size_t bytes) {
+Status Recording::RecordCopy(cl_mem src, cl_mem dst, size_t src_off, size_t dst_off, size_t bytes) {
   if (open_ == nullptr) KILN_RETURN_IF_ERROR(OpenSegment());
   const CommandBufferApi& api = CbApi(dev_->platform());
   cl_sync_point_khr point = 0;
@@ -838,8 +838,8 @@ void Exec::Enqueue(KernelSlot* k, const ClArgs& args, int dims, const size_t* gl
     for (int i = 0; i < args.nmems_; ++i) {
       KILN_CL(clSetKernelArg(k->kernel_, i, sizeof(cl_mem), &args.mems_[i]));
     }
-    KILN_CL(clSetKernelArg(k->kernel_, args.nmems_, sizeof(int64_t) * meta_size,
-                           args.meta_.data()));
+    KILN_CL(
+        clSetKernelArg(k->kernel_, args.nmems_, sizeof(int64_t) * meta_size, args.meta_.data()));
     KILN_CL(clEnqueueNDRangeKernel(queue, k->kernel_, dims, nullptr, global, local, 0, nullptr,
                                    nullptr));
     return OkStatus();
@@ -864,8 +864,8 @@ StatusOr<std::unique_ptr<XpuDevice>> XpuDevice::Create(const Candidate& c, int o
   d->platform_ = c.platform;
   d->device_ = c.device;
   d->fp64_ = c.info.fp64 && !options.disable_fp64;
-  d->command_buffer_ =
-      c.info.command_buffer && !options.disable_command_buffer && CbApi(c.platform).create != nullptr;
+  d->command_buffer_ = c.info.command_buffer && !options.disable_command_buffer &&
+                       CbApi(c.platform).create != nullptr;
   // One work-group size for every kernel: PoCL compiles a kernel once per local size, and
   // GPUs like 256; CPU devices run work-groups as loops, where 64 is plenty.
   const size_t want = (c.info.type & CL_DEVICE_TYPE_GPU) ? 256 : 64;
@@ -879,9 +879,10 @@ StatusOr<std::unique_ptr<XpuDevice>> XpuDevice::Create(const Candidate& c, int o
   KILN_CL_ERR(err, "clCreateContext");
   KILN_ASSIGN_OR_RETURN(d->upload_queue_, [&]() -> StatusOr<cl_command_queue> {
     cl_int e = CL_SUCCESS;
-    cl_command_queue q = c.info.opencl_major >= 2
-                             ? clCreateCommandQueueWithProperties(d->context_, c.device, nullptr, &e)
-                             : clCreateCommandQueue(d->context_, c.device, 0, &e);
+    cl_command_queue q =
+        c.info.opencl_major >= 2
+            ? clCreateCommandQueueWithProperties(d->context_, c.device, nullptr, &e)
+            : clCreateCommandQueue(d->context_, c.device, 0, &e);
     KILN_CL_ERR(e, "clCreateCommandQueue");
     return q;
   }());
@@ -918,8 +919,8 @@ StatusOr<std::unique_ptr<backend::Stream>> XpuDevice::CreateStream() {
 
 Status XpuDevice::Upload(cl_mem mem, size_t offset, const void* src, size_t bytes) {
   std::lock_guard<std::mutex> lock(upload_mu_);
-  KILN_CL(clEnqueueWriteBuffer(upload_queue_, mem, CL_TRUE, offset, bytes, src, 0, nullptr,
-                               nullptr));
+  KILN_CL(
+      clEnqueueWriteBuffer(upload_queue_, mem, CL_TRUE, offset, bytes, src, 0, nullptr, nullptr));
   return OkStatus();
 }
 
@@ -1018,7 +1019,7 @@ Status XpuDevice::BuildPending() {
 }
 
 StatusOr<cl_program> XpuDevice::BuildProgram(const std::string& source, bool* from_cache,
-                                              std::string* cache_key) {
+                                             std::string* cache_key) {
   const std::string options = BuildOptions();
   *from_cache = false;
   cache_key->clear();
@@ -1129,8 +1130,8 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
     cl_int err = CL_SUCCESS;
     k->kernel_ = clCreateKernel(unit->program, k->name_.c_str(), &err);
     if (err != CL_SUCCESS) {
-      unit->status = ClError(err, absl::StrCat("clCreateKernel(", k->name_, ")").c_str(), __FILE__,
-                             __LINE__);
+      unit->status =
+          ClError(err, absl::StrCat("clCreateKernel(", k->name_, ")").c_str(), __FILE__, __LINE__);
     }
   }
   // Publish only once every kernel object exists (launchers read kernel_ after unit_).

@@ -210,8 +210,8 @@ class XpuDevice final : public backend::Device {
   // ---- backend::Device ----
   std::string_view name() const override { return name_; }
   StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t bytes) override;
-  StatusOr<std::unique_ptr<backend::Buffer>> WrapHostMemory(void* data, size_t bytes,
-                                                            std::shared_ptr<void> keepalive) override;
+  StatusOr<std::unique_ptr<backend::Buffer>> WrapHostMemory(
+      void* data, size_t bytes, std::shared_ptr<void> keepalive) override;
   StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
   bool SupportsDType(DType t) const override;
   StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& request) override;

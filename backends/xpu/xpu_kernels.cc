@@ -38,7 +38,9 @@ std::string Lower(DType t) { return DTypeName(t); }
 // one program).
 class Defines {
  public:
-  void Add(std::string name, std::string value) { d_.emplace_back(std::move(name), std::move(value)); }
+  void Add(std::string name, std::string value) {
+    d_.emplace_back(std::move(name), std::move(value));
+  }
   std::string Wrap(std::string_view body, std::string_view before = "") const {
     std::string s;
     for (const auto& [n, v] : d_) absl::StrAppend(&s, "#define ", n, " ", v, "\n");
@@ -66,7 +68,8 @@ std::string StoreFrom(DType t, DType acc) {
   return absl::StrCat(acc == DType::kF64 ? "std_" : "stf_", Lower(t), "(p, i, v)");
 }
 
-// ---- Generated: pointwise and reductions ---------------------------------------------------------
+// ---- Generated: pointwise and reductions
+// ---------------------------------------------------------
 
 struct PwData {
   PointwiseKernel k;
@@ -89,7 +92,8 @@ std::string Label(const backend::KernelRequest& req) {
   return s;
 }
 
-// ---- Library kernels ------------------------------------------------------------------------------
+// ---- Library kernels
+// ------------------------------------------------------------------------------
 
 struct LibData {
   KernelSlot* slot = nullptr;
@@ -431,12 +435,12 @@ bool BlasGemm(Exec& ex, bool a_trans, size_t lda, cl_mem a, size_t a_off, size_t
   cl_command_queue q = ex.queue;
   clblast::StatusCode st;
   if (batch == 1) {
-    st = clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a, a_off,
-                          lda, b, b_off, ldb, Alpha<T>(0), c, c_off, ldc, &q, nullptr);
+    st = clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a, a_off, lda,
+                          b, b_off, ldb, Alpha<T>(0), c, c_off, ldc, &q, nullptr);
   } else {
-    st = clblast::GemmStridedBatched<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1),
-                                        a, a_off, lda, a_stride, b, b_off, ldb, b_stride,
-                                        Alpha<T>(0), c, c_off, ldc, c_stride, batch, &q, nullptr);
+    st = clblast::GemmStridedBatched<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a,
+                                        a_off, lda, a_stride, b, b_off, ldb, b_stride, Alpha<T>(0),
+                                        c, c_off, ldc, c_stride, batch, &q, nullptr);
   }
   if (st != clblast::StatusCode::kSuccess) {
     static std::atomic<int> logged{0};
@@ -460,21 +464,21 @@ bool BlasFor(Exec& ex, DType t, bool a_trans, size_t lda, cl_mem a, size_t a_off
   c_off /= es;
   switch (t) {
     case DType::kF32:
-      return BlasGemm<float>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
-                             b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
+      return BlasGemm<float>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off, b_stride,
+                             c, c_off, ldc, c_stride, batch, M, N, K);
     case DType::kF64:
       return BlasGemm<double>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
                               b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
     case DType::kF16:
-      return BlasGemm<half>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
-                            b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
+      return BlasGemm<half>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off, b_stride,
+                            c, c_off, ldc, c_stride, batch, M, N, K);
     default:
       return false;
   }
 }
 
 struct GemmData {
-  bool blas = false;  // the dtype has a CLBlast GEMM on this device
+  bool blas = false;            // the dtype has a CLBlast GEMM on this device
   KernelSlot* small = nullptr;  // Linear: MT = 1 (decode); MatMul: the tiled kernel
   KernelSlot* large = nullptr;  // Linear: MT = 8
 };
@@ -728,8 +732,8 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   }
   if (at.expr[1]) {
     // As the reference: the modifier runs in the query's compute type.
-    const Expr mod = Expr::Cast(
-        acc, Substitute(at.expr[1], std::vector<Expr>{Expr::Input(0, acc)}));
+    const Expr mod =
+        Expr::Cast(acc, Substitute(at.expr[1], std::vector<Expr>{Expr::Input(0, acc)}));
     ClExprPrinter::Leaves leaves;
     leaves.inputs = {"in0"};
     leaves.aux_dtype = aux_types;
@@ -749,8 +753,9 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   data->paged = paged;
   data->num_aux = num_aux;
   data->scale = at.floats[0];
-  data->slot = dev.DeclareKernel(paged ? "paged_attn" : "attn",
-                                 d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
+  data->slot =
+      dev.DeclareKernel(paged ? "paged_attn" : "attn",
+                        d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
   return backend::Kernel{AttentionFn, std::move(data),
                          paged ? "xpu.gen.paged_attention" : "xpu.gen.attention"};
 }
@@ -790,7 +795,8 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
                             ? static_cast<int>(req.attrs->ints[0])
                             : 0;
     auto d = std::make_shared<PwData>();
-    KILN_ASSIGN_OR_RETURN(d->k, MakePointwiseKernel(*this, Label(req), value, in, num_aux, out, rank));
+    KILN_ASSIGN_OR_RETURN(d->k,
+                          MakePointwiseKernel(*this, Label(req), value, in, num_aux, out, rank));
     return backend::Kernel{PwFn, std::move(d), absl::StrCat("xpu.gen.", def.name)};
   }
   if (def.reduce != nullptr) {
@@ -848,8 +854,8 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
       d->blas = in[0] == in[1] && in[0] == out && BlasDType(*this, out);
       d->small = LinearTemplate(*this, in[0], in[1], out, 1);
       d->large = LinearTemplate(*this, in[0], in[1], out, 8);
-      const std::string kname = d->blas ? "xpu.clblast.linear"
-                                        : absl::StrCat("xpu.tmpl.linear_", Lower(in[1]));
+      const std::string kname =
+          d->blas ? "xpu.clblast.linear" : absl::StrCat("xpu.tmpl.linear_", Lower(in[1]));
       return backend::Kernel{LinearFn, std::move(d), kname};
     }
     default:

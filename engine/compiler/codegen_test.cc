@@ -1,8 +1,7 @@
 #include "engine/compiler/codegen.h"
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -117,7 +116,8 @@ TEST(CodegenTest, CppModuleCompiles) {
   if (std::system("c++ --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no c++ compiler";
   std::vector<GeneratedKernel> ks;
   for (const testing::Sample& s : Samples()) ks.push_back(*GenerateKernel(s.spec, Dialect::kCpp));
-  const std::string path = ::testing::TempDir() + "/kiln_codegen_test_" + std::to_string(getpid()) + ".cc";
+  const std::string path =
+      ::testing::TempDir() + "/kiln_codegen_test_" + std::to_string(getpid()) + ".cc";
   std::ofstream(path) << ModuleSource(Dialect::kCpp, ks);
   const std::string cmd = "c++ -std=c++17 -fsyntax-only -Wall -Werror -Wno-unknown-pragmas " + path;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

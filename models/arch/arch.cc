@@ -61,14 +61,14 @@ StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t f
 
 Status ValidateHParams(const LlmHParams& hp, std::string_view source) {
   auto bad = [&](auto... what) {
-    return InvalidArgument(source, ": unusable hyper-parameters for architecture ",
-                           hp.architecture, ": ", what...);
+    return InvalidArgument(source, ": unusable hyper-parameters for architecture ", hp.architecture,
+                           ": ", what...);
   };
   const std::pair<const char*, int64_t> sizes[] = {
-      {"vocab_size", hp.vocab_size}, {"hidden_size", hp.hidden_size},
-      {"num_layers", hp.num_layers}, {"num_heads", hp.num_heads},
+      {"vocab_size", hp.vocab_size},     {"hidden_size", hp.hidden_size},
+      {"num_layers", hp.num_layers},     {"num_heads", hp.num_heads},
       {"num_kv_heads", hp.num_kv_heads}, {"head_dim", hp.head_dim},
-      {"ffn_size", hp.ffn_size},     {"context_length", hp.context_length}};
+      {"ffn_size", hp.ffn_size},         {"context_length", hp.context_length}};
   for (const auto& [name, v] : sizes) {
     if (v <= 0) return bad(name, " is ", v, "; it must be positive");
   }

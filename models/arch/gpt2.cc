@@ -80,28 +80,28 @@ StatusOr<LlmHParams> Gpt2FromHf(const HfModelConfig& c, std::string_view variant
 }
 
 const HfNaming& Gpt2HfNaming() {
-  static const HfNaming* naming = new HfNaming{
-      .layer_prefixes = {"h."},
-      .global = {{"wte.weight", "token_embd.weight"},
-                 {"wpe.weight", "position_embd.weight"},
-                 {"ln_f.weight", "output_norm.weight"},
-                 {"ln_f.bias", "output_norm.bias"},
-                 {"lm_head.weight", "output.weight"}},
-      .per_layer = {{"ln_1.weight", "attn_norm.weight"},
-                    {"ln_1.bias", "attn_norm.bias"},
-                    {"attn.c_attn.weight", "attn_qkv.weight", /*transpose=*/true},
-                    {"attn.c_attn.bias", "attn_qkv.bias"},
-                    {"attn.c_proj.weight", "attn_output.weight", /*transpose=*/true},
-                    {"attn.c_proj.bias", "attn_output.bias"},
-                    {"ln_2.weight", "ffn_norm.weight"},
-                    {"ln_2.bias", "ffn_norm.bias"},
-                    {"mlp.c_fc.weight", "ffn_up.weight", /*transpose=*/true},
-                    {"mlp.c_fc.bias", "ffn_up.bias"},
-                    {"mlp.c_proj.weight", "ffn_down.weight", /*transpose=*/true},
-                    {"mlp.c_proj.bias", "ffn_down.bias"}},
-      // Causal-mask buffers of older exports.
-      .ignored_suffixes = {".attn.bias", ".attn.masked_bias"},
-      .strip_prefixes = {"transformer."}};
+  static const HfNaming* naming =
+      new HfNaming{.layer_prefixes = {"h."},
+                   .global = {{"wte.weight", "token_embd.weight"},
+                              {"wpe.weight", "position_embd.weight"},
+                              {"ln_f.weight", "output_norm.weight"},
+                              {"ln_f.bias", "output_norm.bias"},
+                              {"lm_head.weight", "output.weight"}},
+                   .per_layer = {{"ln_1.weight", "attn_norm.weight"},
+                                 {"ln_1.bias", "attn_norm.bias"},
+                                 {"attn.c_attn.weight", "attn_qkv.weight", /*transpose=*/true},
+                                 {"attn.c_attn.bias", "attn_qkv.bias"},
+                                 {"attn.c_proj.weight", "attn_output.weight", /*transpose=*/true},
+                                 {"attn.c_proj.bias", "attn_output.bias"},
+                                 {"ln_2.weight", "ffn_norm.weight"},
+                                 {"ln_2.bias", "ffn_norm.bias"},
+                                 {"mlp.c_fc.weight", "ffn_up.weight", /*transpose=*/true},
+                                 {"mlp.c_fc.bias", "ffn_up.bias"},
+                                 {"mlp.c_proj.weight", "ffn_down.weight", /*transpose=*/true},
+                                 {"mlp.c_proj.bias", "ffn_down.bias"}},
+                   // Causal-mask buffers of older exports.
+                   .ignored_suffixes = {".attn.bias", ".attn.masked_bias"},
+                   .strip_prefixes = {"transformer."}};
   return *naming;
 }
 
@@ -125,37 +125,37 @@ Value BuildGpt2(ForwardContext& ctx) {
     };
     b.SetNameScope(absl::StrCat("blk.", l));
     // Attention with the fused projection: rows [0, C) are q, [C, 2C) k, [2C, 3C) v.
-    const Value ln1_w = w("attn_norm.weight", {C});          // (C)
-    const Value ln1_b = w("attn_norm.bias", {C});            // (C)
-    const Value w_qkv = w("attn_qkv.weight", {3 * C, C});    // (3C, C)
-    const Value b_qkv = w("attn_qkv.bias", {3 * C});         // (3C)
-    const Value w_o = w("attn_output.weight", {C, C});       // (C, C)
-    const Value b_o = w("attn_output.bias", {C});            // (C)
+    const Value ln1_w = w("attn_norm.weight", {C});                                   // (C)
+    const Value ln1_b = w("attn_norm.bias", {C});                                     // (C)
+    const Value w_qkv = w("attn_qkv.weight", {3 * C, C});                             // (3C, C)
+    const Value b_qkv = w("attn_qkv.bias", {3 * C});                                  // (3C)
+    const Value w_o = w("attn_output.weight", {C, C});                                // (C, C)
+    const Value b_o = w("attn_output.bias", {C});                                     // (C)
     const Value h = b.Named(b.LayerNorm(x, ln1_w, ln1_b, hp.norm_eps), "attn_norm");  // [T, C]
-    const Value qkv = b.Named(b.Linear(h, w_qkv, b_qkv), "qkv");                     // [T, 3C]
+    const Value qkv = b.Named(b.Linear(h, w_qkv, b_qkv), "qkv");                      // [T, 3C]
     auto part = [&](int64_t i, const char* name) {
       return b.Named(b.Reshape(b.Slice(qkv, 1, i * C, C), {T, H, D}), name);  // [T, H, D]
     };
     const Value q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
     const Value a = ctx.Attend(l, q, k, v);  // [T, H, D]
     const Value attn_out = b.Named(b.Linear(b.Reshape(a, {T, C}), w_o, b_o), "attn_out");  // [T,C]
-    x = b.Named(b.Add(x, attn_out), "ffn_inp");                                           // [T,C]
+    x = b.Named(b.Add(x, attn_out), "ffn_inp");                                            // [T,C]
     // MLP.
-    const Value ln2_w = w("ffn_norm.weight", {C});      // (C)
-    const Value ln2_b = w("ffn_norm.bias", {C});        // (C)
-    const Value w_up = w("ffn_up.weight", {F, C});      // (F, C)
-    const Value b_up = w("ffn_up.bias", {F});           // (F)
-    const Value w_down = w("ffn_down.weight", {C, F});  // (C, F)
-    const Value b_down = w("ffn_down.bias", {C});       // (C)
+    const Value ln2_w = w("ffn_norm.weight", {C});                                    // (C)
+    const Value ln2_b = w("ffn_norm.bias", {C});                                      // (C)
+    const Value w_up = w("ffn_up.weight", {F, C});                                    // (F, C)
+    const Value b_up = w("ffn_up.bias", {F});                                         // (F)
+    const Value w_down = w("ffn_down.weight", {C, F});                                // (C, F)
+    const Value b_down = w("ffn_down.bias", {C});                                     // (C)
     const Value h2 = b.Named(b.LayerNorm(x, ln2_w, ln2_b, hp.norm_eps), "ffn_norm");  // [T, C]
-    const Value up = b.Named(b.Gelu(b.Linear(h2, w_up, b_up), tanh_gelu), "ffn_up");   // [T, F]
-    const Value down = b.Named(b.Linear(up, w_down, b_down), "ffn_out");               // [T, C]
-    x = b.Named(b.Add(x, down), "l_out");                                              // [T, C]
+    const Value up = b.Named(b.Gelu(b.Linear(h2, w_up, b_up), tanh_gelu), "ffn_up");  // [T, F]
+    const Value down = b.Named(b.Linear(up, w_down, b_down), "ffn_out");              // [T, C]
+    x = b.Named(b.Add(x, down), "l_out");                                             // [T, C]
   }
   b.SetNameScope("");
-  const Value last = b.Named(ctx.LastTokens(x), "last_tokens");  // [S, C]
-  const Value lnf_w = ctx.Weight("output_norm.weight", {C});     // (C)
-  const Value lnf_b = ctx.Weight("output_norm.bias", {C});       // (C)
+  const Value last = b.Named(ctx.LastTokens(x), "last_tokens");                          // [S, C]
+  const Value lnf_w = ctx.Weight("output_norm.weight", {C});                             // (C)
+  const Value lnf_b = ctx.Weight("output_norm.bias", {C});                               // (C)
   const Value lm_head = hp.tied_embeddings ? wte : ctx.Weight("output.weight", {V, C});  // (V, C)
   const Value norm = b.Named(b.LayerNorm(last, lnf_w, lnf_b, hp.norm_eps), "output_norm");  // [S,C]
   return b.Named(b.Linear(norm, lm_head), "logits");  // [S, V]

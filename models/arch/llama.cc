@@ -55,7 +55,8 @@ Status RopeFromFreqFactors(const GgufFile& gguf, const GgufTensor& t, int64_t or
       return Unimplemented(gguf.path(), ": rope_freqs.weight[", i, "] = ", f[i],
                            " does not follow llama3 RoPE scaling (factor ", factor,
                            ", low_freq_factor 1, high_freq_factor 4, original context ", orig_ctx,
-                           ", which give ", divisor, "); other frequency factors are not supported");
+                           ", which give ", divisor,
+                           "); other frequency factors are not supported");
     }
   }
   return OkStatus();
@@ -72,15 +73,16 @@ StatusOr<LlmHParams> LlamaFromGguf(const GgufFile& g, std::string_view variant) 
   KILN_ASSIGN_OR_RETURN(hp.num_kv_heads,
                         GgufIntOr(g, a + ".attention.head_count_kv", hp.num_heads));
   KILN_ASSIGN_OR_RETURN(hp.context_length, GgufInt(g, a + ".context_length"));
-  KILN_ASSIGN_OR_RETURN(const float eps, g.GetF32Or(a + ".attention.layer_norm_rms_epsilon", 1e-5f));
+  KILN_ASSIGN_OR_RETURN(const float eps,
+                        g.GetF32Or(a + ".attention.layer_norm_rms_epsilon", 1e-5f));
   hp.norm_eps = eps;
   const int64_t default_head_dim = hp.num_heads > 0 ? hp.hidden_size / hp.num_heads : 0;
   KILN_ASSIGN_OR_RETURN(hp.head_dim, GgufIntOr(g, a + ".attention.key_length", default_head_dim));
   KILN_ASSIGN_OR_RETURN(const int64_t v_dim,
                         GgufIntOr(g, a + ".attention.value_length", hp.head_dim));
   if (v_dim != hp.head_dim) {
-    return Unimplemented(g.path(), ": attention.value_length ", v_dim,
-                         " differs from key_length ", hp.head_dim, "; not supported");
+    return Unimplemented(g.path(), ": attention.value_length ", v_dim, " differs from key_length ",
+                         hp.head_dim, "; not supported");
   }
   const GgufTensor* embd = g.FindTensor("token_embd.weight");
   const int64_t embd_rows = embd != nullptr && embd->dims.size() == 2 ? embd->dims[1] : 0;
@@ -90,7 +92,8 @@ StatusOr<LlmHParams> LlamaFromGguf(const GgufFile& g, std::string_view variant) 
   hp.rope.theta = theta;
   KILN_ASSIGN_OR_RETURN(const int64_t rope_dims, GgufIntOr(g, a + ".rope.dimension_count", 0));
   hp.rope.rotary_dim = rope_dims == hp.head_dim ? 0 : rope_dims;
-  hp.rope.layout = variant == "llama" ? RopeParams::Layout::kInterleaved : RopeParams::Layout::kNeox;
+  hp.rope.layout =
+      variant == "llama" ? RopeParams::Layout::kInterleaved : RopeParams::Layout::kNeox;
   KILN_ASSIGN_OR_RETURN(std::string_view scaling, g.GetStringOr(a + ".rope.scaling.type", "none"));
   KILN_ASSIGN_OR_RETURN(const float factor, g.GetF32Or(a + ".rope.scaling.factor", 1.0f));
   KILN_ASSIGN_OR_RETURN(const int64_t orig_ctx,
@@ -160,9 +163,9 @@ Status RopeFromHf(const HfModelConfig& c, LlmHParams& hp) {
     KILN_ASSIGN_OR_RETURN(hp.rope.factor, num("factor", 8.0));
     KILN_ASSIGN_OR_RETURN(hp.rope.low_freq_factor, num("low_freq_factor", 1.0));
     KILN_ASSIGN_OR_RETURN(hp.rope.high_freq_factor, num("high_freq_factor", 4.0));
-    KILN_ASSIGN_OR_RETURN(hp.rope.original_max_position,
-                          num("original_max_position_embeddings",
-                              static_cast<double>(hp.context_length)));
+    KILN_ASSIGN_OR_RETURN(
+        hp.rope.original_max_position,
+        num("original_max_position_embeddings", static_cast<double>(hp.context_length)));
     if (!(hp.rope.high_freq_factor > hp.rope.low_freq_factor)) {
       return InvalidArgument(c.path, ": llama3 RoPE needs high_freq_factor > low_freq_factor");
     }
@@ -252,31 +255,31 @@ StatusOr<LlmHParams> LlamaFromHf(const HfModelConfig& c, std::string_view varian
 }
 
 const HfNaming& LlamaHfNaming() {
-  static const HfNaming* naming = new HfNaming{
-      .layer_prefixes = {"model.layers."},
-      .global = {{"model.embed_tokens.weight", "token_embd.weight"},
-                 {"model.norm.weight", "output_norm.weight"},
-                 {"lm_head.weight", "output.weight"}},
-      .per_layer = {{"input_layernorm.weight", "attn_norm.weight"},
-                    {"self_attn.q_proj.weight", "attn_q.weight"},
-                    {"self_attn.k_proj.weight", "attn_k.weight"},
-                    {"self_attn.v_proj.weight", "attn_v.weight"},
-                    {"self_attn.o_proj.weight", "attn_output.weight"},
-                    {"self_attn.q_proj.bias", "attn_q.bias"},
-                    {"self_attn.k_proj.bias", "attn_k.bias"},
-                    {"self_attn.v_proj.bias", "attn_v.bias"},
-                    {"self_attn.o_proj.bias", "attn_output.bias"},
-                    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-                    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-                    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-                    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-                    {"mlp.up_proj.weight", "ffn_up.weight"},
-                    {"mlp.down_proj.weight", "ffn_down.weight"},
-                    {"mlp.gate_proj.bias", "ffn_gate.bias"},
-                    {"mlp.up_proj.bias", "ffn_up.bias"},
-                    {"mlp.down_proj.bias", "ffn_down.bias"}},
-      .ignored_suffixes = {"rotary_emb.inv_freq"},
-      .strip_prefixes = {}};
+  static const HfNaming* naming =
+      new HfNaming{.layer_prefixes = {"model.layers."},
+                   .global = {{"model.embed_tokens.weight", "token_embd.weight"},
+                              {"model.norm.weight", "output_norm.weight"},
+                              {"lm_head.weight", "output.weight"}},
+                   .per_layer = {{"input_layernorm.weight", "attn_norm.weight"},
+                                 {"self_attn.q_proj.weight", "attn_q.weight"},
+                                 {"self_attn.k_proj.weight", "attn_k.weight"},
+                                 {"self_attn.v_proj.weight", "attn_v.weight"},
+                                 {"self_attn.o_proj.weight", "attn_output.weight"},
+                                 {"self_attn.q_proj.bias", "attn_q.bias"},
+                                 {"self_attn.k_proj.bias", "attn_k.bias"},
+                                 {"self_attn.v_proj.bias", "attn_v.bias"},
+                                 {"self_attn.o_proj.bias", "attn_output.bias"},
+                                 {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+                                 {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+                                 {"post_attention_layernorm.weight", "ffn_norm.weight"},
+                                 {"mlp.gate_proj.weight", "ffn_gate.weight"},
+                                 {"mlp.up_proj.weight", "ffn_up.weight"},
+                                 {"mlp.down_proj.weight", "ffn_down.weight"},
+                                 {"mlp.gate_proj.bias", "ffn_gate.bias"},
+                                 {"mlp.up_proj.bias", "ffn_up.bias"},
+                                 {"mlp.down_proj.bias", "ffn_down.bias"}},
+                   .ignored_suffixes = {"rotary_emb.inv_freq"},
+                   .strip_prefixes = {}};
   return *naming;
 }
 
@@ -290,27 +293,25 @@ Value BuildLlama(ForwardContext& ctx) {
                 D = hp.head_dim, F = hp.ffn_size;
   const Dim& T = in.T;
 
-  const Value tok_embd = ctx.Weight("token_embd.weight", {V, C});      // (V, C)
+  const Value tok_embd = ctx.Weight("token_embd.weight", {V, C});        // (V, C)
   Value x = b.Named(ctx.Embed(tok_embd, in.tokens), "token_embd_rows");  // [T, C]
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     const std::string blk = absl::StrCat("blk.", l, ".");
     auto w = [&](const char* name, std::vector<int64_t> shape) {
       return ctx.Weight(blk + name, std::move(shape));
     };
-    auto bias = [&](bool on, const char* name, int64_t n) {
-      return on ? w(name, {n}) : Value{};
-    };
+    auto bias = [&](bool on, const char* name, int64_t n) { return on ? w(name, {n}) : Value{}; };
     b.SetNameScope(absl::StrCat("blk.", l));
     // Attention.
-    const Value attn_norm_w = w("attn_norm.weight", {C});                 // (C)
-    const Value wq = w("attn_q.weight", {Hq * D, C});                     // (Hq*D, C)
-    const Value wk = w("attn_k.weight", {Hkv * D, C});                    // (Hkv*D, C)
-    const Value wv = w("attn_v.weight", {Hkv * D, C});                    // (Hkv*D, C)
-    const Value wo = w("attn_output.weight", {C, Hq * D});                // (C, Hq*D)
-    const Value bq = bias(hp.attn_qkv_bias, "attn_q.bias", Hq * D);       // (Hq*D)
-    const Value bk = bias(hp.attn_qkv_bias, "attn_k.bias", Hkv * D);      // (Hkv*D)
-    const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);      // (Hkv*D)
-    const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);       // (C)
+    const Value attn_norm_w = w("attn_norm.weight", {C});                          // (C)
+    const Value wq = w("attn_q.weight", {Hq * D, C});                              // (Hq*D, C)
+    const Value wk = w("attn_k.weight", {Hkv * D, C});                             // (Hkv*D, C)
+    const Value wv = w("attn_v.weight", {Hkv * D, C});                             // (Hkv*D, C)
+    const Value wo = w("attn_output.weight", {C, Hq * D});                         // (C, Hq*D)
+    const Value bq = bias(hp.attn_qkv_bias, "attn_q.bias", Hq * D);                // (Hq*D)
+    const Value bk = bias(hp.attn_qkv_bias, "attn_k.bias", Hkv * D);               // (Hkv*D)
+    const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);               // (Hkv*D)
+    const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);                // (C)
     const Value h = b.Named(b.RmsNorm(x, attn_norm_w, hp.norm_eps), "attn_norm");  // [T, C]
     Value q = b.Named(b.Reshape(b.Linear(h, wq, bq), {T, Hq, D}), "q");            // [T, Hq, D]
     Value k = b.Named(b.Reshape(b.Linear(h, wk, bk), {T, Hkv, D}), "k");           // [T, Hkv, D]
@@ -324,15 +325,15 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value a = ctx.Attend(l, q, k, v);                   // [T, Hq, D]
     const Value attn_out =
         b.Named(b.Linear(b.Reshape(a, {T, Hq * D}), wo, bo), "attn_out");  // [T, C]
-    x = b.Named(b.Add(x, attn_out), "ffn_inp");                             // [T, C]
+    x = b.Named(b.Add(x, attn_out), "ffn_inp");                            // [T, C]
     // SwiGLU MLP.
-    const Value ffn_norm_w = w("ffn_norm.weight", {C});                  // (C)
-    const Value w_gate = w("ffn_gate.weight", {F, C});                   // (F, C)
-    const Value w_up = w("ffn_up.weight", {F, C});                       // (F, C)
-    const Value w_down = w("ffn_down.weight", {C, F});                   // (C, F)
-    const Value b_gate = bias(hp.mlp_bias, "ffn_gate.bias", F);          // (F)
-    const Value b_up = bias(hp.mlp_bias, "ffn_up.bias", F);              // (F)
-    const Value b_down = bias(hp.mlp_bias, "ffn_down.bias", C);          // (C)
+    const Value ffn_norm_w = w("ffn_norm.weight", {C});                           // (C)
+    const Value w_gate = w("ffn_gate.weight", {F, C});                            // (F, C)
+    const Value w_up = w("ffn_up.weight", {F, C});                                // (F, C)
+    const Value w_down = w("ffn_down.weight", {C, F});                            // (C, F)
+    const Value b_gate = bias(hp.mlp_bias, "ffn_gate.bias", F);                   // (F)
+    const Value b_up = bias(hp.mlp_bias, "ffn_up.bias", F);                       // (F)
+    const Value b_down = bias(hp.mlp_bias, "ffn_down.bias", C);                   // (C)
     const Value h2 = b.Named(b.RmsNorm(x, ffn_norm_w, hp.norm_eps), "ffn_norm");  // [T, C]
     const Value gate = b.Named(b.Linear(h2, w_gate, b_gate), "ffn_gate");         // [T, F]
     const Value up = b.Named(b.Linear(h2, w_up, b_up), "ffn_up");                 // [T, F]
@@ -341,12 +342,12 @@ Value BuildLlama(ForwardContext& ctx) {
     x = b.Named(b.Add(x, down), "l_out");                                         // [T, C]
   }
   b.SetNameScope("");
-  const Value last = b.Named(ctx.LastTokens(x), "last_tokens");  // [S, C]
+  const Value last = b.Named(ctx.LastTokens(x), "last_tokens");    // [S, C]
   const Value out_norm_w = ctx.Weight("output_norm.weight", {C});  // (C)
   const Value lm_head =
-      hp.tied_embeddings ? tok_embd : ctx.Weight("output.weight", {V, C});  // (V, C)
+      hp.tied_embeddings ? tok_embd : ctx.Weight("output.weight", {V, C});              // (V, C)
   const Value norm = b.Named(b.RmsNorm(last, out_norm_w, hp.norm_eps), "output_norm");  // [S, C]
-  return b.Named(b.Linear(norm, lm_head), "logits");                                   // [S, V]
+  return b.Named(b.Linear(norm, lm_head), "logits");                                    // [S, V]
 }
 
 }  // namespace

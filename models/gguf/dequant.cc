@@ -11,22 +11,38 @@ float Bf16ToFloat(uint16_t h) { return BF16ToFloat(h); }
 
 std::optional<DType> ToDType(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: return DType::kF32;
-    case GgmlType::kF16: return DType::kF16;
-    case GgmlType::kBF16: return DType::kBF16;
-    case GgmlType::kF64: return DType::kF64;
-    case GgmlType::kI8: return DType::kI8;
-    case GgmlType::kI16: return DType::kI16;
-    case GgmlType::kI32: return DType::kI32;
-    case GgmlType::kI64: return DType::kI64;
-    case GgmlType::kQ4_0: return DType::kQ4_0;
-    case GgmlType::kQ4_1: return DType::kQ4_1;
-    case GgmlType::kQ8_0: return DType::kQ8_0;
-    case GgmlType::kMXFP4: return DType::kMXFP4;
-    case GgmlType::kQ4_K: return DType::kQ4_K;
-    case GgmlType::kQ5_K: return DType::kQ5_K;
-    case GgmlType::kQ6_K: return DType::kQ6_K;
-    default: return std::nullopt;
+    case GgmlType::kF32:
+      return DType::kF32;
+    case GgmlType::kF16:
+      return DType::kF16;
+    case GgmlType::kBF16:
+      return DType::kBF16;
+    case GgmlType::kF64:
+      return DType::kF64;
+    case GgmlType::kI8:
+      return DType::kI8;
+    case GgmlType::kI16:
+      return DType::kI16;
+    case GgmlType::kI32:
+      return DType::kI32;
+    case GgmlType::kI64:
+      return DType::kI64;
+    case GgmlType::kQ4_0:
+      return DType::kQ4_0;
+    case GgmlType::kQ4_1:
+      return DType::kQ4_1;
+    case GgmlType::kQ8_0:
+      return DType::kQ8_0;
+    case GgmlType::kMXFP4:
+      return DType::kMXFP4;
+    case GgmlType::kQ4_K:
+      return DType::kQ4_K;
+    case GgmlType::kQ5_K:
+      return DType::kQ5_K;
+    case GgmlType::kQ6_K:
+      return DType::kQ6_K;
+    default:
+      return std::nullopt;
   }
 }
 

@@ -1,9 +1,8 @@
 #include "models/hf/hf_folder.h"
 
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -17,7 +16,8 @@ using ::testing::HasSubstr;
 class HfFolderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) / ("kiln_hf_folder_" + std::to_string(getpid()));
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("kiln_hf_folder_" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }

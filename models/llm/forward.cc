@@ -20,8 +20,8 @@ void ForwardContext::Fail(Status s) {
 
 Status ForwardContext::status() const {
   if (status_.ok() || more_errors_ == 0) return status_;
-  return Status(status_.code(), Cat(StatusMessage(status_), " (and ", more_errors_,
-                                    " more problem", more_errors_ == 1 ? "" : "s", ")"));
+  return Status(status_.code(), Cat(StatusMessage(status_), " (and ", more_errors_, " more problem",
+                                    more_errors_ == 1 ? "" : "s", ")"));
 }
 
 Value ForwardContext::Source(std::string_view name, std::vector<int64_t> shape, bool required) {
@@ -81,9 +81,9 @@ Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
   AttentionParams p;
   const int64_t window = hp_.window(layer);
   p.mask_mod = window > 0 ? attn::SlidingWindowMask(window) : attn::CausalMask();
-  const Value out = b.Named(b.PagedAttention(q, k_cache, v_cache, in_.block_table, in_.seq_lens,
-                                             in_.query_start, p),
-                            blk + "attn");  // [T, Hq, D]
+  const Value out = b.Named(
+      b.PagedAttention(q, k_cache, v_cache, in_.block_table, in_.seq_lens, in_.query_start, p),
+      blk + "attn");  // [T, Hq, D]
   b.SetNameScope(scope);
   return out;
 }

@@ -36,8 +36,8 @@ struct StepInputs {
 
 class ForwardContext {
  public:
-  ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp,
-                 const StepInputs& in, int64_t block_size, DType kv_dtype);
+  ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp, const StepInputs& in,
+                 int64_t block_size, DType kv_dtype);
 
   Builder& b() { return b_; }
   const LlmHParams& hp() const { return hp_; }

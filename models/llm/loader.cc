@@ -70,8 +70,9 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
                                          const LlmLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (config.path.empty()) {
-    return InvalidArgument("`path` is required for a model of kind llm (a GGUF file or a Hugging "
-                           "Face folder)");
+    return InvalidArgument(
+        "`path` is required for a model of kind llm (a GGUF file or a Hugging "
+        "Face folder)");
   }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<ModelFiles> files, ModelFiles::Open(config.path));
   KILN_ASSIGN_OR_RETURN(const Architecture* arch, PickArchitecture(*files));
@@ -82,8 +83,7 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
     KILN_ASSIGN_OR_RETURN(parts.hparams, arch->from_gguf(*files->gguf(), files->architecture()));
     KILN_ASSIGN_OR_RETURN(parts.tokenizer, Tokenizer::FromGguf(*files->gguf()));
   } else {
-    KILN_ASSIGN_OR_RETURN(parts.hparams,
-                          arch->from_hf(files->hf()->config, files->architecture()));
+    KILN_ASSIGN_OR_RETURN(parts.hparams, arch->from_hf(files->hf()->config, files->architecture()));
     KILN_RETURN_IF_ERROR(files->IndexSafetensors(arch->hf_naming(), parts.hparams.num_layers));
     if (files->hf()->tokenizer_json_path.empty()) {
       return InvalidArgument("model folder '", config.path,
@@ -156,9 +156,9 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
       "loaded {} ({}, {} layers, {} heads / {} KV heads, vocab {}, context {}) from {} on {} in "
       "{:.2f} s: {:.1f} MiB of weights ({:.1f} MiB mapped), {} launches per step",
       model->info().name, loaded.architecture, loaded.num_layers, loaded.num_heads,
-      loaded.num_kv_heads, loaded.vocab_size, model->info().context_length, config.path, model->device().name(), seconds,
-      model->weight_bytes() / 1048576.0, model->mapped_weight_bytes() / 1048576.0,
-      model->program().num_launches());
+      loaded.num_kv_heads, loaded.vocab_size, model->info().context_length, config.path,
+      model->device().name(), seconds, model->weight_bytes() / 1048576.0,
+      model->mapped_weight_bytes() / 1048576.0, model->program().num_launches());
   return model;
 }
 

@@ -78,12 +78,14 @@ TEST_F(LoaderTest, NotACausalLm) {
 }
 
 TEST_F(LoaderTest, ShapeMismatchNamesTheTensorAndBothShapes) {
-  EditConfig([](nlohmann::json& j) { j["intermediate_size"] = j["intermediate_size"].get<int>() * 2; });
+  EditConfig(
+      [](nlohmann::json& j) { j["intermediate_size"] = j["intermediate_size"].get<int>() * 2; });
   EXPECT_THAT(LoadError(), AllOf(HasSubstr("has shape"), HasSubstr("hyper-parameters need")));
 }
 
 TEST_F(LoaderTest, MissingTensorIsNamed) {
-  EditConfig([](nlohmann::json& j) { j["num_hidden_layers"] = j["num_hidden_layers"].get<int>() + 1; });
+  EditConfig(
+      [](nlohmann::json& j) { j["num_hidden_layers"] = j["num_hidden_layers"].get<int>() + 1; });
   EXPECT_THAT(LoadError(), HasSubstr("missing tensor"));
 }
 
@@ -111,12 +113,14 @@ TEST_F(LoaderTest, MissingPathAndUnknownBackend) {
 TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {
   const std::string src = testing::DefaultModelPath();
   ASSERT_TRUE(fs::exists(src)) << src;
-  const fs::path bad = fs::path(::testing::TempDir()) / ("kiln_bad_" + std::to_string(getpid()) + ".gguf");
+  const fs::path bad =
+      fs::path(::testing::TempDir()) / ("kiln_bad_" + std::to_string(getpid()) + ".gguf");
   {
     std::ifstream in(src, std::ios::binary);
     std::vector<char> head(1 << 20);
     in.read(head.data(), static_cast<std::streamsize>(head.size()));
-    std::ofstream(bad, std::ios::binary).write(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(bad, std::ios::binary)
+        .write(head.data(), static_cast<std::streamsize>(head.size()));
   }
   auto m = LoadLlm(ConfigFor(bad.string()));
   ASSERT_FALSE(m.ok());
@@ -164,14 +168,15 @@ TEST_P(PagedLlmTest, StepValidatesItsBatch) {
   EXPECT_THAT(std::string(StatusMessage(model_->Step(bad, logits, nullptr))),
               HasSubstr("inconsistent step batch"));
   std::vector<int32_t> many(33, 1), many_pos(33), many_qs = {0, 33}, many_lens = {33},
-      many_table = {0, 1, 2};
+                                                  many_table = {0, 1, 2};
   for (int i = 0; i < 33; ++i) many_pos[i] = i;
   StepBatch big{many, many_pos, many_qs, many_lens, many_table, 3, many_pos, false};
   std::vector<float> more(V_);
   EXPECT_THAT(std::string(StatusMessage(model_->Step(big, more, nullptr))),
               HasSubstr("exceeds what the model was compiled for"));
   std::vector<float> small(V_ - 1);
-  EXPECT_THAT(std::string(StatusMessage(model_->Step(b, small, nullptr))), HasSubstr("logits span"));
+  EXPECT_THAT(std::string(StatusMessage(model_->Step(b, small, nullptr))),
+              HasSubstr("logits span"));
 }
 
 TEST_P(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
@@ -190,17 +195,19 @@ TEST_P(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
   std::vector<float> direct(2 * V_), replayed(2 * V_);
   ASSERT_TRUE(model_->Step({dtok, dpos, dqs, dlens, table, 1, dslots, false}, direct, &stats).ok());
   EXPECT_FALSE(stats.replayed);
-  ASSERT_TRUE(model_->Step({dtok, dpos, dqs, dlens, table, 1, dslots, true}, replayed, &stats).ok());
+  ASSERT_TRUE(
+      model_->Step({dtok, dpos, dqs, dlens, table, 1, dslots, true}, replayed, &stats).ok());
   EXPECT_TRUE(stats.replayed);
   EXPECT_EQ(stats.padded_seqs, 2);
   EXPECT_EQ(model_->num_captured(), 1);
   for (size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], replayed[i], 1e-4) << i;
   // One sequence pads up to... itself (capture size 1); three pad to 4.
-  std::vector<int32_t> one_tok = {12}, one_pos = {4}, one_slot = {4}, one_qs = {0, 1}, one_len = {5},
-                       one_table = {0};
+  std::vector<int32_t> one_tok = {12}, one_pos = {4}, one_slot = {4}, one_qs = {0, 1},
+                       one_len = {5}, one_table = {0};
   std::vector<float> one(V_);
-  ASSERT_TRUE(model_->Step({one_tok, one_pos, one_qs, one_len, one_table, 1, one_slot, true}, one,
-                           &stats).ok());
+  ASSERT_TRUE(
+      model_->Step({one_tok, one_pos, one_qs, one_len, one_table, 1, one_slot, true}, one, &stats)
+          .ok());
   EXPECT_EQ(stats.padded_seqs, 1);
   EXPECT_EQ(model_->num_captured(), 2);
 }

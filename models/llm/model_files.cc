@@ -260,11 +260,11 @@ Status ModelFiles::IndexSafetensors(const HfNaming& naming, int64_t num_layers) 
     }
   }
   if (!unused.empty()) {
-    spdlog::warn("{}: {} tensor(s) not used by architecture '{}': {}{}", weights_path_,
-                 unused.size(), architecture_,
-                 absl::StrJoin(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 8),
-                               ", "),
-                 unused.size() > 8 ? ", ..." : "");
+    spdlog::warn(
+        "{}: {} tensor(s) not used by architecture '{}': {}{}", weights_path_, unused.size(),
+        architecture_,
+        absl::StrJoin(unused.begin(), unused.begin() + std::min<size_t>(unused.size(), 8), ", "),
+        unused.size() > 8 ? ", ..." : "");
   }
   return OkStatus();
 }

@@ -38,8 +38,8 @@ namespace kiln::models {
 
 // How an architecture's Hugging Face tensor names map to GGUF names.
 struct HfTensorName {
-  std::string_view hf;    // "model.embed_tokens.weight"; per layer: "self_attn.q_proj.weight"
-  std::string_view gguf;  // "token_embd.weight";         per layer: "attn_q.weight"
+  std::string_view hf;     // "model.embed_tokens.weight"; per layer: "self_attn.q_proj.weight"
+  std::string_view gguf;   // "token_embd.weight";         per layer: "attn_q.weight"
   bool transpose = false;  // stored [in, out] (GPT-2 Conv1D): transposed to [out, in] at load
 };
 struct HfNaming {
@@ -57,9 +57,9 @@ struct HfNaming {
 
 // One stored tensor, under its GGUF-style name.
 struct WeightInfo {
-  std::string name;         // "blk.3.attn_q.weight"
-  std::string stored_name;  // the name in the file ("model.layers.3.self_attn.q_proj.weight")
-  std::string file;         // the file that holds it, for messages
+  std::string name;               // "blk.3.attn_q.weight"
+  std::string stored_name;        // the name in the file ("model.layers.3.self_attn.q_proj.weight")
+  std::string file;               // the file that holds it, for messages
   DType dtype = DType::kInvalid;  // as stored
   std::vector<int64_t> shape;     // as stored, outermost first (GGUF dims reversed)
   const void* data = nullptr;     // into the file mapping

@@ -35,8 +35,8 @@ StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
              "PagedLlm::Create: incomplete parts");
   if (options.max_num_seqs < 1 || options.max_num_batched_tokens < 1 || options.block_size < 1) {
     return InvalidArgument("max_num_seqs (", options.max_num_seqs, "), max_num_batched_tokens (",
-                           options.max_num_batched_tokens, ") and block_size (",
-                           options.block_size, ") must be at least 1");
+                           options.max_num_batched_tokens, ") and block_size (", options.block_size,
+                           ") must be at least 1");
   }
   if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kF16 &&
       options.kv_dtype != DType::kBF16) {
@@ -70,12 +70,12 @@ Status PagedLlm::Build(int32_t block_size) {
   in.S = b.Symbol("S", s_max_);
   in.MB = b.Symbol("MB", mb_max_);
   in.NB = b.Symbol("NB", int64_t{1} << 24);
-  in.tokens = b.Input("tokens", DType::kI32, {in.T});                       // [T]
-  in.positions = b.Input("positions", DType::kI32, {in.T});                 // [T]
-  in.slot_mapping = b.Input("slot_mapping", DType::kI32, {in.T});           // [T]
-  in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});      // [S, MB]
-  in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});                   // [S]
-  in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});         // [S+1]
+  in.tokens = b.Input("tokens", DType::kI32, {in.T});                   // [T]
+  in.positions = b.Input("positions", DType::kI32, {in.T});             // [T]
+  in.slot_mapping = b.Input("slot_mapping", DType::kI32, {in.T});       // [T]
+  in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});  // [S, MB]
+  in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
+  in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
   ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
   const Value logits = parts_.arch->build(ctx);  // [S, V]
   KILN_RETURN_IF_ERROR(ctx.status());
@@ -92,7 +92,8 @@ Status PagedLlm::Build(int32_t block_size) {
   copts.label = parts_.info.name;
   copts.metrics = options_.metrics;
   compiler::CompileReport report;
-  KILN_ASSIGN_OR_RETURN(program_, compiler::Compile(graph, {logits}, *parts_.device, copts, &report));
+  KILN_ASSIGN_OR_RETURN(program_,
+                        compiler::Compile(graph, {logits}, *parts_.device, copts, &report));
   KILN_RETURN_IF_ERROR(LoadWeights(ctx.weight_names()));
   for (const auto& [name, t] : weights_) {
     if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
@@ -138,8 +139,8 @@ StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, in
 
 int64_t PagedLlm::KvBytesPerBlock(int32_t block_size) const {
   const LlmHParams& hp = parts_.hparams;
-  return 2 * hp.num_layers * DTypeBytes(options_.kv_dtype, int64_t{block_size} *
-                                                               hp.num_kv_heads * hp.head_dim);
+  return 2 * hp.num_layers *
+         DTypeBytes(options_.kv_dtype, int64_t{block_size} * hp.num_kv_heads * hp.head_dim);
 }
 
 Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
@@ -219,14 +220,13 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
 
 Status PagedLlm::CopyLogits(const Tensor& out, int32_t rows, std::span<float> logits) {
   const int64_t V = parts_.info.vocab_size;
-  if (out.dtype() != DType::kF32 || !out.IsContiguous() || out.rank() != 2 ||
-      out.shape()[1] != V || out.shape()[0] < rows) {
+  if (out.dtype() != DType::kF32 || !out.IsContiguous() || out.rank() != 2 || out.shape()[1] != V ||
+      out.shape()[0] < rows) {
     return Internal("unexpected logits tensor ", out.DebugString());
   }
   const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float);
-  KILN_RETURN_IF_ERROR(stream_->CopyToHost(logits.data(), *out.buffer(),
-                                           static_cast<size_t>(out.offset()) * sizeof(float),
-                                           bytes));
+  KILN_RETURN_IF_ERROR(stream_->CopyToHost(
+      logits.data(), *out.buffer(), static_cast<size_t>(out.offset()) * sizeof(float), bytes));
   return stream_->Synchronize();
 }
 
@@ -240,14 +240,14 @@ Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats
       static_cast<int64_t>(batch.seq_lens.size()) != S ||
       static_cast<int64_t>(batch.block_table.size()) != S * MB || MB < 1) {
     return InvalidArgument("inconsistent step batch: ", T, " tokens, ", batch.positions.size(),
-                           " positions, ", batch.slot_mapping.size(), " slots, ", S,
-                           " sequences, ", batch.seq_lens.size(), " seq_lens, block table of ",
+                           " positions, ", batch.slot_mapping.size(), " slots, ", S, " sequences, ",
+                           batch.seq_lens.size(), " seq_lens, block table of ",
                            batch.block_table.size(), " for ", MB, " blocks per sequence");
   }
   if (T > t_max_ || S > s_max_ || MB > mb_max_) {
     return InvalidArgument("step of ", T, " tokens, ", S, " sequences and ", MB,
-                           " blocks per sequence exceeds what the model was compiled for (",
-                           t_max_, " tokens, ", s_max_, " sequences, ", mb_max_,
+                           " blocks per sequence exceeds what the model was compiled for (", t_max_,
+                           " tokens, ", s_max_, " sequences, ", mb_max_,
                            " blocks: max_num_batched_tokens, max_num_seqs, context_length)");
   }
   if (logits.size() < static_cast<size_t>(S * parts_.info.vocab_size)) {

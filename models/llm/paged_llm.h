@@ -48,7 +48,7 @@ struct PagedLlmOptions {
   int32_t block_size = 16;               // tokens per KV block the program is compiled for
   // Decode batch sizes to capture; sizes above max_num_seqs are ignored.
   std::vector<int> capture_batch_sizes;
-  DType kv_dtype = DType::kF32;  // f32, f16 or bf16
+  DType kv_dtype = DType::kF32;          // f32, f16 or bf16
   metrics::Registry* metrics = nullptr;  // compile metrics go here; not owned; may be null
 };
 
@@ -96,8 +96,7 @@ class PagedLlm final : public LlmModel {
  private:
   // Device buffers for the step inputs, sized for `tokens` tokens and `seqs` sequences.
   struct StepBuffers {
-    std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens,
-        query_start;
+    std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens, query_start;
   };
   struct Capture;
 

@@ -31,8 +31,8 @@ namespace {
 using nlohmann::json;
 
 // Largest |kiln - llama.cpp| over the whole vocabulary, at step 0 and a later step.
-constexpr double kF32LogitTolerance = 0.02;   // same arithmetic up to summation order
-constexpr double kQ4_1LogitTolerance = 1.2;   // llama.cpp's own q4_1-vs-exact gap is ~1.0
+constexpr double kF32LogitTolerance = 0.02;  // same arithmetic up to summation order
+constexpr double kQ4_1LogitTolerance = 1.2;  // llama.cpp's own q4_1-vs-exact gap is ~1.0
 
 json ReadJson(const std::string& path) {
   std::ifstream in(path);
@@ -112,8 +112,8 @@ Comparison CompareWithLlamaCpp(PagedLlm& model, const std::string& ref, double t
     // The top-20 comparison holds while both continuations are the same (same context).
     if (!diverged[seq] && step < static_cast<int32_t>(c["top"].size())) {
       for (const json& e : c["top"][step]) {
-        top_diff[seq] = std::max(top_diff[seq],
-                                 std::abs(logits[e[0].get<size_t>()] - e[1].get<double>()));
+        top_diff[seq] =
+            std::max(top_diff[seq], std::abs(logits[e[0].get<size_t>()] - e[1].get<double>()));
       }
       const auto argmax = std::max_element(logits.begin(), logits.end()) - logits.begin();
       diverged[seq] = argmax != c["greedy"][step].get<int64_t>();
@@ -146,17 +146,18 @@ Comparison CompareWithLlamaCpp(PagedLlm& model, const std::string& ref, double t
     out.max_first = std::max(out.max_first, first_diff[i]);
     out.max_later = std::max(out.max_later, later_diff[i]);
     out.max_top = std::max(out.max_top, top_diff[i]);
-    std::printf("[%s] %-44.44s %s %2zu/%2zu tokens agree  |dlogit| step0 %.4f  step%d %s  "
-                "top20 %.4f  (llama.cpp min top-2 margin %.4f)\n",
-                ref.c_str(), c["name"].get<std::string>().c_str(), same ? "==" : "!=", k,
-                want.size(), first_diff[i], later,
-                later_diff[i] < 0 ? "  -   " : std::to_string(later_diff[i]).substr(0, 6).c_str(),
-                top_diff[i], c[ref]["min_margin"].get<double>());
+    std::printf(
+        "[%s] %-44.44s %s %2zu/%2zu tokens agree  |dlogit| step0 %.4f  step%d %s  "
+        "top20 %.4f  (llama.cpp min top-2 margin %.4f)\n",
+        ref.c_str(), c["name"].get<std::string>().c_str(), same ? "==" : "!=", k, want.size(),
+        first_diff[i], later,
+        later_diff[i] < 0 ? "  -   " : std::to_string(later_diff[i]).substr(0, 6).c_str(),
+        top_diff[i], c[ref]["min_margin"].get<double>());
   }
-  std::printf("[%s] identical continuations: %d/%d; max |dlogit| vs llama.cpp: step 0 %.3g, "
-              "step %d %.3g, top-20 while equal %.3g\n",
-              ref.c_str(), out.identical, out.cases, out.max_first, later, out.max_later,
-              out.max_top);
+  std::printf(
+      "[%s] identical continuations: %d/%d; max |dlogit| vs llama.cpp: step 0 %.3g, "
+      "step %d %.3g, top-20 while equal %.3g\n",
+      ref.c_str(), out.identical, out.cases, out.max_first, later, out.max_later, out.max_top);
   return out;
 }
 
@@ -187,7 +188,8 @@ TEST(SmolLm2GoldenTest, GreedyContinuationsEqualLlamaCppF32) {
   EXPECT_EQ(c.identical, c.cases);
   EXPECT_TRUE(c.logits_within) << "max |dlogit| " << c.max_first << " / " << c.max_later;
   ::testing::Test::RecordProperty("identical", c.identical);
-  ::testing::Test::RecordProperty("max_logit_diff", std::to_string(std::max(c.max_first, c.max_later)));
+  ::testing::Test::RecordProperty("max_logit_diff",
+                                  std::to_string(std::max(c.max_first, c.max_later)));
 }
 
 // llama.cpp's default numerics (Q8 activations, f16 KV) on both sides.
@@ -198,7 +200,8 @@ TEST(SmolLm2GoldenTest, GreedyContinuationsMatchLlamaCppQ4_1) {
   EXPECT_GE(c.identical, 3) << "of " << c.cases;
   EXPECT_TRUE(c.logits_within) << "max |dlogit| " << c.max_first << " / " << c.max_later;
   ::testing::Test::RecordProperty("identical", c.identical);
-  ::testing::Test::RecordProperty("max_logit_diff", std::to_string(std::max(c.max_first, c.max_later)));
+  ::testing::Test::RecordProperty("max_logit_diff",
+                                  std::to_string(std::max(c.max_first, c.max_later)));
 }
 
 }  // namespace

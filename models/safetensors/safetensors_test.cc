@@ -1,9 +1,8 @@
 #include "models/safetensors/safetensors.h"
 
-#include <unistd.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -147,7 +146,8 @@ TEST(SafetensorsCorruptTest, BadSizes) {
 class SafetensorsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) / ("kiln_st_model_" + std::to_string(getpid()));
+    dir_ =
+        std::filesystem::path(::testing::TempDir()) / ("kiln_st_model_" + std::to_string(getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }

@@ -80,10 +80,9 @@ inline int64_t AttnPartialFloats(int64_t dv) { return dv + 2; }
 
 // Activations quantized to 8 bits per 32-element block, ggml's Q8_1 numerics: d = max|x|/127,
 // q = x * (127 / max|x|) rounded to nearest even; d is rounded to f16 as ggml stores it, so
-// that products match llama.cpp's as closely as possible; s = d * sum(q) (exact in f32). Used only where the numerics policy
-// allows quantized activations (linear.h): results differ from exact f32 products by about
-// 1e-5 in normalized MSE.
-// Rounds to the nearest f16 value (kept as a float).
+// that products match llama.cpp's as closely as possible; s = d * sum(q) (exact in f32). Used only
+// where the numerics policy allows quantized activations (linear.h): results differ from exact f32
+// products by about 1e-5 in normalized MSE. Rounds to the nearest f16 value (kept as a float).
 inline float RoundToF16(float x) { return F16ToFloat(FloatToF16(x)); }
 
 struct Q8Block {

@@ -36,7 +36,8 @@ inline StatusOr<GreedyResult> RunGreedy(LlmModel& model,
   const int32_t bs = opt.block_size, V = model.info().vocab_size;
   const size_t n = prompts.size();
   int32_t longest = 0;
-  for (const auto& p : prompts) longest = std::max<int32_t>(longest, static_cast<int32_t>(p.size()));
+  for (const auto& p : prompts)
+    longest = std::max<int32_t>(longest, static_cast<int32_t>(p.size()));
   const int32_t per_seq = (longest + opt.max_new_tokens + bs - 1) / bs;
   KILN_RETURN_IF_ERROR(model.AllocateKvCache(static_cast<int32_t>(n) * per_seq, bs));
 
@@ -62,8 +63,8 @@ inline StatusOr<GreedyResult> RunGreedy(LlmModel& model,
     for (size_t i = 0; i < n && budget > 0; ++i) {
       Seq& s = seqs[i];
       if (s.done) continue;
-      const int32_t todo = std::min<int32_t>(static_cast<int32_t>(s.tokens.size()) - s.computed,
-                                             budget);
+      const int32_t todo =
+          std::min<int32_t>(static_cast<int32_t>(s.tokens.size()) - s.computed, budget);
       for (int32_t k = 0; k < todo; ++k) {
         const int32_t pos = s.computed + k;
         tokens.push_back(s.tokens[pos]);
