@@ -97,6 +97,42 @@ class Kilnd:
         return self.proc.returncode
 
 
+# The default model (SmolLM2-135M-Instruct), fetched by the repository's script if absent.
+LLM_NAME = "smollm2"
+
+
+def default_model_path():
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([str(root / "scripts" / "fetch-default-model.sh")], cwd=root,
+                         check=True, capture_output=True, text=True).stdout
+    return str((root / out.strip().splitlines()[-1]).resolve())
+
+
+def start_llm_kilnd(tmp_path_factory, name, server="",
+                    scheduler="max_num_seqs: 8, max_queue_size: 64"):
+    """A ready kilnd serving the default model as LLM_NAME (context 2048); `server` is extra
+    YAML under `server:`. The caller stops it."""
+    config = tmp_path_factory.mktemp(name) / "kiln.yaml"
+    config.write_text(f"""
+server:
+  shutdown_grace_seconds: 60
+{server}
+models:
+  - name: {LLM_NAME}
+    kind: llm
+    path: {default_model_path()}
+    context_length: 2048
+    scheduler: {{{scheduler}}}
+""")
+    k = Kilnd(config)
+    try:
+        k.wait_ready(timeout=300)
+    except Exception:
+        k.stop()
+        raise
+    return k
+
+
 @pytest.fixture
 def start_kilnd(request, tmp_path):
     started = []

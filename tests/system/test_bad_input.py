@@ -18,8 +18,8 @@ def simple_request(**over):
     if "version" in over:
         req.model_version = over["version"]
     for name in over.get("names", ["INPUT0", "INPUT1"]):
-        t = req.inputs.add(name=name, datatype=over.get("datatype", "INT32"),
-                           shape=over.get("shape", [1, 16]))
+        req.inputs.add(name=name, datatype=over.get("datatype", "INT32"),
+                       shape=over.get("shape", [1, 16]))
         req.raw_input_contents.append(over.get("raw", np.arange(16, dtype=np.int32).tobytes()))
     return req
 

@@ -14,10 +14,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from conftest import Kilnd
+from conftest import LLM_NAME as MODEL
+from conftest import start_llm_kilnd
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "smollm2"
 
 
 def _stubs_dir(tmp_root):
@@ -40,29 +40,10 @@ def pb(tmp_path_factory):
     return generation_pb2, generation_pb2_grpc
 
 
-def default_model_path():
-    out = subprocess.run([str(ROOT / "scripts" / "fetch-default-model.sh")], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
-    return str((ROOT / out.strip().splitlines()[-1]).resolve())
-
 
 @pytest.fixture(scope="module")
 def kilnd(tmp_path_factory):
-    config = tmp_path_factory.mktemp("grpc") / "kiln.yaml"
-    config.write_text(f"""
-models:
-  - name: {MODEL}
-    kind: llm
-    path: {default_model_path()}
-    context_length: 2048
-    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
-""")
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
+    k = start_llm_kilnd(tmp_path_factory, "grpc")
     yield k
     assert k.stop() == 0, k.output()
 

@@ -1,6 +1,5 @@
 """KServe v2 over gRPC with the stock Triton client, grpcio health checks and reflection."""
 import queue
-import threading
 
 import grpc
 import numpy as np

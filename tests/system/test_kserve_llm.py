@@ -4,8 +4,6 @@ decoupled streaming on ModelStreamInfer with triton_final_response, metadata and
 Triton's generate extension over REST."""
 import json
 import queue
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,37 +12,17 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import Kilnd
+from conftest import LLM_NAME as MODEL
+from conftest import start_llm_kilnd
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "smollm2"
 PROMPT = "The capital of France is"
 GREEDY = {"max_tokens": 4, "temperature": 0}
 
 
-def default_model_path():
-    out = subprocess.run([str(ROOT / "scripts" / "fetch-default-model.sh")], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
-    return str((ROOT / out.strip().splitlines()[-1]).resolve())
-
 
 @pytest.fixture(scope="module")
 def kilnd(tmp_path_factory):
-    config = tmp_path_factory.mktemp("kserve") / "kiln.yaml"
-    config.write_text(f"""
-models:
-  - name: {MODEL}
-    kind: llm
-    path: {default_model_path()}
-    context_length: 2048
-    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
-""")
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
+    k = start_llm_kilnd(tmp_path_factory, "kserve")
     yield k
     assert k.stop() == 0, k.output()
 

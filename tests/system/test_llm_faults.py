@@ -10,56 +10,24 @@ import json
 import re
 import signal
 import socket
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import aiohttp
 import grpc
-import numpy as np
 import pytest
 import requests
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from conftest import Kilnd
+from conftest import LLM_NAME as MODEL
+from conftest import start_llm_kilnd
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "smollm2"
 USAGE = "kiln_llm_kv_cache_usage_ratio"
-
-
-def default_model_path():
-    out = subprocess.run([str(ROOT / "scripts" / "fetch-default-model.sh")], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
-    return str((ROOT / out.strip().splitlines()[-1]).resolve())
-
-
-def start(tmp_path_factory, name, server="", scheduler="max_num_seqs: 8, max_queue_size: 64"):
-    config = tmp_path_factory.mktemp(name) / "kiln.yaml"
-    config.write_text(f"""
-server:
-  shutdown_grace_seconds: 60
-{server}
-models:
-  - name: {MODEL}
-    kind: llm
-    path: {default_model_path()}
-    context_length: 2048
-    scheduler: {{{scheduler}}}
-""")
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
-    return k
 
 
 @pytest.fixture(scope="module")
 def kilnd(tmp_path_factory):
-    k = start(tmp_path_factory, "faults", server="""  http: {max_body_bytes: 1048576}
+    k = start_llm_kilnd(tmp_path_factory, "faults", server="""  http: {max_body_bytes: 1048576}
   grpc: {max_message_bytes: 1048576}""")
     yield k
     assert k.stop() == 0, k.output()
@@ -212,7 +180,7 @@ def test_client_disconnect_mid_stream_returns_the_kv_blocks(kilnd):
 
 @pytest.fixture(scope="module")
 def small_queue(tmp_path_factory):
-    k = start(tmp_path_factory, "flood", scheduler="max_num_seqs: 4, max_queue_size: 8")
+    k = start_llm_kilnd(tmp_path_factory, "flood", scheduler="max_num_seqs: 4, max_queue_size: 8")
     yield k
     assert k.stop() == 0, k.output()
 
@@ -288,7 +256,7 @@ def test_grpc_streams_past_the_queue_are_resource_exhausted(small_queue):
 # ---- SIGTERM with streams in flight ------------------------------------------------------------
 
 def test_sigterm_lets_streams_in_flight_finish_and_exits_0(tmp_path_factory):
-    k = start(tmp_path_factory, "sigterm")
+    k = start_llm_kilnd(tmp_path_factory, "sigterm")
     results, started = [], threading.Barrier(5)
 
     def stream(i):

@@ -14,36 +14,17 @@ import openai
 import pytest
 from openai import OpenAI
 
-from conftest import Kilnd
+from conftest import LLM_NAME as MODEL
+from conftest import start_llm_kilnd
 
 ROOT = Path(__file__).resolve().parents[2]
-MODEL = "smollm2"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-
-def default_model_path():
-    out = subprocess.run([str(ROOT / "scripts" / "fetch-default-model.sh")], cwd=ROOT,
-                         check=True, capture_output=True, text=True).stdout
-    return str((ROOT / out.strip().splitlines()[-1]).resolve())
 
 
 @pytest.fixture(scope="module")
 def kilnd(tmp_path_factory):
-    config = tmp_path_factory.mktemp("openai") / "kiln.yaml"
-    config.write_text(f"""
-models:
-  - name: {MODEL}
-    kind: llm
-    path: {default_model_path()}
-    context_length: 2048
-    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
-""")
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
+    k = start_llm_kilnd(tmp_path_factory, "openai")
     yield k
     assert k.stop() == 0, k.output()
 
