@@ -11,10 +11,14 @@
 //         f16 KV cache and f16 attention products. Its logits differ from exact arithmetic by
 //         up to ~1.0 (the fixture's transformers cross-check), so near-ties go either way.
 //         Kiln with quantized activations (KILN_CPU_Q8_ACTIVATIONS=1, f16 KV) is compared with
-//         it: logits within kQ4_1LogitTolerance; the count of identical continuations is
-//         reported (4 of 10 when this was written) with a floor against regressions.
+//         it: logits within kQ4_1LogitTolerance; the count of identical continuations must
+//         be at least llama.cpp's own count under its other settings (the fixture's
+//         llama_cpp_q4_1_self_agreement: the prompt fed one token at a time 5/10, an f32 KV
+//         cache 3/10, flash attention 4/10 — the rounding noise of that path flips near-ties
+//         under any change of summation order). Kiln gave 4/10 when this was written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -197,7 +201,16 @@ TEST(SmolLm2GoldenTest, GreedyContinuationsMatchLlamaCppQ4_1) {
   auto model = LoadSmolLm2(/*llama_cpp_numerics=*/true);
   ASSERT_TRUE(model.ok()) << model.status();
   const Comparison c = CompareWithLlamaCpp(**model, "q4_1", kQ4_1LogitTolerance);
-  EXPECT_GE(c.identical, 3) << "of " << c.cases;
+  // llama.cpp against itself: the same file under its other settings.
+  int self_min = c.cases;
+  for (const auto& [name, v] : Fixture()["llama_cpp_q4_1_self_agreement"].items()) {
+    const int same = v["identical"];
+    std::printf("[q4_1] llama.cpp with %s: %d/%d identical to its default\n", name.c_str(), same,
+                v["of"].get<int>());
+    self_min = std::min(self_min, same);
+  }
+  ASSERT_LT(self_min, c.cases) << "fixture without llama_cpp_q4_1_self_agreement";
+  EXPECT_GE(c.identical, self_min) << "of " << c.cases;
   EXPECT_TRUE(c.logits_within) << "max |dlogit| " << c.max_first << " / " << c.max_later;
   ::testing::Test::RecordProperty("identical", c.identical);
   ::testing::Test::RecordProperty("max_logit_diff",
