@@ -85,6 +85,20 @@ inline int64_t AttnPartialFloats(int64_t dv) { return dv + 2; }
 // products by about 1e-5 in normalized MSE. Rounds to the nearest f16 value (kept as a float).
 inline float RoundToF16(float x) { return F16ToFloat(FloatToF16(x)); }
 
+// GEMV tiles read weight rows in strips of four consecutive rows, and strips follow each other
+// in memory (the row stride is the row size in every layout the loaders produce). The hardware
+// prefetcher does not keep up with a tile's interleaved row streams — the q4 GEMVs read 10-12
+// GB/s from memory without help and 25-30 GB/s with it (tests/bench/gemm_bench) — so a tile of
+// `nr` rows at `w`, at byte `at` of its rows and reading `step` bytes per row per step,
+// prefetches the matching bytes kPrefetchStrips strips ahead. Prefetches past the weights do
+// not fault.
+inline constexpr int kPrefetchStrips = 2;
+inline void PrefetchAhead(const uint8_t* w, int64_t ldw, int nr, int64_t at, int64_t step) {
+  const uint8_t* p = w + kPrefetchStrips * 4 * ldw + nr * at;
+  __builtin_prefetch(p);
+  __builtin_prefetch(p + nr * step - 1);
+}
+
 struct Q8Block {
   float d, s;
   int8_t qs[32];

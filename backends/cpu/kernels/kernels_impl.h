@@ -139,6 +139,7 @@ void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_
   const int64_t nb = K / 32;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * 32;
+    PrefetchAhead(w, ldw, NR, b * D::kBlockBytes, D::kBlockBytes);
     for (int j = 0; j < NR; ++j) {
       const auto st = D::Load(w + j * ldw + b * D::kBlockBytes);
       for (int c = 0; c < kChunks; ++c) {
@@ -185,6 +186,7 @@ void GemvTileSplit(const float* x, int64_t ldx, const float* xsum, int64_t ldxs,
   const int64_t nb = K / 32;
   for (int64_t b = 0; b < nb; ++b) {
     const float* xb = x + b * 32;
+    PrefetchAhead(w, ldw, NR, b * D::kBlockBytes, D::kBlockBytes);
     for (int j = 0; j < NR; ++j) {
       const auto st = D::Load(w + j * ldw + b * D::kBlockBytes);
       F t[MR][2];
@@ -306,6 +308,7 @@ void GemvQ8Tile(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, 
     for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
   }
   for (int64_t b = 0; b < nb; ++b) {
+    PrefetchAhead(w, ldw, NR, b * W::kBlockBytes, W::kBlockBytes);
     for (int j = 0; j < NR; ++j) {
       const auto wb = W::Load(w + j * ldw + b * W::kBlockBytes);
       for (int i = 0; i < MR; ++i) Q8Accumulate<W>(wb, xq[i * ldxq + b], acc[i][j], off[i][j]);
@@ -314,6 +317,16 @@ void GemvQ8Tile(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, 
   for (int i = 0; i < MR; ++i) {
     for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + off[i][j];
   }
+}
+
+// Four weight rows: the vector layer's own tile where it has one for this weight type.
+template <class W, int MR>
+void GemvQ8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
+                 float* y, int64_t ldy) {
+#if defined(KILN_ISA_HAS_Q8_TILE4)
+  if constexpr (W::kTile4) return Q8Tile4<W, MR>(xq, ldxq, w, ldw, nb, y, ldy);
+#endif
+  GemvQ8Tile<W, MR, 4>(xq, ldxq, w, ldw, nb, y, ldy);
 }
 
 template <class W>
@@ -327,13 +340,13 @@ void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
       float* y = a.y + m * a.ldy + n;
       if (a.M - m >= 2) {
         if (nr == 4) {
-          GemvQ8Tile<W, 2, 4>(x, nb, w, ldw, nb, y, a.ldy);
+          GemvQ8Tile4<W, 2>(x, nb, w, ldw, nb, y, a.ldy);
         } else {
           for (int j = 0; j < nr; ++j)
             GemvQ8Tile<W, 2, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
         }
       } else if (nr == 4) {
-        GemvQ8Tile<W, 1, 4>(x, nb, w, ldw, nb, y, a.ldy);
+        GemvQ8Tile4<W, 1>(x, nb, w, ldw, nb, y, a.ldy);
       } else {
         for (int j = 0; j < nr; ++j) GemvQ8Tile<W, 1, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
       }

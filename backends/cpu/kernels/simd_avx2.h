@@ -314,14 +314,21 @@ struct Q8W {
   __m256i q;
   float d, off;
 };
+// The 32 nibbles of a q4 block in element order: low nibbles in the low 128 bits, high
+// nibbles in the high 128 bits (one broadcast load, one variable shift, one and).
 inline __m256i Nibbles(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-  return _mm256_and_si256(both, _mm256_set1_epi8(15));
+  const __m256i v =
+      _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)),
+                          _mm256_set1_epi8(15));
 }
+// Q8Tile4 reads the scales itself: kTile4 says it may (an f16 d first in the block, then the
+// f16 m for q4_1), kOff what multiplies x.s.
+enum class Q8Off { kNone, kMinus8D, kMin };
 struct Q8DecQ4_0 {
   static constexpr int64_t kBlockBytes = 18;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = false, kTile4 = true;
+  static constexpr Q8Off kOff = Q8Off::kMinus8D;
   static Q8W Load(const uint8_t* b) {
     const float d = F16Scalar(b);
     return {Nibbles(b + 2), d, -8.0f * d};
@@ -329,19 +336,22 @@ struct Q8DecQ4_0 {
 };
 struct Q8DecQ4_1 {
   static constexpr int64_t kBlockBytes = 20;
-  static constexpr bool kSigned = false;
+  static constexpr bool kSigned = false, kTile4 = true;
+  static constexpr Q8Off kOff = Q8Off::kMin;
   static Q8W Load(const uint8_t* b) { return {Nibbles(b + 4), F16Scalar(b), F16Scalar(b + 2)}; }
 };
 struct Q8DecQ8_0 {
   static constexpr int64_t kBlockBytes = 34;
-  static constexpr bool kSigned = true;
+  static constexpr bool kSigned = true, kTile4 = true;
+  static constexpr Q8Off kOff = Q8Off::kNone;
   static Q8W Load(const uint8_t* b) {
     return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), F16Scalar(b), 0.0f};
   }
 };
 struct Q8DecMXFP4 {
   static constexpr int64_t kBlockBytes = 17;
-  static constexpr bool kSigned = true;
+  static constexpr bool kSigned = true, kTile4 = false;  // e8m0 scale
+  static constexpr Q8Off kOff = Q8Off::kNone;
   static Q8W Load(const uint8_t* b) {
     const DecMXFP4::State s = DecMXFP4::Load(b);
     return {_mm256_set_m128i(s.hi, s.lo), _mm256_cvtss_f32(s.d), 0.0f};
@@ -360,6 +370,82 @@ inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
   const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   acc.v = _mm256_fmadd_ps(dot, _mm256_set1_ps(w.d * x.d), acc.v);
   off += w.off * x.s;
+}
+
+// The q8 GEMV's main tile: four weight rows (q4_0, q4_1 or q8_0) against MR activation rows.
+// Per block, the four rows' f16 scales (and q4_1 mins) are converted by one instruction and
+// multiplied by the activation block's d (and s) by one more, then broadcast to each row's
+// accumulator with a permute — instead of scalar conversions and products per row and block,
+// which bounded the per-row loop above. y[i * ldy + r] = sum over blocks of
+// d_r * x.d * dot(q_r, x.qs) + off_r * x.s (off: q4_0 -8 d, q4_1 m, q8_0 none).
+// REQUIRES: W::kTile4.
+#define KILN_ISA_HAS_Q8_TILE4 1
+
+template <class W, int MR>
+inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
+                    float* y, int64_t ldy) {
+  static_assert(W::kTile4);
+  constexpr bool kQ4_1 = W::kOff == Q8Off::kMin, kQ4_0 = W::kOff == Q8Off::kMinus8D;
+  const __m256i ones = _mm256_set1_epi16(1);
+  // Lane of row r's d * x.d in the scale products: interleaved with the mins for q4_1.
+  const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(kQ4_1 ? 2 : 1),
+                           _mm256_set1_epi32(kQ4_1 ? 4 : 2), _mm256_set1_epi32(kQ4_1 ? 6 : 3)};
+  __m256 acc[MR][4], off[MR];
+  for (int i = 0; i < MR; ++i) {
+    off[i] = _mm256_setzero_ps();
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+  }
+  const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t at = b * W::kBlockBytes;
+    PrefetchAhead(w, ldw, 4, at, W::kBlockBytes);
+    __m256 sc;  // q4_1: d0 m0 d1 m1 d2 m2 d3 m3; otherwise d0 d1 d2 d3 (upper lanes unused)
+    if constexpr (kQ4_1) {
+      uint32_t h[4];
+      for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 4);
+      sc = _mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(h[0]), static_cast<int>(h[1]),
+                                          static_cast<int>(h[2]), static_cast<int>(h[3])));
+    } else {
+      uint16_t h[4];
+      for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 2);
+      sc = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(h[0]), static_cast<int16_t>(h[1]),
+                                          static_cast<int16_t>(h[2]), static_cast<int16_t>(h[3]), 0,
+                                          0, 0, 0));
+    }
+    __m256i q[4];
+    for (int r = 0; r < 4; ++r) q[r] = W::Load(rows[r] + at).q;
+    for (int i = 0; i < MR; ++i) {
+      const Q8Block& x = xq[i * ldxq + b];
+      __m256 p;  // d_r * x.d (and q4_1: m_r * x.s in the odd lanes)
+      if constexpr (kQ4_1) {
+        p = _mm256_mul_ps(sc, _mm256_castpd_ps(_mm256_broadcast_sd(
+                                  reinterpret_cast<const double*>(&x.d))));  // x.d x.s x.d ...
+        off[i] = _mm256_add_ps(off[i], p);
+      } else {
+        p = _mm256_mul_ps(sc, _mm256_set1_ps(x.d));
+        if constexpr (kQ4_0) off[i] = _mm256_fmadd_ps(sc, _mm256_set1_ps(x.s), off[i]);
+      }
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
+      for (int r = 0; r < 4; ++r) {
+        __m256i prod;
+        if constexpr (W::kSigned) {
+          prod = _mm256_maddubs_epi16(_mm256_sign_epi8(q[r], q[r]), _mm256_sign_epi8(xv, q[r]));
+        } else {
+          prod = _mm256_maddubs_epi16(q[r], xv);
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_permutevar8x32_ps(p, lane[r]), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    alignas(32) float o[8];
+    _mm256_store_ps(o, off[i]);
+    for (int r = 0; r < 4; ++r) {
+      const float extra = kQ4_1 ? o[2 * r + 1] : kQ4_0 ? -8.0f * o[r] : 0.0f;
+      y[i * ldy + r] = HSum(F{acc[i][r]}) + extra;
+    }
+  }
 }
 
 }  // namespace kiln::cpu::avx2
