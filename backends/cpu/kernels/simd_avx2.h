@@ -403,14 +403,17 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
     if constexpr (kQ4_1) {
       uint32_t h[4];
       for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 4);
-      sc = _mm256_cvtph_ps(_mm_setr_epi32(static_cast<int>(h[0]), static_cast<int>(h[1]),
-                                          static_cast<int>(h[2]), static_cast<int>(h[3])));
+      const uint64_t lo = h[0] | uint64_t{h[1]} << 32, hi = h[2] | uint64_t{h[3]} << 32;
+      sc = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
     } else {
-      uint16_t h[4];
-      for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 2);
-      sc = _mm256_cvtph_ps(_mm_setr_epi16(static_cast<int16_t>(h[0]), static_cast<int16_t>(h[1]),
-                                          static_cast<int16_t>(h[2]), static_cast<int16_t>(h[3]), 0,
-                                          0, 0, 0));
+      // Assembled in an integer register: keeps the vector ports for the dot products.
+      uint64_t h = 0;
+      for (int r = 0; r < 4; ++r) {
+        uint16_t v;
+        std::memcpy(&v, rows[r] + at, 2);
+        h |= uint64_t{v} << (16 * r);
+      }
+      sc = _mm256_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
     }
     __m256i q[4];
     for (int r = 0; r < 4; ++r) q[r] = W::Load(rows[r] + at).q;
