@@ -388,8 +388,8 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
   constexpr bool kQ4_1 = W::kOff == Q8Off::kMin, kQ4_0 = W::kOff == Q8Off::kMinus8D;
   const __m256i ones = _mm256_set1_epi16(1);
   // Lane of row r's d * x.d in the scale products: interleaved with the mins for q4_1.
-  const __m256i lane[4] = {_mm256_set1_epi32(0), _mm256_set1_epi32(kQ4_1 ? 2 : 1),
-                           _mm256_set1_epi32(kQ4_1 ? 4 : 2), _mm256_set1_epi32(kQ4_1 ? 6 : 3)};
+  constexpr int kLane[4] = {0, kQ4_1 ? 2 : 1, kQ4_1 ? 4 : 2, kQ4_1 ? 6 : 3};
+  alignas(32) float ps[8];  // p through memory: broadcast loads use no vector ALU
   __m256 acc[MR][4], off[MR];
   for (int i = 0; i < MR; ++i) {
     off[i] = _mm256_setzero_ps();
@@ -428,6 +428,7 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
         p = _mm256_mul_ps(sc, _mm256_set1_ps(x.d));
         if constexpr (kQ4_0) off[i] = _mm256_fmadd_ps(sc, _mm256_set1_ps(x.s), off[i]);
       }
+      _mm256_store_ps(ps, p);
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
       for (int r = 0; r < 4; ++r) {
         __m256i prod;
@@ -437,7 +438,7 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
           prod = _mm256_maddubs_epi16(q[r], xv);
         }
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_permutevar8x32_ps(p, lane[r]), acc[i][r]);
+        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&ps[kLane[r]]), acc[i][r]);
       }
     }
   }
