@@ -22,7 +22,14 @@
 namespace kiln::backend {
 
 std::unique_ptr<Backend> MakeRefBackend();
-std::unique_ptr<Backend> MakeCpuBackend(int threads = 0);  // 0: from KILN_CPU_THREADS / cores
+// Arithmetic choices of a cpu backend (a model's `activations` setting).
+struct CpuOptions {
+  // Quantize activations to 8-bit blocks for q4_0/q4_1/q8_0/mxfp4 weights at every batch
+  // size (llama.cpp's numerics); KILN_CPU_Q8_ACTIVATIONS=1 also turns it on.
+  bool q8_activations = false;
+};
+// threads 0: from KILN_CPU_THREADS / cores.
+std::unique_ptr<Backend> MakeCpuBackend(int threads = 0, CpuOptions options = {});
 // Null (and logged) when there is no usable OpenCL device or the build has no OpenCL.
 std::unique_ptr<Backend> MakeXpuBackend();
 

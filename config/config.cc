@@ -92,6 +92,8 @@ constexpr ModelKind kModelKinds[] = {
     {"llm", /*uses_builtin=*/false, /*uses_path=*/true},
 };
 constexpr std::string_view kBuiltinModels[] = {"simple", "identity_fp32", "sleep_us"};
+constexpr std::string_view kActivations[] = {"f32", "q8"};
+constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
 
 constexpr size_t kMaxModelNameLength = 128;
 constexpr size_t kMaxConfigFileBytes = 16 << 20;
@@ -107,9 +109,9 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
 constexpr std::string_view kModelKeys[] = {
-    "name",          "kind",           "builtin",        "path",
-    "backend",       "instance_count", "max_batch_size", "dynamic_batching",
-    "load_on_start", "scheduler",      "threads",        "context_length"};
+    "name",           "kind",           "builtin",          "path",          "backend",
+    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start", "scheduler",
+    "threads",        "context_length", "activations",      "kv_cache_dtype"};
 constexpr std::string_view kSchedulerKeys[] = {
     "max_num_seqs",    "max_num_batched_tokens", "max_queue_size",
     "block_size",      "kv_cache_bytes",         "enable_prefix_caching",
@@ -682,6 +684,8 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   }
   dec.Int(f, "threads", path, kThreadsRange, &m->threads);
   dec.Int(f, "context_length", path, kContextLengthRange, &m->context_length);
+  dec.String(f, "activations", path, &m->activations);
+  dec.String(f, "kv_cache_dtype", path, &m->kv_cache_dtype);
 }
 
 // ---- Validation of a model's settings together (also for models built in code) -------------
@@ -882,8 +886,14 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
                "must be 1 for kind `llm` (scale LLMs out with replicas)");
     }
     ValidateScheduler(d, m.scheduler, Join(path, "scheduler"));
+    CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
+    CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
   } else {
     if (m.threads != 0) d.AtPath(Join(path, "threads"), "only used by kind `llm`");
+    if (m.activations != "f32") d.AtPath(Join(path, "activations"), "only used by kind `llm`");
+    if (m.kv_cache_dtype != "f32") {
+      d.AtPath(Join(path, "kv_cache_dtype"), "only used by kind `llm`");
+    }
     if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
     if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
   }
@@ -1089,6 +1099,8 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     const LlmSchedulerConfig& s = m.scheduler;
     w.Line(4, "threads", std::to_string(m.threads));
     w.Line(4, "context_length", std::to_string(m.context_length));
+    w.Line(4, "activations", YamlString(m.activations));
+    w.Line(4, "kv_cache_dtype", YamlString(m.kv_cache_dtype));
     w.Line(4, "scheduler");
     w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
     w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
@@ -1145,7 +1157,8 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
          backend == o.backend && instance_count == o.instance_count &&
          max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
          load_on_start == o.load_on_start && scheduler == o.scheduler && threads == o.threads &&
-         context_length == o.context_length;
+         context_length == o.context_length && activations == o.activations &&
+         kv_cache_dtype == o.kv_cache_dtype;
 }
 
 bool Config::operator==(const Config& o) const {

@@ -135,9 +135,14 @@ struct ModelConfig {
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   // kind llm only:
   LlmSchedulerConfig scheduler;
-  int threads = 0;          // CPU threads for the model's kernels; 0: one per core
-  int context_length = 0;   // cap on the model's context (KV per sequence); 0: the model's own
-  SourceLocation location;  // of the list entry
+  int threads = 0;         // CPU threads for the model's kernels; 0: one per core
+  int context_length = 0;  // cap on the model's context (KV per sequence); 0: the model's own
+  // Numerics. "f32": activations stay f32 (exact against f32 references). "q8": activations
+  // are quantized to 8-bit blocks before multiplying q4_0/q4_1/q8_0/mxfp4 weights, as
+  // llama.cpp does (faster one-stream decode on cpu; logits move by up to ~1).
+  std::string activations = "f32";
+  std::string kv_cache_dtype = "f32";  // "f32", "f16" or "bf16" (half the memory per token)
+  SourceLocation location;             // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.
   bool operator==(const ModelConfig& other) const;

@@ -16,6 +16,7 @@
 namespace kiln::config {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -1054,6 +1055,8 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
       "    kind: llm\n"
       "    path: /models/smollm2.gguf\n"
       "    threads: 2\n"
+      "    activations: q8\n"
+      "    kv_cache_dtype: f16\n"
       "    scheduler:\n"
       "      max_num_seqs: 32\n"
       "      kv_cache_bytes: 134217728\n"
@@ -1065,6 +1068,8 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   EXPECT_EQ(m.kind, "llm");
   EXPECT_EQ(m.path, "/models/smollm2.gguf");
   EXPECT_EQ(m.threads, 2);
+  EXPECT_EQ(m.activations, "q8");
+  EXPECT_EQ(m.kv_cache_dtype, "f16");
   EXPECT_EQ(m.scheduler.max_num_seqs, 32);
   EXPECT_EQ(m.scheduler.max_num_batched_tokens, 128);  // default
   EXPECT_EQ(m.scheduler.kv_cache_bytes, 134217728);
@@ -1073,6 +1078,22 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   // Round trip through ToYaml.
   Config again = Parse(ToYaml(c));
   EXPECT_EQ(again, c);
+}
+
+TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
+  Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
+  EXPECT_EQ(c.models[0].activations, "f32");
+  EXPECT_EQ(c.models[0].kv_cache_dtype, "f32");
+  const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n";
+  EXPECT_THAT(Errors(head + "    activations: int8\n"),
+              ElementsAre(AllOf(HasSubstr("f.yaml:5:18: `models[0].activations`"),
+                                HasSubstr("f32"), HasSubstr("q8"))));
+  EXPECT_THAT(Errors(head + "    kv_cache_dtype: fp8\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].kv_cache_dtype`"), HasSubstr("bf16"))));
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    activations: q8\n")),
+              ElementsAre(HasSubstr("`models[0].activations`: only used by kind `llm`")));
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    kv_cache_dtype: f16\n")),
+              ElementsAre(HasSubstr("`models[0].kv_cache_dtype`: only used by kind `llm`")));
 }
 
 TEST(LlmModelTest, DefaultCaptureSizesStopAtMaxNumSeqs) {

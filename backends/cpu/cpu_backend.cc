@@ -255,7 +255,7 @@ void ReduceKernel(const LaunchArgs& a, const ExecCtx& c) {
 
 class CpuDevice final : public HostDevice {
  public:
-  explicit CpuDevice(int threads) : HostDevice("cpu:0", threads) {
+  CpuDevice(int threads, CpuOptions options) : HostDevice("cpu:0", threads), options_(options) {
     jit_.SetSpecFn(cpu::jit::JitSpecFor);
   }
 
@@ -271,9 +271,9 @@ class CpuDevice final : public HostDevice {
                                    [this](const KernelRequest& r) { return GetKernel(r); });
     }
     // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
-    KILN_ASSIGN_OR_RETURN(
-        std::optional<Kernel> fast,
-        cpu::SelectKernel(req, cpu::DefaultSelectContext(this, threads(), ref::KernelFor)));
+    cpu::SelectContext ctx = cpu::DefaultSelectContext(this, threads(), ref::KernelFor);
+    ctx.q8_activations = ctx.q8_activations || options_.q8_activations;
+    KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast, cpu::SelectKernel(req, ctx));
     if (fast) return *std::move(fast);
     const OpDef& def = GetOpDef(req.op);
     std::vector<DType> in;
@@ -319,12 +319,13 @@ class CpuDevice final : public HostDevice {
   }
 
  private:
+  const CpuOptions options_;
   cpu::jit::CpuJit jit_;
 };
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int threads) : device_(threads) {}
+  CpuBackend(int threads, CpuOptions options) : device_(threads, options) {}
   std::string_view name() const override { return "cpu"; }
   int device_count() const override { return 1; }
   Device* device(int index) override { return index == 0 ? &device_ : nullptr; }
@@ -344,8 +345,8 @@ int DefaultThreads() {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeCpuBackend(int threads) {
-  return std::make_unique<CpuBackend>(threads > 0 ? threads : DefaultThreads());
+std::unique_ptr<Backend> MakeCpuBackend(int threads, CpuOptions options) {
+  return std::make_unique<CpuBackend>(threads > 0 ? threads : DefaultThreads(), options);
 }
 
 }  // namespace kiln::backend

@@ -26,7 +26,7 @@ namespace kiln::models {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, backend = "cpu";
+  std::string model, prompt, backend = "cpu", activations = "f32", kv_cache_dtype = "f32";
   bool chat = false;
   int threads = 0;
   int max_tokens = 128;
@@ -57,6 +57,8 @@ Status Generate(const GenerateArgs& a) {
   c.path = a.model;
   c.backend = a.backend;
   c.threads = a.threads;
+  c.activations = a.activations;
+  c.kv_cache_dtype = a.kv_cache_dtype;
   c.scheduler.max_num_seqs = 1;
   c.scheduler.capture_batch_sizes = {1};
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, LoadPagedLlm(c));
@@ -150,6 +152,11 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", a.seed, "sampling seed (default: random)");
   gen->add_option("--threads", a.threads, "CPU threads; 0: one per core");
   gen->add_option("--backend", a.backend, "cpu (default), ref, or a registered device");
+  gen->add_option("--activations", a.activations,
+                  "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
+      ->check(CLI::IsMember({"f32", "q8"}));
+  gen->add_option("--kv-cache-dtype", a.kv_cache_dtype, "f32 (default), f16 or bf16")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   std::string log_level = "warn";
   gen->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
   CLI11_PARSE(app, argc, argv);

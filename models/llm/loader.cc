@@ -41,13 +41,33 @@ StatusOr<const Architecture*> PickArchitecture(const ModelFiles& files) {
   return arch;
 }
 
+// The `kv_cache_dtype` setting as an engine type (the config validated the name).
+StatusOr<DType> KvCacheDType(const std::string& name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  return InvalidArgument("kv_cache_dtype: ", name, " is not one of f32, f16, bf16");
+}
+
 // Where the model's kernels run: a cpu backend of its own (so `threads` applies to this model
 // only), the reference backend, or a device from the registry.
 Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
   const std::string& name = config.backend.empty() ? std::string("cpu") : config.backend;
+  if (config.activations != "f32" && config.activations != "q8") {
+    return InvalidArgument("activations: ", config.activations, " is not one of f32, q8");
+  }
   if (name == "cpu" || name == "cpu:0") {
-    parts.backend = backend::MakeCpuBackend(config.threads);
-  } else if (name == "ref" || name == "ref:0") {
+    parts.backend =
+        backend::MakeCpuBackend(config.threads, {.q8_activations = config.activations == "q8"});
+    parts.device = parts.backend->device(0);
+    return OkStatus();
+  }
+  if (config.activations != "f32") {
+    return InvalidArgument("activations: ", config.activations,
+                           " is implemented by the cpu backend only (this model runs on ", name,
+                           ")");
+  }
+  if (name == "ref" || name == "ref:0") {
     parts.backend = backend::MakeRefBackend();
   }
   if (parts.backend) {
@@ -146,7 +166,7 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
   opts.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   opts.block_size = config.scheduler.block_size;
   opts.capture_batch_sizes = config.scheduler.capture_batch_sizes;
-  opts.kv_dtype = options.kv_dtype;
+  KILN_ASSIGN_OR_RETURN(opts.kv_dtype, KvCacheDType(config.kv_cache_dtype));
   opts.metrics = options.metrics;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, PagedLlm::Create(std::move(parts), opts));
   const double seconds =

@@ -23,9 +23,6 @@ StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config);
 
 // Settings beyond the configuration file (the server, tools and tests).
 struct LlmLoadOptions {
-  // Element type of the KV cache: f32 (default; exact against f32 references) or f16/bf16
-  // (half the memory per cached token).
-  DType kv_dtype = DType::kF32;
   // Where the compiler adds kiln_compile_* (kernels compiled / reused / cached, seconds);
   // not owned; null: none.
   metrics::Registry* metrics = nullptr;

@@ -10,9 +10,9 @@
 //   q4_1  llama.cpp as users run it: activations quantized to Q8_1 for the quantized matmuls,
 //         f16 KV cache and f16 attention products. Its logits differ from exact arithmetic by
 //         up to ~1.0 (the fixture's transformers cross-check), so near-ties go either way.
-//         Kiln with quantized activations (KILN_CPU_Q8_ACTIVATIONS=1, f16 KV) is compared with
-//         it: logits within kQ4_1LogitTolerance; the count of identical continuations must
-//         be at least llama.cpp's own count under its other settings (the fixture's
+//         Kiln with quantized activations (`activations: q8`, `kv_cache_dtype: f16`) is compared
+//         with it: logits within kQ4_1LogitTolerance; the count of identical continuations must be
+//         at least llama.cpp's own count under its other settings (the fixture's
 //         llama_cpp_q4_1_self_agreement: the prompt fed one token at a time 5/10, an f32 KV
 //         cache 3/10, flash attention 4/10 — the rounding noise of that path flips near-ties
 //         under any change of summation order). Kiln gave 4/10 when this was written.
@@ -70,16 +70,11 @@ StatusOr<std::unique_ptr<PagedLlm>> LoadSmolLm2(bool llama_cpp_numerics) {
   c.scheduler.max_num_batched_tokens = 512;
   c.scheduler.max_num_seqs = 16;
   c.scheduler.capture_batch_sizes = {1, 2, 4, 8, 16};
-  LlmLoadOptions options;
   if (llama_cpp_numerics) {
-    setenv("KILN_CPU_Q8_ACTIVATIONS", "1", 1);  // read when the cpu backend is made
-    options.kv_dtype = DType::kF16;
-  } else {
-    unsetenv("KILN_CPU_Q8_ACTIVATIONS");
+    c.activations = "q8";
+    c.kv_cache_dtype = "f16";
   }
-  auto m = LoadPagedLlm(c, options);
-  unsetenv("KILN_CPU_Q8_ACTIVATIONS");
-  return m;
+  return LoadPagedLlm(c);
 }
 
 struct Comparison {

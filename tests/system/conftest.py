@@ -109,9 +109,9 @@ def default_model_path():
 
 
 def start_llm_kilnd(tmp_path_factory, name, server="",
-                    scheduler="max_num_seqs: 8, max_queue_size: 64"):
+                    scheduler="max_num_seqs: 8, max_queue_size: 64", model=""):
     """A ready kilnd serving the default model as LLM_NAME (context 2048); `server` is extra
-    YAML under `server:`. The caller stops it."""
+    YAML under `server:`, `model` extra keys of the model entry. The caller stops it."""
     config = tmp_path_factory.mktemp(name) / "kiln.yaml"
     config.write_text(f"""
 server:
@@ -123,6 +123,7 @@ models:
     path: {default_model_path()}
     context_length: 2048
     scheduler: {{{scheduler}}}
+{model}
 """)
     k = Kilnd(config)
     try:

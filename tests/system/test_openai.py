@@ -182,3 +182,19 @@ def test_llm_and_compiler_metrics_are_exposed_as_documented(kilnd, client):
     r = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True)
     assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), \
         r.stdout.decode() + r.stderr.decode()
+
+
+def test_llama_cpp_numerics_load_and_answer_repeatably(tmp_path_factory):
+    """`activations: q8` and `kv_cache_dtype: f16` (llama.cpp's arithmetic) load and serve;
+    greedy answers repeat. (They differ from the exact default's: on this question the q8 path
+    answers like llama.cpp's Q4_1 — "L'Étoile, ..." — where exact arithmetic says "Paris".)"""
+    k = start_llm_kilnd(tmp_path_factory, "q8", model="    activations: q8\n    kv_cache_dtype: f16")
+    try:
+        fast = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
+        answers = [fast.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
+                                                temperature=0) for _ in range(2)]
+        assert answers[0].choices[0].message.content
+        assert answers[0].usage.completion_tokens == 12
+        assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    finally:
+        assert k.stop() == 0, k.output()
