@@ -10,7 +10,8 @@
 // cpu backend selects (autotuned: "auto") or a forced implementation, run on the backend's
 // thread pool. Decode shapes (M <= 16) rotate over copies of the weights totalling more than
 // 256 MiB, so every byte comes from memory as in a real decode step; GB/s counts weight
-// bytes per second. Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model
+// bytes per second. KILN_BENCH_HOT=1 uses one copy instead (weights stay in cache where they
+// fit): the kernel's compute ceiling, to tell a memory-bound kernel from a compute-bound one. Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model
 // (K = 2048, N = 8192).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -153,8 +155,10 @@ void BM_Linear(benchmark::State& state, DType wt, int64_t N, int64_t K, int64_t 
   }
   const backend::Kernel kernel = **k;
   const int64_t wbytes = DTypeBytes(wt, K) * N;
+  const char* hot = std::getenv("KILN_BENCH_HOT");
+  const bool rotate = M <= 16 && !(hot != nullptr && std::string_view(hot) == "1");
   const int copies =
-      M <= 16 ? static_cast<int>(std::max<int64_t>(1, (int64_t{256} << 20) / wbytes + 1)) : 1;
+      rotate ? static_cast<int>(std::max<int64_t>(1, (int64_t{256} << 20) / wbytes + 1)) : 1;
   auto w = Alloc(static_cast<size_t>(wbytes) * copies);
   for (int c = 0; c < copies; ++c) FillWeights(wt, w.get() + c * wbytes, N, K);
   auto x = Alloc(4 * M * K), out = Alloc(4 * M * N);
