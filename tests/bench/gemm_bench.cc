@@ -11,8 +11,8 @@
 // thread pool. Decode shapes (M <= 16) rotate over copies of the weights totalling more than
 // 256 MiB, so every byte comes from memory as in a real decode step; GB/s counts weight
 // bytes per second. KILN_BENCH_HOT=1 uses one copy instead (weights stay in cache where they
-// fit): the kernel's compute ceiling, to tell a memory-bound kernel from a compute-bound one. Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model
-// (K = 2048, N = 8192).
+// fit): the kernel's compute ceiling, to tell a memory-bound kernel from a compute-bound one.
+// Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model (K = 2048, N = 8192).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
