@@ -1540,6 +1540,15 @@ class Evaluator {
     return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
   }
 
+  // Integers are 64-bit (Python's are unbounded): a result out of range is a template error,
+  // not a wrapped value.
+  // Callers compute the overflow flag in a statement of its own before reading the result
+  // (function arguments are unsequenced).
+  int64_t Checked(const Node& n, bool overflowed, int64_t v) {
+    if (overflowed) Err(n, Cat("integer overflow in '", n.str, "' (template integers are 64-bit)"));
+    return v;
+  }
+
   Value Binary(const Node& n, const Value& a, const Value& b) {
     const std::string& op = n.str;
     if (op == "~") return Value::Str(ToStr(a) + ToStr(b));
@@ -1565,29 +1574,52 @@ class Evaluator {
     if (a.is_number() && b.is_number()) {
       bool ints = a.kind != Value::kFloat && b.kind != Value::kFloat;
       int64_t x = a.kind == Value::kBool ? a.b : a.i, y = b.kind == Value::kBool ? b.b : b.i;
-      if (op == "+") return ints ? Value::Int(x + y) : Value::Float(a.num() + b.num());
-      if (op == "-") return ints ? Value::Int(x - y) : Value::Float(a.num() - b.num());
-      if (op == "*") return ints ? Value::Int(x * y) : Value::Float(a.num() * b.num());
+      int64_t r = 0;
+      if (op == "+") {
+        if (ints) {
+          const bool overflow = __builtin_add_overflow(x, y, &r);
+          return Value::Int(Checked(n, overflow, r));
+        }
+        return Value::Float(a.num() + b.num());
+      }
+      if (op == "-") {
+        if (ints) {
+          const bool overflow = __builtin_sub_overflow(x, y, &r);
+          return Value::Int(Checked(n, overflow, r));
+        }
+        return Value::Float(a.num() - b.num());
+      }
+      if (op == "*") {
+        if (ints) {
+          const bool overflow = __builtin_mul_overflow(x, y, &r);
+          return Value::Int(Checked(n, overflow, r));
+        }
+        return Value::Float(a.num() * b.num());
+      }
       if (op == "/") {
         if (b.num() == 0) Err(n, "division by zero");
         return Value::Float(a.num() / b.num());
       }
       if (op == "//") {
         if (b.num() == 0) Err(n, "division by zero");
+        if (ints) Checked(n, x == INT64_MIN && y == -1, 0);
         return ints ? Value::Int(PyFloorDiv(x, y)) : Value::Float(std::floor(a.num() / b.num()));
       }
       if (op == "%") {
         if (b.num() == 0) Err(n, "modulo by zero");
-        if (ints) return Value::Int(PyMod(x, y));
+        if (ints) return Value::Int(y == -1 ? 0 : PyMod(x, y));
         double m = std::fmod(a.num(), b.num());
         if (m != 0 && ((m < 0) != (b.num() < 0))) m += b.num();
         return Value::Float(m);
       }
       if (op == "**") {
         if (ints && y >= 0) {
-          int64_t r = 1;
-          for (int64_t k = 0; k < y && k < 64; ++k) r *= x;
-          return Value::Int(r);
+          // |x| >= 2 overflows within 63 multiplications; 0, 1 and -1 need none.
+          if (x == 0) return Value::Int(y == 0 ? 1 : 0);
+          if (x == 1 || x == -1) return Value::Int(x == -1 && y % 2 == 1 ? -1 : 1);
+          int64_t p = 1;
+          for (int64_t k = 0; k < y; ++k) Checked(n, __builtin_mul_overflow(p, x, &p), 0);
+          return Value::Int(p);
         }
         return Value::Float(std::pow(a.num(), b.num()));
       }
@@ -1746,8 +1778,9 @@ class Evaluator {
         if (!v.is_number())
           Err(n, Cat("bad operand type for unary ", n.str, ": '", TypeName(v), "'"));
         if (n.str == "+") return v;
-        return v.kind == Value::kFloat ? Value::Float(-v.f)
-                                       : Value::Int(-(v.kind == Value::kBool ? v.b : v.i));
+        if (v.kind == Value::kFloat) return Value::Float(-v.f);
+        const int64_t i = v.kind == Value::kBool ? v.b : v.i;
+        return Value::Int(Checked(n, i == INT64_MIN, -i));
       }
       case Node::kBinary:
         return Binary(n, Eval(*n.a), Eval(*n.b));

@@ -139,6 +139,18 @@ TEST(JinjaTest, ErrorsNameConstructAndPosition) {
   EXPECT_THAT(R("{{ raise_exception('Bad role: ' ~ 3) }}"),
               HasSubstr("template error: Bad role: 3"));
   EXPECT_THAT(R("{{ 1 + 'a' }}"), HasSubstr("unsupported operand types for +: 'int' and 'str'"));
+  // Found by jinja_fuzz: 64-bit integer overflow was undefined behaviour; it is an error.
+  EXPECT_THAT(R("{{ 55 ** 5555 }}"), HasSubstr("t:1:7: integer overflow in '**'"));
+  EXPECT_THAT(R("{{ 9223372036854775807 + 1 }}"), HasSubstr("integer overflow in '+'"));
+  EXPECT_THAT(R("{{ -9223372036854775807 - 2 }}"), HasSubstr("integer overflow in '-'"));
+  EXPECT_THAT(R("{{ 4294967296 * 4294967296 }}"), HasSubstr("integer overflow in '*'"));
+  EXPECT_THAT(R("{% set m = -9223372036854775807 - 1 %}{{ m // -1 }}"),
+              HasSubstr("integer overflow in '//'"));
+  EXPECT_THAT(R("{% set m = -9223372036854775807 - 1 %}{{ -m }}"), HasSubstr("integer overflow"));
+  EXPECT_EQ(R("{% set m = -9223372036854775807 - 1 %}{{ m % -1 }} {{ m }}"),
+            "0 -9223372036854775808");
+  EXPECT_EQ(R("{{ 1 ** 100000000000 }} {{ (-1) ** 3 }} {{ 0 ** 0 }} {{ 0 ** 5 }} {{ 2 ** 62 }}"),
+            "1 -1 1 0 4611686018427387904");
   EXPECT_THAT(R("{{ nope.attr }}"), HasSubstr("'nope' is undefined"));
   EXPECT_THAT(R("{% set x = 1 %}{% set x.a = 2 %}"), HasSubstr("only namespace() objects"));
   EXPECT_THAT(R("{{ [1].pop() }}"), HasSubstr("unsupported method 'list.pop()'"));
