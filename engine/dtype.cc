@@ -31,6 +31,7 @@ constexpr DTypeInfo kInfo[kNumDTypes] = {
     {DType::kQ4_1, "q4_1", 32, 20},     {DType::kQ8_0, "q8_0", 32, 34},
     {DType::kMXFP4, "mxfp4", 32, 17},   {DType::kQ4_K, "q4_k", 256, 144},
     {DType::kQ5_K, "q5_k", 256, 176},   {DType::kQ6_K, "q6_k", 256, 210},
+    {DType::kQ5_0, "q5_0", 32, 22},     {DType::kQ5_1, "q5_1", 32, 24},
 };
 
 const DTypeInfo& Info(DType t) {
@@ -274,6 +275,27 @@ void DequantizeBlock(DType t, const uint8_t* x, float* y) {
       }
       return;
     }
+    case DType::kQ5_0:    // f16 d; u8 qh[4] (bit j: element j's 5th bit); u8 qs[16]
+    case DType::kQ5_1: {  // f16 d, m; u8 qh[4]; u8 qs[16]
+      const bool q5_1 = t == DType::kQ5_1;
+      const float d = F16ToFloat(ReadU16(x)), m = q5_1 ? F16ToFloat(ReadU16(x + 2)) : 0.0f;
+      const uint8_t* qh = x + (q5_1 ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      const uint32_t h =
+          qh[0] | uint32_t{qh[1]} << 8 | uint32_t{qh[2]} << 16 | uint32_t{qh[3]} << 24;
+      for (int j = 0; j < kQK / 2; ++j) {
+        const int lo = (qs[j] & 0x0F) | ((h >> j) & 1) << 4;
+        const int hi = (qs[j] >> 4) | ((h >> (j + kQK / 2)) & 1) << 4;
+        if (q5_1) {
+          y[j] = lo * d + m;
+          y[j + kQK / 2] = hi * d + m;
+        } else {
+          y[j] = (lo - 16) * d;
+          y[j + kQK / 2] = (hi - 16) * d;
+        }
+      }
+      return;
+    }
     case DType::kQ4_K: {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
       const float d = F16ToFloat(ReadU16(x)), min = F16ToFloat(ReadU16(x + 2));
       const uint8_t* scales = x + 4;
@@ -432,7 +454,7 @@ bool IsInteger(DType t) {
       return false;
   }
 }
-bool IsQuantized(DType t) { return t >= DType::kQ4_0 && t <= DType::kQ6_K; }
+bool IsQuantized(DType t) { return t >= DType::kQ4_0 && t <= DType::kQ5_1; }
 bool IsSigned(DType t) {
   return IsFloat(t) || t == DType::kI8 || t == DType::kI16 || t == DType::kI32 || t == DType::kI64;
 }
@@ -524,7 +546,7 @@ Status QuantizeRow(DType t, const float* src, void* dst, int64_t n) {
       break;
     default:
       return Unimplemented("quantizing to ", DTypeName(t),
-                           " is not supported (K-quants are dequantize-only)");
+                           " is not supported (K-quants, Q5_0 and Q5_1 are dequantize-only)");
   }
   uint8_t* out = static_cast<uint8_t*>(dst);
   for (int64_t b = 0; b < n / be; ++b) fn(src + b * be, out + b * bb);

@@ -50,8 +50,10 @@ enum class DType : uint8_t {
   kQ4_K,
   kQ5_K,
   kQ6_K,
+  kQ5_0,  // dequantize-only, like the K-quants (models load them as Q8_0)
+  kQ5_1,
 };
-inline constexpr int kNumDTypes = static_cast<int>(DType::kQ6_K) + 1;
+inline constexpr int kNumDTypes = static_cast<int>(DType::kQ5_1) + 1;
 
 // "f32", "bf16", "q4_0", ... ("invalid" for kInvalid). A C string so it drops into StrCat/fmt.
 const char* DTypeName(DType t);

@@ -310,11 +310,38 @@ TEST(DTypeTest, Q6_KDequantizeKnownBlock) {
   EXPECT_EQ(y[64], 0.25f * 1 * ((2 | 2 << 4) - 32));
 }
 
+TEST(DTypeTest, Q5_0AndQ5_1DequantizeKnownBlocks) {
+  EXPECT_EQ(DTypeBytes(DType::kQ5_0, 64), 44);
+  EXPECT_EQ(DTypeBytes(DType::kQ5_1, 64), 48);
+  uint8_t b0[22] = {};
+  b0[1] = 0x40;  // d = 2
+  b0[2] = 0x01;  // qh bit 0: element 0's 5th bit
+  b0[4] = 0x02;  // qh bit 17: element 17's 5th bit
+  b0[6] = 0x3F;  // qs[0]: element 0 low nibble 15, element 16 high nibble 3
+  b0[7] = 0x90;  // qs[1]: element 1 low 0, element 17 high 9
+  float y[32];
+  ASSERT_TRUE(DequantizeRow(DType::kQ5_0, b0, y, 32).ok());
+  EXPECT_EQ(y[0], 2.0f * ((15 | 16) - 16));
+  EXPECT_EQ(y[16], 2.0f * (3 - 16));
+  EXPECT_EQ(y[1], 2.0f * -16);
+  EXPECT_EQ(y[17], 2.0f * ((9 | 16) - 16));
+  uint8_t b1[24] = {};
+  b1[1] = 0x3C;  // d = 1
+  b1[3] = 0xB8;  // m = -0.5
+  b1[4] = 0x01;  // qh bit 0
+  b1[8] = 0x3F;  // qs[0]
+  ASSERT_TRUE(DequantizeRow(DType::kQ5_1, b1, y, 32).ok());
+  EXPECT_EQ(y[0], 31 - 0.5f);
+  EXPECT_EQ(y[16], 3 - 0.5f);
+  EXPECT_EQ(y[5], -0.5f);
+}
+
 TEST(DTypeTest, QuantizeRejectsPartialBlocksAndKQuants) {
   float x[48] = {};
   uint8_t out[64];
   EXPECT_EQ(QuantizeRow(DType::kQ4_0, x, out, 48).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(QuantizeRow(DType::kQ4_K, x, out, 256).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(QuantizeRow(DType::kQ5_0, x, out, 32).code(), StatusCode::kUnimplemented);
   EXPECT_EQ(QuantizeRow(DType::kF32, x, out, 32).code(), StatusCode::kInvalidArgument);
 }
 

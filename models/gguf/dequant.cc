@@ -41,6 +41,10 @@ std::optional<DType> ToDType(GgmlType t) {
       return DType::kQ5_K;
     case GgmlType::kQ6_K:
       return DType::kQ6_K;
+    case GgmlType::kQ5_0:
+      return DType::kQ5_0;
+    case GgmlType::kQ5_1:
+      return DType::kQ5_1;
     default:
       return std::nullopt;
   }
@@ -73,8 +77,8 @@ Status Dequantize(GgmlType type, const void* src, size_t n_elements, float* dst)
       return OkStatus();
     default:
       return Unimplemented("Dequantize: no reference routine for ", traits->name,
-                           " (available: F32, F16, BF16, Q4_0, Q4_1, Q8_0, MXFP4, Q4_K, Q5_K, "
-                           "Q6_K)");
+                           " (available: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, "
+                           "Q4_K, Q5_K, Q6_K)");
   }
 }
 

@@ -15,7 +15,7 @@ struct Entry {
 constexpr Entry kTypes[] = {
     {0, {"F32", 1, 4, true}},          {1, {"F16", 1, 2, true}},
     {2, {"Q4_0", 32, 18, true}},       {3, {"Q4_1", 32, 20, true}},
-    {6, {"Q5_0", 32, 22, false}},      {7, {"Q5_1", 32, 24, false}},
+    {6, {"Q5_0", 32, 22, true}},       {7, {"Q5_1", 32, 24, true}},
     {8, {"Q8_0", 32, 34, true}},       {9, {"Q8_1", 32, 36, false}},
     {10, {"Q2_K", 256, 84, false}},    {11, {"Q3_K", 256, 110, false}},
     {12, {"Q4_K", 256, 144, true}},    {13, {"Q5_K", 256, 176, true}},
@@ -47,7 +47,8 @@ std::string GgmlTypeName(uint32_t type_id) {
 }
 
 std::string_view SupportedGgmlTypeList() {
-  return "F32, F16, BF16, F64, I8, I16, I32, I64, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4";
+  return "F32, F16, BF16, F64, I8, I16, I32, I64, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, "
+         "MXFP4";
 }
 
 }  // namespace kiln::models

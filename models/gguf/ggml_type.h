@@ -68,8 +68,8 @@ inline std::string GgmlTypeName(GgmlType t) { return GgmlTypeName(static_cast<ui
 // Comma-separated names of the supported types, for error messages.
 std::string_view SupportedGgmlTypeList();
 
-// The engine dtype with the same byte layout (F32, F16, BF16, F64, I8..I64, Q4_0, Q4_1, Q8_0,
-// MXFP4, Q4_K, Q5_K, Q6_K), or nullopt for types the engine does not store.
+// The engine dtype with the same byte layout (F32, F16, BF16, F64, I8..I64, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, MXFP4, Q4_K, Q5_K, Q6_K), or nullopt for types the engine does not store.
 std::optional<DType> ToDType(GgmlType t);
 
 }  // namespace kiln::models

@@ -18,7 +18,7 @@ TEST(GgufFixtureTest, DequantizeIsBitExactWithGgufPython) {
   ASSERT_TRUE(f.ok()) << f.status();
   int checked = 0;
   for (const char* name :
-       {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "F16", "BF16"}) {
+       {"Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "MXFP4", "Q5_0", "Q5_1", "F16", "BF16"}) {
     SCOPED_TRACE(name);
     const GgufTensor* q = (*f)->FindTensor(name);
     const GgufTensor* want = (*f)->FindTensor(std::string(name) + ".expected");
@@ -41,7 +41,7 @@ TEST(GgufFixtureTest, DequantizeIsBitExactWithGgufPython) {
     EXPECT_EQ(mismatches, 0u);
     ++checked;
   }
-  EXPECT_EQ(checked, 9);
+  EXPECT_EQ(checked, 11);
 }
 
 TEST(GgufFixtureTest, OpensSmolLM2) {

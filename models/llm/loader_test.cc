@@ -10,8 +10,12 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
+#include "backends/builtin.h"
+#include "models/gguf/gguf_test_util.h"
 #include "models/io/test_paths.h"
+#include "models/llm/model_files.h"
 #include "models/llm/paged_llm.h"
 
 namespace kiln::models {
@@ -108,6 +112,58 @@ TEST_F(LoaderTest, MissingPathAndUnknownBackend) {
   c = ConfigFor(dir_.string());
   c.backend = "tpu";
   EXPECT_THAT(LoadError(c), HasSubstr("no backend 'tpu'"));
+}
+
+// Q5_0 and Q5_1 (llama-quantize's fallback for rows that are not a multiple of 256 in K-quant
+// files, e.g. SmolLM2's Q4_K_M) load as Q8_0: Q5_0 exactly, Q5_1 within Q8_0's rounding.
+TEST(LoaderGgufTest, Q5WeightsLoadAsQ8_0) {
+  constexpr int64_t kRows = 3, kCols = 64;
+  std::mt19937 rng(5);
+  auto blocks = [&](DType t) {
+    std::string raw(static_cast<size_t>(DTypeBytes(t, kRows * kCols)), '\0');
+    for (char& c : raw) c = static_cast<char>(rng() & 0xFF);
+    for (size_t b = 0; b < raw.size(); b += DTypeBlockBytes(t)) {
+      const uint16_t d = FloatToF16(0.01f * static_cast<float>(1 + rng() % 100));
+      const uint16_t m = FloatToF16(-0.2f);
+      std::memcpy(&raw[b], &d, 2);
+      if (t == DType::kQ5_1) std::memcpy(&raw[b + 2], &m, 2);
+    }
+    return raw;
+  };
+  const std::string q5_0 = blocks(DType::kQ5_0), q5_1 = blocks(DType::kQ5_1);
+  testing::GgufBuilder g;
+  g.Str("general.architecture", "llama");
+  g.Tensor("a", /*Q5_0=*/6, {kCols, kRows}, q5_0).Tensor("b", /*Q5_1=*/7, {kCols, kRows}, q5_1);
+  const fs::path path =
+      fs::path(::testing::TempDir()) / ("kiln_q5_" + std::to_string(getpid()) + ".gguf");
+  std::ofstream(path, std::ios::binary) << g.Build();
+  auto files = ModelFiles::Open(path.string());
+  ASSERT_TRUE(files.ok()) << files.status();
+  auto cpu = backend::MakeCpuBackend(1);
+  for (const auto& [name, stored, raw] :
+       {std::tuple{"a", DType::kQ5_0, &q5_0}, std::tuple{"b", DType::kQ5_1, &q5_1}}) {
+    SCOPED_TRACE(name);
+    const WeightInfo* w = (*files)->Find(name);
+    ASSERT_NE(w, nullptr);
+    EXPECT_EQ(w->dtype, stored);
+    auto t = (*files)->Load(*w, *cpu->device(0), nullptr);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_EQ(t->dtype(), DType::kQ8_0);
+    std::vector<float> want(kRows * kCols), got(kRows * kCols);
+    ASSERT_TRUE(DequantizeRow(stored, raw->data(), want.data(), kRows * kCols).ok());
+    ASSERT_TRUE(DequantizeRow(DType::kQ8_0, t->data(), got.data(), kRows * kCols).ok());
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      if (stored == DType::kQ5_0) {
+        ASSERT_EQ(got[i], want[i]) << i;
+      } else {
+        float amax = 0;  // Q8_0 rounding: half a step of the block's scale
+        for (int64_t j = i / 32 * 32; j < i / 32 * 32 + 32; ++j)
+          amax = std::max(amax, std::fabs(want[j]));
+        ASSERT_NEAR(got[i], want[i], 0.5f * amax / 127 * 1.01f + 1e-6f) << i;
+      }
+    }
+  }
+  fs::remove(path);
 }
 
 TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {

@@ -80,7 +80,29 @@ bool IsNativeWeightType(DType t) {
   }
 }
 
-bool IsKQuant(DType t) { return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K; }
+// Stored types loaded as Q8_0: the nearest type the engine runs natively.
+bool LoadsAsQ8_0(DType t) {
+  return t == DType::kQ4_K || t == DType::kQ5_K || t == DType::kQ6_K || t == DType::kQ5_0 ||
+         t == DType::kQ5_1;
+}
+
+// Q5_0 -> Q8_0 without loss: the same f16 scale, and the 5-bit values less 16 as int8
+// (block layout: f16 d; u8 qh[4], bit j the 5th bit of element j; u8 qs[16], element j in the
+// low nibble of qs[j], element j + 16 in the high one).
+void Q5_0RowToQ8_0(const uint8_t* src, uint8_t* dst, int64_t K) {
+  for (int64_t b = 0; b < K / 32; ++b, src += 22, dst += 34) {
+    std::memcpy(dst, src, 2);
+    const uint8_t* qh = src + 2;
+    const uint8_t* qs = src + 6;
+    const uint32_t h = qh[0] | uint32_t{qh[1]} << 8 | uint32_t{qh[2]} << 16 | uint32_t{qh[3]} << 24;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0F) | ((h >> j) & 1) << 4;
+      const int hi = (qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4;
+      dst[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(lo - 16));
+      dst[2 + 16 + j] = static_cast<uint8_t>(static_cast<int8_t>(hi - 16));
+    }
+  }
+}
 
 // What a kernel may assume about a tensor's address: scalar types their size; GGML blocks
 // only the alignment of their half-precision scale fields (blocks of 34 or 17 bytes follow one
@@ -108,17 +130,18 @@ std::string WeightInfo::DisplayName() const {
 
 StatusOr<DType> LoadedDType(const WeightInfo& w) {
   const bool vector = w.shape.size() == 1;
-  if (IsNativeWeightType(w.dtype) || IsKQuant(w.dtype)) {
+  if (IsNativeWeightType(w.dtype) || LoadsAsQ8_0(w.dtype)) {
     // Norm weights and biases are added to / multiplied with f32 activations.
     if (vector) return DType::kF32;
-    // K-quants: Q8_0 is the nearest type the engine runs natively (8.5 bits per weight, so
-    // more than the K-quant's 4.5-6.6 bits: the added error is Q8_0's rounding; docs/models.md).
-    if (IsKQuant(w.dtype)) return DType::kQ8_0;
+    // Q5_0/Q5_1 and the K-quants: Q8_0 is the nearest type the engine runs natively (8.5 bits
+    // per weight, more than their 4.5-6.6 bits: Q5_0 converts exactly, the others add Q8_0's
+    // rounding; docs/models.md).
+    if (LoadsAsQ8_0(w.dtype)) return DType::kQ8_0;
     return w.dtype;
   }
   return InvalidArgument(w.file, ": tensor '", w.DisplayName(), "' has type ", DTypeName(w.dtype),
-                         "; model weights may be f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, q4_k, "
-                         "q5_k or q6_k");
+                         "; model weights may be f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, "
+                         "mxfp4, q4_k, q5_k or q6_k");
 }
 
 StatusOr<std::unique_ptr<ModelFiles>> ModelFiles::Open(const std::string& path) {
@@ -331,11 +354,16 @@ StatusOr<Tensor> ModelFiles::Load(const WeightInfo& w, backend::Device& device,
   } else if (shape.size() == 1 || !IsQuantized(dtype)) {
     KILN_RETURN_IF_ERROR(ConvertElements(w.dtype, w.data, dtype, host.data(), numel));
   } else {
-    // Requantize row by row (K-quant -> Q8_0).
+    // Requantize row by row (Q5_0, Q5_1, K-quant -> Q8_0).
     const int64_t K = shape.back(), rows = numel / K;
     const int64_t src_row = DTypeBytes(w.dtype, K), dst_row = DTypeBytes(dtype, K);
     std::vector<float> row(static_cast<size_t>(K));
     for (int64_t r = 0; r < rows; ++r) {
+      if (w.dtype == DType::kQ5_0 && dtype == DType::kQ8_0) {
+        Q5_0RowToQ8_0(static_cast<const uint8_t*>(w.data) + r * src_row, host.data() + r * dst_row,
+                      K);
+        continue;
+      }
       KILN_RETURN_IF_ERROR(
           DequantizeRow(w.dtype, static_cast<const uint8_t*>(w.data) + r * src_row, row.data(), K));
       KILN_RETURN_IF_ERROR(QuantizeRow(dtype, row.data(), host.data() + r * dst_row, K));

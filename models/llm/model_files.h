@@ -10,8 +10,9 @@
 //
 // Weights stay in the file's memory mapping (zero-copy) when the device can wrap host memory
 // and the stored type is one the engine runs natively: F32, F16, BF16, Q4_0, Q4_1, Q8_0,
-// MXFP4. Converted at load: the K-quants Q4_K/Q5_K/Q6_K to Q8_0 (row by row; see
-// LoadedDType), 1-D tensors (norm weights, biases) to F32, and Hugging Face GPT-2 Conv1D
+// MXFP4. Converted at load: Q5_0 to Q8_0 exactly (same scale, q - 16), Q5_1 and the K-quants
+// Q4_K/Q5_K/Q6_K to Q8_0 (row by row; see LoadedDType), 1-D tensors (norm weights, biases) to
+// F32, and Hugging Face GPT-2 Conv1D
 // matrices, stored [in, out], transposed to [out, in].
 //
 // Thread-safety: immutable after Open/IndexSafetensors; const methods are safe to call
