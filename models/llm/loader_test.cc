@@ -114,6 +114,27 @@ TEST_F(LoaderTest, MissingPathAndUnknownBackend) {
   EXPECT_THAT(LoadError(c), HasSubstr("no backend 'tpu'"));
 }
 
+TEST_F(LoaderTest, NumericsSettingsAreChecked) {
+  config::ModelConfig c = ConfigFor(dir_.string());
+  c.activations = "int4";
+  EXPECT_THAT(LoadError(c), HasSubstr("activations: int4 is not one of f32, q8"));
+  c.activations = "q8";
+  c.backend = "ref";
+  EXPECT_THAT(LoadError(c), HasSubstr("activations: q8 is implemented by the cpu backend only"));
+  c = ConfigFor(dir_.string());
+  c.kv_cache_dtype = "f8";
+  EXPECT_THAT(LoadError(c), HasSubstr("kv_cache_dtype: f8 is not one of f32, f16, bf16"));
+  c.kv_cache_dtype = "bf16";
+  c.activations = "q8";
+  auto m = LoadPagedLlm(c);  // f32 weights: q8 changes nothing for them, bf16 KV loads
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->KvBytesPerBlock(16) * 2, [&] {
+    c.kv_cache_dtype = "f32";
+    auto f32 = LoadPagedLlm(c);
+    return f32.ok() ? (*f32)->KvBytesPerBlock(16) : -1;
+  }());
+}
+
 // Q5_0 and Q5_1 (llama-quantize's fallback for rows that are not a multiple of 256 in K-quant
 // files, e.g. SmolLM2's Q4_K_M) load as Q8_0: Q5_0 exactly, Q5_1 within Q8_0's rounding.
 TEST(LoaderGgufTest, Q5WeightsLoadAsQ8_0) {

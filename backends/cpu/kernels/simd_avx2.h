@@ -375,8 +375,8 @@ inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
 // The q8 GEMV's main tile: four weight rows (q4_0, q4_1 or q8_0) against MR activation rows.
 // Per block, the four rows' f16 scales (and q4_1 mins) are converted by one instruction and
 // multiplied by the activation block's d (and s) by one more, then broadcast to each row's
-// accumulator with a permute — instead of scalar conversions and products per row and block,
-// which bounded the per-row loop above. y[i * ldy + r] = sum over blocks of
+// accumulator by a broadcast load — instead of scalar conversions and products per row and
+// block, which bounded the per-row loop above. y[i * ldy + r] = sum over blocks of
 // d_r * x.d * dot(q_r, x.qs) + off_r * x.s (off: q4_0 -8 d, q4_1 m, q8_0 none).
 // REQUIRES: W::kTile4.
 #define KILN_ISA_HAS_Q8_TILE4 1
