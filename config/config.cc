@@ -66,6 +66,7 @@ constexpr IntRange kMaxQueueSizeRange{0, kUint32Max};
 // kind llm:
 constexpr IntRange kMaxNumSeqsRange{1, 4096};
 constexpr IntRange kMaxNumBatchedTokensRange{1, 1 << 20};
+constexpr IntRange kMaxPrefillWithDecodesRange{0, 1 << 20};
 constexpr IntRange kLlmQueueSizeRange{0, 1 << 20};
 constexpr IntRange kBlockSizeRange{1, 1024};
 constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB"};
@@ -112,10 +113,16 @@ constexpr std::string_view kModelKeys[] = {
     "name",           "kind",           "builtin",          "path",          "backend",
     "instance_count", "max_batch_size", "dynamic_batching", "load_on_start", "scheduler",
     "threads",        "context_length", "activations",      "kv_cache_dtype"};
-constexpr std::string_view kSchedulerKeys[] = {
-    "max_num_seqs",    "max_num_batched_tokens", "max_queue_size",
-    "block_size",      "kv_cache_bytes",         "enable_prefix_caching",
-    "priority_levels", "default_priority_level", "capture_batch_sizes"};
+constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
+                                               "max_num_batched_tokens",
+                                               "max_prefill_tokens_with_decodes",
+                                               "max_queue_size",
+                                               "block_size",
+                                               "kv_cache_bytes",
+                                               "enable_prefix_caching",
+                                               "priority_levels",
+                                               "default_priority_level",
+                                               "capture_batch_sizes"};
 constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
     "priority_levels",      "default_priority_level",       "default_queue_policy",
@@ -627,6 +634,8 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmS
   Fields f = dec.Mapping(v, path, kSchedulerKeys);
   dec.Int(f, "max_num_seqs", path, kMaxNumSeqsRange, &s->max_num_seqs);
   dec.Int(f, "max_num_batched_tokens", path, kMaxNumBatchedTokensRange, &s->max_num_batched_tokens);
+  dec.Int(f, "max_prefill_tokens_with_decodes", path, kMaxPrefillWithDecodesRange,
+          &s->max_prefill_tokens_with_decodes);
   dec.Int(f, "max_queue_size", path, kLlmQueueSizeRange, &s->max_queue_size);
   dec.Int(f, "block_size", path, kBlockSizeRange, &s->block_size);
   dec.Int(f, "kv_cache_bytes", path, kKvCacheBytesRange, &s->kv_cache_bytes);
@@ -794,6 +803,8 @@ void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::s
   CheckInt(d, Join(path, "max_num_seqs"), kMaxNumSeqsRange, s.max_num_seqs);
   CheckInt(d, Join(path, "max_num_batched_tokens"), kMaxNumBatchedTokensRange,
            s.max_num_batched_tokens);
+  CheckInt(d, Join(path, "max_prefill_tokens_with_decodes"), kMaxPrefillWithDecodesRange,
+           s.max_prefill_tokens_with_decodes);
   CheckInt(d, Join(path, "max_queue_size"), kLlmQueueSizeRange, s.max_queue_size);
   CheckInt(d, Join(path, "block_size"), kBlockSizeRange, s.block_size);
   CheckInt(d, Join(path, "kv_cache_bytes"), kKvCacheBytesRange, s.kv_cache_bytes);
@@ -1104,6 +1115,7 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(4, "scheduler");
     w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
     w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
+    w.Line(6, "max_prefill_tokens_with_decodes", std::to_string(s.max_prefill_tokens_with_decodes));
     w.Line(6, "max_queue_size", std::to_string(s.max_queue_size));
     w.Line(6, "block_size", std::to_string(s.block_size));
     w.Line(6, "kv_cache_bytes", std::to_string(s.kv_cache_bytes));

@@ -109,8 +109,11 @@ struct DynamicBatchingConfig {
 
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
-  int max_num_seqs = 64;                 // sequences in one step, [1, 4096]
-  int max_num_batched_tokens = 128;      // tokens in one step (decode + prefill chunks), >= 1
+  int max_num_seqs = 64;             // sequences in one step, [1, 4096]
+  int max_num_batched_tokens = 128;  // tokens in one step (decode + prefill chunks), >= 1
+  // Prompt tokens at most in a step that also decodes running streams (they wait for the whole
+  // step); 0: up to max_num_batched_tokens. Steps with nothing to decode use the full budget.
+  int max_prefill_tokens_with_decodes = 64;
   int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
   int block_size = 16;                   // tokens per KV-cache block, [1, 1024]
   int64_t kv_cache_bytes = 256ll << 20;  // memory for the KV cache (all layers)

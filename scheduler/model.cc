@@ -157,6 +157,7 @@ ContinuousBatcherOptions LlmBatcherOptions(const config::ModelConfig& config) {
   ContinuousBatcherOptions o;
   o.max_num_seqs = s.max_num_seqs;
   o.max_num_batched_tokens = s.max_num_batched_tokens;
+  o.max_prefill_tokens_with_decodes = s.max_prefill_tokens_with_decodes;
   o.max_queue_size = s.max_queue_size;
   o.block_size = s.block_size;
   o.kv_cache_bytes = s.kv_cache_bytes;

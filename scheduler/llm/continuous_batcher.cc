@@ -1,6 +1,7 @@
 #include "scheduler/llm/continuous_batcher.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <random>
 
 #include "models/tokenizer/detokenizer.h"
@@ -375,6 +376,14 @@ bool ContinuousBatcher::StepOnce() {
   const auto step_start = SteadyClock::now();
   const int32_t bs = options_.block_size;
   int32_t budget = options_.max_num_batched_tokens;
+  // Prompt tokens left for this step: capped when it also decodes (one new token of a running
+  // sequence whose known tokens are all computed but the last).
+  const bool decodes = std::any_of(running_.begin(), running_.end(), [](const auto& s) {
+    return static_cast<int32_t>(s->tokens.size()) - s->num_computed == 1;
+  });
+  int32_t prefill_left = decodes && options_.max_prefill_tokens_with_decodes > 0
+                             ? options_.max_prefill_tokens_with_decodes
+                             : INT32_MAX;
   struct Scheduled {
     Sequence* seq;
     int32_t n;
@@ -385,8 +394,8 @@ bool ContinuousBatcher::StepOnce() {
   // 1. Running sequences, highest priority and oldest first (running_ is kept in that order).
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i].get();
-    const int32_t n =
-        std::min<int32_t>(static_cast<int32_t>(s->tokens.size()) - s->num_computed, budget);
+    const int32_t left = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
+    const int32_t n = std::min({left, budget, left > 1 ? prefill_left : 1});
     if (n <= 0) continue;
     int32_t need = kv_->BlocksFor(s->num_computed + n) - static_cast<int32_t>(s->blocks.size());
     bool self_preempted = false;
@@ -406,13 +415,14 @@ bool ContinuousBatcher::StepOnce() {
     }
     sched.push_back({s, n});
     budget -= n;
+    if (left > 1) prefill_left -= n;
   }
 
   // 2. Waiting sequences, unless this step had to preempt (no room to spare).
   for (size_t level = 0; !preempted && level < waiting_.size(); ++level) {
     auto& q = waiting_[level];
     bool blocked = false;
-    while (!q.empty() && budget > 0 &&
+    while (!q.empty() && budget > 0 && prefill_left > 0 &&
            static_cast<int32_t>(running_.size()) < options_.max_num_seqs) {
       Sequence* s = q.front().get();
       if (s->blocks.empty() && s->num_computed == 0) {
@@ -435,8 +445,8 @@ bool ContinuousBatcher::StepOnce() {
           }
         }
       }
-      const int32_t n =
-          std::min<int32_t>(static_cast<int32_t>(s->tokens.size()) - s->num_computed, budget);
+      const int32_t n = std::min(
+          {static_cast<int32_t>(s->tokens.size()) - s->num_computed, budget, prefill_left});
       const int32_t need =
           kv_->BlocksFor(s->num_computed + n) - static_cast<int32_t>(s->blocks.size());
       if (need > 0 && !kv_->CanAllocate(need)) {
@@ -475,6 +485,7 @@ bool ContinuousBatcher::StepOnce() {
       running_.insert(pos, std::move(owned));
       sched.push_back({s, n});
       budget -= n;
+      prefill_left -= n;
     }
     if (blocked) break;  // strict priority: nothing of lower priority jumps the queue
   }

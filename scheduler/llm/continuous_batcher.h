@@ -12,6 +12,8 @@
 //   3. admits waiting sequences in priority order (1 is highest; FIFO within a level) while
 //      the step's token budget (max_num_batched_tokens), max_num_seqs and free blocks allow,
 //      reusing cached prefix blocks and splitting long prompts into chunks (chunked prefill);
+//      when the step also decodes running streams, its prompt tokens are capped at
+//      max_prefill_tokens_with_decodes (a decode waits for the whole step);
 //   4. runs the model once over all of it, samples a token for every sequence whose known
 //      tokens are all computed, detokenizes (UTF-8-safe), applies stop tokens/strings,
 //      max_tokens and the context limit, streams the new text, and publishes newly full
@@ -40,8 +42,11 @@ namespace kiln {
 struct ContinuousBatcherOptions {
   int32_t max_num_seqs = 64;             // sequences in one step
   int32_t max_num_batched_tokens = 128;  // tokens in one step (decode + prefill chunks)
-  int32_t max_queue_size = 1024;         // waiting requests; more are refused at once
-  int32_t block_size = 16;               // tokens per KV block
+  // Prompt tokens at most in a step that also decodes (the decoding streams wait for the whole
+  // step: this bounds their inter-token latency); 0: no cap beyond max_num_batched_tokens.
+  int32_t max_prefill_tokens_with_decodes = 64;
+  int32_t max_queue_size = 1024;  // waiting requests; more are refused at once
+  int32_t block_size = 16;        // tokens per KV block
   // KV pool: num_blocks if > 0, else as many blocks as kv_cache_bytes holds.
   int32_t num_blocks = 0;
   int64_t kv_cache_bytes = 256ll << 20;

@@ -86,6 +86,18 @@ class FakeLlm final : public models::LlmModel {
       stats->replayed = true;
       stats->padded_seqs = S <= 1 ? 1 : S <= 2 ? 2 : S <= 4 ? 4 : 8;
     }
+    // Prompt tokens (sequences with more than one new token) in steps that also decode.
+    int32_t prefill = 0;
+    bool decodes = false;
+    for (int32_t i = 0; i < S; ++i) {
+      const int32_t n = b.query_start[i + 1] - b.query_start[i];
+      if (n == 1) {
+        decodes = true;
+      } else {
+        prefill += n;
+      }
+    }
+    if (decodes) max_prefill_with_decodes_ = std::max(max_prefill_with_decodes_, prefill);
     max_seqs_in_step_ = std::max(max_seqs_in_step_, S);
     max_tokens_in_step_ = std::max<int32_t>(max_tokens_in_step_, b.tokens.size());
     return OkStatus();
@@ -94,7 +106,7 @@ class FakeLlm final : public models::LlmModel {
   std::chrono::microseconds delay_{0};
   int32_t eos_at_ = 0;  // context length at which the model says EOS
   std::atomic<int64_t> steps_{0};
-  int32_t max_seqs_in_step_ = 0, max_tokens_in_step_ = 0;
+  int32_t max_seqs_in_step_ = 0, max_tokens_in_step_ = 0, max_prefill_with_decodes_ = 0;
 
  private:
   models::LlmModelInfo info_;
@@ -229,6 +241,41 @@ TEST(ContinuousBatcherTest, ManyRequestsWithChunkedPrefillAllCorrect) {
   EXPECT_LE(f.model->max_tokens_in_step_, 24);
   EXPECT_LE(f.model->max_seqs_in_step_, 8);
   EXPECT_GT(f.model->max_seqs_in_step_, 1) << "requests were never batched together";
+}
+
+// Prompts arriving while streams decode are prefilled in chunks of at most
+// max_prefill_tokens_with_decodes per step (a decode waits for its whole step); alone, a
+// prompt gets the full max_num_batched_tokens.
+TEST(ContinuousBatcherTest, PrefillBesideDecodesIsCapped) {
+  for (int32_t cap : {16, 0}) {
+    SCOPED_TRACE(cap);
+    ContinuousBatcherOptions o;
+    o.max_num_batched_tokens = 64;
+    o.max_prefill_tokens_with_decodes = cap;
+    o.num_blocks = 256;
+    Fixture f(o);
+    f.model->delay_ = 2ms;
+    auto first = Prompt(100, 100);  // alone: chunks of 64 and 36
+    auto c0 = MakeRequest(first, 60);
+    auto r0 = f.Submit(c0);
+    while (f.model->steps_ < 3) std::this_thread::sleep_for(1ms);  // now decoding
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::future<Result>> futures;
+    for (int i = 0; i < 4; ++i) {
+      prompts.push_back(Prompt(50, 200 + i));
+      auto c = MakeRequest(prompts.back(), 8);
+      futures.push_back(f.Submit(c));
+    }
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 8));
+    EXPECT_EQ(r0.get().ids, Reference(first, 60));
+    EXPECT_EQ(f.model->max_tokens_in_step_, 64) << "a step without decodes has the full budget";
+    if (cap > 0) {
+      EXPECT_LE(f.model->max_prefill_with_decodes_, cap);
+      EXPECT_GT(f.model->max_prefill_with_decodes_, 0);
+    } else {
+      EXPECT_GT(f.model->max_prefill_with_decodes_, 16) << "uncapped: prompts fill the budget";
+    }
+  }
 }
 
 TEST(ContinuousBatcherTest, PrefixCacheServesASharedPrefix) {
