@@ -490,10 +490,10 @@ bool ContinuousBatcher::StepOnce() {
     if (blocked) break;  // strict priority: nothing of lower priority jumps the queue
   }
 
-  if (sched.empty()) {
-    UpdateGauges();
-    return false;
-  }
+  // The gauges show this step's allocations before any of its tokens is streamed (a client
+  // that has a token must not read a KV usage of 0).
+  UpdateGauges();
+  if (sched.empty()) return false;
 
   // 3. Build the step.
   const int32_t S = static_cast<int32_t>(sched.size());
