@@ -1574,27 +1574,17 @@ class Evaluator {
     if (a.is_number() && b.is_number()) {
       bool ints = a.kind != Value::kFloat && b.kind != Value::kFloat;
       int64_t x = a.kind == Value::kBool ? a.b : a.i, y = b.kind == Value::kBool ? b.b : b.i;
-      int64_t r = 0;
-      if (op == "+") {
-        if (ints) {
-          const bool overflow = __builtin_add_overflow(x, y, &r);
-          return Value::Int(Checked(n, overflow, r));
+      if (op == "+" || op == "-" || op == "*") {
+        if (!ints) {
+          return Value::Float(op == "+"   ? a.num() + b.num()
+                              : op == "-" ? a.num() - b.num()
+                                          : a.num() * b.num());
         }
-        return Value::Float(a.num() + b.num());
-      }
-      if (op == "-") {
-        if (ints) {
-          const bool overflow = __builtin_sub_overflow(x, y, &r);
-          return Value::Int(Checked(n, overflow, r));
-        }
-        return Value::Float(a.num() - b.num());
-      }
-      if (op == "*") {
-        if (ints) {
-          const bool overflow = __builtin_mul_overflow(x, y, &r);
-          return Value::Int(Checked(n, overflow, r));
-        }
-        return Value::Float(a.num() * b.num());
+        int64_t r = 0;
+        const bool overflow = op == "+"   ? __builtin_add_overflow(x, y, &r)
+                              : op == "-" ? __builtin_sub_overflow(x, y, &r)
+                                          : __builtin_mul_overflow(x, y, &r);
+        return Value::Int(Checked(n, overflow, r));
       }
       if (op == "/") {
         if (b.num() == 0) Err(n, "division by zero");
