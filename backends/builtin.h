@@ -17,7 +17,7 @@
 
 #include <memory>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::backend {
 

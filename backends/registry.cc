@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "backends/builtin.h"
-#include "backends/plugin_abi.h"
+#include "engine/backend/plugin_abi.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KILN_BACKEND_DEFAULT_DIR
@@ -41,6 +41,8 @@ Status Registry::Register(std::unique_ptr<Backend> backend) {
 }
 
 void Registry::RegisterBuiltins() {
+  // Register fails only for a duplicate name, which the Find checks rule out (a concurrent
+  // registration of the same builtin is equally fine).
   if (Find("ref") == nullptr) (void)Register(MakeRefBackend());
   if (Find("cpu") == nullptr) (void)Register(MakeCpuBackend());
 }

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::backend {
 

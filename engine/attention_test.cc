@@ -7,16 +7,16 @@
 #include <cmath>
 #include <random>
 
-#include "backends/builtin.h"
 #include "engine/builder.h"
 #include "engine/program.h"
+#include "engine/testing/devices.h"
 
 namespace kiln {
 namespace {
 
 class AttentionTest : public ::testing::Test {
  protected:
-  std::unique_ptr<backend::Backend> backend_ = backend::MakeRefBackend();
+  std::unique_ptr<backend::Backend> backend_ = kiln::MakeTestBackend("ref");
   backend::Device& dev_ = *backend_->device(0);
   std::unique_ptr<backend::Stream> stream_ = *dev_.CreateStream();
 

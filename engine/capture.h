@@ -25,7 +25,7 @@
 #include <memory>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/program.h"
 
 namespace kiln {

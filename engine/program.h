@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/dump.h"
 #include "engine/graph.h"
 #include "engine/passes.h"

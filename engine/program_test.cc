@@ -1,5 +1,6 @@
 #include "engine/program.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -7,18 +8,41 @@
 #include <fstream>
 #include <sstream>
 
-#include "backends/builtin.h"
-#include "backends/ref/ref_kernels.h"
 #include "engine/builder.h"
 #include "engine/capture.h"
+#include "engine/testing/devices.h"
 
 namespace kiln {
 namespace {
 
+using ::testing::HasSubstr;
+
+// A device that forwards to another but has no kernel for exp (compile errors name the node).
+class NoExpDevice final : public backend::Device {
+ public:
+  explicit NoExpDevice(backend::Device& inner) : inner_(inner) {}
+  std::string_view name() const override { return "noexp:0"; }
+  bool host_visible() const override { return inner_.host_visible(); }
+  StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t bytes) override {
+    return inner_.Allocate(bytes);
+  }
+  StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override {
+    return inner_.CreateStream();
+  }
+  bool SupportsDType(DType t) const override { return inner_.SupportsDType(t); }
+  StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& r) override {
+    if (r.op == OpKind::kExp) return Unimplemented("no exp kernel here");
+    return inner_.GetKernel(r);
+  }
+
+ private:
+  backend::Device& inner_;
+};
+
 class ProgramTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    backend_ = GetParam() == "ref" ? backend::MakeRefBackend() : backend::MakeCpuBackend(2);
+    backend_ = kiln::MakeTestBackend(GetParam(), 2);
     dev_ = backend_->device(0);
     stream_ = *dev_->CreateStream();
   }
@@ -152,7 +176,7 @@ class BuggyDevice final : public backend::Device {
 };
 
 TEST_P(ProgramTest, BindRefusesTensorsOfAnotherDevice) {
-  auto other = backend::MakeRefBackend();
+  auto other = kiln::MakeTestBackend("ref");
   Graph g;
   Builder b(&g);
   const Value x = b.Input("x", DType::kF32, {2});
@@ -357,12 +381,31 @@ TEST_P(ProgramTest, UnsupportedGraphsFailToCompileClearly) {
   const Value bad = b.Exp(b.Input("y", DType::kF32, {3}));
   (void)x;
   b.Named(bad, "e");
-  EXPECT_FALSE(Compile(g, {Value{99}}, *dev_).ok());
-  // A builder error is caught by verify: an invalid output value.
+  StatusOr<std::unique_ptr<Program>> p = Compile(g, {Value{99}}, *dev_);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("verify: an output is not a valid value"));
+  // A builder error is caught by verify: the invalid value of a failed add.
   Graph g2;
   Builder b2(&g2);
   const Value z = b2.Add(b2.Input("a", DType::kF32, {2}), b2.Input("b", DType::kF32, {3}));
-  EXPECT_FALSE(Compile(g2, {z}, *dev_).ok());
+  EXPECT_FALSE(b2.status().ok());
+  p = Compile(g2, {z}, *dev_);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("verify: an output is not a valid value"));
+  // A device without a kernel for a node: the error names the node, its op and types, and
+  // the device.
+  Graph g3;
+  Builder b3(&g3);
+  const Value e = b3.Named(b3.Exp(b3.Input("u", DType::kF32, {4})), "blk.0.exp");
+  NoExpDevice noexp(*dev_);
+  p = Compile(g3, {e}, noexp);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), StatusCode::kUnimplemented) << p.status();
+  EXPECT_THAT(std::string(p.status().message()),
+              HasSubstr("%1 'blk.0.exp' (exp f32[4]) cannot run on device noexp:0: no exp kernel"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ProgramTest, ::testing::Values("ref", "cpu"));

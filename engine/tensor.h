@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
-#include "engine/kernel_abi.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/kernel_abi.h"
 
 namespace kiln {
 

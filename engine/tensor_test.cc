@@ -2,14 +2,14 @@
 
 #include <gtest/gtest.h>
 
-#include "backends/builtin.h"
+#include "engine/testing/devices.h"
 
 namespace kiln {
 namespace {
 
 class TensorTest : public ::testing::Test {
  protected:
-  std::unique_ptr<backend::Backend> backend_ = backend::MakeRefBackend();
+  std::unique_ptr<backend::Backend> backend_ = kiln::MakeTestBackend("ref");
   backend::Device& dev_ = *backend_->device(0);
   Tensor Iota(std::vector<int64_t> shape, DType t = DType::kF32) {
     int64_t n = 1;
@@ -49,14 +49,22 @@ TEST_F(TensorTest, ViewsShareStorageWithoutCopies) {
   EXPECT_EQ((*t.ToDoubles())[1], 42.0);
 }
 
+// Each refusal names the operation and what was wrong (not just !ok()).
+void ExpectError(const Status& s, std::string_view needle) {
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(ToAbsl(needle)), absl::string_view::npos)
+      << "message: " << s.message() << "\nexpected to contain: " << needle;
+}
+
 TEST_F(TensorTest, ViewErrors) {
   Tensor t = Iota({2, 3});
-  EXPECT_FALSE(t.Slice(1, 2, 2).ok());
-  EXPECT_FALSE(t.Slice(2, 0, 1).ok());
-  EXPECT_FALSE(t.Reshape({4, 2}).ok());
-  EXPECT_FALSE(t.Transpose(0, 1)->Reshape({6}).ok());  // not contiguous
-  EXPECT_FALSE(t.Expand({2, 4}).ok());
-  EXPECT_FALSE(t.Permute({0, 0}).ok());
+  ExpectError(t.Slice(1, 2, 2).status(), "slice: [2, 4) is outside axis 1");
+  ExpectError(t.Slice(2, 0, 1).status(), "slice: axis out of range for rank 2");
+  ExpectError(t.Reshape({4, 2}).status(), "reshape: 6 elements cannot take shape [4");
+  ExpectError(t.Transpose(0, 1)->Reshape({6}).status(), "reshape: the tensor is not contiguous");
+  ExpectError(t.Expand({2, 4}).status(), "expand: axis 1 has size 3");
+  ExpectError(t.Permute({0, 0}).status(), "permute: not a permutation");
+  ExpectError(t.Expand({3}).status(), "expand: cannot lower the rank");
 }
 
 TEST_F(TensorTest, QuantizedTensorsViewByRows) {
@@ -67,8 +75,9 @@ TEST_F(TensorTest, QuantizedTensorsViewByRows) {
   Tensor row1 = *q.Slice(0, 1, 1);
   const std::vector<double> back = *row1.ToDoubles();
   for (int i = 0; i < 64; ++i) EXPECT_NEAR(back[i], v[64 + i], 0.04) << i;
-  EXPECT_FALSE(q.Slice(1, 0, 32).ok());
-  EXPECT_FALSE(Tensor::Empty(dev_, DType::kQ4_0, {2, 33}).ok());
+  ExpectError(q.Slice(1, 0, 32).status(),
+              "slice: a quantized tensor can only be sliced along rows");
+  ExpectError(Tensor::Empty(dev_, DType::kQ4_0, {2, 33}).status(), "tensor: a q4_0");
 }
 
 }  // namespace

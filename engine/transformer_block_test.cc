@@ -9,10 +9,10 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "backends/builtin.h"
 #include "engine/autograd.h"
 #include "engine/builder.h"
 #include "engine/program.h"
+#include "engine/testing/devices.h"
 
 namespace kiln {
 namespace {
@@ -95,8 +95,8 @@ Model BuildModel() {
 class TransformerBlockTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TransformerBlockTest, ParameterGradientsMatchFiniteDifferences) {
-  auto ref_backend = backend::MakeRefBackend();
-  auto dev_backend = GetParam() == "ref" ? backend::MakeRefBackend() : backend::MakeCpuBackend(2);
+  auto ref_backend = kiln::MakeTestBackend("ref");
+  auto dev_backend = kiln::MakeTestBackend(GetParam(), 2);
   backend::Device& ref = *ref_backend->device(0);
   backend::Device& dev = *dev_backend->device(0);
 

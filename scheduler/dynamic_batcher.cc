@@ -182,9 +182,18 @@ void DynamicBatcher::WorkerLoop(Instance* inst) {
 void DynamicBatcher::Execute(Instance* inst,
                              std::vector<std::unique_ptr<InferenceRequest>>& batch) {
   Timing timing{SteadyClock::now()};
+  const uint64_t batch_requests = batch.size();
   if (stats_) {
     for (size_t i = 0; i < batch.size(); ++i) stats_->RequestDequeued();
+    stats_->ExecutionStarted(batch_requests);
   }
+  struct ExecutionEnd {
+    ModelStats* stats;
+    uint64_t n;
+    ~ExecutionEnd() {
+      if (stats) stats->ExecutionFinished(n);
+    }
+  } execution_end{stats_, batch_requests};
   auto unlist = [this](const std::vector<std::unique_ptr<InferenceRequest>>& done) {
     absl::MutexLock lock(&mu_);
     std::erase_if(executing_, [&](InferenceRequest* p) {

@@ -32,6 +32,8 @@ InferenceMetricFamilies::InferenceMetricFamilies(metrics::Registry& r)
                               {"model"})),
       pending(r.AddGauge("kiln_inference_pending_requests",
                          "Requests waiting in the model's queue.", {"model"})),
+      executing(r.AddGauge("kiln_inference_executing_requests",
+                           "Requests in a model execution that is running now.", {"model"})),
       queue_seconds(r.AddHistogram("kiln_inference_queue_duration_seconds",
                                    "Time requests spent queued before execution.", {"model"},
                                    LatencyBuckets())),
@@ -82,6 +84,7 @@ ModelStats::ModelStats(std::string model_name, InferenceMetricFamilies* families
   m_count_ = families_->inference_count.WithLabels({name_});
   m_exec_ = families_->executions.WithLabels({name_});
   m_pending_ = families_->pending.WithLabels({name_});
+  m_executing_ = families_->executing.WithLabels({name_});
   m_queue_ = families_->queue_seconds.WithLabels({name_});
   m_compute_ = families_->compute_seconds.WithLabels({name_});
   m_request_ = families_->request_seconds.WithLabels({name_});
@@ -89,10 +92,11 @@ ModelStats::ModelStats(std::string model_name, InferenceMetricFamilies* families
 }
 
 // Metric children stay registered after an unload so counters remain monotonic across a
-// reload of the same model (Prometheus rate() stays correct); only the pending gauge is
-// reset.
+// reload of the same model (Prometheus rate() stays correct); only the pending and executing
+// gauges are reset.
 ModelStats::~ModelStats() {
   if (m_pending_) m_pending_->Set(0);
+  if (m_executing_) m_executing_->Set(0);
 }
 
 void ModelStats::RequestQueued() {
@@ -101,6 +105,14 @@ void ModelStats::RequestQueued() {
 
 void ModelStats::RequestDequeued() {
   if (m_pending_) m_pending_->Decrement();
+}
+
+void ModelStats::ExecutionStarted(uint64_t n) {
+  if (m_executing_) m_executing_->Increment(static_cast<double>(n));
+}
+
+void ModelStats::ExecutionFinished(uint64_t n) {
+  if (m_executing_) m_executing_->Decrement(static_cast<double>(n));
 }
 
 void ModelStats::RequestSucceeded(std::chrono::nanoseconds total, std::chrono::nanoseconds queue,

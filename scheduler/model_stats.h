@@ -9,6 +9,7 @@
 //   kiln_inference_count_total{model}                batch elements inferred
 //   kiln_inference_executions_total{model}           model executions (batches)
 //   kiln_inference_pending_requests{model}           queued, not yet executing
+//   kiln_inference_executing_requests{model}         in an execution running now
 //   kiln_inference_queue_duration_seconds{model}     histogram
 //   kiln_inference_compute_duration_seconds{model}   histogram, per execution
 //   kiln_inference_request_duration_seconds{model}   histogram, received -> response
@@ -53,6 +54,7 @@ struct InferenceMetricFamilies {
   metrics::Family<metrics::Counter>& inference_count;
   metrics::Family<metrics::Counter>& executions;
   metrics::Family<metrics::Gauge>& pending;
+  metrics::Family<metrics::Gauge>& executing;
   metrics::Family<metrics::Histogram>& queue_seconds;
   metrics::Family<metrics::Histogram>& compute_seconds;
   metrics::Family<metrics::Histogram>& request_seconds;
@@ -71,6 +73,9 @@ class ModelStats {
 
   void RequestQueued();
   void RequestDequeued();  // left the queue (to execute, or rejected/cancelled)
+  // `n` requests entered / left a running execution (kiln_inference_executing_requests).
+  void ExecutionStarted(uint64_t n);
+  void ExecutionFinished(uint64_t n);
   void RequestSucceeded(std::chrono::nanoseconds total, std::chrono::nanoseconds queue,
                         std::chrono::nanoseconds input, std::chrono::nanoseconds infer,
                         std::chrono::nanoseconds output);
@@ -90,7 +95,7 @@ class ModelStats {
   InferenceMetricFamilies* families_;
   metrics::Counter *m_success_ = nullptr, *m_failure_ = nullptr, *m_count_ = nullptr,
                    *m_exec_ = nullptr;
-  metrics::Gauge* m_pending_ = nullptr;
+  metrics::Gauge *m_pending_ = nullptr, *m_executing_ = nullptr;
   metrics::Histogram *m_queue_ = nullptr, *m_compute_ = nullptr, *m_request_ = nullptr,
                      *m_batch_ = nullptr;
 

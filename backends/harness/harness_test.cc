@@ -1,8 +1,6 @@
 // The op harness in `make test`: forward and gradient mode for every op on every registered
 // backend (builtins plus plugins from KILN_BACKEND_PATH), coverage of the op table, and a
 // perf smoke run. One CTest test per op and mode.
-#include "backends/harness/harness.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,6 +9,7 @@
 #include "backends/builtin.h"
 #include "backends/registry.h"
 #include "engine/program.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::harness {
 namespace {

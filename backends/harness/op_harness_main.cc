@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "backends/harness/harness.h"
 #include "backends/registry.h"
+#include "engine/testing/op_harness.h"
 
 namespace {
 

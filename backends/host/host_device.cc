@@ -1,7 +1,9 @@
 #include "backends/host/host_device.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -68,6 +70,41 @@ StatusOr<std::unique_ptr<Buffer>> HostDevice::WrapHostMemory(void* data, size_t 
                                                              std::shared_ptr<void> keepalive) {
   return std::unique_ptr<Buffer>(
       new HostBuffer(this, data, bytes, /*owned=*/false, std::move(keepalive)));
+}
+
+StatusOr<DeviceMemoryInfo> HostDevice::MemoryInfo() { return HostMemoryInfo(); }
+
+StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo,
+                                          const std::string& cgroup_dir) {
+  uint64_t total = 0, available = 0;
+  {
+    std::ifstream in(proc_meminfo);
+    std::string key, unit;
+    uint64_t kib = 0;
+    while (in >> key >> kib) {
+      std::getline(in, unit);
+      if (key == "MemTotal:") total = kib << 10;
+      if (key == "MemAvailable:") available = kib << 10;
+    }
+  }
+  if (total == 0) return Unavailable("cannot read the machine's memory from ", proc_meminfo);
+  if (available == 0 || available > total) available = total;
+  // cgroup v2: memory.max ("max" or bytes) and memory.current bound what this process gets.
+  auto read_u64 = [](const std::string& path, uint64_t* v) {
+    std::ifstream in(path);
+    std::string text;
+    if (!(in >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
+      return false;
+    *v = std::stoull(text);
+    return true;
+  };
+  uint64_t limit = 0, current = 0;
+  if (!cgroup_dir.empty() && read_u64(cgroup_dir + "/memory.max", &limit) && limit < total) {
+    total = limit;
+    const uint64_t used = read_u64(cgroup_dir + "/memory.current", &current) ? current : 0;
+    available = std::min(available, used < limit ? limit - used : 0);
+  }
+  return DeviceMemoryInfo{total, available};
 }
 
 StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream() {

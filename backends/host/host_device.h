@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::backend {
 
@@ -43,11 +43,18 @@ class HostDevice : public Device {
                                                    std::shared_ptr<void> keepalive) override;
   StatusOr<std::unique_ptr<Stream>> CreateStream() override;
   bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
+  // The machine's memory, bounded by the cgroup's memory.max inside a container.
+  StatusOr<DeviceMemoryInfo> MemoryInfo() override;
 
  private:
   std::string name_;
   int threads_;
 };
+
+// Host memory as DeviceMemoryInfo: MemTotal/MemAvailable from `proc_meminfo`, bounded by
+// the cgroup v2 limit in `cgroup_dir` (memory.max, memory.current) when one is set.
+StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo = "/proc/meminfo",
+                                          const std::string& cgroup_dir = "/sys/fs/cgroup");
 
 class HostStream : public Stream {
  public:

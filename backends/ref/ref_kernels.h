@@ -3,13 +3,13 @@
 // clarity over speed: elements are loaded into double (or int64 for integer types), computed
 // in double, and rounded once when stored; strided inputs are walked index by index.
 //
-// Kernels use the calling convention of engine/kernel_abi.h and do all their work on thread
+// Kernels use the calling convention of engine/backend/kernel_abi.h and do all their work on thread
 // 0 (other threads return at once). Bad data never crashes a kernel: out-of-range indices
 // read as zeros and are skipped when writing (gather, take_along, scatter, kv_write,
 // paged attention block tables); integer division by zero gives 0.
 #pragma once
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::ref {
 

@@ -1,52 +1,30 @@
 #include "backends/rocm/hipcc.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_split.h"
-#include "backends/cpu/jit/toolchain.h"
+#include "backends/host/command.h"
 
 namespace kiln::rocm {
-namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = std::filesystem::temp_directory_path().string() + "/kiln-hipcc-XXXXXX";
-    if (mkdtemp(t.data()) != nullptr) path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path.empty()) std::filesystem::remove_all(path, ec);
-  }
-};
-
-}  // namespace
+using host::ReadFileOrEmpty;
+using host::RunCommand;
+using host::TempDir;
 
 StatusOr<std::string> FindHipcc(std::string* version) {
   const char* env = std::getenv("KILN_HIPCC");
   const std::string hipcc = env != nullptr && *env != '\0' ? env : "hipcc";
-  TempDir tmp;
-  if (tmp.path.empty()) return Internal("cannot create a temporary directory");
-  const std::string log = tmp.path + "/version.txt";
-  StatusOr<int> rc = cpu::jit::RunCommand({hipcc, "--version"}, log);
+  TempDir tmp("kiln-hipcc-");
+  if (tmp.path().empty()) return Internal("cannot create a temporary directory");
+  const std::string log = tmp.path() + "/version.txt";
+  StatusOr<int> rc = RunCommand({hipcc, "--version"}, log);
   if (!rc.ok() || *rc != 0) {
     return Unavailable("hipcc not found (", hipcc, "); apt install hipcc or set KILN_HIPCC");
   }
   if (version != nullptr) {
     *version = "hipcc";
-    for (absl::string_view line : absl::StrSplit(ReadAll(log), '\n')) {
+    for (absl::string_view line : absl::StrSplit(ReadFileOrEmpty(log), '\n')) {
       if (line.find("HIP version") != absl::string_view::npos) *version = std::string(line);
     }
   }
@@ -56,21 +34,21 @@ StatusOr<std::string> FindHipcc(std::string* version) {
 StatusOr<std::string> CompileCodeObject(const std::string& source,
                                         const std::vector<std::string>& archs) {
   KILN_ASSIGN_OR_RETURN(std::string hipcc, FindHipcc());
-  TempDir tmp;
-  if (tmp.path.empty()) return Internal("cannot create a temporary directory");
-  const std::string src = tmp.path + "/kernels.hip", out = tmp.path + "/kernels.co";
+  TempDir tmp("kiln-hipcc-");
+  if (tmp.path().empty()) return Internal("cannot create a temporary directory");
+  const std::string src = tmp.path() + "/kernels.hip", out = tmp.path() + "/kernels.co";
   std::ofstream(src) << source;
   std::vector<std::string> argv = {hipcc, "--genco", "-O3"};
   for (const std::string& a : archs) argv.push_back("--offload-arch=" + a);
   argv.insert(argv.end(), {"-o", out, src});
-  const std::string log = tmp.path + "/log.txt";
-  KILN_ASSIGN_OR_RETURN(int rc, cpu::jit::RunCommand(argv, log));
+  const std::string log = tmp.path() + "/log.txt";
+  KILN_ASSIGN_OR_RETURN(int rc, RunCommand(argv, log));
   if (rc != 0 || !std::filesystem::exists(out)) {
-    std::string text = ReadAll(log);
+    std::string text = ReadFileOrEmpty(log);
     if (text.size() > 20000) text = text.substr(0, 20000) + "\n...";
     return InvalidArgument("hipcc failed (exit ", rc, "):\n", text);
   }
-  return ReadAll(out);
+  return ReadFileOrEmpty(out);
 }
 
 }  // namespace kiln::rocm

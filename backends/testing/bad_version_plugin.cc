@@ -1,7 +1,7 @@
 // A plugin built against another backend interface version: the host must refuse it
 // (and delete the object it was handed) without crashing.
-#include "backends/backend.h"
-#include "backends/plugin_abi.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/plugin_abi.h"
 
 namespace {
 class StaleBackend final : public kiln::backend::Backend {

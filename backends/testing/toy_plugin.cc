@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backends/backend.h"
-#include "backends/plugin_abi.h"
+#include "engine/backend/backend.h"
+#include "engine/backend/plugin_abi.h"
 
 namespace {
 

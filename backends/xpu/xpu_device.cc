@@ -372,14 +372,21 @@ class XpuBuffer final : public backend::Buffer {
   ~XpuBuffer() override {
     dev_->UnregisterMem(id_);
     clReleaseMemObject(mem_);
+    dev_->allocated_bytes_.fetch_sub(counted_bytes_, std::memory_order_relaxed);
   }
   cl_mem mem() const { return mem_; }
+  // Device memory this buffer counts against the device (Allocate, not wrapped memory).
+  void Count(size_t bytes) {
+    counted_bytes_ = bytes;
+    dev_->allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
 
  private:
   XpuDevice* dev_;
   uint32_t id_;
   cl_mem mem_;
   std::shared_ptr<void> keepalive_;
+  size_t counted_bytes_ = 0;
 };
 
 uint32_t XpuDevice::RegisterMem(cl_mem mem) {
@@ -436,7 +443,16 @@ StatusOr<std::unique_ptr<backend::Buffer>> XpuDevice::Allocate(size_t bytes) {
     clReleaseMemObject(mem);
     return ResourceExhausted(name_, ": more than ", kMaxBuffers, " live buffers");
   }
-  return std::unique_ptr<backend::Buffer>(new XpuBuffer(this, id, mem, bytes, nullptr));
+  auto buffer = std::make_unique<XpuBuffer>(this, id, mem, bytes, nullptr);
+  buffer->Count(bytes);
+  return std::unique_ptr<backend::Buffer>(std::move(buffer));
+}
+
+StatusOr<backend::DeviceMemoryInfo> XpuDevice::MemoryInfo() {
+  // OpenCL has no free-memory query: the total minus what this process allocated.
+  const uint64_t total = info_.global_mem_bytes;
+  const uint64_t used = allocated_bytes_.load(std::memory_order_relaxed);
+  return backend::DeviceMemoryInfo{total, used < total ? total - used : 0};
 }
 
 StatusOr<std::unique_ptr<backend::Buffer>> XpuDevice::WrapHostMemory(
@@ -639,6 +655,24 @@ class XpuStream final : public backend::Stream {
     if (recording_) return FailedPrecondition("CopyToHost while capturing a graph");
     if (bytes == 0) return OkStatus();
     KILN_CL(clEnqueueReadBuffer(queue_, m, CL_TRUE, src_offset, bytes, dst, 0, nullptr, nullptr));
+    return OkStatus();
+  }
+  // Non-blocking transfers: the host memory must stay untouched until the queue passes them
+  // (engine/backend/backend.h states the contract).
+  Status CopyToDeviceAsync(const backend::Buffer& dst, size_t dst_offset, const void* src,
+                           size_t bytes) override {
+    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(dst, dst_offset, bytes, "CopyToDeviceAsync"));
+    if (recording_) return FailedPrecondition("CopyToDeviceAsync while capturing a graph");
+    if (bytes == 0) return OkStatus();
+    KILN_CL(clEnqueueWriteBuffer(queue_, m, CL_FALSE, dst_offset, bytes, src, 0, nullptr, nullptr));
+    return OkStatus();
+  }
+  Status CopyToHostAsync(void* dst, const backend::Buffer& src, size_t src_offset,
+                         size_t bytes) override {
+    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(src, src_offset, bytes, "CopyToHostAsync"));
+    if (recording_) return FailedPrecondition("CopyToHostAsync while capturing a graph");
+    if (bytes == 0) return OkStatus();
+    KILN_CL(clEnqueueReadBuffer(queue_, m, CL_FALSE, src_offset, bytes, dst, 0, nullptr, nullptr));
     return OkStatus();
   }
   Status CopyOnDevice(const backend::Buffer& dst, size_t dst_offset, const backend::Buffer& src,
@@ -1107,7 +1141,8 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!prog.ok()) {
     if (batch.size() > 1 && group == kGenerated) {
-      // Attribute the failure: build the halves (bisecting down to the broken kernels).
+      // Attribute the failure: build the halves (bisecting down to the broken kernels). Their
+      // own statuses are recorded per kernel (each slot's unit); this call reports the batch's.
       const size_t half = batch.size() / 2;
       (void)BuildBatch(group, std::vector<KernelSlot*>(batch.begin(), batch.begin() + half));
       (void)BuildBatch(group, std::vector<KernelSlot*>(batch.begin() + half, batch.end()));

@@ -1,8 +1,8 @@
 // The OpenCL ("xpu") backend's device, stream and buffers, and the plumbing its kernels use.
 //
 // One XpuDevice per OpenCL device: its own context, buffers, programs and kernels. Buffers are
-// cl_mem objects; because kernels receive plain addresses (engine/kernel_abi.h), every buffer
-// gets an opaque device address `tag | id << 40 | offset` that kernels resolve back to
+// cl_mem objects; because kernels receive plain addresses (engine/backend/kernel_abi.h), every
+// buffer gets an opaque device address `tag | id << 40 | offset` that kernels resolve back to
 // (cl_mem, byte offset) — pointer arithmetic on it works like on a real device pointer, the
 // host never dereferences it (host_visible() is false). Buffers are limited to 1 TiB.
 //
@@ -37,8 +37,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
-#include "backends/backend.h"
 #include "backends/xpu/cl_check.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::xpu {
 
@@ -213,6 +213,8 @@ class XpuDevice final : public backend::Device {
   StatusOr<std::unique_ptr<backend::Buffer>> WrapHostMemory(
       void* data, size_t bytes, std::shared_ptr<void> keepalive) override;
   StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
+  // Total: CL_DEVICE_GLOBAL_MEM_SIZE; free: the total minus this device's live allocations.
+  StatusOr<backend::DeviceMemoryInfo> MemoryInfo() override;
   bool SupportsDType(DType t) const override;
   StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& request) override;
   // "xpu.device_info" -> const DeviceInfo*; "xpu.cl_context" -> cl_context;
@@ -286,6 +288,7 @@ class XpuDevice final : public backend::Device {
   cl_command_queue upload_queue_ = nullptr;
   std::mutex upload_mu_;
   std::unique_ptr<BinaryCache> cache_;
+  std::atomic<uint64_t> allocated_bytes_{0};  // live Allocate() bytes (XpuBuffer keeps it)
 
   // Address table: two levels of atomics so Resolve() takes no lock.
   static constexpr int kChunkBits = 10;

@@ -99,7 +99,7 @@ KVEC double pow(double, double);
 #define KTRUNC __builtin_trunc
 #define KFREXP __builtin_frexp
 #define KLDEXP __builtin_ldexp
-// The kernel ABI (engine/kernel_abi.h), mirrored.
+// The kernel ABI (engine/backend/kernel_abi.h), mirrored.
 struct KTensor {
   void* data;
   ku8 dtype;

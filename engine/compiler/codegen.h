@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/kernel_abi.h"
 #include "engine/compiler/kernel_spec.h"
-#include "engine/kernel_abi.h"
 
 namespace kiln::compiler {
 

@@ -8,9 +8,9 @@
 #include <cmath>
 #include <sstream>
 
-#include "backends/builtin.h"
 #include "engine/compiler/compile.h"
 #include "engine/compiler/testing/llama_graph.h"
+#include "engine/testing/devices.h"
 
 namespace kiln::compiler {
 namespace {
@@ -176,8 +176,8 @@ TEST(FusionTest, NothingFusesWithoutCapabilities) {
 // ---- Numerics: fused programs on cpu vs the reference -----------------------------------------
 
 struct Devices {
-  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
-  std::unique_ptr<backend::Backend> cpu = backend::MakeCpuBackend(2);
+  std::unique_ptr<backend::Backend> ref = kiln::MakeTestBackend("ref");
+  std::unique_ptr<backend::Backend> cpu = kiln::MakeTestBackend("cpu", 2);
   backend::Device& r() { return *ref->device(0); }
   backend::Device& c() { return *cpu->device(0); }
 };

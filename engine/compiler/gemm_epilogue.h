@@ -33,7 +33,7 @@
 
 #include <cstdint>
 
-#include "engine/kernel_abi.h"
+#include "engine/backend/kernel_abi.h"
 
 namespace kiln::compiler {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/base/status.h"
 #include "engine/expr.h"
 

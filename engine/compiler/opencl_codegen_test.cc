@@ -16,10 +16,10 @@
 #include <set>
 #include <string_view>
 
-#include "backends/builtin.h"
-#include "backends/harness/harness.h"
 #include "engine/compiler/codegen.h"
 #include "engine/program.h"
+#include "engine/testing/devices.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::compiler {
 namespace {
@@ -139,7 +139,7 @@ std::vector<double> DenseValues(const TensorArg& t) {
 TEST(OpenClCodegenTest, EveryFormMatchesTheReferenceOnTheDevice) {
   Cl* cl = Device();
   if (cl == nullptr) GTEST_SKIP() << "no OpenCL device";
-  auto ref_backend = backend::MakeRefBackend();
+  auto ref_backend = kiln::MakeTestBackend("ref");
   backend::Device& ref = *ref_backend->device(0);
   auto stream = *ref.CreateStream();
 

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/compiler/kernel_spec.h"
 
 namespace kiln::compiler {

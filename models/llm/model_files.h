@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/base/status.h"
 #include "engine/dtype.h"
 #include "engine/tensor.h"

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/base/metrics.h"
 #include "engine/capture.h"
 #include "engine/program.h"

@@ -84,8 +84,20 @@ def test_concurrent_requests_are_batched(server):
         s.execution_count
 
 
-def test_higher_priority_runs_first(stub):
-    # Occupy the single instance, then queue low- then high-priority requests.
+def wait_for(predicate, what, timeout=30):
+    """Polls observable server state until `predicate()` holds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_higher_priority_runs_first(server, stub):
+    # Occupy the single instance, then queue low- then high-priority requests. Each step waits
+    # for the server's own gauges (never for a sleep); the blocker's length only has to
+    # outlast the queueing of four requests.
     order, lock = [], threading.Lock()
 
     def call(name, req):
@@ -93,19 +105,24 @@ def test_higher_priority_runs_first(stub):
         with lock:
             order.append(name)
 
-    blocker = threading.Thread(target=call, args=("blocker", sleep_request("prio", 300000)))
+    def gauge(name):
+        return server.metric_value(name, model="prio")
+
+    blocker = threading.Thread(target=call, args=("blocker", sleep_request("prio", 3000000)))
     blocker.start()
-    time.sleep(0.1)
+    wait_for(lambda: gauge("kiln_inference_executing_requests") == 1, "the blocker to run")
     threads = [threading.Thread(target=call, args=(f"low{i}", sleep_request("prio", 1000,
                                                                             priority=2)))
                for i in range(3)]
     for t in threads:
         t.start()
-    time.sleep(0.05)
+    wait_for(lambda: gauge("kiln_inference_pending_requests") == 3, "three queued requests")
     high = threading.Thread(target=call, args=("high", sleep_request("prio", 1000, priority=1)))
     high.start()
+    wait_for(lambda: gauge("kiln_inference_pending_requests") == 4, "the high-priority request")
+    assert gauge("kiln_inference_executing_requests") == 1, "the blocker ended too early"
     for t in [blocker, high, *threads]:
-        t.join(timeout=10)
+        t.join(timeout=30)
     assert order[0] == "blocker"
     assert order[1] == "high", order
 

@@ -8,7 +8,7 @@
 #include <span>
 #include <string_view>
 
-#include "engine/kernel_abi.h"
+#include "engine/backend/kernel_abi.h"
 
 namespace kiln::cpu::jit {
 

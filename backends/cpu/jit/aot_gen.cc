@@ -2,8 +2,10 @@
 // built-in model families, runs them through the same passes compiler::Compile runs for the
 // cpu backend (verify, dce, fuse with the cpu's capabilities) and writes every kernel they
 // need as C++:
-//   <out_dir>/aot_kernels.cc  the kernels, each compiled for x86-64-v3 and a baseline
-//                             (GCC target_clones; the loader picks one by CPU)
+//   <out_dir>/aot_kernels.cc  the kernels, each compiled for x86-64-v4, x86-64-v3 and a
+//                             baseline (GCC target_clones; the loader picks one by CPU) —
+//                             the levels the JIT builds for (toolchain.h), so AOT and JIT
+//                             kernels compute the same on v3 and v4 machines
 //   <out_dir>/aot_table.cc    AotKernels(): key -> functions, sorted (aot.h)
 // Kernels are keyed by their generated source, so a kernel the running program asks for is
 // found whatever graph it came from; anything else is compiled at run time as usual.
@@ -80,7 +82,7 @@ Status Run(const std::string& dir) {
   absl::StrReplaceAll({{from,
                         "#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)\n"
                         "#define KERNEL extern \"C\" __attribute__((visibility(\"hidden\"), "
-                        "target_clones(\"arch=x86-64-v3\", \"default\")))\n"
+                        "target_clones(\"arch=x86-64-v4\", \"arch=x86-64-v3\", \"default\")))\n"
                         "#else\n"
                         "#define KERNEL extern \"C\" __attribute__((visibility(\"hidden\")))\n"
                         "#endif"}},

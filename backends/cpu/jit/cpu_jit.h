@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "backends/backend.h"
 #include "backends/cpu/jit/toolchain.h"
+#include "engine/backend/backend.h"
 #include "engine/compiler/codegen.h"
 #include "engine/compiler/gemm_epilogue.h"
 #include "engine/compiler/kernel_cache.h"

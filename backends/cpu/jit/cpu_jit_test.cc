@@ -19,6 +19,7 @@
 
 #include "backends/builtin.h"
 #include "backends/cpu/jit/aot.h"
+#include "backends/cpu/jit/toolchain.h"
 #include "engine/compiler/compile.h"
 #include "engine/compiler/testing/llama_graph.h"
 
@@ -197,8 +198,14 @@ TEST(CpuJitTest, AotKernelsMakeAFirstStartRunNoCompiler) {
   EXPECT_EQ(aot.compiled, 0);
   EXPECT_GT(aot.cached, 0);
   EXPECT_TRUE(CacheFiles(dir, ".so").empty());
-  // Built by the project's compiler for a CPU level chosen at load time: same math.
-  EXPECT_NEAR(aot.checksum, jit.checksum, 1e-9 * std::abs(jit.checksum));
+  // The AOT kernels are cloned for x86-64-v4, v3 and a baseline (aot_gen.cc); the JIT builds
+  // for this CPU's level (toolchain.h). At the same level the math is the same; below v3 the
+  // vector widths may differ, so sums may round differently (~1e-7 relative).
+  const std::string level = CpuFeatureLevel();
+  const bool same_level = level == "x86-64-v4" || level == "x86-64-v3";
+  const double tolerance = same_level ? 1e-9 : 1e-6;
+  EXPECT_NEAR(aot.checksum, jit.checksum, tolerance * std::abs(jit.checksum))
+      << "CPU level " << level;
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir + "_jit");
 }

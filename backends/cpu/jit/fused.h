@@ -6,8 +6,8 @@
 
 #include <functional>
 
-#include "backends/backend.h"
 #include "backends/cpu/jit/cpu_jit.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::cpu::jit {
 

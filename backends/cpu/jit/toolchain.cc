@@ -1,69 +1,21 @@
 #include "backends/cpu/jit/toolchain.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "backends/host/command.h"
 #include "engine/compiler/hash.h"
 
-extern char** environ;
-
 namespace kiln::cpu::jit {
-namespace {
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-StatusOr<std::string> CommandOutput(const std::vector<std::string>& argv) {
-  char tmpl[] = "/tmp/kiln-cxx-probe-XXXXXX";
-  const int fd = mkstemp(tmpl);
-  if (fd < 0) return Internal("mkstemp: ", std::strerror(errno));
-  close(fd);
-  StatusOr<int> rc = RunCommand(argv, tmpl);
-  std::string out = ReadAll(tmpl);
-  unlink(tmpl);
-  KILN_RETURN_IF_ERROR(rc.status());
-  if (*rc != 0) return Unavailable("`", absl::StrJoin(argv, " "), "` exited with ", *rc);
-  return out;
-}
-
-}  // namespace
-
-StatusOr<int> RunCommand(const std::vector<std::string>& argv, const std::string& log_path) {
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  pid_t pid = 0;
-  const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (err != 0) return Unavailable("cannot run `", argv[0], "`: ", std::strerror(err));
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Internal("waitpid: ", std::strerror(errno));
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-}
+using host::CommandOutput;
+using host::ReadFileOrEmpty;
+using host::RunCommand;
 
 std::string CpuFeatureLevel() {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -137,7 +89,7 @@ Status CompileSharedObject(const Toolchain& tc, const std::string& source_path,
   const std::string log = so_path + ".log";
   KILN_ASSIGN_OR_RETURN(int rc, RunCommand(argv, log));
   if (rc != 0) {
-    std::string out = ReadAll(log);
+    std::string out = ReadFileOrEmpty(log);
     if (out.size() > 4000) out = out.substr(0, 4000) + "\n...";
     return Internal("the kernel compiler failed (exit ", rc, "): `", absl::StrJoin(argv, " "),
                     "`\n", out);

@@ -41,8 +41,4 @@ std::string CpuFeatureLevel();
 Status CompileSharedObject(const Toolchain& tc, const std::string& source_path,
                            const std::string& so_path);
 
-// Runs argv (PATH lookup) with stdout/stderr to `log_path`; returns the exit status (or an
-// error if it could not run).
-StatusOr<int> RunCommand(const std::vector<std::string>& argv, const std::string& log_path);
-
 }  // namespace kiln::cpu::jit

@@ -20,10 +20,10 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/kernels/select.h"
-#include "backends/harness/harness.h"
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
 #include "backends/registry.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::cpu {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
 #include "backends/cpu/kernels/isa.h"
-#include "backends/harness/harness.h"
 #include "engine/builder.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::cpu {
 namespace {

@@ -19,7 +19,7 @@
 #include <memory>
 
 #include "backends/cpu/kernels/kernels.h"
-#include "engine/kernel_abi.h"
+#include "engine/backend/kernel_abi.h"
 
 namespace kiln::cpu::KILN_ISA_NS {
 namespace {
@@ -116,7 +116,8 @@ void DecodeRow(const GemmArgs& a, int64_t n, int64_t k0, int64_t kc, float* dst)
     }
   });
   if (!fast) {
-    // K-quants: the engine's scalar dequantizer (k0 and kc are multiples of 256 here).
+    // K-quants: the engine's scalar dequantizer (k0 and kc are multiples of 256 here). It
+    // fails only for types GetKernel never routes here, and a kernel has no way to report.
     (void)DequantizeRow(a.wtype, row + ByteOffset(a.wtype, k0), dst, kc);
   }
 }

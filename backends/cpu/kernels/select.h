@@ -18,8 +18,8 @@
 
 #include <optional>
 
-#include "backends/backend.h"
 #include "backends/cpu/kernels/isa.h"
+#include "engine/backend/backend.h"
 
 namespace kiln::cpu {
 

@@ -2,10 +2,10 @@
 
 #include <set>
 
-#include "backends/harness/harness.h"
 #include "engine/compiler/codegen.h"
 #include "engine/compiler/fusion.h"
 #include "engine/compiler/testing/llama_graph.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::compiler::testing {
 namespace {

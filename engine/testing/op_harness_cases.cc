@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "backends/harness/harness.h"
+#include "engine/testing/op_harness.h"
 
 namespace kiln::harness {
 namespace {

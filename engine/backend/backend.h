@@ -22,18 +22,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "engine/backend/kernel_abi.h"
 #include "engine/base/status.h"
-#include "engine/kernel_abi.h"
 #include "engine/ops.h"
 
 namespace kiln::backend {
 
-inline constexpr uint32_t kBackendInterfaceVersion = 1;
+inline constexpr uint32_t kBackendInterfaceVersion = 2;
 // Every Allocate() result is aligned to at least this many bytes.
 inline constexpr size_t kMinAlignment = 64;
 
@@ -60,10 +61,29 @@ class Buffer {
   size_t size_;
 };
 
+// Plain host memory as a Buffer of `device` (the default pinned host buffer, see
+// Device::AllocatePinnedHost). data() is a host pointer.
+class HostMemoryBuffer final : public Buffer {
+ public:
+  static std::unique_ptr<Buffer> Make(Device* device, size_t bytes) {
+    const size_t rounded = (bytes + kMinAlignment - 1) / kMinAlignment * kMinAlignment;
+    void* p = std::aligned_alloc(kMinAlignment, rounded == 0 ? kMinAlignment : rounded);
+    if (p == nullptr) return nullptr;
+    return std::unique_ptr<Buffer>(new HostMemoryBuffer(device, p, bytes));
+  }
+  ~HostMemoryBuffer() override { std::free(data()); }
+
+ private:
+  HostMemoryBuffer(Device* device, void* data, size_t size) : Buffer(device, data, size) {}
+};
+
+// A point in a stream's work. Recorded on one stream, it may be waited on by the host
+// (Wait/Done) or by another stream of the same device (Stream::WaitEvent), which then runs
+// nothing enqueued after the wait until the work before the event is done.
 class Event {
  public:
   virtual ~Event() = default;
-  virtual Status Wait() = 0;  // blocks until the work before the event is done
+  virtual Status Wait() = 0;  // blocks the host until the work before the event is done
   virtual bool Done() = 0;
 };
 
@@ -91,7 +111,25 @@ class Stream {
   // Blocks until everything enqueued has finished.
   virtual Status Synchronize() = 0;
 
-  // Default events: synchronize now and hand back a completed event.
+  // Copies in stream order. CopyToDevice/CopyToHost above are *blocking*: `src` may be reused
+  // (and `dst` read) as soon as they return. These are *asynchronous*: the copy happens when
+  // the stream reaches it, so `src` must stay valid and unchanged, and `dst` must not be
+  // read, until the stream has passed this point — after Synchronize(), or once an event
+  // recorded after the copy is done. They are truly asynchronous from and to pinned host
+  // memory (Device::AllocatePinnedHost); from pageable memory a backend may stage or block.
+  // Default: the blocking copy (complete when it returns, which satisfies the contract).
+  virtual Status CopyToDeviceAsync(const Buffer& dst, size_t dst_offset, const void* src,
+                                   size_t bytes) {
+    return CopyToDevice(dst, dst_offset, src, bytes);
+  }
+  virtual Status CopyToHostAsync(void* dst, const Buffer& src, size_t src_offset, size_t bytes) {
+    return CopyToHost(dst, src, src_offset, bytes);
+  }
+
+  // Events (see Event). RecordEvent marks everything enqueued so far; WaitEvent makes this
+  // stream wait for an event recorded on any stream of the same device, without blocking
+  // the host where the backend can. Default events: synchronize now and hand back a
+  // completed event; WaitEvent blocks the host until the event is done.
   virtual StatusOr<std::unique_ptr<Event>> RecordEvent() {
     KILN_RETURN_IF_ERROR(Synchronize());
     struct Completed final : Event {
@@ -120,6 +158,13 @@ struct KernelRequest {
   std::string_view name;  // the node's name, for diagnostics
 };
 
+// Memory of a device, in bytes. `free_bytes` is what the backend can tell: the driver's figure
+// on GPUs, MemAvailable for host memory, or the total minus what this process allocated.
+struct DeviceMemoryInfo {
+  uint64_t total_bytes = 0;
+  uint64_t free_bytes = 0;
+};
+
 struct Kernel {
   KernelFn fn = nullptr;
   std::shared_ptr<const void> data;  // passed as LaunchArgs::kernel_data; kept by the Program
@@ -141,6 +186,18 @@ class Device {
                                                            std::shared_ptr<void> keepalive) {
     (void)data, (void)bytes, (void)keepalive;
     return Unimplemented(std::string(name()), " cannot wrap host memory");
+  }
+  // Host memory the device copies to and from fastest, asynchronously (CUDA/HIP page-locked
+  // memory). data() is a host pointer; pass it as the host side of Stream copies, never as a
+  // kernel argument unless host_visible(). Default: ordinary aligned host memory.
+  virtual StatusOr<std::unique_ptr<Buffer>> AllocatePinnedHost(size_t bytes) {
+    std::unique_ptr<Buffer> b = HostMemoryBuffer::Make(this, bytes);
+    if (b == nullptr) return ResourceExhausted("cannot allocate ", bytes, " bytes of host memory");
+    return b;
+  }
+  // Total and free device memory (see DeviceMemoryInfo). Default: Unimplemented.
+  virtual StatusOr<DeviceMemoryInfo> MemoryInfo() {
+    return Unimplemented(std::string(name()), " cannot report its memory");
   }
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
 

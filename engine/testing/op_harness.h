@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/backend.h"
+#include "engine/backend/backend.h"
 #include "engine/builder.h"
 
 namespace kiln::harness {

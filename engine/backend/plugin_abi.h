@@ -6,7 +6,7 @@
  *
  * The host (backends/registry.cc) dlopens every such file in its plugin directories, checks
  * the ABI version, and calls the entry point once. The plugin creates its backend(s) — C++
- * objects implementing kiln::backend::Backend from backends/backend.h, allocated with `new`
+ * objects implementing kiln::backend::Backend from engine/backend/backend.h, allocated with `new`
  * — and hands each to host->register_backend, passing the kBackendInterfaceVersion it was
  * compiled against. The host takes ownership (and deletes the object itself if it refuses
  * it, e.g. for a version mismatch or a duplicate name). The entry point returns 0 on success;

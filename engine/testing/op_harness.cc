@@ -1,4 +1,4 @@
-#include "backends/harness/harness.h"
+#include "engine/testing/op_harness.h"
 
 #include <chrono>
 #include <cmath>
@@ -417,8 +417,11 @@ Result RunGradient(const OpCase& c, backend::Device& ref, backend::Device& dev) 
   StatusOr<std::unique_ptr<Program>> lp = Compile(g, {loss}, ref);
   if (!lp.ok()) return Fail(lp.status());
   StatusOr<std::unique_ptr<backend::Stream>> rs = ref.CreateStream();
-  for (size_t i = 0; i < host.size(); ++i) (void)(*lp)->Bind(c.inputs[i].name, host[i]);
-  (void)(*lp)->Bind("harness.r", *rt);
+  if (!rs.ok()) return Fail(rs.status());
+  for (size_t i = 0; i < host.size(); ++i) {
+    if (Status b = (*lp)->Bind(c.inputs[i].name, host[i]); !b.ok()) return Fail(b);
+  }
+  if (Status b = (*lp)->Bind("harness.r", *rt); !b.ok()) return Fail(b);
   auto eval = [&]() -> double {
     if (!(*lp)->Run(**rs).ok()) return std::nan("");
     return (*(*lp)->Output(0)->ToDoubles())[0];
@@ -481,14 +484,18 @@ Result RunPerf(const OpCase& c, backend::Device& dev, int iterations) {
     if (!t.ok()) return Fail(t.status());
     // Zeros keep every op well defined (indices valid, no NaNs) without host-side setup.
     std::vector<uint8_t> zero(static_cast<size_t>(t->nbytes()), 0);
-    (void)(*s)->CopyToDevice(*t->buffer(), 0, zero.data(), zero.size());
+    if (Status z = (*s)->CopyToDevice(*t->buffer(), 0, zero.data(), zero.size()); !z.ok()) {
+      return Fail(z);
+    }
     if (Status b = (*p)->Bind(c.inputs[i].name, *t); !b.ok()) return Fail(b);
   }
   if (Status w = (*p)->Run(**s); !w.ok()) return Fail(w);
-  (void)(*s)->Synchronize();
+  if (Status w = (*s)->Synchronize(); !w.ok()) return Fail(w);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iterations; ++i) (void)(*p)->Run(**s);
-  (void)(*s)->Synchronize();
+  for (int i = 0; i < iterations; ++i) {
+    if (Status w = (*p)->Run(**s); !w.ok()) return Fail(w);
+  }
+  if (Status w = (*s)->Synchronize(); !w.ok()) return Fail(w);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Result r;
   r.seconds = secs / std::max(iterations, 1);
