@@ -574,8 +574,7 @@ StatusOr<TensorType> InferKvWrite(Types in, const Attrs&) {
   return cache;
 }
 
-StatusOr<TensorType> InferOutputOf(Types in, const Attrs& a) {
-  (void)in;
+StatusOr<TensorType> InferOutputOf(Types, const Attrs& a) {
   if (a.ints.size() != 1 || a.ints[0] < 1 || a.ints[0] >= kMaxOutputs) {
     return Bad("output_of needs an output index in [1, ", kMaxOutputs, ")");
   }

@@ -122,7 +122,7 @@ enum class OpKind : uint16_t {
   // ---- Training ----
   kFusedCrossEntropy,  // (logits [..., V] float, targets [...] int, dloss [...] logits' dtype)
                        // -> loss [...], dlogits [..., V]: loss as kCrossEntropy, dlogits =
-                       // (softmax(logits) - onehot(target)) * dloss, in one pass over a row;
+                       // (softmax(logits) - onehot(target)) * dloss, in one kernel;
                        // ints[0] = ignore_index (such rows: loss 0, dlogits 0)
   kAdamW,  // (param, grad, m, v, step) -> param, m, v, each written in place (outputs 0, 1,
            // 2 overwrite inputs 0, 2, 3): PyTorch's AdamW with decoupled weight decay.
