@@ -76,13 +76,60 @@ TEST_F(AttentionTest, FusedEqualsDecomposedForEveryModifier) {
     if (v.aux) aux.push_back(b.Input("prefix", DType::kI32, {2}));
     const Value fused = b.Attention(q, k, val, v.p, aux);
     const Value dec = AttentionDecomposed(b, q, k, val, b.node(fused).attrs, aux);
+    // The log-sum-exp output, and its definition through other ops.
+    const AttentionOutputs with_lse = b.AttentionWithLse(q, k, val, v.p, aux);
+    const Value lse_dec = AttentionLseDecomposed(b, q, k, b.node(fused).attrs, aux);
     ASSERT_TRUE(b.ok()) << b.status();
     std::vector<std::pair<std::string, Tensor>> in = {{"q", Random({2, 4, 5, 3}, 1)},
                                                       {"k", Random({2, 2, 5, 3}, 2)},
                                                       {"v", Random({2, 2, 5, 2}, 3)}};
     if (v.aux) in.push_back({"prefix", Ints({2}, {3, 0})});
-    const auto out = Run(g, {fused, dec}, in);
+    const auto out = Run(g, {fused, dec, with_lse.out, with_lse.lse, lse_dec}, in);
     EXPECT_LT(MaxAbsDiff(out[0], out[1]), 1e-12) << v.name;
+    EXPECT_EQ(out[2], out[0]) << v.name << ": asking for the lse changes the output";
+    EXPECT_LT(MaxAbsDiff(out[3], out[4]), 1e-12) << v.name;
+  }
+}
+
+// What a flash-attention backward does with the log-sum-exp: P = exp(S - lse) recomputes the
+// attention weights without a second softmax, so P V is the forward output again. Fully
+// masked rows have lse = -inf (and output 0).
+TEST_F(AttentionTest, LogSumExpRecomputesTheAttentionWeights) {
+  Graph g;
+  Builder b(&g);
+  const Value q = b.Input("q", DType::kF64, {1, 2, 4, 3});
+  const Value k = b.Input("k", DType::kF64, {1, 2, 6, 3});
+  const Value val = b.Input("v", DType::kF64, {1, 2, 6, 2});
+  // Queries 0..2 see keys up to their index + 2; query 3 sees none.
+  const Expr mask =
+      And(Le(Expr::Index(3), Expr::Index(2) + Expr::Int(2)), Lt(Expr::Index(2), Expr::Int(3)));
+  const AttentionOutputs r = b.AttentionWithLse(q, k, val, {0.7, mask, {}});
+  // S = 0.7 q k^T, masked; P = exp(S - lse).
+  Value s = b.MulScalar(b.MatMul(q, b.Transpose(k, 2, 3)), 0.7);
+  s = b.Where(b.MapIndices(mask, {1, 2, 4, 6}, DType::kBool), s,
+              b.Full(-INFINITY, DType::kF64, {}));
+  const Value p = b.Exp(b.Sub(s, b.Unsqueeze(r.lse, -1)));
+  const Value rows = b.Sum(p, {-1});
+  const Value again = b.MatMul(p, val);
+  ASSERT_TRUE(b.ok()) << b.status();
+  const auto out = Run(g, {r.out, r.lse, rows, again},
+                       {{"q", Random({1, 2, 4, 3}, 4)},
+                        {"k", Random({1, 2, 6, 3}, 5)},
+                        {"v", Random({1, 2, 6, 2}, 6)}});
+  for (int h = 0; h < 2; ++h) {
+    for (int i = 0; i < 4; ++i) {
+      const int row = h * 4 + i;
+      if (i == 3) {
+        EXPECT_EQ(out[1][row], -INFINITY) << "fully masked row " << row;
+        EXPECT_EQ(out[0][row * 2], 0);
+        continue;
+      }
+      EXPECT_TRUE(std::isfinite(out[1][row]));
+      EXPECT_NEAR(out[2][row], 1.0, 1e-12) << "row " << row;  // the weights sum to 1
+      for (int e = 0; e < 2; ++e) {
+        EXPECT_NEAR(out[3][row * 2 + e], out[0][row * 2 + e], 1e-12) << "row " << row;
+      }
+    }
   }
 }
 

@@ -2,8 +2,10 @@
 //
 // `Gradients` appends the backward graph to the builder's graph: for each node on a path from
 // `wrt` to `output`, in reverse order, it calls the op's backward rule (ops.cc), summing the
-// gradients of values with several consumers. The result is ordinary graph nodes, compiled
-// and run like the forward pass (training is a use of the engine, not a second engine).
+// gradients of values with several consumers. A multi-output node's rule is called once, with
+// the gradient of each of its outputs (invalid where none flows; graph.h, ops.h). The result is
+// ordinary graph nodes, compiled and run like the forward pass (training is a use of the engine,
+// not a second engine).
 //
 //   Value loss = b.Mean(b.CrossEntropy(logits, targets), {0});
 //   KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, Gradients(b, loss, {w1, w2}));
@@ -25,5 +27,10 @@ namespace kiln {
 // KILN_DUMP containing "autograd", the graph is printed after the pass.
 StatusOr<std::vector<Value>> Gradients(Builder& b, Value output, std::span<const Value> wrt,
                                        Value seed = {});
+// Several outputs at once: d(sum_k sum(outputs[k] * seeds[k])) / d(wrt[i]). Every seed is
+// given and has its output's type. Used by backward rules of multi-output ops; also a way to
+// differentiate several losses (or several outputs of one node) in one backward graph.
+StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> outputs,
+                                       std::span<const Value> seeds, std::span<const Value> wrt);
 
 }  // namespace kiln

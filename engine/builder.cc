@@ -21,6 +21,12 @@ Value Builder::Named(Value v, std::string_view name) {
 
 Value Builder::AddNode(OpKind op, std::span<const Value> inputs, Attrs attrs,
                        std::string_view name) {
+  const std::vector<Value> outs = AddNodeOutputs(op, inputs, std::move(attrs), name);
+  return outs.empty() ? Value{} : outs[0];
+}
+
+std::vector<Value> Builder::AddNodeOutputs(OpKind op, std::span<const Value> inputs, Attrs attrs,
+                                           std::string_view name) {
   const OpDef& def = GetOpDef(op);
   std::vector<TensorType> types;
   for (Value v : inputs) {
@@ -48,19 +54,49 @@ Value Builder::AddNode(OpKind op, std::span<const Value> inputs, Attrs attrs,
         " inputs, got ", n_in));
     return {};
   }
-  StatusOr<TensorType> out = def.infer(types, attrs);
+  if (op == OpKind::kOutputOf) {
+    Fail(InvalidArgument("output_of nodes are made by the builder with their producer"));
+    return {};
+  }
+  StatusOr<std::vector<TensorType>> out = InferOutputs(op, types, attrs);
   if (!out.ok()) {
     Fail(InvalidArgument(describe(), ": ", out.status().message()));
     return {};
   }
+  // In-place targets must be States: say so now, naming the op, rather than at compile time.
+  for (size_t o = 0; o < out->size(); ++o) {
+    const int j = def.writes_input[o];
+    if (j < 0 || j >= n_in) continue;
+    const int32_t owner = StorageOwner(*g_, inputs[j].id);
+    if (g_->node(owner).op != OpKind::kState) {
+      Fail(InvalidArgument(describe(), ": input ", j,
+                           " is written in place, so it must be a State ",
+                           "tensor (or a view of one); it is ", OpName(g_->node(owner).op), " '",
+                           g_->node(owner).name, "' (weights and inputs are read-only)"));
+      return {};
+    }
+  }
   Node node;
   node.op = op;
   for (Value v : inputs) node.inputs.push_back(v.id);
-  node.dtype = out->dtype;
-  node.shape = std::move(out->shape);
+  node.dtype = (*out)[0].dtype;
+  node.shape = std::move((*out)[0].shape);
   node.attrs = std::move(attrs);
   node.name = std::move(full_name);
-  return Value{g_->AddNode(std::move(node))};
+  std::vector<Value> values = {Value{g_->AddNode(std::move(node))}};
+  // Outputs 1..: output_of nodes directly after their producer (graph.h).
+  for (size_t o = 1; o < out->size(); ++o) {
+    Node proj;
+    proj.op = OpKind::kOutputOf;
+    proj.inputs = {values[0].id};
+    proj.dtype = (*out)[o].dtype;
+    proj.shape = (*out)[o].shape;
+    proj.attrs.ints = {static_cast<int64_t>(o)};
+    proj.attrs.dtype = proj.dtype;
+    proj.attrs.dims = std::move((*out)[o].shape);
+    values.push_back(Value{g_->AddNode(std::move(proj))});
+  }
+  return values;
 }
 
 bool Builder::NormalizeAxis(int& axis, int rank, const char* op) {
@@ -595,15 +631,32 @@ Attrs AttentionAttrs(const AttentionParams& p, const Dim& head_dim) {
   a.expr = {p.mask_mod, p.score_mod};
   return a;
 }
+
+// Dense attention's node; with_lse adds the log-sum-exp output.
+std::vector<Value> AttentionNode(Builder& b, Value q, Value k, Value v, const AttentionParams& p,
+                                 std::span<const Value> aux, bool with_lse) {
+  if (!q.valid()) return {};
+  std::vector<Value> in = {q, k, v};
+  in.insert(in.end(), aux.begin(), aux.end());
+  const Dim d = b.shape(q).empty() ? Dim(0) : b.shape(q).back();
+  Attrs a = AttentionAttrs(p, d);
+  if (with_lse) a.ints = {1};
+  return b.AddNodeOutputs(OpKind::kAttention, in, std::move(a));
+}
+
 }  // namespace
 
 Value Builder::Attention(Value q, Value k, Value v, const AttentionParams& p,
                          std::span<const Value> aux) {
-  if (!q.valid()) return {};
-  std::vector<Value> in = {q, k, v};
-  in.insert(in.end(), aux.begin(), aux.end());
-  const Dim d = shape(q).empty() ? Dim(0) : shape(q).back();
-  return AddNode(OpKind::kAttention, in, AttentionAttrs(p, d));
+  const std::vector<Value> outs = AttentionNode(*this, q, k, v, p, aux, /*with_lse=*/false);
+  return outs.empty() ? Value{} : outs[0];
+}
+
+AttentionOutputs Builder::AttentionWithLse(Value q, Value k, Value v, const AttentionParams& p,
+                                           std::span<const Value> aux) {
+  const std::vector<Value> outs = AttentionNode(*this, q, k, v, p, aux, /*with_lse=*/true);
+  if (outs.size() != 2) return {};
+  return {outs[0], outs[1]};
 }
 
 Value Builder::PagedAttention(Value q, Value k_cache, Value v_cache, Value block_table,
@@ -619,6 +672,33 @@ Value Builder::PagedAttention(Value q, Value k_cache, Value v_cache, Value block
 Value Builder::KvWrite(Value cache, Value x, Value slot_mapping) {
   const Value in[] = {cache, x, slot_mapping};
   return AddNode(OpKind::kKvWrite, in, Attrs{});
+}
+
+// ---- Training ----
+
+CrossEntropyOutputs Builder::FusedCrossEntropy(Value logits, Value targets, Value dloss,
+                                               int64_t ignore_index) {
+  if (!logits.valid() || !targets.valid() || !dloss.valid()) return {};
+  if (shape(dloss) != shape(targets)) {
+    dloss = Expand(dloss, shape(targets));  // a scalar (or broadcastable) upstream gradient
+    if (!dloss.valid()) return {};
+  }
+  Attrs a;
+  a.ints = {ignore_index};
+  const Value in[] = {logits, targets, dloss};
+  const std::vector<Value> outs = AddNodeOutputs(OpKind::kFusedCrossEntropy, in, std::move(a));
+  if (outs.size() != 2) return {};
+  return {outs[0], outs[1]};
+}
+
+AdamWOutputs Builder::AdamW(Value param, Value grad, Value m, Value v, Value step,
+                            const AdamWParams& p) {
+  Attrs a;
+  a.floats = {p.lr, p.beta1, p.beta2, p.eps, p.weight_decay};
+  const Value in[] = {param, grad, m, v, step};
+  const std::vector<Value> outs = AddNodeOutputs(OpKind::kAdamW, in, std::move(a));
+  if (outs.size() != 3) return {};
+  return {outs[0], outs[1], outs[2]};
 }
 
 }  // namespace kiln

@@ -56,6 +56,34 @@ struct AttentionParams {
   Expr score_mod;    // null: identity
 };
 
+// Dense attention with its log-sum-exp (what a flash-attention backward needs).
+struct AttentionOutputs {
+  Value out;  // [B, Hq, Tq, Dv]
+  Value lse;  // [B, Hq, Tq], the query's compute type (f32; f64 for f64 queries)
+};
+
+// The fused classifier step: per-row loss and the gradient of sum(loss * dloss) w.r.t. logits.
+struct CrossEntropyOutputs {
+  Value loss;     // [...]
+  Value dlogits;  // [..., V]
+};
+
+// PyTorch's torch.optim.AdamW hyper-parameters (decoupled weight decay).
+struct AdamWParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// The values of param, m and v after an AdamW update (each aliases its State).
+struct AdamWOutputs {
+  Value param;
+  Value m;
+  Value v;
+};
+
 class Builder {
  public:
   explicit Builder(Graph* graph) : g_(graph) {}
@@ -187,6 +215,10 @@ class Builder {
   // expressions Load from.
   Value Attention(Value q, Value k, Value v, const AttentionParams& p,
                   std::span<const Value> aux = {});
+  // The same, also returning the log-sum-exp of each query row's scaled scores after
+  // score_mod and mask_mod (-inf for fully masked rows).
+  AttentionOutputs AttentionWithLse(Value q, Value k, Value v, const AttentionParams& p,
+                                    std::span<const Value> aux = {});
   Value PagedAttention(Value q, Value k_cache, Value v_cache, Value block_table, Value seq_lens,
                        Value query_start, const AttentionParams& p,
                        std::span<const Value> aux = {});
@@ -195,10 +227,29 @@ class Builder {
   // the write.
   Value KvWrite(Value cache, Value x, Value slot_mapping);
 
+  // ---- Training ----
+  // Cross-entropy and its gradient in one kernel: loss as CrossEntropy, and
+  // dlogits = (softmax(logits) - onehot(target)) * dloss per row (dloss: the upstream
+  // gradient of each row's loss, e.g. a scalar 1/N for a mean; it broadcasts to the rows).
+  // Rows whose target is ignore_index give loss 0 and zero dlogits.
+  CrossEntropyOutputs FusedCrossEntropy(Value logits, Value targets, Value dloss,
+                                        int64_t ignore_index = -100);
+  // One AdamW step (PyTorch semantics, decoupled weight decay) that updates `param`, `m` and
+  // `v` in place: they must be f32 States (or views of them) of one shape; `grad` is any float
+  // tensor of that shape; `step` a rank-0 tensor holding the 1-based step number (bias
+  // correction), read at run time so a captured step replays with a new value. Returns the
+  // updated values; read those (not the States) after the update.
+  AdamWOutputs AdamW(Value param, Value grad, Value m, Value v, Value step, const AdamWParams& p);
+
   // ---- Low level ----
   // Appends a node after running its op's shape/dtype rule; records an error and returns an
-  // invalid Value if the rule rejects it (or an input is invalid).
+  // invalid Value if the rule rejects it (or an input is invalid, or an input the op writes
+  // in place is not a State). Returns output 0 (multi-output ops: see AddNodeOutputs).
   Value AddNode(OpKind op, std::span<const Value> inputs, Attrs attrs, std::string_view name = {});
+  // The same, returning every output: the node (output 0) and, for multi-output ops, the
+  // output_of nodes appended right after it (outputs 1, 2, ...). Empty on error.
+  std::vector<Value> AddNodeOutputs(OpKind op, std::span<const Value> inputs, Attrs attrs,
+                                    std::string_view name = {});
 
  private:
   Value Unary(OpKind op, Value x);
@@ -220,5 +271,9 @@ class Builder {
 // `attrs` as for OpKind::kAttention (scale already resolved).
 Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& attrs,
                           std::span<const Value> aux);
+// The log-sum-exp output of dense attention written with other ops (the definition its
+// backward rule differentiates): [B, Hq, Tq] in the query's compute type.
+Value AttentionLseDecomposed(Builder& b, Value q, Value k, const Attrs& attrs,
+                             std::span<const Value> aux);
 
 }  // namespace kiln

@@ -1,11 +1,15 @@
 #include "engine/builder.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "engine/autograd.h"
 
 namespace kiln {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 TEST(BuilderTest, BuildsTypedNamedGraph) {
   Graph g;
@@ -127,6 +131,41 @@ TEST(AutogradTest, GradientsHaveInputTypesAndUnusedInputsGetZeros) {
   EXPECT_EQ(g.node((*grads)[2].id).op, OpKind::kFull);
 }
 
+// A multi-output node's rule gets a gradient per output, invalid where none flows: gradients
+// through attention's lse alone, its output alone, or both build; fused cross-entropy's dlogits
+// (already a gradient) refuses with a message.
+TEST(AutogradTest, GradientsFlowIntoAnyOutputOfANode) {
+  Graph g;
+  Builder b(&g);
+  const Value q = b.Input("q", DType::kF32, {1, 2, 3, 4});
+  const Value k = b.Input("k", DType::kF32, {1, 2, 3, 4});
+  const Value v = b.Input("v", DType::kF32, {1, 2, 3, 4});
+  const AttentionOutputs a = b.AttentionWithLse(q, k, v, {});
+  const Value wrt[] = {q, k, v};
+  auto lse_only = Gradients(b, b.Sum(a.lse, {0, 1, 2}), wrt);
+  ASSERT_TRUE(lse_only.ok()) << lse_only.status();
+  EXPECT_EQ(g.node((*lse_only)[2].id).op, OpKind::kFull) << "lse does not depend on v";
+  auto out_only = Gradients(b, b.Sum(a.out, {0, 1, 2, 3}), wrt);
+  ASSERT_TRUE(out_only.ok()) << out_only.status();
+  EXPECT_NE(g.node((*out_only)[2].id).op, OpKind::kFull);
+  const Value outs[] = {a.out, a.lse};
+  const Value seeds[] = {b.Full(1, DType::kF32, {1, 2, 3, 4}), b.Full(2, DType::kF32, {1, 2, 3})};
+  EXPECT_TRUE(Gradients(b, outs, seeds, wrt).ok());
+  const Value bad_seeds[] = {seeds[1], seeds[0]};
+  auto bad = Gradients(b, outs, bad_seeds, wrt);
+  EXPECT_THAT(std::string(StatusMessage(bad.status())),
+              HasSubstr("seed 0 must have its output's type"));
+
+  const Value logits = b.Input("logits", DType::kF32, {2, 5});
+  const CrossEntropyOutputs ce =
+      b.FusedCrossEntropy(logits, b.Input("t", DType::kI32, {2}), b.Full(1, DType::kF32, {}));
+  const Value lw[] = {logits};
+  EXPECT_TRUE(Gradients(b, b.Sum(ce.loss, {0}), lw).ok());
+  auto second = Gradients(b, b.Sum(ce.dlogits, {0, 1}), lw);
+  EXPECT_THAT(std::string(StatusMessage(second.status())),
+              AllOf(HasSubstr("fused_cross_entropy"), HasSubstr("already a gradient")));
+}
+
 TEST(AutogradTest, RefusesOpsWithoutGradient) {
   Graph g;
   Builder b(&g);
@@ -157,7 +196,8 @@ TEST(BuilderTest, MapChecksItsExpressionAgainstTheInputs) {
   EXPECT_TRUE(ok.valid()) << b.status();
   const Value wrong = b.Map(Exp(Expr::Input(0, DType::kF64)), std::vector<Value>{x}, DType::kF16);
   EXPECT_FALSE(wrong.valid());
-  EXPECT_NE(std::string(StatusMessage(b.status())).find("loads as f32"), std::string::npos) << b.status();
+  EXPECT_NE(std::string(StatusMessage(b.status())).find("loads as f32"), std::string::npos)
+      << b.status();
 }
 
 }  // namespace

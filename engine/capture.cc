@@ -19,13 +19,19 @@ StatusOr<std::unique_ptr<CapturedProgram>> CapturedProgram::Capture(Program& pro
   // (which rewrites its own argument blocks) cannot change what we replay.
   const std::span<const Launch> launches = program.launches();
   size_t total = 0;
-  for (const Launch& l : launches) total += static_cast<size_t>(l.args->num_inputs);
-  c->args_.reserve(total);
+  for (const Launch& l : launches) {
+    total += static_cast<size_t>(l.args->num_inputs + l.args->num_extra_outputs);
+  }
+  c->args_.reserve(total);  // pointers into args_ must stay valid
   c->launch_args_.reserve(launches.size());
   for (const Launch& l : launches) {
     LaunchArgs a = *l.args;
     a.inputs = c->args_.data() + c->args_.size();
     for (int i = 0; i < l.args->num_inputs; ++i) c->args_.push_back(l.args->inputs[i]);
+    a.extra_outputs = a.num_extra_outputs > 0 ? c->args_.data() + c->args_.size() : nullptr;
+    for (int i = 0; i < l.args->num_extra_outputs; ++i) {
+      c->args_.push_back(l.args->extra_outputs[i]);
+    }
     c->launch_args_.push_back(a);
     c->launches_.push_back({l.fn, &c->launch_args_.back()});
   }

@@ -33,6 +33,16 @@ int32_t Graph::AddNode(Node node) {
   return size() - 1;
 }
 
+int Graph::NumOutputs(int32_t id) const {
+  int n = 1;
+  for (int32_t j = id + 1; j < size() && nodes_[j].op == OpKind::kOutputOf &&
+                           nodes_[j].inputs.size() == 1 && nodes_[j].inputs[0] == id;
+       ++j) {
+    ++n;
+  }
+  return n;
+}
+
 std::vector<int32_t> Graph::Sources(OpKind kind) const {
   std::vector<int32_t> ids;
   for (int32_t i = 0; i < size(); ++i) {
@@ -77,6 +87,33 @@ std::string Graph::ToString() const {
   std::ostringstream os;
   Print(os);
   return os.str();
+}
+
+int32_t InPlaceTarget(const Graph& g, int32_t id) {
+  const Node& n = g.node(id);
+  int32_t producer = id;
+  int64_t output = 0;
+  if (n.op == OpKind::kOutputOf) {
+    producer = n.inputs[0];
+    output = n.attrs.ints.empty() ? 0 : n.attrs.ints[0];
+  }
+  if (output < 0 || output >= kMaxOutputs) return -1;
+  const Node& p = g.node(producer);
+  const int j = GetOpDef(p.op).writes_input[output];
+  return j >= 0 && j < static_cast<int>(p.inputs.size()) ? p.inputs[j] : -1;
+}
+
+int32_t StorageOwner(const Graph& g, int32_t id) {
+  for (;;) {
+    const Node& n = g.node(id);
+    if (GetOpDef(n.op).cls == OpClass::kView) {
+      id = n.inputs[0];
+      continue;
+    }
+    const int32_t target = InPlaceTarget(g, id);
+    if (target < 0) return id;
+    id = target;
+  }
 }
 
 }  // namespace kiln

@@ -2,6 +2,15 @@
 //
 // Node ids are indices into the graph and always larger than the ids of their inputs. The
 // builder (builder.h) appends nodes; passes (passes.h) read graphs and produce new ones.
+//
+// Multi-output nodes: a node of an op with n outputs (OpDef::infer_extra) is output 0 and is
+// followed directly by n - 1 `output_of` nodes, outputs 1 .. n-1 in order, each reading only
+// the producer (XLA's get-tuple-element, Inductor's MultiOutput). A Value is therefore still
+// one node id; output_of nodes own storage but have no kernel: the producer's launch writes
+// them. Passes keep every output_of right after its producer (verify checks it).
+//
+// In-place writes: an output may overwrite one of its op's inputs (OpDef::writes_input), which
+// must be State storage; the output is the value after the write (see passes.h, verify).
 // Symbols are the graph's run-time sizes (`T`, `S`), each with a declared range; Dims in
 // node shapes refer to them by index.
 //
@@ -58,6 +67,9 @@ class Graph {
   Node& mutable_node(int32_t id) { return nodes_[id]; }
   const std::vector<Node>& nodes() const { return nodes_; }
 
+  // The number of outputs of node `id` (1 + the output_of nodes that follow it).
+  int NumOutputs(int32_t id) const;
+
   // Ids of the source nodes of a kind (Input/Weight/State) in order; and lookup by name.
   std::vector<int32_t> Sources(OpKind kind) const;
   int32_t FindByName(std::string_view name) const;  // -1 if absent
@@ -76,5 +88,13 @@ class Graph {
 
 // "f32[T,64]"
 std::string TypeString(DType dtype, const SymShape& shape, const Graph& g);
+
+// The input node whose storage value `id` (a node's output 0 or an output_of node) overwrites
+// in place (OpDef::writes_input), or -1.
+int32_t InPlaceTarget(const Graph& g, int32_t id);
+// The node whose storage value `id` lives in: through views (to their input) and in-place
+// writes (to their target) back to a node with storage of its own (a source, or a computed
+// value). `id` itself if it owns its storage.
+int32_t StorageOwner(const Graph& g, int32_t id);
 
 }  // namespace kiln

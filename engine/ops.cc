@@ -514,7 +514,19 @@ StatusOr<TensorType> InferAttention(Types in, const Attrs& a) {
     if (in[i].shape.size() != 1) return Bad("aux tensors must have rank 1");
   }
   KILN_RETURN_IF_ERROR(CheckAttentionAttrs(a, static_cast<int>(in.size()) - 3, 4));
+  if (a.ints.size() > 1 || (a.ints.size() == 1 && a.ints[0] != 0 && a.ints[0] != 1)) {
+    return Bad("attention's ints are {} or {with_lse} (0 or 1)");
+  }
   return TensorType{q.dtype, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]}};
+}
+
+bool AttentionWithLse(const Attrs& a) { return !a.ints.empty() && a.ints[0] == 1; }
+
+// Output 1 (when asked for): the log-sum-exp of each query row's scores.
+StatusOr<std::vector<TensorType>> InferAttentionExtra(Types in, const Attrs& a) {
+  if (!AttentionWithLse(a)) return std::vector<TensorType>{};
+  const TensorType& q = in[0];
+  return std::vector<TensorType>{{ExprTypeOf(q.dtype), {q.shape[0], q.shape[1], q.shape[2]}}};
 }
 
 StatusOr<TensorType> InferPagedAttention(Types in, const Attrs& a) {
@@ -543,6 +555,7 @@ StatusOr<TensorType> InferPagedAttention(Types in, const Attrs& a) {
     if (in[i].shape.size() != 1) return Bad("aux tensors must have rank 1");
   }
   KILN_RETURN_IF_ERROR(CheckAttentionAttrs(a, static_cast<int>(in.size()) - 6, 4));
+  if (!a.ints.empty()) return Bad("paged attention does not return the log-sum-exp (ints = {})");
   return TensorType{q.dtype, {q.shape[0], q.shape[1], vc.shape[3]}};
 }
 
@@ -559,6 +572,64 @@ StatusOr<TensorType> InferKvWrite(Types in, const Attrs&) {
   }
   if (slots.shape[0] != x.shape[0]) return Bad("one slot per new row");
   return cache;
+}
+
+StatusOr<TensorType> InferOutputOf(Types, const Attrs& a) {
+  if (a.ints.size() != 1 || a.ints[0] < 1 || a.ints[0] >= kMaxOutputs) {
+    return Bad("output_of needs an output index in [1, ", kMaxOutputs, ")");
+  }
+  // The type is the producer's output ints[0]: verify checks it against the producer's rule.
+  if (a.dtype == DType::kInvalid) return Bad("output_of needs a dtype");
+  return TensorType{a.dtype, a.dims};
+}
+
+// loss as cross_entropy's; the rows' dloss (the upstream gradient of each loss) as loss.
+StatusOr<TensorType> InferFusedCrossEntropy(Types in, const Attrs& a) {
+  KILN_ASSIGN_OR_RETURN(TensorType loss, InferCrossEntropy(in.first(2), a));
+  if (in[2].dtype != in[0].dtype) {
+    return Bad("dloss must have the logits' dtype ", DTypeName(in[0].dtype), "; got ",
+               DTypeName(in[2].dtype));
+  }
+  if (in[2].shape != loss.shape) {
+    return Bad("dloss must have the targets' shape (one upstream gradient per row)");
+  }
+  return loss;
+}
+
+StatusOr<std::vector<TensorType>> InferFusedCrossEntropyExtra(Types in, const Attrs&) {
+  return std::vector<TensorType>{in[0]};  // dlogits
+}
+
+StatusOr<TensorType> InferAdamW(Types in, const Attrs& a) {
+  static constexpr const char* kNames[] = {"param", "grad", "m", "v", "step"};
+  const TensorType& param = in[0];
+  for (int i : {0, 2, 3}) {
+    if (in[i].dtype != DType::kF32) {
+      return Bad("adamw's ", kNames[i], " must be f32 (a State); got ", DTypeName(in[i].dtype));
+    }
+  }
+  KILN_RETURN_IF_ERROR(NeedFloat(in[1].dtype, "gradient"));
+  for (int i : {1, 2, 3}) {
+    if (in[i].shape != param.shape) return Bad("adamw's ", kNames[i], " must have param's shape");
+  }
+  if (!in[4].shape.empty() || !IsNumeric(in[4].dtype)) {
+    return Bad("adamw's step must be a rank-0 number (the 1-based step count); got ",
+               DTypeName(in[4].dtype), " of rank ", in[4].shape.size());
+  }
+  if (a.floats.size() != 5) return Bad("adamw needs {lr, beta1, beta2, eps, weight_decay}");
+  const double lr = a.floats[0], b1 = a.floats[1], b2 = a.floats[2], eps = a.floats[3],
+               wd = a.floats[4];
+  if (!(lr >= 0) || !(eps >= 0) || !(wd >= 0)) {
+    return Bad("adamw needs lr, eps and weight_decay >= 0 (got ", lr, ", ", eps, ", ", wd, ")");
+  }
+  if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
+    return Bad("adamw needs betas in [0, 1) (got ", b1, ", ", b2, ")");
+  }
+  return param;
+}
+
+StatusOr<std::vector<TensorType>> InferAdamWExtra(Types in, const Attrs&) {
+  return std::vector<TensorType>{in[2], in[3]};  // m, v
 }
 
 // ---- Expression forms -----------------------------------------------------------------------
@@ -1025,20 +1096,21 @@ Status BackwardRope(BackwardArgs& a) {
 
 }  // namespace
 
-// Dense attention as other ops (used by its backward rule, and by the harness as a second
-// opinion on the reference kernel).
-Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& attrs_in,
-                          std::span<const Value> aux) {
-  const Attrs attrs = attrs_in;  // may point into the graph, which grows below
-  const SymShape qs = b.shape(q), ks = b.shape(k), vs = b.shape(v);
+namespace {
+
+// k/v heads [B, Hkv, T, d] repeated to the query's Hq heads (GQA) as a view.
+Value ExpandHeads(Builder& b, Value x, const Dim& hq) {
+  const SymShape s = b.shape(x);
+  if (s[1] == hq) return x;
+  const Dim groups = *hq.DivExact(s[1]);
+  Value e = b.Expand(b.Reshape(x, {s[0], s[1], 1, s[2], s[3]}), {s[0], s[1], groups, s[2], s[3]});
+  return b.Reshape(e, {s[0], hq, s[2], s[3]});
+}
+
+// The scaled scores q k^T after score_mod, masked to -inf where mask_mod is false.
+Value MaskedScores(Builder& b, Value q, Value k, const Attrs& attrs, std::span<const Value> aux) {
   const DType t = b.dtype(q);
-  auto expand_heads = [&](Value x, const SymShape& s) {
-    if (s[1] == qs[1]) return x;
-    const Dim groups = *qs[1].DivExact(s[1]);
-    Value e = b.Expand(b.Reshape(x, {s[0], s[1], 1, s[2], s[3]}), {s[0], s[1], groups, s[2], s[3]});
-    return b.Reshape(e, {s[0], qs[1], s[2], s[3]});
-  };
-  const Value kx = expand_heads(k, ks), vx = expand_heads(v, vs);
+  const Value kx = ExpandHeads(b, k, b.shape(q)[1]);
   Value s = b.MulScalar(b.MatMul(q, b.Transpose(kx, 2, 3)), attrs.floats[0]);
   const std::vector<Value> aux_v(aux.begin(), aux.end());
   if (attrs.expr[1]) {
@@ -1055,22 +1127,76 @@ Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& at
     const Value mask = b.AddNode(OpKind::kMap, aux_v, m);
     s = b.Where(mask, s, b.Full(-std::numeric_limits<double>::infinity(), t, {}));
   }
-  return b.MatMul(b.Softmax(s), vx);
+  return s;
+}
+
+// logsumexp over the last axis, computed in the scores' compute type: -inf for rows that are
+// entirely -inf, with finite gradients there (zero) instead of NaNs.
+Value LogSumExpRows(Builder& b, Value s) {
+  s = b.Cast(s, ExprTypeOf(b.dtype(s)));
+  const DType t = b.dtype(s);
+  const Value neg_inf = b.Full(-std::numeric_limits<double>::infinity(), t, {});
+  const Value m = b.Max(s, {-1}, /*keepdim=*/true);
+  const Value masked = b.Eq(m, neg_inf);
+  const Value m_safe = b.Where(masked, b.Full(0, t, {}), m);
+  const Value sum = b.Sum(b.Exp(b.Sub(s, m_safe)), {-1}, /*keepdim=*/true);
+  const Value sum_safe = b.Where(masked, b.Full(1, t, {}), sum);
+  return b.Squeeze(b.Where(masked, neg_inf, b.Add(m_safe, b.Log(sum_safe))), -1);
+}
+
+}  // namespace
+
+// Dense attention as other ops (used by its backward rule, and by the harness as a second
+// opinion on the reference kernel).
+Value AttentionDecomposed(Builder& b, Value q, Value k, Value v, const Attrs& attrs_in,
+                          std::span<const Value> aux) {
+  const Attrs attrs = attrs_in;  // may point into the graph, which grows below
+  const Value s = MaskedScores(b, q, k, attrs, aux);
+  return b.MatMul(b.Softmax(s), ExpandHeads(b, v, b.shape(q)[1]));
+}
+
+Value AttentionLseDecomposed(Builder& b, Value q, Value k, const Attrs& attrs_in,
+                             std::span<const Value> aux) {
+  const Attrs attrs = attrs_in;
+  return LogSumExpRows(b, MaskedScores(b, q, k, attrs, aux));
 }
 
 namespace {
 
 // Recompute the forward through other ops and differentiate that (flash-attention backward
-// recomputes too); gradients of GQA-shared k/v heads sum through the Expand.
+// recomputes too); gradients of GQA-shared k/v heads sum through the Expand. Gradients may
+// flow into the output, the log-sum-exp, or both.
 Status BackwardAttention(BackwardArgs& a) {
   Builder& b = a.b;
+  const Attrs attrs = a.node.attrs;
   std::vector<Value> aux;
   for (size_t i = 3; i < a.node.inputs.size(); ++i) aux.push_back(In(a, static_cast<int>(i)));
-  const Value y = AttentionDecomposed(b, In(a, 0), In(a, 1), In(a, 2), a.node.attrs, aux);
-  const Value wrt[] = {In(a, 0), In(a, 1), In(a, 2)};
-  KILN_ASSIGN_OR_RETURN(std::vector<Value> g, Gradients(b, y, wrt, a.grad));
+  const Value q = In(a, 0), k = In(a, 1), v = In(a, 2);
+  const Value s = MaskedScores(b, q, k, attrs, aux);
+  std::vector<Value> outs, seeds;
+  if (a.grad.valid()) {
+    outs.push_back(b.MatMul(b.Softmax(s), ExpandHeads(b, v, b.shape(q)[1])));
+    seeds.push_back(a.grad);
+  }
+  if (a.grads.size() > 1 && a.grads[1].valid()) {
+    outs.push_back(LogSumExpRows(b, s));
+    seeds.push_back(a.grads[1]);
+  }
+  const Value wrt[] = {q, k, v};
+  KILN_ASSIGN_OR_RETURN(std::vector<Value> g, Gradients(b, outs, seeds, wrt));
   for (int i = 0; i < 3; ++i) a.input_grads[i] = g[i];
   return OkStatus();
+}
+
+// The loss output's gradient is cross_entropy's; dlogits, itself a gradient, has none.
+Status BackwardFusedCrossEntropy(BackwardArgs& a) {
+  if (a.grads.size() > 1 && a.grads[1].valid()) {
+    return InvalidArgument(
+        "fused_cross_entropy's dlogits output is already a gradient and cannot be "
+        "differentiated (no second derivatives); differentiate its loss output or use "
+        "cross_entropy");
+  }
+  return BackwardCrossEntropy(a);
 }
 
 using FormFn = Expr (*)(const Attrs&, DTypes, DType);
@@ -1078,13 +1204,34 @@ using ReduceFn = ReduceForm (*)(const Attrs&, DTypes, DType);
 using InferFn = StatusOr<TensorType> (*)(Types, const Attrs&);
 using BackwardFn = Status (*)(BackwardArgs&);
 
+using InferExtraFn = StatusOr<std::vector<TensorType>> (*)(Types, const Attrs&);
+
 struct Table {
   std::array<OpDef, static_cast<size_t>(OpKind::kNumOps)> defs{};
   void Set(OpKind op, const char* name, OpClass cls, int min_in, int max_in, InferFn infer,
            BackwardFn backward = nullptr, FormFn form = nullptr, ReduceFn reduce = nullptr,
-           bool side_effect = false, int inplace = -1) {
-    defs[static_cast<size_t>(op)] =
-        OpDef{op, name, cls, min_in, max_in, infer, backward, form, reduce, side_effect, inplace};
+           bool side_effect = false, int reuse = -1) {
+    defs[static_cast<size_t>(op)] = OpDef{.op = op,
+                                          .name = name,
+                                          .cls = cls,
+                                          .min_inputs = min_in,
+                                          .max_inputs = max_in,
+                                          .infer = infer,
+                                          .backward = backward,
+                                          .pointwise = form,
+                                          .reduce = reduce,
+                                          .side_effect = side_effect,
+                                          .reuse_input = reuse,
+                                          .infer_extra = nullptr,
+                                          .writes_input = {-1, -1, -1, -1}};
+  }
+  // Multi-output and in-place facts of an op already Set: `writes[i]` is the input output i
+  // overwrites (-1: none); ops that write in place are side effects.
+  void SetOutputs(OpKind op, InferExtraFn extra, std::array<int8_t, kMaxOutputs> writes) {
+    OpDef& d = defs[static_cast<size_t>(op)];
+    d.infer_extra = extra;
+    d.writes_input = writes;
+    for (int8_t w : writes) d.side_effect |= w >= 0;
   }
 };
 
@@ -1174,9 +1321,16 @@ Table BuildTable() {
   t.Set(K::kLinear, "linear", C::kOther, 2, 2, InferLinear, BackwardLinear);
   t.Set(K::kRope, "rope", C::kOther, 2, 2, InferRope, BackwardRope);
   t.Set(K::kAttention, "attention", C::kOther, 3, -1, InferAttention, BackwardAttention);
+  t.SetOutputs(K::kAttention, InferAttentionExtra, {-1, -1, -1, -1});
   t.Set(K::kPagedAttention, "paged_attention", C::kOther, 6, -1, InferPagedAttention);
-  t.Set(K::kKvWrite, "kv_write", C::kOther, 3, 3, InferKvWrite, nullptr, nullptr, nullptr,
-        /*side_effect=*/true, 0);
+  t.Set(K::kKvWrite, "kv_write", C::kOther, 3, 3, InferKvWrite);
+  t.SetOutputs(K::kKvWrite, nullptr, {0, -1, -1, -1});
+  t.Set(K::kOutputOf, "output_of", C::kProjection, 1, 1, InferOutputOf);
+  t.Set(K::kFusedCrossEntropy, "fused_cross_entropy", C::kOther, 3, 3, InferFusedCrossEntropy,
+        BackwardFusedCrossEntropy);
+  t.SetOutputs(K::kFusedCrossEntropy, InferFusedCrossEntropyExtra, {-1, -1, -1, -1});
+  t.Set(K::kAdamW, "adamw", C::kOther, 5, 5, InferAdamW);
+  t.SetOutputs(K::kAdamW, InferAdamWExtra, {0, 2, 3, -1});
   for (size_t i = 0; i < t.defs.size(); ++i) {
     KILN_CHECK(t.defs[i].name != nullptr && t.defs[i].op == static_cast<OpKind>(i),
                "op table: an OpKind has no entry");
@@ -1202,6 +1356,26 @@ const OpDef& GetOpDef(OpKind op) {
 }
 
 const char* OpName(OpKind op) { return GetOpDef(op).name; }
+
+StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,
+                                               const Attrs& attrs) {
+  const OpDef& def = GetOpDef(op);
+  KILN_ASSIGN_OR_RETURN(TensorType out, def.infer(in, attrs));
+  std::vector<TensorType> outs = {std::move(out)};
+  if (def.infer_extra != nullptr) {
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> extra, def.infer_extra(in, attrs));
+    if (extra.size() + 1 > static_cast<size_t>(kMaxOutputs)) {
+      return Internal(def.name, ": more than ", kMaxOutputs, " outputs");
+    }
+    for (TensorType& t : extra) outs.push_back(std::move(t));
+  }
+  return outs;
+}
+
+bool IsLaunched(OpKind op) {
+  const OpClass c = GetOpDef(op).cls;
+  return c != OpClass::kSource && c != OpClass::kView && c != OpClass::kProjection;
+}
 
 bool operator==(const Attrs& a, const Attrs& b) {
   return a.ints == b.ints && a.floats == b.floats && a.dims == b.dims && a.expr[0] == b.expr[0] &&
@@ -1250,7 +1424,13 @@ std::string Attrs::ToString(OpKind op, std::span<const std::string> names) const
     case OpKind::kLayerNorm:
       return absl::StrCat(" eps=", floats[0]);
     case OpKind::kCrossEntropy:
+    case OpKind::kFusedCrossEntropy:
       return absl::StrCat(" ignore_index=", ints[0]);
+    case OpKind::kOutputOf:
+      return absl::StrCat(" index=", ints[0]);
+    case OpKind::kAdamW:
+      return absl::StrCat(" lr=", floats[0], " beta1=", floats[1], " beta2=", floats[2],
+                          " eps=", floats[3], " weight_decay=", floats[4]);
     case OpKind::kReshape:
     case OpKind::kExpand:
       return absl::StrCat(" shape=", dims_str(0));
@@ -1284,6 +1464,7 @@ std::string Attrs::ToString(OpKind op, std::span<const std::string> names) const
       std::string s = absl::StrCat(" scale=", floats[0]);
       if (expr[0]) absl::StrAppend(&s, " mask=", expr[0].ToString());
       if (expr[1]) absl::StrAppend(&s, " score=", expr[1].ToString());
+      if (!ints.empty() && ints[0] == 1) s += " lse";
       return s;
     }
     default:

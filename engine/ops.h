@@ -33,7 +33,8 @@ enum class OpKind : uint16_t {
   // ---- Sources (no inputs) ----
   kInput,     // external tensor bound per run (step inputs)
   kWeight,    // external tensor bound once, read-only (may be quantized / mmap'd)
-  kState,     // external tensor bound once, updated in place (the paged KV cache)
+  kState,     // external tensor bound once, updated in place by launches (the paged KV cache,
+              // parameters and optimizer moments in training)
   kFull,      // floats[0] = value; dims = shape; dtype = element type
   kIota,      // ints[0] = axis; floats = {start, step}; dims = shape; dtype
   kDimValue,  // dims[0] = a symbolic size, as a rank-0 tensor of `dtype` at run time
@@ -104,12 +105,30 @@ enum class OpKind : uint16_t {
   // ---- Position encoding ----
   kRope,  // (x [..., H, D], pos [...] int); see RopeParams in builder.h for ints/floats
   // ---- Attention ----
-  kAttention,       // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], aux...) -> [B,Hq,Tq,Dv]
+  kAttention,       // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], aux...) -> [B,Hq,Tq,Dv];
+                    // ints = {} or {with_lse}: with_lse = 1 adds output 1, lse [B,Hq,Tq] in the
+                    // query's compute type (f32; f64 for f64 queries): logsumexp of the scaled
+                    // scores after score_mod and mask_mod (-inf for fully masked rows)
   kPagedAttention,  // (q [T,Hq,D], k_cache [NB,BS,Hkv,D], v_cache [NB,BS,Hkv,Dv],
                     //  block_table [S,MB] i32, seq_lens [S] i32, query_start [S+1] i32,
                     //  aux...) -> [T,Hq,Dv]
                     // both: floats[0] = scale; expr[0] = mask_mod, expr[1] = score_mod
   kKvWrite,         // (cache [NB,BS,H,D], x [T,H,D], slot_mapping [T] int) -> cache, in place
+  // ---- Multi-output plumbing ----
+  kOutputOf,  // (producer) -> output ints[0] (>= 1) of its only input, a multi-output node.
+              // A node with n outputs is followed directly by n - 1 output_of nodes (outputs
+              // 1 .. n-1, in order); they own storage but no kernel: the producer's launch
+              // writes them (LaunchArgs::extra_outputs)
+  // ---- Training ----
+  kFusedCrossEntropy,  // (logits [..., V] float, targets [...] int, dloss [...] logits' dtype)
+                       // -> loss [...], dlogits [..., V]: loss as kCrossEntropy, dlogits =
+                       // (softmax(logits) - onehot(target)) * dloss, in one kernel;
+                       // ints[0] = ignore_index (such rows: loss 0, dlogits 0)
+  kAdamW,  // (param, grad, m, v, step) -> param, m, v, each written in place (outputs 0, 1,
+           // 2 overwrite inputs 0, 2, 3): PyTorch's AdamW with decoupled weight decay.
+           // param/m/v: States, f32, one shape; grad: float, that shape; step: rank 0, any
+           // number type, 1-based (bias corrections 1 - beta^step); floats = {lr, beta1,
+           // beta2, eps, weight_decay}
   kNumOps,
 };
 
@@ -138,7 +157,11 @@ enum class OpClass : uint8_t {
   kRow,     // softmax, norms, cross-entropy: reduction over the last axis
   kView,    // Reshape/Permute/Slice/Expand: no kernel, shares the input's storage
   kOther,
+  kProjection,  // output_of: storage written by its producer's launch; no kernel of its own
 };
+
+// The most outputs one node may have.
+inline constexpr int kMaxOutputs = 4;
 
 // The type of one value: element type and (possibly symbolic) shape.
 struct TensorType {
@@ -160,12 +183,17 @@ struct Value {
 // What a backward rule gets: the node (a copy: the rule appends to the graph), its output
 // value, the gradient of the loss w.r.t. that output, and a slot per input to fill with the
 // input's gradient (leave invalid for "no gradient": integer inputs, indices, ...).
+// Multi-output nodes: `outs` and `grads` hold every output and its gradient in output order;
+// a gradient is invalid where none flows (so `grad`, output 0's, may be invalid too). The
+// rule is called when at least one output has a gradient.
 struct BackwardArgs {
   Builder& b;
   const Node& node;
-  Value out;
-  Value grad;
+  Value out;   // output 0
+  Value grad;  // d loss / d output 0 (always valid for single-output ops)
   std::vector<Value>& input_grads;
+  std::span<const Value> outs;   // every output (outs[0] == out)
+  std::span<const Value> grads;  // one per output (grads[0] == grad)
 };
 
 struct OpDef {
@@ -185,13 +213,29 @@ struct OpDef {
   // Expression form of reduce/row ops (Input(0) = the reduced tensor; Input(i > 0) are
   // per-row inputs, e.g. cross-entropy targets). Null for other classes.
   ReduceForm (*reduce)(const Attrs& attrs, std::span<const DType> in, DType out);
-  bool side_effect;  // kept by DCE; ordered by builder order (KvWrite)
-  // The output may share the storage of input `inplace_input` (>= 0) when that input dies
-  // here and has the same byte size; -1: never. KvWrite always aliases input 0.
-  int inplace_input;
+  bool side_effect;  // kept by DCE; ordered by builder order (KvWrite, AdamW)
+  // An optimization: the output may reuse the arena storage of input `reuse_input` (>= 0)
+  // when that input dies here and has the same byte size; -1: never.
+  int reuse_input;
+  // Multi-output ops: the types of outputs 1, 2, ... (output 0's is `infer`'s) for these
+  // inputs and attributes; empty for a single output. Null: always one output.
+  StatusOr<std::vector<TensorType>> (*infer_extra)(std::span<const TensorType> in,
+                                                   const Attrs& attrs);
+  // In-place writes (semantics, not an optimization): output i overwrites input
+  // writes_input[i] (-1: output i has storage of its own). That input must be a State or a
+  // view of one (Weights and Inputs are read-only); the output aliases its storage and takes
+  // no arena space; nothing may read the overwritten value after the writer (verify checks
+  // it). Ops that write in place are side effects.
+  std::array<int8_t, kMaxOutputs> writes_input;
 };
 
 const OpDef& GetOpDef(OpKind op);
+
+// Every output's type for a node of `op`: infer's, then infer_extra's (messages as infer's).
+StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,
+                                               const Attrs& attrs);
+// Whether a node of `op` is launched (has a kernel): false for sources, views and output_of.
+bool IsLaunched(OpKind op);
 
 // Inverse frequency of rotary pair i of a kRope node's attrs (HF transformers' rope_scaling
 // semantics: none, linear, llama3); shared by every RoPE kernel.

@@ -36,11 +36,52 @@ std::string NodeLabel(const Graph& g, int32_t id) {
 
 }  // namespace
 
+namespace {
+
+// Versions of State storage, for the in-place rules: a State, and every in-place write,
+// starts a version of the storage it lives in; views read the version of their input.
+struct StateVersions {
+  std::vector<int32_t> version;         // per node: the version it reads, or -1
+  std::vector<int32_t> overwritten_by;  // per version node: the node that overwrites it, or -1
+};
+
+// Checks the in-place writes of node `i` (all its outputs) and records them in `sv`.
+Status CheckInPlaceWrites(const Graph& g, int32_t i, int num_out, StateVersions& sv) {
+  for (int o = 0; o < num_out; ++o) {
+    const int32_t target = InPlaceTarget(g, i + o);
+    if (target < 0) continue;
+    const int32_t owner = StorageOwner(g, target);
+    if (g.node(owner).op != OpKind::kState) {
+      return InvalidArgument("verify: ", NodeLabel(g, i), " writes ", NodeLabel(g, target),
+                             " in place (output ", o, "), so that must be a State tensor (or a ",
+                             "view of one); it lives in ", OpName(g.node(owner).op), " '",
+                             g.node(owner).name, "', and weights and inputs are read-only");
+    }
+    // (A second writer of a value reads it after the first: Verify rejects that read.)
+    const int32_t ver = sv.version[target];
+    if (sv.overwritten_by[ver] == i) {
+      return InvalidArgument("verify: ", NodeLabel(g, i), " writes the same storage of State '",
+                             g.node(owner).name, "' through two outputs");
+    }
+    sv.overwritten_by[ver] = i;
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 Status Verify(const Graph& g, std::span<const Value> outputs) {
   absl::flat_hash_set<std::string> names;
+  StateVersions sv;
+  sv.version.assign(g.size(), -1);
+  sv.overwritten_by.assign(g.size(), -1);
   for (int32_t i = 0; i < g.size(); ++i) {
     const Node& n = g.node(i);
     const OpDef& def = GetOpDef(n.op);
+    if (def.cls == OpClass::kProjection) {
+      return InvalidArgument("verify: ", NodeLabel(g, i),
+                             " does not directly follow its producer with the outputs before it");
+    }
     std::vector<TensorType> in;
     for (int32_t id : n.inputs) {
       if (id < 0 || id >= i)
@@ -51,12 +92,25 @@ Status Verify(const Graph& g, std::span<const Value> outputs) {
     if (n_in < def.min_inputs || (def.max_inputs >= 0 && n_in > def.max_inputs)) {
       return InvalidArgument("verify: ", NodeLabel(g, i), " has ", n_in, " inputs");
     }
-    StatusOr<TensorType> t = def.infer(in, n.attrs);
+    StatusOr<std::vector<TensorType>> t = InferOutputs(n.op, in, n.attrs);
     if (!t.ok()) return Annotate(t.status(), absl::StrCat("verify: ", NodeLabel(g, i)));
-    if (t->dtype != n.dtype || t->shape != n.shape) {
-      return Internal("verify: ", NodeLabel(g, i), " is recorded as ",
-                      TypeString(n.dtype, n.shape, g), " but its rule gives ",
-                      TypeString(t->dtype, t->shape, g));
+    const int num_out = static_cast<int>(t->size());
+    if (g.NumOutputs(i) != num_out) {
+      return InvalidArgument("verify: ", NodeLabel(g, i), " has ", num_out,
+                             " outputs but is followed by ", g.NumOutputs(i) - 1,
+                             " output_of nodes");
+    }
+    for (int o = 0; o < num_out; ++o) {
+      const Node& out = g.node(i + o);
+      if (o > 0 && (out.attrs.ints.size() != 1 || out.attrs.ints[0] != o)) {
+        return InvalidArgument("verify: ", NodeLabel(g, i + o), " should be output ", o, " of %",
+                               i);
+      }
+      if ((*t)[o].dtype != out.dtype || (*t)[o].shape != out.shape) {
+        return Internal("verify: ", NodeLabel(g, i + o), " is recorded as ",
+                        TypeString(out.dtype, out.shape, g), " but its rule gives ",
+                        TypeString((*t)[o].dtype, (*t)[o].shape, g));
+      }
     }
     if (def.cls == OpClass::kSource) {
       if (n.name.empty()) return InvalidArgument("verify: ", NodeLabel(g, i), " needs a name");
@@ -64,10 +118,36 @@ Status Verify(const Graph& g, std::span<const Value> outputs) {
         return InvalidArgument("verify: two external tensors are named '", n.name, "'");
       }
     }
+    // In-place rules. The executor runs nodes in this order, so a node that reads a State
+    // value must come before the node that overwrites that value.
+    for (int32_t id : n.inputs) {
+      const int32_t ver = sv.version[id];
+      if (ver < 0 || sv.overwritten_by[ver] < 0 || sv.overwritten_by[ver] == i) continue;
+      return InvalidArgument(
+          "verify: ", NodeLabel(g, i), " reads ", NodeLabel(g, id), " after ",
+          NodeLabel(g, sv.overwritten_by[ver]), " overwrote it in place (nodes run in builder ",
+          "order); read the writer's output to see the update, or build the read before the "
+          "write");
+    }
+    KILN_RETURN_IF_ERROR(CheckInPlaceWrites(g, i, num_out, sv));
+    if (n.op == OpKind::kState) sv.version[i] = i;
+    if (def.cls == OpClass::kView) sv.version[i] = sv.version[n.inputs[0]];
+    for (int o = 0; o < num_out; ++o) {
+      if (InPlaceTarget(g, i + o) >= 0) sv.version[i + o] = i + o;
+    }
+    i += num_out - 1;  // the output_of nodes were checked with their producer
   }
-  for (Value v : outputs) {
+  for (size_t k = 0; k < outputs.size(); ++k) {
+    const Value v = outputs[k];
     if (!v.valid() || v.id >= g.size())
       return InvalidArgument("verify: an output is not a valid value");
+    const int32_t ver = sv.version[v.id];
+    if (ver >= 0 && sv.overwritten_by[ver] >= 0) {
+      return InvalidArgument("verify: output ", k, " is ", NodeLabel(g, v.id), ", whose storage ",
+                             NodeLabel(g, sv.overwritten_by[ver]),
+                             " overwrites in place before the program ends; output the ",
+                             "writer's result instead");
+    }
   }
   return OkStatus();
 }
@@ -81,6 +161,11 @@ StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs) {
     if (def.side_effect || def.cls == OpClass::kSource) live[i] = 1;
     if (!live[i]) continue;
     for (int32_t in : n.inputs) live[in] = 1;
+  }
+  // A live node's launch writes all its outputs: keep their output_of nodes (storage).
+  for (int32_t i = 0; i < g.size(); ++i) {
+    const Node& n = g.node(i);
+    if (n.op == OpKind::kOutputOf && live[n.inputs[0]]) live[i] = 1;
   }
   Graph out;
   for (const SymbolInfo& s : g.symbols()) out.AddSymbol(s.name, s.max, s.min);
@@ -199,16 +284,6 @@ StatusOr<Graph> LowerViews(const Graph& g_in, std::vector<Value>& outputs,
         }
         break;
       }
-      case OpKind::kKvWrite: {
-        const Layout& src = (*layouts)[n.inputs[0]];
-        if (out.node(src.root).op != OpKind::kState) {
-          return InvalidArgument("kv_write", n.name.empty() ? "" : " '" + n.name + "'",
-                                 ": the cache must be a State tensor (or a view of one); it is ",
-                                 OpName(out.node(src.root).op), " '", out.node(src.root).name, "'");
-        }
-        l = src;
-        break;
-      }
       default:
         l.root = id;
         l.strides = ContiguousStrides(n.shape);
@@ -216,6 +291,15 @@ StatusOr<Graph> LowerViews(const Graph& g_in, std::vector<Value>& outputs,
         break;
     }
     remap[i] = out.AddNode(std::move(n));
+    // An in-place output lives where the input it overwrites lives (State storage).
+    if (const int32_t target = InPlaceTarget(out, id); target >= 0) {
+      l = (*layouts)[target];
+      if (out.node(l.root).op != OpKind::kState) {
+        return InvalidArgument(NodeLabel(out, id), " writes in place into ",
+                               OpName(out.node(l.root).op), " '", out.node(l.root).name,
+                               "': in-place targets must be State tensors (or views of them)");
+      }
+    }
     layouts->push_back(std::move(l));
   }
   for (Value& v : outputs) v.id = remap[v.id];

@@ -1,12 +1,17 @@
 // Graph-level compiler passes. Each has a name (for KILN_DUMP) and either checks a graph or
 // returns a new one; `outputs` are remapped to the new graph's ids.
 //
-//   verify       every node's shape/dtype rule holds; sources are uniquely named
+//   verify       every node's shape/dtype rule holds (every output's); a multi-output node is
+//                followed by its output_of nodes; sources are uniquely named; in-place writes
+//                (OpDef::writes_input) target State storage, each State value is overwritten
+//                at most once, and nothing reads a State value after the node that overwrites
+//                it (nodes run in builder order), program outputs included
 //   dce          drops nodes that neither reach an output nor have side effects (sources stay
-//                so every declared input remains bindable)
+//                so every declared input remains bindable; a kept node keeps all its outputs)
 //   lower_views  decides where each value's elements live: views (reshape, permute, slice,
 //                expand) become strided aliases of their input's storage; a reshape that
-//                cannot be a view gets a contiguous copy first; kv_write aliases its cache
+//                cannot be a view gets a contiguous copy first; an in-place output aliases the
+//                State storage it overwrites (kv_write's cache, adamw's param/m/v)
 //
 // Later passes (assign, plan, emit) are in program.cc.
 //
@@ -38,8 +43,8 @@ bool IsContiguousLayout(const SymShape& shape, const std::vector<Dim>& strides);
 
 Status Verify(const Graph& g, std::span<const Value> outputs);
 StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs);
-// Also fills `layouts` (one per node of the returned graph). Errors: a kv_write whose cache
-// is not a State tensor (or a view of one).
+// Also fills `layouts` (one per node of the returned graph). Errors: an in-place write whose
+// target is not a State tensor (or a view of one).
 StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,
                            std::vector<Layout>* layouts);
 

@@ -106,8 +106,7 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   std::vector<std::string> kernel_marks(n);
   for (int32_t i = 0; i < n; ++i) {
     const Node& node = g.node(i);
-    const OpDef& def = GetOpDef(node.op);
-    if (def.cls == OpClass::kSource || def.cls == OpClass::kView) continue;
+    if (!IsLaunched(node.op)) continue;
     std::vector<TensorType> in;
     for (int32_t id : node.inputs) in.push_back({g.node(id).dtype, g.node(id).shape});
     backend::KernelRequest req;
@@ -129,6 +128,11 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   DumpGraph(dump, "assign", g, &kernel_marks);
 
   // ---- plan: liveness over launch order (node order), in-place reuse, one arena ----
+  // The node whose launch writes each value: itself, or an output_of node's producer.
+  std::vector<int32_t> writer(n, -1);
+  for (int32_t i = 0; i < n; ++i) {
+    writer[i] = g.node(i).op == OpKind::kOutputOf ? g.node(i).inputs[0] : i;
+  }
   const std::vector<int64_t> maxv = g.SymbolMaxValues();
   std::vector<int32_t> last_use(n, -1);
   for (int32_t i = 0; i < n; ++i) {
@@ -144,13 +148,14 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   }
   // Storage group per planned node (in-place ops join their input's group).
   std::vector<int32_t> group(n, -1);
-  auto planned = [&](int32_t i) { return kernel_of[i] >= 0 && layouts[i].root == i; };
+  // Arena storage: every launched output that is not a view or an in-place alias of State.
+  auto planned = [&](int32_t i) { return kernel_of[writer[i]] >= 0 && layouts[i].root == i; };
   const bool allow_inplace = options.guard_bytes == 0;
   for (int32_t i = 0; i < n; ++i) {
     if (!planned(i)) continue;
     group[i] = i;
     const Node& node = g.node(i);
-    const int k = GetOpDef(node.op).inplace_input;
+    const int k = GetOpDef(node.op).reuse_input;
     if (!allow_inplace || k < 0 || k >= static_cast<int>(node.inputs.size())) continue;
     const int32_t v = node.inputs[k];
     if (!planned(v) || last_use[v] != i || is_output[v]) continue;
@@ -179,7 +184,7 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
     const int32_t root = group[i];
     if (request_of[root] < 0) {
       request_of[root] = static_cast<int32_t>(requests.size());
-      requests.push_back({0, i, i});
+      requests.push_back({0, writer[i], i});
       request_node.push_back(root);
     }
     BufferRequest& r = requests[request_of[root]];
@@ -187,7 +192,8 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
     const int64_t total = bytes == 0 ? 0 : (guard > 0 ? round_up(guard) * 2 + bytes : bytes);
     r.bytes = std::max(r.bytes, total);
     p->unplanned_bytes_ += static_cast<size_t>(round_up(bytes));
-    r.first = std::min(r.first, i);
+    // Live from the launch that writes it to its last reader.
+    r.first = std::min(r.first, writer[i]);
     r.last = std::max(r.last, std::max(last_use[i], i));
     if (guard > 0) r.first = 0, r.last = n;  // guards are checked after the run: no sharing
   }
@@ -228,7 +234,7 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   for (int32_t i = 0; i < n; ++i) {
     if (kernel_of[i] < 0) continue;
     ++total_launches;
-    total_inputs += g.node(i).inputs.size();
+    total_inputs += g.node(i).inputs.size() + static_cast<size_t>(g.NumOutputs(i) - 1);
   }
   p->arg_pool_.reserve(total_inputs);  // pointers into these vectors must stay valid
   p->launch_args_.reserve(total_launches);
@@ -271,6 +277,13 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
       KILN_RETURN_IF_ERROR(add_recipe(&p->arg_pool_.back(), in));
     }
     KILN_RETURN_IF_ERROR(add_recipe(&la.output, i));
+    la.num_extra_outputs = static_cast<int32_t>(g.NumOutputs(i) - 1);
+    la.extra_outputs =
+        la.num_extra_outputs > 0 ? p->arg_pool_.data() + p->arg_pool_.size() : nullptr;
+    for (int32_t o = 1; o <= la.num_extra_outputs; ++o) {
+      p->arg_pool_.emplace_back();
+      KILN_RETURN_IF_ERROR(add_recipe(&p->arg_pool_.back(), i + o));
+    }
     for (size_t j = 0; j < node.attrs.dims.size() && j < static_cast<size_t>(kMaxLaunchParams);
          ++j) {
       p->params_.push_back({&la.params[j], p->DimIndex(node.attrs.dims[j])});
@@ -321,6 +334,12 @@ std::string Program::DebugString() const {
     }
     os << " [" << kernels_[kernel].name << "]";
     if (storage_offset_[i] >= 0) os << " @arena+" << storage_offset_[i];
+    // Extra outputs (output_of nodes follow their producer).
+    for (int o = 1; o < graph_.NumOutputs(i); ++o) {
+      os << " +%" << (i + o) << " "
+         << TypeString(graph_.node(i + o).dtype, graph_.node(i + o).shape, graph_);
+      if (storage_offset_[i + o] >= 0) os << " @arena+" << storage_offset_[i + o];
+    }
     os << "\n";
   }
   return os.str();

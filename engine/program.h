@@ -19,9 +19,11 @@
 // once per run when a binding changed; running is a loop over pre-resolved launches.
 //
 // External tensors: Input (per step), Weight (bound once, read only, may be quantized or
-// mmap'd) and State (bound once, written in place by kv_write). Bindings persist across runs
+// mmap'd) and State (bound once, updated in place by launches: kv_write's cache, adamw's
+// parameters and moments; every run updates the bound tensor). Bindings persist across runs
 // until replaced. Bound tensors must be dense, on the Program's device, with the exact
-// dtype and the shape the graph declares under the current symbol values.
+// dtype and the shape the graph declares under the current symbol values. An output that a
+// node writes in place is a view of its State's bound tensor (it takes no arena space).
 //
 // Thread-safety: a Program is used by one thread at a time (it owns its arena). Compile is
 // thread-safe.

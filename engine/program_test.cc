@@ -408,6 +408,71 @@ TEST_P(ProgramTest, UnsupportedGraphsFailToCompileClearly) {
               HasSubstr("%1 'blk.0.exp' (exp f32[4]) cannot run on device noexp:0: no exp kernel"));
 }
 
+// An extra output (dlogits) is live from its producer's launch to its last reader: buffers
+// of the ops in between must not reuse its memory. The planned program equals the guarded one
+// (every buffer its own memory).
+TEST_P(ProgramTest, ExtraOutputsLiveUntilTheirLastReader) {
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF32, {8, 16});
+  const Value t = b.Input("t", DType::kI32, {8});
+  const CrossEntropyOutputs ce = b.FusedCrossEntropy(x, t, b.Full(0.5, DType::kF32, {}));
+  Value h = x;
+  for (int i = 0; i < 4; ++i) h = b.Tanh(b.AddScalar(h, 1.0));  // same-sized buffers in between
+  const Value y = b.Add(h, ce.dlogits);  // (y may take h's memory, never dlogits')
+  const Value z = b.Mul(ce.loss, ce.loss);
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<double> xv(128), tv(8);
+  for (int i = 0; i < 128; ++i) xv[i] = std::sin(0.37 * i);
+  for (int i = 0; i < 8; ++i) tv[i] = (3 * i) % 16;
+  std::vector<std::vector<double>> results;
+  for (size_t guard : {size_t{64}, size_t{0}}) {
+    CompileOptions o;
+    o.guard_bytes = guard;
+    auto p = Compile(g, {y, z}, *dev_, o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE((*p)->Bind("x", Make(DType::kF32, {8, 16}, xv)).ok());
+    ASSERT_TRUE((*p)->Bind("t", Make(DType::kI32, {8}, tv)).ok());
+    ASSERT_TRUE((*p)->Run(*stream_).ok());
+    results.push_back(Out(**p, 0));
+    results.push_back(Out(**p, 1));
+    if (guard == 0) {
+      EXPECT_LT((*p)->arena_bytes(), (*p)->unplanned_bytes()) << "reuse happens elsewhere";
+      EXPECT_THAT((*p)->DebugString(), HasSubstr(" +%")) << "extra outputs are listed";
+    }
+  }
+  EXPECT_EQ(results[2], results[0]);
+  EXPECT_EQ(results[3], results[1]);
+}
+
+// Outputs written in place take no arena space: they are the bound States.
+TEST_P(ProgramTest, InPlaceOutputsAreTheStatesAndTakeNoArenaSpace) {
+  Graph g;
+  Builder b(&g);
+  const Value w = b.State("w", DType::kF32, {4});
+  const Value m = b.State("m", DType::kF32, {4});
+  const Value v = b.State("v", DType::kF32, {4});
+  const AdamWOutputs o =
+      b.AdamW(w, b.Input("g", DType::kF32, {4}), m, v, b.Input("step", DType::kI32, {}), {});
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto p = Compile(g, {o.param, o.m, o.v}, *dev_);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->arena_bytes(), 0u) << (*p)->DebugString();
+  EXPECT_EQ((*p)->num_launches(), 1);
+  const Tensor wt = Make(DType::kF32, {4}, {1, 2, 3, 4});
+  const Tensor mt = Make(DType::kF32, {4}, {0, 0, 0, 0});
+  const Tensor vt = Make(DType::kF32, {4}, {0, 0, 0, 0});
+  ASSERT_TRUE((*p)->Bind("w", wt).ok() && (*p)->Bind("m", mt).ok() && (*p)->Bind("v", vt).ok());
+  ASSERT_TRUE((*p)->Bind("g", Make(DType::kF32, {4}, {1, -1, 1, -1})).ok());
+  ASSERT_TRUE((*p)->Bind("step", Make(DType::kI32, {}, {1})).ok());
+  ASSERT_TRUE((*p)->Run(*stream_).ok());
+  EXPECT_EQ((*p)->Output(0)->data(), wt.data());
+  EXPECT_EQ((*p)->Output(1)->data(), mt.data());
+  EXPECT_EQ((*p)->Output(2)->data(), vt.data());
+  EXPECT_NE(*wt.ToDoubles(), (std::vector<double>{1, 2, 3, 4})) << "w was not updated in place";
+  EXPECT_NEAR((*mt.ToDoubles())[0], 0.1, 1e-7);  // (1 - beta1) * g
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ProgramTest, ::testing::Values("ref", "cpu"));
 
 }  // namespace

@@ -118,10 +118,13 @@ class HostStream::Recording final : public ExecGraph {
   void Add(std::span<const Launch> launches) {
     for (const Launch& l : launches) {
       auto args = std::make_unique<LaunchArgs>(*l.args);
-      auto inputs =
-          std::make_unique<TensorArg[]>(static_cast<size_t>(std::max(l.args->num_inputs, 1)));
-      std::copy(l.args->inputs, l.args->inputs + l.args->num_inputs, inputs.get());
+      // Inputs, then extra outputs, in one array.
+      const int n_in = l.args->num_inputs, n_out = l.args->num_extra_outputs;
+      auto inputs = std::make_unique<TensorArg[]>(static_cast<size_t>(std::max(n_in + n_out, 1)));
+      std::copy(l.args->inputs, l.args->inputs + n_in, inputs.get());
+      std::copy(l.args->extra_outputs, l.args->extra_outputs + n_out, inputs.get() + n_in);
       args->inputs = inputs.get();
+      args->extra_outputs = n_out > 0 ? inputs.get() + n_in : nullptr;
       launches_.push_back({l.fn, args.get()});
       args_.push_back(std::move(args));
       inputs_.push_back(std::move(inputs));

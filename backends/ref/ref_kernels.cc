@@ -743,13 +743,15 @@ struct AttnRow {
   std::vector<char> keep;
 };
 
-void FinishRow(AttnRow& row, int64_t n, const std::function<double(int64_t, int64_t)>& value,
-               int64_t dv, const std::function<void(int64_t, double)>& store) {
+// Returns the row's log-sum-exp (-inf when every score is masked).
+double FinishRow(AttnRow& row, int64_t n, const std::function<double(int64_t, int64_t)>& value,
+                 int64_t dv, const std::function<void(int64_t, double)>& store) {
   double m = -kInf;
   for (int64_t j = 0; j < n; ++j) {
     if (row.keep[j]) m = NanMax(m, row.s[j]);
   }
   std::vector<double> acc(dv, 0.0);
+  double lse = -kInf;
   if (m != -kInf) {
     double sum = 0;
     for (int64_t j = 0; j < n; ++j) {
@@ -760,8 +762,10 @@ void FinishRow(AttnRow& row, int64_t n, const std::function<double(int64_t, int6
       if (row.s[j] == 0) continue;
       for (int64_t e = 0; e < dv; ++e) acc[e] += row.s[j] / sum * value(j, e);
     }
+    lse = m + std::log(sum);
   }
   for (int64_t e = 0; e < dv; ++e) store(e, acc[e]);
+  return lse;
 }
 
 // Applies score_mod and mask_mod to one score.
@@ -804,7 +808,7 @@ void Attention(const LaunchArgs& a, const ExecCtx& c) {
           row.s[j] = ModScore(d, s * scale, bhqk, &aux, &keep);
           row.keep[j] = keep;
         }
-        FinishRow(
+        const double lse = FinishRow(
             row, Tk,
             [&](int64_t j, int64_t e) {
               const int64_t vi[] = {b, kh, j, e};
@@ -815,6 +819,10 @@ void Attention(const LaunchArgs& a, const ExecCtx& c) {
               const int64_t oi[] = {b, h, i, e};
               StoreF(o, Off(o, oi), val);
             });
+        if (a.num_extra_outputs > 0) {  // the log-sum-exp output [B, Hq, Tq]
+          const int64_t li[] = {b, h, i};
+          StoreF(a.extra_outputs[0], Off(a.extra_outputs[0], li), lse);
+        }
       }
     }
   }
@@ -863,7 +871,7 @@ void PagedAttention(const LaunchArgs& a, const ExecCtx& c) {
           row.s[j] = ModScore(d, sc * scale, bhqk, &aux, &keep);
           row.keep[j] = keep;
         }
-        FinishRow(
+        (void)FinishRow(  // paged attention has no log-sum-exp output
             row, len,
             [&](int64_t j, int64_t e) {
               const int64_t vi[] = {block[j], j % BS, kh, e};
@@ -894,6 +902,18 @@ void KvWrite(const LaunchArgs& a, const ExecCtx& c) {
       }
     }
   }
+}
+
+// ---- Training ---------------------------------------------------------------------------------
+
+void FusedCrossEntropy(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  FusedCrossEntropyRows(a, Data(a).attrs.ints[0], 0, FusedCrossEntropyRowCount(a));
+}
+
+void AdamW(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  AdamWElements(a, Data(a).attrs.floats.data(), 0, a.output.numel());
 }
 
 KernelFn FnFor(OpKind op) {
@@ -944,6 +964,10 @@ KernelFn FnFor(OpKind op) {
       return PagedAttention;
     case OpKind::kKvWrite:
       return KvWrite;
+    case OpKind::kFusedCrossEntropy:
+      return FusedCrossEntropy;
+    case OpKind::kAdamW:
+      return AdamW;
     default:
       break;
   }
@@ -952,6 +976,85 @@ KernelFn FnFor(OpKind op) {
 }
 
 }  // namespace
+
+int64_t FusedCrossEntropyRowCount(const LaunchArgs& a) {
+  const TensorArg& x = a.inputs[0];
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < x.rank; ++d) rows *= x.shape[d];
+  return rows;
+}
+
+// One pass per row over the loaded logits: the maximum, the sum of exponentials, then loss
+// and dlogits from them (the softmax is never materialized or computed twice).
+void FusedCrossEntropyRows(const LaunchArgs& a, int64_t ignore_index, int64_t begin, int64_t end) {
+  const TensorArg &x = a.inputs[0], &targets = a.inputs[1], &dloss = a.inputs[2];
+  const TensorArg &loss = a.output, &dx = a.extra_outputs[0];
+  const int r = x.rank - 1;
+  const int64_t n = x.shape[r];
+  std::vector<double> row(static_cast<size_t>(n));
+  int64_t idx[kMaxRank] = {};
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t rest = i;
+    for (int d = r - 1; d >= 0; --d) {
+      idx[d] = rest % x.shape[d];
+      rest /= x.shape[d];
+    }
+    auto row_off = [&](const TensorArg& t) {
+      int64_t o = 0;
+      for (int d = 0; d < r; ++d) o += idx[d] * t.strides[d];
+      return o;
+    };
+    const int64_t xo = row_off(x), dxo = row_off(dx), lo = row_off(loss);
+    const int64_t target = LoadI(targets, row_off(targets));
+    if (target == ignore_index) {
+      StoreF(loss, lo, 0.0);
+      for (int64_t j = 0; j < n; ++j) StoreF(dx, dxo + j * dx.strides[r], 0.0);
+      continue;
+    }
+    double m = -kInf, s = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = LoadF(x, xo + j * x.strides[r]);
+      m = NanMax(m, row[j]);
+    }
+    for (int64_t j = 0; j < n; ++j) s += std::exp(row[j] - m);
+    const double picked = (target >= 0 && target < n) ? row[target] : 0.0;
+    StoreF(loss, lo, m + std::log(s) - picked);
+    const double g = LoadF(dloss, row_off(dloss));
+    for (int64_t j = 0; j < n; ++j) {
+      const double p = std::exp(row[j] - m) / s - (j == target ? 1.0 : 0.0);
+      StoreF(dx, dxo + j * dx.strides[r], p * g);
+    }
+  }
+}
+
+// PyTorch's AdamW (torch.optim.AdamW, foreach=False), element by element, in double.
+void AdamWElements(const LaunchArgs& a, const double* hyper, int64_t begin, int64_t end) {
+  const TensorArg &param = a.inputs[0], &grad = a.inputs[1], &m = a.inputs[2], &v = a.inputs[3];
+  const TensorArg& step_t = a.inputs[4];
+  const TensorArg &param_out = a.output, &m_out = a.extra_outputs[0], &v_out = a.extra_outputs[1];
+  const double lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3],
+               weight_decay = hyper[4];
+  const double step =
+      IsIntLike(step_t.dtype) ? static_cast<double>(LoadI(step_t, 0)) : LoadF(step_t, 0);
+  const double step_size = lr / (1 - std::pow(beta1, step));
+  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, step));
+  int64_t idx[kMaxRank] = {};
+  for (int64_t e = begin; e < end; ++e) {
+    int64_t rest = e;
+    for (int d = param.rank - 1; d >= 0; --d) {
+      idx[d] = rest % param.shape[d];
+      rest /= param.shape[d];
+    }
+    const double g = LoadF(grad, Off(grad, idx));
+    const double p = LoadF(param, Off(param, idx)) * (1 - lr * weight_decay);
+    const double mv = beta1 * LoadF(m, Off(m, idx)) + (1 - beta1) * g;
+    const double vv = beta2 * LoadF(v, Off(v, idx)) + (1 - beta2) * g * g;
+    const double denom = std::sqrt(vv) / bias_correction2_sqrt + eps;
+    StoreF(m_out, Off(m_out, idx), mv);
+    StoreF(v_out, Off(v_out, idx), vv);
+    StoreF(param_out, Off(param_out, idx), p - step_size * mv / denom);
+  }
+}
 
 StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
   const KernelFn fn = FnFor(req.op);

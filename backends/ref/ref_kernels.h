@@ -17,4 +17,14 @@ namespace kiln::ref {
 // views, which the executor handles without launches).
 StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& request);
 
+// The loops of some reference kernels over a range of rows or elements, for backends that
+// split them over threads (the cpu backend): the same code and numerics as the reference.
+// fused_cross_entropy: rows [begin, end) of FusedCrossEntropyRowCount(args).
+int64_t FusedCrossEntropyRowCount(const LaunchArgs& args);
+void FusedCrossEntropyRows(const LaunchArgs& args, int64_t ignore_index, int64_t begin,
+                           int64_t end);
+// adamw: elements [begin, end) of the parameter; `hyper` = {lr, beta1, beta2, eps,
+// weight_decay} (the node's attrs.floats).
+void AdamWElements(const LaunchArgs& args, const double* hyper, int64_t begin, int64_t end);
+
 }  // namespace kiln::ref

@@ -10,7 +10,8 @@ namespace kiln {
 std::unique_ptr<backend::Backend> MakeTestBackend(std::string_view name, int threads) {
   if (name == "ref") return backend::MakeRefBackend();
   if (name == "cpu") return backend::MakeCpuBackend(threads);
-  std::fprintf(stderr, "MakeTestBackend: unknown backend '%.*s' (ref or cpu)\n",
+  if (name == "xpu") return backend::MakeXpuBackend();
+  std::fprintf(stderr, "MakeTestBackend: unknown backend '%.*s' (ref, cpu or xpu)\n",
                static_cast<int>(name.size()), name.data());
   std::abort();
 }

@@ -788,7 +788,9 @@ void Recording::RecordHost(KernelFn fn, const LaunchArgs& a) {
   seg->fn = fn;
   seg->args = a;
   seg->inputs.assign(a.inputs, a.inputs + a.num_inputs);
+  seg->inputs.insert(seg->inputs.end(), a.extra_outputs, a.extra_outputs + a.num_extra_outputs);
   seg->args.inputs = seg->inputs.data();
+  seg->args.extra_outputs = a.num_extra_outputs > 0 ? seg->inputs.data() + a.num_inputs : nullptr;
   segs_.push_back(std::move(seg));
 }
 

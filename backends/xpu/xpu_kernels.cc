@@ -17,6 +17,7 @@
 #include <numbers>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backends/xpu/cl_codegen.h"
 #include "backends/xpu/cl_sources.h"
 #include "backends/xpu/xpu_device.h"
@@ -589,6 +590,7 @@ void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
 struct AttnData {
   KernelSlot* slot = nullptr;
   bool paged = false;
+  bool lse = false;  // dense attention's second output, the log-sum-exp
   int num_aux = 0;
   double scale = 0;
 };
@@ -603,6 +605,7 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t oo = args.Mem(dev, o.data), qo = args.Mem(dev, q.data), ko = args.Mem(dev, k.data),
                 vo = args.Mem(dev, v.data);
   int64_t bto = 0, slo = 0, qso = 0;
+  const int64_t lo = d.lse ? args.Mem(dev, a.extra_outputs[0].data) : 0;
   if (d.paged) {
     bto = args.Mem(dev, a.inputs[3].data);
     slo = args.Mem(dev, a.inputs[4].data);
@@ -637,6 +640,11 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   std::memcpy(&fbits, &fscale, 4);
   args.Long(dbits);
   args.Long(fbits);
+  if (d.lse) {
+    const TensorArg& l = a.extra_outputs[0];
+    args.Long(lo);
+    for (int i = 0; i < 3; ++i) args.Long(l.strides[i]);
+  }
   for (int i = 0; i < d.num_aux; ++i) {
     const TensorArg& t = a.inputs[fixed + i];
     args.Long(aux_off[i]);
@@ -645,7 +653,7 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   }
   if (rows == 0) return;
   const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
-  ex.Enqueue(d.slot, args, 1, &global, &wg, 96);
+  ex.Enqueue(d.slot, args, 1, &global, &wg, d.lse ? 120 : 96);
 }
 
 // The key range a mask allows, from its structure: causal and sliding-window masks.
@@ -701,11 +709,16 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   d.Add("KLD(p, i)", LoadAs(k.dtype, acc));
   d.Add("VLD(p, i)", LoadAs(v.dtype, acc));
   d.Add("OST(p, i, v)", StoreFrom(req.output.dtype, acc));
+  const bool lse = !paged && !at.ints.empty() && at.ints[0] == 1;
+  if (lse) {
+    d.Add("LSE", "1");
+    d.Add("LST(p, i, v)", StoreFrom(ExprTypeOf(q.dtype), acc));
+  }
   d.Add("HEAD_D", absl::StrCat(std::max<int64_t>(*hd, 1)));
   d.Add("HEAD_DV", absl::StrCat(*hdv));
   d.Add("DV_PER", absl::StrCat(std::max<int64_t>((*hdv + wg - 1) / wg, 1)));
   std::string params, setup, fn_params, fn_args;
-  const int aux_meta = paged ? 83 : 74;
+  const int aux_meta = paged ? 83 : (lse ? 78 : 74);
   std::vector<DType> aux_types;
   for (int i = 0; i < num_aux; ++i) {
     absl::StrAppend(&params, ", cgptr b_aux", i);
@@ -751,6 +764,7 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   d.Add("KV_END(q, len)", end);
   auto data = std::make_shared<AttnData>();
   data->paged = paged;
+  data->lse = lse;
   data->num_aux = num_aux;
   data->scale = at.floats[0];
   data->slot =
@@ -758,6 +772,95 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
                         d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
   return backend::Kernel{AttentionFn, std::move(data),
                          paged ? "xpu.gen.paged_attention" : "xpu.gen.attention"};
+}
+
+// ---- Training (cl/training.cl) ---------------------------------------------------------------
+
+struct TrainData {
+  KernelSlot* slot = nullptr;
+};
+KernelSlot* TrainSlot(const LaunchArgs& a) {
+  return static_cast<const TrainData*>(a.kernel_data)->slot;
+}
+
+void FusedCrossEntropyFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &x = a.inputs[0], &t = a.inputs[1], &dl = a.inputs[2];
+  const TensorArg &loss = a.output, &dx = a.extra_outputs[0];
+  ClArgs args;
+  const int64_t lo = args.Mem(dev, loss.data), dxo = args.Mem(dev, dx.data),
+                xo = args.Mem(dev, x.data), to = args.Mem(dev, t.data),
+                dlo = args.Mem(dev, dl.data);
+  args.Desc(x, xo);
+  args.Desc(t, to);
+  args.Desc(dl, dlo);
+  args.Desc(loss, lo);
+  args.Desc(dx, dxo);
+  const int64_t rows = RowElems(t, 0);  // targets have the logits' leading shape
+  args.Long(rows);
+  const size_t wg = dev.work_group(), global = Groups(rows, 1) * wg;  // a work-group per row
+  ex.Enqueue(TrainSlot(a), args, 1, &global, &wg, 96);
+}
+
+void AdamWFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  const TensorArg &g = a.inputs[1], &step = a.inputs[4];
+  // param, m and v are written in place: the outputs are the States' storage.
+  const TensorArg &p = a.output, &m = a.extra_outputs[0], &v = a.extra_outputs[1];
+  ClArgs args;
+  const int64_t po = args.Mem(dev, p.data), mo = args.Mem(dev, m.data), vo = args.Mem(dev, v.data),
+                go = args.Mem(dev, g.data), so = args.Mem(dev, step.data);
+  args.Desc(p, po);
+  args.Desc(m, mo);
+  args.Desc(v, vo);
+  args.Desc(g, go);
+  args.Long(so);
+  const size_t wg = dev.work_group(), global = Groups(p.numel(), wg) * wg;
+  ex.Enqueue(TrainSlot(a), args, 1, &global, &wg, 96);
+}
+
+// A literal of the accumulator type (double, or float with an f suffix).
+std::string AccLiteral(double v, DType acc) {
+  return absl::StrFormat(acc == DType::kF64 ? "%.17e" : "%.9ef", v);
+}
+
+// Loader macro body for a rank-0 or indexed number of any type as ACC.
+std::string LoadNumber(DType t, DType acc) {
+  if (IsFloat(t)) return LoadAs(t, acc);
+  return absl::StrCat("(", acc == DType::kF64 ? "double" : "float", ")ldi_", Lower(t), "(p, i)");
+}
+
+StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequest& req) {
+  const Attrs& at = *req.attrs;
+  const bool adamw = req.op == OpKind::kAdamW;
+  // Fused cross-entropy computes in the logits' compute type, AdamW in the widest float.
+  const DType acc =
+      adamw ? (dev.fp64() ? DType::kF64 : DType::kF32) : ExprTypeOf(req.inputs[0].dtype);
+  Defines d;
+  d.Add("ACC", acc == DType::kF64 ? "double" : "float");
+  if (adamw) {
+    d.Add("ADAMW", "1");
+    d.Add("GLD(p, i)", LoadAs(req.inputs[1].dtype, acc));
+    d.Add("SLD(p, i)", LoadNumber(req.inputs[4].dtype, acc));
+    static constexpr const char* kHyper[] = {"LR", "BETA1", "BETA2", "EPS", "WEIGHT_DECAY"};
+    for (int i = 0; i < 5; ++i) d.Add(kHyper[i], AccLiteral(at.floats[i], acc));
+  } else {
+    const DType xt = req.inputs[0].dtype;
+    d.Add("FUSED_CROSS_ENTROPY", "1");
+    d.Add("ACC_MAX(a, b)", acc == DType::kF64 ? "nmaxd(a, b)" : "nmaxf(a, b)");
+    d.Add("XLD(p, i)", LoadAs(xt, acc));
+    d.Add("XST(p, i, v)", StoreFrom(xt, acc));
+    d.Add("TLD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[1].dtype), "(p, i)"));
+    d.Add("IGNORE_INDEX", absl::StrCat("(", at.ints[0], "L)"));
+  }
+  const char* prefix = adamw ? "adamw" : "fused_cross_entropy";
+  auto data = std::make_shared<TrainData>();
+  data->slot =
+      dev.DeclareKernel(prefix, d.Wrap(kClTraining, absl::StrCat("// ", Label(req), "\n")));
+  return backend::Kernel{adamw ? AdamWFn : FusedCrossEntropyFn, std::move(data),
+                         absl::StrCat("xpu.tmpl.", prefix)};
 }
 
 StatusOr<backend::Kernel> Library(XpuDevice& dev, KernelFn fn, const char* name,
@@ -842,6 +945,9 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
       return MakeAttention(*this, req, /*paged=*/false);
     case OpKind::kPagedAttention:
       return MakeAttention(*this, req, /*paged=*/true);
+    case OpKind::kFusedCrossEntropy:
+    case OpKind::kAdamW:
+      return MakeTraining(*this, req);
     case OpKind::kMatMul: {
       auto d = std::make_shared<GemmData>();
       d->blas = BlasDType(*this, out);

@@ -34,7 +34,8 @@
 
 namespace kiln::backend {
 
-inline constexpr uint32_t kBackendInterfaceVersion = 2;
+// 3: LaunchArgs::extra_outputs (multi-output nodes), in-place writes beyond kv_write.
+inline constexpr uint32_t kBackendInterfaceVersion = 3;
 // Every Allocate() result is aligned to at least this many bytes.
 inline constexpr size_t kMinAlignment = 64;
 
@@ -149,7 +150,8 @@ class Stream {
 };
 
 // What the engine asks a device to run: one node, with input/output types. Shapes may be
-// symbolic; concrete sizes arrive in TensorArg at run time.
+// symbolic; concrete sizes arrive in TensorArg at run time. `output` is output 0; the types
+// of a multi-output node's other outputs follow from the op table (InferOutputs in ops.h).
 struct KernelRequest {
   OpKind op = OpKind::kInput;
   const Attrs* attrs = nullptr;

@@ -54,12 +54,18 @@ inline int64_t ByteOffset(DType t, int64_t elems) {
   return elems / DTypeBlockElems(t) * DTypeBlockBytes(t);
 }
 
+// Outputs: `output` is output 0 of the node. Multi-output nodes (engine/graph.h: fused
+// cross-entropy's dlogits, attention's log-sum-exp, adamw's m and v) hand outputs 1 .. n-1
+// in `extra_outputs`, in output order; single-output nodes have none (null, 0). An output
+// that the op writes in place (ops.h: OpDef::writes_input) points at the State it updates.
 struct LaunchArgs {
   const void* kernel_data = nullptr;  // the Kernel's data (per node, made at compile time)
   const TensorArg* inputs = nullptr;
   int32_t num_inputs = 0;
   TensorArg output;
   int64_t params[kMaxLaunchParams] = {};  // the node's attrs.dims, evaluated for this run
+  const TensorArg* extra_outputs = nullptr;
+  int32_t num_extra_outputs = 0;
 };
 
 struct ExecCtx {

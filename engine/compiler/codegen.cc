@@ -22,9 +22,11 @@ static_assert(sizeof(TensorArg) == 144 && offsetof(TensorArg, dtype) == 8 &&
                   offsetof(TensorArg, rank) == 12 && offsetof(TensorArg, shape) == 16 &&
                   offsetof(TensorArg, strides) == 80,
               "TensorArg layout changed: update the C++ preamble in codegen.cc");
-static_assert(sizeof(LaunchArgs) == 200 && offsetof(LaunchArgs, inputs) == 8 &&
+// Generated kernels read LaunchArgs up to `params`; the extra outputs of multi-output nodes
+// (interface v3) follow it and are not mirrored.
+static_assert(sizeof(LaunchArgs) == 216 && offsetof(LaunchArgs, inputs) == 8 &&
                   offsetof(LaunchArgs, num_inputs) == 16 && offsetof(LaunchArgs, output) == 24 &&
-                  offsetof(LaunchArgs, params) == 168,
+                  offsetof(LaunchArgs, params) == 168 && offsetof(LaunchArgs, extra_outputs) == 200,
               "LaunchArgs layout changed: update the C++ preamble in codegen.cc");
 static_assert(sizeof(ExecCtx) == 16, "ExecCtx layout changed: update the C++ preamble");
 

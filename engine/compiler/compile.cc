@@ -33,10 +33,7 @@ class ScopedContext {
   Context* prev_;
 };
 
-bool Computes(const Node& n) {
-  const OpClass c = GetOpDef(n.op).cls;
-  return c != OpClass::kSource && c != OpClass::kView;
-}
+bool Computes(const Node& n) { return IsLaunched(n.op); }
 
 // Every kernel request of `g` (what assign will ask for).
 Status PrepareAll(Target& target, const Graph& g) {

@@ -58,7 +58,7 @@ class Fuser {
         if (c.empty() || c.back() != i) c.push_back(i);
       }
       if (def.side_effect) side_effects_.push_back(i);
-      if (node.op == OpKind::kState || node.op == OpKind::kKvWrite) state_rooted_[i] = 1;
+      if (node.op == OpKind::kState || InPlaceTarget(g_, i) >= 0) state_rooted_[i] = 1;
       if (def.cls == OpClass::kView && state_rooted_[node.inputs[0]]) state_rooted_[i] = 1;
       cls_[i] = Classify(node, def);
     }

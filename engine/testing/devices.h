@@ -15,9 +15,10 @@
 
 namespace kiln {
 
-// A new built-in backend, owned by the caller: "ref" (the reference kernels, the oracle) or
-// "cpu" (with `threads` pool threads; 0: the default). REQUIRES: one of those names (a
-// programmer error otherwise: aborts with a message).
+// A new built-in backend, owned by the caller: "ref" (the reference kernels, the oracle),
+// "cpu" (with `threads` pool threads; 0: the default) or "xpu" (the OpenCL backend; null when
+// the build or the machine has no usable OpenCL device: such tests GTEST_SKIP). REQUIRES: one
+// of those names (a programmer error otherwise: aborts with a message).
 std::unique_ptr<backend::Backend> MakeTestBackend(std::string_view name, int threads = 0);
 
 }  // namespace kiln

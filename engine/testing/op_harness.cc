@@ -173,6 +173,7 @@ struct Built {
   Graph graph;
   std::vector<Value> inputs;
   Value out;
+  std::vector<Value> outs;  // `out` and, for a multi-output node, its other outputs
 };
 
 StatusOr<Built> BuildCase(const OpCase& c, const std::vector<InputSpec>& specs) {
@@ -196,6 +197,8 @@ StatusOr<Built> BuildCase(const OpCase& c, const std::vector<InputSpec>& specs) 
   }
   r.out = c.build(b, r.inputs);
   KILN_RETURN_IF_ERROR(Annotate(b.status(), absl::StrCat("building case '", c.name, "'")));
+  r.outs = {r.out};
+  for (int o = 1; o < r.graph.NumOutputs(r.out.id); ++o) r.outs.push_back(Value{r.out.id + o});
   return r;
 }
 
@@ -212,9 +215,10 @@ std::vector<Tensor> MakeInputs(const OpCase& c, backend::Device& ref, Status* st
   return out;
 }
 
+// Every output of a case's result node (in place: the updated State), as doubles.
 struct Output {
-  std::vector<double> values;
-  DType dtype = DType::kInvalid;
+  std::vector<std::vector<double>> values;
+  std::vector<DType> dtypes;
   int launches = 0;
 };
 
@@ -224,7 +228,7 @@ StatusOr<Output> RunOnDevice(const OpCase& c, const std::vector<Tensor>& host, b
   KILN_ASSIGN_OR_RETURN(Built built, BuildCase(c, c.inputs));
   CompileOptions opts;
   opts.guard_bytes = guards ? 64 : 0;
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Program> p, Compile(built.graph, {built.out}, dev, opts));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Program> p, Compile(built.graph, built.outs, dev, opts));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> s, dev.CreateStream());
   std::vector<Guarded> guarded;
   for (size_t i = 0; i < host.size(); ++i) {
@@ -238,10 +242,13 @@ StatusOr<Output> RunOnDevice(const OpCase& c, const std::vector<Tensor>& host, b
     KILN_RETURN_IF_ERROR(CheckGuarded(guarded[i], host[i], c.inputs[i].source == OpKind::kState,
                                       c.inputs[i].name, *s));
   }
-  KILN_ASSIGN_OR_RETURN(Tensor out, p->Output(0));
   Output o;
-  KILN_ASSIGN_OR_RETURN(o.values, Download(out, ref, *s));
-  o.dtype = out.dtype();
+  for (int k = 0; k < p->num_outputs(); ++k) {
+    KILN_ASSIGN_OR_RETURN(Tensor out, p->Output(k));
+    KILN_ASSIGN_OR_RETURN(std::vector<double> v, Download(out, ref, *s));
+    o.values.push_back(std::move(v));
+    o.dtypes.push_back(out.dtype());
+  }
   o.launches = p->num_launches();
   return o;
 }
@@ -341,12 +348,19 @@ Result RunForward(const OpCase& c, backend::Device& ref, backend::Device& dev) {
   for (bool guards : {true, false}) {
     StatusOr<Output> got = RunOnDevice(c, host, dev, ref, guards);
     if (!got.ok()) return Fail(got.status());
-    r = Compare(want->values, got->values, got->dtype, c.tol >= 0 ? c.tol : Tolerance(got->dtype));
-    r.launches = got->launches;
-    if (r.outcome != Result::Outcome::kPass) {
-      r.message += guards ? " (guarded run)" : " (planned run)";
-      return r;
+    std::string errors;
+    for (size_t k = 0; k < got->values.size(); ++k) {
+      const DType t = got->dtypes[k];
+      r = Compare(want->values[k], got->values[k], t, c.tol >= 0 ? c.tol : Tolerance(t));
+      r.launches = got->launches;
+      if (r.outcome != Result::Outcome::kPass) {
+        if (got->values.size() > 1) r.message = absl::StrCat("output ", k, ": ", r.message);
+        r.message += guards ? " (guarded run)" : " (planned run)";
+        return r;
+      }
+      absl::StrAppend(&errors, k ? ", " : "", r.message);
     }
+    r.message = errors;
   }
   return r;
 }

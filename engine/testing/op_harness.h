@@ -56,7 +56,9 @@ struct OpCase {
   std::string op;    // grouping key: the op under test ("rms_norm")
   std::string name;  // unique: "rms_norm f16 [2,3,64]"
   std::vector<InputSpec> inputs;
-  // Builds the graph from the input values (in InputSpec order); returns the output.
+  // Builds the graph from the input values (in InputSpec order); returns the output. When
+  // that is a multi-output node, every one of its outputs is compared (an output written in
+  // place is the State after the run).
   std::function<Value(Builder&, const std::vector<Value>&)> build;
   double tol = -1;         // NMSE tolerance override (forward)
   double grad_eps = 1e-6;  // finite-difference step (relative to max(1, |x|))

@@ -554,17 +554,22 @@ void AddRope(std::vector<OpCase>& out) {
 }
 
 void AddAttention(std::vector<OpCase>& out) {
+  // f32 and f16, and f32 with the log-sum-exp output (compared too: every output of the node).
   for (const AttnVariant& v : AttentionVariants()) {
-    for (DType t : {DType::kF32, DType::kF16}) {
+    for (const auto& [t, lse] : {std::pair{DType::kF32, false}, std::pair{DType::kF16, false},
+                                 std::pair{DType::kF32, true}}) {
       std::vector<InputSpec> in = {Normal("q", t, {2, 4, 5, 8}), Normal("k", t, {2, 2, 5, 8}),
                                    Normal("v", t, {2, 2, 5, 8})};
       if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {2}, {3, 0}));
-      out.push_back(Make("attention", absl::StrCat(v.name, " ", DTypeName(t), " GQA 4/2 [2,4,5,8]"),
-                         in, [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
-                           std::vector<Value> ax;
-                           if (aux) ax.push_back(x[3]);
-                           return b.Attention(x[0], x[1], x[2], p, ax);
-                         }));
+      out.push_back(Make(
+          "attention",
+          absl::StrCat(v.name, " ", DTypeName(t), lse ? " with lse" : "", " GQA 4/2 [2,4,5,8]"), in,
+          [p = v.params, aux = v.prefix_aux, lse](Builder& b, const V& x) {
+            std::vector<Value> ax;
+            if (aux) ax.push_back(x[3]);
+            if (lse) return b.AttentionWithLse(x[0], x[1], x[2], p, ax).out;
+            return b.Attention(x[0], x[1], x[2], p, ax);
+          }));
     }
   }
   out.push_back(
@@ -584,6 +589,23 @@ void AddAttention(std::vector<OpCase>& out) {
              const Value fused = b.Attention(x[0], x[1], x[2], p);
              const Value dec = AttentionDecomposed(b, x[0], x[1], x[2], b.node(fused).attrs, {});
              return b.Concat({fused, b.Sub(fused, dec)}, 3);
+           }));
+
+  out.push_back(
+      Make("attention", "causal f16 with lse (f32 lse) [1,2,6,4]",
+           {Normal("q", DType::kF16, {1, 2, 6, 4}), Normal("k", DType::kF16, {1, 2, 6, 4}),
+            Normal("v", DType::kF16, {1, 2, 6, 4})},
+           [](Builder& b, const V& x) {
+             return b.AttentionWithLse(x[0], x[1], x[2], {0, attn::CausalMask(), {}}).out;
+           }));
+  // Rows 2.. see no key: output 0, lse -inf.
+  out.push_back(
+      Make("attention", "f32 with lse, fully masked rows, Tk > wg [1,2,4,4]x[1,1,80,4]",
+           {Normal("q", DType::kF32, {1, 2, 4, 4}), Normal("k", DType::kF32, {1, 1, 80, 4}),
+            Normal("v", DType::kF32, {1, 1, 80, 3})},
+           [](Builder& b, const V& x) {
+             const Expr mask = Lt(Expr::Index(2), Expr::Int(2));
+             return b.AttentionWithLse(x[0], x[1], x[2], {0, mask, {}}).out;
            }));
 
   struct Paged {
@@ -633,6 +655,66 @@ void AddAttention(std::vector<OpCase>& out) {
   }
 }
 
+// Fused cross-entropy (loss and dlogits) and AdamW (param, m, v updated in place): every
+// output of the node is compared.
+void AddTraining(std::vector<OpCase>& out) {
+  auto fused_ce = [](Builder& b, const V& in) {
+    return b.FusedCrossEntropy(in[0], in[1], in[2]).loss;
+  };
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    out.push_back(Make("fused_cross_entropy",
+                       absl::StrCat(DTypeName(t), " [6,11] with ignore_index"),
+                       {Normal("logits", t, {6, 11}, 3),
+                        Custom("targets", DType::kI32, {6}, {3, -100, 10, 0, 5, 7}),
+                        Uniform("dloss", t, {6}, 0.5, 2)},
+                       fused_ce));
+  }
+  out.push_back(
+      Make("fused_cross_entropy", "f32 [3,300] (rows longer than a work-group)",
+           {Normal("logits", DType::kF32, {3, 300}, 3), Index("targets", DType::kI64, {3}, 0, 300),
+            Uniform("dloss", DType::kF32, {3}, 0.5, 2)},
+           fused_ce));
+  out.push_back(Make("fused_cross_entropy", "f32 [2,3,5] transposed logits, scalar dloss",
+                     {Normal("logits", DType::kF32, {3, 2, 5}),
+                      Custom("targets", DType::kI32, {2, 3}, {0, 4, -100, 2, 7, 1}),
+                      Custom("dloss", DType::kF32, {}, {0.25})},
+                     [](Builder& b, const V& in) {
+                       return b.FusedCrossEntropy(b.Transpose(in[0], 0, 1), in[1], in[2]).loss;
+                     }));
+  auto adamw = [](AdamWParams p) {
+    return [p](Builder& b, const V& in) {
+      return b.AdamW(in[0], in[1], in[2], in[3], in[4], p).param;
+    };
+  };
+  auto states = [](std::vector<int64_t> shape) {
+    return std::vector<InputSpec>{AsState(Normal("param", DType::kF32, shape)),
+                                  Normal("grad", DType::kF32, shape),
+                                  AsState(Normal("m", DType::kF32, shape, 0.1)),
+                                  AsState(Uniform("v", DType::kF32, shape, 0, 0.05))};
+  };
+  {
+    std::vector<InputSpec> in = states({4, 33});
+    in.push_back(Custom("step", DType::kI32, {}, {3}));
+    out.push_back(Make("adamw", "f32 [4,33] step 3 (i32)", in, adamw(AdamWParams{})));
+  }
+  {
+    std::vector<InputSpec> in = states({7});
+    in[1] = Normal("grad", DType::kF16, {7});
+    in.push_back(Custom("step", DType::kF32, {}, {1}));
+    out.push_back(Make("adamw", "f16 grad, step 1 (f32), lr 0.1, no weight decay [7]", in,
+                       adamw({0.1, 0.8, 0.95, 1e-6, 0.0})));
+  }
+  {
+    std::vector<InputSpec> in = states({5, 6});
+    in[1] = Normal("grad", DType::kF32, {6, 5});
+    in.push_back(Custom("step", DType::kI64, {}, {1000}));
+    out.push_back(
+        Make("adamw", "transposed grad, step 1000 (i64) [5,6]", in, [](Builder& b, const V& x) {
+          return b.AdamW(x[0], b.Transpose(x[1], 0, 1), x[2], x[3], x[4], {}).param;
+        }));
+  }
+}
+
 }  // namespace
 
 std::vector<OpCase> ForwardCases(bool full) {
@@ -645,6 +727,7 @@ std::vector<OpCase> ForwardCases(bool full) {
   AddLinear(out, full);
   AddRope(out);
   AddAttention(out);
+  AddTraining(out);
   return out;
 }
 
@@ -768,16 +851,36 @@ std::vector<OpCase> GradientCases(bool full) {
                          [p = p](Builder& b, const V& in) { return b.Rope(in[0], in[1], p); }));
     }
   }
+  // Gradients into the output; into both outputs (out and lse); into lse alone (below).
   for (const AttnVariant& v : AttentionVariants()) {
     std::vector<InputSpec> in = {Normal("q", d, {1, 4, 4, 3}), Normal("k", d, {1, 2, 4, 3}),
                                  Normal("v", d, {1, 2, 4, 3})};
     if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {1}, {2}));
-    out.push_back(Make("attention", absl::StrCat(v.name, " f64 GQA 4/2"), in,
-                       [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
-                         std::vector<Value> ax;
-                         if (aux) ax.push_back(x[3]);
-                         return b.Attention(x[0], x[1], x[2], p, ax);
-                       }));
+    for (bool lse : {false, true}) {
+      out.push_back(Make("attention",
+                         absl::StrCat(v.name, lse ? " f64 out and lse" : " f64 GQA 4/2"), in,
+                         [p = v.params, aux = v.prefix_aux, lse](Builder& b, const V& x) {
+                           std::vector<Value> ax;
+                           if (aux) ax.push_back(x[3]);
+                           if (!lse) return b.Attention(x[0], x[1], x[2], p, ax);
+                           const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p, ax);
+                           return b.Concat({b.Reshape(r.out, {1, 4, 12}), r.lse}, 2);
+                         }));
+    }
+  }
+  out.push_back(Make(
+      "attention", "causal f64 lse only",
+      {Normal("q", d, {1, 2, 4, 3}), Normal("k", d, {1, 2, 4, 3}), Normal("v", d, {1, 2, 4, 3})},
+      [](Builder& b, const V& x) {
+        return b.AttentionWithLse(x[0], x[1], x[2], {0, attn::CausalMask(), {}}).lse;
+      }));
+  {
+    InputSpec dloss = Uniform("dloss", d, {4}, 0.5, 2);
+    dloss.differentiable = false;  // the loss does not depend on it
+    out.push_back(Make(
+        "fused_cross_entropy", "f64 [4,7] loss with ignore_index",
+        {Normal("logits", d, {4, 7}), Custom("targets", DType::kI32, {4}, {3, -100, 6, 0}), dloss},
+        [](Builder& b, const V& in) { return b.FusedCrossEntropy(in[0], in[1], in[2]).loss; }));
   }
   if (full) {
     out.push_back(Make("softmax", "f64 [8,64]", {Normal("x", d, {8, 64})},

@@ -94,6 +94,12 @@ def wait_for(predicate, what, timeout=30):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def running(server, model):
+    """Waits until `model` has a request in a running execution (the instance is busy)."""
+    wait_for(lambda: server.metric_value("kiln_inference_executing_requests", model=model) == 1,
+             f"a running execution of {model}")
+
+
 def test_higher_priority_runs_first(server, stub):
     # Occupy the single instance, then queue low- then high-priority requests. Each step waits
     # for the server's own gauges (never for a sleep); the blocker's length only has to
@@ -110,7 +116,7 @@ def test_higher_priority_runs_first(server, stub):
 
     blocker = threading.Thread(target=call, args=("blocker", sleep_request("prio", 3000000)))
     blocker.start()
-    wait_for(lambda: gauge("kiln_inference_executing_requests") == 1, "the blocker to run")
+    running(server, "prio")
     threads = [threading.Thread(target=call, args=(f"low{i}", sleep_request("prio", 1000,
                                                                             priority=2)))
                for i in range(3)]
@@ -127,9 +133,9 @@ def test_higher_priority_runs_first(server, stub):
     assert order[1] == "high", order
 
 
-def test_queue_timeout_rejects(stub):
-    blocker = stub.ModelInfer.future(sleep_request("strict", 400000))
-    time.sleep(0.05)
+def test_queue_timeout_rejects(server, stub):
+    blocker = stub.ModelInfer.future(sleep_request("strict", 2000000))
+    running(server, "strict")
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("strict", 1, timeout=20000))  # 20 ms override
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -137,12 +143,13 @@ def test_queue_timeout_rejects(stub):
     blocker.result(timeout=10)
 
 
-def test_full_queue_refuses_at_once(stub):
-    blocker = stub.ModelInfer.future(sleep_request("strict", 500000))
-    time.sleep(0.05)
-    queued = [stub.ModelInfer.future(sleep_request("strict", 1, timeout=2000000))
+def test_full_queue_refuses_at_once(server, stub):
+    blocker = stub.ModelInfer.future(sleep_request("strict", 2000000))
+    running(server, "strict")
+    queued = [stub.ModelInfer.future(sleep_request("strict", 1, timeout=20000000))
               for _ in range(2)]
-    time.sleep(0.05)
+    wait_for(lambda: server.metric_value("kiln_inference_pending_requests", model="strict") == 2,
+             "two queued requests")
     start = time.time()
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("strict", 1))
@@ -154,26 +161,27 @@ def test_full_queue_refuses_at_once(stub):
         f.result(timeout=10)
 
 
-def test_delay_policy_still_serves_timed_out_requests(stub):
-    blocker = stub.ModelInfer.future(sleep_request("delayed", 100000))
-    time.sleep(0.02)
+def test_delay_policy_still_serves_timed_out_requests(server, stub):
+    blocker = stub.ModelInfer.future(sleep_request("delayed", 1000000))
+    running(server, "delayed")
     r = stub.ModelInfer(sleep_request("delayed", 1), timeout=10)
     assert np.frombuffer(r.raw_output_contents[0], np.int32)[0] == 1
     blocker.result(timeout=10)
 
 
 def test_cancelled_rpc_leaves_the_queue(server, stub):
-    blocker = stub.ModelInfer.future(sleep_request("prio", 500000))
-    time.sleep(0.05)
+    blocker = stub.ModelInfer.future(sleep_request("prio", 3000000))
+    running(server, "prio")
     # A client deadline cancels the queued request on the server.
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("prio", 1), timeout=0.1)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    time.sleep(0.05)
+    wait_for(lambda: server.metric_value("kiln_inference_failures_total", model="prio",
+                                         reason="cancelled") == 1, "the cancellation")
     assert server.metric_value("kiln_inference_pending_requests", model="prio") == 0, \
         "the cancelled request is still queued"
-    assert server.metric_value("kiln_inference_failures_total", model="prio",
-                               reason="cancelled") == 1
+    assert server.metric_value("kiln_inference_executing_requests", model="prio") == 1, \
+        "the blocker ended before the cancelled request left the queue"
     blocker.result(timeout=10)
     # The cancelled request never ran: only the blocker executed.
     c = grpcclient.InferenceServerClient(server.grpc_url)

@@ -28,15 +28,29 @@ def sleep_request(us):
     return req
 
 
+def wait_for(predicate, what, timeout=30):
+    """Polls observable server state until `predicate()` holds (never a bare sleep)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def admitted(k, n):
+    wait_for(lambda: k.metric_value("kiln_inflight_requests") == n, f"{n} admitted requests")
+
+
 def test_sigterm_finishes_in_flight_work_and_exits_0(start_kilnd):
     k = start_kilnd(CONFIG.format(grace=10))
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(k.grpc_url))
     futures = [stub.ModelInfer.future(sleep_request(700000)) for _ in range(4)]
-    time.sleep(0.2)
+    admitted(k, 4)
     k.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.1)
-    # Not ready at once, still live.
-    assert requests.get(f"{k.base}/v2/health/ready", timeout=2).status_code == 503
+    # Not ready once the signal is handled, still live.
+    wait_for(lambda: requests.get(f"{k.base}/v2/health/ready", timeout=2).status_code == 503,
+             "readiness to drop")
     assert requests.get(f"{k.base}/v2/health/live", timeout=2).status_code == 200
     # New work is refused while draining.
     try:
@@ -56,7 +70,7 @@ def test_work_past_the_grace_period_is_cancelled_and_exit_is_1(start_kilnd):
     k.expected_exit = 1
     stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(k.grpc_url))
     running = [stub.ModelInfer.future(sleep_request(5000000)) for _ in range(3)]
-    time.sleep(0.2)
+    admitted(k, 3)
     start = time.time()
     k.proc.send_signal(signal.SIGTERM)
     for f in running:

@@ -11,7 +11,9 @@
 //   KV_BEGIN(q), KV_END(q, len)  the keys that can be unmasked (causal and sliding-window masks
 //                       skip whole blocks; the mask is still applied inside)
 // and for the paged form PAGED plus BT_LD, SL_LD, QS_LD (block table, seq_lens and
-// query_start loaders, as long).
+// query_start loaders, as long). The dense form with LSE (and LST(p, i, v), the store of an
+// ACC as the log-sum-exp's dtype) also writes each row's log-sum-exp, max + log(sum), to a
+// second output [B, Hq, Tq] (-inf for fully masked rows).
 //
 // One work-group per query row and head. Its work-items take one key each per block of
 // KILN_WG keys (score, then the block's softmax against the running maximum: flash
@@ -27,15 +29,23 @@
 #define SCALE_META 81
 #else
 // Meta: q TD (0), k TD (18), v TD (36), out TD (54), scale as double bits (72) and float bits
-// (73), aux off/len/stride (74 + 3k).
+// (73), [LSE: lse byte offset and strides (74..77)], aux off/len/stride (74 or 78 + 3k).
 #define SCALE_META 72
+#endif
+#ifdef LSE
+#define ATTN_META meta120
+#else
+#define ATTN_META meta96
 #endif
 
 __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
 #ifdef PAGED
                     , cgptr b_bt, cgptr b_sl, cgptr b_qs
 #endif
-                    KERNEL_AUX_PARAMS, const meta96 mt) {
+#ifdef LSE
+                    , gptr b_lse
+#endif
+                    KERNEL_AUX_PARAMS, const ATTN_META mt) {
   const long* m = mt.v;
   cgptr pq = b_q + TD_OFF(m, 0);
   cgptr pk = b_k + TD_OFF(m, 18);
@@ -169,7 +179,13 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
       const long d = lid + (long)dd * KILN_WG;
       if (d < HEAD_DV) OST(po, obase + d * soe, mx == -INFINITY ? (ACC)0 : acc[dd] / l);
     }
+#ifdef LSE
+    if (lid == 0) {
+      LST(b_lse + m[74], b * m[75] + h * m[76] + i * m[77], mx == -INFINITY ? mx : mx + log(l));
+    }
+#endif
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 }
 #undef SCALE_META
+#undef ATTN_META

@@ -1,0 +1,50 @@
+#include "backends/cpu/training.h"
+
+#include <memory>
+#include <vector>
+
+#include "backends/ref/ref_kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+// This thread's share [begin, end) of n items.
+std::pair<int64_t, int64_t> Share(int64_t n, const ExecCtx& c) {
+  return {n * c.thread_index / c.thread_count, n * (c.thread_index + 1) / c.thread_count};
+}
+
+struct TrainingData {
+  int64_t ignore_index = 0;   // fused_cross_entropy
+  std::vector<double> hyper;  // adamw: {lr, beta1, beta2, eps, weight_decay}
+};
+const TrainingData& Data(const LaunchArgs& a) {
+  return *static_cast<const TrainingData*>(a.kernel_data);
+}
+
+void FusedCrossEntropyKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const auto [begin, end] = Share(ref::FusedCrossEntropyRowCount(a), c);
+  ref::FusedCrossEntropyRows(a, Data(a).ignore_index, begin, end);
+}
+
+void AdamWKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const auto [begin, end] = Share(a.output.numel(), c);
+  ref::AdamWElements(a, Data(a).hyper.data(), begin, end);
+}
+
+}  // namespace
+
+std::optional<backend::Kernel> TrainingKernel(const backend::KernelRequest& req) {
+  auto d = std::make_shared<TrainingData>();
+  switch (req.op) {
+    case OpKind::kFusedCrossEntropy:
+      d->ignore_index = req.attrs->ints[0];
+      return backend::Kernel{FusedCrossEntropyKernel, std::move(d), "cpu.fused_cross_entropy"};
+    case OpKind::kAdamW:
+      d->hyper = req.attrs->floats;
+      return backend::Kernel{AdamWKernel, std::move(d), "cpu.adamw"};
+    default:
+      return std::nullopt;
+  }
+}
+
+}  // namespace kiln::cpu
