@@ -49,11 +49,12 @@ inline void smp_select_top(__global const float* l, int n, int m, __global int* 
   }
 }
 
-// Meta (longs): 0..9 byte offsets of tokens, logprob, top_ids, top_lps, logits, params, u,
-// pen_tokens, pen_counts, banned; 10 S, 11 V, 12 P, 13 E, 14 logits row stride (elements),
-// 15 params row stride, 16 pen row stride (tokens and counts), 17 banned row stride,
-// 18 top width (kMaxLogprobs), 19 the second scratch buffer's byte offset (ints).
-__kernel void sample(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_lps,
+// Meta (longs): 0..9 byte offsets of token, logprob, top_ids, top_logprobs, logits, params,
+// uniform, penalty_tokens, penalty_counts, banned; 10 S, 11 V, 12 P, 13 E; row strides (in
+// elements; rows are contiguous) 14 logits, 15 params, 16 penalty_tokens, 17 banned; 18 the top
+// width (kMaxLogprobs); 19, 20 byte offsets of the scratch's float and int regions (2V each
+// per row); 21 penalty_counts' row stride.
+__kernel void KNAME(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_lps,
                      cgptr b_logits, cgptr b_params, cgptr b_u, cgptr b_pen_tok,
                      cgptr b_pen_cnt, cgptr b_banned, gptr b_scratch, const meta24 mt) {
   const long* m = mt.v;
@@ -69,11 +70,11 @@ __kernel void sample(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_l
   __global const float* prm = (__global const float*)(b_params + m[5]) + s * m[15];
   const double u = ((__global const double*)(b_u + m[6]))[s];
   __global const int* pen_tok = (__global const int*)(b_pen_tok + m[7]) + s * m[16];
-  __global const int* pen_cnt = (__global const int*)(b_pen_cnt + m[8]) + s * m[16];
+  __global const int* pen_cnt = (__global const int*)(b_pen_cnt + m[8]) + s * m[21];
   __global const int* banned = (__global const int*)(b_banned + m[9]) + s * m[17];
-  __global float* l = (__global float*)b_scratch + s * V * 2;  // logits, then weights
+  __global float* l = (__global float*)(b_scratch + m[19]) + s * V * 2;  // logits, weights
   __global float* w = l + V;
-  __global int* order = (__global int*)(b_scratch + m[19]) + s * V * 2;
+  __global int* order = (__global int*)(b_scratch + m[20]) + s * V * 2;
   __global int* tmp = order + V;
 
   const float temperature = prm[0], top_p = prm[2], min_p = prm[3], rp = prm[4],
