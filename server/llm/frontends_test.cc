@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
-#include "server/llm/prompt.h"
+#include "scheduler/generation.h"
 #include "server/llm/test_llm.h"
 
 namespace kiln::llm {
@@ -67,12 +67,11 @@ class FrontEndsTest : public ::testing::Test {
     return tok_->Decode(ids, {.skip_special_tokens = true, .strip_leading_space = false});
   }
   std::vector<int32_t> ChatPrompt(const std::string& user) {
-    FakeLlm model;
-    PromptRequest r;
-    r.kind = PromptRequest::Kind::kChat;
+    PromptInput r;
+    r.kind = PromptInput::Kind::kChat;
     r.messages =
         nlohmann::ordered_json::parse(json::array({{{"role", "user"}, {"content", user}}}).dump());
-    return BuildPrompt(model, "fake", r)->ids;
+    return LlmEndpoint::Find(server_.repository(), "fake")->BuildPrompt(r)->ids;
   }
 
   std::pair<int, json> Post(const std::string& path, const json& body) {
