@@ -227,6 +227,13 @@ size_t Model::pending() const {
   return static_cast<size_t>(snap.running + snap.waiting);
 }
 
+bool Model::AwaitExecuting(size_t n, absl::Duration timeout) const {
+  if (batcher_) return batcher_->AwaitExecuting(n, timeout);
+  return llm_->AwaitSnapshot(
+      [n](const ContinuousBatcher::Snapshot& s) { return static_cast<size_t>(s.running) == n; },
+      timeout);
+}
+
 int Model::Drain(SteadyClock::time_point deadline) {
   return batcher_ ? batcher_->Drain(deadline) : llm_->Drain(deadline);
 }

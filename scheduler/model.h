@@ -12,6 +12,7 @@
 #include "config/config.h"
 #include "scheduler/dynamic_batcher.h"
 #include "scheduler/inference_request.h"
+#include "scheduler/llm/llm_metrics.h"
 #include "scheduler/model_stats.h"
 
 namespace kiln {
@@ -20,7 +21,6 @@ namespace models {
 class LlmModel;
 }
 class ContinuousBatcher;
-struct LlmMetricFamilies;
 
 // What a client must send and gets back.
 struct ModelSignature {
@@ -88,6 +88,9 @@ class Model {
 
   // Requests queued or executing.
   size_t pending() const;
+  // Blocks until exactly `n` requests are executing (tensor models: handed to an instance;
+  // LLMs: in the running batch), or `timeout` passed; returns whether that holds.
+  bool AwaitExecuting(size_t n, absl::Duration timeout) const;
   ModelStatsSnapshot Stats() const { return stats_.Snapshot(); }
   // For front ends that complete LLM requests on the KServe path (Triton's statistics).
   ModelStats& stats() { return stats_; }

@@ -1,7 +1,6 @@
 #include "server/server.h"
 
 #include "models/llm/loader.h"
-#include "scheduler/llm/llm_metrics.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"

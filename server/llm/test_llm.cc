@@ -36,7 +36,10 @@ TestServer::TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions f
   KILN_CHECK(s.ok(), "the test server failed to start");
 }
 
-TestServer::~TestServer() { server_->Shutdown(); }
+TestServer::~TestServer() {
+  fake_.gate->Open();  // a step held by a failed test must not hang the shutdown
+  server_->Shutdown();
+}
 
 ContinuousBatcher& TestServer::batcher(const std::string& name) {
   auto model = repository().GetReady(name);

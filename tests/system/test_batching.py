@@ -127,9 +127,17 @@ def test_higher_priority_runs_first(server, stub):
     assert order[1] == "high", order
 
 
-def test_queue_timeout_rejects(stub):
+def running(server, model, executing=1, pending=None):
+    """Waits until `model` executes `executing` requests (and has `pending` queued)."""
+    wait_for(lambda: server.metric_value("kiln_inference_executing_requests", model=model)
+             == executing and (pending is None or server.metric_value(
+                 "kiln_inference_pending_requests", model=model) == pending),
+             f"{executing} running and {pending} pending on {model}")
+
+
+def test_queue_timeout_rejects(server, stub):
     blocker = stub.ModelInfer.future(sleep_request("strict", 400000))
-    time.sleep(0.05)
+    running(server, "strict")
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("strict", 1, timeout=20000))  # 20 ms override
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
@@ -137,12 +145,12 @@ def test_queue_timeout_rejects(stub):
     blocker.result(timeout=10)
 
 
-def test_full_queue_refuses_at_once(stub):
+def test_full_queue_refuses_at_once(server, stub):
     blocker = stub.ModelInfer.future(sleep_request("strict", 500000))
-    time.sleep(0.05)
+    running(server, "strict")
     queued = [stub.ModelInfer.future(sleep_request("strict", 1, timeout=2000000))
               for _ in range(2)]
-    time.sleep(0.05)
+    running(server, "strict", pending=2)
     start = time.time()
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("strict", 1))
@@ -154,9 +162,9 @@ def test_full_queue_refuses_at_once(stub):
         f.result(timeout=10)
 
 
-def test_delay_policy_still_serves_timed_out_requests(stub):
+def test_delay_policy_still_serves_timed_out_requests(server, stub):
     blocker = stub.ModelInfer.future(sleep_request("delayed", 100000))
-    time.sleep(0.02)
+    running(server, "delayed")
     r = stub.ModelInfer(sleep_request("delayed", 1), timeout=10)
     assert np.frombuffer(r.raw_output_contents[0], np.int32)[0] == 1
     blocker.result(timeout=10)
@@ -164,14 +172,13 @@ def test_delay_policy_still_serves_timed_out_requests(stub):
 
 def test_cancelled_rpc_leaves_the_queue(server, stub):
     blocker = stub.ModelInfer.future(sleep_request("prio", 500000))
-    time.sleep(0.05)
+    running(server, "prio")
     # A client deadline cancels the queued request on the server.
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(sleep_request("prio", 1), timeout=0.1)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    time.sleep(0.05)
-    assert server.metric_value("kiln_inference_pending_requests", model="prio") == 0, \
-        "the cancelled request is still queued"
+    # It leaves the queue while the blocker still runs (0.5 s), not when the instance frees.
+    running(server, "prio", pending=0)
     assert server.metric_value("kiln_inference_failures_total", model="prio",
                                reason="cancelled") == 1
     blocker.result(timeout=10)
