@@ -122,6 +122,12 @@ size_t DynamicBatcher::pending() const {
   return queue_.size() + executing_.size();
 }
 
+bool DynamicBatcher::AwaitExecuting(size_t n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto done = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return executing_.size() == n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
 void DynamicBatcher::SchedulerLoop() {
   absl::MutexLock lock(&mu_);
   while (!stop_) {

@@ -2,7 +2,8 @@
 // batch_queue.h for the rules) and hands each to an idle model instance, each instance on
 // its own worker thread. Requests are completed exactly once through their on_complete.
 //
-// Thread-safety: Enqueue, WakeUp, pending and Drain may be called from any thread.
+// Thread-safety: Enqueue, WakeUp, pending, AwaitExecuting and Drain may be called from any
+// thread.
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,9 @@ class DynamicBatcher {
 
   // Requests queued or executing.
   size_t pending() const;
+  // Blocks until exactly `n` requests are handed to instances and not yet answered by them,
+  // or `timeout` passed; returns whether that holds (tests order themselves by it).
+  bool AwaitExecuting(size_t n, absl::Duration timeout) const;
 
   // Stops accepting requests and waits until every queued and executing request has
   // completed, or until `deadline`. Then completes whatever is left with UNAVAILABLE

@@ -127,7 +127,7 @@ TEST(DynamicBatcherTest, CancelledQueuedRequestLeavesPromptly) {
   ASSERT_TRUE(model.ok());
   auto [busy, busy_fut] = SleepRequest(300'000);  // occupies the only instance
   ASSERT_TRUE((*model)->Infer(busy).ok());
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE((*model)->AwaitExecuting(1, absl::Seconds(10)));
   auto [queued, queued_fut] = SleepRequest(1);
   auto flag = queued->cancel;
   ASSERT_TRUE((*model)->Infer(queued).ok());
@@ -162,7 +162,7 @@ TEST(DynamicBatcherTest, DrainCutsOffWhatIsLeftAtTheDeadline) {
   auto [running, fr] = SleepRequest(400'000);
   auto [queued, fq] = SleepRequest(1);
   ASSERT_TRUE((*model)->Infer(running).ok());
-  std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE((*model)->AwaitExecuting(1, absl::Seconds(10)));
   ASSERT_TRUE((*model)->Infer(queued).ok());
   const auto start = SteadyClock::now();
   EXPECT_EQ((*model)->Drain(SteadyClock::now() + 50ms), 2);
@@ -171,8 +171,8 @@ TEST(DynamicBatcherTest, DrainCutsOffWhatIsLeftAtTheDeadline) {
   EXPECT_EQ(r1.status.code(), StatusCode::kUnavailable);
   EXPECT_EQ(r2.status.code(), StatusCode::kUnavailable);
   // The running request's late result must not complete it a second time (the promise
-  // would throw); waiting for the worker proves it.
-  std::this_thread::sleep_for(450ms);
+  // would throw): releasing the model joins its worker after that result.
+  model->reset();
 }
 
 TEST(DynamicBatcherTest, TwoInstancesRunInParallel) {

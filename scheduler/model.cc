@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_join.h"
+#include "scheduler/llm/continuous_batcher.h"
 
 namespace kiln {
 namespace {
@@ -152,22 +153,8 @@ ModelSignature LlmSignature(const std::string& name) {
   return sig;
 }
 
-ContinuousBatcherOptions LlmBatcherOptions(const config::ModelConfig& config) {
-  const config::LlmSchedulerConfig& s = config.scheduler;
-  ContinuousBatcherOptions o;
-  o.max_num_seqs = s.max_num_seqs;
-  o.max_num_batched_tokens = s.max_num_batched_tokens;
-  o.max_prefill_tokens_with_decodes = s.max_prefill_tokens_with_decodes;
-  o.max_queue_size = s.max_queue_size;
-  o.block_size = s.block_size;
-  o.kv_cache_bytes = s.kv_cache_bytes;
-  o.enable_prefix_caching = s.enable_prefix_caching;
-  o.priority_levels = s.priority_levels;
-  o.default_priority_level = s.default_priority_level;
-  // The prefix cache is per model: a reload with other weights under the same name must not
-  // match blocks computed by the old ones, so the path is part of the namespace.
-  o.prefix_seed = std::hash<std::string>{}(config.name + '\0' + config.path);
-  return o;
+uint64_t LlmPrefixSeed(const config::ModelConfig& config) {
+  return std::hash<std::string>{}(config.name + '\0' + config.path);
 }
 
 Model::Model(config::ModelConfig config, InferenceMetricFamilies* families)
@@ -187,8 +174,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     model->signature_ = LlmSignature(config.name);
     std::unique_ptr<LlmMetrics> metrics;
     if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
-    model->llm_ = std::make_unique<ContinuousBatcher>(
-        config.name, std::move(llm), LlmBatcherOptions(config), std::move(metrics));
+    model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm), config.scheduler,
+                                                      LlmPrefixSeed(config), std::move(metrics));
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
     return model;
   }
@@ -238,6 +225,13 @@ size_t Model::pending() const {
   if (batcher_) return batcher_->pending();
   const auto snap = llm_->snapshot();
   return static_cast<size_t>(snap.running + snap.waiting);
+}
+
+bool Model::AwaitExecuting(size_t n, absl::Duration timeout) const {
+  if (batcher_) return batcher_->AwaitExecuting(n, timeout);
+  return llm_->AwaitSnapshot(
+      [n](const ContinuousBatcher::Snapshot& s) { return static_cast<size_t>(s.running) == n; },
+      timeout);
 }
 
 int Model::Drain(SteadyClock::time_point deadline) {

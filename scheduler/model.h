@@ -10,13 +10,17 @@
 #include <vector>
 
 #include "config/config.h"
-#include "models/llm/llm_model.h"
 #include "scheduler/dynamic_batcher.h"
 #include "scheduler/inference_request.h"
-#include "scheduler/llm/continuous_batcher.h"
+#include "scheduler/llm/llm_metrics.h"
 #include "scheduler/model_stats.h"
 
 namespace kiln {
+
+namespace models {
+class LlmModel;
+}
+class ContinuousBatcher;
 
 // What a client must send and gets back.
 struct ModelSignature {
@@ -52,8 +56,9 @@ struct ModelDeps {
 // BOOL exclude_input_in_output.
 ModelSignature LlmSignature(const std::string& name);
 
-// The continuous batcher's settings from a model entry's `scheduler:` section.
-ContinuousBatcherOptions LlmBatcherOptions(const config::ModelConfig& config);
+// Namespaces an LLM's prefix cache: a reload with other weights under the same name must not
+// match blocks computed by the old ones, so the path is part of it.
+uint64_t LlmPrefixSeed(const config::ModelConfig& config);
 
 class Model {
  public:
@@ -68,8 +73,8 @@ class Model {
   const std::string& platform() const { return platform_; }
   const ModelSignature& signature() const { return signature_; }
 
-  // The continuous batcher of an LLM (generation goes through it); nullptr for tensor
-  // models.
+  // The continuous batcher of an LLM; nullptr for tensor models. Front ends generate through
+  // the request path (generation.h), which holds it.
   ContinuousBatcher* llm() const { return llm_.get(); }
   bool is_llm() const { return llm_ != nullptr; }
 
@@ -83,6 +88,9 @@ class Model {
 
   // Requests queued or executing.
   size_t pending() const;
+  // Blocks until exactly `n` requests are executing (tensor models: handed to an instance;
+  // LLMs: in the running batch), or `timeout` passed; returns whether that holds.
+  bool AwaitExecuting(size_t n, absl::Duration timeout) const;
   ModelStatsSnapshot Stats() const { return stats_.Snapshot(); }
   // For front ends that complete LLM requests on the KServe path (Triton's statistics).
   ModelStats& stats() { return stats_; }

@@ -6,8 +6,8 @@
 
 #include "config/config.h"
 #include "engine/base/metrics.h"
+#include "scheduler/inflight.h"
 #include "scheduler/model_repository.h"
-#include "server/inflight.h"
 
 namespace kiln {
 

@@ -27,17 +27,20 @@ const std::vector<std::string>& ServerExtensions() {
   return extensions;
 }
 
-Server::Server(config::Config config) : config_(std::move(config)) {
+Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(config)) {
   families_ = std::make_unique<InferenceMetricFamilies>(registry_);
   llm_families_ = std::make_unique<LlmMetricFamilies>(registry_);
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
-  deps.llm_loader = [this](const config::ModelConfig& c) {
-    models::LlmLoadOptions options;
-    options.metrics = &registry_;  // kiln_compile_*
-    return models::LoadLlm(c, options);
-  };
+  deps.llm_loader = std::move(llm_loader);
+  if (!deps.llm_loader) {
+    deps.llm_loader = [this](const config::ModelConfig& c) {
+      models::LlmLoadOptions options;
+      options.metrics = &registry_;  // kiln_compile_*
+      return models::LoadLlm(c, options);
+    };
+  }
   repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
   core_.config = &config_;

@@ -25,7 +25,9 @@ class HttpFrontEnds;
 
 class Server {
  public:
-  explicit Server(config::Config config);
+  // `llm_loader` builds the models of `kind: llm` entries; unset, models::LoadLlm (weights from
+  // `path`). Tests pass a fake; everything else is kilnd's own wiring.
+  explicit Server(config::Config config, LlmLoader llm_loader = {});
   ~Server();
 
   // Registers metrics, loads the start-up models, binds every front end. On error nothing is
@@ -40,6 +42,8 @@ class Server {
   int http_port() const;
   int metrics_port() const;
   const ServerCore& core() const { return core_; }
+  ServerCore& core() { return core_; }
+  metrics::Registry& registry() { return registry_; }
 
  private:
   void RegisterServerMetrics();

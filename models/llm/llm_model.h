@@ -48,6 +48,9 @@ struct StepBatch {
   // True when every sequence has exactly one new token (a decode-only step): the model may
   // replay a captured program padded to a captured batch size.
   bool decode_only = false;
+  // [S] the adapter (LoRA) slot of each sequence, -1 = the base model; empty = all -1. A model
+  // without adapters refuses any other slot (InvalidArgument).
+  std::span<const int32_t> adapter_slots = {};
 };
 
 struct StepStats {

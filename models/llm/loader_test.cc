@@ -250,6 +250,12 @@ TEST_P(PagedLlmTest, StepValidatesItsBatch) {
   std::vector<float> more(V_);
   EXPECT_THAT(std::string(StatusMessage(model_->Step(big, more, nullptr))),
               HasSubstr("exceeds what the model was compiled for"));
+  std::vector<int32_t> lora = {0};
+  StepBatch adapted{tok, pos, qs, lens, table, 1, pos, false, lora};
+  EXPECT_THAT(std::string(StatusMessage(model_->Step(adapted, logits, nullptr))),
+              HasSubstr("asks for adapter slot 0 but model"));
+  std::vector<int32_t> base = {-1};
+  EXPECT_TRUE(model_->Step({tok, pos, qs, lens, table, 1, pos, false, base}, logits, nullptr).ok());
   std::vector<float> small(V_ - 1);
   EXPECT_THAT(std::string(StatusMessage(model_->Step(b, small, nullptr))),
               HasSubstr("logits span"));

@@ -244,6 +244,17 @@ Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats
                            batch.seq_lens.size(), " seq_lens, block table of ",
                            batch.block_table.size(), " for ", MB, " blocks per sequence");
   }
+  if (!batch.adapter_slots.empty() && static_cast<int64_t>(batch.adapter_slots.size()) != S) {
+    return InvalidArgument("inconsistent step batch: ", batch.adapter_slots.size(),
+                           " adapter slots for ", S, " sequences");
+  }
+  for (size_t s = 0; s < batch.adapter_slots.size(); ++s) {
+    if (batch.adapter_slots[s] != -1) {
+      return InvalidArgument("sequence ", s, " of the step asks for adapter slot ",
+                             batch.adapter_slots[s], " but model '", parts_.info.name,
+                             "' serves no adapters (-1 = the base model is the only choice)");
+    }
+  }
   if (T > t_max_ || S > s_max_ || MB > mb_max_) {
     return InvalidArgument("step of ", T, " tokens, ", S, " sequences and ", MB,
                            " blocks per sequence exceeds what the model was compiled for (", t_max_,

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <random>
 
-#include "models/tokenizer/detokenizer.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -33,61 +32,15 @@ size_t StopHoldback(std::string_view text, const std::vector<std::string>& stops
 
 }  // namespace
 
-std::string_view FinishReasonName(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "cancelled";
-    case FinishReason::kError:
-      return "error";
-    case FinishReason::kNone:
-      break;
-  }
-  return "";
-}
-
-struct ContinuousBatcher::Sequence {
-  Sequence(std::unique_ptr<GenerateRequest> r, const models::Tokenizer& tok, uint64_t seed)
-      : req(std::move(r)),
-        tokens(req->prompt),
-        prompt_len(static_cast<int32_t>(req->prompt.size())),
-        sampler(req->sampling, req->prompt, seed),
-        detok(tok, {.skip_special_tokens = true, .strip_leading_space = false}) {}
-
-  int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
-
-  std::unique_ptr<GenerateRequest> req;
-  std::vector<int32_t> tokens;  // prompt, then generated tokens
-  int32_t prompt_len;
-  int32_t num_computed = 0;      // tokens whose KV is in the cache
-  std::vector<int32_t> blocks;   // block table
-  std::vector<uint64_t> hashes;  // chained hashes of blocks [0, published)
-  int32_t published = 0;
-  uint32_t level = 0;  // index into waiting_
-  uint64_t arrival = 0;
-  models::SequenceSampler sampler;
-  models::Detokenizer detok;
-  std::vector<int32_t> end_ids;  // EOS (unless ignore_eos) and stop_token_ids
-  std::string held;              // text not yet sent: may be the start of a stop string
-  int32_t cached_tokens = 0;
-  bool admitted = false;  // scheduled at least once
-  bool done = false;
-  SteadyClock::time_point enqueued, first_scheduled, first_token, last_token;
-};
-
 ContinuousBatcher::ContinuousBatcher(std::string model_name,
                                      std::unique_ptr<models::LlmModel> model,
-                                     ContinuousBatcherOptions options,
+                                     config::LlmSchedulerConfig config, uint64_t prefix_seed,
                                      std::unique_ptr<LlmMetrics> metrics)
     : name_(std::move(model_name)),
       model_(std::move(model)),
-      options_(options),
-      metrics_(std::move(metrics)) {
-  waiting_.resize(std::max<uint32_t>(1, options_.priority_levels));
-}
+      config_(std::move(config)),
+      prefix_seed_(prefix_seed),
+      metrics_(std::move(metrics)) {}
 
 ContinuousBatcher::~ContinuousBatcher() {
   if (!thread_.joinable()) return;
@@ -100,91 +53,141 @@ ContinuousBatcher::~ContinuousBatcher() {
 }
 
 Status ContinuousBatcher::Start() {
-  const int32_t bs = options_.block_size;
+  const int32_t bs = config_.block_size;
   if (bs < 1) return InvalidArgument("block_size must be at least 1");
   const int64_t per_block = model_->KvBytesPerBlock(bs);
-  int64_t blocks = options_.num_blocks;
-  if (blocks <= 0) blocks = per_block > 0 ? options_.kv_cache_bytes / per_block : 0;
+  int64_t blocks = per_block > 0 ? config_.kv_cache_bytes / per_block : 0;
   if (blocks < 1) {
-    return InvalidArgument("model '", name_, "': kv_cache_bytes ", options_.kv_cache_bytes,
+    return InvalidArgument("model '", name_, "': kv_cache_bytes ", config_.kv_cache_bytes,
                            " holds no KV block: one block of ", bs, " tokens needs ", per_block,
                            " bytes");
   }
   blocks = std::min<int64_t>(blocks, 1 << 24);
   KILN_RETURN_IF_ERROR(model_->AllocateKvCache(static_cast<int32_t>(blocks), bs));
   kv_ = std::make_unique<KvBlockManager>(static_cast<int32_t>(blocks), bs,
-                                         options_.enable_prefix_caching);
+                                         config_.enable_prefix_caching);
+  scheduler_ = std::make_unique<StepScheduler>(config_, kv_.get());
   if (metrics_) metrics_->kv_blocks->Set(static_cast<double>(blocks));
   spdlog::info("model '{}': KV cache of {} blocks x {} tokens ({:.1f} MiB), prefix caching {}",
                name_, blocks, bs, blocks * per_block / 1048576.0,
-               options_.enable_prefix_caching ? "on" : "off");
+               config_.enable_prefix_caching ? "on" : "off");
   {
     absl::MutexLock lock(&mu_);
     accepting_ = true;
+    snapshot_.kv_blocks_total = kv_->num_blocks();
   }
   thread_ = std::thread([this] { Loop(); });
   return OkStatus();
 }
 
-Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
-  GenerateRequest& r = *request;
+int64_t ContinuousBatcher::kv_capacity_tokens() const {
+  return int64_t{kv_->num_blocks()} * kv_->block_size();
+}
+
+Status ContinuousBatcher::Check(GenerateRequest& r) const {
+  const GenerateRequest::Fields& f = r.fields;
+  if (!r.adapter.empty()) {
+    return WithParam(NotFound("model '", name_, "' has no adapter '", ValidUtf8(r.adapter),
+                              "'; it serves its base model only"),
+                     f.adapter);
+  }
   const models::LlmModelInfo& info = model_->info();
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
-  if (prompt == 0) return InvalidArgument("the prompt is empty");
-  for (int32_t t : r.prompt) {
-    if (t < 0 || t >= info.vocab_size) {
-      return InvalidArgument("prompt token ", t, " is not in model '", name_, "''s vocabulary of ",
-                             info.vocab_size, " tokens");
+  if (prompt == 0) {
+    return WithParam(
+        InvalidArgument("`", f.prompt, "` is empty; the prompt needs at least one token"),
+        f.prompt);
+  }
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= info.vocab_size) {
+      return NotAToken(f.prompt, i, r.prompt[i], name_, info.vocab_size);
     }
   }
-  if (prompt >= info.context_length) {
-    return InvalidArgument("the prompt is ", prompt, " tokens but model '", name_,
-                           "' has a context of ", info.context_length, " tokens");
+  const int64_t context = info.context_length;
+  const int64_t kv = kv_capacity_tokens();
+  if (prompt >= context) {
+    return WithParam(InvalidArgument("the prompt is ", prompt, " tokens but model '", name_,
+                                     "' has a context of ", context,
+                                     " tokens (it must leave room for at least one new token)"),
+                     f.prompt);
   }
-  KILN_RETURN_IF_ERROR(models::ValidateSamplingParams(r.sampling, info.vocab_size));
-  const int64_t total = prompt + r.sampling.max_tokens;
-  if (total > info.context_length) {
-    return InvalidArgument("`max_tokens` is ", r.sampling.max_tokens, " but the prompt (", prompt,
-                           " tokens) leaves room for at most ", info.context_length - prompt,
-                           " in model '", name_, "''s context of ", info.context_length, " tokens");
+  if (prompt >= kv) {
+    return WithParam(InvalidArgument("the prompt is ", prompt, " tokens but model '", name_,
+                                     "''s KV cache holds ", kv,
+                                     " tokens (scheduler.kv_cache_bytes); shorten the prompt"),
+                     f.prompt);
   }
-  if (kv_->BlocksFor(total) > kv_->num_blocks()) {
-    return InvalidArgument("the request needs up to ", kv_->BlocksFor(total), " KV-cache blocks (",
-                           total, " tokens) but model '", name_, "''s cache holds ",
-                           kv_->num_blocks(), "; lower max_tokens or raise the KV cache size");
+  const int64_t room = std::min(context, kv) - prompt;
+  const int64_t fallback = std::min<int64_t>(room, r.default_max_tokens);
+  if (r.max_tokens && *r.max_tokens < 1) {
+    return WithParam(
+        InvalidArgument("`", f.max_tokens, "` is ", *r.max_tokens,
+                        "; it must be at least 1 (leave it out for up to ", fallback, ")"),
+        f.max_tokens);
   }
-  uint32_t level = 0;
-  const uint32_t levels = options_.priority_levels;
-  if (levels == 0) {
-    if (r.priority != 0) {
-      return InvalidArgument("priority ", r.priority, " given but model '", name_,
-                             "' has no priority levels; omit it or send 0");
-    }
-  } else {
-    const uint32_t p = r.priority == 0 ? options_.default_priority_level : r.priority;
-    if (p < 1 || p > levels) {
-      return InvalidArgument("priority ", r.priority, " is out of range: model '", name_,
-                             "' has priority levels 1 (highest) to ", levels,
-                             "; 0 selects the default level ", options_.default_priority_level);
-    }
-    level = p - 1;
+  if (r.max_tokens && *r.max_tokens > room) {
+    return WithParam(
+        InvalidArgument("`", f.max_tokens, "` is ", *r.max_tokens, " but the prompt (", prompt,
+                        " tokens) leaves room for at most ", room, " in model '", name_, "''s ",
+                        kv < context ? StrCat("KV cache of ", kv, " tokens")
+                                     : StrCat("context of ", context, " tokens")),
+        f.max_tokens);
   }
+  r.sampling.max_tokens = static_cast<int32_t>(r.max_tokens.value_or(fallback));
+  if (Status s = models::ValidateSamplingParams(r.sampling, info.vocab_size); !s.ok()) {
+    const std::string param = ParamOf(s);
+    return WithParam(f.sampling.empty() ? s : Annotate(s, f.sampling), param);
+  }
+  const int64_t levels = config_.priority_levels;
+  if (r.priority < 0 || r.priority > UINT32_MAX) {
+    return WithParam(InvalidArgument("`", f.priority, "` is ", r.priority,
+                                     "; it must be >= 0 (0 = the model's default level, 1 = "
+                                     "highest)"),
+                     f.priority);
+  }
+  if (levels == 0 && r.priority != 0) {
+    return WithParam(InvalidArgument("priority ", r.priority, " given but model '", name_,
+                                     "' has no priority levels; omit it or send 0"),
+                     f.priority);
+  }
+  if (levels > 0 && r.priority > levels) {
+    return WithParam(
+        InvalidArgument("priority ", r.priority, " is out of range: model '", name_,
+                        "' has priority levels 1 (highest) to ", levels,
+                        "; 0 selects the default level ", config_.default_priority_level),
+        f.priority);
+  }
+  return OkStatus();
+}
+
+Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
+  KILN_RETURN_IF_ERROR(Check(*request));
   static thread_local std::mt19937_64 seeds{std::random_device{}()};
   auto seq = std::make_unique<Sequence>(std::move(request), model_->tokenizer(), seeds());
-  seq->level = level;
+  const GenerateRequest& r = *seq->req;
+  if (config_.priority_levels > 0) {
+    seq->level =
+        (r.priority == 0 ? config_.default_priority_level : static_cast<uint32_t>(r.priority)) - 1;
+  }
+  // The base model's blocks are namespaced by the model; an adapter's (when the model serves
+  // adapters) by the model and the adapter, never by its slot, which is reused.
+  seq->prefix_seed =
+      r.adapter.empty()
+          ? prefix_seed_
+          : prefix_seed_ ^ (std::hash<std::string>{}(r.adapter) * 0x9E3779B97F4A7C15ull);
   seq->enqueued = SteadyClock::now();
-  const auto& sp = seq->req->sampling;
-  if (!sp.ignore_eos) seq->end_ids = info.eos_token_ids;
-  seq->end_ids.insert(seq->end_ids.end(), sp.stop_token_ids.begin(), sp.stop_token_ids.end());
+  if (!r.sampling.ignore_eos) seq->end_ids = model_->info().eos_token_ids;
+  seq->end_ids.insert(seq->end_ids.end(), r.sampling.stop_token_ids.begin(),
+                      r.sampling.stop_token_ids.end());
 
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
     request = std::move(seq->req);
     return Unavailable("model '", name_, "' is shutting down");
   }
-  if (options_.max_queue_size > 0 && queued_ >= options_.max_queue_size) {
+  if (config_.max_queue_size > 0 && queued_ >= config_.max_queue_size) {
     request = std::move(seq->req);
-    return ResourceExhausted("the queue of model '", name_, "' is full (", options_.max_queue_size,
+    return ResourceExhausted("the queue of model '", name_, "' is full (", config_.max_queue_size,
                              " waiting requests, scheduler.max_queue_size); retry later");
   }
   ++queued_;
@@ -203,16 +206,15 @@ ContinuousBatcher::Snapshot ContinuousBatcher::snapshot() const {
   return snapshot_;
 }
 
-std::deque<std::unique_ptr<ContinuousBatcher::Sequence>>& ContinuousBatcher::QueueFor(
-    uint32_t level) {
-  return waiting_[level];
+bool ContinuousBatcher::AwaitSnapshot(const std::function<bool(const Snapshot&)>& pred,
+                                      absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto holds = [this, &pred]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pred(snapshot_); };
+  return mu_.AwaitWithTimeout(absl::Condition(&holds), timeout);
 }
 
 void ContinuousBatcher::TakeInbox() {
-  for (auto& seq : inbox_) {
-    seq->arrival = arrivals_++;
-    QueueFor(seq->level).push_back(std::move(seq));
-  }
+  for (auto& seq : inbox_) scheduler_->Add(std::move(seq));
   inbox_.clear();
 }
 
@@ -237,9 +239,7 @@ void ContinuousBatcher::Loop() {
     {
       absl::MutexLock lock(&mu_);
       TakeInbox();
-      const bool work = !running_.empty() || std::any_of(waiting_.begin(), waiting_.end(),
-                                                         [](auto& q) { return !q.empty(); });
-      if (!work) {
+      if (!scheduler_->has_work()) {
         idle_ = true;
         if (stop_) return;
         auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -254,36 +254,31 @@ void ContinuousBatcher::Loop() {
       cut_off = stop_;
     }
     if (cut_off) {
-      // Drain's deadline passed: end everything now (between steps).
-      auto cut = [this](Sequence* seq) {
-        Finish(seq, FinishReason::kError,
-               Unavailable("cancelled: model '", name_, "' is shutting down"));
-      };
-      for (auto& seq : running_) cut(seq.get());
-      for (auto& q : waiting_) {
-        for (auto& seq : q) cut(seq.get());
-        q.clear();
-      }
-      running_.clear();
-      {
-        absl::MutexLock lock(&mu_);
-        queued_ = 0;
-      }
-      UpdateGauges();
-      continue;
+      CutOffEverything();
+    } else {
+      StepOnce();
     }
-    StepOnce();
   }
+}
+
+void ContinuousBatcher::CutOffEverything() {
+  // Drain's deadline passed: end everything now (between steps).
+  for (auto& seq : scheduler_->TakeAll()) {
+    Finish(seq.get(), FinishReason::kError,
+           Unavailable("cancelled: model '", name_, "' is shutting down"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    queued_ = 0;
+  }
+  UpdateGauges();
 }
 
 void ContinuousBatcher::Finish(Sequence* seq, FinishReason reason, Status status,
                                std::string stop) {
   if (seq->done) return;
   seq->done = true;
-  if (!seq->blocks.empty()) {
-    kv_->Release(seq->blocks);
-    seq->blocks.clear();
-  }
+  scheduler_->Free(seq);
   GenerateEvent ev;
   ev.finish = reason;
   ev.status = std::move(status);
@@ -310,45 +305,9 @@ void ContinuousBatcher::Emit(Sequence* seq, std::vector<int32_t> ids,
   if (seq->req->on_event) seq->req->on_event(std::move(ev));
 }
 
-void ContinuousBatcher::Preempt(Sequence* seq) {
-  // Free everything; keep the tokens. The sequence is recomputed from the start (much of it
-  // from the prefix cache, if its blocks survive) when it is admitted again.
-  kv_->Release(seq->blocks);
-  seq->blocks.clear();
-  seq->hashes.clear();
-  seq->published = 0;
-  seq->num_computed = 0;
-  auto it = std::find_if(running_.begin(), running_.end(),
-                         [seq](const auto& p) { return p.get() == seq; });
-  KILN_CHECK(it != running_.end(), "preempting a sequence that is not running");
-  std::unique_ptr<Sequence> owned = std::move(*it);
-  running_.erase(it);
-  QueueFor(owned->level).push_front(std::move(owned));
-  {
-    absl::MutexLock lock(&mu_);
-    ++queued_;
-    ++snapshot_.preemptions;
-  }
-  if (metrics_) metrics_->preemptions->Increment();
-}
-
-void ContinuousBatcher::PublishFullBlocks(Sequence* seq) {
-  if (!options_.enable_prefix_caching) return;
-  const int32_t bs = options_.block_size;
-  const int32_t full = seq->num_computed / bs;
-  for (int32_t i = seq->published; i < full; ++i) {
-    const uint64_t parent = i == 0 ? options_.prefix_seed : seq->hashes[i - 1];
-    const uint64_t h = KvBlockManager::HashBlock(
-        parent, std::span<const int32_t>(seq->tokens).subspan(static_cast<size_t>(i) * bs, bs));
-    seq->hashes.push_back(h);
-    kv_->Publish(seq->blocks[i], h);
-  }
-  seq->published = std::max(seq->published, full);
-}
-
 void ContinuousBatcher::DropCancelledAndExpired() {
   const auto now = SteadyClock::now();
-  auto check = [&](Sequence* seq) {
+  scheduler_->ForEach([&](Sequence* seq) {
     if (seq->req->cancel->cancelled()) {
       Finish(seq, FinishReason::kCancelled, Cancelled("request cancelled by the client"));
     } else if (seq->req->deadline && now >= *seq->req->deadline) {
@@ -357,203 +316,87 @@ void ContinuousBatcher::DropCancelledAndExpired() {
                               static_cast<int64_t>(Seconds(now - seq->req->received_at) * 1000),
                               " ms (", seq->generated(), " tokens generated)"));
     }
-  };
-  for (auto& s : running_) check(s.get());
-  int32_t dropped = 0;
-  for (auto& q : waiting_) {
-    for (auto& s : q) check(s.get());
-    dropped += static_cast<int32_t>(std::erase_if(q, [](const auto& s) { return s->done; }));
-  }
-  std::erase_if(running_, [](const auto& s) { return s->done; });
-  if (dropped > 0) {
+  });
+  if (const int32_t dropped = scheduler_->EraseDone(); dropped > 0) {
     absl::MutexLock lock(&mu_);
     queued_ -= dropped;
   }
 }
 
-bool ContinuousBatcher::StepOnce() {
+void ContinuousBatcher::StepOnce() {
   DropCancelledAndExpired();
   const auto step_start = SteadyClock::now();
-  const int32_t bs = options_.block_size;
-  int32_t budget = options_.max_num_batched_tokens;
-  // Prompt tokens left for this step: capped when it also decodes (one new token of a running
-  // sequence whose known tokens are all computed but the last).
-  const bool decodes = std::any_of(running_.begin(), running_.end(), [](const auto& s) {
-    return static_cast<int32_t>(s->tokens.size()) - s->num_computed == 1;
-  });
-  int32_t prefill_left = decodes && options_.max_prefill_tokens_with_decodes > 0
-                             ? options_.max_prefill_tokens_with_decodes
-                             : INT32_MAX;
-  struct Scheduled {
-    Sequence* seq;
-    int32_t n;
-  };
-  std::vector<Scheduled> sched;
-  bool preempted = false;
+  Schedule();
+  if (sched_.empty()) return;
+  const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
+  StepOutput out;
+  if (Run(batch, &out)) ProcessOutputs(sched_, out);
+  scheduler_->EraseDone();
+  if (metrics_) metrics_->step_seconds->Observe(Seconds(SteadyClock::now() - step_start));
+  UpdateGauges();
+}
 
-  // 1. Running sequences, highest priority and oldest first (running_ is kept in that order).
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Sequence* s = running_[i].get();
-    const int32_t left = static_cast<int32_t>(s->tokens.size()) - s->num_computed;
-    const int32_t n = std::min({left, budget, left > 1 ? prefill_left : 1});
-    if (n <= 0) continue;
-    int32_t need = kv_->BlocksFor(s->num_computed + n) - static_cast<int32_t>(s->blocks.size());
-    bool self_preempted = false;
-    while (need > 0 && !kv_->CanAllocate(need)) {
-      Sequence* victim = running_.back().get();
-      Preempt(victim);
-      preempted = true;
-      if (victim == s) {
-        self_preempted = true;
-        break;
-      }
-    }
-    if (self_preempted) break;
-    if (need > 0) {
-      auto got = kv_->Allocate(need);
-      s->blocks.insert(s->blocks.end(), got->begin(), got->end());
-    }
-    sched.push_back({s, n});
-    budget -= n;
-    if (left > 1) prefill_left -= n;
+void ContinuousBatcher::Schedule() {
+  scheduler_->Schedule(&sched_);
+  {
+    absl::MutexLock lock(&mu_);
+    queued_ += sched_.preempted - sched_.admitted;
+    snapshot_.preemptions += sched_.preempted;
   }
-
-  // 2. Waiting sequences, unless this step had to preempt (no room to spare).
-  for (size_t level = 0; !preempted && level < waiting_.size(); ++level) {
-    auto& q = waiting_[level];
-    bool blocked = false;
-    while (!q.empty() && budget > 0 && prefill_left > 0 &&
-           static_cast<int32_t>(running_.size()) < options_.max_num_seqs) {
-      Sequence* s = q.front().get();
-      if (s->blocks.empty() && s->num_computed == 0) {
-        // Reuse cached blocks of the same prefix; always leave at least one token to run.
-        std::vector<uint64_t> hashes = kv_->BlockHashes(s->tokens, options_.prefix_seed);
-        std::vector<int32_t> matched = kv_->MatchPrefix(hashes);
-        if (!matched.empty() && static_cast<size_t>(matched.size()) * bs >= s->tokens.size()) {
-          kv_->Release(std::span<const int32_t>(&matched.back(), 1));
-          matched.pop_back();
-        }
-        s->blocks = matched;
-        s->num_computed = static_cast<int32_t>(matched.size()) * bs;
-        s->hashes.assign(hashes.begin(), hashes.begin() + matched.size());
-        s->published = static_cast<int32_t>(matched.size());
-        if (!s->admitted) {
-          s->cached_tokens = s->num_computed;
-          if (metrics_) {
-            metrics_->prefix_queries->Increment(static_cast<double>(hashes.size()) * bs);
-            metrics_->prefix_hits->Increment(static_cast<double>(s->num_computed));
-          }
-        }
-      }
-      const int32_t n = std::min(
-          {static_cast<int32_t>(s->tokens.size()) - s->num_computed, budget, prefill_left});
-      const int32_t need =
-          kv_->BlocksFor(s->num_computed + n) - static_cast<int32_t>(s->blocks.size());
-      if (need > 0 && !kv_->CanAllocate(need)) {
-        // Not now: give the shared blocks back rather than hold them while waiting.
-        kv_->Release(s->blocks);
-        s->blocks.clear();
-        s->hashes.clear();
-        s->published = 0;
-        s->num_computed = 0;
-        blocked = true;
-        break;
-      }
-      if (need > 0) {
-        auto got = kv_->Allocate(need);
-        s->blocks.insert(s->blocks.end(), got->begin(), got->end());
-      }
-      std::unique_ptr<Sequence> owned = std::move(q.front());
-      q.pop_front();
-      {
-        absl::MutexLock lock(&mu_);
-        --queued_;
-      }
-      if (!owned->admitted) {
-        owned->admitted = true;
-        owned->first_scheduled = SteadyClock::now();
-        if (metrics_) {
-          metrics_->queue->Observe(Seconds(owned->first_scheduled - owned->req->received_at));
-          metrics_->prompt_tokens->Increment(owned->prompt_len);
-        }
-      }
-      // Keep running_ ordered by (level, arrival): preemption takes from the back.
-      auto pos = std::upper_bound(
-          running_.begin(), running_.end(), owned, [](const auto& a, const auto& b) {
-            return std::tie(a->level, a->arrival) < std::tie(b->level, b->arrival);
-          });
-      running_.insert(pos, std::move(owned));
-      sched.push_back({s, n});
-      budget -= n;
-      prefill_left -= n;
+  if (metrics_) {
+    if (sched_.preempted > 0) metrics_->preemptions->Increment(sched_.preempted);
+    const int32_t bs = config_.block_size;
+    for (const auto& e : sched_.seqs) {
+      if (!e.first_time) continue;
+      Sequence* s = e.seq;
+      s->first_scheduled = SteadyClock::now();
+      metrics_->queue->Observe(Seconds(s->first_scheduled - s->req->received_at));
+      metrics_->prompt_tokens->Increment(s->prompt_len);
+      metrics_->prefix_queries->Increment(static_cast<double>(s->prompt_len / bs * bs));
+      metrics_->prefix_hits->Increment(static_cast<double>(s->cached_tokens));
     }
-    if (blocked) break;  // strict priority: nothing of lower priority jumps the queue
+  } else {
+    for (const auto& e : sched_.seqs) {
+      if (e.first_time) e.seq->first_scheduled = SteadyClock::now();
+    }
   }
-
   // The gauges show this step's allocations before any of its tokens is streamed (a client
   // that has a token must not read a KV usage of 0).
   UpdateGauges();
-  if (sched.empty()) return false;
+}
 
-  // 3. Build the step.
-  const int32_t S = static_cast<int32_t>(sched.size());
-  std::vector<int32_t> tokens, positions, query_start{0}, seq_lens, slots;
-  int32_t max_blocks = 0;
-  bool decode_only = true;
-  for (const auto& [s, n] : sched) {
-    for (int32_t k = 0; k < n; ++k) {
-      const int32_t pos = s->num_computed + k;
-      tokens.push_back(s->tokens[pos]);
-      positions.push_back(pos);
-      slots.push_back(s->blocks[pos / bs] * bs + pos % bs);
-    }
-    query_start.push_back(query_start.back() + n);
-    seq_lens.push_back(s->num_computed + n);
-    max_blocks = std::max<int32_t>(max_blocks, kv_->BlocksFor(s->num_computed + n));
-    decode_only = decode_only && n == 1;
-  }
-  std::vector<int32_t> table(static_cast<size_t>(S) * max_blocks, -1);
-  for (int32_t i = 0; i < S; ++i) {
-    const auto& blocks = sched[i].seq->blocks;
-    const int32_t used = kv_->BlocksFor(seq_lens[i]);
-    std::copy(blocks.begin(), blocks.begin() + used,
-              table.begin() + static_cast<size_t>(i) * max_blocks);
-  }
-  models::StepBatch batch{tokens, positions,  query_start, seq_lens,
-                          table,  max_blocks, slots,       decode_only};
-  const int32_t vocab = model_->info().vocab_size;
-  logits_.resize(static_cast<size_t>(S) * vocab);
-  models::StepStats stats;
-  Status status = model_->Step(batch, logits_, &stats);
+bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
+  const int32_t S = static_cast<int32_t>(sched_.seqs.size());
+  out->vocab_size = model_->info().vocab_size;
+  logits_.resize(static_cast<size_t>(S) * out->vocab_size);
+  out->logits = logits_;
+  Status status = model_->Step(batch, out->logits, &out->stats);
   {
     absl::MutexLock lock(&mu_);
     ++snapshot_.steps;
-    if (stats.replayed) ++snapshot_.replays;
+    if (out->stats.replayed) ++snapshot_.replays;
   }
   if (metrics_) {
-    (stats.replayed ? metrics_->replay_steps : metrics_->direct_steps)->Increment();
-    metrics_->step_tokens->Observe(static_cast<double>(tokens.size()));
+    (out->stats.replayed ? metrics_->replay_steps : metrics_->direct_steps)->Increment();
+    metrics_->step_tokens->Observe(static_cast<double>(batch.tokens.size()));
   }
-  if (!status.ok()) {
-    spdlog::error("model '{}': step of {} sequences failed: {}", name_, S, StatusMessage(status));
-    for (const auto& [s, n] : sched) {
-      Finish(s, FinishReason::kError, Internal("model '", name_, "' failed: ", status.message()));
-    }
-    std::erase_if(running_, [](const auto& s) { return s->done; });
-    UpdateGauges();
-    return true;
+  if (status.ok()) return true;
+  spdlog::error("model '{}': step of {} sequences failed: {}", name_, S, StatusMessage(status));
+  for (const auto& e : sched_.seqs) {
+    Finish(e.seq, FinishReason::kError, Internal("model '", name_, "' failed: ", status.message()));
   }
+  return false;
+}
 
-  // 4. Advance, sample, stream.
+void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepOutput& out) {
   const int32_t context = model_->info().context_length;
-  for (int32_t i = 0; i < S; ++i) {
-    Sequence* s = sched[i].seq;
-    s->num_computed += sched[i].n;
-    PublishFullBlocks(s);
-    if (s->num_computed < static_cast<int32_t>(s->tokens.size())) continue;  // mid-prefill
+  for (size_t i = 0; i < sched.seqs.size(); ++i) {
+    Sequence* s = sched.seqs[i].seq;
+    s->num_computed += sched.seqs[i].num_tokens;
+    scheduler_->PublishFullBlocks(s);
+    if (s->uncomputed() > 0) continue;  // mid-prefill: no token yet
 
-    std::span<float> row(logits_.data() + static_cast<size_t>(i) * vocab, vocab);
-    models::SampledToken t = s->sampler.Sample(row, s->end_ids);
+    models::SampledToken t = NextToken(out, static_cast<int32_t>(i), *s);
     s->sampler.Accept(t.token);
     s->tokens.push_back(t.token);
     const auto now = SteadyClock::now();
@@ -600,30 +443,27 @@ bool ContinuousBatcher::StepOnce() {
       continue;
     }
     const size_t keep = StopHoldback(s->held, stops);
-    std::string out = s->held.substr(0, s->held.size() - keep);
+    std::string text = s->held.substr(0, s->held.size() - keep);
     s->held.erase(0, s->held.size() - keep);
-    Emit(s, {t.token}, std::move(lps), std::move(out));
+    Emit(s, {t.token}, std::move(lps), std::move(text));
   }
-  std::erase_if(running_, [](const auto& s) { return s->done; });
-  if (metrics_) metrics_->step_seconds->Observe(Seconds(SteadyClock::now() - step_start));
-  UpdateGauges();
-  return true;
 }
 
 void ContinuousBatcher::UpdateGauges() {
-  int32_t waiting = 0;
-  for (const auto& q : waiting_) waiting += static_cast<int32_t>(q.size());
-  {
-    absl::MutexLock lock(&mu_);
-    snapshot_.running = static_cast<int32_t>(running_.size());
-    snapshot_.waiting = waiting;
-    snapshot_.kv_blocks_total = kv_->num_blocks();
-    snapshot_.kv_blocks_used = kv_->num_used();
+  const int32_t running = scheduler_->num_running();
+  const int32_t waiting = scheduler_->num_waiting();
+  const int32_t used = kv_->num_used();
+  // Metrics first: whoever sees the snapshot change also sees the gauges.
+  if (metrics_) {
+    metrics_->running->Set(static_cast<double>(running));
+    metrics_->waiting->Set(static_cast<double>(waiting));
+    metrics_->kv_usage->Set(static_cast<double>(used) / kv_->num_blocks());
   }
-  if (!metrics_) return;
-  metrics_->running->Set(static_cast<double>(running_.size()));
-  metrics_->waiting->Set(static_cast<double>(waiting));
-  metrics_->kv_usage->Set(static_cast<double>(kv_->num_used()) / kv_->num_blocks());
+  absl::MutexLock lock(&mu_);
+  snapshot_.running = running;
+  snapshot_.waiting = waiting;
+  snapshot_.kv_blocks_total = kv_->num_blocks();
+  snapshot_.kv_blocks_used = used;
 }
 
 }  // namespace kiln

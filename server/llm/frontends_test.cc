@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
-#include "server/llm/prompt.h"
+#include "scheduler/generation.h"
 #include "server/llm/test_llm.h"
 
 namespace kiln::llm {
@@ -40,14 +40,15 @@ config::ModelConfig Simple() {
   return m;
 }
 
-// Polls `cond` for up to 3 s.
-template <typename F>
-bool Eventually(F cond) {
-  for (int i = 0; i < 300; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return cond();
+// Waits (without polling) until the batcher's snapshot satisfies `pred`. The gauges are set
+// before the snapshot, and a request's admission ticket is released before either.
+bool Await(ContinuousBatcher& b,
+           const std::function<bool(const ContinuousBatcher::Snapshot&)>& pred) {
+  return b.AwaitSnapshot(pred, absl::Seconds(10));
+}
+
+bool Idle(const ContinuousBatcher::Snapshot& s) {
+  return s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0;
 }
 
 class FrontEndsTest : public ::testing::Test {
@@ -67,12 +68,11 @@ class FrontEndsTest : public ::testing::Test {
     return tok_->Decode(ids, {.skip_special_tokens = true, .strip_leading_space = false});
   }
   std::vector<int32_t> ChatPrompt(const std::string& user) {
-    FakeLlm model;
-    PromptRequest r;
-    r.kind = PromptRequest::Kind::kChat;
+    PromptInput r;
+    r.kind = PromptInput::Kind::kChat;
     r.messages =
         nlohmann::ordered_json::parse(json::array({{{"role", "user"}, {"content", user}}}).dump());
-    return BuildPrompt(model, "fake", r)->ids;
+    return LlmEndpoint::Find(server_.repository(), "fake")->BuildPrompt(r)->ids;
   }
 
   std::pair<int, json> Post(const std::string& path, const json& body) {
@@ -494,18 +494,14 @@ TEST_F(FrontEndsTest, ClientDisconnectMidStreamFreesTheKvBlocks) {
                         {"stream", true}},
                        1500, [&] {
                          // The request holds KV blocks while it streams.
-                         EXPECT_TRUE(Eventually([&] { return b.snapshot().running == 1; }));
+                         EXPECT_TRUE(Await(b, [](auto& s) { return s.running == 1; }));
                          EXPECT_GT(b.snapshot().kv_blocks_used, 0);
                          EXPECT_GT(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"),
                                    0.0);
                        });
-  EXPECT_TRUE(Eventually([&] {
-    auto s = b.snapshot();
-    return s.running == 0 && s.waiting == 0 && s.kv_blocks_used == 0;
-  })) << "running "
-      << b.snapshot().running << ", blocks " << b.snapshot().kv_blocks_used;
-  EXPECT_TRUE(Eventually(
-      [&] { return server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})") == 0.0; }));
+  EXPECT_TRUE(Await(b, Idle)) << "running " << b.snapshot().running << ", blocks "
+                              << b.snapshot().kv_blocks_used;
+  EXPECT_EQ(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"), 0.0);
   EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
             1.0)
       << server_.registry().Serialize();
@@ -561,16 +557,18 @@ TEST(FrontEndsLimitsTest, FullQueueIsRefusedQuicklyWith429) {
 
 TEST(FrontEndsLimitsTest, InflightLimitIsRefusedWith429) {
   TestServer server({testing::FakeModelConfig("fake")}, {}, /*max_inflight=*/1);
-  server.fake().step_delay_us->store(20000);
+  server.fake().gate->Close();
   auto slow = std::async(std::launch::async, [&] {
     return HttpCall(server.http_port(), "POST", "/v1/completions",
                     json{{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 20}}.dump());
   });
-  ASSERT_TRUE(Eventually([&] { return server.core().limiter->inflight() == 1; }));
+  server.fake().gate->AwaitArrivals(1);  // admitted and running, held at its first step
+  ASSERT_EQ(server.core().limiter->inflight(), 1);
   auto refused = HttpCall(server.http_port(), "POST", "/v1/completions",
                           json{{"model", "fake"}, {"prompt", "b"}}.dump());
   EXPECT_EQ(refused.status, 429);
   EXPECT_EQ(json::parse(refused.body)["error"]["code"], "rate_limit_exceeded");
+  server.fake().gate->Open();
   EXPECT_EQ(slow.get().status, 200);
 }
 
@@ -731,12 +729,8 @@ TEST_F(GenerationGrpcTest, CancellingTheStreamFreesTheKvBlocks) {
   while (reader->Read(&msg)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  ContinuousBatcher& b = server_.batcher("fake");
-  EXPECT_TRUE(Eventually([&] {
-    auto s = b.snapshot();
-    return s.running == 0 && s.kv_blocks_used == 0;
-  }));
-  EXPECT_TRUE(Eventually([&] { return server_.core().limiter->inflight() == 0; }));
+  EXPECT_TRUE(Await(server_.batcher("fake"), Idle));
+  EXPECT_EQ(server_.core().limiter->inflight(), 0);
   EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
             1.0);
 }
@@ -1013,6 +1007,131 @@ TEST_F(KServeLlmTest, RestInferAndGenerateExtension) {
   EXPECT_THAT(bad.second["error"].get<std::string>(), HasSubstr("text_input"));
   auto tensor = Post("/v2/models/simple/generate", {{"text_input", "x"}});
   EXPECT_EQ(tensor.first, 400);
+}
+
+// ---- One request path: the same request is refused alike on every front end ---------------
+
+// A request as each wire carries it; the fields a case leaves unset take working values.
+struct Spec {
+  std::string model = "fake";
+  std::string prompt = "hello";
+  json sampling = json::object();  // max_tokens, top_p, min_tokens
+  int64_t priority = 0;
+};
+
+struct Refusal {
+  int code = 0;  // HTTP status or gRPC code
+  std::string message;
+};
+
+Refusal ViaOpenAi(int port, const Spec& spec) {
+  json body = spec.sampling;
+  body["model"] = spec.model;
+  body["prompt"] = "@PROMPT@";
+  if (spec.priority != 0) body["priority"] = spec.priority;
+  // The prompt goes in as raw bytes (json would refuse to write invalid UTF-8).
+  std::string text = body.dump();
+  text.replace(text.find("@PROMPT@"), 8, spec.prompt);
+  auto reply = HttpCall(port, "POST", "/v1/completions", text);
+  json j = json::parse(reply.body, nullptr, false);
+  return {reply.status, j.contains("error") ? j["error"]["message"].get<std::string>() : ""};
+}
+
+Refusal ViaKilnV1(v1::Generation::Stub& stub, const Spec& spec) {
+  v1::GenerateRequest req;
+  req.set_model(spec.model);
+  req.set_prompt(spec.prompt);
+  req.set_priority(static_cast<uint32_t>(spec.priority));
+  auto* s = req.mutable_sampling();
+  if (spec.sampling.contains("max_tokens")) s->set_max_tokens(spec.sampling["max_tokens"]);
+  if (spec.sampling.contains("top_p")) s->set_top_p(spec.sampling["top_p"]);
+  if (spec.sampling.contains("min_tokens")) s->set_min_tokens(spec.sampling["min_tokens"]);
+  grpc::ClientContext ctx;
+  v1::GenerateResponse resp;
+  grpc::Status st = stub.Generate(&ctx, req, &resp);
+  return {st.error_code(), st.error_message()};
+}
+
+Refusal ViaKServe(inference::GRPCInferenceService::Stub& stub, const Spec& spec) {
+  inference::ModelInferRequest req;
+  req.set_model_name(spec.model);
+  auto add = [&](const std::string& name, const std::string& value) {
+    auto* in = req.add_inputs();
+    in->set_name(name);
+    in->set_datatype("BYTES");
+    in->add_shape(1);
+    req.add_raw_input_contents(BytesElement(value));
+  };
+  add("text_input", spec.prompt);
+  if (!spec.sampling.empty()) add("sampling_parameters", spec.sampling.dump());
+  if (spec.priority != 0) (*req.mutable_parameters())["priority"].set_int64_param(spec.priority);
+  grpc::ClientContext ctx;
+  inference::ModelInferResponse resp;
+  grpc::Status st = stub.ModelInfer(&ctx, req, &resp);
+  return {st.error_code(), st.error_message()};
+}
+
+TEST_F(FrontEndsTest, TheSameBadRequestIsRefusedAlikeOnEveryFrontEnd) {
+  auto channel = grpc::CreateChannel(server_.grpc_target(), grpc::InsecureChannelCredentials());
+  auto kiln_v1 = v1::Generation::NewStub(channel);
+  auto kserve = inference::GRPCInferenceService::NewStub(channel);
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += " word";
+  struct Case {
+    std::string name;
+    Spec spec;
+    int http;
+    grpc::StatusCode grpc;
+    std::string message;  // in every front end's message
+    bool kiln_v1 = true;  // false: proto3 `string` cannot carry it (invalid UTF-8)
+  };
+  const std::vector<Case> cases = {
+      {"top_p", {.sampling = {{"top_p", 1.5}}}, 400, grpc::INVALID_ARGUMENT, "`top_p` is 1.5"},
+      {"max_tokens 0",
+       {.sampling = {{"max_tokens", 0}}},
+       400,
+       grpc::INVALID_ARGUMENT,
+       "max_tokens` is 0; it must be at least 1"},
+      {"min_tokens over max_tokens",
+       {.sampling = {{"max_tokens", 2}, {"min_tokens", 5}}},
+       400,
+       grpc::INVALID_ARGUMENT,
+       "min_tokens"},
+      {"prompt over the context",
+       {.prompt = long_prompt},
+       400,
+       grpc::INVALID_ARGUMENT,
+       "but model 'fake' has a context of 256 tokens"},
+      {"invalid UTF-8",
+       {.prompt = "bad \xff text"},
+       400,
+       grpc::INVALID_ARGUMENT,
+       "UTF-8",
+       /*kiln_v1=*/false},
+      {"priority without levels",
+       {.priority = 3},
+       400,
+       grpc::INVALID_ARGUMENT,
+       "priority 3 given but model 'fake' has no priority levels"},
+      {"unknown model", {.model = "nope"}, 404, grpc::NOT_FOUND, "'nope'"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Refusal openai = ViaOpenAi(server_.http_port(), c.spec);
+    EXPECT_EQ(openai.code, c.http) << openai.message;
+    EXPECT_THAT(openai.message, HasSubstr(c.message));
+    if (c.kiln_v1) {
+      const Refusal v1 = ViaKilnV1(*kiln_v1, c.spec);
+      EXPECT_EQ(v1.code, c.grpc) << v1.message;
+      EXPECT_THAT(v1.message, HasSubstr(c.message));
+    }
+    const Refusal ks = ViaKServe(*kserve, c.spec);
+    EXPECT_EQ(ks.code, c.grpc) << ks.message;
+    EXPECT_THAT(ks.message, HasSubstr(c.message));
+  }
+  // A ticket goes back as its handler or reactor ends, just after the client has its answer.
+  EXPECT_TRUE(server_.core().limiter->WaitIdle(absl::Now() + absl::Seconds(10)))
+      << "every refusal releases its ticket";
 }
 
 }  // namespace

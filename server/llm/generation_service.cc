@@ -8,9 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
-#include "server/llm/generation.h"
-#include "server/llm/params.h"
-#include "server/llm/prompt.h"
+#include "scheduler/generation.h"
 #include "server/status_mapping.h"
 
 namespace kiln::llm {
@@ -25,58 +23,61 @@ grpc::ServerUnaryReactor* FinishNow(CallbackServerContext* ctx, const Status& st
   return reactor;
 }
 
-nlohmann::ordered_json ChatJson(const v1::Chat& chat) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const auto& m : chat.messages())
-    out.push_back({{"role", m.role()}, {"content", m.content()}});
-  return out;
+// The prompt of a GenerateRequest or TokenizeRequest (`Chat` or plain text).
+PromptInput ChatInput(const v1::Chat& chat) {
+  PromptInput pr;
+  pr.kind = PromptInput::Kind::kChat;
+  pr.field = "chat.messages";
+  for (const auto& m : chat.messages()) {
+    pr.messages.push_back({{"role", m.role()}, {"content", m.content()}});
+  }
+  pr.add_generation_prompt = chat.add_generation_prompt();
+  return pr;
 }
 
-// A request ready for the batcher, and what the responses need.
+PromptInput TextInput(std::string text, std::string field, bool has_add_special, bool add_special) {
+  PromptInput pr;
+  pr.kind = PromptInput::Kind::kText;
+  pr.field = std::move(field);
+  pr.text = std::move(text);
+  pr.add_special_tokens = !has_add_special || add_special;
+  return pr;
+}
+
+// A request with its model, ready to submit.
 struct Prepared {
-  std::shared_ptr<Model> model;
-  std::unique_ptr<GenerateRequest> request;
+  LlmEndpoint llm;
+  PreparedGeneration generation;
 };
 
 StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& req,
                            const CallbackServerContext& ctx) {
-  Prepared p;
-  KILN_ASSIGN_OR_RETURN(p.model, GetLlm(core, req.model()));
-  const ContinuousBatcher& batcher = *p.model->llm();
-  PromptRequest pr;
+  KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Find(*core.repository, req.model()));
+  GenerationInput in;
   switch (req.input_case()) {
     case v1::GenerateRequest::kPrompt:
-      pr.kind = PromptRequest::Kind::kText;
-      pr.field = "prompt";
-      pr.text = req.prompt();
-      pr.add_special_tokens = !req.has_add_special_tokens() || req.add_special_tokens();
+      in.prompt =
+          TextInput(req.prompt(), "prompt", req.has_add_special_tokens(), req.add_special_tokens());
       break;
     case v1::GenerateRequest::kPromptIds:
-      pr.kind = PromptRequest::Kind::kTokenIds;
-      pr.field = "prompt_ids.ids";
-      pr.token_ids.assign(req.prompt_ids().ids().begin(), req.prompt_ids().ids().end());
+      in.prompt.kind = PromptInput::Kind::kTokenIds;
+      in.prompt.field = "prompt_ids.ids";
+      in.prompt.token_ids.assign(req.prompt_ids().ids().begin(), req.prompt_ids().ids().end());
       break;
     case v1::GenerateRequest::kChat:
-      pr.kind = PromptRequest::Kind::kChat;
-      pr.field = "chat.messages";
-      pr.messages = ChatJson(req.chat());
-      pr.add_generation_prompt = req.chat().add_generation_prompt();
+      in.prompt = ChatInput(req.chat());
       break;
     default:
       return InvalidArgument(
           "the request has no input: set one of `prompt`, `prompt_ids` or "
           "`chat`");
   }
-  KILN_ASSIGN_OR_RETURN(Prompt prompt, BuildPrompt(batcher.model(), batcher.name(), pr));
-
-  auto r = std::make_unique<GenerateRequest>();
+  GenerateRequest& r = in.request;
   const v1::SamplingParams& s = req.sampling();
-  models::SamplingParams& sp = r->sampling;
-  KILN_ASSIGN_OR_RETURN(
-      sp.max_tokens,
-      ResolveMaxTokens(batcher, static_cast<int64_t>(prompt.ids.size()),
-                       s.has_max_tokens() ? std::optional<int64_t>(s.max_tokens()) : std::nullopt,
-                       "sampling.max_tokens", pr.field));
+  models::SamplingParams& sp = r.sampling;
+  if (s.has_max_tokens()) r.max_tokens = s.max_tokens();
+  r.fields.max_tokens = "sampling.max_tokens";
+  r.fields.sampling = "sampling";
   if (s.has_temperature()) sp.temperature = s.temperature();
   if (s.has_top_k()) sp.top_k = s.top_k();
   if (s.has_top_p()) sp.top_p = s.top_p();
@@ -90,40 +91,35 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
   sp.ignore_eos = s.ignore_eos();
   sp.stop.assign(s.stop().begin(), s.stop().end());
   sp.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
-  Status valid = models::ValidateSamplingParams(sp, batcher.model().info().vocab_size);
-  if (!valid.ok()) return Annotate(valid, "sampling");
-
-  r->model_name = req.model();
-  r->id = req.request_id().empty() ? NewRequestId() : req.request_id();
-  r->prompt = std::move(prompt.ids);
-  r->priority = req.priority();
+  r.id = req.request_id();
+  r.priority = req.priority();
   if (req.timeout_ms() > 0) {
-    r->deadline = r->received_at + std::chrono::milliseconds(
-                                       std::min<uint64_t>(req.timeout_ms(), 365ull * 86400000));
+    r.deadline = r.received_at +
+                 std::chrono::milliseconds(std::min<uint64_t>(req.timeout_ms(), 365ull * 86400000));
   }
   // The RPC's own deadline (the client's timeout) bounds the request too.
   const auto rpc_deadline = ctx.deadline();
   if (rpc_deadline < std::chrono::system_clock::time_point::max() - std::chrono::hours(24)) {
     const auto d = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
                                             rpc_deadline - std::chrono::system_clock::now());
-    if (!r->deadline || d < *r->deadline) r->deadline = d;
+    if (!r.deadline || d < *r.deadline) r.deadline = d;
   }
-  p.request = std::move(r);
-  return p;
+  KILN_ASSIGN_OR_RETURN(PreparedGeneration p, llm.Prepare(std::move(in)));
+  return Prepared{std::move(llm), std::move(p)};
 }
 
-void FillLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps,
+void FillLogprobs(const TokenTexts& tok, const std::vector<models::SampledToken>& lps,
                   google::protobuf::RepeatedPtrField<v1::TokenLogprobs>* out) {
   for (const auto& t : lps) {
     v1::TokenLogprobs* e = out->Add();
     e->set_id(t.token);
     // proto3 strings must be UTF-8: a token that is part of a character reads as U+FFFD.
-    e->set_text(ValidUtf8(tok.TokenBytes(t.token)));
+    e->set_text(ValidUtf8(tok.Bytes(t.token)));
     e->set_logprob(t.logprob);
     for (const auto& alt : t.top) {
       v1::TopLogprob* a = e->add_top();
       a->set_id(alt.token);
-      a->set_text(ValidUtf8(tok.TokenBytes(alt.token)));
+      a->set_text(ValidUtf8(tok.Bytes(alt.token)));
       a->set_logprob(alt.logprob);
     }
   }
@@ -143,7 +139,7 @@ class GenerateReactor final : public ServerUnaryReactor {
     Status s = Start(core, ctx, *req, resp);
     if (!s.ok()) Finish(ToGrpcStatus(s));
   }
-  void OnCancel() override { Cancel(cancel_, model_); }
+  void OnCancel() override { cancel_(); }
   void OnDone() override { delete this; }
 
  private:
@@ -151,13 +147,11 @@ class GenerateReactor final : public ServerUnaryReactor {
                v1::GenerateResponse* resp) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
     KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
-    model_ = p.model;
-    cancel_ = p.request->cancel;
-    resp->set_request_id(p.request->id);
+    cancel_ = p.generation.Canceller();
+    resp->set_request_id(p.generation.id());
     resp->set_model(req.model());
-    const models::Tokenizer* tok = &p.model->llm()->model().tokenizer();
     auto result = std::make_shared<GenerationResult>();
-    p.request->on_event = [this, resp, tok, result](GenerateEvent&& ev) {
+    auto on_event = [this, resp, tok = p.llm.tokens(), result](GenerateEvent&& ev) {
       result->Add(std::move(ev));
       if (!result->done()) return;
       Status s = FinalStatus(result->finish, result->status);
@@ -167,15 +161,14 @@ class GenerateReactor final : public ServerUnaryReactor {
         resp->set_finish_reason(std::string(FinishReasonName(result->finish)));
         resp->set_stop_reason(ValidUtf8(result->stop));
         FillUsage(result->usage, resp->mutable_usage());
-        FillLogprobs(*tok, result->logprobs, resp->mutable_logprobs());
+        FillLogprobs(tok, result->logprobs, resp->mutable_logprobs());
       }
       Finish(ToGrpcStatus(s));  // last: the reactor may be gone once it returns
     };
-    return Submit(p.model, std::move(p.request), std::move(ticket));
+    return p.llm.Submit(std::move(p.generation), std::move(ticket), std::move(on_event));
   }
 
-  std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
-  std::weak_ptr<Model> model_;
+  std::function<void()> cancel_ = [] {};
 };
 
 // GenerateStream: one message per event, written in order; the last carries finish_reason
@@ -197,7 +190,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
       // The client is gone: stop generating; the final event ends the RPC.
       state->broken = true;
       state->queue.clear();
-      Cancel(cancel_, model_);
+      cancel_();
     }
     if (!state->queue.empty()) {
       StartWrite(&state->queue.front());
@@ -206,7 +199,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
     state->writing = false;
     state->MaybeFinish();
   }
-  void OnCancel() override { Cancel(cancel_, model_); }
+  void OnCancel() override { cancel_(); }
   void OnDone() override { delete this; }
 
  private:
@@ -238,10 +231,9 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
   Status Start(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
     KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
-    model_ = p.model;
-    cancel_ = p.request->cancel;
-    const models::Tokenizer* tok = &p.model->llm()->model().tokenizer();
-    p.request->on_event = [state = state_, tok, id = p.request->id](GenerateEvent&& ev) {
+    cancel_ = p.generation.Canceller();
+    auto on_event = [state = state_, tok = p.llm.tokens(),
+                     id = p.generation.id()](GenerateEvent&& ev) {
       const bool final = ev.finish != FinishReason::kNone;
       const Status s = final ? FinalStatus(ev.finish, ev.status) : OkStatus();
       absl::MutexLock lock(&state->mu);
@@ -250,7 +242,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
         msg.set_request_id(id);
         msg.set_text(std::move(ev.text));
         msg.mutable_token_ids()->Assign(ev.token_ids.begin(), ev.token_ids.end());
-        FillLogprobs(*tok, ev.logprobs, msg.mutable_logprobs());
+        FillLogprobs(tok, ev.logprobs, msg.mutable_logprobs());
         if (final) {
           msg.set_finish_reason(std::string(FinishReasonName(ev.finish)));
           msg.set_stop_reason(ValidUtf8(ev.stop));
@@ -263,12 +255,11 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
       state->status = ToGrpcStatus(s);
       state->MaybeFinish();
     };
-    return Submit(p.model, std::move(p.request), std::move(ticket));
+    return p.llm.Submit(std::move(p.generation), std::move(ticket), std::move(on_event));
   }
 
   std::shared_ptr<State> state_;
-  std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
-  std::weak_ptr<Model> model_;
+  std::function<void()> cancel_ = [] {};
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -310,55 +301,39 @@ class GenerationService final : public v1::Generation::CallbackService {
       }
       const Model& m = *it->second;
       info->set_kind(m.config().kind);
-      if (!m.is_llm()) continue;
-      const models::LlmModel& llm = m.llm()->model();
-      info->set_architecture(llm.info().architecture);
-      info->set_context_length(llm.info().context_length);
-      info->set_vocab_size(llm.info().vocab_size);
-      info->set_has_chat_template(llm.chat_template() != nullptr);
+      auto llm = LlmEndpoint::Of(it->second);
+      if (!llm.ok()) continue;
+      const LlmInfo li = llm->info();
+      info->set_architecture(li.architecture);
+      info->set_context_length(li.context_length);
+      info->set_vocab_size(li.vocab_size);
+      info->set_has_chat_template(li.has_chat_template);
     }
     return FinishNow(ctx, OkStatus());
   }
 
  private:
   Status DoTokenize(const v1::TokenizeRequest& req, v1::TokenizeResponse* resp) {
-    KILN_ASSIGN_OR_RETURN(auto model, GetLlm(*core_, req.model()));
-    const models::LlmModel& llm = model->llm()->model();
-    PromptRequest pr;
-    if (req.input_case() == v1::TokenizeRequest::kChat) {
-      pr.kind = PromptRequest::Kind::kChat;
-      pr.field = "chat.messages";
-      pr.messages = ChatJson(req.chat());
-      pr.add_generation_prompt = req.chat().add_generation_prompt();
-    } else {
-      pr.kind = PromptRequest::Kind::kText;
-      pr.field = "text";
-      pr.text = req.text();
-      pr.add_special_tokens = !req.has_add_special_tokens() || req.add_special_tokens();
-      if (pr.text.empty() && !(pr.add_special_tokens && llm.tokenizer().add_bos())) {
-        return OkStatus();  // nothing to tokenize
-      }
-    }
-    KILN_ASSIGN_OR_RETURN(Prompt prompt, BuildPrompt(llm, model->name(), pr));
+    KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Find(*core_->repository, req.model()));
+    const PromptInput in =
+        req.input_case() == v1::TokenizeRequest::kChat
+            ? ChatInput(req.chat())
+            : TextInput(req.text(), "text", req.has_add_special_tokens(), req.add_special_tokens());
+    KILN_ASSIGN_OR_RETURN(Prompt prompt, llm.BuildPrompt(in));
+    const TokenTexts tokens = llm.tokens();
     for (int32_t id : prompt.ids) {
       resp->add_token_ids(id);
-      resp->add_pieces(ValidUtf8(llm.tokenizer().Piece(id)));
+      resp->add_pieces(ValidUtf8(tokens.Piece(id)));
     }
     return OkStatus();
   }
 
   Status DoDetokenize(const v1::DetokenizeRequest& req, v1::DetokenizeResponse* resp) {
-    KILN_ASSIGN_OR_RETURN(auto model, GetLlm(*core_, req.model()));
-    const models::Tokenizer& tok = model->llm()->model().tokenizer();
-    for (int i = 0; i < req.token_ids_size(); ++i) {
-      const int32_t id = req.token_ids(i);
-      if (id < 0 || id >= tok.vocab_size()) {
-        return InvalidArgument("`token_ids[", i, "]` is ", id, ", which is not a token of model '",
-                               req.model(), "' (token ids are 0 to ", tok.vocab_size() - 1, ")");
-      }
-    }
+    KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Find(*core_->repository, req.model()));
     std::vector<int32_t> ids(req.token_ids().begin(), req.token_ids().end());
-    resp->set_text(tok.Decode(ids, {.skip_special_tokens = req.skip_special_tokens()}));
+    KILN_ASSIGN_OR_RETURN(std::string text,
+                          llm.Detokenize(ids, req.skip_special_tokens(), "token_ids"));
+    resp->set_text(std::move(text));
     return OkStatus();
   }
 

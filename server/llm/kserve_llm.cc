@@ -2,10 +2,10 @@
 
 #include <cstring>
 
+#include "scheduler/generation.h"
 #include "server/kserve_json.h"
-#include "server/llm/generation.h"
+#include "server/llm/http_stream.h"
 #include "server/llm/params.h"
-#include "server/llm/prompt.h"
 #include "server/status_mapping.h"
 
 namespace kiln::llm {
@@ -133,7 +133,7 @@ void MarkFinal(inference::ModelInferResponse* wire, bool final) {
 
 Status SubmitText(const std::shared_ptr<Model>& model, TextRequest req,
                   InflightLimiter::Ticket ticket, bool may_stream, TextSink sink) {
-  const ContinuousBatcher& batcher = *model->llm();
+  KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Of(model));
   const bool stream = req.stream.value_or(false);
   if (stream && !may_stream) {
     return WithParam(InvalidArgument("input 'stream' is true, but ModelInfer answers once; stream "
@@ -144,38 +144,31 @@ Status SubmitText(const std::shared_ptr<Model>& model, TextRequest req,
   // streaming.
   const bool prepend = req.exclude_input_in_output ? !*req.exclude_input_in_output : !stream;
 
-  PromptRequest pr;
-  pr.kind = PromptRequest::Kind::kText;
-  pr.field = "text_input";
-  pr.text = std::move(req.text_input);
-  KILN_ASSIGN_OR_RETURN(Prompt prompt, BuildPrompt(batcher.model(), batcher.name(), pr));
-
+  GenerationInput in;
+  in.prompt.kind = PromptInput::Kind::kText;
+  in.prompt.field = "text_input";
+  in.prompt.text = std::move(req.text_input);
+  GenerateRequest& r = in.request;
   JsonFields f(req.sampling, req.sampling_field + ".", /*lenient=*/true);
-  auto gen = std::make_unique<GenerateRequest>();
-  KILN_ASSIGN_OR_RETURN(auto max_tokens, f.Int("max_tokens"));
-  KILN_ASSIGN_OR_RETURN(gen->sampling.max_tokens,
-                        ResolveMaxTokens(batcher, static_cast<int64_t>(prompt.ids.size()),
-                                         max_tokens, f.Name("max_tokens"), "text_input"));
-  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &gen->sampling));
-  Status valid = models::ValidateSamplingParams(gen->sampling, batcher.model().info().vocab_size);
-  if (!valid.ok()) return Annotate(valid, req.sampling_field);
-
-  gen->model_name = req.model_name;
-  gen->id = req.id.empty() ? NewRequestId() : req.id;
-  gen->prompt = std::move(prompt.ids);
-  gen->priority = static_cast<uint32_t>(std::min<uint64_t>(req.priority, UINT32_MAX));
+  KILN_ASSIGN_OR_RETURN(r.max_tokens, f.Int("max_tokens"));
+  r.fields.max_tokens = f.Name("max_tokens");
+  r.fields.sampling = req.sampling_field;
+  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &r.sampling));
+  r.id = req.id;
+  r.priority = static_cast<int64_t>(std::min<uint64_t>(req.priority, INT64_MAX));
   if (req.timeout_us && *req.timeout_us > 0) {
-    gen->deadline = req.received_at + std::chrono::microseconds(*req.timeout_us);
+    r.deadline = req.received_at + std::chrono::microseconds(*req.timeout_us);
   }
-  gen->cancel = req.cancel;
-  gen->received_at = req.received_at;
+  r.cancel = req.cancel;
+  r.received_at = req.received_at;
+  KILN_ASSIGN_OR_RETURN(PreparedGeneration prepared, llm.Prepare(std::move(in)));
 
   // Triton's statistics for the model. The model outlives every event of its batcher.
-  ModelStats* stats = &model->stats();
+  ModelStats* stats = &llm.stats();
   const auto received = req.received_at;
-  std::string prefix = prepend ? std::move(prompt.text) : std::string();
+  std::string prefix = prepend ? prepared.prompt_text() : std::string();
   auto text = std::make_shared<std::string>();
-  gen->on_event = [sink = std::move(sink), stats, received, stream, text,
+  auto on_event = [sink = std::move(sink), stats, received, stream, text,
                    prefix = std::move(prefix)](GenerateEvent&& ev) mutable {
     const bool final = ev.finish != FinishReason::kNone;
     if (final) {
@@ -197,7 +190,7 @@ Status SubmitText(const std::shared_ptr<Model>& model, TextRequest req,
     *text += ev.text;
     if (final) sink(std::move(prefix) + std::move(*text), true, OkStatus());
   };
-  return Submit(model, std::move(gen), std::move(ticket));
+  return llm.Submit(std::move(prepared), std::move(ticket), std::move(on_event));
 }
 
 void HandleJsonInfer(const std::shared_ptr<Model>& model, std::unique_ptr<InferenceRequest> request,
@@ -292,9 +285,7 @@ void HandleGenerate(const ServerCore& core, const std::shared_ptr<Model>& model,
   auto text = read();
   if (!text.ok()) return SendError(r, text.status());
   const bool stream = text->stream.value_or(false);
-  const std::shared_ptr<CancelFlag> flag = text->cancel;
-  const std::weak_ptr<Model> weak = model;
-  r->OnClientGone([flag, weak] { Cancel(flag, weak); });
+  r->OnClientGone(Canceller(text->cancel, model));
   const json envelope = {{"model_name", model->name()}, {"model_version", kModelVersion}};
   const std::string id = text->id;
 

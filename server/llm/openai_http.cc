@@ -3,9 +3,9 @@
 #include <chrono>
 
 #include "absl/strings/str_split.h"
-#include "server/llm/generation.h"
+#include "scheduler/generation.h"
+#include "server/llm/http_stream.h"
 #include "server/llm/params.h"
-#include "server/llm/prompt.h"
 #include "server/status_mapping.h"
 
 namespace kiln::llm {
@@ -39,17 +39,15 @@ void SendError(const Responder& r, const Status& status) {
 
 // ---- Parsing -------------------------------------------------------------------------------
 
+// A request read off the wire: what the request path takes, and what the response needs.
 struct Call {
   bool chat = false;
   std::string model_name;
-  std::shared_ptr<Model> model;
-  Prompt prompt;
-  models::SamplingParams sampling;
-  uint32_t priority = 0;
+  std::optional<LlmEndpoint> llm;
+  GenerationInput input;
   bool stream = false;
   bool include_usage = false;
   bool echo = false;
-  std::string id;
   int64_t created = 0;
 };
 
@@ -86,10 +84,10 @@ Status CheckUnsupported(const JsonFields& f, bool chat) {
   return OkStatus();
 }
 
-StatusOr<PromptRequest> ReadPrompt(const JsonFields& f, bool chat) {
-  PromptRequest pr;
+StatusOr<PromptInput> ReadPrompt(const JsonFields& f, bool chat) {
+  PromptInput pr;
   if (chat) {
-    pr.kind = PromptRequest::Kind::kChat;
+    pr.kind = PromptInput::Kind::kChat;
     pr.field = "messages";
     const json* messages = f.Get("messages");
     if (!messages) {
@@ -127,10 +125,10 @@ StatusOr<PromptRequest> ReadPrompt(const JsonFields& f, bool chat) {
     one = &p->front();
   }
   if (one->is_string()) {
-    pr.kind = PromptRequest::Kind::kText;
+    pr.kind = PromptInput::Kind::kText;
     pr.text = one->get<std::string>();
   } else if (one->is_array()) {
-    pr.kind = PromptRequest::Kind::kTokenIds;
+    pr.kind = PromptInput::Kind::kTokenIds;
     KILN_ASSIGN_OR_RETURN(pr.token_ids, ids_of(*one));
   } else {
     return WithParam(InvalidArgument("`prompt` must be a string or a list of token ids"), "prompt");
@@ -143,11 +141,11 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
   Call c;
   c.chat = chat;
   c.created = UnixNow();
-  c.id = NewRequestId(chat ? "chatcmpl-" : "cmpl-");
+  c.input.id_prefix = chat ? "chatcmpl-" : "cmpl-";
+  GenerateRequest& r = c.input.request;
   KILN_ASSIGN_OR_RETURN(auto name, f.String("model"));
   c.model_name = name.value_or("");
-  KILN_ASSIGN_OR_RETURN(c.model, GetLlm(core, c.model_name));
-  const ContinuousBatcher& batcher = *c.model->llm();
+  KILN_ASSIGN_OR_RETURN(c.llm, LlmEndpoint::Find(*core.repository, c.model_name));
 
   KILN_ASSIGN_OR_RETURN(auto n, f.Int("n"));
   if (n && *n != 1) {
@@ -169,23 +167,16 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
     c.include_usage = usage.value_or(false);
   }
 
-  KILN_ASSIGN_OR_RETURN(PromptRequest pr, ReadPrompt(f, chat));
-  KILN_ASSIGN_OR_RETURN(c.prompt, BuildPrompt(batcher.model(), c.model_name, pr));
-
-  std::optional<int64_t> max_tokens;
-  std::string max_field = "max_tokens";
+  KILN_ASSIGN_OR_RETURN(c.input.prompt, ReadPrompt(f, chat));
   if (chat) {
-    KILN_ASSIGN_OR_RETURN(max_tokens, f.Int("max_completion_tokens"));
-    if (max_tokens) max_field = "max_completion_tokens";
+    KILN_ASSIGN_OR_RETURN(r.max_tokens, f.Int("max_completion_tokens"));
+    if (r.max_tokens) r.fields.max_tokens = "max_completion_tokens";
   }
-  if (!max_tokens) {
-    KILN_ASSIGN_OR_RETURN(max_tokens, f.Int("max_tokens"));
+  if (!r.max_tokens) {
+    KILN_ASSIGN_OR_RETURN(r.max_tokens, f.Int("max_tokens"));
   }
-  KILN_ASSIGN_OR_RETURN(
-      c.sampling.max_tokens,
-      ResolveMaxTokens(batcher, static_cast<int64_t>(c.prompt.ids.size()), max_tokens, max_field,
-                       pr.field, chat ? kDefaultMaxTokens : kCompletionsDefaultMaxTokens));
-  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &c.sampling));
+  r.default_max_tokens = chat ? kDefaultMaxTokens : kCompletionsDefaultMaxTokens;
+  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &r.sampling));
 
   if (chat) {
     KILN_ASSIGN_OR_RETURN(auto logprobs, f.Bool("logprobs"));
@@ -197,33 +188,22 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
       return WithParam(InvalidArgument("`top_logprobs` is ", *top, "; it must be in [0, 20]"),
                        "top_logprobs");
     }
-    if (logprobs.value_or(false)) c.sampling.logprobs = static_cast<int32_t>(top.value_or(0));
+    if (logprobs.value_or(false)) r.sampling.logprobs = static_cast<int32_t>(top.value_or(0));
   } else {
     KILN_ASSIGN_OR_RETURN(auto logprobs, f.Int("logprobs"));
     if (logprobs && (*logprobs < 0 || *logprobs > 20)) {
       return WithParam(InvalidArgument("`logprobs` is ", *logprobs, "; it must be in [0, 20]"),
                        "logprobs");
     }
-    if (logprobs) c.sampling.logprobs = static_cast<int32_t>(*logprobs);
+    if (logprobs) r.sampling.logprobs = static_cast<int32_t>(*logprobs);
     KILN_ASSIGN_OR_RETURN(auto echo, f.Bool("echo"));
     c.echo = echo.value_or(false);
     if (c.echo && logprobs) {
       return Unsupported("echo", "`echo` together with `logprobs` (prompt logprobs)");
     }
   }
-  Status valid = models::ValidateSamplingParams(c.sampling, batcher.model().info().vocab_size);
-  if (!valid.ok()) return WithParam(valid, ParamOf(valid));
-
   KILN_ASSIGN_OR_RETURN(auto priority, f.Int("priority"));
-  if (priority) {
-    if (*priority < 0 || *priority > UINT32_MAX) {
-      return WithParam(InvalidArgument("`priority` is ", *priority,
-                                       "; it must be >= 0 (0 = the model's default level, 1 = "
-                                       "highest)"),
-                       "priority");
-    }
-    c.priority = static_cast<uint32_t>(*priority);
-  }
+  r.priority = priority.value_or(0);
   return c;
 }
 
@@ -244,23 +224,23 @@ json Bytes(std::string_view s) {
 
 // Logprobs of the tokens a client sees: control tokens (EOS, end of turn) are not part of
 // the text, so they are left out here too.
-std::vector<const models::SampledToken*> Visible(const models::Tokenizer& tok,
+std::vector<const models::SampledToken*> Visible(const TokenTexts& tok,
                                                  const std::vector<models::SampledToken>& lps) {
   std::vector<const models::SampledToken*> out;
   for (const auto& t : lps) {
-    if (!tok.IsSpecial(t.token)) out.push_back(&t);
+    if (!tok.IsControl(t.token)) out.push_back(&t);
   }
   return out;
 }
 
 // Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}
-json ChatLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps) {
+json ChatLogprobs(const TokenTexts& tok, const std::vector<models::SampledToken>& lps) {
   json content = json::array();
   for (const models::SampledToken* t : Visible(tok, lps)) {
-    const std::string_view text = tok.TokenBytes(t->token);
+    const std::string_view text = tok.Bytes(t->token);
     json top = json::array();
     for (const auto& alt : t->top) {
-      const std::string_view at = tok.TokenBytes(alt.token);
+      const std::string_view at = tok.Bytes(alt.token);
       top.push_back({{"token", ValidUtf8(at)}, {"logprob", alt.logprob}, {"bytes", Bytes(at)}});
     }
     // `token` reads U+FFFD for part of a character; `bytes` has the exact bytes.
@@ -282,14 +262,14 @@ size_t CodePoints(std::string_view s) {
 // Completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"}; `offset` is the
 // character offset of the first token (it continues across streamed chunks). A token that
 // holds part of a character reads as U+FFFD, as in the text.
-json CompletionLogprobs(const models::Tokenizer& tok, const std::vector<models::SampledToken>& lps,
+json CompletionLogprobs(const TokenTexts& tok, const std::vector<models::SampledToken>& lps,
                         size_t* offset) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(),
        offsets = json::array();
   for (const models::SampledToken* t : Visible(tok, lps)) {
-    const std::string text = ValidUtf8(tok.TokenBytes(t->token));
+    const std::string text = ValidUtf8(tok.Bytes(t->token));
     json top = json::object();
-    for (const auto& alt : t->top) top[ValidUtf8(tok.TokenBytes(alt.token))] = alt.logprob;
+    for (const auto& alt : t->top) top[ValidUtf8(tok.Bytes(alt.token))] = alt.logprob;
     tops.push_back(std::move(top));
     token_lps.push_back(t->logprob);
     offsets.push_back(*offset);
@@ -302,19 +282,19 @@ json CompletionLogprobs(const models::Tokenizer& tok, const std::vector<models::
           {"text_offset", std::move(offsets)}};
 }
 
-// What the response encoders need from the parsed call. The tokenizer belongs to the model,
+// What the response encoders need from the parsed call. The token texts belong to the model,
 // which outlives every event its batcher delivers.
 struct Meta {
-  explicit Meta(const Call& c)
+  Meta(const Call& c, const PreparedGeneration& p, TokenTexts tokens)
       : chat(c.chat),
-        id(c.id),
+        id(p.id()),
         created(c.created),
         model_name(c.model_name),
-        tokenizer(&c.model->llm()->model().tokenizer()),
-        logprobs(c.sampling.logprobs >= 0),
+        tokens(tokens),
+        logprobs(p.request().sampling.logprobs >= 0),
         include_usage(c.include_usage),
-        echo(c.echo ? c.prompt.text : "") {}
-  const models::Tokenizer& tok() const { return *tokenizer; }
+        echo(c.echo ? p.prompt_text() : "") {}
+  const TokenTexts& tok() const { return tokens; }
   json Envelope(std::string_view object) const {
     return {{"id", id}, {"object", object}, {"created", created}, {"model", model_name}};
   }
@@ -323,7 +303,7 @@ struct Meta {
   std::string id;
   int64_t created;
   std::string model_name;
-  const models::Tokenizer* tokenizer;
+  TokenTexts tokens;
   bool logprobs;
   bool include_usage;
   std::string echo;  // prompt text to put before the completion (completions' echo)
@@ -427,42 +407,40 @@ void Generate(const ServerCore& core, const http::Request& req, const Responder&
   if (!body.ok()) return SendError(r, body.status());
   auto call = Parse(core, *body, chat);
   if (!call.ok()) return SendError(r, call.status());
-
-  auto gen = std::make_unique<GenerateRequest>();
-  gen->model_name = call->model_name;
-  gen->id = call->id;
-  gen->prompt = std::move(call->prompt.ids);
-  gen->sampling = std::move(call->sampling);
-  gen->priority = call->priority;
-  const std::shared_ptr<CancelFlag> flag = gen->cancel;
-  const std::weak_ptr<Model> weak = call->model;
-  r->OnClientGone([flag, weak] { Cancel(flag, weak); });
-  Meta meta(*call);
+  const LlmEndpoint& llm = *call->llm;
+  auto prepared = llm.Prepare(std::move(call->input));
+  if (!prepared.ok()) return SendError(r, prepared.status());
+  r->OnClientGone(prepared->Canceller());
+  Meta meta(*call, *prepared, llm.tokens());
 
   if (call->stream) {
     auto stream = std::make_shared<SseStream>(std::move(meta), r);
-    gen->on_event = [stream](GenerateEvent&& ev) { stream->OnEvent(std::move(ev)); };
-    Status s = Submit(call->model, std::move(gen), std::move(*ticket));
+    Status s = llm.Submit(std::move(*prepared), std::move(*ticket),
+                          [stream](GenerateEvent&& ev) { stream->OnEvent(std::move(ev)); });
     if (!s.ok()) return SendError(r, s);
     stream->Start();
     return;
   }
   auto result = std::make_shared<GenerationResult>();
-  gen->on_event = [result, r, meta = std::move(meta)](GenerateEvent&& ev) {
-    result->Add(std::move(ev));
-    if (!result->done()) return;
-    Status s = FinalStatus(result->finish, result->status);
-    if (!s.ok()) return SendError(r, s);
-    SendJson(r, 200, FullResponse(meta, *result), {{"X-Request-Id", meta.id}});
-  };
-  Status s = Submit(call->model, std::move(gen), std::move(*ticket));
+  Status s =
+      llm.Submit(std::move(*prepared), std::move(*ticket),
+                 [result, r, meta = std::move(meta)](GenerateEvent&& ev) {
+                   result->Add(std::move(ev));
+                   if (!result->done()) return;
+                   Status s = FinalStatus(result->finish, result->status);
+                   if (!s.ok()) return SendError(r, s);
+                   SendJson(r, 200, FullResponse(meta, *result), {{"X-Request-Id", meta.id}});
+                 });
   if (!s.ok()) SendError(r, s);
 }
 
-json ModelObject(const Model& m, int64_t created) {
-  return {{"id", m.name()},          {"object", "model"},
-          {"created", created},      {"owned_by", "kiln"},
-          {"root", m.config().path}, {"max_model_len", m.llm()->model().info().context_length}};
+json ModelObject(const LlmEndpoint& m, int64_t created) {
+  return {{"id", m.name()},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "kiln"},
+          {"root", m.model().config().path},
+          {"max_model_len", m.info().context_length}};
 }
 
 void SendMethodNotAllowed(const Responder& r, const http::Request& req, std::string_view allow) {
@@ -523,22 +501,24 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
   if (seg.size() == 2 && seg[1] == "models") {
     if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
     json data = json::array();
-    for (const auto& m : core_->repository->ReadyModels()) {
-      if (m->is_llm()) data.push_back(ModelObject(*m, created_));
+    for (auto& m : core_->repository->ReadyModels()) {
+      if (auto llm = LlmEndpoint::Of(std::move(m)); llm.ok()) {
+        data.push_back(ModelObject(*llm, created_));
+      }
     }
     SendJson(r, 200, {{"object", "list"}, {"data", std::move(data)}});
     return true;
   }
   if (seg.size() == 3 && seg[1] == "models") {
     if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
-    auto model = GetLlm(*core_, seg[2]);
+    auto model = LlmEndpoint::Find(*core_->repository, seg[2]);
     if (!model.ok()) {
       SendError(r, model.status().code() == StatusCode::kInvalidArgument
                        ? WithParam(NotFound(model.status().message()), "model")
                        : model.status());
       return true;
     }
-    SendJson(r, 200, ModelObject(**model, created_));
+    SendJson(r, 200, ModelObject(*model, created_));
     return true;
   }
   const bool completions = seg.size() == 2 && seg[1] == "completions";

@@ -4,14 +4,10 @@
 #include <cmath>
 #include <limits>
 
-#include "absl/strings/cord.h"
-
 namespace kiln::llm {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::string_view kParamPayload = "type.kiln.dev/llm.param";
 
 std::string_view TypeName(const json& v) {
   switch (v.type()) {
@@ -51,21 +47,6 @@ std::optional<double> ParseDouble(const std::string& s) {
 }
 
 }  // namespace
-
-Status WithParam(Status status, std::string_view param) {
-  if (!status.ok()) status.SetPayload(ToAbsl(kParamPayload), absl::Cord(ToAbsl(param)));
-  return status;
-}
-
-std::string ParamOf(const Status& status) {
-  if (auto p = status.GetPayload(ToAbsl(kParamPayload))) return std::string(*p);
-  std::string_view m = StatusMessage(status);
-  if (m.size() > 2 && m[0] == '`') {
-    const size_t end = m.find('`', 1);
-    if (end != std::string_view::npos) return std::string(m.substr(1, end - 1));
-  }
-  return "";
-}
 
 JsonFields::JsonFields(const json& object, std::string prefix, bool lenient)
     : object_(object), prefix_(std::move(prefix)), lenient_(lenient) {}
@@ -255,40 +236,6 @@ StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view
     return InvalidArgument(what, " must be a JSON object, got ", TypeName(parsed));
   }
   return parsed;
-}
-
-std::string ValidUtf8(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    size_t len = c < 0x80           ? 1
-                 : (c >> 5) == 0x6  ? 2
-                 : (c >> 4) == 0xE  ? 3
-                 : (c >> 3) == 0x1E ? 4
-                                    : 0;
-    bool ok = len > 0 && i + len <= s.size() && !(len == 2 && c < 0xC2);
-    for (size_t k = 1; ok && k < len; ++k) {
-      ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    }
-    if (ok && len == 3) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      ok = !(c == 0xE0 && c1 < 0xA0) && !(c == 0xED && c1 >= 0xA0);  // overlong, surrogates
-    }
-    if (ok && len == 4) {
-      const auto c1 = static_cast<unsigned char>(s[i + 1]);
-      ok = !(c == 0xF0 && c1 < 0x90) && !(c == 0xF4 && c1 >= 0x90) && c <= 0xF4;
-    }
-    if (!ok) {
-      out += "\xEF\xBF\xBD";
-      ++i;
-      continue;
-    }
-    out.append(s.substr(i, len));
-    i += len;
-  }
-  return out;
 }
 
 }  // namespace kiln::llm

@@ -1,7 +1,6 @@
 // Request parameters of the LLM front ends: reading typed fields out of a JSON body with
-// errors that name the field, the sampling keys the OpenAI API and vLLM/Triton's
-// `sampling_parameters` share, and the name of the offending field carried inside a Status
-// (so the OpenAI front end can fill its error's `param`).
+// errors that name the field (WithParam, so the OpenAI front end can fill its error's
+// `param`), and the sampling keys the OpenAI API and vLLM/Triton's `sampling_parameters` share.
 //
 // Thread-safety: pure functions; JsonFields only reads the object it was given.
 #pragma once
@@ -12,17 +11,10 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/base/status.h"
-#include "models/sampling/sampling_params.h"
 #include "nlohmann/json.hpp"
+#include "scheduler/generation.h"
 
 namespace kiln::llm {
-
-// Attaches the request field a bad-input error is about ("max_tokens", "messages[2].role").
-Status WithParam(Status status, std::string_view param);
-// The field attached by WithParam; else the leading backquoted name of the message
-// ("`top_p` is 1.5; ..." -> "top_p"), as sampling validation writes them; else "".
-std::string ParamOf(const Status& status);
 
 // Typed access to the members of one JSON object. A member that is absent or null reads as
 // "not given". Errors are InvalidArgument naming `prefix + key`, e.g.
@@ -59,16 +51,12 @@ class JsonFields {
 // `sampling_parameters` into `params`, leaving keys that are not given at their defaults:
 //   temperature, top_p, top_k (-1 or 0: off), min_p, repetition_penalty, presence_penalty,
 //   frequency_penalty, seed, stop (string or list), stop_token_ids, ignore_eos, min_tokens.
-// Type errors name the field; ranges are checked later by models::ValidateSamplingParams.
+// Type errors name the field; ranges are checked when the request is submitted.
 // max_tokens and logprobs differ between the APIs and are read by the caller.
 Status ReadSamplingFields(const JsonFields& fields, models::SamplingParams* params);
 
 // Parses a request body that must be a JSON object. InvalidArgument for malformed JSON or
 // invalid UTF-8 (with the parser's byte position) or for anything but an object.
 StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view what);
-
-// `text` with every invalid UTF-8 sequence replaced by U+FFFD (for text that must travel
-// in a proto3 `string` or a JSON string).
-std::string ValidUtf8(std::string_view text);
 
 }  // namespace kiln::llm

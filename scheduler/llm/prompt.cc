@@ -1,12 +1,13 @@
-#include "server/llm/prompt.h"
+#include "scheduler/llm/prompt.h"
 
 #include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "server/llm/params.h"
+#include "models/llm/llm_model.h"
+#include "scheduler/llm/generate_request.h"
 
-namespace kiln::llm {
+namespace kiln {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -36,7 +37,7 @@ StatusOr<std::vector<int32_t>> Encode(const models::Tokenizer& tok, std::string_
 }
 
 StatusOr<Prompt> BuildChat(const models::LlmModel& model, std::string_view model_name,
-                           const PromptRequest& req) {
+                           const PromptInput& req) {
   const models::ChatTemplate* tmpl = model.chat_template();
   if (tmpl == nullptr) {
     return Bad(req.field, InvalidArgument("model '", model_name,
@@ -204,12 +205,12 @@ StatusOr<ojson> NormalizeMessages(const ojson& messages, std::string_view field)
 }
 
 StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view model_name,
-                             const PromptRequest& req) {
+                             const PromptInput& req) {
   const models::Tokenizer& tok = model.tokenizer();
   // Text far longer than the context could ever hold is refused before tokenizing it (which
   // costs ~0.2 s per MB on the caller's thread, an HTTP I/O thread included).
   size_t bytes = req.text.size();
-  if (req.kind == PromptRequest::Kind::kChat && req.messages.is_array()) {
+  if (req.kind == PromptInput::Kind::kChat && req.messages.is_array()) {
     for (const auto& m : req.messages) {
       if (m.is_object() && m.contains("content")) bytes += m["content"].dump().size();
     }
@@ -222,11 +223,11 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
   }
   Prompt out;
   switch (req.kind) {
-    case PromptRequest::Kind::kChat: {
+    case PromptInput::Kind::kChat: {
       KILN_ASSIGN_OR_RETURN(out, BuildChat(model, model_name, req));
       break;
     }
-    case PromptRequest::Kind::kText: {
+    case PromptInput::Kind::kText: {
       KILN_ASSIGN_OR_RETURN(
           out.ids, Encode(tok, req.text,
                           {.add_special_tokens = req.add_special_tokens, .parse_special = false},
@@ -234,78 +235,19 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
       out.text = req.text;
       break;
     }
-    case PromptRequest::Kind::kTokenIds: {
+    case PromptInput::Kind::kTokenIds: {
       const int32_t vocab = model.info().vocab_size;
       out.ids.reserve(req.token_ids.size());
       for (size_t i = 0; i < req.token_ids.size(); ++i) {
         const int64_t id = req.token_ids[i];
-        if (id < 0 || id >= vocab) {
-          return Bad(req.field, InvalidArgument("`", req.field, "[", i, "]` is ", id,
-                                                ", which is not a token of model '", model_name,
-                                                "' (token ids are 0 to ", vocab - 1, ")"));
-        }
+        if (id < 0 || id >= vocab) return NotAToken(req.field, i, id, model_name, vocab);
         out.ids.push_back(static_cast<int32_t>(id));
       }
       out.text = tok.Decode(out.ids, {.skip_special_tokens = false});
       break;
     }
   }
-  if (out.ids.empty()) {
-    return Bad(req.field, InvalidArgument("`", req.field,
-                                          "` is empty; the prompt needs at least "
-                                          "one token"));
-  }
   return out;
 }
 
-int64_t KvCapacityTokens(const ContinuousBatcher& batcher) {
-  const ContinuousBatcherOptions& o = batcher.options();
-  const auto snap = batcher.snapshot();
-  if (snap.kv_blocks_total > 0) return int64_t{snap.kv_blocks_total} * o.block_size;
-  // The snapshot is filled after the first step; before it, size the pool as Start() does.
-  int64_t blocks = o.num_blocks;
-  if (blocks <= 0) {
-    const int64_t per_block = batcher.model().KvBytesPerBlock(o.block_size);
-    blocks = per_block > 0 ? o.kv_cache_bytes / per_block : 0;
-  }
-  return std::min<int64_t>(blocks, 1 << 24) * o.block_size;
-}
-
-StatusOr<int32_t> ResolveMaxTokens(const ContinuousBatcher& batcher, int64_t prompt_tokens,
-                                   std::optional<int64_t> requested,
-                                   std::string_view max_tokens_field, std::string_view prompt_field,
-                                   int32_t default_max_tokens) {
-  const std::string& name = batcher.name();
-  const int64_t context = batcher.model().info().context_length;
-  const int64_t kv = KvCapacityTokens(batcher);
-  if (prompt_tokens >= context) {
-    return Bad(prompt_field, InvalidArgument("the prompt is ", prompt_tokens, " tokens but model '",
-                                             name, "' has a context of ", context,
-                                             " tokens (it must leave room for at least one new "
-                                             "token)"));
-  }
-  if (prompt_tokens >= kv) {
-    return Bad(prompt_field,
-               InvalidArgument("the prompt is ", prompt_tokens, " tokens but model '", name,
-                               "''s KV cache holds ", kv,
-                               " tokens (scheduler.kv_cache_bytes); shorten the prompt"));
-  }
-  const int64_t room = std::min(context, kv) - prompt_tokens;
-  if (!requested) return static_cast<int32_t>(std::min<int64_t>(room, default_max_tokens));
-  if (*requested < 1) {
-    return Bad(max_tokens_field, InvalidArgument("`", max_tokens_field, "` is ", *requested,
-                                                 "; it must be at least 1 (leave it out for up to ",
-                                                 std::min<int64_t>(room, default_max_tokens), ")"));
-  }
-  if (*requested > room) {
-    return Bad(max_tokens_field,
-               InvalidArgument("`", max_tokens_field, "` is ", *requested, " but the prompt (",
-                               prompt_tokens, " tokens) leaves room for at most ", room,
-                               " in model '", name, "''s ",
-                               kv < context ? StrCat("KV cache of ", kv, " tokens")
-                                            : StrCat("context of ", context, " tokens")));
-  }
-  return static_cast<int32_t>(*requested);
-}
-
-}  // namespace kiln::llm
+}  // namespace kiln

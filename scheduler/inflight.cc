@@ -1,4 +1,4 @@
-#include "server/inflight.h"
+#include "scheduler/inflight.h"
 
 namespace kiln {
 

@@ -1,5 +1,5 @@
 // Turning what a client sent (plain text, token ids or a chat) into the token ids of a
-// prompt, and the limits every LLM front end applies to it.
+// prompt: the prompt-building part of the request path (scheduler/generation.h).
 //
 // Control tokens: text from a client is tokenized with parse_special = false, so typing
 // "<|im_end|>" into a prompt or a message cannot forge the model's markup; it is plain
@@ -18,15 +18,14 @@
 #include <string_view>
 #include <vector>
 
-#include "models/llm/llm_model.h"
+#include "engine/base/status.h"
 #include "nlohmann/json.hpp"
-#include "scheduler/llm/continuous_batcher.h"
 
-namespace kiln::llm {
+namespace kiln {
 
-// max_tokens when a request leaves it out: OpenAI's semantics (up to the rest of the context)
-// with this cap, so a forgotten limit cannot hold a sequence for a model's whole 128k context.
-inline constexpr int32_t kDefaultMaxTokens = 4096;
+namespace models {
+class LlmModel;
+}
 
 // Prompt text longer than this many bytes per token of the context is refused without
 // tokenizing it (natural text averages about 4; the margin is for pathological tokenizations).
@@ -36,7 +35,7 @@ inline constexpr int64_t kMaxPromptBytesPerToken = 64;
 // "system".
 inline constexpr std::string_view kChatRoles = "system, user, assistant, tool, developer";
 
-struct PromptRequest {
+struct PromptInput {
   enum class Kind { kText, kTokenIds, kChat };
   Kind kind = Kind::kText;
   // The request field the prompt came from ("prompt", "messages", "text_input",
@@ -62,13 +61,15 @@ struct Prompt {
 };
 
 // Validates and tokenizes. InvalidArgument (its param set to the offending field, see
-// params.h) for: text longer than kMaxPromptBytesPerToken x the context; an empty prompt or
-// message list; a message that is not an object, with a
+// WithParam) for: text longer than kMaxPromptBytesPerToken x the context; an empty message
+// list; a message that is not an object, with a
 // missing, non-string or unknown role, or content that is neither a string, null nor a list
 // of text parts; token ids outside the vocabulary; invalid UTF-8; a model without a chat
-// template (for chats); errors raised by the template itself ("roles must alternate").
+// template (for chats); errors raised by the template itself ("roles must alternate"). An
+// empty prompt is not an error here (Tokenize answers it); ContinuousBatcher::Check refuses
+// it for generation.
 StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view model_name,
-                             const PromptRequest& request);
+                             const PromptInput& request);
 
 // The messages as the template sees them: each an object with a string role (developer ->
 // system) and string content (text parts joined with "\n"; null stays null). Errors as
@@ -76,19 +77,4 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
 StatusOr<nlohmann::ordered_json> NormalizeMessages(const nlohmann::ordered_json& messages,
                                                    std::string_view field);
 
-// Tokens the model's KV cache holds in all (one sequence can use at most this many).
-int64_t KvCapacityTokens(const ContinuousBatcher& batcher);
-
-// Checks the prompt against the context and the KV cache and resolves max_tokens:
-// `requested` if given (it must be >= 1 and fit: prompt + max_tokens <= context), else
-// min(rest of the context, rest of the KV cache, default_max_tokens). Errors are
-// InvalidArgument naming both numbers, e.g. "the prompt is 9000 tokens but model 'smollm2'
-// has a context of 8192 tokens" (param `prompt_field`) or "`max_tokens` is 100000 but the
-// prompt (12 tokens) leaves room for at most 8180 in model 'smollm2''s context of 8192
-// tokens" (param `max_tokens_field`).
-StatusOr<int32_t> ResolveMaxTokens(const ContinuousBatcher& batcher, int64_t prompt_tokens,
-                                   std::optional<int64_t> requested,
-                                   std::string_view max_tokens_field, std::string_view prompt_field,
-                                   int32_t default_max_tokens = kDefaultMaxTokens);
-
-}  // namespace kiln::llm
+}  // namespace kiln

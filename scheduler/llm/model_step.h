@@ -1,0 +1,60 @@
+// The model side of a continuous-batching step (see step_scheduler.h for all four stages):
+//   build batch  StepBatchBuilder::Build: the model's StepBatch for a SchedulerOutput;
+//   run          the model's Step, whose result reaches output processing as a StepOutput.
+//
+// The run -> process-outputs boundary is StepOutput. Today the model returns logits and the
+// batcher's host sampler picks each sequence's token from its row. A model whose step
+// program samples on the device fills `sampled` instead (one token per sequence, with the
+// logprobs the sequence asked for); output processing takes those as they are and keeps the
+// host sampler as the reference and the fallback.
+//
+// Thread-safety: none; used by the batcher's loop thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "models/llm/llm_model.h"
+#include "models/sampling/sampler.h"
+#include "scheduler/llm/step_scheduler.h"
+
+namespace kiln {
+
+// Lays a SchedulerOutput out as the model's StepBatch. Its buffers are reused from step to
+// step, so building allocates only when a step is larger than every one before it.
+class StepBatchBuilder {
+ public:
+  // The batch is valid until the next Build. REQUIRES: !sched.empty(); every entry's blocks
+  // hold its tokens up to num_computed + num_tokens.
+  const models::StepBatch& Build(const SchedulerOutput& sched, int32_t block_size);
+
+ private:
+  std::vector<int32_t> tokens_, positions_, query_start_, seq_lens_, block_table_, slots_,
+      adapter_slots_;
+  models::StepBatch batch_;
+};
+
+// What one model step produced for the S sequences of its batch, in batch order.
+struct StepOutput {
+  // [S, vocab_size] f32 row-major: the logits of each sequence's last new token. The host
+  // sampler uses a row as scratch. Empty when the model sampled.
+  std::span<float> logits;
+  int32_t vocab_size = 0;
+  // [S] the tokens the model sampled itself (with logprobs where asked). Empty when it
+  // returned logits.
+  std::span<const models::SampledToken> sampled;
+  models::StepStats stats;
+
+  bool model_sampled() const { return !sampled.empty(); }
+  // Row `i` of the logits. REQUIRES: !model_sampled().
+  std::span<float> Logits(int32_t i) const {
+    return logits.subspan(static_cast<size_t>(i) * vocab_size, vocab_size);
+  }
+};
+
+// The next token of `seq`, row `row` of the step: the model's pick when it sampled, else the
+// host sampler's from the row's logits (EOS and stop tokens masked before min_tokens).
+models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq);
+
+}  // namespace kiln

@@ -1,0 +1,175 @@
+#include "scheduler/llm/testing/fake_llm.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "models/chat/chat_template.h"
+
+namespace kiln::llm_testing {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+int32_t NextToken(std::span<const int32_t> context) {
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t t : context) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
+  return 300 + static_cast<int32_t>(h % 2600);
+}
+
+void StoreMax(std::atomic<int32_t>& a, int32_t v) {
+  int32_t cur = a.load();
+  while (v > cur && !a.compare_exchange_weak(cur, v)) {
+  }
+}
+
+}  // namespace
+
+void StepGate::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  allowed_ = 0;
+}
+
+void StepGate::Open() {
+  absl::MutexLock lock(&mu_);
+  closed_ = false;
+}
+
+void StepGate::Allow(int64_t n) {
+  absl::MutexLock lock(&mu_);
+  allowed_ += n;
+}
+
+void StepGate::AwaitArrivals(int64_t n) {
+  absl::MutexLock lock(&mu_);
+  auto arrived = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return arrivals_ >= n; };
+  mu_.Await(absl::Condition(&arrived));
+}
+
+int64_t StepGate::arrivals() const {
+  absl::MutexLock lock(&mu_);
+  return arrivals_;
+}
+
+void StepGate::Pass() {
+  absl::MutexLock lock(&mu_);
+  ++arrivals_;
+  auto may_pass = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !closed_ || allowed_ > 0; };
+  mu_.Await(absl::Condition(&may_pass));
+  if (closed_) --allowed_;
+}
+
+std::unique_ptr<models::Tokenizer> LoadFixtureTokenizer() {
+  auto tok = models::Tokenizer::FromHfJson(
+      ReadFile(std::string(KILN_SOURCE_DIR) +
+               "/tests/fixtures/tokenizer/bpe_bytelevel.tokenizer.json"),
+      nullptr, "bpe_bytelevel");
+  KILN_CHECK(tok.ok(), "fixture tokenizer failed to load");
+  return std::move(*tok);
+}
+
+FakeLlm::FakeLlm(FakeLlmOptions options) : options_(std::move(options)) {
+  tokenizer_ = LoadFixtureTokenizer();
+  info_.architecture = "fake";
+  info_.name = "fake";
+  info_.vocab_size = tokenizer_->vocab_size();
+  info_.context_length = options_.context_length;
+  info_.eos_token_ids = {kFakeEos};
+  if (options_.chat_template) {
+    auto t = models::ChatTemplate::Parse(
+        ReadFile(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/chat/templates/smollm2.jinja"));
+    KILN_CHECK(t.ok(), "fixture chat template failed to parse");
+    template_ = std::move(*t);
+  }
+}
+
+FakeLlm::~FakeLlm() = default;
+
+Status FakeLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
+  block_size_ = block_size;
+  kv_.assign(static_cast<size_t>(num_blocks) * block_size, {-1, -1});
+  return OkStatus();
+}
+
+Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
+                     models::StepStats* stats) {
+  options_.gate->Pass();
+  if (const int us = options_.step_delay_us->load(); us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
+  const int32_t S = static_cast<int32_t>(b.seq_lens.size());
+  for (int32_t slot : b.adapter_slots) {
+    if (slot != -1) {
+      return InvalidArgument("adapter slot ", slot, " asked of model 'fake', which has none");
+    }
+  }
+  for (size_t i = 0; i < b.tokens.size(); ++i) {
+    if (b.slot_mapping[i] < 0 || b.slot_mapping[i] >= static_cast<int32_t>(kv_.size())) {
+      return Internal("slot ", b.slot_mapping[i], " out of range");
+    }
+    kv_[b.slot_mapping[i]] = {b.tokens[i], b.positions[i]};
+  }
+  std::fill(logits.begin(), logits.end(), 0.0f);
+  const int eos_at = options_.eos_at->load();
+  for (int32_t s = 0; s < S; ++s) {
+    std::vector<int32_t> context;
+    for (int32_t p = 0; p < b.seq_lens[s]; ++p) {
+      const int32_t block =
+          b.block_table[static_cast<size_t>(s) * b.max_blocks_per_seq + p / block_size_];
+      if (block < 0) return Internal("block table hole at position ", p);
+      const auto [token, pos] = kv_[static_cast<size_t>(block) * block_size_ + p % block_size_];
+      if (pos != p) {
+        return Internal("sequence ", s, " position ", p, " reads the KV of position ", pos);
+      }
+      context.push_back(token);
+    }
+    int32_t next = NextToken(context);
+    if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
+    // A peaked but not one-hot distribution, so logprobs have alternatives.
+    float* row = logits.data() + static_cast<size_t>(s) * info_.vocab_size;
+    row[next] = 10.0f;
+    row[(next + 1) % info_.vocab_size] = 5.0f;
+  }
+  if (stats != nullptr && b.decode_only && S <= 8) {
+    stats->replayed = true;
+    stats->padded_seqs = S <= 1 ? 1 : S <= 2 ? 2 : S <= 4 ? 4 : 8;
+  }
+  FakeLlmStats& seen = *options_.stats;
+  int32_t prefill = 0;
+  bool decodes = false;
+  for (int32_t i = 0; i < S; ++i) {
+    const int32_t n = b.query_start[i + 1] - b.query_start[i];
+    if (n == 1) {
+      decodes = true;
+    } else {
+      prefill += n;
+    }
+  }
+  if (decodes) StoreMax(seen.max_prefill_with_decodes, prefill);
+  StoreMax(seen.max_seqs_in_step, S);
+  StoreMax(seen.max_tokens_in_step, static_cast<int32_t>(b.tokens.size()));
+  ++seen.steps;
+  return OkStatus();
+}
+
+std::vector<int32_t> FakeLlm::Continue(std::vector<int32_t> context, int n, int eos_at) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t next = NextToken(context);
+    if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
+    out.push_back(next);
+    context.push_back(next);
+    if (next == kFakeEos) break;
+  }
+  return out;
+}
+
+}  // namespace kiln::llm_testing
