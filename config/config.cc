@@ -95,6 +95,7 @@ constexpr ModelKind kModelKinds[] = {
 constexpr std::string_view kBuiltinModels[] = {"simple", "identity_fp32", "sleep_us"};
 constexpr std::string_view kActivations[] = {"f32", "q8"};
 constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
+constexpr std::string_view kSamplingPlaces[] = {"device", "host"};
 
 constexpr size_t kMaxModelNameLength = 128;
 constexpr size_t kMaxConfigFileBytes = 16 << 20;
@@ -110,9 +111,9 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
 constexpr std::string_view kModelKeys[] = {
-    "name",           "kind",           "builtin",          "path",          "backend",
-    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start", "scheduler",
-    "threads",        "context_length", "activations",      "kv_cache_dtype"};
+    "name",           "kind",           "builtin",          "path",           "backend",
+    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start",  "scheduler",
+    "threads",        "context_length", "activations",      "kv_cache_dtype", "sampling"};
 constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_num_batched_tokens",
                                                "max_prefill_tokens_with_decodes",
@@ -695,6 +696,7 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   dec.Int(f, "context_length", path, kContextLengthRange, &m->context_length);
   dec.String(f, "activations", path, &m->activations);
   dec.String(f, "kv_cache_dtype", path, &m->kv_cache_dtype);
+  dec.String(f, "sampling", path, &m->sampling);
 }
 
 // ---- Validation of a model's settings together (also for models built in code) -------------
@@ -899,6 +901,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     ValidateScheduler(d, m.scheduler, Join(path, "scheduler"));
     CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
     CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
+    CheckName(d, Join(path, "sampling"), "sampling place", m.sampling, kSamplingPlaces);
   } else {
     if (m.threads != 0) d.AtPath(Join(path, "threads"), "only used by kind `llm`");
     if (m.activations != "f32") d.AtPath(Join(path, "activations"), "only used by kind `llm`");
@@ -906,6 +909,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
       d.AtPath(Join(path, "kv_cache_dtype"), "only used by kind `llm`");
     }
     if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
+    if (m.sampling != "device") d.AtPath(Join(path, "sampling"), "only used by kind `llm`");
     if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
   }
 }
@@ -1112,6 +1116,7 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(4, "context_length", std::to_string(m.context_length));
     w.Line(4, "activations", YamlString(m.activations));
     w.Line(4, "kv_cache_dtype", YamlString(m.kv_cache_dtype));
+    w.Line(4, "sampling", YamlString(m.sampling));
     w.Line(4, "scheduler");
     w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
     w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
@@ -1170,7 +1175,7 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
          max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
          load_on_start == o.load_on_start && scheduler == o.scheduler && threads == o.threads &&
          context_length == o.context_length && activations == o.activations &&
-         kv_cache_dtype == o.kv_cache_dtype;
+         kv_cache_dtype == o.kv_cache_dtype && sampling == o.sampling;
 }
 
 bool Config::operator==(const Config& o) const {

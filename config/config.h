@@ -145,7 +145,10 @@ struct ModelConfig {
   // llama.cpp does (faster one-stream decode on cpu; logits move by up to ~1).
   std::string activations = "f32";
   std::string kv_cache_dtype = "f32";  // "f32", "f16" or "bf16" (half the memory per token)
-  SourceLocation location;             // of the list entry
+  // Where tokens are sampled: "device" (the step program ends in a sampling stage where the
+  // backend has the kernel, so only token ids cross to the host; else the host) or "host".
+  std::string sampling = "device";
+  SourceLocation location;  // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.
   bool operator==(const ModelConfig& other) const;

@@ -1057,6 +1057,7 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
       "    threads: 2\n"
       "    activations: q8\n"
       "    kv_cache_dtype: f16\n"
+      "    sampling: host\n"
       "    scheduler:\n"
       "      max_num_seqs: 32\n"
       "      kv_cache_bytes: 134217728\n"
@@ -1070,6 +1071,7 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   EXPECT_EQ(m.threads, 2);
   EXPECT_EQ(m.activations, "q8");
   EXPECT_EQ(m.kv_cache_dtype, "f16");
+  EXPECT_EQ(m.sampling, "host");
   EXPECT_EQ(m.scheduler.max_num_seqs, 32);
   EXPECT_EQ(m.scheduler.max_num_batched_tokens, 128);  // default
   EXPECT_EQ(m.scheduler.kv_cache_bytes, 134217728);
@@ -1094,6 +1096,18 @@ TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
               ElementsAre(HasSubstr("`models[0].activations`: only used by kind `llm`")));
   EXPECT_THAT(Errors("models:\n" + Model("a", "    kv_cache_dtype: f16\n")),
               ElementsAre(HasSubstr("`models[0].kv_cache_dtype`: only used by kind `llm`")));
+}
+
+TEST(LlmModelTest, SamplingIsOnTheDeviceByDefaultOrOnTheHost) {
+  Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
+  EXPECT_EQ(c.models[0].sampling, "device");
+  const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n";
+  EXPECT_EQ(Parse(head + "    sampling: host\n").models[0].sampling, "host");
+  EXPECT_THAT(Errors(head + "    sampling: gpu\n"),
+              ElementsAre(AllOf(HasSubstr("f.yaml:5:15: `models[0].sampling`"), HasSubstr("device"),
+                                HasSubstr("host"))));
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    sampling: host\n")),
+              ElementsAre(HasSubstr("`models[0].sampling`: only used by kind `llm`")));
 }
 
 TEST(LlmModelTest, DefaultCaptureSizesStopAtMaxNumSeqs) {

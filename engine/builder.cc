@@ -691,6 +691,14 @@ CrossEntropyOutputs Builder::FusedCrossEntropy(Value logits, Value targets, Valu
   return {outs[0], outs[1]};
 }
 
+SampleOutputs Builder::Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
+                              Value penalty_counts, Value banned) {
+  const Value in[] = {logits, params, uniform, penalty_tokens, penalty_counts, banned};
+  const std::vector<Value> outs = AddNodeOutputs(OpKind::kSample, in, Attrs{});
+  if (outs.size() != 4) return {};
+  return {outs[0], outs[1], outs[2], outs[3]};
+}
+
 AdamWOutputs Builder::AdamW(Value param, Value grad, Value m, Value v, Value step,
                             const AdamWParams& p) {
   Attrs a;

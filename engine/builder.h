@@ -84,6 +84,14 @@ struct AdamWOutputs {
   Value v;
 };
 
+// What the sample op returns (see OpKind::kSample).
+struct SampleOutputs {
+  Value token;         // [S] i32
+  Value logprob;       // [S] f32, of the raw logits
+  Value top_ids;       // [S, sampling::kMaxLogprobs] i32
+  Value top_logprobs;  // [S, sampling::kMaxLogprobs] f32
+};
+
 class Builder {
  public:
   explicit Builder(Graph* graph) : g_(graph) {}
@@ -240,6 +248,12 @@ class Builder {
   // correction), read at run time so a captured step replays with a new value. Returns the
   // updated values; read those (not the States) after the update.
   AdamWOutputs AdamW(Value param, Value grad, Value m, Value v, Value step, const AdamWParams& p);
+
+  // ---- Sampling ----
+  // The next token of each sequence from its row of logits, with engine/sampling.h's
+  // algorithm: the step program's sampling stage (see OpKind::kSample for the inputs).
+  SampleOutputs Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
+                       Value penalty_counts, Value banned);
 
   // ---- Low level ----
   // Appends a node after running its op's shape/dtype rule; records an error and returns an

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "engine/autograd.h"
 #include "engine/builder.h"
+#include "engine/sampling.h"
 
 namespace kiln {
 namespace {
@@ -630,6 +631,38 @@ StatusOr<TensorType> InferAdamW(Types in, const Attrs& a) {
 
 StatusOr<std::vector<TensorType>> InferAdamWExtra(Types in, const Attrs&) {
   return std::vector<TensorType>{in[2], in[3]};  // m, v
+}
+
+// logits [S,V] f32, params [S,kNumParams] f32, uniform [S] f64, penalty tokens and counts
+// [S,P] i32, banned [S,E] i32 -> token [S] i32 (+ logprob, top ids, top logprobs).
+StatusOr<TensorType> InferSample(Types in, const Attrs&) {
+  static constexpr const char* kNames[] = {"logits",         "params",         "uniform",
+                                           "penalty_tokens", "penalty_counts", "banned"};
+  static constexpr DType kTypes[] = {DType::kF32, DType::kF32, DType::kF64,
+                                     DType::kI32, DType::kI32, DType::kI32};
+  static constexpr size_t kRanks[] = {2, 2, 1, 2, 2, 2};
+  for (int i = 0; i < 6; ++i) {
+    if (in[i].dtype != kTypes[i] || in[i].shape.size() != kRanks[i]) {
+      return Bad("sample's ", kNames[i], " must be ", DTypeName(kTypes[i]), " of rank ", kRanks[i],
+                 "; got ", DTypeName(in[i].dtype), " of rank ", in[i].shape.size());
+    }
+    if (in[i].shape[0] != in[0].shape[0]) {
+      return Bad("sample's ", kNames[i], " must have one row per sequence (the logits' rows)");
+    }
+  }
+  if (in[1].shape[1] != Dim(sampling::kNumParams)) {
+    return Bad("sample's params must have ", static_cast<int>(sampling::kNumParams),
+               " columns (engine/sampling.h ParamIndex)");
+  }
+  if (in[3].shape[1] != in[4].shape[1]) {
+    return Bad("sample's penalty_tokens and penalty_counts must have the same shape");
+  }
+  return TensorType{DType::kI32, {in[0].shape[0]}};
+}
+
+StatusOr<std::vector<TensorType>> InferSampleExtra(Types in, const Attrs&) {
+  const Dim S = in[0].shape[0], N(sampling::kMaxLogprobs);
+  return std::vector<TensorType>{{DType::kF32, {S}}, {DType::kI32, {S, N}}, {DType::kF32, {S, N}}};
 }
 
 // ---- Expression forms -----------------------------------------------------------------------
@@ -1331,6 +1364,8 @@ Table BuildTable() {
   t.SetOutputs(K::kFusedCrossEntropy, InferFusedCrossEntropyExtra, {-1, -1, -1, -1});
   t.Set(K::kAdamW, "adamw", C::kOther, 5, 5, InferAdamW);
   t.SetOutputs(K::kAdamW, InferAdamWExtra, {0, 2, 3, -1});
+  t.Set(K::kSample, "sample", C::kOther, 6, 6, InferSample);
+  t.SetOutputs(K::kSample, InferSampleExtra, {-1, -1, -1, -1});
   for (size_t i = 0; i < t.defs.size(); ++i) {
     KILN_CHECK(t.defs[i].name != nullptr && t.defs[i].op == static_cast<OpKind>(i),
                "op table: an OpKind has no entry");

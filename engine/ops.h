@@ -129,6 +129,15 @@ enum class OpKind : uint16_t {
            // param/m/v: States, f32, one shape; grad: float, that shape; step: rank 0, any
            // number type, 1-based (bias corrections 1 - beta^step); floats = {lr, beta1,
            // beta2, eps, weight_decay}
+  // ---- Sampling ----
+  kSample,  // (logits [S, V] f32, params [S, sampling::kNumParams] f32, uniform [S] f64,
+            //  penalty_tokens [S, P] i32, penalty_counts [S, P] i32, banned [S, E] i32)
+            // -> token [S] i32, logprob [S] f32, top_ids [S, sampling::kMaxLogprobs] i32,
+            //    top_logprobs [S, sampling::kMaxLogprobs] f32.
+            // engine/sampling.h on each row: penalties (token ids < 0 pad a row), banned tokens
+            // (-1 pads), then greedy or a draw with the row's uniform. logprob and the top-n
+            // (n = the row's logprobs, at most kMaxLogprobs) are of the raw logits; rows that
+            // ask for none get logprob 0, and unused top entries id -1, logprob 0. No attrs.
   kNumOps,
 };
 

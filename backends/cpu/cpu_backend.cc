@@ -13,7 +13,7 @@
 #include "backends/builtin.h"
 #include "backends/cpu/jit/fused.h"
 #include "backends/cpu/kernels/select.h"
-#include "backends/cpu/training.h"
+#include "backends/cpu/threaded_ref.h"
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
 
@@ -276,7 +276,7 @@ class CpuDevice final : public HostDevice {
     ctx.q8_activations = ctx.q8_activations || options_.q8_activations;
     KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast, cpu::SelectKernel(req, ctx));
     if (fast) return *std::move(fast);
-    if (std::optional<Kernel> k = cpu::TrainingKernel(req)) return *std::move(k);
+    if (std::optional<Kernel> k = cpu::ThreadedReferenceKernel(req)) return *std::move(k);
     const OpDef& def = GetOpDef(req.op);
     std::vector<DType> in;
     for (const TensorType& t : req.inputs) in.push_back(t.dtype);

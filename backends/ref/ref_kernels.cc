@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/sampling.h"
 
 namespace kiln::ref {
 namespace {
@@ -916,6 +917,11 @@ void AdamW(const LaunchArgs& a, const ExecCtx& c) {
   AdamWElements(a, Data(a).attrs.floats.data(), 0, a.output.numel());
 }
 
+void Sample(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  SampleRows(a, 0, SampleRowCount(a));
+}
+
 KernelFn FnFor(OpKind op) {
   switch (op) {
     case OpKind::kFull:
@@ -968,6 +974,8 @@ KernelFn FnFor(OpKind op) {
       return FusedCrossEntropy;
     case OpKind::kAdamW:
       return AdamW;
+    case OpKind::kSample:
+      return Sample;
     default:
       break;
   }
@@ -1075,6 +1083,65 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
     }
   }
   return backend::Kernel{fn, std::move(d), absl::StrCat("ref.", OpName(req.op))};
+}
+
+int64_t SampleRowCount(const LaunchArgs& a) { return a.inputs[0].shape[0]; }
+
+// engine/sampling.h on each row (the host sampler's code: the reference is the algorithm).
+void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
+  const TensorArg &logits = a.inputs[0], &params = a.inputs[1], &uniform = a.inputs[2];
+  const TensorArg &pen_tokens = a.inputs[3], &pen_counts = a.inputs[4], &banned = a.inputs[5];
+  const TensorArg &token = a.output, &logprob = a.extra_outputs[0];
+  const TensorArg &top_ids = a.extra_outputs[1], &top_lps = a.extra_outputs[2];
+  const int64_t V = logits.shape[1], P = pen_tokens.shape[1], E = banned.shape[1];
+  const int64_t W = top_ids.shape[1];
+  thread_local std::vector<float> row, raw, lps;
+  thread_local std::vector<int32_t> ban, ids;
+  thread_local std::vector<sampling::PenaltyToken> pen;
+  thread_local sampling::Scratch scratch;
+  for (int64_t s = begin; s < end; ++s) {
+    row.resize(V);
+    for (int64_t j = 0; j < V; ++j) {
+      row[j] = static_cast<float>(LoadF(logits, s * logits.strides[0] + j * logits.strides[1]));
+    }
+    float prm[sampling::kNumParams];
+    for (int k = 0; k < sampling::kNumParams; ++k) {
+      prm[k] = static_cast<float>(LoadF(params, s * params.strides[0] + k * params.strides[1]));
+    }
+    const sampling::RowParams p = sampling::UnpackParams(prm);
+    pen.clear();
+    for (int64_t j = 0; j < P; ++j) {
+      const int64_t t = LoadI(pen_tokens, s * pen_tokens.strides[0] + j * pen_tokens.strides[1]);
+      if (t < 0) continue;
+      const int64_t n = LoadI(pen_counts, s * pen_counts.strides[0] + j * pen_counts.strides[1]);
+      pen.push_back({static_cast<int32_t>(t), static_cast<int32_t>(n)});
+    }
+    ban.clear();
+    for (int64_t j = 0; j < E; ++j) {
+      ban.push_back(
+          static_cast<int32_t>(LoadI(banned, s * banned.strides[0] + j * banned.strides[1])));
+    }
+    if (p.logprobs >= 0) raw = row;
+    sampling::ApplyPenalties(p, row, pen, ban);
+    const int32_t t = sampling::Pick(p, row, LoadF(uniform, s * uniform.strides[0]), scratch);
+    StoreI(token, s * token.strides[0], t);
+    for (int64_t i = 0; i < W; ++i) {
+      StoreI(top_ids, s * top_ids.strides[0] + i * top_ids.strides[1], -1);
+      StoreF(top_lps, s * top_lps.strides[0] + i * top_lps.strides[1], 0.0);
+    }
+    float lp = 0;
+    if (p.logprobs >= 0) {
+      const int32_t n = static_cast<int32_t>(std::min<int64_t>({p.logprobs, W, V}));
+      ids.resize(n);
+      lps.resize(n);
+      lp = sampling::Logprobs(raw, t, n, ids.data(), lps.data());
+      for (int32_t i = 0; i < n; ++i) {
+        StoreI(top_ids, s * top_ids.strides[0] + i * top_ids.strides[1], ids[i]);
+        StoreF(top_lps, s * top_lps.strides[0] + i * top_lps.strides[1], lps[i]);
+      }
+    }
+    StoreF(logprob, s * logprob.strides[0], lp);
+  }
 }
 
 }  // namespace kiln::ref

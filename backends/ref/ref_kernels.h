@@ -26,5 +26,8 @@ void FusedCrossEntropyRows(const LaunchArgs& args, int64_t ignore_index, int64_t
 // adamw: elements [begin, end) of the parameter; `hyper` = {lr, beta1, beta2, eps,
 // weight_decay} (the node's attrs.floats).
 void AdamWElements(const LaunchArgs& args, const double* hyper, int64_t begin, int64_t end);
+// sample: rows (sequences) [begin, end) of SampleRowCount(args).
+int64_t SampleRowCount(const LaunchArgs& args);
+void SampleRows(const LaunchArgs& args, int64_t begin, int64_t end);
 
 }  // namespace kiln::ref

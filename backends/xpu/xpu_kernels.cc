@@ -863,6 +863,75 @@ StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequ
                          absl::StrCat("xpu.tmpl.", prefix)};
 }
 
+// ---- Sampling (cl/sampling.cl) ---------------------------------------------------------------
+
+// The kernel's scratch (per row: 2V floats, 2V ints) grows with the launches and is never
+// freed before the program: a captured command keeps the buffer it was recorded with.
+struct SampleData {
+  KernelSlot* slot = nullptr;
+  std::mutex mu;
+  std::vector<std::unique_ptr<backend::Buffer>> scratch;
+};
+
+void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
+  Exec& ex = ExOf(c);
+  XpuDevice& dev = *ex.device;
+  auto& d = *static_cast<SampleData*>(const_cast<void*>(a.kernel_data));
+  const TensorArg &logits = a.inputs[0], &params = a.inputs[1], &pen_t = a.inputs[3],
+                  &pen_c = a.inputs[4], &banned = a.inputs[5];
+  const int64_t S = logits.shape[0], V = logits.shape[1];
+  if (S == 0) return;
+  for (const TensorArg* t : {&logits, &params, &pen_t, &pen_c, &banned}) {
+    if (t->shape[1] > 1 && t->strides[1] != 1) {
+      return ex.Fail(Unimplemented("xpu sample: rows must be contiguous"));
+    }
+  }
+  const size_t region = static_cast<size_t>(S * V) * 8;  // 2V four-byte values per row
+  void* scratch = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.scratch.empty() || d.scratch.back()->size() < 2 * region) {
+      StatusOr<std::unique_ptr<backend::Buffer>> b = dev.Allocate(2 * region);
+      if (!b.ok()) return ex.Fail(b.status());
+      d.scratch.push_back(*std::move(b));
+    }
+    scratch = d.scratch.back()->data();
+  }
+  ClArgs args;
+  const void* ptrs[] = {a.output.data,
+                        a.extra_outputs[0].data,
+                        a.extra_outputs[1].data,
+                        a.extra_outputs[2].data,
+                        logits.data,
+                        params.data,
+                        a.inputs[2].data,
+                        pen_t.data,
+                        pen_c.data,
+                        banned.data,
+                        scratch};
+  int64_t off[11];
+  for (int i = 0; i < 11; ++i) off[i] = args.Mem(dev, ptrs[i]);
+  for (int i = 0; i < 10; ++i) args.Long(off[i]);
+  for (int64_t v : {S, V, pen_t.shape[1], banned.shape[1], logits.strides[0], params.strides[0],
+                    pen_t.strides[0], banned.strides[0], a.extra_outputs[1].shape[1], off[10],
+                    off[10] + static_cast<int64_t>(region), pen_c.strides[0]}) {
+    args.Long(v);
+  }
+  const size_t wg = 1, global = static_cast<size_t>(S);  // one work-item per row
+  ex.Enqueue(d.slot, args, 1, &global, &wg, 24);
+}
+
+StatusOr<backend::Kernel> MakeSample(XpuDevice& dev, const backend::KernelRequest& req) {
+  if (!dev.fp64()) {
+    return Unimplemented(dev.name(),
+                         " has no cl_khr_fp64: sampling sums probability mass in "
+                         "double (the host sampler runs instead)");
+  }
+  auto data = std::make_shared<SampleData>();
+  data->slot = dev.DeclareKernel("sample", absl::StrCat("// ", Label(req), "\n", kClSampling));
+  return backend::Kernel{SampleFn, std::move(data), "xpu.tmpl.sample"};
+}
+
 StatusOr<backend::Kernel> Library(XpuDevice& dev, KernelFn fn, const char* name,
                                   int64_t extra = 0) {
   auto d = std::make_shared<LibData>();
@@ -948,6 +1017,8 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
     case OpKind::kFusedCrossEntropy:
     case OpKind::kAdamW:
       return MakeTraining(*this, req);
+    case OpKind::kSample:
+      return MakeSample(*this, req);
     case OpKind::kMatMul: {
       auto d = std::make_shared<GemmData>();
       d->blas = BlasDType(*this, out);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/sampling.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::harness {
@@ -715,6 +716,54 @@ void AddTraining(std::vector<OpCase>& out) {
   }
 }
 
+// The sampling stage: every row a different configuration (engine/sampling.h), every output
+// compared (tokens and top ids exactly).
+void AddSampling(std::vector<OpCase>& out) {
+  auto row = [](float temperature, int32_t top_k, float top_p, float min_p, float rp,
+                float presence, float frequency, int32_t logprobs) {
+    sampling::RowParams p{temperature, top_k, top_p, min_p, rp, presence, frequency, logprobs};
+    float r[sampling::kNumParams];
+    sampling::PackParams(p, r);
+    return std::vector<double>(r, r + sampling::kNumParams);
+  };
+  auto params = [](std::vector<std::vector<double>> rows) {
+    std::vector<double> v;
+    for (const auto& r : rows) v.insert(v.end(), r.begin(), r.end());
+    const int64_t n = static_cast<int64_t>(rows.size());
+    return Custom("params", DType::kF32, {n, sampling::kNumParams}, v);
+  };
+  auto sample = [](Builder& b, const V& in) {
+    return b.Sample(in[0], in[1], in[2], in[3], in[4], in[5]).token;
+  };
+  out.push_back(Make(
+      "sample", "f32 [8,64]: greedy, temperature, top-k, top-p, min-p, penalties, bans, logprobs",
+      {Normal("logits", DType::kF32, {8, 64}, 2),
+       params({row(0, 0, 1, 0, 1, 0, 0, -1), row(1, 0, 1, 0, 1, 0, 0, 3),
+               row(0.7f, 5, 1, 0, 1, 0, 0, -1), row(1.2f, 0, 0.8f, 0, 1, 0, 0, 2),
+               row(1, 10, 0.9f, 0.05f, 1, 0, 0, -1), row(0.9f, 0, 1, 0.2f, 1, 0, 0, 20),
+               row(1, 0, 1, 0, 1.3f, 0.5f, 0.4f, 0), row(0, 0, 1, 0, 2, 1, 0, 5)}),
+       Uniform("uniform", DType::kF64, {8}, 0, 1),
+       Custom(
+           "penalty_tokens", DType::kI32, {8, 3},
+           {-1, -1, -1, 1, 2, -1, 3, -1, -1, 4, 5, 6, -1, -1, -1, 7, 8, 9, 10, 11, 12, 13, 63, 99}),
+       Custom("penalty_counts", DType::kI32, {8, 3},
+              {0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 1, 3, 0, 0, 0, 1, 1, 1, 0, 2, 5, 3, 1, 1}),
+       Custom("banned", DType::kI32, {8, 2},
+              {-1, -1, 0, -1, 1, 2, -1, -1, 3, -1, -1, -1, 4, 5, 62, 63})},
+      sample));
+  // Nearly flat logits: top-p 0.99 needs most of the vocabulary (the candidate set grows past
+  // its first 256), and logprobs over a larger row.
+  out.push_back(Make("sample", "f32 [3,1000] flat: top-p growing past 256, top-k 300, logprobs",
+                     {Normal("logits", DType::kF32, {3, 1000}, 0.05),
+                      params({row(1.5f, 0, 0.99f, 0, 1, 0, 0, 20),
+                              row(1, 300, 0.995f, 0, 1, 0, 0, 1), row(0, 0, 1, 0, 1, 0, 0, 20)}),
+                      Uniform("uniform", DType::kF64, {3}, 0, 1),
+                      Custom("penalty_tokens", DType::kI32, {3, 0}, {}),
+                      Custom("penalty_counts", DType::kI32, {3, 0}, {}),
+                      Custom("banned", DType::kI32, {3, 0}, {})},
+                     sample));
+}
+
 }  // namespace
 
 std::vector<OpCase> ForwardCases(bool full) {
@@ -728,6 +777,7 @@ std::vector<OpCase> ForwardCases(bool full) {
   AddRope(out);
   AddAttention(out);
   AddTraining(out);
+  AddSampling(out);
   return out;
 }
 

@@ -26,7 +26,8 @@ namespace kiln::models {
 namespace {
 
 struct GenerateArgs {
-  std::string model, prompt, backend = "cpu", activations = "f32", kv_cache_dtype = "f32";
+  std::string model, prompt, backend = "cpu", activations = "f32", kv_cache_dtype = "f32",
+                             sampling = "device";
   bool chat = false;
   int threads = 0;
   int max_tokens = 128;
@@ -59,6 +60,7 @@ Status Generate(const GenerateArgs& a) {
   c.threads = a.threads;
   c.activations = a.activations;
   c.kv_cache_dtype = a.kv_cache_dtype;
+  c.sampling = a.sampling;
   c.scheduler.max_num_seqs = 1;
   c.scheduler.capture_batch_sizes = {1};
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, LoadPagedLlm(c));
@@ -89,16 +91,37 @@ Status Generate(const GenerateArgs& a) {
   const std::vector<int32_t>& eos = model->info().eos_token_ids;
   std::vector<float> logits(model->info().vocab_size);
 
+  // A step; when it ends the prompt or decodes, also the next token: sampled in the step
+  // program where the model can, else on the host from the logits.
+  auto step = [&](const StepBatch& b, SampledToken* next) -> Status {
+    if (next != nullptr && model->samples_on_device()) {
+      const sampling::RowParams params = sampler.row_params();
+      const double u = sampler.NextUniform();
+      const auto pen = sampler.penalties();
+      const std::span<const int32_t> ban =
+          sampler.bans_end_ids() ? std::span(eos) : std::span<const int32_t>();
+      const int32_t pen_start[] = {0, static_cast<int32_t>(pen.size())};
+      const int32_t ban_start[] = {0, static_cast<int32_t>(ban.size())};
+      const StepSampling table{
+          std::span(&params, 1), std::span(&u, 1), pen, pen_start, ban, ban_start};
+      return model->StepAndSample(b, table, std::span(next, 1), nullptr);
+    }
+    KILN_RETURN_IF_ERROR(model->Step(b, logits, nullptr));
+    if (next != nullptr) *next = sampler.Sample(logits, eos);
+    return OkStatus();
+  };
+
   // Prefill: every prompt token in one step (chunks of max_num_batched_tokens).
   const auto prefill_start = std::chrono::steady_clock::now();
   const int32_t chunk = c.scheduler.max_num_batched_tokens;
+  SampledToken t;
   for (int32_t done = 0; done < static_cast<int32_t>(ids.size());) {
     const int32_t n = std::min<int32_t>(chunk, static_cast<int32_t>(ids.size()) - done);
     std::vector<int32_t> pos(n), qs = {0, n}, lens = {done + n};
     for (int32_t i = 0; i < n; ++i) pos[i] = done + i;
     StepBatch b{std::span(ids).subspan(done, n), pos, qs, lens, table, blocks, pos, false};
-    KILN_RETURN_IF_ERROR(model->Step(b, logits, nullptr));
     done += n;
+    KILN_RETURN_IF_ERROR(step(b, done == static_cast<int32_t>(ids.size()) ? &t : nullptr));
   }
   const double prefill_s = Seconds(prefill_start);
 
@@ -107,7 +130,6 @@ Status Generate(const GenerateArgs& a) {
   std::string finish = "length";
   int32_t len = static_cast<int32_t>(ids.size());
   while (generated < a.max_tokens) {
-    const SampledToken t = sampler.Sample(logits, eos);
     sampler.Accept(t.token);
     ++generated;
     if (std::find(eos.begin(), eos.end(), t.token) != eos.end()) {
@@ -119,7 +141,7 @@ Status Generate(const GenerateArgs& a) {
     if (generated == a.max_tokens) break;
     std::vector<int32_t> tok = {t.token}, pos = {len}, qs = {0, 1}, lens = {len + 1};
     StepBatch b{tok, pos, qs, lens, table, blocks, pos, true};
-    KILN_RETURN_IF_ERROR(model->Step(b, logits, nullptr));
+    KILN_RETURN_IF_ERROR(step(b, &t));
     ++len;
   }
   std::fputs(detok.Finish().c_str(), stdout);
@@ -155,6 +177,9 @@ int main(int argc, char** argv) {
   gen->add_option("--activations", a.activations,
                   "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
       ->check(CLI::IsMember({"f32", "q8"}));
+  gen->add_option("--sampling", a.sampling,
+                  "device (default: in the step program where the backend can) or host")
+      ->check(CLI::IsMember({"device", "host"}));
   gen->add_option("--kv-cache-dtype", a.kv_cache_dtype, "f32 (default), f16 or bf16")
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   std::string log_level = "warn";

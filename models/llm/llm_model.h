@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "engine/base/status.h"
+#include "engine/sampling.h"
 #include "models/chat/chat_template.h"
+#include "models/sampling/sampler.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace kiln::models {
@@ -53,6 +55,19 @@ struct StepBatch {
   std::span<const int32_t> adapter_slots = {};
 };
 
+// How each sequence of a step samples its next token, for a model that samples inside its
+// step program (engine's sample op, engine/sampling.h). Rows follow the batch's sequences;
+// penalty and ban lists are concatenated, row s owning [start[s], start[s + 1]). A row whose
+// token is not wanted (a prompt still being prefilled) is best made greedy and plain.
+struct StepSampling {
+  std::span<const sampling::RowParams> params;  // [S]
+  std::span<const double> uniforms;             // [S] in [0, 1); ignored by greedy rows
+  std::span<const sampling::PenaltyToken> penalties;
+  std::span<const int32_t> penalty_start;  // [S + 1]
+  std::span<const int32_t> banned;         // tokens set to -inf (EOS before min_tokens)
+  std::span<const int32_t> banned_start;   // [S + 1]
+};
+
 struct StepStats {
   bool replayed = false;    // a captured program ran (graph replay)
   int32_t padded_seqs = 0;  // batch size the step was padded to (== S when not padded)
@@ -78,6 +93,19 @@ class LlmModel {
   // fills `logits` [S, vocab_size] (f32, row-major) with the logits of each sequence's last
   // new token. REQUIRES: AllocateKvCache succeeded; every slot and block id is in range.
   virtual Status Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) = 0;
+
+  // Whether StepAndSample works: the model's step program ends in a sampling stage, so only
+  // token ids and the asked-for logprobs cross to the host. Default: no.
+  virtual bool samples_on_device() const { return false; }
+  // Runs the step like Step, then samples each sequence's next token in the step program:
+  // `sampled` [S] gets the token and, where the row's params ask (logprobs >= 0), its logprob
+  // and the top alternatives of the raw distribution — what SequenceSampler::Sample gives for
+  // the same row, parameters and uniform. REQUIRES: samples_on_device(); as Step.
+  virtual Status StepAndSample(const StepBatch& batch, const StepSampling& sampling,
+                               std::span<SampledToken> sampled, StepStats* stats) {
+    (void)batch, (void)sampling, (void)sampled, (void)stats;
+    return Unimplemented("this model does not sample in its step program");
+  }
 };
 
 }  // namespace kiln::models

@@ -167,6 +167,7 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
   opts.block_size = config.scheduler.block_size;
   opts.capture_batch_sizes = config.scheduler.capture_batch_sizes;
   KILN_ASSIGN_OR_RETURN(opts.kv_dtype, KvCacheDType(config.kv_cache_dtype));
+  opts.sample_on_device = config.sampling == "device";
   opts.metrics = options.metrics;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, PagedLlm::Create(std::move(parts), opts));
   const double seconds =

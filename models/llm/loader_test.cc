@@ -294,6 +294,118 @@ TEST_P(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
   EXPECT_EQ(model_->num_captured(), 2);
 }
 
+// The sampling stage: StepAndSample picks what the host sampler picks from Step's logits for
+// the same parameters, penalties, bans and random stream — directly (penalties, bans) and
+// replayed (a captured decode step).
+TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
+  ASSERT_TRUE(model_->samples_on_device()) << "the default is sampling: device";
+  ASSERT_TRUE(model_->AllocateKvCache(8, 16).ok());
+  // Two sequences: greedy with top-5 logprobs, and a seeded draw with top-p and penalties
+  // whose EOS-like token 3 is banned (min_tokens not reached).
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.logprobs = 5;
+  SamplingParams drawn;
+  drawn.temperature = 1.3f;
+  drawn.top_p = 0.9f;
+  drawn.repetition_penalty = 1.2f;
+  drawn.frequency_penalty = 0.5f;
+  drawn.min_tokens = 4;
+  drawn.seed = 99;
+  drawn.logprobs = 0;
+  const std::vector<int32_t> end_ids = {3};
+  std::vector<int32_t> tok = {5, 6, 7, 8, 9}, pos = {0, 1, 2, 0, 1}, slots = {0, 1, 2, 16, 17},
+                       qs = {0, 3, 5}, lens = {3, 2}, table = {0, 1};
+  std::vector<SequenceSampler> host = {SequenceSampler(greedy, std::span(tok).first(3), 1),
+                                       SequenceSampler(drawn, std::span(tok).subspan(3), 1)};
+  std::vector<SequenceSampler> dev = host;
+  auto table_for = [&](std::vector<SequenceSampler>& ss, std::vector<sampling::RowParams>& params,
+                       std::vector<double>& u, std::vector<sampling::PenaltyToken>& pen,
+                       std::vector<int32_t>& pen_start, std::vector<int32_t>& ban,
+                       std::vector<int32_t>& ban_start) {
+    params.clear(), u.clear(), pen.clear(), ban.clear();
+    pen_start = {0}, ban_start = {0};
+    for (SequenceSampler& s : ss) {
+      params.push_back(s.row_params());
+      u.push_back(s.NextUniform());
+      pen.insert(pen.end(), s.penalties().begin(), s.penalties().end());
+      if (s.bans_end_ids()) ban.insert(ban.end(), end_ids.begin(), end_ids.end());
+      pen_start.push_back(static_cast<int32_t>(pen.size()));
+      ban_start.push_back(static_cast<int32_t>(ban.size()));
+    }
+    return StepSampling{params, u, pen, pen_start, ban, ban_start};
+  };
+  std::vector<sampling::RowParams> params;
+  std::vector<double> u;
+  std::vector<sampling::PenaltyToken> pen;
+  std::vector<int32_t> pen_start, ban, ban_start;
+  std::vector<float> logits(2 * V_);
+  std::vector<SampledToken> got(2);
+  StepStats stats;
+  StepBatch prefill{tok, pos, qs, lens, table, 1, slots, false};
+  for (int step = 0; step < 6; ++step) {
+    SCOPED_TRACE(step);
+    // Host: logits, then each sampler.
+    ASSERT_TRUE(model_->Step(prefill, logits, nullptr).ok());
+    std::vector<SampledToken> want(2);
+    for (int s = 0; s < 2; ++s) {
+      want[s] = host[s].Sample(std::span(logits).subspan(static_cast<size_t>(s) * V_, V_), end_ids);
+    }
+    // Device: the same step again (it rewrites the same KV slots), sampling in the program.
+    const StepSampling t = table_for(dev, params, u, pen, pen_start, ban, ban_start);
+    ASSERT_TRUE(model_->StepAndSample(prefill, t, got, &stats).ok());
+    // With penalties or bans the step runs directly; a plain decode step replays.
+    EXPECT_EQ(stats.replayed, prefill.decode_only && pen.empty() && ban.empty());
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(got[s].token, want[s].token) << "sequence " << s;
+      EXPECT_NEAR(got[s].logprob, want[s].logprob, 1e-5) << "sequence " << s;
+      ASSERT_EQ(got[s].top.size(), want[s].top.size()) << "sequence " << s;
+      for (size_t i = 0; i < want[s].top.size(); ++i) {
+        EXPECT_EQ(got[s].top[i].token, want[s].top[i].token);
+        EXPECT_NEAR(got[s].top[i].logprob, want[s].top[i].logprob, 1e-5);
+      }
+      host[s].Accept(want[s].token);
+      dev[s].Accept(got[s].token);
+    }
+    // The next step decodes the two tokens.
+    tok = {want[0].token, want[1].token};
+    pos = {3 + step, 2 + step};
+    slots = {3 + step, 18 + step};
+    qs = {0, 1, 2};
+    lens = {4 + step, 3 + step};
+    prefill = {tok, pos, qs, lens, table, 1, slots, true};
+  }
+  // Without penalties or bans a decode step replays its capture and still agrees.
+  SamplingParams plain = greedy;
+  host = {SequenceSampler(plain, {}, 1), SequenceSampler(plain, {}, 1)};
+  dev = host;
+  ASSERT_TRUE(model_->Step(prefill, logits, nullptr).ok());
+  const StepSampling t = table_for(dev, params, u, pen, pen_start, ban, ban_start);
+  ASSERT_TRUE(model_->StepAndSample(prefill, t, got, &stats).ok());
+  EXPECT_TRUE(stats.replayed);
+  for (int s = 0; s < 2; ++s) {
+    const SampledToken want =
+        host[s].Sample(std::span(logits).subspan(static_cast<size_t>(s) * V_, V_), end_ids);
+    EXPECT_EQ(got[s].token, want.token);
+    EXPECT_NEAR(got[s].logprob, want.logprob, 1e-5);
+  }
+  // A table that does not fit the batch is refused.
+  std::vector<int32_t> short_start = {0};
+  EXPECT_THAT(std::string(StatusMessage(model_->StepAndSample(
+                  prefill, {params, u, pen, short_start, ban, ban_start}, got, nullptr))),
+              HasSubstr("inconsistent step sampling"));
+}
+
+TEST(PagedLlmSamplingTest, HostSamplingCompilesNoSamplingStage) {
+  config::ModelConfig c = ConfigFor(testing::FixturePath("models/llama_gqa_f32"));
+  c.sampling = "host";
+  auto m = LoadPagedLlm(c);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE((*m)->samples_on_device());
+  std::vector<SampledToken> out(1);
+  EXPECT_EQ((*m)->StepAndSample({}, {}, out, nullptr).code(), StatusCode::kFailedPrecondition);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagedLlmTest, ::testing::Values("cpu", "xpu"),
                          [](const auto& info) { return info.param; });
 

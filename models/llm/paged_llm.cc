@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "engine/builder.h"
 #include "engine/compiler/compile.h"
@@ -14,7 +15,7 @@ namespace kiln::models {
 struct PagedLlm::Capture {
   StepBuffers buffers;
   std::unique_ptr<CapturedProgram> graph;
-  Tensor logits;  // [P, V], in the program's arena
+  std::vector<Tensor> outputs;  // logits [P, V] (and the sampling stage's), in the arena
 };
 
 namespace {
@@ -62,47 +63,77 @@ Status PagedLlm::Build(int32_t block_size) {
   t_max_ = std::max<int64_t>(options_.max_num_batched_tokens,
                              capture_sizes_.empty() ? 0 : capture_sizes_.back());
   mb_max_ = CeilDiv(parts_.info.context_length, block_size);
+  p_max_ = parts_.info.context_length;  // distinct prompt and output tokens of a sequence
 
-  Graph graph;
-  Builder b(&graph);
-  StepInputs in;
-  in.T = b.Symbol("T", t_max_);
-  in.S = b.Symbol("S", s_max_);
-  in.MB = b.Symbol("MB", mb_max_);
-  in.NB = b.Symbol("NB", int64_t{1} << 24);
-  in.tokens = b.Input("tokens", DType::kI32, {in.T});                   // [T]
-  in.positions = b.Input("positions", DType::kI32, {in.T});             // [T]
-  in.slot_mapping = b.Input("slot_mapping", DType::kI32, {in.T});       // [T]
-  in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});  // [S, MB]
-  in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
-  in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
-  ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
-  const Value logits = parts_.arch->build(ctx);  // [S, V]
-  KILN_RETURN_IF_ERROR(ctx.status());
-  KILN_RETURN_IF_ERROR(b.status());
-  const SymShape want = {in.S, hp.vocab_size};
-  if (b.dtype(logits) != DType::kF32 || b.shape(logits) != want) {
-    return Internal("architecture ", hp.architecture, " built logits of type ",
-                    TypeString(b.dtype(logits), b.shape(logits), graph), "; expected f32[S,",
-                    hp.vocab_size, "]");
+  // The step graph, with or without the sampling stage; compiled by the compiler (fusion,
+  // generated kernels shared by the identical blocks, the AOT table, the disk cache).
+  auto build = [&](bool with_sampling, std::vector<std::string>* weight_names) -> Status {
+    Graph graph;
+    Builder b(&graph);
+    StepInputs in;
+    in.T = b.Symbol("T", t_max_);
+    in.S = b.Symbol("S", s_max_);
+    in.MB = b.Symbol("MB", mb_max_);
+    in.NB = b.Symbol("NB", int64_t{1} << 24);
+    in.tokens = b.Input("tokens", DType::kI32, {in.T});                   // [T]
+    in.positions = b.Input("positions", DType::kI32, {in.T});             // [T]
+    in.slot_mapping = b.Input("slot_mapping", DType::kI32, {in.T});       // [T]
+    in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});  // [S, MB]
+    in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
+    in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
+    ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
+    const Value logits = parts_.arch->build(ctx);  // [S, V]
+    KILN_RETURN_IF_ERROR(ctx.status());
+    KILN_RETURN_IF_ERROR(b.status());
+    const SymShape want = {in.S, hp.vocab_size};
+    if (b.dtype(logits) != DType::kF32 || b.shape(logits) != want) {
+      return Internal("architecture ", hp.architecture, " built logits of type ",
+                      TypeString(b.dtype(logits), b.shape(logits), graph), "; expected f32[S,",
+                      hp.vocab_size, "]");
+    }
+    std::vector<Value> outputs = {logits};
+    if (with_sampling) {
+      const Dim P = b.Symbol("P", p_max_, 0), E = b.Symbol("E", kMaxBannedTokens, 0);
+      const SampleOutputs so =
+          b.Sample(logits, b.Input("sample.params", DType::kF32, {in.S, sampling::kNumParams}),
+                   b.Input("sample.uniforms", DType::kF64, {in.S}),
+                   b.Input("sample.penalty_tokens", DType::kI32, {in.S, P}),
+                   b.Input("sample.penalty_counts", DType::kI32, {in.S, P}),
+                   b.Input("sample.banned", DType::kI32, {in.S, E}));
+      KILN_RETURN_IF_ERROR(b.status());
+      outputs.insert(outputs.end(), {so.token, so.logprob, so.top_ids, so.top_logprobs});
+    }
+    compiler::CompilerOptions copts;
+    copts.label = parts_.info.name;
+    copts.metrics = options_.metrics;
+    compiler::CompileReport report;
+    KILN_ASSIGN_OR_RETURN(program_,
+                          compiler::Compile(graph, outputs, *parts_.device, copts, &report));
+    *weight_names = ctx.weight_names();
+    return OkStatus();
+  };
+  std::vector<std::string> weight_names;
+  sample_stage_ = options_.sample_on_device;
+  if (sample_stage_) {
+    const Status s = build(true, &weight_names);
+    if (s.code() == StatusCode::kUnimplemented) {
+      spdlog::info("{}: {} cannot sample in the step program ({}); sampling on the host",
+                   parts_.info.name, parts_.device->name(), StatusMessage(s));
+      sample_stage_ = false;
+    } else {
+      KILN_RETURN_IF_ERROR(s);
+    }
   }
-  // The compiler: fusion (norms, activations, residual adds, GEMM epilogues), generated
-  // kernels shared by the identical blocks, the AOT table and the disk cache.
-  compiler::CompilerOptions copts;
-  copts.label = parts_.info.name;
-  copts.metrics = options_.metrics;
-  compiler::CompileReport report;
-  KILN_ASSIGN_OR_RETURN(program_,
-                        compiler::Compile(graph, {logits}, *parts_.device, copts, &report));
-  KILN_RETURN_IF_ERROR(LoadWeights(ctx.weight_names()));
+  if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, &weight_names));
+  KILN_RETURN_IF_ERROR(LoadWeights(weight_names));
   for (const auto& [name, t] : weights_) {
     if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
   }
-  KILN_ASSIGN_OR_RETURN(direct_, AllocateStepBuffers(t_max_, s_max_));
+  KILN_ASSIGN_OR_RETURN(direct_, AllocateStepBuffers(t_max_, s_max_, p_max_, kMaxBannedTokens));
   captures_.clear();
-  spdlog::debug("{}: step program of {} launches, arena {:.1f} MiB (unplanned {:.1f} MiB)",
+  spdlog::debug("{}: step program of {} launches, arena {:.1f} MiB (unplanned {:.1f} MiB){}",
                 parts_.info.name, program_->num_launches(), program_->arena_bytes() / 1048576.0,
-                program_->unplanned_bytes() / 1048576.0);
+                program_->unplanned_bytes() / 1048576.0, sample_stage_ ? ", sampling stage" : "");
   return OkStatus();
 }
 
@@ -120,11 +151,13 @@ Status PagedLlm::LoadWeights(const std::vector<std::string>& names) {
   return OkStatus();
 }
 
-StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, int64_t seqs) {
+StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, int64_t seqs,
+                                                              int64_t penalty_cols,
+                                                              int64_t banned_cols) {
   backend::Device& dev = *parts_.device;
-  auto alloc = [&](int64_t n) -> StatusOr<std::shared_ptr<backend::Buffer>> {
+  auto alloc = [&](int64_t n, int64_t elem = 4) -> StatusOr<std::shared_ptr<backend::Buffer>> {
     KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Buffer> buf,
-                          dev.Allocate(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4));
+                          dev.Allocate(static_cast<size_t>(std::max<int64_t>(n, 1) * elem)));
     return std::shared_ptr<backend::Buffer>(std::move(buf));
   };
   StepBuffers s;
@@ -134,6 +167,13 @@ StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, in
   KILN_ASSIGN_OR_RETURN(s.block_table, alloc(seqs * mb_max_));
   KILN_ASSIGN_OR_RETURN(s.seq_lens, alloc(seqs));
   KILN_ASSIGN_OR_RETURN(s.query_start, alloc(seqs + 1));
+  if (sample_stage_) {
+    KILN_ASSIGN_OR_RETURN(s.params, alloc(seqs * sampling::kNumParams));
+    KILN_ASSIGN_OR_RETURN(s.uniforms, alloc(seqs, 8));
+    KILN_ASSIGN_OR_RETURN(s.penalty_tokens, alloc(seqs * penalty_cols));
+    KILN_ASSIGN_OR_RETURN(s.penalty_counts, alloc(seqs * penalty_cols));
+    KILN_ASSIGN_OR_RETURN(s.banned, alloc(seqs * banned_cols));
+  }
   return s;
 }
 
@@ -200,14 +240,15 @@ Status PagedLlm::Upload(const StepBuffers& buf, int32_t S, int32_t MB) {
   return OkStatus();
 }
 
-Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB) {
+Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB, int32_t P,
+                          int32_t E) {
   KILN_RETURN_IF_ERROR(program_->SetSymbol("T", T));
   KILN_RETURN_IF_ERROR(program_->SetSymbol("S", S));
   KILN_RETURN_IF_ERROR(program_->SetSymbol("MB", MB));
   auto bind = [&](const char* name, const std::shared_ptr<backend::Buffer>& b,
-                  std::vector<int64_t> shape) -> Status {
-    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(b, 0, DType::kI32, std::move(shape)));
-    return program_->Bind(name, t);
+                  std::vector<int64_t> shape, DType t = DType::kI32) -> Status {
+    KILN_ASSIGN_OR_RETURN(Tensor tensor, Tensor::FromBuffer(b, 0, t, std::move(shape)));
+    return program_->Bind(name, tensor);
   };
   KILN_RETURN_IF_ERROR(bind("tokens", buf.tokens, {T}));
   KILN_RETURN_IF_ERROR(bind("positions", buf.positions, {T}));
@@ -215,22 +256,114 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
   KILN_RETURN_IF_ERROR(bind("block_table", buf.block_table, {S, MB}));
   KILN_RETURN_IF_ERROR(bind("seq_lens", buf.seq_lens, {S}));
   KILN_RETURN_IF_ERROR(bind("query_start", buf.query_start, {S + 1}));
+  if (sample_stage_) {
+    KILN_RETURN_IF_ERROR(program_->SetSymbol("P", P));
+    KILN_RETURN_IF_ERROR(program_->SetSymbol("E", E));
+    KILN_RETURN_IF_ERROR(bind("sample.params", buf.params, {S, sampling::kNumParams}, DType::kF32));
+    KILN_RETURN_IF_ERROR(bind("sample.uniforms", buf.uniforms, {S}, DType::kF64));
+    KILN_RETURN_IF_ERROR(bind("sample.penalty_tokens", buf.penalty_tokens, {S, P}));
+    KILN_RETURN_IF_ERROR(bind("sample.penalty_counts", buf.penalty_counts, {S, P}));
+    KILN_RETURN_IF_ERROR(bind("sample.banned", buf.banned, {S, E}));
+  }
   return OkStatus();
 }
 
-Status PagedLlm::CopyLogits(const Tensor& out, int32_t rows, std::span<float> logits) {
-  const int64_t V = parts_.info.vocab_size;
-  if (out.dtype() != DType::kF32 || !out.IsContiguous() || out.rank() != 2 || out.shape()[1] != V ||
-      out.shape()[0] < rows) {
-    return Internal("unexpected logits tensor ", out.DebugString());
+std::pair<int32_t, int32_t> PagedLlm::StageSampling(const StepSampling* sampling, int32_t S,
+                                                    int32_t rows) {
+  int32_t P = 0, E = 0;
+  if (sampling != nullptr) {
+    for (int32_t s = 0; s < S; ++s) {
+      P = std::max(P, sampling->penalty_start[s + 1] - sampling->penalty_start[s]);
+      E = std::max(E, sampling->banned_start[s + 1] - sampling->banned_start[s]);
+    }
   }
-  const size_t bytes = static_cast<size_t>(rows) * static_cast<size_t>(V) * sizeof(float);
-  KILN_RETURN_IF_ERROR(stream_->CopyToHost(
-      logits.data(), *out.buffer(), static_cast<size_t>(out.offset()) * sizeof(float), bytes));
+  sampling::RowParams greedy;
+  greedy.temperature = 0;
+  h_params_.resize(static_cast<size_t>(rows) * sampling::kNumParams);
+  h_uniforms_.assign(rows, 0.0);
+  h_penalty_tokens_.assign(static_cast<size_t>(rows) * P, -1);
+  h_penalty_counts_.assign(static_cast<size_t>(rows) * P, 0);
+  h_banned_.assign(static_cast<size_t>(rows) * E, -1);
+  for (int32_t s = 0; s < rows; ++s) {
+    const bool real = sampling != nullptr && s < S;
+    sampling::PackParams(real ? sampling->params[s] : greedy,
+                         h_params_.data() + static_cast<size_t>(s) * sampling::kNumParams);
+    if (!real) continue;
+    h_uniforms_[s] = sampling->uniforms[s];
+    for (int32_t j = sampling->penalty_start[s], k = 0; j < sampling->penalty_start[s + 1];
+         ++j, ++k) {
+      h_penalty_tokens_[static_cast<size_t>(s) * P + k] = sampling->penalties[j].token;
+      h_penalty_counts_[static_cast<size_t>(s) * P + k] = sampling->penalties[j].count;
+    }
+    for (int32_t j = sampling->banned_start[s], k = 0; j < sampling->banned_start[s + 1];
+         ++j, ++k) {
+      h_banned_[static_cast<size_t>(s) * E + k] = sampling->banned[j];
+    }
+  }
+  return {P, E};
+}
+
+Status PagedLlm::UploadSampling(const StepBuffers& buf, int32_t rows, int32_t P, int32_t E) {
+  auto put = [&](const std::shared_ptr<backend::Buffer>& dst, const void* src, size_t bytes) {
+    return bytes == 0 ? OkStatus() : stream_->CopyToDevice(*dst, 0, src, bytes);
+  };
+  const size_t r = static_cast<size_t>(rows);
+  KILN_RETURN_IF_ERROR(put(buf.params, h_params_.data(), r * sampling::kNumParams * 4));
+  KILN_RETURN_IF_ERROR(put(buf.uniforms, h_uniforms_.data(), r * 8));
+  KILN_RETURN_IF_ERROR(put(buf.penalty_tokens, h_penalty_tokens_.data(), r * P * 4));
+  KILN_RETURN_IF_ERROR(put(buf.penalty_counts, h_penalty_counts_.data(), r * P * 4));
+  KILN_RETURN_IF_ERROR(put(buf.banned, h_banned_.data(), r * E * 4));
+  return OkStatus();
+}
+
+Status PagedLlm::ReadResult(const std::vector<Tensor>& outs, int32_t rows,
+                            const StepResult& result) {
+  auto read = [&](const Tensor& t, void* dst, size_t bytes) {
+    return stream_->CopyToHost(dst, *t.buffer(),
+                               static_cast<size_t>(ByteOffset(t.dtype(), t.offset())), bytes);
+  };
+  const size_t r = static_cast<size_t>(rows);
+  if (!result.logits.empty()) {
+    const Tensor& out = outs[0];
+    const int64_t V = parts_.info.vocab_size;
+    if (out.dtype() != DType::kF32 || !out.IsContiguous() || out.rank() != 2 ||
+        out.shape()[1] != V || out.shape()[0] < rows) {
+      return Internal("unexpected logits tensor ", out.DebugString());
+    }
+    KILN_RETURN_IF_ERROR(read(out, result.logits.data(), r * static_cast<size_t>(V) * 4));
+  }
+  if (!result.sampled.empty()) {
+    const int32_t W = sampling::kMaxLogprobs;
+    h_token_.resize(r);
+    h_logprob_.resize(r);
+    KILN_RETURN_IF_ERROR(read(outs[1], h_token_.data(), r * 4));
+    KILN_RETURN_IF_ERROR(read(outs[2], h_logprob_.data(), r * 4));
+    bool any_top = false;
+    for (int32_t s = 0; s < rows; ++s) any_top |= result.sampling->params[s].logprobs > 0;
+    if (any_top) {
+      h_top_ids_.resize(r * W);
+      h_top_logprobs_.resize(r * W);
+      KILN_RETURN_IF_ERROR(read(outs[3], h_top_ids_.data(), r * W * 4));
+      KILN_RETURN_IF_ERROR(read(outs[4], h_top_logprobs_.data(), r * W * 4));
+    }
+    KILN_RETURN_IF_ERROR(stream_->Synchronize());
+    for (int32_t s = 0; s < rows; ++s) {
+      SampledToken& t = result.sampled[s];
+      t.token = h_token_[s];
+      t.logprob = h_logprob_[s];
+      t.top.clear();
+      const int32_t n = std::min(result.sampling->params[s].logprobs, W);
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t id = h_top_ids_[static_cast<size_t>(s) * W + i];
+        if (id < 0) break;
+        t.top.push_back({id, h_top_logprobs_[static_cast<size_t>(s) * W + i]});
+      }
+    }
+  }
   return stream_->Synchronize();
 }
 
-Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) {
+Status PagedLlm::CheckBatch(const StepBatch& batch) const {
   if (num_blocks_ == 0) return FailedPrecondition("Step before AllocateKvCache");
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   const int64_t S = static_cast<int64_t>(batch.query_start.size()) - 1;
@@ -261,19 +394,65 @@ Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats
                            " tokens, ", s_max_, " sequences, ", mb_max_,
                            " blocks: max_num_batched_tokens, max_num_seqs, context_length)");
   }
+  return OkStatus();
+}
+
+Status PagedLlm::Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) {
+  KILN_RETURN_IF_ERROR(CheckBatch(batch));
+  const int64_t S = static_cast<int64_t>(batch.query_start.size()) - 1;
   if (logits.size() < static_cast<size_t>(S * parts_.info.vocab_size)) {
     return InvalidArgument("logits span of ", logits.size(), " floats; ", S, " x ",
                            parts_.info.vocab_size, " needed");
   }
-  if (batch.decode_only && T == S && !capture_sizes_.empty() && S <= capture_sizes_.back()) {
-    const int32_t padded =
-        *std::lower_bound(capture_sizes_.begin(), capture_sizes_.end(), static_cast<int32_t>(S));
-    return RunCaptured(batch, padded, logits, stats);
-  }
-  return RunDirect(batch, logits, stats);
+  return RunStep(batch, {logits, nullptr, {}}, stats);
 }
 
-Status PagedLlm::RunDirect(const StepBatch& batch, std::span<float> logits, StepStats* stats) {
+Status PagedLlm::StepAndSample(const StepBatch& batch, const StepSampling& sampling,
+                               std::span<SampledToken> sampled, StepStats* stats) {
+  if (!sample_stage_) {
+    return FailedPrecondition("model '", parts_.info.name, "' has no sampling stage");
+  }
+  KILN_RETURN_IF_ERROR(CheckBatch(batch));
+  const size_t S = batch.query_start.size() - 1;
+  if (sampling.params.size() != S || sampling.uniforms.size() != S ||
+      sampling.penalty_start.size() != S + 1 || sampling.banned_start.size() != S + 1 ||
+      sampled.size() < S ||
+      static_cast<size_t>(sampling.penalty_start[S]) > sampling.penalties.size() ||
+      static_cast<size_t>(sampling.banned_start[S]) > sampling.banned.size()) {
+    return InvalidArgument("inconsistent step sampling for ", S,
+                           " sequences: ", sampling.params.size(), " params, ",
+                           sampling.uniforms.size(), " uniforms, ", sampled.size(), " results");
+  }
+  for (size_t s = 0; s < S; ++s) {
+    const int32_t p = sampling.penalty_start[s + 1] - sampling.penalty_start[s];
+    const int32_t e = sampling.banned_start[s + 1] - sampling.banned_start[s];
+    if (p < 0 || p > p_max_ || e < 0 || e > kMaxBannedTokens) {
+      return InvalidArgument("sequence ", s, " of the step has ", p, " penalty tokens and ", e,
+                             " banned tokens; at most ", p_max_, " and ", kMaxBannedTokens);
+    }
+  }
+  return RunStep(batch, {{}, &sampling, sampled}, stats);
+}
+
+Status PagedLlm::RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats) {
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t S = static_cast<int64_t>(batch.query_start.size()) - 1;
+  // Captured programs sample without penalty or ban columns.
+  bool plain = true;
+  if (result.sampling != nullptr) {
+    plain = result.sampling->penalty_start.back() == result.sampling->penalty_start.front() &&
+            result.sampling->banned_start.back() == result.sampling->banned_start.front();
+  }
+  if (plain && batch.decode_only && T == S && !capture_sizes_.empty() &&
+      S <= capture_sizes_.back()) {
+    const int32_t padded =
+        *std::lower_bound(capture_sizes_.begin(), capture_sizes_.end(), static_cast<int32_t>(S));
+    return RunCaptured(batch, padded, result, stats);
+  }
+  return RunDirect(batch, result, stats);
+}
+
+Status PagedLlm::RunDirect(const StepBatch& batch, const StepResult& result, StepStats* stats) {
   const int32_t T = static_cast<int32_t>(batch.tokens.size());
   const int32_t S = static_cast<int32_t>(batch.query_start.size()) - 1;
   const int32_t MB = batch.max_blocks_per_seq;
@@ -284,10 +463,19 @@ Status PagedLlm::RunDirect(const StepBatch& batch, std::span<float> logits, Step
   h_seq_lens_.assign(batch.seq_lens.begin(), batch.seq_lens.end());
   h_query_start_.assign(batch.query_start.begin(), batch.query_start.end());
   KILN_RETURN_IF_ERROR(Upload(direct_, S, MB));
-  KILN_RETURN_IF_ERROR(BindStep(direct_, T, S, MB));
+  int32_t P = 0, E = 0;
+  if (sample_stage_) {
+    std::tie(P, E) = StageSampling(result.sampling, S, S);
+    KILN_RETURN_IF_ERROR(UploadSampling(direct_, S, P, E));
+  }
+  KILN_RETURN_IF_ERROR(BindStep(direct_, T, S, MB, P, E));
   KILN_RETURN_IF_ERROR(program_->Run(*stream_));
-  KILN_ASSIGN_OR_RETURN(Tensor out, program_->Output(0));
-  KILN_RETURN_IF_ERROR(CopyLogits(out, S, logits));
+  std::vector<Tensor> outs;
+  for (int i = 0; i < program_->num_outputs(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, program_->Output(i));
+    outs.push_back(std::move(t));
+  }
+  KILN_RETURN_IF_ERROR(ReadResult(outs, S, result));
   if (stats != nullptr) {
     stats->replayed = false;
     stats->padded_seqs = S;
@@ -295,7 +483,7 @@ Status PagedLlm::RunDirect(const StepBatch& batch, std::span<float> logits, Step
   return OkStatus();
 }
 
-Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, std::span<float> logits,
+Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, const StepResult& result,
                              StepStats* stats) {
   const int32_t S = static_cast<int32_t>(batch.query_start.size()) - 1;
   const int32_t MB = static_cast<int32_t>(mb_max_);
@@ -318,14 +506,19 @@ Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, std::span<f
                 batch.max_blocks_per_seq, h_block_table_.begin() + static_cast<size_t>(s) * MB);
   }
   for (int32_t s = S; s < padded; ++s) h_block_table_[static_cast<size_t>(s) * MB] = scratch_block;
+  // Padding rows sample greedily and plainly, like every row of a Step.
+  if (sample_stage_) StageSampling(result.sampling, S, padded);
 
   auto it = captures_.find(padded);
   if (it == captures_.end()) {
     auto c = std::make_unique<Capture>();
-    KILN_ASSIGN_OR_RETURN(c->buffers, AllocateStepBuffers(padded, padded));
-    KILN_RETURN_IF_ERROR(BindStep(c->buffers, padded, padded, MB));
+    KILN_ASSIGN_OR_RETURN(c->buffers, AllocateStepBuffers(padded, padded, 0, 0));
+    KILN_RETURN_IF_ERROR(BindStep(c->buffers, padded, padded, MB, 0, 0));
     KILN_ASSIGN_OR_RETURN(c->graph, CapturedProgram::Capture(*program_, *stream_));
-    KILN_ASSIGN_OR_RETURN(c->logits, program_->Output(0));
+    for (int i = 0; i < program_->num_outputs(); ++i) {
+      KILN_ASSIGN_OR_RETURN(Tensor t, program_->Output(i));
+      c->outputs.push_back(std::move(t));
+    }
     spdlog::debug("{}: captured the decode step for batch size {} ({} launches{})",
                   parts_.info.name, padded, c->graph->num_launches(),
                   c->graph->native() ? ", native" : "");
@@ -333,8 +526,9 @@ Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, std::span<f
   }
   Capture& c = *it->second;
   KILN_RETURN_IF_ERROR(Upload(c.buffers, padded, MB));
+  if (sample_stage_) KILN_RETURN_IF_ERROR(UploadSampling(c.buffers, padded, 0, 0));
   KILN_RETURN_IF_ERROR(c.graph->Replay(*stream_));
-  KILN_RETURN_IF_ERROR(CopyLogits(c.logits, S, logits));
+  KILN_RETURN_IF_ERROR(ReadResult(c.outputs, S, result));
   if (stats != nullptr) {
     stats->replayed = true;
     stats->padded_seqs = padded;

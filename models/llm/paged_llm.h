@@ -13,6 +13,12 @@
 // allocated by AllocateKvCache with one extra *scratch* block (index num_blocks) that only
 // padding rows of captured steps write to and read from.
 //
+// Sampling stage: with options.sample_on_device and a device that has the sample kernel, the
+// program also ends in engine's sample op over the logits, fed per step with each sequence's
+// parameters, uniform, penalty list (symbol P <= context_length) and banned tokens (symbol
+// E <= kMaxBannedTokens); StepAndSample reads back only tokens and asked-for logprobs. Step
+// still returns logits (its sampling rows are greedy and discarded).
+//
 // Graph capture: a decode-only step (every sequence one new token) with S <= the largest
 // capture size <= max_num_seqs is padded to the next capture size P (token 0 at position 0,
 // its slot in the scratch block, seq_len 1), and a CapturedProgram recorded for P (on first
@@ -48,7 +54,10 @@ struct PagedLlmOptions {
   int32_t block_size = 16;               // tokens per KV block the program is compiled for
   // Decode batch sizes to capture; sizes above max_num_seqs are ignored.
   std::vector<int> capture_batch_sizes;
-  DType kv_dtype = DType::kF32;          // f32, f16 or bf16
+  DType kv_dtype = DType::kF32;  // f32, f16 or bf16
+  // End the step program in a sampling stage (engine's sample op) when the device has the
+  // kernel, so StepAndSample returns token ids instead of logits (config: `sampling: device`).
+  bool sample_on_device = true;
   metrics::Registry* metrics = nullptr;  // compile metrics go here; not owned; may be null
 };
 
@@ -81,6 +90,12 @@ class PagedLlm final : public LlmModel {
   // A block_size other than options.block_size rebuilds and recompiles the program.
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size) override;
   Status Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) override;
+  bool samples_on_device() const override { return sample_stage_; }
+  Status StepAndSample(const StepBatch& batch, const StepSampling& sampling,
+                       std::span<SampledToken> sampled, StepStats* stats) override;
+
+  // Banned tokens per sequence a sampling step takes (EOS ids + up to 64 stop token ids).
+  static constexpr int32_t kMaxBannedTokens = 128;
 
   // ---- Introspection (tools, tests, metrics) ----
   const LlmHParams& hparams() const { return parts_.hparams; }
@@ -97,20 +112,40 @@ class PagedLlm final : public LlmModel {
   // Device buffers for the step inputs, sized for `tokens` tokens and `seqs` sequences.
   struct StepBuffers {
     std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens, query_start;
+    // The sampling stage's inputs (when the program has one), for P and E penalty/ban columns.
+    std::shared_ptr<backend::Buffer> params, uniforms, penalty_tokens, penalty_counts, banned;
+  };
+  // Where a step's results go: logits (Step) or sampled tokens (StepAndSample).
+  struct StepResult {
+    std::span<float> logits;
+    const StepSampling* sampling = nullptr;
+    std::span<SampledToken> sampled;
   };
   struct Capture;
 
   PagedLlm(PagedLlmParts parts, const PagedLlmOptions& options);
   Status Build(int32_t block_size);
+  // Validates the batch against what the program was compiled for.
+  Status CheckBatch(const StepBatch& batch) const;
+  Status RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats);
   Status LoadWeights(const std::vector<std::string>& names);
-  StatusOr<StepBuffers> AllocateStepBuffers(int64_t tokens, int64_t seqs);
-  // Uploads the host arrays into `buf` and binds T/S/MB and the inputs to the program.
-  Status BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB);
+  // Sampling columns (P, E) 0: buffers for captures, which sample without penalties or bans.
+  StatusOr<StepBuffers> AllocateStepBuffers(int64_t tokens, int64_t seqs, int64_t penalty_cols,
+                                            int64_t banned_cols);
+  // Binds T/S/MB (and P/E) and the buffers to the program.
+  Status BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB, int32_t P, int32_t E);
+  // Uploads the host arrays into `buf`.
   Status Upload(const StepBuffers& buf, int32_t S, int32_t MB);
-  Status RunDirect(const StepBatch& batch, std::span<float> logits, StepStats* stats);
-  Status RunCaptured(const StepBatch& batch, int32_t padded, std::span<float> logits,
+  // Lays out the sampling stage's inputs for `rows` rows (real ones from `sampling`, or greedy
+  // rows without it) in the host staging arrays; returns P and E.
+  std::pair<int32_t, int32_t> StageSampling(const StepSampling* sampling, int32_t S, int32_t rows);
+  Status UploadSampling(const StepBuffers& buf, int32_t rows, int32_t P, int32_t E);
+  Status RunDirect(const StepBatch& batch, const StepResult& result, StepStats* stats);
+  Status RunCaptured(const StepBatch& batch, int32_t padded, const StepResult& result,
                      StepStats* stats);
-  Status CopyLogits(const Tensor& out, int32_t rows, std::span<float> logits);
+  // Copies the step's results (logits or sampled tokens) of the first `rows` rows out of the
+  // program's outputs `outs` (logits, then token, logprob, top ids, top logprobs).
+  Status ReadResult(const std::vector<Tensor>& outs, int32_t rows, const StepResult& result);
 
   PagedLlmParts parts_;
   PagedLlmOptions options_;
@@ -119,6 +154,8 @@ class PagedLlm final : public LlmModel {
   std::vector<int32_t> capture_sizes_;
 
   std::unique_ptr<Program> program_;
+  bool sample_stage_ = false;  // the program ends in the sample op
+  int64_t p_max_ = 0;          // penalty columns the sampling stage was compiled for
   std::unique_ptr<backend::Stream> stream_;
   std::map<std::string, Tensor> weights_;  // by GGUF name, loaded once
   int64_t weight_bytes_ = 0, mapped_weight_bytes_ = 0;
@@ -130,6 +167,11 @@ class PagedLlm final : public LlmModel {
   // Host staging for the inputs of one step (padded rows included).
   std::vector<int32_t> h_tokens_, h_positions_, h_slots_, h_block_table_, h_seq_lens_,
       h_query_start_;
+  std::vector<float> h_params_;  // [rows, sampling::kNumParams]
+  std::vector<double> h_uniforms_;
+  std::vector<int32_t> h_penalty_tokens_, h_penalty_counts_, h_banned_;
+  std::vector<int32_t> h_token_, h_top_ids_;  // results read back
+  std::vector<float> h_logprob_, h_top_logprobs_;
   std::map<int32_t, std::unique_ptr<Capture>> captures_;  // by padded size
 };
 

@@ -1,12 +1,6 @@
 // Token sampling for one sequence: penalties, temperature, top-k, top-p, min-p, seeded
-// randomness, and log-probabilities.
-//
-// Order of operations (the same as vLLM and Hugging Face):
-//   raw logits -> (logprobs are taken here: the model's own distribution)
-//   -> repetition penalty (prompt + output tokens) -> presence/frequency penalties (output)
-//   -> EOS/stop tokens masked while fewer than min_tokens were generated
-//   -> greedy argmax if temperature == 0, else: / temperature -> top-k -> softmax -> top-p
-//   -> min-p -> draw.
+// randomness, and log-probabilities — the host sampler, reference and fallback of the step
+// program's `sample` op. The order of operations and the arithmetic are engine/sampling.h's.
 // top-p is exact: it selects the largest logits by partial selection, growing the candidate
 // set until it holds p of the mass, instead of sorting the whole vocabulary.
 //
@@ -17,9 +11,9 @@
 #include <random>
 #include <span>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "engine/sampling.h"
 #include "models/sampling/sampling_params.h"
 
 namespace kiln::models {
@@ -35,6 +29,10 @@ struct SampledToken {
   std::vector<TokenLogprob> top;  // the `logprobs` most likely tokens, most likely first
 };
 
+// The sampling state of one sequence: its parameters, its random stream and the tokens the
+// penalties act on. The arithmetic is engine/sampling.h's, shared with the step program's
+// `sample` op, so a sequence samples the same tokens on the host (this class) and in a step
+// program fed by DeviceInputs().
 class SequenceSampler {
  public:
   // `prompt` feeds the repetition penalty. Without params.seed, the sampler draws its seed
@@ -52,18 +50,28 @@ class SequenceSampler {
 
   int32_t generated() const { return generated_; }
 
+  // ---- For a step program that samples on the device (the `sample` op) ----
+  const sampling::RowParams& row_params() const { return row_; }
+  // Distinct prompt and output tokens with their output counts; empty when no penalty is on.
+  std::span<const sampling::PenaltyToken> penalties() const { return penalties_; }
+  // Whether `end_ids` are banned at the next step (min_tokens not reached yet).
+  bool bans_end_ids() const { return generated_ < params_.min_tokens; }
+  // The uniform the next Sample would draw (advances the stream; 0 for greedy sequences,
+  // which draw nothing).
+  double NextUniform();
+
  private:
-  void ApplyPenalties(std::span<float> logits) const;
-  int32_t Draw(std::span<float> logits);
   double Uniform();  // [0, 1), platform-independent
+  void Count(int32_t token, int32_t add);
 
   SamplingParams params_;
+  sampling::RowParams row_;
   std::mt19937_64 rng_;
-  std::unordered_set<int32_t> prompt_tokens_;
-  std::unordered_map<int32_t, int32_t> output_counts_;
+  bool track_penalties_ = false;
+  std::vector<sampling::PenaltyToken> penalties_;
+  std::unordered_map<int32_t, int32_t> penalty_index_;  // token -> index in penalties_
   int32_t generated_ = 0;
-  std::vector<int32_t> order_;  // scratch: candidate token ids
-  std::vector<float> weights_;  // scratch: exp(logit - max) per token
+  sampling::Scratch scratch_;
 };
 
 // log_softmax(logits)[token] and the n most likely tokens, under the raw distribution.

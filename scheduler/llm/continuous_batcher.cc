@@ -368,9 +368,17 @@ void ContinuousBatcher::Schedule() {
 bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
   const int32_t S = static_cast<int32_t>(sched_.seqs.size());
   out->vocab_size = model_->info().vocab_size;
-  logits_.resize(static_cast<size_t>(S) * out->vocab_size);
-  out->logits = logits_;
-  Status status = model_->Step(batch, out->logits, &out->stats);
+  Status status;
+  if (model_->samples_on_device()) {
+    // Only token ids (and asked-for logprobs) come back.
+    sampled_.resize(S);
+    status = model_->StepAndSample(batch, sampling_.Build(sched_), sampled_, &out->stats);
+    out->sampled = sampled_;
+  } else {
+    logits_.resize(static_cast<size_t>(S) * out->vocab_size);
+    out->logits = logits_;
+    status = model_->Step(batch, out->logits, &out->stats);
+  }
   {
     absl::MutexLock lock(&mu_);
     ++snapshot_.steps;

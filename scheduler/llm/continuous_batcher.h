@@ -8,7 +8,9 @@
 //      tokens each, which are preempted -> a plain SchedulerOutput;
 //   2. build batch (StepBatchBuilder, model_step.h): the model's StepBatch, with each
 //      sequence's adapter slot;
-//   3. run (Run): the model's step -> a StepOutput (logits today; sampled tokens later);
+//   3. run (Run): the model's step -> a StepOutput: sampled tokens from a model that samples
+//      in its step program (StepSamplingBuilder gives it each sequence's parameters and
+//      random draw), else logits for the host sampler;
 //   4. process outputs (ProcessOutputs): for every sequence whose known tokens are all
 //      computed, takes its next token (host sampler, or the model's), detokenizes it
 //      (UTF-8-safe), applies stop tokens/strings, max_tokens and the context limit, streams
@@ -130,7 +132,9 @@ class ContinuousBatcher {
   std::unique_ptr<StepScheduler> scheduler_;
   SchedulerOutput sched_;  // this step's decision (reused: no allocation per step)
   StepBatchBuilder builder_;
-  std::vector<float> logits_;
+  std::vector<float> logits_;                  // host sampling: [S, vocab]
+  StepSamplingBuilder sampling_;               // device sampling: the step's table
+  std::vector<models::SampledToken> sampled_;  // device sampling: [S]
   std::thread thread_;
 };
 

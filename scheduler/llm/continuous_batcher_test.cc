@@ -77,11 +77,13 @@ config::LlmSchedulerConfig WithBlocks(config::LlmSchedulerConfig c, int64_t bloc
 }
 
 struct Fixture {
-  explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512)
+  explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512,
+                   bool sample_on_device = false)
       : registry(std::make_unique<metrics::Registry>()),
         families(std::make_unique<LlmMetricFamilies>(*registry)) {
     FakeLlmOptions opts;
     opts.context_length = context;
+    opts.sample_on_device = sample_on_device;
     gate = opts.gate;
     seen = opts.stats;
     delay_us = opts.step_delay_us;
@@ -133,6 +135,44 @@ TEST(ContinuousBatcherTest, GreedyGenerationMatchesTheModel) {
   EXPECT_EQ(r.last.usage.prompt_tokens, 37);
   EXPECT_EQ(r.last.usage.completion_tokens, 20);
   EXPECT_EQ(r.text, f.model->tokenizer().Decode(want, {.strip_leading_space = false}));
+}
+
+// A model that samples in its step program gets, per step, each sequence's parameters, penalty
+// list, end-id bans and next random draw (a greedy row while a prompt is still prefilling):
+// seeded requests give exactly the tokens and logprobs the host sampler gives.
+TEST(ContinuousBatcherTest, SamplingOnTheDeviceGivesTheHostSamplersTokens) {
+  config::LlmSchedulerConfig o;
+  o.max_num_batched_tokens = 24;  // prompts of 30-60 tokens are prefilled in chunks
+  o.max_num_seqs = 8;
+  std::vector<Result> runs[2];
+  for (bool device : {false, true}) {
+    Fixture f(WithBlocks(o, 512), 512, device);
+    EXPECT_EQ(f.model->samples_on_device(), device);
+    std::vector<std::future<Result>> futures;
+    for (int i = 0; i < 12; ++i) {
+      auto c = MakeRequest(Prompt(30 + 3 * i, i), 16);
+      models::SamplingParams& p = c.req->sampling;
+      p.temperature = 0.8f + 0.1f * (i % 5);
+      p.top_p = i % 3 == 0 ? 1.0f : 0.9f;
+      p.top_k = i % 4 == 1 ? 5 : 0;
+      p.repetition_penalty = i % 2 ? 1.2f : 1.0f;
+      p.frequency_penalty = i % 3 == 2 ? 0.5f : 0.0f;
+      p.min_tokens = i % 4 == 0 ? 6 : 0;
+      p.logprobs = i % 3 == 1 ? 3 : -1;
+      p.seed = 100 + i;
+      futures.push_back(f.Submit(c));
+    }
+    for (auto& fu : futures) runs[device].push_back(fu.get());
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    EXPECT_EQ(runs[1][i].ids, runs[0][i].ids) << "request " << i;
+    EXPECT_EQ(runs[1][i].text, runs[0][i].text) << "request " << i;
+    EXPECT_EQ(runs[1][i].last.finish, runs[0][i].last.finish) << "request " << i;
+  }
+  // The draws were not all greedy: sampling picked tokens the greedy model would not.
+  int differ = 0;
+  for (int i = 0; i < 12; ++i) differ += runs[0][i].ids != Reference(Prompt(30 + 3 * i, i), 16);
+  EXPECT_GT(differ, 0);
 }
 
 TEST(ContinuousBatcherTest, ManyRequestsWithChunkedPrefillAllCorrect) {

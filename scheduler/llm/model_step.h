@@ -57,4 +57,23 @@ struct StepOutput {
 // host sampler's from the row's logits (EOS and stop tokens masked before min_tokens).
 models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq);
 
+// The sampling table of a step for a model that samples in its step program: each sequence
+// that gets a token this step samples with its own parameters, penalty list, banned end ids
+// (before min_tokens) and the next uniform of its own random stream (so its tokens are those
+// its host sampler would pick); a sequence still prefilling its prompt gets a greedy row. Its
+// buffers are reused from step to step.
+class StepSamplingBuilder {
+ public:
+  // The table is valid until the next Build. Advances the random streams of the sequences
+  // that sample.
+  const models::StepSampling& Build(const SchedulerOutput& sched);
+
+ private:
+  std::vector<sampling::RowParams> params_;
+  std::vector<double> uniforms_;
+  std::vector<sampling::PenaltyToken> penalties_;
+  std::vector<int32_t> penalty_start_, banned_, banned_start_;
+  models::StepSampling table_;
+};
+
 }  // namespace kiln

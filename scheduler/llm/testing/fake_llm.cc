@@ -172,4 +172,32 @@ std::vector<int32_t> FakeLlm::Continue(std::vector<int32_t> context, int n, int 
   return out;
 }
 
+Status FakeLlm::StepAndSample(const models::StepBatch& b, const models::StepSampling& sampling,
+                              std::span<models::SampledToken> sampled, models::StepStats* stats) {
+  if (!options_.sample_on_device) return FailedPrecondition("the fake samples on the host");
+  const size_t S = b.seq_lens.size(), V = static_cast<size_t>(info_.vocab_size);
+  if (sampling.params.size() != S || sampling.uniforms.size() != S || sampled.size() < S) {
+    return InvalidArgument("inconsistent step sampling");
+  }
+  logits_.resize(S * V);
+  KILN_RETURN_IF_ERROR(Step(b, logits_, stats));
+  sampling::Scratch scratch;
+  for (size_t s = 0; s < S; ++s) {
+    const std::span<float> raw(logits_.data() + s * V, V);
+    std::vector<float> row(raw.begin(), raw.end());
+    const sampling::RowParams& p = sampling.params[s];
+    sampling::ApplyPenalties(
+        p, row,
+        sampling.penalties.subspan(sampling.penalty_start[s],
+                                   sampling.penalty_start[s + 1] - sampling.penalty_start[s]),
+        sampling.banned.subspan(sampling.banned_start[s],
+                                sampling.banned_start[s + 1] - sampling.banned_start[s]));
+    models::SampledToken& t = sampled[s];
+    t = {};
+    t.token = sampling::Pick(p, row, sampling.uniforms[s], scratch);
+    if (p.logprobs >= 0) models::ComputeLogprobs(raw, t.token, p.logprobs, &t);
+  }
+  return OkStatus();
+}
+
 }  // namespace kiln::llm_testing

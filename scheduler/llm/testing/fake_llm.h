@@ -71,6 +71,10 @@ struct FakeLlmOptions {
   std::shared_ptr<std::atomic<int>> eos_at = std::make_shared<std::atomic<int>>(0);
   std::shared_ptr<StepGate> gate = std::make_shared<StepGate>();
   std::shared_ptr<FakeLlmStats> stats = std::make_shared<FakeLlmStats>();
+  // Emulate a model whose step program samples (samples_on_device(), StepAndSample): each
+  // row's logits go through engine/sampling.h with the table the batcher sends, as the sample
+  // op does on a device.
+  bool sample_on_device = false;
 };
 
 class FakeLlm final : public models::LlmModel {
@@ -88,6 +92,9 @@ class FakeLlm final : public models::LlmModel {
   // as replayed, padded to 1, 2, 4 or 8.
   Status Step(const models::StepBatch& batch, std::span<float> logits,
               models::StepStats* stats) override;
+  bool samples_on_device() const override { return options_.sample_on_device; }
+  Status StepAndSample(const models::StepBatch& batch, const models::StepSampling& sampling,
+                       std::span<models::SampledToken> sampled, models::StepStats* stats) override;
 
   // The greedy continuation of `context` (at most `n` tokens; stops after EOS).
   static std::vector<int32_t> Continue(std::vector<int32_t> context, int n, int eos_at = 0);
@@ -99,6 +106,7 @@ class FakeLlm final : public models::LlmModel {
   std::unique_ptr<models::ChatTemplate> template_;
   int32_t block_size_ = 0;
   std::vector<std::pair<int32_t, int32_t>> kv_;  // (token, position) per slot
+  std::vector<float> logits_;                    // StepAndSample's rows
 };
 
 // The fixture tokenizer alone.

@@ -1,4 +1,4 @@
-#include "backends/cpu/training.h"
+#include "backends/cpu/threaded_ref.h"
 
 #include <memory>
 #include <vector>
@@ -31,9 +31,14 @@ void AdamWKernel(const LaunchArgs& a, const ExecCtx& c) {
   ref::AdamWElements(a, Data(a).hyper.data(), begin, end);
 }
 
+void SampleKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const auto [begin, end] = Share(ref::SampleRowCount(a), c);
+  ref::SampleRows(a, begin, end);
+}
+
 }  // namespace
 
-std::optional<backend::Kernel> TrainingKernel(const backend::KernelRequest& req) {
+std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequest& req) {
   auto d = std::make_shared<TrainingData>();
   switch (req.op) {
     case OpKind::kFusedCrossEntropy:
@@ -42,6 +47,8 @@ std::optional<backend::Kernel> TrainingKernel(const backend::KernelRequest& req)
     case OpKind::kAdamW:
       d->hyper = req.attrs->floats;
       return backend::Kernel{AdamWKernel, std::move(d), "cpu.adamw"};
+    case OpKind::kSample:
+      return backend::Kernel{SampleKernel, nullptr, "cpu.sample"};
     default:
       return std::nullopt;
   }

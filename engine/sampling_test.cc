@@ -1,0 +1,99 @@
+#include "engine/sampling.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace kiln::sampling {
+namespace {
+
+TEST(SamplingTest, ParamsRoundTripThroughARow) {
+  RowParams p;
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  p.top_p = 0.9f;
+  p.min_p = 0.05f;
+  p.repetition_penalty = 1.1f;
+  p.presence_penalty = -0.5f;
+  p.frequency_penalty = 0.25f;
+  p.logprobs = 5;
+  float row[kNumParams];
+  PackParams(p, row);
+  const RowParams q = UnpackParams(row);
+  EXPECT_EQ(q.temperature, p.temperature);
+  EXPECT_EQ(q.top_k, p.top_k);
+  EXPECT_EQ(q.top_p, p.top_p);
+  EXPECT_EQ(q.min_p, p.min_p);
+  EXPECT_EQ(q.repetition_penalty, p.repetition_penalty);
+  EXPECT_EQ(q.presence_penalty, p.presence_penalty);
+  EXPECT_EQ(q.frequency_penalty, p.frequency_penalty);
+  EXPECT_EQ(q.logprobs, p.logprobs);
+}
+
+TEST(SamplingTest, PenaltiesActOncePerTokenAndBansWin) {
+  RowParams p;
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  p.frequency_penalty = 0.25f;
+  std::vector<float> l = {4.0f, -4.0f, 4.0f, 1.0f, 1.0f};
+  // Token 0 only in the prompt; token 1 and 2 generated twice and once; 7 is out of range.
+  const std::vector<PenaltyToken> pen = {{0, 0}, {1, 2}, {2, 1}, {7, 3}};
+  const std::vector<int32_t> banned = {3, -1};
+  ApplyPenalties(p, l, pen, banned);
+  EXPECT_FLOAT_EQ(l[0], 2.0f);                 // 4 / 2, no additive penalty
+  EXPECT_FLOAT_EQ(l[1], -8.0f - 0.5f - 0.5f);  // -4 * 2 - (0.5 + 0.25 * 2)
+  EXPECT_FLOAT_EQ(l[2], 2.0f - 0.5f - 0.25f);  // 4 / 2 - (0.5 + 0.25)
+  EXPECT_EQ(l[3], -std::numeric_limits<float>::infinity());
+  EXPECT_FLOAT_EQ(l[4], 1.0f);
+}
+
+// The draw walks the candidates in the canonical order: descending logit (ties: lower id)
+// under top-k/top-p, ascending id otherwise. u just below a candidate's cumulative share picks
+// it, u just above picks the next one.
+TEST(SamplingTest, DrawsWalkTheCanonicalOrder) {
+  Scratch scratch;
+  RowParams p;
+  p.top_k = 3;
+  const std::vector<float> base = {0.0f, 2.0f, 1.0f, 2.0f, -5.0f};
+  // Top-3: ids 1 and 3 (equal, lower id first), then 2. Weights e^0, e^0, e^-1.
+  const double w1 = 1.0, w3 = 1.0, w2 = std::exp(-1.0f);
+  const double mass = w1 + w3 + w2;
+  auto pick = [&](double u) {
+    std::vector<float> l = base;
+    return Pick(p, l, u, scratch);
+  };
+  EXPECT_EQ(pick(0.0), 1);
+  EXPECT_EQ(pick(w1 / mass - 1e-9), 1);
+  EXPECT_EQ(pick(w1 / mass + 1e-9), 3);
+  EXPECT_EQ(pick((w1 + w3) / mass + 1e-9), 2);
+  EXPECT_EQ(pick(1.0 - 1e-12), 2);
+  // No top-k/top-p: ascending ids over the whole vocabulary.
+  p.top_k = 0;
+  const double e0 = std::exp(-2.0f), e1 = 1.0, e2 = std::exp(-1.0f), e3 = 1.0, e4 = std::exp(-7.0f);
+  const double all = e0 + e1 + e2 + e3 + e4;
+  EXPECT_EQ(pick(0.0), 0);
+  EXPECT_EQ(pick((e0 + 1e-9) / all), 1);
+  EXPECT_EQ(pick((e0 + e1 + 1e-9) / all), 2);
+  // Greedy: the first maximum, whatever u.
+  p.temperature = 0;
+  EXPECT_EQ(pick(0.99), 1);
+}
+
+TEST(SamplingTest, LogprobsOfTheRawDistributionWithTiesByLowerId) {
+  const std::vector<float> raw = {1.0f, 3.0f, 3.0f, 0.0f};
+  int32_t ids[3];
+  float lps[3];
+  const float lp = Logprobs(raw, 3, 3, ids, lps);
+  const double z = std::log(std::exp(1.0) + 2 * std::exp(3.0) + 1.0);
+  EXPECT_NEAR(lp, 0.0 - z, 1e-6);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+  EXPECT_EQ(ids[2], 0);
+  EXPECT_NEAR(lps[0], 3.0 - z, 1e-6);
+  EXPECT_NEAR(lps[2], 1.0 - z, 1e-6);
+}
+
+}  // namespace
+}  // namespace kiln::sampling
