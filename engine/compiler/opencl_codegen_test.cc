@@ -252,10 +252,12 @@ TEST(OpenClCodegenTest, EveryFormMatchesTheReferenceOnTheDevice) {
     }
     LaunchArgs a = j.args;
     a.inputs = j.inputs.data();
-    const std::vector<int64_t> meta = PackDeviceMeta(j.spec, a);
+    const DeviceLaunch launch(j.spec);
+    std::vector<int64_t> meta(launch.meta_size());
+    launch.PackMeta(a, {}, meta);
     CL_OK(
         clSetKernelArg(k, static_cast<cl_uint>(j.inputs.size() + 1), meta.size() * 8, meta.data()));
-    const DeviceGeometry geo = DeviceLaunchGeometry(j.spec, a);
+    const DeviceGeometry geo = launch.Geometry(a);
     const size_t global = static_cast<size_t>(geo.global_size);
     const size_t local = static_cast<size_t>(geo.local_size);
     CL_OK(clEnqueueNDRangeKernel(cl->queue, k, 1, nullptr, &global, &local, 0, nullptr, nullptr));
