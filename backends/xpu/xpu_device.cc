@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/xpu/cl_sources.h"
 #include "engine/compiler/hash.h"
+#include "engine/ops.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::xpu {
@@ -421,8 +421,7 @@ void* XpuDevice::GetExtension(std::string_view name) {
   return nullptr;
 }
 
-// ---- compiler::Target
-// ----------------------------------------------------------------------------
+// ---- compiler::Target ---------------------------------------------------------------------------
 
 compiler::FusionCaps XpuDevice::caps() const {
   compiler::FusionCaps c;
@@ -439,6 +438,14 @@ Status XpuDevice::Prepare(std::span<const backend::KernelRequest> requests) {
   tl_preparing = true;
   Status status = OkStatus();
   for (const backend::KernelRequest& req : requests) {
+    // Only requests that declare generated or templated kernels: library kernels all come
+    // from one program, and some of their GetKernel calls do work (rope uploads a table).
+    const OpDef& def = GetOpDef(req.op);
+    const bool declares = compiler::FusedGroupOf(req) != nullptr || def.pointwise != nullptr ||
+                          def.reduce != nullptr || req.op == OpKind::kLinear ||
+                          req.op == OpKind::kMatMul || req.op == OpKind::kAttention ||
+                          req.op == OpKind::kPagedAttention;
+    if (!declares) continue;
     StatusOr<backend::Kernel> k = GetKernel(req);
     // A fused group this device cannot run fails the fused program (compiled unfused then);
     // other errors surface when the program is assigned, naming the node.

@@ -68,8 +68,7 @@ std::string StoreFrom(DType t, DType acc) {
   return absl::StrCat(acc == DType::kF64 ? "std_" : "stf_", Lower(t), "(p, i, v)");
 }
 
-// ---- Generated: pointwise, reductions, fused groups
-// ----------------------------------------------
+// ---- Generated: pointwise, reductions, fused groups ---------------------------------------------
 
 // A kernel from the engine's printer: typed buffers plus its KMeta (compiler::DeviceLaunch).
 // Tensors reach it as cl_mem + element offset; the opaque device addresses resolve to a byte
@@ -87,7 +86,7 @@ void GenFn(const LaunchArgs& a, const ExecCtx& c) {
   if (a.output.numel() == 0) return;
   ClArgs args;
   int64_t offsets[ClArgs::kMaxMems];
-  const int n = a.num_inputs + 1;
+  const int n = std::min(a.num_inputs + 1, ClArgs::kMaxMems);  // Generated() checked the count
   for (int i = 0; i < n; ++i) {
     const int64_t bytes = args.Mem(dev, i == 0 ? a.output.data : a.inputs[i - 1].data);
     if (bytes % d.elem_bytes[i] != 0) {
