@@ -157,7 +157,7 @@ KFN void kunravel(ki64 p, const ki64* shape, int r, ki64* idx) {
 
 // KILN_NO_FP64 (defined before the preamble) prints no double arithmetic even where the
 // device has cl_khr_fp64 (the xpu backend's devices without f64 tensors).
-constexpr const char* kOpenClHeader = R"(// Kiln generated kernels (OpenCL C).
+constexpr const char* kOpenClHeader = R"CL(// Kiln generated kernels (OpenCL C).
 #if defined(cl_khr_fp64) && !defined(KILN_NO_FP64)
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define KHAS_F64 1
@@ -176,11 +176,16 @@ typedef uchar ku8;
 #define KERNEL __kernel
 #define GLOBAL __global
 #define LOCAL __local
-#define GLOBAL_ID ((ki64)get_global_id(0))
-#define GLOBAL_SIZE ((ki64)get_global_size(0))
+// Each work-item's loop walks elements a global size (or a group size) apart: vectorizing it
+// gives gathers and scatters, and PoCL (which vectorizes across work-items) then spends ~30%
+// more time compiling every kernel at its first launch. KNOVEC keeps such loops scalar; the
+// grid-stride step is unsigned (size_t) for the same reason.
+#define KNOVEC _Pragma("clang loop vectorize(disable)")
+#define GLOBAL_ID get_global_id(0)
+#define GLOBAL_SIZE get_global_size(0)
 #define LOCAL_ID ((int)get_local_id(0))
-#define GROUP_ID ((ki64)get_group_id(0))
-#define NUM_GROUPS ((ki64)get_num_groups(0))
+#define GROUP_ID get_group_id(0)
+#define NUM_GROUPS get_num_groups(0)
 #define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
 #define KF2U(x) as_uint((float)(x))
 #define KU2F(x) as_float((ku32)(x))
@@ -216,7 +221,7 @@ typedef uchar ku8;
 #define KTRUNCF trunc
 #define KFREXPF frexp
 #define KLDEXPF ldexp
-)";
+)CL";
 
 // CUDA and HIP are one dialect: HIP compiles CUDA's names (thread indices, __shared__,
 // __syncthreads, the bit-cast intrinsics, the math library) as they are, so the only vendor
@@ -239,6 +244,7 @@ typedef unsigned char ku8;
 #define KERNEL extern "C" __global__
 #define GLOBAL
 #define LOCAL __shared__
+#define KNOVEC
 #define GLOBAL_ID ((ki64)blockIdx.x * blockDim.x + threadIdx.x)
 #define GLOBAL_SIZE ((ki64)gridDim.x * blockDim.x)
 #define LOCAL_ID ((int)threadIdx.x)
@@ -1011,6 +1017,13 @@ class ReduceSkeleton {
   virtual void StoreRow(Out& row, const std::function<void(Out&)>& store) = 0;
   virtual std::string StagePragma(const ReduceStage&, const std::string&) const { return ""; }
   virtual std::string OutputPragma() const { return ""; }
+  // The stride of a tensor with the output's shape (-1: the output; or a kOut arg) along kept
+  // iteration axis d: outputs without the reduced axes number their axes by the kept ones.
+  std::string OutStride(int t, int d) const {
+    if (s_.elementwise || s_.keepdim) return Stride(t, d);
+    return Stride(
+        t, static_cast<int>(std::find(ax_.kept.begin(), ax_.kept.end(), d) - ax_.kept.begin()));
+  }
 
  protected:
   // `const ki64 f<i> = ...` for the full args (and `fo` for an elementwise output) at the
@@ -1034,11 +1047,6 @@ class ReduceSkeleton {
 std::string PrintReduce(ReduceSkeleton& sk, const std::string& name) {
   const KernelSpec& s = sk.spec();
   const ReduceAxes& ax = sk.axes();
-  // Output axis of each kept iteration axis (outputs without the reduced axes).
-  auto out_axis = [&](int d) {
-    if (s.elementwise || s.keepdim) return d;
-    return static_cast<int>(std::find(ax.kept.begin(), ax.kept.end(), d) - ax.kept.begin());
-  };
   Out k;
   k.Line(StrCat("// ", s.name, " (reduce over [", absl::StrJoin(s.reduce_axes, ","), "])"));
   std::string rows = "1", cnt = "1";
@@ -1055,7 +1063,7 @@ std::string PrintReduce(ReduceSkeleton& sk, const std::string& name) {
   auto base = [&](const std::string& var, int t, bool out_space) {
     std::string v = StrCat("const ki64 ", var, " = ", sk.Base(t));
     for (int d : ax.kept) {
-      absl::StrAppend(&v, " + k", d, " * ", sk.Stride(t, out_space ? out_axis(d) : d));
+      absl::StrAppend(&v, " + k", d, " * ", out_space ? sk.OutStride(t, d) : sk.Stride(t, d));
     }
     k.Line(v + ";");
   };
@@ -1569,45 +1577,48 @@ std::string DevicePointwise(const KernelSpec& s, const std::string& name) {
   };
   ExprPrinter pr("t", leaf, DeviceAux(s, m));
   pr.SetRowBlock(nullptr);
-  auto loop = [&](bool dense) {
-    k.Open("for (ki64 i = GLOBAL_ID; i < n; i += GLOBAL_SIZE) {");
-    if (R > 0 && (!dense || UsesIndex(s.value))) {
-      k.Line("ki64 t = i;");
-      for (int d = R - 1; d >= 0; --d) {
-        k.Line(StrCat("const ki64 i", d, " = ", d > 0 ? StrCat("t % m.v[", d, "]") : "t", ";"));
-        if (d > 0) k.Line(StrCat("t /= m.v[", d, "];"));
-      }
+  // Offsets of the output and the full args: with the flat index when `dense`, else from the
+  // element's index (one loop and one body either way: PoCL compiles each kernel at its first
+  // launch, and code size is compile time).
+  std::vector<std::pair<std::string, int>> tensors = {{"oo", m.out}};
+  for (size_t i = 0; i < s.args.size(); ++i) {
+    if (s.args[i].role == ArgRole::kFull) tensors.emplace_back(StrCat("o", i), m.arg[i]);
+  }
+  auto unravel = [&] {
+    k.Line("ki64 t = i;");
+    for (int d = R - 1; d >= 0; --d) {
+      k.Line(StrCat("const ki64 i", d, " = ", d > 0 ? StrCat("t % m.v[", d, "]") : "t", ";"));
+      if (d > 0) k.Line(StrCat("t /= m.v[", d, "];"));
     }
-    auto offset = [&](const std::string& var, int at, int rank) {
-      std::string v = StrCat("const ki64 ", var, " = m.v[", at, "]");
-      if (dense) {
-        absl::StrAppend(&v, " + i");
-      } else {
-        for (int d = 0; d < rank; ++d) absl::StrAppend(&v, " + i", d, " * m.v[", at + 1 + d, "]");
-      }
-      k.Line(v + ";");
-    };
-    offset("oo", m.out, R);
-    for (size_t i = 0; i < s.args.size(); ++i) {
-      if (s.args[i].role == ArgRole::kFull) offset(StrCat("o", i), m.arg[i], R);
-    }
-    Out body(k.indent);
-    pr.SetElemBlock(&body);
-    const std::string v = pr.Print(s.value);
-    k.Append(body);
-    k.Line(StrCat("po[oo] = ", StoreConv(s.value.type(), s.out_dtype, v), ";"));
-    k.Close();
   };
+  if (R > 0) k.Line(StrCat("const int dense = (int)m.v[", m.dense, "];"));
+  k.Open("KNOVEC for (ki64 i = GLOBAL_ID; i < n; i += GLOBAL_SIZE) {");
   if (R == 0) {
-    loop(false);
+    for (const auto& [var, at] : tensors) k.Line(StrCat("const ki64 ", var, " = m.v[", at, "];"));
   } else {
-    k.Open(StrCat("if (m.v[", m.dense, "] != 0) {"));
-    loop(true);
+    const bool index = UsesIndex(s.value);
+    if (index) unravel();
+    std::vector<std::string> vars;
+    for (const auto& [var, at] : tensors) vars.push_back(var);
+    k.Line(StrCat("ki64 ", absl::StrJoin(vars, ", "), ";"));
+    k.Open("if (dense) {");
+    for (const auto& [var, at] : tensors) k.Line(StrCat(var, " = m.v[", at, "] + i;"));
     k.Close("} else {");
     k.indent += "  ";
-    loop(false);
+    if (!index) unravel();
+    for (const auto& [var, at] : tensors) {
+      std::string v = StrCat(var, " = m.v[", at, "]");
+      for (int d = 0; d < R; ++d) absl::StrAppend(&v, " + i", d, " * m.v[", at + 1 + d, "]");
+      k.Line(v + ";");
+    }
     k.Close();
   }
+  Out body(k.indent);
+  pr.SetElemBlock(&body);
+  const std::string v = pr.Print(s.value);
+  k.Append(body);
+  k.Line(StrCat("po[oo] = ", StoreConv(s.value.type(), s.out_dtype, v), ";"));
+  k.Close();
   k.Close();
   return k.text;
 }
@@ -1658,7 +1669,7 @@ class DeviceReduceSkeleton final : public ReduceSkeleton {
     Out element(b.indent);
     body(element);
     b.Append(element);
-    dst.Open(StrCat("for (ki64 p = lid; p < cnt; p += ", wg_, ") {"));
+    dst.Open(StrCat("KNOVEC for (ki64 p = lid; p < cnt; p += ", wg_, ") {"));
     dst.Append(b);
     dst.Close();
   }
@@ -1734,6 +1745,50 @@ class DeviceReduceSkeleton final : public ReduceSkeleton {
   const int wg_;
 };
 
+// Device reduce kernels iterate in a canonical order — the kept axes, then the reduced ones —
+// with outputs that drop the reduced axes: one kernel serves every reduction with as many kept
+// and reduced axes (a sum over axis 1 or 2 of a rank-3 tensor, keepdim or not); DeviceLaunch
+// permutes shapes and strides to match. `perm[i]` is the spec's axis of canonical axis i.
+KernelSpec CanonicalDeviceReduce(const KernelSpec& s, std::vector<int>* perm) {
+  const ReduceAxes ax(s);
+  std::vector<int> order = ax.kept;
+  order.insert(order.end(), ax.red.begin(), ax.red.end());
+  std::vector<int> slot(s.rank);
+  for (int i = 0; i < s.rank; ++i) slot[order[i]] = i;
+  const int nk = static_cast<int>(ax.kept.size());
+  auto iteration = [&](const Expr& e) {
+    return MapLeaves(e, [&](const Expr& leaf) {
+      const ExprNode& n = leaf.node();
+      if (n.op != ExprOp::kIndex || n.index == kPosAxis) return leaf;
+      return Expr::Index(slot[n.index]);
+    });
+  };
+  KernelSpec c = s;
+  c.reduce_axes.clear();
+  for (int i = nk; i < s.rank; ++i) c.reduce_axes.push_back(i);
+  for (ReduceStage& st : c.stages) st.value = iteration(st.value);
+  if (s.elementwise) {
+    c.output = iteration(s.output);
+  } else {
+    c.keepdim = false;
+    c.out_rank = nk;
+    // Output axes: without keepdim they are the kept axes in order already; with it, kept
+    // axis d becomes output axis slot[d] and reduced ones are 0.
+    if (s.keepdim) {
+      c.output = MapLeaves(s.output, [&](const Expr& leaf) {
+        const ExprNode& n = leaf.node();
+        if (n.op != ExprOp::kIndex) return leaf;
+        return ax.reduced[n.index] ? Expr::Int(0) : Expr::Index(slot[n.index]);
+      });
+    }
+    for (KernelArg& a : c.args) {
+      if (a.role == ArgRole::kOut) a.rank = nk;
+    }
+  }
+  if (perm != nullptr) *perm = order;
+  return c;
+}
+
 std::string Generate(const KernelSpec& s, Dialect d, const std::string& name, int wg) {
   if (d == Dialect::kCpp) {
     switch (s.kind) {
@@ -1748,7 +1803,8 @@ std::string Generate(const KernelSpec& s, Dialect d, const std::string& name, in
     }
   }
   if (s.kind == KernelKind::kPointwise) return DevicePointwise(s, name);
-  DeviceReduceSkeleton sk(s, wg);
+  const KernelSpec c = CanonicalDeviceReduce(s, nullptr);
+  DeviceReduceSkeleton sk(c, wg);
   return PrintReduce(sk, name);
 }
 
@@ -1903,17 +1959,30 @@ bool DenseWith(const TensorArg& t, const int64_t* shape, int rank) {
 DeviceLaunch::DeviceLaunch(const KernelSpec& spec, const CodegenOptions& options)
     : kind_(spec.kind),
       rank_(spec.rank),
-      out_rank_(spec.out_rank),
       shape_arg_(spec.kind == KernelKind::kReduce ? spec.shape_arg : -1),
       wg_(options.work_group_size) {
-  const MetaLayout m = LayoutOf(spec);
+  // The layout is the printed kernel's: reduce kernels run in the canonical axis order.
+  KernelSpec printed = spec;
+  for (int d = 0; d < spec.rank; ++d) perm_.push_back(d);
+  if (spec.kind == KernelKind::kReduce) printed = CanonicalDeviceReduce(spec, &perm_);
+  const MetaLayout m = LayoutOf(printed);
   out_at_ = m.out;
   dense_at_ = m.dense;
   meta_size_ = m.size;
+  for (int ax : spec.reduce_axes) reduced_ |= 1u << ax;
+  // The axis of output-shaped tensors (the output, kOut args) behind each meta stride.
+  if (spec.kind == KernelKind::kReduce && !spec.elementwise) {
+    for (int d = 0, j = 0; d < spec.rank; ++d) {
+      if (reduced_ >> d & 1u) continue;
+      out_axes_.push_back(spec.keepdim ? d : j);
+      ++j;
+    }
+  } else {
+    out_axes_ = perm_;
+  }
   for (size_t i = 0; i < spec.args.size(); ++i) {
     args_.push_back({spec.args[i].role, spec.args[i].rank, m.arg[i]});
   }
-  for (int ax : spec.reduce_axes) reduced_ |= 1u << ax;
 }
 
 void DeviceLaunch::PackMeta(const LaunchArgs& args, std::span<const int64_t> offsets,
@@ -1921,10 +1990,13 @@ void DeviceLaunch::PackMeta(const LaunchArgs& args, std::span<const int64_t> off
   KILN_CHECK(meta.size() >= static_cast<size_t>(meta_size_), "PackMeta: meta too small");
   std::fill(meta.begin(), meta.begin() + meta_size_, 0);
   const TensorArg& shape = shape_arg_ >= 0 ? args.inputs[shape_arg_] : args.output;
-  for (int d = 0; d < rank_; ++d) meta[d] = shape.shape[d];
+  for (int d = 0; d < rank_; ++d) meta[d] = shape.shape[perm_[d]];
   auto off = [&](size_t i) { return i < offsets.size() ? offsets[i] : 0; };
   meta[out_at_] = off(0);
-  for (int d = 0; d < out_rank_; ++d) meta[out_at_ + 1 + d] = args.output.strides[d];
+  auto out_strides = [&](const TensorArg& t, int at) {
+    for (size_t j = 0; j < out_axes_.size(); ++j) meta[at + 1 + j] = t.strides[out_axes_[j]];
+  };
+  out_strides(args.output, out_at_);
   bool dense = dense_at_ >= 0 && DenseWith(args.output, shape.shape, rank_);
   for (size_t i = 0; i < args_.size(); ++i) {
     const TensorArg& t = args.inputs[i];
@@ -1935,8 +2007,12 @@ void DeviceLaunch::PackMeta(const LaunchArgs& args, std::span<const int64_t> off
       meta[a.at + 2] = t.strides[0];
       continue;
     }
-    for (int d = 0; d < a.rank; ++d) meta[a.at + 1 + d] = t.strides[d];
-    if (a.role == ArgRole::kFull) dense = dense && DenseWith(t, shape.shape, rank_);
+    if (a.role == ArgRole::kOut) {
+      out_strides(t, a.at);
+      continue;
+    }
+    for (int d = 0; d < a.rank; ++d) meta[a.at + 1 + d] = t.strides[perm_[d]];
+    dense = dense && DenseWith(t, shape.shape, rank_);
   }
   if (dense_at_ >= 0) meta[dense_at_] = dense ? 1 : 0;
 }

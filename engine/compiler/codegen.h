@@ -41,7 +41,10 @@
 //   iteration shape [rank]; output: offset, strides[out_rank];
 //   per arg in order: kFull/kOut: offset, strides[arg rank]; kAux: offset, length, stride;
 //   pointwise kernels: a `dense` flag (every tensor row-major with the output's shape).
-// Offsets (from the pointers) and strides are in elements. Pointwise kernels use a grid-stride
+// Reduce kernels iterate in a canonical order (kept axes, then reduced axes; outputs without
+// the reduced axes), so one kernel serves every reduction with as many of each, keepdim or
+// not; DeviceLaunch permutes shapes and strides. Offsets (from the pointers) and strides are
+// in elements. Pointwise kernels use a grid-stride
 // loop over the output elements (any 1-D global size). Reduce kernels use one work-group
 // (block) of exactly `work_group_size` work-items per output row, looping over rows by group
 // id. See DeviceLaunch. kGemmEpilogue has no device form (Unimplemented).
@@ -136,11 +139,13 @@ class DeviceLaunch {
     int at;  // position of its offset in the meta values
   };
   KernelKind kind_ = KernelKind::kPointwise;
-  int rank_ = 0, out_rank_ = 0;
+  int rank_ = 0;
   int shape_arg_ = -1;  // the arg whose shape is the iteration space (-1: the output)
   int64_t wg_ = 128;
   int out_at_ = 0, dense_at_ = -1, meta_size_ = 1;
-  uint32_t reduced_ = 0;  // reduced axes (bit mask)
+  uint32_t reduced_ = 0;       // reduced axes (bit mask)
+  std::vector<int> perm_;      // the spec's axis of each iteration axis of the kernel
+  std::vector<int> out_axes_;  // the axis of output-shaped tensors behind each meta stride
   std::vector<Arg> args_;
 };
 

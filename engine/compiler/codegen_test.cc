@@ -120,6 +120,57 @@ TEST(CodegenTest, DeviceLaunchPacksTheLayout) {
   EXPECT_EQ(g16.global_size, 16);
 }
 
+// Device reduce kernels run in a canonical axis order (kept, then reduced): sum(x, 1),
+// sum(x, 1, keepdim) and sum(x, 2) of a rank-3 x are one kernel, launched with the shapes and
+// strides permuted.
+TEST(CodegenTest, DeviceReduceKernelsAreCanonical) {
+  KernelSpec s;
+  s.name = "sum";
+  s.kind = KernelKind::kReduce;
+  s.rank = 3;
+  s.out_dtype = DType::kF32;
+  s.args = {{DType::kF32, ArgRole::kFull, 3}};
+  s.stages = {{ReduceKind::kSum, Expr::Input(0)}};
+  s.output = Expr::Acc(0);
+  s.reduce_axes = {1};
+  s.shape_arg = 0;
+  KernelSpec kept = s;
+  s.out_rank = 2;
+  kept.keepdim = true;
+  kept.out_rank = 3;
+  const StatusOr<GeneratedKernel> a = GenerateKernel(s, Dialect::kOpenCL);
+  const StatusOr<GeneratedKernel> b = GenerateKernel(kept, Dialect::kOpenCL);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->entry, b->entry);
+  // x [2, 5, 4] dense; out [2, 4] or [2, 1, 4] dense: strides per kept axis (0 and 2).
+  TensorArg x;
+  x.rank = 3;
+  x.shape[0] = 2, x.shape[1] = 5, x.shape[2] = 4;
+  x.strides[0] = 20, x.strides[1] = 4, x.strides[2] = 1;
+  LaunchArgs args;
+  args.inputs = &x;
+  args.num_inputs = 1;
+  args.output.rank = 2;
+  args.output.shape[0] = 2, args.output.shape[1] = 4;
+  args.output.strides[0] = 4, args.output.strides[1] = 1;
+  std::vector<int64_t> ma(DeviceLaunch(s).meta_size()), mb(DeviceLaunch(kept).meta_size());
+  DeviceLaunch(s).PackMeta(args, {}, ma);
+  args.output.rank = 3;
+  args.output.shape[1] = 1, args.output.shape[2] = 4;
+  args.output.strides[0] = 4, args.output.strides[1] = 4, args.output.strides[2] = 1;
+  DeviceLaunch(kept).PackMeta(args, {}, mb);
+  EXPECT_EQ(ma, mb);
+  // Canonical shape [2, 4 | 5]; out strides of the kept axes; x strides permuted alike.
+  EXPECT_EQ(ma, (std::vector<int64_t>{2, 4, 5, 0, 4, 1, 0, 20, 1, 4}));
+  KernelSpec last = s;
+  last.reduce_axes = {2};
+  const StatusOr<GeneratedKernel> c = GenerateKernel(last, Dialect::kOpenCL);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(a->entry, c->entry);
+  // The C++ kernels keep the spec's own axes.
+  EXPECT_NE(GenerateKernel(s, Dialect::kCpp)->entry, GenerateKernel(last, Dialect::kCpp)->entry);
+}
+
 TEST(CodegenTest, ExpressionFunctionsPrintInEveryDialect) {
   ExprFunction f;
   f.name = "kiln_test_mask";
