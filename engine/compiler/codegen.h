@@ -41,13 +41,13 @@
 //   iteration shape [rank]; output: offset, strides[out_rank];
 //   per arg in order: kFull/kOut: offset, strides[arg rank]; kAux: offset, length, stride;
 //   pointwise kernels: a `dense` flag (every tensor row-major with the output's shape).
-// Reduce kernels iterate in a canonical order (kept axes, then reduced axes; outputs without
-// the reduced axes), so one kernel serves every reduction with as many of each, keepdim or
-// not; DeviceLaunch permutes shapes and strides. Offsets (from the pointers) and strides are
-// in elements. Pointwise kernels use a grid-stride
-// loop over the output elements (any 1-D global size). Reduce kernels use one work-group
-// (block) of exactly `work_group_size` work-items per output row, looping over rows by group
-// id. See DeviceLaunch. kGemmEpilogue has no device form (Unimplemented).
+// Offsets (from the pointers) and strides are in elements. Reduce kernels iterate in a
+// canonical order (kept axes, then reduced axes; outputs without the reduced axes), so one
+// kernel serves every reduction with as many of each, keepdim or not; DeviceLaunch permutes
+// the shapes and strides. Pointwise kernels use a grid-stride loop over the output elements
+// (any 1-D global size). Reduce kernels use one work-group (block) of exactly
+// `work_group_size` work-items per output row, looping over rows by group id. See
+// DeviceLaunch. kGemmEpilogue has no device form (Unimplemented).
 //
 // Thread-safety: pure functions; thread-safe.
 #pragma once
