@@ -1,8 +1,8 @@
 // The CUDA printer's output compiles: every sample kernel (every op's expression form, fused
 // groups of Llama blocks at f32/f16/bf16 and other patterns) through NVRTC, for A100
 // (compute_80; H100 compute_90 too with KILN_HARNESS_FULL=1). No GPU needed; skipped (not passed)
-// without NVRTC. The device skeleton's numerics are checked by opencl_codegen_test, which runs the
-// same skeleton on PoCL.
+// without NVRTC. The device skeleton's numerics are checked on PoCL, where the xpu backend runs
+// the same printer's OpenCL dialect in production (xpu_harness_test, xpu_compiler_test).
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -1,7 +1,7 @@
 // The HIP printer's output compiles: every sample kernel (every op's expression form, fused
 // groups of Llama blocks at f32/f16/bf16 and other patterns) through hipcc for gfx90a (and
 // gfx1030 with KILN_HARNESS_FULL=1). No GPU needed; skipped (not passed) without hipcc. Numerics:
-// see opencl_codegen_test (same device skeleton, run on PoCL).
+// the xpu backend's tests (same printer and device skeleton, OpenCL dialect, run on PoCL).
 #include <gtest/gtest.h>
 
 #include <cstdlib>

@@ -7,19 +7,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "backends/xpu/cl_sources.h"
+#include "engine/compiler/hash.h"
+#include "engine/ops.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::xpu {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// True on a thread inside XpuDevice::Prepare: kernels found already declared count as reused.
+thread_local bool tl_preparing = false;
 
 // ---- Queries ------------------------------------------------------------------------------------
 
@@ -275,83 +280,11 @@ StatusOr<std::vector<Candidate>> SelectDevices(std::vector<Candidate> all,
   return usable;
 }
 
-// ---- Binary cache -------------------------------------------------------------------------------
-
-std::string BinaryCache::DefaultDir() {
-  if (const char* d = std::getenv("KILN_CACHE_DIR"); d != nullptr && *d != '\0') {
-    return absl::StrCat(d, "/opencl");
-  }
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-    return absl::StrCat(x, "/kiln/opencl");
-  }
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    return absl::StrCat(h, "/.cache/kiln/opencl");
-  }
-  return "";
-}
-
-std::string BinaryCache::PathFor(std::string_view key) const {
-  return absl::StrCat(dir_, "/", Hex64(StableHash(key)),
-                      Hex64(StableHash(key, 0x9e3779b97f4a7c15ull)), ".clbin");
-}
-
-namespace {
-constexpr char kCacheMagic[8] = {'K', 'I', 'L', 'N', 'C', 'L', 'B', '1'};
-}  // namespace
-
-std::vector<unsigned char> BinaryCache::Load(std::string_view key) const {
-  if (!enabled()) return {};
-  std::ifstream f(PathFor(key), std::ios::binary);
-  if (!f) return {};
-  char magic[8];
-  uint64_t key_len = 0, bin_len = 0;
-  if (!f.read(magic, 8) || std::memcmp(magic, kCacheMagic, 8) != 0) return {};
-  if (!f.read(reinterpret_cast<char*>(&key_len), 8) || key_len != key.size()) return {};
-  std::string stored(key_len, '\0');
-  if (!f.read(stored.data(), static_cast<std::streamsize>(key_len)) || stored != key) return {};
-  if (!f.read(reinterpret_cast<char*>(&bin_len), 8) || bin_len == 0 || bin_len > (1ull << 32))
-    return {};
-  std::vector<unsigned char> bin(bin_len);
-  if (!f.read(reinterpret_cast<char*>(bin.data()), static_cast<std::streamsize>(bin_len)))
-    return {};
-  return bin;
-}
-
-Status BinaryCache::Store(std::string_view key, const std::vector<unsigned char>& binary) const {
-  if (!enabled() || binary.empty()) return OkStatus();
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) return Unavailable("kernel cache directory ", dir_, ": ", ec.message());
-  static std::atomic<uint64_t> counter{0};
-  const std::string path = PathFor(key);
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid(), ".", counter.fetch_add(1));
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    const uint64_t key_len = key.size(), bin_len = binary.size();
-    f.write(kCacheMagic, 8);
-    f.write(reinterpret_cast<const char*>(&key_len), 8);
-    f.write(key.data(), static_cast<std::streamsize>(key.size()));
-    f.write(reinterpret_cast<const char*>(&bin_len), 8);
-    f.write(reinterpret_cast<const char*>(binary.data()), static_cast<std::streamsize>(bin_len));
-    if (!f.flush()) {
-      std::filesystem::remove(tmp, ec);
-      return Unavailable("cannot write the kernel cache file ", tmp);
-    }
-  }
-  std::filesystem::rename(tmp, path, ec);  // atomic: readers see the old file or the new one
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    return Unavailable("cannot install the kernel cache file ", path);
-  }
-  return OkStatus();
-}
-
 // ---- Programs -----------------------------------------------------------------------------------
 
 struct ProgramUnit {
   cl_program program = nullptr;
   bool library = false;
-  std::string cache_key;  // empty: not cached
   int kernels = 0;
   Status status;
 };
@@ -481,10 +414,60 @@ bool XpuDevice::SupportsDType(DType t) const {
 }
 
 void* XpuDevice::GetExtension(std::string_view name) {
+  if (name == compiler::kTargetExtension) return static_cast<compiler::Target*>(this);
   if (name == "xpu.device_info") return &info_;
   if (name == "xpu.cl_context") return context_;
   if (name == "xpu.cl_device") return device_;
   return nullptr;
+}
+
+// ---- compiler::Target ---------------------------------------------------------------------------
+
+compiler::FusionCaps XpuDevice::caps() const {
+  compiler::FusionCaps c;
+  c.pointwise = c.reductions = true;
+  // A generated kernel of rank 8 with n inputs passes 18 + 9n + 1 meta values and n + 1
+  // buffers (compiler::DeviceLaunch): what fits the device's kernel-argument budget.
+  const int slots = static_cast<int>(info_.max_param_bytes / 8);
+  c.max_inputs =
+      std::clamp(std::min((slots - 19) / 10, (ClArgs::kMaxMeta - 19) / 9), 1, ClArgs::kMaxMems - 1);
+  return c;
+}
+
+Status XpuDevice::Prepare(std::span<const backend::KernelRequest> requests) {
+  tl_preparing = true;
+  Status status = OkStatus();
+  for (const backend::KernelRequest& req : requests) {
+    // Only requests that declare generated or templated kernels: library kernels all come
+    // from one program, and some of their GetKernel calls do work (rope uploads a table).
+    const OpDef& def = GetOpDef(req.op);
+    const bool declares = compiler::FusedGroupOf(req) != nullptr || def.pointwise != nullptr ||
+                          def.reduce != nullptr || req.op == OpKind::kLinear ||
+                          req.op == OpKind::kMatMul || req.op == OpKind::kAttention ||
+                          req.op == OpKind::kPagedAttention;
+    if (!declares) continue;
+    StatusOr<backend::Kernel> k = GetKernel(req);
+    // A fused group this device cannot run fails the fused program (compiled unfused then);
+    // other errors surface when the program is assigned, naming the node.
+    if (!k.ok() && compiler::FusedGroupOf(req) != nullptr) {
+      status = k.status();
+      break;
+    }
+  }
+  tl_preparing = false;
+  KILN_RETURN_IF_ERROR(status);
+  return BuildPending();
+}
+
+compiler::CompileCounters XpuDevice::counters() const {
+  const Stats s = stats();
+  compiler::CompileCounters c;
+  c.compiled = s.kernels_built;
+  c.cached = s.kernels_from_cache;
+  c.reused = reused_.load(std::memory_order_relaxed);
+  c.compiler_runs = s.programs_built_from_source;
+  c.seconds = s.build_seconds;
+  return c;
 }
 
 // ---- Kernel arguments ---------------------------------------------------------------------------
@@ -513,6 +496,17 @@ void ClArgs::Long(int64_t v) {
     return;
   }
   meta_[nmeta_++] = v;
+}
+
+std::span<int64_t> ClArgs::Reserve(int n) {
+  if (n < 0 || nmeta_ + n > kMaxMeta) {
+    ok_ = false;
+    return {};
+  }
+  std::span<int64_t> r(meta_.data() + nmeta_, static_cast<size_t>(n));
+  std::fill(r.begin(), r.end(), 0);
+  nmeta_ += n;
+  return r;
 }
 
 void ClArgs::Desc(const TensorArg& t, int64_t byte_offset) {
@@ -908,6 +902,7 @@ StatusOr<std::unique_ptr<XpuDevice>> XpuDevice::Create(const Candidate& c, int o
   size_t wg = 16;
   while (wg * 2 <= std::min(want, c.info.max_work_group_size)) wg *= 2;
   d->wg_ = wg;
+  d->codegen_.work_group_size = static_cast<int>(wg);
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM,
                                    reinterpret_cast<cl_context_properties>(c.platform), 0};
   cl_int err = CL_SUCCESS;
@@ -922,9 +917,10 @@ StatusOr<std::unique_ptr<XpuDevice>> XpuDevice::Create(const Candidate& c, int o
     KILN_CL_ERR(e, "clCreateCommandQueue");
     return q;
   }());
-  std::string dir = options.cache_dir.empty() ? BinaryCache::DefaultDir() : options.cache_dir;
-  if (dir == "none") dir.clear();
-  d->cache_ = std::make_unique<BinaryCache>(dir);
+  if (options.cache_dir != "none") {
+    d->cache_ = std::make_unique<compiler::DiskCache>(options.cache_dir);
+    d->cache_ns_ = absl::StrCat("opencl-", compiler::Sha256Hex(d->CacheIdentity()).substr(0, 16));
+  }
   d->store_binaries_ =
       options.force_binary_cache || c.info.platform_name != "Portable Computing Language";
   return d;
@@ -962,14 +958,17 @@ Status XpuDevice::Upload(cl_mem mem, size_t offset, const void* src, size_t byte
 
 XpuDevice::Stats XpuDevice::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  Stats s = stats_;
+  s.corrupt_cache_entries = cache_ ? cache_->corrupt_entries() : 0;
+  return s;
 }
 
 std::string XpuDevice::BuildOptions() const { return "-cl-std=CL1.2"; }
 
 std::string XpuDevice::Prelude() const {
   std::string s = absl::StrCat("#define KILN_WG ", wg_, "\n");
-  if (fp64_) s += "#define KILN_FP64 1\n";
+  // Without f64 the generated kernels print no double either (codegen.h).
+  s += fp64_ ? "#define KILN_FP64 1\n" : "#define KILN_NO_FP64 1\n";
   for (int t = 1; t < kNumDTypes; ++t) {
     std::string n = DTypeName(static_cast<DType>(t));
     for (char& ch : n) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
@@ -979,28 +978,38 @@ std::string XpuDevice::Prelude() const {
 }
 
 std::string XpuDevice::CacheIdentity() const {
-  return absl::StrCat("kiln-xpu-v1\n", info_.platform_name, "\n", info_.platform_version, "\n",
+  return absl::StrCat("kiln-xpu-v2\n", info_.platform_name, "\n", info_.platform_version, "\n",
                       info_.vendor, "\n", info_.name, "\n", info_.version, "\n",
                       info_.driver_version, "\n", BuildOptions());
 }
 
 KernelSlot* XpuDevice::DeclareKernel(std::string_view prefix, std::string_view source) {
-  const std::string name = absl::StrCat(ToAbsl(prefix), "_", Hex64(StableHash(source)));
+  std::string name = absl::StrCat(ToAbsl(prefix), "_", Hex64(StableHash(source)));
+  // Every KNAME token becomes the final name.
+  std::string src(source);
+  for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
+    src.replace(at, 5, name);
+    at += name.size();
+  }
+  return Declare(std::move(name), std::move(src));
+}
+
+KernelSlot* XpuDevice::DeclareGenerated(const compiler::GeneratedKernel& kernel) {
+  return Declare(kernel.entry, kernel.code);
+}
+
+KernelSlot* XpuDevice::Declare(std::string name, std::string source) {
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = slots_.try_emplace(name);
   if (inserted) {
     it->second = std::make_unique<KernelSlot>();
     KernelSlot& k = *it->second;
-    k.name_ = name;
-    // Replace every KNAME token with the final name.
-    std::string src(source);
-    for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
-      src.replace(at, 5, name);
-      at += name.size();
-    }
-    k.source_ = std::move(src);
+    k.name_ = std::move(name);
+    k.source_ = std::move(source);
     k.group_ = kGenerated;
     pending_[kGenerated].push_back(&k);
+  } else if (tl_preparing) {
+    reused_.fetch_add(1, std::memory_order_relaxed);
   }
   return it->second.get();
 }
@@ -1054,20 +1063,20 @@ Status XpuDevice::BuildPending() {
   return OkStatus();
 }
 
-StatusOr<cl_program> XpuDevice::BuildProgram(const std::string& source, bool* from_cache,
-                                             std::string* cache_key) {
+StatusOr<cl_program> XpuDevice::BuildProgram(const std::string& source, bool* from_cache) {
   const std::string options = BuildOptions();
   *from_cache = false;
-  cache_key->clear();
-  if (cache_->enabled() && store_binaries_) {
-    *cache_key = absl::StrCat(CacheIdentity(), "\n", source);
-  }
   cl_int err = CL_SUCCESS;
-  if (!cache_key->empty()) {
-    const std::vector<unsigned char> bin = cache_->Load(*cache_key);
-    if (!bin.empty()) {
-      const unsigned char* ptr = bin.data();
-      const size_t size = bin.size();
+  const bool cached = cache_ != nullptr && store_binaries_;
+  const std::string key = cached ? compiler::Sha256Hex(source) : "";
+  std::optional<compiler::DiskCache::Lock> lock;
+  if (cached) {
+    // One process builds a program; others wait here, then load its binary.
+    StatusOr<compiler::DiskCache::Lock> l = cache_->LockKey(cache_ns_, key);
+    if (l.ok()) lock.emplace(*std::move(l));
+    if (StatusOr<std::string> bin = cache_->Get(cache_ns_, key); bin.ok()) {
+      const auto* ptr = reinterpret_cast<const unsigned char*>(bin->data());
+      const size_t size = bin->size();
       cl_int bin_status = CL_SUCCESS;
       cl_program p =
           clCreateProgramWithBinary(context_, 1, &device_, &size, &ptr, &bin_status, &err);
@@ -1092,9 +1101,13 @@ StatusOr<cl_program> XpuDevice::BuildProgram(const std::string& source, bool* fr
     return Internal(name_, ": building OpenCL C failed (", ClErrorName(err), "):\n", log,
                     SourceContext(log, source));
   }
-  if (!cache_key->empty()) {
+  if (cached) {
     StatusOr<std::vector<unsigned char>> bin = ProgramBinary(p);
-    Status st = bin.ok() ? cache_->Store(*cache_key, *bin) : bin.status();
+    const Status st =
+        bin.ok()
+            ? cache_->Put(cache_ns_, key,
+                          std::string_view(reinterpret_cast<const char*>(bin->data()), bin->size()))
+            : bin.status();
     if (!st.ok()) {
       static std::atomic<bool> warned{false};
       if (!warned.exchange(true)) {
@@ -1130,6 +1143,7 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   if (group == kLibrary) {
     source += kClLibrary;
   } else {
+    source += compiler::Preamble(compiler::Dialect::kOpenCL);
     for (KernelSlot* k : batch) absl::StrAppend(&source, "\n", k->source_, "\n");
   }
   if (const char* dump = std::getenv("KILN_XPU_DUMP_SOURCES"); dump != nullptr && *dump) {
@@ -1138,8 +1152,7 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   }
   const auto t0 = Clock::now();
   bool from_cache = false;
-  std::string key;
-  StatusOr<cl_program> prog = BuildProgram(source, &from_cache, &key);
+  StatusOr<cl_program> prog = BuildProgram(source, &from_cache);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!prog.ok()) {
     if (batch.size() > 1 && group == kGenerated) {
@@ -1160,7 +1173,6 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   }
   auto unit = std::make_unique<ProgramUnit>();
   unit->program = *prog;
-  unit->cache_key = key;
   unit->library = group == kLibrary;
   unit->kernels = group == kLibrary ? 0 : static_cast<int>(batch.size());
   for (KernelSlot* k : batch) {
@@ -1180,7 +1192,7 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   const Status result = unit->status;
   absl::MutexLock lock(&mu_);
   (from_cache ? stats_.programs_loaded_from_cache : stats_.programs_built_from_source) += 1;
-  stats_.kernels_built += static_cast<int>(batch.size());
+  (from_cache ? stats_.kernels_from_cache : stats_.kernels_built) += static_cast<int>(batch.size());
   stats_.build_seconds += secs;
   units_.push_back(std::move(unit));
   return result;
@@ -1189,13 +1201,13 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
 // ---- The backend --------------------------------------------------------------------------------
 
 void PlacePoclCache(const std::string& cache_dir) {
-  if (cache_dir.empty() || cache_dir == "none" || std::getenv("POCL_CACHE_DIR") != nullptr) return;
-  // A path next to ours: .../kiln/opencl -> .../kiln/opencl/pocl.
-  setenv("POCL_CACHE_DIR", absl::StrCat(cache_dir, "/pocl").c_str(), /*overwrite=*/0);
+  if (cache_dir == "none" || std::getenv("POCL_CACHE_DIR") != nullptr) return;
+  const std::string dir = cache_dir.empty() ? compiler::CacheDir() : cache_dir;
+  setenv("POCL_CACHE_DIR", absl::StrCat(dir, "/pocl").c_str(), /*overwrite=*/0);
 }
 
 StatusOr<std::unique_ptr<XpuBackend>> CreateXpuBackend(const XpuOptions& options) {
-  PlacePoclCache(options.cache_dir.empty() ? BinaryCache::DefaultDir() : options.cache_dir);
+  PlacePoclCache(options.cache_dir);
   KILN_ASSIGN_OR_RETURN(std::vector<Candidate> all, EnumerateDevices());
   std::string found;
   for (const Candidate& c : all) {

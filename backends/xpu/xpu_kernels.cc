@@ -1,8 +1,9 @@
 // XpuDevice::GetKernel: which kernel runs each op on an OpenCL device, and the launchers.
 //
-//   generated      pointwise/generator ops and reductions/row ops from the op table's
-//                  expression forms (cl_codegen); attention and paged attention from a template
-//                  with the node's mask_mod/score_mod printed in
+//   generated      pointwise/generator ops, reductions/row ops and fused groups: the engine's
+//                  printer (engine/compiler/codegen.h, OpenCL dialect) from the op table's
+//                  expression forms; attention and paged attention from a template with the
+//                  node's mask_mod/score_mod printed in (compiler::GenerateExprFunction)
 //   templated      Linear with quantized / f16 / bf16 weights (dequantize-in-register dot
 //                  products), MatMul and Linear fallbacks (tiled), per dtype combination
 //   library        dtype-generic data movement: contiguous, concat, gather, scatters,
@@ -18,7 +19,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "backends/xpu/cl_codegen.h"
 #include "backends/xpu/cl_sources.h"
 #include "backends/xpu/xpu_device.h"
 #include "engine/ops.h"
@@ -69,21 +69,62 @@ std::string StoreFrom(DType t, DType acc) {
   return absl::StrCat(acc == DType::kF64 ? "std_" : "stf_", Lower(t), "(p, i, v)");
 }
 
-// ---- Generated: pointwise and reductions
-// ---------------------------------------------------------
+// ---- Generated: pointwise, reductions, fused groups ---------------------------------------------
 
-struct PwData {
-  PointwiseKernel k;
+// A kernel from the engine's printer: typed buffers plus its KMeta (compiler::DeviceLaunch).
+// Tensors reach it as cl_mem + element offset; the opaque device addresses resolve to a byte
+// offset, which is a whole number of elements for every tensor the engine makes.
+struct GenData {
+  KernelSlot* slot = nullptr;
+  compiler::DeviceLaunch launch;
+  std::vector<int64_t> elem_bytes;  // output, then each input
 };
-void PwFn(const LaunchArgs& a, const ExecCtx& c) {
-  LaunchPointwise(static_cast<const PwData*>(a.kernel_data)->k, a, ExOf(c));
+
+void GenFn(const LaunchArgs& a, const ExecCtx& c) {
+  const GenData& d = *static_cast<const GenData*>(a.kernel_data);
+  Exec& ex = ExOf(c);
+  const XpuDevice& dev = *ex.device;
+  if (a.output.numel() == 0) return;
+  ClArgs args;
+  int64_t offsets[ClArgs::kMaxMems];
+  const int n = std::min(a.num_inputs + 1, ClArgs::kMaxMems);  // Generated() checked the count
+  for (int i = 0; i < n; ++i) {
+    const int64_t bytes = args.Mem(dev, i == 0 ? a.output.data : a.inputs[i - 1].data);
+    if (bytes % d.elem_bytes[i] != 0) {
+      ex.Fail(Internal("xpu kernel ", d.slot->name(), ": tensor ", i, " starts at byte ", bytes,
+                       ", not at an element boundary"));
+      return;
+    }
+    offsets[i] = bytes / d.elem_bytes[i];
+  }
+  const std::span<int64_t> meta = args.Reserve(d.launch.meta_size());
+  if (!meta.empty()) d.launch.PackMeta(a, std::span<const int64_t>(offsets, n), meta);
+  const compiler::DeviceGeometry g = d.launch.Geometry(a);
+  const size_t global = static_cast<size_t>(g.global_size),
+               local = static_cast<size_t>(g.local_size);
+  ex.Enqueue(d.slot, args, 1, &global, &local, d.launch.meta_size());
 }
 
-struct RedData {
-  ReduceKernel k;
-};
-void RedFn(const LaunchArgs& a, const ExecCtx& c) {
-  LaunchReduce(static_cast<const RedData*>(a.kernel_data)->k, a, ExOf(c));
+StatusOr<backend::Kernel> Generated(XpuDevice& dev, const compiler::KernelSpec& spec,
+                                    std::string name) {
+  if (!dev.fp64() && compiler::UsesF64(spec)) {
+    return Unimplemented(dev.name(), " has no f64 support (cl_khr_fp64)");
+  }
+  auto d = std::make_shared<GenData>();
+  d->launch = compiler::DeviceLaunch(spec, dev.codegen_options());
+  const size_t nargs = spec.args.size() + 1;
+  if (nargs > static_cast<size_t>(ClArgs::kMaxMems) || d->launch.meta_size() > ClArgs::kMaxMeta ||
+      (d->launch.meta_size() + nargs) * 8 > dev.info().max_param_bytes) {
+    return Unimplemented("too many inputs for one OpenCL kernel (", spec.args.size(), ")");
+  }
+  KILN_ASSIGN_OR_RETURN(
+      compiler::GeneratedKernel g,
+      compiler::GenerateKernel(spec, compiler::Dialect::kOpenCL, dev.codegen_options()));
+  d->slot = dev.DeclareGenerated(g);
+  d->elem_bytes.push_back(DTypeBytes(spec.out_dtype, 1));
+  for (const compiler::KernelArg& arg : spec.args)
+    d->elem_bytes.push_back(DTypeBytes(arg.dtype, 1));
+  return backend::Kernel{GenFn, std::move(d), std::move(name)};
 }
 
 std::string Label(const backend::KernelRequest& req) {
@@ -717,46 +758,45 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   d.Add("HEAD_D", absl::StrCat(std::max<int64_t>(*hd, 1)));
   d.Add("HEAD_DV", absl::StrCat(*hdv));
   d.Add("DV_PER", absl::StrCat(std::max<int64_t>((*hdv + wg - 1) / wg, 1)));
-  std::string params, setup, fn_params, fn_args;
+  std::string params, setup, fn_args;
   const int aux_meta = paged ? 83 : (lse ? 78 : 74);
-  std::vector<DType> aux_types;
+  compiler::ExprFunction mask, score;
   for (int i = 0; i < num_aux; ++i) {
     absl::StrAppend(&params, ", cgptr b_aux", i);
     absl::StrAppend(&setup, "cgptr px", i, " = b_aux", i, " + m[", aux_meta + 3 * i,
                     "]; const long xn", i, " = m[", aux_meta + 3 * i + 1, "], xs", i, " = m[",
                     aux_meta + 3 * i + 2, "]; ");
-    absl::StrAppend(&fn_params, ", cgptr px", i, ", long xn", i, ", long xs", i);
     absl::StrAppend(&fn_args, ", px", i, ", xn", i, ", xs", i);
-    aux_types.push_back(req.inputs[fixed + i].dtype);
+    mask.aux.push_back(req.inputs[fixed + i].dtype);
   }
   d.Add("KERNEL_AUX_PARAMS", params);
   d.Add("AUX_SETUP", setup);
+  // The modifiers, printed by the engine's printer: (b, h, q_idx, kv_idx) are Index(0..3).
   std::string helpers;
-  const char* ct = acc == DType::kF64 ? "double" : "float";
+  mask.num_indices = score.num_indices = 4;
+  score.aux = mask.aux;
   if (at.expr[0]) {
-    ClExprPrinter::Leaves leaves;
-    leaves.aux_dtype = aux_types;
-    ClExprPrinter printer(leaves, dev.fp64());
-    std::string body;
-    KILN_ASSIGN_OR_RETURN(std::string r, printer.Print(at.expr[0], &body));
-    absl::StrAppend(&helpers, "inline bool KNAME_mask(long idx0, long idx1, long idx2, long idx3",
-                    fn_params, ") {\n", body, "    return ", r, ";\n}\n");
+    mask.name = "KNAME_mask";
+    mask.value = at.expr[0];
     d.Add("MASK(b, h, q, kv)", absl::StrCat("KNAME_mask(b, h, q, kv", fn_args, ")"));
   }
   if (at.expr[1]) {
     // As the reference: the modifier runs in the query's compute type.
-    const Expr mod =
-        Expr::Cast(acc, Substitute(at.expr[1], std::vector<Expr>{Expr::Input(0, acc)}));
-    ClExprPrinter::Leaves leaves;
-    leaves.inputs = {"in0"};
-    leaves.aux_dtype = aux_types;
-    ClExprPrinter printer(leaves, dev.fp64());
-    std::string body;
-    KILN_ASSIGN_OR_RETURN(std::string r, printer.Print(mod, &body));
-    absl::StrAppend(&helpers, "inline ", ct, " KNAME_score(", ct,
-                    " in0, long idx0, long idx1, long idx2, long idx3", fn_params, ") {\n", body,
-                    "    return ", r, ";\n}\n");
+    score.name = "KNAME_score";
+    score.value = Expr::Cast(acc, Substitute(at.expr[1], std::vector<Expr>{Expr::Input(0, acc)}));
+    score.inputs = {acc};
     d.Add("SCORE(s, b, h, q, kv)", absl::StrCat("KNAME_score(s, b, h, q, kv", fn_args, ")"));
+  }
+  for (const compiler::ExprFunction* f : {&mask, &score}) {
+    if (!f->value) continue;
+    if (!dev.fp64() && compiler::UsesF64(f->value)) {
+      return Unimplemented(
+          "the attention modifier computes in f64 but the device has no "
+          "cl_khr_fp64");
+    }
+    KILN_ASSIGN_OR_RETURN(std::string code,
+                          compiler::GenerateExprFunction(*f, compiler::Dialect::kOpenCL));
+    absl::StrAppend(&helpers, code);
   }
   std::string begin, end;
   KvRange(at.expr[0], &begin, &end);
@@ -951,43 +991,25 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
   if (!SupportsDType(req.output.dtype)) {
     return Unimplemented(name_, " has no f64 support (cl_khr_fp64)");
   }
+  // Fused groups (compiler::Compile; caps() allows pointwise chains and reductions).
+  if (const compiler::FusedGroup* g = compiler::FusedGroupOf(req)) {
+    if (g->kind != compiler::FusedGroup::Kind::kReduce) {
+      return Unimplemented(name_, " has no GEMM epilogues");
+    }
+    return Generated(*this, g->spec, absl::StrCat("xpu.fused.", g->label));
+  }
   const OpDef& def = GetOpDef(req.op);
   std::vector<DType> in;
   for (const TensorType& t : req.inputs) in.push_back(t.dtype);
   const DType out = req.output.dtype;
-  const int rank = static_cast<int>(req.output.shape.size());
-  if (def.pointwise != nullptr) {
-    Expr value = def.pointwise(*req.attrs, in, out);
-    // Float -> integer casts: the store itself truncates and saturates (NaN -> 0), so the
-    // form's f64 clamping (which needs cl_khr_fp64) is not printed.
-    if (req.op == OpKind::kCast && IsInteger(out) && !IsInteger(in[0]) && in[0] != DType::kBool) {
-      value = Expr::Input(0, ExprTypeOf(in[0]));
+  if (def.pointwise != nullptr || def.reduce != nullptr) {
+    // Casts from quantized blocks (a dequantization; codegen reads no quantized tensors) are
+    // the library's converting copy.
+    if (req.op == OpKind::kCast && IsQuantized(in[0])) {
+      return Library(*this, ContiguousFn, "copy_strided");
     }
-    const int num_aux = req.op == OpKind::kMap && !req.attrs->ints.empty()
-                            ? static_cast<int>(req.attrs->ints[0])
-                            : 0;
-    auto d = std::make_shared<PwData>();
-    KILN_ASSIGN_OR_RETURN(d->k,
-                          MakePointwiseKernel(*this, Label(req), value, in, num_aux, out, rank));
-    return backend::Kernel{PwFn, std::move(d), absl::StrCat("xpu.gen.", def.name)};
-  }
-  if (def.reduce != nullptr) {
-    const ReduceForm form = def.reduce(*req.attrs, in, out);
-    const int in_rank = static_cast<int>(req.inputs[0].shape.size());
-    std::vector<int> axes;
-    bool keepdim = false;
-    if (def.cls == OpClass::kReduce) {
-      keepdim = req.attrs->ints[0] != 0;
-      for (size_t i = 1; i < req.attrs->ints.size(); ++i) {
-        axes.push_back(static_cast<int>(req.attrs->ints[i]));
-      }
-    } else {
-      axes = {in_rank - 1};
-    }
-    auto d = std::make_shared<RedData>();
-    KILN_ASSIGN_OR_RETURN(
-        d->k, MakeReduceKernel(*this, Label(req), form, in, out, in_rank, axes, keepdim));
-    return backend::Kernel{RedFn, std::move(d), absl::StrCat("xpu.gen.", def.name)};
+    KILN_ASSIGN_OR_RETURN(compiler::KernelSpec spec, compiler::SpecFromRequest(req));
+    return Generated(*this, spec, absl::StrCat("xpu.gen.", def.name));
   }
   switch (req.op) {
     case OpKind::kDimValue:

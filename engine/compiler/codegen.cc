@@ -101,6 +101,9 @@ KVEC double pow(double, double);
 #define KTRUNC __builtin_trunc
 #define KFREXP __builtin_frexp
 #define KLDEXP __builtin_ldexp
+#define KTRUNCF __builtin_truncf
+#define KFREXPF __builtin_frexpf
+#define KLDEXPF __builtin_ldexpf
 // The kernel ABI (engine/backend/kernel_abi.h), mirrored.
 struct KTensor {
   void* data;
@@ -154,8 +157,10 @@ KFN void kunravel(ki64 p, const ki64* shape, int r, ki64* idx) {
 }
 )";
 
-constexpr const char* kOpenClHeader = R"(// Kiln generated kernels (OpenCL C).
-#ifdef cl_khr_fp64
+// KILN_NO_FP64 (defined before the preamble) prints no double arithmetic even where the
+// device has cl_khr_fp64 (the xpu backend's devices without f64 tensors).
+constexpr const char* kOpenClHeader = R"CL(// Kiln generated kernels (OpenCL C).
+#if defined(cl_khr_fp64) && !defined(KILN_NO_FP64)
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #define KHAS_F64 1
 #else
@@ -173,11 +178,16 @@ typedef uchar ku8;
 #define KERNEL __kernel
 #define GLOBAL __global
 #define LOCAL __local
-#define GLOBAL_ID ((ki64)get_global_id(0))
-#define GLOBAL_SIZE ((ki64)get_global_size(0))
+// Each work-item's loop walks elements a global size (or a group size) apart: vectorizing it
+// gives gathers and scatters, and PoCL (which vectorizes across work-items) then spends ~30%
+// more time compiling every kernel at its first launch. KNOVEC keeps such loops scalar; the
+// grid-stride step is unsigned (size_t) for the same reason.
+#define KNOVEC _Pragma("clang loop vectorize(disable)")
+#define GLOBAL_ID get_global_id(0)
+#define GLOBAL_SIZE get_global_size(0)
 #define LOCAL_ID ((int)get_local_id(0))
-#define GROUP_ID ((ki64)get_group_id(0))
-#define NUM_GROUPS ((ki64)get_num_groups(0))
+#define GROUP_ID get_group_id(0)
+#define NUM_GROUPS get_num_groups(0)
 #define BARRIER() barrier(CLK_LOCAL_MEM_FENCE)
 #define KF2U(x) as_uint((float)(x))
 #define KU2F(x) as_float((ku32)(x))
@@ -210,39 +220,20 @@ typedef uchar ku8;
 #define KTRUNC trunc
 #define KFREXP frexp
 #define KLDEXP ldexp
-)";
+#define KTRUNCF trunc
+#define KFREXPF frexp
+#define KLDEXPF ldexp
+)CL";
 
-constexpr const char* kCudaHeader = R"(// Kiln generated kernels (CUDA C).
-typedef long long ki64;
-typedef unsigned long long ku64;
-typedef int ki32;
-typedef unsigned int ku32;
-typedef short ki16;
-typedef unsigned short ku16;
-typedef signed char ki8;
-typedef unsigned char ku8;
-#define KHAS_F64 1
-#define KFN static __device__ __forceinline__
-#define KERNEL extern "C" __global__
-#define GLOBAL
-#define LOCAL __shared__
-#define GLOBAL_ID ((ki64)blockIdx.x * blockDim.x + threadIdx.x)
-#define GLOBAL_SIZE ((ki64)gridDim.x * blockDim.x)
-#define LOCAL_ID ((int)threadIdx.x)
-#define GROUP_ID ((ki64)blockIdx.x)
-#define NUM_GROUPS ((ki64)gridDim.x)
-#define BARRIER() __syncthreads()
-#define KF2U(x) __float_as_uint((float)(x))
-#define KU2F(x) __uint_as_float((ku32)(x))
-#define KD2L(x) __double_as_longlong((double)(x))
-#define KL2D(x) __longlong_as_double((ki64)(x))
-)";
-
-constexpr const char* kHipHeader = R"(// Kiln generated kernels (HIP C).
-#if !defined(__HIPCC_RTC__)
+// CUDA and HIP are one dialect: HIP compiles CUDA's names (thread indices, __shared__,
+// __syncthreads, the bit-cast intrinsics, the math library) as they are, so the only vendor
+// switch is HIP's runtime header (ggml's ggml-cuda/vendors/hip.h maps the host runtime API
+// too; generated kernels use none of it).
+constexpr const char* kHipVendor = R"(#if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
 #endif
-typedef long long ki64;
+)";
+constexpr const char* kGpuHeader = R"(typedef long long ki64;
 typedef unsigned long long ku64;
 typedef int ki32;
 typedef unsigned int ku32;
@@ -255,6 +246,7 @@ typedef unsigned char ku8;
 #define KERNEL extern "C" __global__
 #define GLOBAL
 #define LOCAL __shared__
+#define KNOVEC
 #define GLOBAL_ID ((ki64)blockIdx.x * blockDim.x + threadIdx.x)
 #define GLOBAL_SIZE ((ki64)gridDim.x * blockDim.x)
 #define LOCAL_ID ((int)threadIdx.x)
@@ -295,6 +287,9 @@ constexpr const char* kCudaMath = R"(#define KEXPF expf
 #define KTRUNC trunc
 #define KFREXP frexp
 #define KLDEXP ldexp
+#define KTRUNCF truncf
+#define KFREXPF frexpf
+#define KLDEXPF ldexpf
 )";
 
 // Helpers every dialect shares, written in the common subset of C++, OpenCL C and CUDA.
@@ -368,6 +363,50 @@ KFN bool kbetterf(float v, ki64 p, float a, ki64 q) {
   return v != v ? (!(a != a) || p < q) : (!(a != a) && (v > a || (v == a && p < q)));
 }
 KFN bool kbetteri(ki64 v, ki64 p, ki64 a, ki64 q) { return v > a || (v == a && p < q); }
+// Float -> integer from an f32 value: truncate toward zero, saturate at [mn, mx], NaN -> 0.
+// The limits are powers of two (exact in float), so this equals the double form below.
+KFN ki64 ksatf(float v, float lo, float hip1, ki64 mn, ki64 mx) {
+  if (v != v) return 0;
+  const float t = KTRUNCF(v);
+  return t >= hip1 ? mx : (t <= lo ? mn : (ki64)t);
+}
+// Any narrow float format from a T, round to nearest even (engine/dtype.cc EncodeMini):
+// special 0 = IEEE (inf, NaN), 1 = finite with NaN (fp8 e4m3fn), 2 = finite only. The float
+// form is exact for f32 values (every step scales by a power of two or rounds once).
+#define KDEFINE_MINI(T, S, NEG, FREXP, LDEXP, RINT, FABS, INF)                               \
+  KFN T kmini_max##S(int eb, int mb, int bias, int special) {                               \
+    const int exp_all = (1 << eb) - 1;                                                      \
+    const T man_max = (T)((1 << mb) - 1), one = (T)(1 << mb);                               \
+    if (special == 0) return LDEXP((T)1 + man_max / one, exp_all - 1 - bias);              \
+    if (special == 1) return LDEXP((T)1 + (man_max - (T)1) / one, exp_all - bias);          \
+    return LDEXP((T)1 + man_max / one, exp_all - bias);                                     \
+  }                                                                                         \
+  KFN ku32 k##S##2mini(T x, int eb, int mb, int bias, int special) {                        \
+    const ku32 sign = NEG(x) ? (1u << (eb + mb)) : 0u;                                      \
+    const ku32 exp_all = (1u << eb) - 1u, all_ones = (1u << (eb + mb)) - 1u;                \
+    if (x != x) {                                                                           \
+      if (special == 0) return sign | exp_all << mb | 1u << (mb - 1);                       \
+      return special == 1 ? (sign | all_ones) : 0u;                                         \
+    }                                                                                       \
+    const ku32 ovf = special == 0 ? (sign | exp_all << mb) : (sign | all_ones);             \
+    const T a = FABS(x);                                                                    \
+    if (a == INF) return ovf;                                                               \
+    if (a == (T)0) return sign;                                                             \
+    int e = 0;                                                                              \
+    FREXP(a, &e);                                                                           \
+    const int emin = 1 - bias;                                                              \
+    const int q = (e - 1 > emin ? e - 1 : emin) - mb;                                       \
+    const T rounded = LDEXP(RINT(LDEXP(a, -q)), q);                                         \
+    if (rounded > kmini_max##S(eb, mb, bias, special)) return ovf;                          \
+    if (rounded == (T)0) return sign;                                                       \
+    FREXP(rounded, &e);                                                                     \
+    const int e2 = e - 1;                                                                   \
+    if (e2 < emin) return sign | (ku32)LDEXP(rounded, mb - emin);                           \
+    const ku32 man = (ku32)LDEXP(rounded, mb - e2) - (1u << mb);                            \
+    return sign | (ku32)(e2 + bias) << mb | man;                                            \
+  }
+#define KNEGF(x) ((ki32)KF2U(x) < 0)
+KDEFINE_MINI(float, f, KNEGF, KFREXPF, KLDEXPF, KRINTF, KFABSF, KINFF)
 #if KHAS_F64
 #define KINF KL2D(0x7ff0000000000000L)
 #define KNAN KL2D(0x7ff8000000000000L)
@@ -381,45 +420,20 @@ KFN double ksigmoidd(double x) {
 KFN bool kbetterd(double v, ki64 p, double a, ki64 q) {
   return v != v ? (!(a != a) || p < q) : (!(a != a) && (v > a || (v == a && p < q)));
 }
-// Float -> integer: truncate toward zero, saturate at [mn, mx], NaN -> 0.
 KFN ki64 ksat(double v, double lo, double hip1, ki64 mn, ki64 mx) {
   if (v != v) return 0;
   const double t = KTRUNC(v);
   return t >= hip1 ? mx : (t <= lo ? mn : (ki64)t);
 }
-KFN double kmini_max(int eb, int mb, int bias, int special) {
-  const int exp_all = (1 << eb) - 1;
-  const double man_max = (double)((1 << mb) - 1), one = (double)(1 << mb);
-  if (special == 0) return KLDEXP(1.0 + man_max / one, exp_all - 1 - bias);
-  if (special == 1) return KLDEXP(1.0 + (man_max - 1.0) / one, exp_all - bias);
-  return KLDEXP(1.0 + man_max / one, exp_all - bias);
-}
-// Any narrow float format from a double, round to nearest even (engine/dtype.cc EncodeMini):
-// special 0 = IEEE (inf, NaN), 1 = finite with NaN (fp8 e4m3fn), 2 = finite only.
-KFN ku32 kd2mini(double x, int eb, int mb, int bias, int special) {
-  const ku32 sign = KD2L(x) < 0 ? (1u << (eb + mb)) : 0u;
-  const ku32 exp_all = (1u << eb) - 1u, all_ones = (1u << (eb + mb)) - 1u;
-  if (x != x) {
-    if (special == 0) return sign | exp_all << mb | 1u << (mb - 1);
-    return special == 1 ? (sign | all_ones) : 0u;
-  }
-  const ku32 ovf = special == 0 ? (sign | exp_all << mb) : (sign | all_ones);
-  const double a = KFABS(x);
-  if (a == KINF) return ovf;
-  if (a == 0.0) return sign;
-  int e = 0;
-  KFREXP(a, &e);
-  const int emin = 1 - bias;
-  const int q = (e - 1 > emin ? e - 1 : emin) - mb;
-  const double rounded = KLDEXP(KRINT(KLDEXP(a, -q)), q);
-  if (rounded > kmini_max(eb, mb, bias, special)) return ovf;
-  if (rounded == 0.0) return sign;
-  KFREXP(rounded, &e);
-  const int e2 = e - 1;
-  if (e2 < emin) return sign | (ku32)KLDEXP(rounded, mb - emin);
-  const ku32 man = (ku32)KLDEXP(rounded, mb - e2) - (1u << mb);
-  return sign | (ku32)(e2 + bias) << mb | man;
-}
+#define KNEGD(x) (KD2L(x) < 0)
+KDEFINE_MINI(double, d, KNEGD, KFREXP, KLDEXP, KRINT, KFABS, KINF)
+// i64 -> f32 and narrow floats round once, through double (the interpreter's rule); without
+// double, through float (differs only for |v| > 2^24, and only for bf16).
+#define KI2F(v) ((float)(double)(v))
+#define KI2MINI(v, eb, mb, bias, special) kd2mini((double)(v), eb, mb, bias, special)
+#else
+#define KI2F(v) ((float)(v))
+#define KI2MINI(v, eb, mb, bias, special) kf2mini((float)(v), eb, mb, bias, special)
 #endif
 )";
 
@@ -430,9 +444,10 @@ std::string BuildPreamble(Dialect d) {
     case Dialect::kOpenCL:
       return StrCat(kOpenClHeader, kCommon);
     case Dialect::kCuda:
-      return StrCat(kCudaHeader, kCudaMath, kCommon);
+      return StrCat("// Kiln generated kernels (CUDA C).\n", kGpuHeader, kCudaMath, kCommon);
     case Dialect::kHip:
-      return StrCat(kHipHeader, kCudaMath, kCommon);
+      return StrCat("// Kiln generated kernels (HIP C).\n", kHipVendor, kGpuHeader, kCudaMath,
+                    kCommon);
   }
   return "";
 }
@@ -526,47 +541,65 @@ IntRange RangeOf(DType t) {
   }
 }
 
+// Conversions of a value `v` of expression type `vt` (the interpreter's kCast semantics).
+// Nothing here computes in double unless the value is f64 (or i64 where the dialect has
+// double: KI2F/KI2MINI), so kernels without f64 tensors need no double support.
+std::string ToF32(DType vt, const std::string& v) {
+  switch (vt) {
+    case DType::kF32:
+      return v;
+    case DType::kBool:
+      return StrCat("(", v, " ? 1.0f : 0.0f)");
+    case DType::kI64:
+      return StrCat("KI2F(", v, ")");
+    default:
+      return StrCat("(float)", v);
+  }
+}
+std::string ToF64(DType vt, const std::string& v) {
+  if (vt == DType::kF64) return v;
+  return vt == DType::kBool ? StrCat("(", v, " ? 1.0 : 0.0)") : StrCat("(double)", v);
+}
+// A float value truncated toward zero and saturated at dtype t's range (NaN -> 0), as ki64.
+std::string Saturate(DType vt, DType t, const std::string& v) {
+  const IntRange r = RangeOf(t);
+  if (vt == DType::kF32) {
+    return StrCat("ksatf(", v, ", ", r.lo, "f, ", r.hip1, "f, ", r.mn, ", ", r.mx, ")");
+  }
+  return StrCat("ksat(", ToF64(vt, v), ", ", r.lo, ", ", r.hip1, ", ", r.mn, ", ", r.mx, ")");
+}
+
 // Stores value `v` (of expression type `vt`) into an element of dtype `t`: the text of the
 // element value (StoreElement / StoreInt semantics).
 std::string StoreConv(DType vt, DType t, const std::string& v) {
-  const bool fl = IsF(vt);
-  const std::string as_double =
-      vt == DType::kF64
-          ? v
-          : (vt == DType::kBool ? StrCat("(", v, " ? 1.0 : 0.0)") : StrCat("(double)", v));
-  const std::string as_float =
-      vt == DType::kF32 ? v
-      : vt == DType::kBool
-          ? StrCat("(", v, " ? 1.0f : 0.0f)")
-          : (vt == DType::kI64 ? StrCat("(float)(double)", v) : StrCat("(float)", v));
+  // A narrow float format (exponent bits, mantissa bits, bias, special) from any value.
+  auto narrow = [&](const char* elem, int eb, int mb, int bias, int special) {
+    const std::string fmt = StrCat(", ", eb, ", ", mb, ", ", bias, ", ", special, ")");
+    if (vt == DType::kF64) return StrCat("(", elem, ")kd2mini(", v, fmt);
+    if (vt == DType::kI64) return StrCat("(", elem, ")KI2MINI(", v, fmt);
+    return StrCat("(", elem, ")kf2mini(", ToF32(vt, v), fmt);
+  };
+  const bool f32ish = vt == DType::kF32 || vt == DType::kBool;
   switch (t) {
     case DType::kF32:
-      return as_float;
+      return ToF32(vt, v);
     case DType::kF64:
-      return as_double;
+      return ToF64(vt, v);
     case DType::kF16:
-      return vt == DType::kF32 || vt == DType::kBool
-                 ? StrCat("kf2h(", as_float, ")")
-                 : StrCat("(ku16)kd2mini(", as_double, ", 5, 10, 15, 0)");
+      return f32ish ? StrCat("kf2h(", ToF32(vt, v), ")") : narrow("ku16", 5, 10, 15, 0);
     case DType::kBF16:
-      return vt == DType::kF32 || vt == DType::kBool
-                 ? StrCat("kf2bf(", as_float, ")")
-                 : StrCat("(ku16)kd2mini(", as_double, ", 8, 7, 127, 0)");
+      return f32ish ? StrCat("kf2bf(", ToF32(vt, v), ")") : narrow("ku16", 8, 7, 127, 0);
     case DType::kF8E4M3:
-      return StrCat("(ku8)kd2mini(", as_double, ", 4, 3, 7, 1)");
+      return narrow("ku8", 4, 3, 7, 1);
     case DType::kF8E5M2:
-      return StrCat("(ku8)kd2mini(", as_double, ", 5, 2, 15, 0)");
+      return narrow("ku8", 5, 2, 15, 0);
     case DType::kBool:
       return StrCat("(ku8)(", v, " != 0)");
     default:
       break;
   }
   // Integers: floats truncate and saturate; integers and bools wrap.
-  if (fl) {
-    const IntRange r = RangeOf(t);
-    return StrCat("(", ElemType(t), ")ksat(", as_double, ", ", r.lo, ", ", r.hip1, ", ", r.mn, ", ",
-                  r.mx, ")");
-  }
+  if (IsF(vt)) return StrCat("(", ElemType(t), ")", Saturate(vt, t, v));
   return StrCat("(", ElemType(t), ")", v);
 }
 
@@ -796,16 +829,11 @@ class ExprPrinter {
     if (from == to) return v;
     switch (to) {
       case DType::kF32:
-        if (from == DType::kBool) return StrCat(v, " ? 1.0f : 0.0f");
-        return from == DType::kI64 ? StrCat("(float)(double)", v) : StrCat("(float)", v);
+        return ToF32(from, v);
       case DType::kF64:
-        if (from == DType::kBool) return StrCat(v, " ? 1.0 : 0.0");
-        return StrCat("(double)", v);
+        return ToF64(from, v);
       case DType::kI64:
-        if (from == DType::kBool) return StrCat("(ki64)", v);
-        return StrCat("ksat((double)", v,
-                      ", -9223372036854775808.0, 9223372036854775808.0, "
-                      "(-9223372036854775807L - 1), 9223372036854775807L)");
+        return from == DType::kBool ? StrCat("(ki64)", v) : Saturate(from, DType::kI64, v);
       default:  // bool
         return StrCat(v, " != 0");
     }
@@ -941,6 +969,187 @@ std::string ArgPtrDecl(const KernelSpec& s, int i, bool device) {
   if (device) return StrCat("GLOBAL const ", ElemType(a.dtype), "* p", i);
   return StrCat("const ", ElemType(a.dtype), "* const p", i, " = (const ", ElemType(a.dtype),
                 "*)a.inputs[", i, "].data;");
+}
+
+// ---- Reductions: one printer, a skeleton per kind of target ------------------------------------
+//
+// PrintReduce prints every reduce kernel: the row's kept indices and base offsets, the leaves,
+// each stage (accumulator, loop over the reduced elements, combine) and the output (per element
+// or once per row). What differs between the C++ and the device forms — how rows map to
+// threads, where shapes and strides come from, how the reduced elements are looped over and
+// addressed, and how per-thread partials become one value — is the skeleton's.
+
+struct ReduceAxes {
+  std::vector<bool> reduced;   // per iteration axis
+  std::vector<int> kept, red;  // iteration axes kept / reduced, in order
+  explicit ReduceAxes(const KernelSpec& s) : reduced(s.rank, false) {
+    for (int ax : s.reduce_axes) reduced[ax] = true;
+    for (int d = 0; d < s.rank; ++d) (reduced[d] ? red : kept).push_back(d);
+  }
+};
+
+class ReduceSkeleton {
+ public:
+  explicit ReduceSkeleton(const KernelSpec& s) : s_(s), ax_(s) {}
+  virtual ~ReduceSkeleton() = default;
+  const KernelSpec& spec() const { return s_; }
+  const ReduceAxes& axes() const { return ax_; }
+
+  // The kernel's opening: signature, pointers, `rows` and `cnt` (products of Shape()), the
+  // split of rows over threads; ends inside the loop over this thread's rows (index `r`).
+  virtual void Open(Out& k, const std::string& name, const std::string& rows,
+                    const std::string& cnt) = 0;
+  // The iteration space's size along axis d; tensor t's (-1: the output) base element offset
+  // and its stride along its own axis d.
+  virtual std::string Shape(int d) const = 0;
+  virtual std::string Base(int t) const = 0;
+  virtual std::string Stride(int t, int d) const = 0;
+  virtual ExprPrinter::AuxFn Aux() const = 0;
+  // Prints a loop over the row's reduced elements into `dst`; `body` prints one element into
+  // the block it is given, once per addressing variant of the loop (see ElementOffset).
+  virtual void Loop(Out& dst, const std::function<void(Out&)>& body, const std::string& pragma) = 0;
+  // In the loop variant being printed: the element offset of full arg t (-1: the output), the
+  // index along reduced axis d, and the position within the reduced elements.
+  virtual std::string ElementOffset(int t) const = 0;
+  virtual std::string ReducedIndex(int d) const = 0;
+  virtual std::string Position() const = 0;
+  // After stage `st`'s loop over accumulator a<st>: `const T acc<st> = ...;` for the row.
+  virtual void Finish(Out& row, const ReduceStage& stage, int st) = 0;
+  // The row's one store (outputs with the reduced axes removed); `store` prints it.
+  virtual void StoreRow(Out& row, const std::function<void(Out&)>& store) = 0;
+  virtual std::string StagePragma(const ReduceStage&, const std::string&) const { return ""; }
+  virtual std::string OutputPragma() const { return ""; }
+  // The stride of a tensor with the output's shape (-1: the output; or a kOut arg) along kept
+  // iteration axis d: outputs without the reduced axes number their axes by the kept ones.
+  std::string OutStride(int t, int d) const {
+    if (s_.elementwise || s_.keepdim) return Stride(t, d);
+    return Stride(
+        t, static_cast<int>(std::find(ax_.kept.begin(), ax_.kept.end(), d) - ax_.kept.begin()));
+  }
+
+ protected:
+  // `const ki64 f<i> = ...` for the full args (and `fo` for an elementwise output) at the
+  // reduced element whose indices ReducedIndex() names.
+  void ElementOffsets(Out& b) const {
+    auto line = [&](const std::string& var, const std::string& base, int t) {
+      std::string f = StrCat("const ki64 ", var, " = ", base);
+      for (int d : ax_.red) absl::StrAppend(&f, " + ", ReducedIndex(d), " * ", Stride(t, d));
+      b.Line(f + ";");
+    };
+    for (size_t i = 0; i < s_.args.size(); ++i) {
+      if (s_.args[i].role == ArgRole::kFull) line(StrCat("f", i), StrCat("b", i), i);
+    }
+    if (s_.elementwise) line("fo", "ob", -1);
+  }
+
+  const KernelSpec& s_;
+  const ReduceAxes ax_;
+};
+
+std::string PrintReduce(ReduceSkeleton& sk, const std::string& name) {
+  const KernelSpec& s = sk.spec();
+  const ReduceAxes& ax = sk.axes();
+  Out k;
+  k.Line(StrCat("// ", s.name, " (reduce over [", absl::StrJoin(s.reduce_axes, ","), "])"));
+  std::string rows = "1", cnt = "1";
+  for (int d : ax.kept) absl::StrAppend(&rows, " * ", sk.Shape(d));
+  for (int d : ax.red) absl::StrAppend(&cnt, " * ", sk.Shape(d));
+  sk.Open(k, name, rows, cnt);
+  // Kept indices of row r, last kept axis fastest; the row's base offsets.
+  if (!ax.kept.empty()) k.Line("ki64 t = r;");
+  for (int q = static_cast<int>(ax.kept.size()) - 1; q >= 0; --q) {
+    const int d = ax.kept[q];
+    k.Line(StrCat("const ki64 k", d, " = t % ", sk.Shape(d), ";"));
+    if (q > 0) k.Line(StrCat("t /= ", sk.Shape(d), ";"));
+  }
+  auto base = [&](const std::string& var, int t, bool out_space) {
+    std::string v = StrCat("const ki64 ", var, " = ", sk.Base(t));
+    for (int d : ax.kept) {
+      absl::StrAppend(&v, " + k", d, " * ", out_space ? sk.OutStride(t, d) : sk.Stride(t, d));
+    }
+    k.Line(v + ";");
+  };
+  base("ob", -1, !s.elementwise);
+  for (size_t i = 0; i < s.args.size(); ++i) {
+    if (s.args[i].role == ArgRole::kFull) base(StrCat("b", i), i, false);
+    if (s.args[i].role == ArgRole::kOut) base(StrCat("b", i), i, true);
+  }
+  bool in_output = false;
+  auto leaf = [&](const ExprNode& n) -> Leaf {
+    switch (n.op) {
+      case ExprOp::kInput: {
+        const KernelArg& arg = s.args[n.index];
+        if (arg.role == ArgRole::kOut) {
+          return {LoadConv(arg.dtype, StrCat("p", n.index, "[b", n.index, "]")), kRowLevel};
+        }
+        return {LoadConv(arg.dtype, StrCat("p", n.index, "[", sk.ElementOffset(n.index), "]")),
+                kElemLevel};
+      }
+      case ExprOp::kIndex: {
+        if (n.index == kPosAxis) return {sk.Position(), kElemLevel};
+        if (in_output && !s.elementwise) {  // the output's own axes
+          if (s.keepdim) {
+            return ax.reduced[n.index] ? Leaf{"((ki64)0)", kConstLevel}
+                                       : Leaf{StrCat("k", n.index), kRowLevel};
+          }
+          return {StrCat("k", ax.kept[n.index]), kRowLevel};
+        }
+        if (!ax.reduced[n.index]) return {StrCat("k", n.index), kRowLevel};
+        return {sk.ReducedIndex(n.index), kElemLevel};
+      }
+      case ExprOp::kAcc:
+        return {StrCat("acc", n.index), kRowLevel};
+      case ExprOp::kCount:
+        return {"cnt", kRowLevel};
+      default:
+        return {"0", kRowLevel};
+    }
+  };
+  ExprPrinter pr("t", leaf, sk.Aux());
+  Out row(k.indent);
+  pr.SetRowBlock(&row);
+  for (size_t st = 0; st < s.stages.size(); ++st) {
+    const ReduceStage& stage = s.stages[st];
+    const std::string acc = StrCat("a", st);
+    Out loop(row.indent);
+    sk.Loop(
+        loop,
+        [&](Out& body) {
+          pr.SetElemBlock(&body);
+          const std::string v = pr.Print(stage.value);
+          body.Line(CombineLine(stage, acc, v, sk.Position()));
+        },
+        sk.StagePragma(stage, acc));
+    DeclareAcc(row, stage, acc);
+    row.Append(loop);
+    sk.Finish(row, stage, static_cast<int>(st));
+  }
+  in_output = true;
+  if (s.elementwise) {
+    Out loop(row.indent);
+    sk.Loop(
+        loop,
+        [&](Out& body) {
+          pr.SetElemBlock(&body);
+          const std::string v = pr.Print(s.output);
+          body.Line(StrCat("po[", sk.ElementOffset(-1),
+                           "] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
+        },
+        sk.OutputPragma());
+    row.Append(loop);
+  } else {
+    pr.ResetLevels();
+    sk.StoreRow(row, [&](Out& store) {
+      pr.SetRowBlock(&store);
+      pr.SetElemBlock(&store);
+      const std::string v = pr.Print(s.output);
+      store.Line(StrCat("po[ob] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
+    });
+  }
+  k.Append(row);
+  k.Close();
+  k.Close();
+  return k.text;
 }
 
 // ---- C++ skeletons ------------------------------------------------------------------------------
@@ -1102,231 +1311,115 @@ std::string CppPointwise(const KernelSpec& s, const std::string& name) {
 }
 
 // Reduce kernels (C++): rows of kept indices split over threads; per row, each stage is a
-// loop over the reduced elements, then the output.
-std::string CppReduce(const KernelSpec& s, const std::string& name) {
-  const int R = s.rank;
-  std::vector<bool> reduced(R, false);
-  for (int ax : s.reduce_axes) reduced[ax] = true;
-  std::vector<int> kept, red;
-  for (int d = 0; d < R; ++d) (reduced[d] ? red : kept).push_back(d);
-  // Output axis of each kept axis (non-elementwise outputs).
-  auto out_axis = [&](int ax) {
-    if (s.elementwise || s.keepdim) return ax;
-    int n = 0;
-    for (int d : kept) {
-      if (d == ax) return n;
-      ++n;
-    }
-    return -1;
-  };
-  std::vector<int> full, outs;
-  for (size_t i = 0; i < s.args.size(); ++i) {
-    if (s.args[i].role == ArgRole::kFull) full.push_back(static_cast<int>(i));
-    if (s.args[i].role == ArgRole::kOut) outs.push_back(static_cast<int>(i));
-  }
-  Out k;
-  k.Line(StrCat("// ", s.name, " (reduce over [", absl::StrJoin(s.reduce_axes, ","), "])"));
-  k.Open(StrCat("KERNEL void ", name, "(const KLaunchArgs& a, const KExecCtx& c) {"));
-  CppPointers(s, k);
-  k.Line(StrCat("const ki64* const sh = ",
-                s.shape_arg >= 0 ? StrCat("a.inputs[", s.shape_arg, "].shape") : "a.output.shape",
-                ";"));
-  std::string rows = "1", cnt = "1";
-  for (int d : kept) absl::StrAppend(&rows, " * sh[", d, "]");
-  for (int d : red) absl::StrAppend(&cnt, " * sh[", d, "]");
-  k.Line(StrCat("const ki64 rows = ", rows, ";"));
-  k.Line(StrCat("const ki64 cnt = ", cnt, ";"));
-  k.Line("ki64 b, e;");
-  k.Line(StrCat("kshare(rows, cnt > 0 && cnt < ", kReduceGrain, " ? ", kReduceGrain,
-                " / cnt : 1, 1, c, &b, &e);"));
-  k.Line("if (b >= e) return;");
-  const bool single = red.size() == 1;
-  if (single) {
-    const int r0 = red[0];
-    if (s.elementwise) k.Line(StrCat("const ki64 ro = a.output.strides[", r0, "];"));
-    for (int i : full) k.Line(StrCat("const ki64 r", i, " = a.inputs[", i, "].strides[", r0, "];"));
-  }
-  std::string unit = s.elementwise ? "ro == 1" : "true";
-  for (int i : full) absl::StrAppend(&unit, " && r", i, " == 1");
-  k.Open("for (ki64 r = b; r < e; ++r) {");
-  // Kept indices, last kept axis fastest.
-  if (!kept.empty()) k.Line("ki64 t = r;");
-  for (int q = static_cast<int>(kept.size()) - 1; q >= 0; --q) {
-    const int d = kept[q];
-    k.Line(StrCat("const ki64 k", d, " = t % sh[", d, "];"));
-    if (q > 0) k.Line(StrCat("t /= sh[", d, "];"));
-  }
-  // Base offsets of the row.
-  auto base = [&](const std::string& var, const std::string& strides, bool out_space) {
-    std::string v = StrCat("const ki64 ", var, " = 0");
-    for (int d : kept) {
-      const int ax = out_space ? out_axis(d) : d;
-      absl::StrAppend(&v, " + k", d, " * ", strides, "[", ax, "]");
-    }
-    k.Line(v + ";");
-  };
-  base("ob", "a.output.strides", !s.elementwise);
-  for (int i : full) base(StrCat("b", i), StrCat("a.inputs[", i, "].strides"), false);
-  for (int i : outs) base(StrCat("b", i), StrCat("a.inputs[", i, "].strides"), true);
-  // Leaves. `mode` selects the element addressing of the current loop.
-  enum class Mode { kUnit, kStrided, kGeneral } mode = Mode::kUnit;
-  bool in_output = false;
-  auto leaf = [&](const ExprNode& n) -> Leaf {
-    switch (n.op) {
-      case ExprOp::kInput: {
-        const KernelArg& arg = s.args[n.index];
-        if (arg.role == ArgRole::kOut) {
-          return {LoadConv(arg.dtype, StrCat("p", n.index, "[b", n.index, "]")), kRowLevel};
-        }
-        std::string off;
-        switch (mode) {
-          case Mode::kUnit:
-            off = StrCat("b", n.index, " + j");
-            break;
-          case Mode::kStrided:
-            off = StrCat("b", n.index, " + j * r", n.index);
-            break;
-          case Mode::kGeneral:
-            off = StrCat("f", n.index);
-            break;
-        }
-        return {LoadConv(arg.dtype, StrCat("p", n.index, "[", off, "]")), kElemLevel};
+// loop over the reduced elements. One reduced axis: unit-stride and strided loop variants
+// (the first vectorizes); several: an odometer over them.
+class CppReduceSkeleton final : public ReduceSkeleton {
+ public:
+  explicit CppReduceSkeleton(const KernelSpec& s)
+      : ReduceSkeleton(s), single_(ax_.red.size() == 1) {}
+
+  void Open(Out& k, const std::string& name, const std::string& rows,
+            const std::string& cnt) override {
+    k.Open(StrCat("KERNEL void ", name, "(const KLaunchArgs& a, const KExecCtx& c) {"));
+    CppPointers(s_, k);
+    k.Line(StrCat(
+        "const ki64* const sh = ",
+        s_.shape_arg >= 0 ? StrCat("a.inputs[", s_.shape_arg, "].shape") : "a.output.shape", ";"));
+    k.Line(StrCat("const ki64 rows = ", rows, ";"));
+    k.Line(StrCat("const ki64 cnt = ", cnt, ";"));
+    k.Line("ki64 b, e;");
+    k.Line(StrCat("kshare(rows, cnt > 0 && cnt < ", kReduceGrain, " ? ", kReduceGrain,
+                  " / cnt : 1, 1, c, &b, &e);"));
+    k.Line("if (b >= e) return;");
+    unit_ = s_.elementwise ? "ro == 1" : "true";
+    if (single_) {
+      const int r0 = ax_.red[0];
+      if (s_.elementwise) k.Line(StrCat("const ki64 ro = a.output.strides[", r0, "];"));
+      for (size_t i = 0; i < s_.args.size(); ++i) {
+        if (s_.args[i].role != ArgRole::kFull) continue;
+        k.Line(StrCat("const ki64 r", i, " = a.inputs[", i, "].strides[", r0, "];"));
+        absl::StrAppend(&unit_, " && r", i, " == 1");
       }
-      case ExprOp::kIndex: {
-        if (n.index == kPosAxis) return {single ? "j" : "p", kElemLevel};
-        if (in_output && !s.elementwise) {
-          // Output space.
-          if (s.keepdim) {
-            return reduced[n.index] ? Leaf{"((ki64)0)", kConstLevel}
-                                    : Leaf{StrCat("k", n.index), kRowLevel};
-          }
-          return {StrCat("k", kept[n.index]), kRowLevel};
-        }
-        if (!reduced[n.index]) return {StrCat("k", n.index), kRowLevel};
-        if (single) return {"j", kElemLevel};
-        int q = 0;
-        while (red[q] != n.index) ++q;
-        return {StrCat("ridx[", q, "]"), kElemLevel};
-      }
-      case ExprOp::kAcc:
-        return {StrCat("acc", n.index), kRowLevel};
-      case ExprOp::kCount:
-        return {"cnt", kRowLevel};
-      default:
-        return {"0", kRowLevel};
     }
-  };
-  ExprPrinter pr("t", leaf, CppAux(s));
-  Out row(k.indent);
-  pr.SetRowBlock(&row);
-  // Emits a loop over the reduced elements computing `per_element(body)` lines.
-  auto element_loop = [&](Out& dst, const std::function<void(Out&)>& per_element,
-                          const std::string& pragma) {
-    if (single) {
-      Out b1(dst.indent + "    ");
-      mode = Mode::kUnit;
-      pr.SetElemBlock(&b1);
-      per_element(b1);
-      Out b2(dst.indent + "    ");
-      mode = Mode::kStrided;
-      pr.SetElemBlock(&b2);
-      per_element(b2);
-      dst.Open(StrCat("if (", unit, ") {"));
+    k.Open("for (ki64 r = b; r < e; ++r) {");
+  }
+  std::string Shape(int d) const override { return StrCat("sh[", d, "]"); }
+  std::string Base(int) const override { return "0"; }
+  std::string Stride(int t, int d) const override {
+    return t < 0 ? StrCat("a.output.strides[", d, "]")
+                 : StrCat("a.inputs[", t, "].strides[", d, "]");
+  }
+  ExprPrinter::AuxFn Aux() const override { return CppAux(s_); }
+
+  void Loop(Out& dst, const std::function<void(Out&)>& body, const std::string& pragma) override {
+    if (single_) {
+      Out unit(dst.indent + "    "), strided(dst.indent + "    ");
+      mode_ = Mode::kUnit;
+      body(unit);
+      mode_ = Mode::kStrided;
+      body(strided);
+      dst.Open(StrCat("if (", unit_, ") {"));
       if (!pragma.empty()) dst.Line(pragma);
       dst.Open("for (ki64 j = 0; j < cnt; ++j) {");
-      dst.Append(b1);
+      dst.Append(unit);
       dst.Close();
       dst.Close("} else {");
       dst.indent += "  ";
       dst.Open("for (ki64 j = 0; j < cnt; ++j) {");
-      dst.Append(b2);
+      dst.Append(strided);
       dst.Close();
       dst.Close();
       return;
     }
-    // Several reduced axes: an odometer over them.
+    // Several reduced axes: an odometer over them. Offsets precede the element's lines.
+    mode_ = Mode::kGeneral;
     Out b(dst.indent + "  ");
-    mode = Mode::kGeneral;
-    pr.SetElemBlock(&b);
-    for (int i : full) {
-      std::string f = StrCat("const ki64 f", i, " = b", i);
-      for (size_t q = 0; q < red.size(); ++q) {
-        absl::StrAppend(&f, " + ridx[", q, "] * a.inputs[", i, "].strides[", red[q], "]");
-      }
-      b.Line(f + ";");
-    }
-    if (s.elementwise) {
-      std::string f = "const ki64 fo = ob";
-      for (size_t q = 0; q < red.size(); ++q) {
-        absl::StrAppend(&f, " + ridx[", q, "] * a.output.strides[", red[q], "]");
-      }
-      b.Line(f + ";");
-    }
-    // Offsets must precede the loads the printer emits: print into a second block.
-    Out body(b.indent);
-    pr.SetElemBlock(&body);
-    per_element(body);
-    b.Append(body);
-    std::string axes;
-    for (size_t q = 0; q < red.size(); ++q) absl::StrAppend(&axes, q ? ", " : "", red[q]);
+    ElementOffsets(b);
+    Out element(b.indent);
+    body(element);
+    b.Append(element);
+    const std::vector<int>& red = ax_.red;
     dst.Line(StrCat("ki64 ridx[", red.size(), "] = {0};"));
-    dst.Line(StrCat("const int kra[", red.size(), "] = {", axes, "};"));
+    dst.Line(StrCat("const int kra[", red.size(), "] = {", absl::StrJoin(red, ", "), "};"));
     dst.Open("for (ki64 p = 0; p < cnt; ++p) {");
     dst.Append(b);
     dst.Line(StrCat("for (int q = ", red.size() - 1,
                     "; q >= 0; --q) { if (++ridx[q] < sh[kra[q]]) break; ridx[q] = 0; }"));
     dst.Close();
-  };
-  for (size_t st = 0; st < s.stages.size(); ++st) {
-    const ReduceStage& stage = s.stages[st];
-    const std::string acc = StrCat("a", st);
-    Out loop(row.indent);
-    element_loop(
-        loop,
-        [&](Out& body) {
-          const std::string v = pr.Print(stage.value);
-          body.Line(CombineLine(stage, acc, v, single ? "j" : "p"));
-        },
-        SimdPragma(stage, acc));
-    DeclareAcc(row, stage, acc);
-    row.Append(loop);
-    FinishAcc(row, stage, acc, static_cast<int>(st));
   }
-  in_output = true;
-  if (s.elementwise) {
-    Out loop(row.indent);
-    element_loop(
-        loop,
-        [&](Out& body) {
-          const std::string v = pr.Print(s.output);
-          std::string off;
-          switch (mode) {
-            case Mode::kUnit:
-              off = "ob + j";
-              break;
-            case Mode::kStrided:
-              off = "ob + j * ro";
-              break;
-            case Mode::kGeneral:
-              off = "fo";
-              break;
-          }
-          body.Line(StrCat("po[", off, "] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
-        },
-        "#pragma omp simd");
-    row.Append(loop);
-  } else {
-    pr.ResetLevels();
-    pr.SetRowBlock(&row);
-    pr.SetElemBlock(&row);
-    const std::string v = pr.Print(s.output);
-    row.Line(StrCat("po[ob] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
+  std::string ElementOffset(int t) const override {
+    const std::string b = t < 0 ? "ob" : StrCat("b", t);
+    switch (mode_) {
+      case Mode::kUnit:
+        return StrCat(b, " + j");
+      case Mode::kStrided:
+        return StrCat(b, " + j * ", t < 0 ? "ro" : StrCat("r", t));
+      case Mode::kGeneral:
+        break;
+    }
+    return t < 0 ? "fo" : StrCat("f", t);
   }
-  k.Append(row);
-  k.Close();
-  k.Close();
-  return k.text;
-}
+  std::string ReducedIndex(int d) const override {
+    if (single_) return "j";
+    const auto q = std::find(ax_.red.begin(), ax_.red.end(), d) - ax_.red.begin();
+    return StrCat("ridx[", q, "]");
+  }
+  std::string Position() const override { return single_ ? "j" : "p"; }
+  void Finish(Out& row, const ReduceStage& stage, int st) override {
+    FinishAcc(row, stage, StrCat("a", st), st);
+  }
+  void StoreRow(Out& row, const std::function<void(Out&)>& store) override { store(row); }
+  std::string StagePragma(const ReduceStage& stage, const std::string& acc) const override {
+    return SimdPragma(stage, acc);
+  }
+  std::string OutputPragma() const override { return "#pragma omp simd"; }
+
+ private:
+  enum class Mode { kUnit, kStrided, kGeneral };
+  const bool single_;
+  std::string unit_;  // the unit-stride condition (single reduced axis)
+  Mode mode_ = Mode::kUnit;
+};
 
 // GEMM epilogues (C++): `<name>_inplace` rewrites output rows [r0, r1) that hold the GEMM's
 // result; `<name>_acc` writes rows [r0, r1) x columns [c0, c1) from an accumulator tile.
@@ -1419,11 +1512,12 @@ std::string CppEpilogue(const KernelSpec& s, const std::string& name) {
 
 // ---- Device skeletons (OpenCL C, CUDA, HIP) ---------------------------------------------------
 
-// Positions of the meta values: shape at 0; then output offset/strides; then per arg.
+// Positions of the meta values: shape at 0; then output offset/strides; then per arg; then,
+// for pointwise kernels, the `dense` flag.
 struct MetaLayout {
-  int shape = 0;
   int out = 0;           // offset at out, strides at out + 1
   std::vector<int> arg;  // per arg: offset at arg[i], then strides (or len, stride)
+  int dense = -1;        // pointwise: 1 if every tensor is row-major with the output's shape
   int size = 0;
 };
 MetaLayout LayoutOf(const KernelSpec& s) {
@@ -1435,6 +1529,7 @@ MetaLayout LayoutOf(const KernelSpec& s) {
     m.arg.push_back(p);
     p += 1 + (a.role == ArgRole::kAux ? 2 : a.rank);
   }
+  if (s.kind == KernelKind::kPointwise) m.dense = p++;
   m.size = std::max(p, 1);
   return m;
 }
@@ -1454,7 +1549,7 @@ std::string DeviceSignature(const KernelSpec& s, const std::string& name, const 
 }
 
 ExprPrinter::AuxFn DeviceAux(const KernelSpec& s, const MetaLayout& m) {
-  return [&s, &m](int k, const std::string& i) {
+  return [&s, m](int k, const std::string& i) {
     const int arg = s.AuxArg(k);
     const int at = m.arg[arg];
     return ExprPrinter::AuxRef{StrCat("x", arg, "[m.v[", at, "] + ", i, " * m.v[", at + 2, "]]"),
@@ -1462,6 +1557,9 @@ ExprPrinter::AuxFn DeviceAux(const KernelSpec& s, const MetaLayout& m) {
   };
 }
 
+// Pointwise kernels: a grid-stride loop over the output elements. When every tensor is
+// row-major with the output's shape (the `dense` flag, set by the launcher), offsets are the
+// flat index; otherwise each element's index is unravelled.
 std::string DevicePointwise(const KernelSpec& s, const std::string& name) {
   const MetaLayout m = LayoutOf(s);
   const int R = s.rank;
@@ -1471,21 +1569,6 @@ std::string DevicePointwise(const KernelSpec& s, const std::string& name) {
   std::string n = "const ki64 n = 1";
   for (int d = 0; d < R; ++d) absl::StrAppend(&n, " * m.v[", d, "]");
   k.Line(n + ";");
-  k.Open("for (ki64 i = GLOBAL_ID; i < n; i += GLOBAL_SIZE) {");
-  if (R > 0) k.Line("ki64 t = i;");
-  for (int d = R - 1; d >= 0; --d) {
-    k.Line(StrCat("const ki64 i", d, " = ", d > 0 ? StrCat("t % m.v[", d, "]") : "t", ";"));
-    if (d > 0) k.Line(StrCat("t /= m.v[", d, "];"));
-  }
-  auto offset = [&](const std::string& var, int at, int rank) {
-    std::string v = StrCat("const ki64 ", var, " = m.v[", at, "]");
-    for (int d = 0; d < rank; ++d) absl::StrAppend(&v, " + i", d, " * m.v[", at + 1 + d, "]");
-    k.Line(v + ";");
-  };
-  offset("oo", m.out, R);
-  for (size_t i = 0; i < s.args.size(); ++i) {
-    if (s.args[i].role == ArgRole::kFull) offset(StrCat("o", i), m.arg[i], R);
-  }
   auto leaf = [&](const ExprNode& nd) -> Leaf {
     if (nd.op == ExprOp::kInput) {
       return {LoadConv(s.args[nd.index].dtype, StrCat("p", nd.index, "[o", nd.index, "]")),
@@ -1495,8 +1578,44 @@ std::string DevicePointwise(const KernelSpec& s, const std::string& name) {
     return {"0", kElemLevel};
   };
   ExprPrinter pr("t", leaf, DeviceAux(s, m));
-  Out body(k.indent);
   pr.SetRowBlock(nullptr);
+  // Offsets of the output and the full args: with the flat index when `dense`, else from the
+  // element's index (one loop and one body either way: PoCL compiles each kernel at its first
+  // launch, and code size is compile time).
+  std::vector<std::pair<std::string, int>> tensors = {{"oo", m.out}};
+  for (size_t i = 0; i < s.args.size(); ++i) {
+    if (s.args[i].role == ArgRole::kFull) tensors.emplace_back(StrCat("o", i), m.arg[i]);
+  }
+  auto unravel = [&] {
+    k.Line("ki64 t = i;");
+    for (int d = R - 1; d >= 0; --d) {
+      k.Line(StrCat("const ki64 i", d, " = ", d > 0 ? StrCat("t % m.v[", d, "]") : "t", ";"));
+      if (d > 0) k.Line(StrCat("t /= m.v[", d, "];"));
+    }
+  };
+  if (R > 0) k.Line(StrCat("const int dense = (int)m.v[", m.dense, "];"));
+  k.Open("KNOVEC for (ki64 i = GLOBAL_ID; i < n; i += GLOBAL_SIZE) {");
+  if (R == 0) {
+    for (const auto& [var, at] : tensors) k.Line(StrCat("const ki64 ", var, " = m.v[", at, "];"));
+  } else {
+    const bool index = UsesIndex(s.value);
+    if (index) unravel();
+    std::vector<std::string> vars;
+    for (const auto& [var, at] : tensors) vars.push_back(var);
+    k.Line(StrCat("ki64 ", absl::StrJoin(vars, ", "), ";"));
+    k.Open("if (dense) {");
+    for (const auto& [var, at] : tensors) k.Line(StrCat(var, " = m.v[", at, "] + i;"));
+    k.Close("} else {");
+    k.indent += "  ";
+    if (!index) unravel();
+    for (const auto& [var, at] : tensors) {
+      std::string v = StrCat(var, " = m.v[", at, "]");
+      for (int d = 0; d < R; ++d) absl::StrAppend(&v, " + i", d, " * m.v[", at + 1 + d, "]");
+      k.Line(v + ";");
+    }
+    k.Close();
+  }
+  Out body(k.indent);
   pr.SetElemBlock(&body);
   const std::string v = pr.Print(s.value);
   k.Append(body);
@@ -1506,136 +1625,64 @@ std::string DevicePointwise(const KernelSpec& s, const std::string& name) {
   return k.text;
 }
 
-std::string DeviceReduce(const KernelSpec& s, const std::string& name, int wg) {
-  const MetaLayout m = LayoutOf(s);
-  const int R = s.rank;
-  std::vector<bool> reduced(R, false);
-  for (int ax : s.reduce_axes) reduced[ax] = true;
-  std::vector<int> kept, red;
-  for (int d = 0; d < R; ++d) (reduced[d] ? red : kept).push_back(d);
-  auto out_axis = [&](int ax) {
-    if (s.elementwise || s.keepdim) return ax;
-    int n = 0;
-    for (int d : kept) {
-      if (d == ax) return n;
-      ++n;
+// Reduce kernels (devices): one work-group of `wg` work-items per output row (looping over
+// rows by group id); work-item `lid` takes the reduced elements lid, lid + wg, ...; partials
+// combine by a tree in local (shared) memory.
+class DeviceReduceSkeleton final : public ReduceSkeleton {
+ public:
+  DeviceReduceSkeleton(const KernelSpec& s, int wg) : ReduceSkeleton(s), m_(LayoutOf(s)), wg_(wg) {}
+
+  void Open(Out& k, const std::string& name, const std::string& rows,
+            const std::string& cnt) override {
+    k.Open(DeviceSignature(s_, name, m_));
+    // Shared scratch for the tree reductions, per accumulator type.
+    bool need_f = false, need_d = false, need_i = false, need_p = false;
+    for (const ReduceStage& st : s_.stages) {
+      const DType t = st.value.type();
+      need_f |= t == DType::kF32;
+      need_d |= t == DType::kF64;
+      need_i |= t == DType::kI64;
+      need_p |= st.kind == ReduceKind::kArgMax;
     }
-    return -1;
-  };
-  Out k;
-  k.Line(StrCat("// ", s.name, " (reduce over [", absl::StrJoin(s.reduce_axes, ","), "])"));
-  k.Open(DeviceSignature(s, name, m));
-  // Shared scratch for the work-group tree reductions, per accumulator type.
-  bool need_f = false, need_d = false, need_i = false, need_p = false;
-  for (const ReduceStage& st : s.stages) {
-    const DType t = st.value.type();
-    need_f |= t == DType::kF32;
-    need_d |= t == DType::kF64;
-    need_i |= t == DType::kI64;
-    need_p |= st.kind == ReduceKind::kArgMax;
+    if (need_f) k.Line(StrCat("LOCAL float kredf[", wg_, "];"));
+    if (need_d) k.Line(StrCat("LOCAL double kredd[", wg_, "];"));
+    if (need_i) k.Line(StrCat("LOCAL ki64 kredi[", wg_, "];"));
+    if (need_p) k.Line(StrCat("LOCAL ki64 kredp[", wg_, "];"));
+    k.Line("const int lid = LOCAL_ID;");
+    k.Line(StrCat("const ki64 rows = ", rows, ";"));
+    k.Line(StrCat("const ki64 cnt = ", cnt, ";"));
+    k.Open("for (ki64 r = GROUP_ID; r < rows; r += NUM_GROUPS) {");
   }
-  if (need_f) k.Line(StrCat("LOCAL float kredf[", wg, "];"));
-  if (need_d) k.Line(StrCat("LOCAL double kredd[", wg, "];"));
-  if (need_i) k.Line(StrCat("LOCAL ki64 kredi[", wg, "];"));
-  if (need_p) k.Line(StrCat("LOCAL ki64 kredp[", wg, "];"));
-  k.Line("const int lid = LOCAL_ID;");
-  std::string rows = "1", cnt = "1";
-  for (int d : kept) absl::StrAppend(&rows, " * m.v[", d, "]");
-  for (int d : red) absl::StrAppend(&cnt, " * m.v[", d, "]");
-  k.Line(StrCat("const ki64 rows = ", rows, ";"));
-  k.Line(StrCat("const ki64 cnt = ", cnt, ";"));
-  k.Open("for (ki64 r = GROUP_ID; r < rows; r += NUM_GROUPS) {");
-  if (!kept.empty()) k.Line("ki64 t = r;");
-  for (int q = static_cast<int>(kept.size()) - 1; q >= 0; --q) {
-    const int d = kept[q];
-    k.Line(StrCat("const ki64 k", d, " = t % m.v[", d, "];"));
-    if (q > 0) k.Line(StrCat("t /= m.v[", d, "];"));
-  }
-  auto base = [&](const std::string& var, int at, bool out_space) {
-    std::string v = StrCat("const ki64 ", var, " = m.v[", at, "]");
-    for (int d : kept) {
-      absl::StrAppend(&v, " + k", d, " * m.v[", at + 1 + (out_space ? out_axis(d) : d), "]");
-    }
-    k.Line(v + ";");
-  };
-  base("ob", m.out, !s.elementwise);
-  for (size_t i = 0; i < s.args.size(); ++i) {
-    if (s.args[i].role == ArgRole::kFull) base(StrCat("b", i), m.arg[i], false);
-    if (s.args[i].role == ArgRole::kOut) base(StrCat("b", i), m.arg[i], true);
-  }
-  bool in_output = false;
-  auto leaf = [&](const ExprNode& n) -> Leaf {
-    switch (n.op) {
-      case ExprOp::kInput: {
-        const KernelArg& arg = s.args[n.index];
-        if (arg.role == ArgRole::kOut) {
-          return {LoadConv(arg.dtype, StrCat("p", n.index, "[b", n.index, "]")), kRowLevel};
-        }
-        return {LoadConv(arg.dtype, StrCat("p", n.index, "[f", n.index, "]")), kElemLevel};
-      }
-      case ExprOp::kIndex: {
-        if (n.index == kPosAxis) return {"p", kElemLevel};
-        if (in_output && !s.elementwise) {
-          if (s.keepdim) {
-            return reduced[n.index] ? Leaf{"((ki64)0)", kConstLevel}
-                                    : Leaf{StrCat("k", n.index), kRowLevel};
-          }
-          return {StrCat("k", kept[n.index]), kRowLevel};
-        }
-        if (!reduced[n.index]) return {StrCat("k", n.index), kRowLevel};
-        return {StrCat("j", n.index), kElemLevel};
-      }
-      case ExprOp::kAcc:
-        return {StrCat("acc", n.index), kRowLevel};
-      case ExprOp::kCount:
-        return {"cnt", kRowLevel};
-      default:
-        return {"0", kRowLevel};
-    }
-  };
-  ExprPrinter pr("t", leaf, DeviceAux(s, m));
-  Out row(k.indent);
-  pr.SetRowBlock(&row);
-  // A loop over this work-item's reduced elements p = lid, lid + wg, ...
-  auto element_loop = [&](Out& dst, const std::function<void(Out&)>& per_element) {
+  std::string Shape(int d) const override { return StrCat("m.v[", d, "]"); }
+  std::string Base(int t) const override { return StrCat("m.v[", At(t), "]"); }
+  std::string Stride(int t, int d) const override { return StrCat("m.v[", At(t) + 1 + d, "]"); }
+  ExprPrinter::AuxFn Aux() const override { return DeviceAux(s_, m_); }
+
+  void Loop(Out& dst, const std::function<void(Out&)>& body, const std::string&) override {
     Out b(dst.indent + "  ");
     b.Line("ki64 u = p;");
+    const std::vector<int>& red = ax_.red;
     for (int q = static_cast<int>(red.size()) - 1; q >= 0; --q) {
       const int d = red[q];
-      b.Line(StrCat("const ki64 j", d, " = ", q > 0 ? StrCat("u % m.v[", d, "]") : "u", ";"));
-      if (q > 0) b.Line(StrCat("u /= m.v[", d, "];"));
+      b.Line(StrCat("const ki64 j", d, " = ", q > 0 ? StrCat("u % ", Shape(d)) : "u", ";"));
+      if (q > 0) b.Line(StrCat("u /= ", Shape(d), ";"));
     }
-    for (size_t i = 0; i < s.args.size(); ++i) {
-      if (s.args[i].role != ArgRole::kFull) continue;
-      std::string f = StrCat("const ki64 f", i, " = b", i);
-      for (int d : red) absl::StrAppend(&f, " + j", d, " * m.v[", m.arg[i] + 1 + d, "]");
-      b.Line(f + ";");
-    }
-    if (s.elementwise) {
-      std::string f = "const ki64 fo = ob";
-      for (int d : red) absl::StrAppend(&f, " + j", d, " * m.v[", m.out + 1 + d, "]");
-      b.Line(f + ";");
-    }
-    Out body(b.indent);
-    pr.SetElemBlock(&body);
-    per_element(body);
-    b.Append(body);
-    dst.Open(StrCat("for (ki64 p = lid; p < cnt; p += ", wg, ") {"));
+    ElementOffsets(b);
+    Out element(b.indent);
+    body(element);
+    b.Append(element);
+    dst.Open(StrCat("KNOVEC for (ki64 p = lid; p < cnt; p += ", wg_, ") {"));
     dst.Append(b);
     dst.Close();
-  };
-  for (size_t st = 0; st < s.stages.size(); ++st) {
-    const ReduceStage& stage = s.stages[st];
+  }
+  std::string ElementOffset(int t) const override { return t < 0 ? "fo" : StrCat("f", t); }
+  std::string ReducedIndex(int d) const override { return StrCat("j", d); }
+  std::string Position() const override { return "p"; }
+
+  // Per-work-item partials -> one value, by a tree in shared memory.
+  void Finish(Out& row, const ReduceStage& stage, int st) override {
     const DType t = stage.value.type();
     const std::string acc = StrCat("a", st);
-    Out loop(row.indent);
-    element_loop(loop, [&](Out& body) {
-      const std::string v = pr.Print(stage.value);
-      body.Line(CombineLine(stage, acc, v, "p"));
-    });
-    DeclareAcc(row, stage, acc);
-    row.Append(loop);
-    // Per-thread partials -> one value, by a tree in shared memory.
     const char* buf = t == DType::kF32 ? "kredf" : (t == DType::kF64 ? "kredd" : "kredi");
     const bool fl = IsF(t);
     switch (stage.kind) {
@@ -1656,26 +1703,24 @@ std::string DeviceReduce(const KernelSpec& s, const std::string& name, int wg) {
         break;
     }
     row.Line("BARRIER();");
-    row.Open(StrCat("for (int w = ", wg / 2, "; w > 0; w >>= 1) {"));
+    row.Open(StrCat("for (int w = ", wg_ / 2, "; w > 0; w >>= 1) {"));
     std::string comb;
     const char* sfx = t == DType::kF32 ? "f" : "d";
+    const std::string a = StrCat(buf, "[lid]"), b = StrCat(buf, "[lid + w]");
     switch (stage.kind) {
       case ReduceKind::kSum:
-        comb = fl ? StrCat(buf, "[lid] += ", buf, "[lid + w];")
-                  : StrCat(buf, "[lid] = kiadd(", buf, "[lid], ", buf, "[lid + w]);");
+        comb = fl ? StrCat(a, " += ", b, ";") : StrCat(a, " = kiadd(", a, ", ", b, ");");
         break;
       case ReduceKind::kMax:
-        comb = StrCat(buf, "[lid] = ", fl ? StrCat("kmax", sfx) : "kimax", "(", buf, "[lid], ", buf,
-                      "[lid + w]);");
+        comb = StrCat(a, " = ", fl ? StrCat("kmax", sfx) : "kimax", "(", a, ", ", b, ");");
         break;
       case ReduceKind::kMin:
-        comb = StrCat(buf, "[lid] = ", fl ? StrCat("kmin", sfx) : "kimin", "(", buf, "[lid], ", buf,
-                      "[lid + w]);");
+        comb = StrCat(a, " = ", fl ? StrCat("kmin", sfx) : "kimin", "(", a, ", ", b, ");");
         break;
       case ReduceKind::kArgMax:
-        comb = StrCat("if (", fl ? StrCat("kbetter", sfx) : "kbetteri", "(", buf,
-                      "[lid + w], kredp[lid + w], ", buf, "[lid], kredp[lid])) { ", buf,
-                      "[lid] = ", buf, "[lid + w]; kredp[lid] = kredp[lid + w]; }");
+        comb =
+            StrCat("if (", fl ? StrCat("kbetter", sfx) : "kbetteri", "(", b, ", kredp[lid + w], ",
+                   a, ", kredp[lid])) { ", a, " = ", b, "; kredp[lid] = kredp[lid + w]; }");
         break;
     }
     row.Line(StrCat("if (lid < w) { ", comb, " }"));
@@ -1688,29 +1733,62 @@ std::string DeviceReduce(const KernelSpec& s, const std::string& name, int wg) {
     }
     row.Line("BARRIER();");
   }
-  in_output = true;
-  if (s.elementwise) {
-    Out loop(row.indent);
-    element_loop(loop, [&](Out& body) {
-      const std::string v = pr.Print(s.output);
-      body.Line(StrCat("po[fo] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
-    });
-    row.Append(loop);
-  } else {
-    Out store(row.indent + "  ");
-    pr.ResetLevels();
-    pr.SetRowBlock(&store);
-    pr.SetElemBlock(&store);
-    const std::string v = pr.Print(s.output);
-    store.Line(StrCat("po[ob] = ", StoreConv(s.output.type(), s.out_dtype, v), ";"));
+  void StoreRow(Out& row, const std::function<void(Out&)>& store) override {
+    Out s(row.indent + "  ");
+    store(s);
     row.Open("if (lid == 0) {");
-    row.Append(store);
+    row.Append(s);
     row.Close();
   }
-  k.Append(row);
-  k.Close();
-  k.Close();
-  return k.text;
+
+ private:
+  int At(int t) const { return t < 0 ? m_.out : m_.arg[t]; }
+  const MetaLayout m_;
+  const int wg_;
+};
+
+// Device reduce kernels iterate in a canonical order — the kept axes, then the reduced ones —
+// with outputs that drop the reduced axes: one kernel serves every reduction with as many kept
+// and reduced axes (a sum over axis 1 or 2 of a rank-3 tensor, keepdim or not); DeviceLaunch
+// permutes shapes and strides to match. `perm[i]` is the spec's axis of canonical axis i.
+KernelSpec CanonicalDeviceReduce(const KernelSpec& s, std::vector<int>* perm) {
+  const ReduceAxes ax(s);
+  std::vector<int> order = ax.kept;
+  order.insert(order.end(), ax.red.begin(), ax.red.end());
+  std::vector<int> slot(s.rank);
+  for (int i = 0; i < s.rank; ++i) slot[order[i]] = i;
+  const int nk = static_cast<int>(ax.kept.size());
+  auto iteration = [&](const Expr& e) {
+    return MapLeaves(e, [&](const Expr& leaf) {
+      const ExprNode& n = leaf.node();
+      if (n.op != ExprOp::kIndex || n.index == kPosAxis) return leaf;
+      return Expr::Index(slot[n.index]);
+    });
+  };
+  KernelSpec c = s;
+  c.reduce_axes.clear();
+  for (int i = nk; i < s.rank; ++i) c.reduce_axes.push_back(i);
+  for (ReduceStage& st : c.stages) st.value = iteration(st.value);
+  if (s.elementwise) {
+    c.output = iteration(s.output);
+  } else {
+    c.keepdim = false;
+    c.out_rank = nk;
+    // Output axes: without keepdim they are the kept axes in order already; with it, kept
+    // axis d becomes output axis slot[d] and reduced ones are 0.
+    if (s.keepdim) {
+      c.output = MapLeaves(s.output, [&](const Expr& leaf) {
+        const ExprNode& n = leaf.node();
+        if (n.op != ExprOp::kIndex) return leaf;
+        return ax.reduced[n.index] ? Expr::Int(0) : Expr::Index(slot[n.index]);
+      });
+    }
+    for (KernelArg& a : c.args) {
+      if (a.role == ArgRole::kOut) a.rank = nk;
+    }
+  }
+  if (perm != nullptr) *perm = order;
+  return c;
 }
 
 std::string Generate(const KernelSpec& s, Dialect d, const std::string& name, int wg) {
@@ -1718,13 +1796,18 @@ std::string Generate(const KernelSpec& s, Dialect d, const std::string& name, in
     switch (s.kind) {
       case KernelKind::kPointwise:
         return CppPointwise(s, name);
-      case KernelKind::kReduce:
-        return CppReduce(s, name);
+      case KernelKind::kReduce: {
+        CppReduceSkeleton sk(s);
+        return PrintReduce(sk, name);
+      }
       case KernelKind::kGemmEpilogue:
         return CppEpilogue(s, name);
     }
   }
-  return s.kind == KernelKind::kPointwise ? DevicePointwise(s, name) : DeviceReduce(s, name, wg);
+  if (s.kind == KernelKind::kPointwise) return DevicePointwise(s, name);
+  const KernelSpec c = CanonicalDeviceReduce(s, nullptr);
+  DeviceReduceSkeleton sk(c, wg);
+  return PrintReduce(sk, name);
 }
 
 }  // namespace
@@ -1755,8 +1838,8 @@ StatusOr<GeneratedKernel> GenerateKernel(const KernelSpec& spec, Dialect dialect
                                          const CodegenOptions& options) {
   KILN_RETURN_IF_ERROR(spec.Validate());
   const int wg = options.work_group_size;
-  if (wg < 32 || wg > 1024 || (wg & (wg - 1)) != 0) {
-    return InvalidArgument("work_group_size must be a power of two in [32, 1024]; got ", wg);
+  if (wg < 1 || wg > 1024 || (wg & (wg - 1)) != 0) {
+    return InvalidArgument("work_group_size must be a power of two in [1, 1024]; got ", wg);
   }
   if (dialect != Dialect::kCpp && spec.kind == KernelKind::kGemmEpilogue) {
     return Unimplemented("GEMM epilogues have no ", DialectName(dialect), " form");
@@ -1793,49 +1876,163 @@ std::string ModuleSource(Dialect dialect, std::span<const GeneratedKernel> kerne
   return s;
 }
 
-std::vector<int64_t> PackDeviceMeta(const KernelSpec& spec, const LaunchArgs& args,
-                                    std::span<const int64_t> offsets) {
-  const MetaLayout m = LayoutOf(spec);
-  std::vector<int64_t> v(m.size, 0);
-  const TensorArg* shape_src = spec.kind == KernelKind::kReduce && spec.shape_arg >= 0
-                                   ? &args.inputs[spec.shape_arg]
-                                   : &args.output;
-  for (int d = 0; d < spec.rank; ++d) v[d] = shape_src->shape[d];
-  auto off = [&](size_t i) { return i < offsets.size() ? offsets[i] : 0; };
-  v[m.out] = off(0);
-  for (int d = 0; d < spec.out_rank; ++d) v[m.out + 1 + d] = args.output.strides[d];
-  for (size_t i = 0; i < spec.args.size(); ++i) {
-    const TensorArg& t = args.inputs[i];
-    v[m.arg[i]] = off(i + 1);
-    if (spec.args[i].role == ArgRole::kAux) {
-      v[m.arg[i] + 1] = t.shape[0];
-      v[m.arg[i] + 2] = t.strides[0];
-    } else {
-      for (int d = 0; d < spec.args[i].rank; ++d) v[m.arg[i] + 1 + d] = t.strides[d];
+StatusOr<std::string> GenerateExprFunction(const ExprFunction& f, Dialect dialect) {
+  if (!f.value) return InvalidArgument("expression function '", f.name, "' has no expression");
+  // Leaves must be the function's parameters.
+  Status bad = OkStatus();
+  std::unordered_map<const ExprNode*, bool> seen;
+  std::function<void(const Expr&)> check = [&](const Expr& e) {
+    const ExprNode& n = e.node();
+    if (!bad.ok() || !seen.emplace(&n, true).second) return;
+    switch (n.op) {
+      case ExprOp::kInput:
+        if (n.index < 0 || n.index >= static_cast<int>(f.inputs.size()) ||
+            f.inputs[n.index] != n.type) {
+          bad = InvalidArgument("reads Input(", n.index, ") as ", DTypeName(n.type), "; the ",
+                                "function has ", f.inputs.size(), " inputs");
+        }
+        break;
+      case ExprOp::kIndex:
+        if (n.index < 0 || n.index >= f.num_indices) {
+          bad = InvalidArgument("reads Index(", n.index, "); the function has ", f.num_indices);
+        }
+        break;
+      case ExprOp::kLoad:
+        if (n.index < 0 || n.index >= static_cast<int>(f.aux.size())) {
+          bad = InvalidArgument("loads aux ", n.index, "; the function has ", f.aux.size());
+        } else if (IsQuantized(f.aux[n.index]) || f.aux[n.index] == DType::kInvalid) {
+          bad = Unimplemented("codegen does not read ", DTypeName(f.aux[n.index]), " tensors");
+        }
+        break;
+      case ExprOp::kAcc:
+      case ExprOp::kCount:
+        bad = InvalidArgument("reduction leaves outside a reduction");
+        break;
+      default:
+        break;
     }
+    for (const Expr& a : n.args) check(a);
+  };
+  check(f.value);
+  if (!bad.ok()) return Annotate(bad, StrCat("expression function '", f.name, "'"));
+  (void)dialect;  // the dialects differ only in the preamble's macros
+  std::string sig = StrCat("KFN ", ValueType(f.value.type()), " ", f.name, "(");
+  std::vector<std::string> params;
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    params.push_back(StrCat(ValueType(f.inputs[i]), " in", i));
   }
-  return v;
+  for (int i = 0; i < f.num_indices; ++i) params.push_back(StrCat("ki64 idx", i));
+  for (size_t k = 0; k < f.aux.size(); ++k) {
+    params.push_back(StrCat("GLOBAL const ku8* x", k, ", ki64 xn", k, ", ki64 xs", k));
+  }
+  absl::StrAppend(&sig, absl::StrJoin(params, ", "), ") {");
+  auto leaf = [](const ExprNode& n) -> Leaf {
+    return {StrCat(n.op == ExprOp::kInput ? "in" : "idx", n.index), kElemLevel};
+  };
+  auto aux = [&f](int k, const std::string& i) {
+    return ExprPrinter::AuxRef{
+        StrCat("((GLOBAL const ", ElemType(f.aux[k]), "*)x", k, ")[", i, " * xs", k, "]"),
+        StrCat("xn", k), f.aux[k]};
+  };
+  ExprPrinter pr("t", leaf, aux);
+  Out out;
+  out.Open(sig);
+  Out body(out.indent);
+  pr.SetRowBlock(nullptr);
+  pr.SetElemBlock(&body);
+  const std::string v = pr.Print(f.value);
+  out.Append(body);
+  out.Line(StrCat("return ", v, ";"));
+  out.Close();
+  return out.text;
 }
 
-DeviceGeometry DeviceLaunchGeometry(const KernelSpec& spec, const LaunchArgs& args,
-                                    const CodegenOptions& options) {
-  const int64_t wg = options.work_group_size;
-  DeviceGeometry g;
-  g.local_size = wg;
-  if (spec.kind == KernelKind::kReduce) {
-    const TensorArg* src = spec.shape_arg >= 0 ? &args.inputs[spec.shape_arg] : &args.output;
-    std::vector<bool> reduced(spec.rank, false);
-    for (int ax : spec.reduce_axes) reduced[ax] = true;
-    int64_t rows = 1;
-    for (int d = 0; d < spec.rank; ++d) {
-      if (!reduced[d]) rows *= src->shape[d];
+namespace {
+bool DenseWith(const TensorArg& t, const int64_t* shape, int rank) {
+  int64_t s = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    if (shape[d] != 1 && t.strides[d] != s) return false;
+    s *= shape[d];
+  }
+  return true;
+}
+}  // namespace
+
+DeviceLaunch::DeviceLaunch(const KernelSpec& spec, const CodegenOptions& options)
+    : kind_(spec.kind),
+      rank_(spec.rank),
+      shape_arg_(spec.kind == KernelKind::kReduce ? spec.shape_arg : -1),
+      wg_(options.work_group_size) {
+  // The layout is the printed kernel's: reduce kernels run in the canonical axis order.
+  KernelSpec printed = spec;
+  for (int d = 0; d < spec.rank; ++d) perm_.push_back(d);
+  if (spec.kind == KernelKind::kReduce) printed = CanonicalDeviceReduce(spec, &perm_);
+  const MetaLayout m = LayoutOf(printed);
+  out_at_ = m.out;
+  dense_at_ = m.dense;
+  meta_size_ = m.size;
+  for (int ax : spec.reduce_axes) reduced_ |= 1u << ax;
+  // The axis of output-shaped tensors (the output, kOut args) behind each meta stride.
+  if (spec.kind == KernelKind::kReduce && !spec.elementwise) {
+    for (int d = 0, j = 0; d < spec.rank; ++d) {
+      if (reduced_ >> d & 1u) continue;
+      out_axes_.push_back(spec.keepdim ? d : j);
+      ++j;
     }
-    g.global_size = std::clamp<int64_t>(rows, 1, 65536) * wg;
+  } else {
+    out_axes_ = perm_;
+  }
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    args_.push_back({spec.args[i].role, spec.args[i].rank, m.arg[i]});
+  }
+}
+
+void DeviceLaunch::PackMeta(const LaunchArgs& args, std::span<const int64_t> offsets,
+                            std::span<int64_t> meta) const {
+  KILN_CHECK(meta.size() >= static_cast<size_t>(meta_size_), "PackMeta: meta too small");
+  std::fill(meta.begin(), meta.begin() + meta_size_, 0);
+  const TensorArg& shape = shape_arg_ >= 0 ? args.inputs[shape_arg_] : args.output;
+  for (int d = 0; d < rank_; ++d) meta[d] = shape.shape[perm_[d]];
+  auto off = [&](size_t i) { return i < offsets.size() ? offsets[i] : 0; };
+  meta[out_at_] = off(0);
+  auto out_strides = [&](const TensorArg& t, int at) {
+    for (size_t j = 0; j < out_axes_.size(); ++j) meta[at + 1 + j] = t.strides[out_axes_[j]];
+  };
+  out_strides(args.output, out_at_);
+  bool dense = dense_at_ >= 0 && DenseWith(args.output, shape.shape, rank_);
+  for (size_t i = 0; i < args_.size(); ++i) {
+    const TensorArg& t = args.inputs[i];
+    const Arg& a = args_[i];
+    meta[a.at] = off(i + 1);
+    if (a.role == ArgRole::kAux) {
+      meta[a.at + 1] = t.shape[0];
+      meta[a.at + 2] = t.strides[0];
+      continue;
+    }
+    if (a.role == ArgRole::kOut) {
+      out_strides(t, a.at);
+      continue;
+    }
+    for (int d = 0; d < a.rank; ++d) meta[a.at + 1 + d] = t.strides[perm_[d]];
+    dense = dense && DenseWith(t, shape.shape, rank_);
+  }
+  if (dense_at_ >= 0) meta[dense_at_] = dense ? 1 : 0;
+}
+
+DeviceGeometry DeviceLaunch::Geometry(const LaunchArgs& args) const {
+  DeviceGeometry g;
+  g.local_size = wg_;
+  int64_t items = 1;  // reduce: rows (one group each); pointwise: elements
+  if (kind_ == KernelKind::kReduce) {
+    const TensorArg& src = shape_arg_ >= 0 ? args.inputs[shape_arg_] : args.output;
+    for (int d = 0; d < rank_; ++d) {
+      if (!(reduced_ >> d & 1u)) items *= src.shape[d];
+    }
+    g.global_size = std::clamp<int64_t>(items, 1, 65536) * wg_;
     return g;
   }
-  const int64_t n = args.output.numel();
-  const int64_t groups = std::clamp<int64_t>((n + wg - 1) / wg, 1, 65536);
-  g.global_size = groups * wg;
+  items = args.output.numel();
+  g.global_size = std::clamp<int64_t>((items + wg_ - 1) / wg_, 1, 65536) * wg_;
   return g;
 }
 

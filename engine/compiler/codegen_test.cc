@@ -84,7 +84,7 @@ TEST(CodegenTest, InvalidSpecsAreRefused) {
   EXPECT_EQ(GenerateKernel(s, Dialect::kCpp).status().code(), StatusCode::kUnimplemented);
 }
 
-TEST(CodegenTest, PackDeviceMetaFollowsTheLayout) {
+TEST(CodegenTest, DeviceLaunchPacksTheLayout) {
   KernelSpec s;
   s.name = "add";
   s.kind = KernelKind::kPointwise;
@@ -103,11 +103,115 @@ TEST(CodegenTest, PackDeviceMetaFollowsTheLayout) {
   in[1] = a.output;
   in[1].strides[0] = 0;  // broadcast rows
   const int64_t offs[] = {7, 8, 9};
-  const std::vector<int64_t> m = PackDeviceMeta(s, a, offs);
-  EXPECT_EQ(m, (std::vector<int64_t>{3, 5, 7, 5, 1, 8, 5, 1, 9, 0, 1}));
-  const DeviceGeometry g = DeviceLaunchGeometry(s, a);
+  const DeviceLaunch launch(s);
+  ASSERT_EQ(launch.meta_size(), 12);
+  std::vector<int64_t> m(12, -1);
+  launch.PackMeta(a, offs, m);
+  // shape; out offset, strides; arg 0; arg 1; dense (no: arg 1 broadcasts).
+  EXPECT_EQ(m, (std::vector<int64_t>{3, 5, 7, 5, 1, 8, 5, 1, 9, 0, 1, 0}));
+  in[1] = a.output;
+  launch.PackMeta(a, offs, m);
+  EXPECT_EQ(m.back(), 1) << "every tensor row-major: the dense path";
+  const DeviceGeometry g = launch.Geometry(a);
   EXPECT_EQ(g.local_size, 128);
   EXPECT_EQ(g.global_size, 128);
+  const DeviceGeometry g16 = DeviceLaunch(s, CodegenOptions{.work_group_size = 16}).Geometry(a);
+  EXPECT_EQ(g16.local_size, 16);
+  EXPECT_EQ(g16.global_size, 16);
+}
+
+// Device reduce kernels run in a canonical axis order (kept, then reduced): sum(x, 1),
+// sum(x, 1, keepdim) and sum(x, 2) of a rank-3 x are one kernel, launched with the shapes and
+// strides permuted.
+TEST(CodegenTest, DeviceReduceKernelsAreCanonical) {
+  KernelSpec s;
+  s.name = "sum";
+  s.kind = KernelKind::kReduce;
+  s.rank = 3;
+  s.out_dtype = DType::kF32;
+  s.args = {{DType::kF32, ArgRole::kFull, 3}};
+  s.stages = {{ReduceKind::kSum, Expr::Input(0)}};
+  s.output = Expr::Acc(0);
+  s.reduce_axes = {1};
+  s.shape_arg = 0;
+  KernelSpec kept = s;
+  s.out_rank = 2;
+  kept.keepdim = true;
+  kept.out_rank = 3;
+  const StatusOr<GeneratedKernel> a = GenerateKernel(s, Dialect::kOpenCL);
+  const StatusOr<GeneratedKernel> b = GenerateKernel(kept, Dialect::kOpenCL);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+  EXPECT_EQ(a->entry, b->entry);
+  // x [2, 5, 4] dense; out [2, 4] or [2, 1, 4] dense: strides per kept axis (0 and 2).
+  TensorArg x;
+  x.rank = 3;
+  x.shape[0] = 2, x.shape[1] = 5, x.shape[2] = 4;
+  x.strides[0] = 20, x.strides[1] = 4, x.strides[2] = 1;
+  LaunchArgs args;
+  args.inputs = &x;
+  args.num_inputs = 1;
+  args.output.rank = 2;
+  args.output.shape[0] = 2, args.output.shape[1] = 4;
+  args.output.strides[0] = 4, args.output.strides[1] = 1;
+  std::vector<int64_t> ma(DeviceLaunch(s).meta_size()), mb(DeviceLaunch(kept).meta_size());
+  DeviceLaunch(s).PackMeta(args, {}, ma);
+  args.output.rank = 3;
+  args.output.shape[1] = 1, args.output.shape[2] = 4;
+  args.output.strides[0] = 4, args.output.strides[1] = 4, args.output.strides[2] = 1;
+  DeviceLaunch(kept).PackMeta(args, {}, mb);
+  EXPECT_EQ(ma, mb);
+  // Canonical shape [2, 4 | 5]; out strides of the kept axes; x strides permuted alike.
+  EXPECT_EQ(ma, (std::vector<int64_t>{2, 4, 5, 0, 4, 1, 0, 20, 1, 4}));
+  KernelSpec last = s;
+  last.reduce_axes = {2};
+  const StatusOr<GeneratedKernel> c = GenerateKernel(last, Dialect::kOpenCL);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(a->entry, c->entry);
+  // The C++ kernels keep the spec's own axes.
+  EXPECT_NE(GenerateKernel(s, Dialect::kCpp)->entry, GenerateKernel(last, Dialect::kCpp)->entry);
+}
+
+TEST(CodegenTest, ExpressionFunctionsPrintInEveryDialect) {
+  ExprFunction f;
+  f.name = "kiln_test_mask";
+  // A prefix-LM style mask: kv <= q, or kv inside the prefix read from aux 0.
+  f.value = Or(Le(Expr::Index(1), Expr::Index(0)),
+               Lt(Expr::Index(1), Expr::Load(0, Expr::Index(2), DType::kI64)));
+  f.num_indices = 3;
+  f.aux = {DType::kI32};
+  for (Dialect d : {Dialect::kCpp, Dialect::kOpenCL, Dialect::kCuda, Dialect::kHip}) {
+    StatusOr<std::string> code = GenerateExprFunction(f, d);
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_NE(code->find("KFN bool kiln_test_mask(ki64 idx0, ki64 idx1, ki64 idx2, GLOBAL const "
+                         "ku8* x0, ki64 xn0, ki64 xs0)"),
+              std::string::npos)
+        << *code;
+    EXPECT_NE(code->find("(GLOBAL const ki32*)x0"), std::string::npos) << *code;
+  }
+  ExprFunction bad = f;
+  bad.num_indices = 1;  // reads Index(1) and Index(2)
+  EXPECT_EQ(GenerateExprFunction(bad, Dialect::kOpenCL).status().code(),
+            StatusCode::kInvalidArgument);
+  bad = f;
+  bad.value = Expr::Acc(0);
+  EXPECT_FALSE(GenerateExprFunction(bad, Dialect::kOpenCL).ok());
+}
+
+// Kernels without f64 tensors print no double arithmetic: devices without cl_khr_fp64 (the
+// xpu backend's) run them. Checked on the text: the sample set's non-f64 kernels, as OpenCL.
+TEST(CodegenTest, KernelsWithoutF64UseNoDouble) {
+  int checked = 0;
+  for (const testing::Sample& s : Samples()) {
+    if (UsesF64(s.spec) || s.spec.kind == KernelKind::kGemmEpilogue) continue;
+    StatusOr<GeneratedKernel> k = GenerateKernel(s.spec, Dialect::kOpenCL);
+    ASSERT_TRUE(k.ok()) << s.label;
+    for (const char* dbl : {"double", "ksat(", "kd2mini(", "kmaxd(", "kmind(", "KINF)", "KNAN "}) {
+      EXPECT_EQ(k->code.find(dbl), std::string::npos) << s.label << " uses " << dbl << ":\n"
+                                                      << k->code;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
 }
 
 // All samples in one C++ module must compile with the system compiler (the CPU JIT's tests

@@ -70,6 +70,7 @@ StatusOr<std::optional<Graph>> Rewrite(const Graph& g, std::vector<Value>& outpu
   std::vector<Value> fused_outputs = outputs;
   FusionOptions fo;
   fo.caps = c->caps;
+  if (c->caps.max_inputs > 0) fo.max_inputs = std::min(fo.max_inputs, c->caps.max_inputs);
   KILN_ASSIGN_OR_RETURN(FusionResult r, Fuse(g, fused_outputs, fo));
   if (c->dump.Enabled("fuse")) DumpGraph(c->dump, "fuse", r.graph, &r.marks);
   c->groups = r.groups;

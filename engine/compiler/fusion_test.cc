@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "engine/compiler/compile.h"
-#include "engine/compiler/testing/llama_graph.h"
+#include "engine/compiler/testing/llama_run.h"
 #include "engine/testing/devices.h"
 
 namespace kiln::compiler {
@@ -182,50 +182,9 @@ struct Devices {
   backend::Device& c() { return *cpu->device(0); }
 };
 
-StatusOr<std::vector<double>> RunLlama(const testing::LlamaConfig& cfg, backend::Device& dev,
-                                       bool compiler, bool fuse, int64_t seqs, int64_t new_tokens,
-                                       int64_t context, CompileReport* report = nullptr,
-                                       metrics::Registry* registry = nullptr) {
-  KILN_ASSIGN_OR_RETURN(testing::LlamaGraph m, testing::BuildLlama(cfg));
-  std::unique_ptr<Program> p;
-  if (compiler) {
-    CompilerOptions o;
-    o.fuse = fuse;
-    o.metrics = registry;
-    o.label = "llama-test";
-    KILN_ASSIGN_OR_RETURN(p, Compile(m.graph, {m.logits}, dev, o, report));
-  } else {
-    KILN_ASSIGN_OR_RETURN(p, kiln::Compile(m.graph, {m.logits}, dev));
-  }
-  KILN_ASSIGN_OR_RETURN(auto weights, testing::RandomWeights(m.graph, dev, 7));
-  for (auto& [name, t] : weights) KILN_RETURN_IF_ERROR(p->Bind(name, t));
-  KILN_ASSIGN_OR_RETURN(auto stream, dev.CreateStream());
-  // Fill the cache with `context` tokens first (a prefill), then run the step under test.
-  if (context > 0) {
-    KILN_RETURN_IF_ERROR(p->SetSymbol("T", seqs * context));
-    KILN_RETURN_IF_ERROR(p->SetSymbol("S", seqs));
-    KILN_ASSIGN_OR_RETURN(auto pre, testing::StepInputs(cfg, dev, seqs, context, 0));
-    for (auto& [name, t] : pre) KILN_RETURN_IF_ERROR(p->Bind(name, t));
-    KILN_RETURN_IF_ERROR(p->Run(*stream));
-  }
-  KILN_RETURN_IF_ERROR(p->SetSymbol("T", seqs * new_tokens));
-  KILN_RETURN_IF_ERROR(p->SetSymbol("S", seqs));
-  KILN_ASSIGN_OR_RETURN(auto in, testing::StepInputs(cfg, dev, seqs, new_tokens, context));
-  for (auto& [name, t] : in) KILN_RETURN_IF_ERROR(p->Bind(name, t));
-  KILN_RETURN_IF_ERROR(p->Run(*stream));
-  KILN_RETURN_IF_ERROR(stream->Synchronize());
-  KILN_ASSIGN_OR_RETURN(Tensor out, p->Output(0));
-  return out.ToDoubles();
-}
-
-double Nmse(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return num / std::max(den, 1e-30);
-}
+using testing::LlamaRun;
+using testing::Nmse;
+using testing::RunLlama;
 
 class LlamaFusionTest : public ::testing::TestWithParam<DType> {};
 
@@ -238,16 +197,20 @@ TEST_P(LlamaFusionTest, FusedMatchesReferenceAtPrefillAndDecode) {
   for (const auto& [seqs, new_tokens, context] :
        std::vector<std::tuple<int, int, int>>{{2, 5, 0}, {3, 1, 7}}) {
     SCOPED_TRACE(StrCat(seqs, " seqs x ", new_tokens, " tokens after ", context));
-    auto want = RunLlama(cfg, d.r(), false, false, seqs, new_tokens, context);
+    auto want =
+        RunLlama(cfg, d.r(),
+                 {.compiler = false, .seqs = seqs, .new_tokens = new_tokens, .context = context});
     ASSERT_TRUE(want.ok()) << want.status();
     CompileReport rep;
-    auto fused = RunLlama(cfg, d.c(), true, true, seqs, new_tokens, context, &rep);
+    auto fused = RunLlama(
+        cfg, d.c(), {.seqs = seqs, .new_tokens = new_tokens, .context = context, .report = &rep});
     ASSERT_TRUE(fused.ok()) << fused.status();
     EXPECT_GT(rep.fused_groups, 0) << rep.ToString();
     EXPECT_FALSE(rep.unfused_fallback) << rep.ToString();
     EXPECT_LT(rep.launches, rep.nodes) << rep.ToString();
     EXPECT_LE(Nmse(*fused, *want), tol);
-    auto unfused = RunLlama(cfg, d.c(), true, false, seqs, new_tokens, context);
+    auto unfused = RunLlama(
+        cfg, d.c(), {.fuse = false, .seqs = seqs, .new_tokens = new_tokens, .context = context});
     ASSERT_TRUE(unfused.ok()) << unfused.status();
     EXPECT_LE(Nmse(*unfused, *want), tol);
   }
@@ -262,7 +225,7 @@ TEST(CompileTest, ReportsRegionsKernelsAndMetrics) {
   cfg.layers = 4;
   metrics::Registry registry;
   CompileReport rep;
-  auto out = RunLlama(cfg, d.c(), true, true, 1, 3, 0, &rep, &registry);
+  auto out = RunLlama(cfg, d.c(), {.new_tokens = 3, .report = &rep, .registry = &registry});
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_FALSE(rep.regions.classes.empty());
   EXPECT_EQ(rep.regions.classes[0].family, "blk");
@@ -292,8 +255,8 @@ TEST(CompileTest, DevicesWithoutATargetCompileAsUsual) {
   Devices d;
   testing::LlamaConfig cfg;
   CompileReport rep;
-  auto a = RunLlama(cfg, d.r(), true, true, 1, 2, 0, &rep);
-  auto b = RunLlama(cfg, d.r(), false, false, 1, 2, 0);
+  auto a = RunLlama(cfg, d.r(), {.new_tokens = 2, .report = &rep});
+  auto b = RunLlama(cfg, d.r(), {.compiler = false, .fuse = false, .new_tokens = 2});
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(*a, *b);
   EXPECT_EQ(rep.fused_groups, 0);

@@ -88,6 +88,31 @@ int ExprSize(const Expr& e) {
   return static_cast<int>(seen.size());
 }
 
+bool UsesF64(const Expr& e) {
+  if (!e) return false;
+  std::unordered_map<const ExprNode*, bool> seen;
+  std::function<bool(const Expr&)> rec = [&](const Expr& x) {
+    if (!seen.emplace(&x.node(), true).second) return false;
+    if (x.type() == DType::kF64) return true;
+    for (const Expr& a : x.node().args) {
+      if (rec(a)) return true;
+    }
+    return false;
+  };
+  return rec(e);
+}
+
+bool UsesF64(const KernelSpec& spec) {
+  if (spec.out_dtype == DType::kF64) return true;
+  for (const KernelArg& a : spec.args) {
+    if (a.dtype == DType::kF64) return true;
+  }
+  for (const ReduceStage& st : spec.stages) {
+    if (UsesF64(st.value)) return true;
+  }
+  return UsesF64(spec.value) || UsesF64(spec.output);
+}
+
 namespace {
 
 // Where an expression is evaluated, for leaf checks.
@@ -284,6 +309,13 @@ StatusOr<KernelSpec> SpecFromRequest(const backend::KernelRequest& req) {
                                     : KernelArg{in[i], ArgRole::kAux, 1});
     }
     s.value = def.pointwise(*req.attrs, in, req.output.dtype);
+    const DType c = in.empty() ? DType::kInvalid : ExprTypeOf(in[0]);
+    if (req.op == OpKind::kCast && IsInteger(req.output.dtype) &&
+        (c == DType::kF32 || c == DType::kF64)) {
+      // Float -> integer: the form clamps in f64 to the target's range, which is exactly what
+      // the store does (truncate, saturate, NaN -> 0); without it f32 casts need no double.
+      s.value = Expr::Input(0, c);
+    }
   } else if (def.reduce != nullptr) {
     if (in.empty()) return Internal("a reduction without inputs");
     const ReduceForm form = def.reduce(*req.attrs, in, req.output.dtype);

@@ -95,4 +95,9 @@ Expr MapLeaves(const Expr& e, const std::function<Expr(const Expr&)>& fn);
 // Number of distinct nodes in the expression DAG (shared subtrees count once).
 int ExprSize(const Expr& e);
 
+// Whether computing `e` (or any expression of `spec`, or reading/writing its tensors) needs
+// f64 arithmetic — which devices without double support (OpenCL without cl_khr_fp64) lack.
+bool UsesF64(const Expr& e);
+bool UsesF64(const KernelSpec& spec);
+
 }  // namespace kiln::compiler

@@ -38,6 +38,7 @@ struct FusionCaps {
   bool pointwise = false;       // chains of pointwise ops -> one map node
   bool reductions = false;      // reductions/row ops with pointwise prologue and epilogue
   bool gemm_epilogues = false;  // linear/matmul + pointwise epilogue (bias, activation, residual)
+  int max_inputs = 0;           // inputs of one fused kernel at most (0: the pass' default)
 };
 
 // Kernel accounting for logs and metrics.

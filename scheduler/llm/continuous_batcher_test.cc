@@ -264,11 +264,15 @@ TEST(ContinuousBatcherTest, PreemptionUnderKvPressureKeepsOutputsCorrect) {
   Fixture f(WithBlocks(o, 24));  // 96 tokens of KV for 6 requests that each grow to 40
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::future<Result>> futures;
+  // All six queued before a step runs (a busy machine must not finish the first ones before
+  // the last arrive): the gate holds the steps until then.
+  f.gate->Close();
   for (int i = 0; i < 6; ++i) {
     prompts.push_back(Prompt(10, 100 + i));
     auto c = MakeRequest(prompts.back(), 30);
     futures.push_back(f.Submit(c));
   }
+  f.gate->Open();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 30)) << i;
   EXPECT_GT(f.batcher->snapshot().preemptions, 0u) << "the test did not exercise preemption";
   EXPECT_TRUE(f.Await(NoBlocksUsed))
@@ -282,11 +286,15 @@ TEST(ContinuousBatcherTest, PreemptionWithPrefixCacheRecomputesFromTheCache) {
   Fixture f(WithBlocks(o, 24));
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::future<Result>> futures;
+  // All six queued before a step runs (a busy machine must not finish the first ones before
+  // the last arrive): the gate holds the steps until then.
+  f.gate->Close();
   for (int i = 0; i < 6; ++i) {
     prompts.push_back(Prompt(10, 200 + i));
     auto c = MakeRequest(prompts.back(), 30);
     futures.push_back(f.Submit(c));
   }
+  f.gate->Open();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 30)) << i;
   EXPECT_GT(f.batcher->snapshot().preemptions, 0u);
 }

@@ -1,6 +1,7 @@
 #include "engine/compiler/testing/llama_graph.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 namespace kiln::compiler::testing {
@@ -64,6 +65,24 @@ StatusOr<LlamaGraph> BuildLlama(const LlamaConfig& c) {
   return m;
 }
 
+namespace {
+
+// A dense tensor on `device` holding `bytes` (its elements' host encoding): written in place on
+// host-visible devices, copied through a stream to the others.
+StatusOr<Tensor> Upload(backend::Device& device, DType dtype, std::vector<int64_t> shape,
+                        const void* bytes) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(device, dtype, std::move(shape)));
+  if (device.host_visible()) {
+    std::memcpy(t.data(), bytes, t.nbytes());
+    return t;
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream, device.CreateStream());
+  KILN_RETURN_IF_ERROR(stream->CopyToDevice(*t.buffer(), 0, bytes, t.nbytes()));
+  return t;
+}
+
+}  // namespace
+
 StatusOr<std::map<std::string, Tensor>> RandomWeights(const Graph& g, backend::Device& device,
                                                       uint64_t seed) {
   std::map<std::string, Tensor> out;
@@ -80,9 +99,10 @@ StatusOr<std::map<std::string, Tensor>> RandomWeights(const Graph& g, backend::D
           kind == OpKind::kState ? 0.0 : (norm ? 0.1 : 1.0 / std::sqrt(shape.back()));
       std::vector<float> v(count);
       for (float& x : v) x = static_cast<float>((norm ? 1.0 : 0.0) + scale * normal(rng));
-      KILN_ASSIGN_OR_RETURN(Tensor host, Tensor::Empty(device, n.dtype, shape));
-      KILN_RETURN_IF_ERROR(ConvertElements(DType::kF32, v.data(), n.dtype, host.data(), count));
-      out.emplace(n.name, std::move(host));
+      std::vector<uint8_t> bytes(DTypeBytes(n.dtype, count));
+      KILN_RETURN_IF_ERROR(ConvertElements(DType::kF32, v.data(), n.dtype, bytes.data(), count));
+      KILN_ASSIGN_OR_RETURN(Tensor t, Upload(device, n.dtype, shape, bytes.data()));
+      out.emplace(n.name, std::move(t));
     }
   }
   return out;
@@ -116,7 +136,8 @@ StatusOr<std::map<std::string, Tensor>> StepInputs(const LlamaConfig& c, backend
   std::map<std::string, Tensor> in;
   auto put = [&](const char* name, std::vector<int64_t> shape,
                  const std::vector<double>& v) -> Status {
-    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::FromDoubles(device, DType::kI32, shape, v));
+    const std::vector<int32_t> i32(v.begin(), v.end());
+    KILN_ASSIGN_OR_RETURN(Tensor t, Upload(device, DType::kI32, shape, i32.data()));
     in.emplace(name, std::move(t));
     return OkStatus();
   };
