@@ -19,6 +19,18 @@ KILND = os.environ.get("KILND") or str(
     Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
 
 
+def wait_for(predicate, what="the condition", timeout=30):
+    """Polls observable server state (metrics, health, statistics) until `predicate()` holds,
+    so tests order themselves by what the server shows, never by sleeping. Fails naming
+    `what` after `timeout` seconds; returns True otherwise."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
 def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -10,6 +10,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from conftest import wait_for
+
 CONFIG = """
 models:
   - name: batched
@@ -82,16 +84,6 @@ def test_concurrent_requests_are_batched(server):
     assert max(sizes) > 1 and max(sizes) <= 8
     assert server.metric_value("kiln_inference_executions_total", model="batched") == \
         s.execution_count
-
-
-def wait_for(predicate, what, timeout=30):
-    """Polls observable server state until `predicate()` holds."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def running(server, model):

@@ -6,7 +6,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import grpc
@@ -15,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from conftest import LLM_NAME as MODEL
-from conftest import start_llm_kilnd
+from conftest import start_llm_kilnd, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,10 +151,7 @@ def test_cancelling_the_stream_frees_the_kv_cache(kilnd, stub, pb):
     assert first.text or first.token_ids
     assert kilnd.metric_value(usage, model=MODEL) > 0
     stream.cancel()
-    deadline = time.time() + 10
-    while time.time() < deadline and kilnd.metric_value(usage, model=MODEL) > 0:
-        time.sleep(0.05)
-    assert kilnd.metric_value(usage, model=MODEL) == 0
+    wait_for(lambda: kilnd.metric_value(usage, model=MODEL) == 0, "the KV blocks to be freed")
     assert kilnd.metric_value("kiln_llm_requests_total", model=MODEL,
                               finish_reason="cancelled") >= 1
 

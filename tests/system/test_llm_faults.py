@@ -20,7 +20,7 @@ import requests
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from conftest import LLM_NAME as MODEL
-from conftest import start_llm_kilnd
+from conftest import start_llm_kilnd, wait_for
 
 USAGE = "kiln_llm_kv_cache_usage_ratio"
 
@@ -37,15 +37,6 @@ def post(k, path, body, **kwargs):
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     return requests.post(f"{k.base}{path}", data=data,
                          headers={"Content-Type": "application/json"}, timeout=120, **kwargs)
-
-
-def wait_for(cond, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 USER = [{"role": "user", "content": "Hi"}]

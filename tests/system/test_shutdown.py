@@ -8,6 +8,8 @@ import numpy as np
 import requests
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from conftest import wait_for
+
 CONFIG = """
 server:
   shutdown_grace_seconds: {grace}
@@ -26,16 +28,6 @@ def sleep_request(us):
     req.inputs.add(name="SLEEP_US", datatype="INT32", shape=[1, 1])
     req.raw_input_contents.append(np.array([us], np.int32).tobytes())
     return req
-
-
-def wait_for(predicate, what, timeout=30):
-    """Polls observable server state until `predicate()` holds (never a bare sleep)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def admitted(k, n):
