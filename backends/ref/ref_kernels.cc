@@ -1087,7 +1087,9 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
 
 int64_t SampleRowCount(const LaunchArgs& a) { return a.inputs[0].shape[0]; }
 
-// engine/sampling.h on each row (the host sampler's code: the reference is the algorithm).
+// engine/sampling.h on each row (the host sampler's code: the reference is the algorithm). The
+// op's dtypes are fixed (f32 logits and params, f64 uniforms, i32 lists), so rows are read
+// through typed pointers: this loop is also the cpu backend's kernel, once per decode step.
 void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
   const TensorArg &logits = a.inputs[0], &params = a.inputs[1], &uniform = a.inputs[2];
   const TensorArg &pen_tokens = a.inputs[3], &pen_counts = a.inputs[4], &banned = a.inputs[5];
@@ -1095,39 +1097,38 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
   const TensorArg &top_ids = a.extra_outputs[1], &top_lps = a.extra_outputs[2];
   const int64_t V = logits.shape[1], P = pen_tokens.shape[1], E = banned.shape[1];
   const int64_t W = top_ids.shape[1];
+  auto at = [](const TensorArg& t, int64_t i, int64_t j) {
+    return i * t.strides[0] + j * (t.rank > 1 ? t.strides[1] : 0);
+  };
+  auto f32 = [](const TensorArg& t) { return static_cast<float*>(t.data); };
+  auto i32 = [](const TensorArg& t) { return static_cast<int32_t*>(t.data); };
   thread_local std::vector<float> row, raw, lps;
   thread_local std::vector<int32_t> ban, ids;
   thread_local std::vector<sampling::PenaltyToken> pen;
   thread_local sampling::Scratch scratch;
   for (int64_t s = begin; s < end; ++s) {
-    row.resize(V);
-    for (int64_t j = 0; j < V; ++j) {
-      row[j] = static_cast<float>(LoadF(logits, s * logits.strides[0] + j * logits.strides[1]));
-    }
     float prm[sampling::kNumParams];
-    for (int k = 0; k < sampling::kNumParams; ++k) {
-      prm[k] = static_cast<float>(LoadF(params, s * params.strides[0] + k * params.strides[1]));
-    }
+    for (int k = 0; k < sampling::kNumParams; ++k) prm[k] = f32(params)[at(params, s, k)];
     const sampling::RowParams p = sampling::UnpackParams(prm);
+    row.resize(V);
+    const float* l = f32(logits) + at(logits, s, 0);
+    const int64_t ls = logits.strides[1];
+    for (int64_t j = 0; j < V; ++j) row[j] = l[j * ls];
     pen.clear();
     for (int64_t j = 0; j < P; ++j) {
-      const int64_t t = LoadI(pen_tokens, s * pen_tokens.strides[0] + j * pen_tokens.strides[1]);
-      if (t < 0) continue;
-      const int64_t n = LoadI(pen_counts, s * pen_counts.strides[0] + j * pen_counts.strides[1]);
-      pen.push_back({static_cast<int32_t>(t), static_cast<int32_t>(n)});
+      const int32_t t = i32(pen_tokens)[at(pen_tokens, s, j)];
+      if (t >= 0) pen.push_back({t, i32(pen_counts)[at(pen_counts, s, j)]});
     }
     ban.clear();
-    for (int64_t j = 0; j < E; ++j) {
-      ban.push_back(
-          static_cast<int32_t>(LoadI(banned, s * banned.strides[0] + j * banned.strides[1])));
-    }
+    for (int64_t j = 0; j < E; ++j) ban.push_back(i32(banned)[at(banned, s, j)]);
     if (p.logprobs >= 0) raw = row;
     sampling::ApplyPenalties(p, row, pen, ban);
-    const int32_t t = sampling::Pick(p, row, LoadF(uniform, s * uniform.strides[0]), scratch);
-    StoreI(token, s * token.strides[0], t);
+    const double u = static_cast<double*>(uniform.data)[s * uniform.strides[0]];
+    const int32_t t = sampling::Pick(p, row, u, scratch);
+    i32(token)[s * token.strides[0]] = t;
     for (int64_t i = 0; i < W; ++i) {
-      StoreI(top_ids, s * top_ids.strides[0] + i * top_ids.strides[1], -1);
-      StoreF(top_lps, s * top_lps.strides[0] + i * top_lps.strides[1], 0.0);
+      i32(top_ids)[at(top_ids, s, i)] = -1;
+      f32(top_lps)[at(top_lps, s, i)] = 0.0f;
     }
     float lp = 0;
     if (p.logprobs >= 0) {
@@ -1136,11 +1137,11 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
       lps.resize(n);
       lp = sampling::Logprobs(raw, t, n, ids.data(), lps.data());
       for (int32_t i = 0; i < n; ++i) {
-        StoreI(top_ids, s * top_ids.strides[0] + i * top_ids.strides[1], ids[i]);
-        StoreF(top_lps, s * top_lps.strides[0] + i * top_lps.strides[1], lps[i]);
+        i32(top_ids)[at(top_ids, s, i)] = ids[i];
+        f32(top_lps)[at(top_lps, s, i)] = lps[i];
       }
     }
-    StoreF(logprob, s * logprob.strides[0], lp);
+    f32(logprob)[s * logprob.strides[0]] = lp;
   }
 }
 

@@ -12,10 +12,13 @@
 #          cold (KILN_CPU_AOT=0, empty kernel cache) and warm (the cache filled): medians of 3
 # harness  the op harness' perf mode on cpu (kiln_op_harness --mode=perf): per-case µs/run,
 #          median of 3 alternating runs; the geometric mean of new/old over the cases
-# xpu      the xpu op-harness tests (forward + gradient) cold (fresh kernel caches) and warm,
-#          wall seconds; and `kiln generate --backend xpu`, 32 tokens: tok/s
-# serving  tests/bench/llm_loadgen.py at 16 streams (~128-token prompts, 128 new tokens) against
-#          both kilnd, one server at a time (ports 8100-8102 old, 8200-8202 new)
+# xpu      the xpu op-harness tests (forward + gradient) cold (fresh kernel caches) and warm:
+#          wall seconds, and the cases each build has (a build with more cases takes longer:
+#          compare per case); and `kiln generate --backend xpu`, 32 tokens: tok/s
+# serving  tests/bench/llm_loadgen.py at STREAMS (16) streams, REQUESTS (6) requests each
+#          (~128-token prompts, 128 new tokens) against both kilnd, one server at a time
+#          (ports 8100-8102 old, 8200-8202 new); fewer than ~6 requests per stream leave TTFT
+#          p50 within ±15% noise on a 2-core VM
 set -euo pipefail
 OLD=$(cd "$1" && pwd)
 NEW=$(cd "$2" && pwd)
@@ -126,7 +129,8 @@ EOF
         KILN_CACHE_DIR="$TMP/x-$side" POCL_CACHE_DIR="$TMP/x-$side/pocl" \
           "$b/backends/xpu/xpu_harness_test" > "$TMP/x-$side-$kind.txt" 2>&1 || echo "  ($side: xpu_harness_test failed, see output)"
         t1=$(date +%s.%N)
-        echo "xpu harness ($kind): $side $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s"
+        cases=$(grep -oE '[0-9]+/[0-9]+ cases passed' "$TMP/x-$side-$kind.txt" | cut -d/ -f2 | paste -sd+ | bc)
+        echo "xpu harness ($kind): $side $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s, ${cases:-?} cases"
       done
     done
     o=() n=()
@@ -155,7 +159,7 @@ EOF
     start "$NEW" 8200 8201 8202
     "$PY" "$ROOT/tests/bench/llm_loadgen.py" --server old=http://127.0.0.1:8100 --model old=smollm2 \
       --server new=http://127.0.0.1:8200 --model new=smollm2 --concurrency "${STREAMS:-16}" \
-      --prompt-tokens 128 --max-tokens 128
+      --prompt-tokens 128 --max-tokens 128 --requests-per-worker "${REQUESTS:-6}"
     ;;
   *) echo "unknown section: $section"; exit 2 ;;
   esac
