@@ -129,7 +129,7 @@ EOF
         KILN_CACHE_DIR="$TMP/x-$side" POCL_CACHE_DIR="$TMP/x-$side/pocl" \
           "$b/backends/xpu/xpu_harness_test" > "$TMP/x-$side-$kind.txt" 2>&1 || echo "  ($side: xpu_harness_test failed, see output)"
         t1=$(date +%s.%N)
-        cases=$(grep -oE '[0-9]+/[0-9]+ cases passed' "$TMP/x-$side-$kind.txt" | cut -d/ -f2 | paste -sd+ | bc)
+        cases=$(grep -oE '[0-9]+/[0-9]+ cases passed' "$TMP/x-$side-$kind.txt" | cut -d/ -f2 | awk '{s += $1} END {print s}')
         echo "xpu harness ($kind): $side $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", b - a}') s, ${cases:-?} cases"
       done
     done
