@@ -635,38 +635,38 @@ class XpuStream final : public backend::Stream {
     return static_cast<const XpuBuffer&>(b).mem();
   }
 
+  // Blocking transfers (the host memory is free again on return) and non-blocking ones (it
+  // must stay untouched until the queue passes them: engine/backend/backend.h).
   Status CopyToDevice(const backend::Buffer& dst, size_t dst_offset, const void* src,
                       size_t bytes) override {
-    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(dst, dst_offset, bytes, "CopyToDevice"));
-    if (recording_) return FailedPrecondition("CopyToDevice while capturing a graph");
-    if (bytes == 0) return OkStatus();
-    KILN_CL(clEnqueueWriteBuffer(queue_, m, CL_TRUE, dst_offset, bytes, src, 0, nullptr, nullptr));
-    return OkStatus();
+    return Write(dst, dst_offset, src, bytes, CL_TRUE, "CopyToDevice");
   }
   Status CopyToHost(void* dst, const backend::Buffer& src, size_t src_offset,
                     size_t bytes) override {
-    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(src, src_offset, bytes, "CopyToHost"));
-    if (recording_) return FailedPrecondition("CopyToHost while capturing a graph");
-    if (bytes == 0) return OkStatus();
-    KILN_CL(clEnqueueReadBuffer(queue_, m, CL_TRUE, src_offset, bytes, dst, 0, nullptr, nullptr));
-    return OkStatus();
+    return Read(dst, src, src_offset, bytes, CL_TRUE, "CopyToHost");
   }
-  // Non-blocking transfers: the host memory must stay untouched until the queue passes them
-  // (engine/backend/backend.h states the contract).
   Status CopyToDeviceAsync(const backend::Buffer& dst, size_t dst_offset, const void* src,
                            size_t bytes) override {
-    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(dst, dst_offset, bytes, "CopyToDeviceAsync"));
-    if (recording_) return FailedPrecondition("CopyToDeviceAsync while capturing a graph");
-    if (bytes == 0) return OkStatus();
-    KILN_CL(clEnqueueWriteBuffer(queue_, m, CL_FALSE, dst_offset, bytes, src, 0, nullptr, nullptr));
-    return OkStatus();
+    return Write(dst, dst_offset, src, bytes, CL_FALSE, "CopyToDeviceAsync");
   }
   Status CopyToHostAsync(void* dst, const backend::Buffer& src, size_t src_offset,
                          size_t bytes) override {
-    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(src, src_offset, bytes, "CopyToHostAsync"));
-    if (recording_) return FailedPrecondition("CopyToHostAsync while capturing a graph");
+    return Read(dst, src, src_offset, bytes, CL_FALSE, "CopyToHostAsync");
+  }
+  Status Write(const backend::Buffer& dst, size_t dst_offset, const void* src, size_t bytes,
+               cl_bool blocking, const char* what) {
+    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(dst, dst_offset, bytes, what));
+    if (recording_) return FailedPrecondition(what, " while capturing a graph");
     if (bytes == 0) return OkStatus();
-    KILN_CL(clEnqueueReadBuffer(queue_, m, CL_FALSE, src_offset, bytes, dst, 0, nullptr, nullptr));
+    KILN_CL(clEnqueueWriteBuffer(queue_, m, blocking, dst_offset, bytes, src, 0, nullptr, nullptr));
+    return OkStatus();
+  }
+  Status Read(void* dst, const backend::Buffer& src, size_t src_offset, size_t bytes,
+              cl_bool blocking, const char* what) {
+    KILN_ASSIGN_OR_RETURN(cl_mem m, Mem(src, src_offset, bytes, what));
+    if (recording_) return FailedPrecondition(what, " while capturing a graph");
+    if (bytes == 0) return OkStatus();
+    KILN_CL(clEnqueueReadBuffer(queue_, m, blocking, src_offset, bytes, dst, 0, nullptr, nullptr));
     return OkStatus();
   }
   Status CopyOnDevice(const backend::Buffer& dst, size_t dst_offset, const backend::Buffer& src,

@@ -905,8 +905,8 @@ StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequ
 
 // ---- Sampling (cl/sampling.cl) ---------------------------------------------------------------
 
-// The kernel's scratch (per row: 2V floats, 2V ints) grows with the launches and is never
-// freed before the program: a captured command keeps the buffer it was recorded with.
+// The kernel's scratch (per row: 2V floats, 2V ints) grows with the launches (doubling) and
+// is never freed before the program: a captured command keeps the buffer it was recorded with.
 struct SampleData {
   KernelSlot* slot = nullptr;
   std::mutex mu;
@@ -931,7 +931,10 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
   {
     std::lock_guard<std::mutex> lock(d.mu);
     if (d.scratch.empty() || d.scratch.back()->size() < 2 * region) {
-      StatusOr<std::unique_ptr<backend::Buffer>> b = dev.Allocate(2 * region);
+      // Doubling: a batch that grows one sequence at a time keeps O(log S) buffers alive.
+      const size_t bytes =
+          std::max(2 * region, d.scratch.empty() ? size_t{0} : 2 * d.scratch.back()->size());
+      StatusOr<std::unique_ptr<backend::Buffer>> b = dev.Allocate(bytes);
       if (!b.ok()) return ex.Fail(b.status());
       d.scratch.push_back(*std::move(b));
     }
