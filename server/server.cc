@@ -143,7 +143,11 @@ bool Server::Shutdown() {
   const int cut = repository_->DrainAll(deadline);
   int http_cut = 0;
   if (http_) http_cut = http_->Shutdown(std::max(deadline, SteadyClock::now()));
-  if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now()));
+  // Requests DrainAll cut are answered asynchronously ("cancelled: ... shutting down"): give
+  // gRPC a moment to write those answers before it cancels what is left. Shutdown returns as
+  // soon as every call is done, so the window only costs time when a call is truly stuck.
+  constexpr auto kReplyFlush = std::chrono::seconds(1);
+  if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now() + kReplyFlush));
   grpc_.reset();
   http_.reset();
   const bool clean = idle && cut == 0 && http_cut == 0;
