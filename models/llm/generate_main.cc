@@ -93,18 +93,12 @@ Status Generate(const GenerateArgs& a) {
 
   // A step; when it ends the prompt or decodes, also the next token: sampled in the step
   // program where the model can, else on the host from the logits.
+  StepSamplingTable table;
   auto step = [&](const StepBatch& b, SampledToken* next) -> Status {
     if (next != nullptr && model->samples_on_device()) {
-      const sampling::RowParams params = sampler.row_params();
-      const double u = sampler.NextUniform();
-      const auto pen = sampler.penalties();
-      const std::span<const int32_t> ban =
-          sampler.bans_end_ids() ? std::span(eos) : std::span<const int32_t>();
-      const int32_t pen_start[] = {0, static_cast<int32_t>(pen.size())};
-      const int32_t ban_start[] = {0, static_cast<int32_t>(ban.size())};
-      const StepSampling table{
-          std::span(&params, 1), std::span(&u, 1), pen, pen_start, ban, ban_start};
-      return model->StepAndSample(b, table, std::span(next, 1), nullptr);
+      table.Clear();
+      table.AddSampled(sampler, eos);
+      return model->StepAndSample(b, table.table(), std::span(next, 1), nullptr);
     }
     KILN_RETURN_IF_ERROR(model->Step(b, logits, nullptr));
     if (next != nullptr) *next = sampler.Sample(logits, eos);

@@ -55,19 +55,6 @@ struct StepBatch {
   std::span<const int32_t> adapter_slots = {};
 };
 
-// How each sequence of a step samples its next token, for a model that samples inside its
-// step program (engine's sample op, engine/sampling.h). Rows follow the batch's sequences;
-// penalty and ban lists are concatenated, row s owning [start[s], start[s + 1]). A row whose
-// token is not wanted (a prompt still being prefilled) is best made greedy and plain.
-struct StepSampling {
-  std::span<const sampling::RowParams> params;  // [S]
-  std::span<const double> uniforms;             // [S] in [0, 1); ignored by greedy rows
-  std::span<const sampling::PenaltyToken> penalties;
-  std::span<const int32_t> penalty_start;  // [S + 1]
-  std::span<const int32_t> banned;         // tokens set to -inf (EOS before min_tokens)
-  std::span<const int32_t> banned_start;   // [S + 1]
-};
-
 struct StepStats {
   bool replayed = false;    // a captured program ran (graph replay)
   int32_t padded_seqs = 0;  // batch size the step was padded to (== S when not padded)

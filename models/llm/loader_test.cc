@@ -319,26 +319,12 @@ TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
   std::vector<SequenceSampler> host = {SequenceSampler(greedy, std::span(tok).first(3), 1),
                                        SequenceSampler(drawn, std::span(tok).subspan(3), 1)};
   std::vector<SequenceSampler> dev = host;
-  auto table_for = [&](std::vector<SequenceSampler>& ss, std::vector<sampling::RowParams>& params,
-                       std::vector<double>& u, std::vector<sampling::PenaltyToken>& pen,
-                       std::vector<int32_t>& pen_start, std::vector<int32_t>& ban,
-                       std::vector<int32_t>& ban_start) {
-    params.clear(), u.clear(), pen.clear(), ban.clear();
-    pen_start = {0}, ban_start = {0};
-    for (SequenceSampler& s : ss) {
-      params.push_back(s.row_params());
-      u.push_back(s.NextUniform());
-      pen.insert(pen.end(), s.penalties().begin(), s.penalties().end());
-      if (s.bans_end_ids()) ban.insert(ban.end(), end_ids.begin(), end_ids.end());
-      pen_start.push_back(static_cast<int32_t>(pen.size()));
-      ban_start.push_back(static_cast<int32_t>(ban.size()));
-    }
-    return StepSampling{params, u, pen, pen_start, ban, ban_start};
+  StepSamplingTable table;
+  auto table_for = [&](std::vector<SequenceSampler>& ss) -> const StepSampling& {
+    table.Clear();
+    for (SequenceSampler& s : ss) table.AddSampled(s, end_ids);
+    return table.table();
   };
-  std::vector<sampling::RowParams> params;
-  std::vector<double> u;
-  std::vector<sampling::PenaltyToken> pen;
-  std::vector<int32_t> pen_start, ban, ban_start;
   std::vector<float> logits(2 * V_);
   std::vector<SampledToken> got(2);
   StepStats stats;
@@ -352,10 +338,10 @@ TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
       want[s] = host[s].Sample(std::span(logits).subspan(static_cast<size_t>(s) * V_, V_), end_ids);
     }
     // Device: the same step again (it rewrites the same KV slots), sampling in the program.
-    const StepSampling t = table_for(dev, params, u, pen, pen_start, ban, ban_start);
+    const StepSampling& t = table_for(dev);
     ASSERT_TRUE(model_->StepAndSample(prefill, t, got, &stats).ok());
     // With penalties or bans the step runs directly; a plain decode step replays.
-    EXPECT_EQ(stats.replayed, prefill.decode_only && pen.empty() && ban.empty());
+    EXPECT_EQ(stats.replayed, prefill.decode_only && t.penalties.empty() && t.banned.empty());
     for (int s = 0; s < 2; ++s) {
       EXPECT_EQ(got[s].token, want[s].token) << "sequence " << s;
       EXPECT_NEAR(got[s].logprob, want[s].logprob, 1e-5) << "sequence " << s;
@@ -380,7 +366,7 @@ TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
   host = {SequenceSampler(plain, {}, 1), SequenceSampler(plain, {}, 1)};
   dev = host;
   ASSERT_TRUE(model_->Step(prefill, logits, nullptr).ok());
-  const StepSampling t = table_for(dev, params, u, pen, pen_start, ban, ban_start);
+  const StepSampling& t = table_for(dev);
   ASSERT_TRUE(model_->StepAndSample(prefill, t, got, &stats).ok());
   EXPECT_TRUE(stats.replayed);
   for (int s = 0; s < 2; ++s) {
@@ -390,9 +376,10 @@ TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
     EXPECT_NEAR(got[s].logprob, want.logprob, 1e-5);
   }
   // A table that does not fit the batch is refused.
-  std::vector<int32_t> short_start = {0};
-  EXPECT_THAT(std::string(StatusMessage(model_->StepAndSample(
-                  prefill, {params, u, pen, short_start, ban, ban_start}, got, nullptr))),
+  const std::vector<int32_t> short_start = {0};
+  StepSampling bad = t;
+  bad.penalty_start = short_start;
+  EXPECT_THAT(std::string(StatusMessage(model_->StepAndSample(prefill, bad, got, nullptr))),
               HasSubstr("inconsistent step sampling"));
 }
 

@@ -114,6 +114,38 @@ SampledToken SequenceSampler::Sample(std::span<float> logits, std::span<const in
   return out;
 }
 
+void StepSamplingTable::Clear() {
+  params_.clear();
+  uniforms_.clear();
+  penalties_.clear();
+  banned_.clear();
+  penalty_start_.assign(1, 0);
+  banned_start_.assign(1, 0);
+}
+
+void StepSamplingTable::AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids) {
+  params_.push_back(sampler.row_params());
+  uniforms_.push_back(sampler.NextUniform());
+  penalties_.insert(penalties_.end(), sampler.penalties().begin(), sampler.penalties().end());
+  if (sampler.bans_end_ids()) banned_.insert(banned_.end(), end_ids.begin(), end_ids.end());
+  penalty_start_.push_back(static_cast<int32_t>(penalties_.size()));
+  banned_start_.push_back(static_cast<int32_t>(banned_.size()));
+}
+
+void StepSamplingTable::AddIgnored() {
+  sampling::RowParams greedy;
+  greedy.temperature = 0;
+  params_.push_back(greedy);
+  uniforms_.push_back(0.0);
+  penalty_start_.push_back(static_cast<int32_t>(penalties_.size()));
+  banned_start_.push_back(static_cast<int32_t>(banned_.size()));
+}
+
+const StepSampling& StepSamplingTable::table() {
+  table_ = {params_, uniforms_, penalties_, penalty_start_, banned_, banned_start_};
+  return table_;
+}
+
 void ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t n, SampledToken* out) {
   const int32_t k = std::min<int32_t>(std::max(n, 0), static_cast<int32_t>(logits.size()));
   std::vector<int32_t> ids(k);

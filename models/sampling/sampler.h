@@ -74,6 +74,40 @@ class SequenceSampler {
   sampling::Scratch scratch_;
 };
 
+// How each sequence of a step samples its next token, for a model that samples inside its
+// step program (engine's sample op, engine/sampling.h). Rows follow the batch's sequences;
+// penalty and ban lists are concatenated, row s owning [start[s], start[s + 1]). A row whose
+// token is not wanted (a prompt still being prefilled) is best made greedy and plain.
+struct StepSampling {
+  std::span<const sampling::RowParams> params;  // [S]
+  std::span<const double> uniforms;             // [S] in [0, 1); ignored by greedy rows
+  std::span<const sampling::PenaltyToken> penalties;
+  std::span<const int32_t> penalty_start;  // [S + 1]
+  std::span<const int32_t> banned;         // tokens set to -inf (EOS before min_tokens)
+  std::span<const int32_t> banned_start;   // [S + 1]
+};
+
+// Builds a step's StepSampling row by row from the sequences' samplers; its buffers are reused
+// from step to step. The table is valid until the next Clear or Add.
+class StepSamplingTable {
+ public:
+  void Clear();
+  // The row of a sequence that gets its next token this step: its sampler's parameters and
+  // penalty list, `end_ids` banned while min_tokens is not reached, and the next uniform of
+  // its stream (advanced, as SequenceSampler::Sample would).
+  void AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids);
+  // The row of a sequence whose token is not wanted (a prompt still prefilling): greedy.
+  void AddIgnored();
+  const StepSampling& table();
+
+ private:
+  std::vector<sampling::RowParams> params_;
+  std::vector<double> uniforms_;
+  std::vector<sampling::PenaltyToken> penalties_;
+  std::vector<int32_t> penalty_start_ = {0}, banned_, banned_start_ = {0};
+  StepSampling table_;
+};
+
 // log_softmax(logits)[token] and the n most likely tokens, under the raw distribution.
 void ComputeLogprobs(std::span<const float> logits, int32_t token, int32_t n, SampledToken* out);
 

@@ -42,33 +42,16 @@ models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq
 }
 
 const models::StepSampling& StepSamplingBuilder::Build(const SchedulerOutput& sched) {
-  params_.clear();
-  uniforms_.clear();
-  penalties_.clear();
-  banned_.clear();
-  penalty_start_.assign(1, 0);
-  banned_start_.assign(1, 0);
-  sampling::RowParams greedy;
-  greedy.temperature = 0;
+  table_.Clear();
   for (const auto& [s, n, first] : sched.seqs) {
     // Only a sequence whose known tokens are all computed after this step gets a token.
-    if (s->uncomputed() != n) {
-      params_.push_back(greedy);
-      uniforms_.push_back(0.0);
+    if (s->uncomputed() == n) {
+      table_.AddSampled(s->sampler, s->end_ids);
     } else {
-      const models::SequenceSampler& sampler = s->sampler;
-      params_.push_back(sampler.row_params());
-      uniforms_.push_back(s->sampler.NextUniform());
-      const auto pen = sampler.penalties();
-      penalties_.insert(penalties_.end(), pen.begin(), pen.end());
-      if (sampler.bans_end_ids())
-        banned_.insert(banned_.end(), s->end_ids.begin(), s->end_ids.end());
+      table_.AddIgnored();
     }
-    penalty_start_.push_back(static_cast<int32_t>(penalties_.size()));
-    banned_start_.push_back(static_cast<int32_t>(banned_.size()));
   }
-  table_ = {params_, uniforms_, penalties_, penalty_start_, banned_, banned_start_};
-  return table_;
+  return table_.table();
 }
 
 }  // namespace kiln

@@ -69,11 +69,7 @@ class StepSamplingBuilder {
   const models::StepSampling& Build(const SchedulerOutput& sched);
 
  private:
-  std::vector<sampling::RowParams> params_;
-  std::vector<double> uniforms_;
-  std::vector<sampling::PenaltyToken> penalties_;
-  std::vector<int32_t> penalty_start_, banned_, banned_start_;
-  models::StepSampling table_;
+  models::StepSamplingTable table_;
 };
 
 }  // namespace kiln
