@@ -814,6 +814,13 @@ Expr PrefixLmMask(int aux) {
   return Or(Le(KvIdx(), QIdx()), Lt(KvIdx(), Expr::Load(aux, Batch(), DType::kI64)));
 }
 
+Expr DocumentMask(int aux, int64_t row_len, int64_t window) {
+  const Expr row = Batch() * Expr::Int(row_len);
+  const Expr same =
+      Eq(Expr::Load(aux, row + QIdx(), DType::kI64), Expr::Load(aux, row + KvIdx(), DType::kI64));
+  return And(window > 0 ? SlidingWindowMask(window) : CausalMask(), same);
+}
+
 Expr AlibiScore(int64_t num_heads) {
   const Expr h1 = Expr::Cast(DType::kF32, Head() + Expr::Int(1));
   const Expr slope = Exp(h1 * (-8.0 * std::numbers::ln2 / static_cast<double>(num_heads)));

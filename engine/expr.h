@@ -257,6 +257,10 @@ Expr SlidingWindowMask(int64_t window);  // causal and q_idx - kv_idx < window
 // Bidirectional within the first prefix_len[b] tokens, causal after; prefix_len is aux
 // tensor `aux` (i32, one per sequence).
 Expr PrefixLmMask(int aux);
+// Packed training rows: causal (or a sliding window when window > 0) and only within one
+// document. Aux tensor `aux` (i32, [B * row_len]) holds each token's document id, row-major
+// over rows of row_len tokens.
+Expr DocumentMask(int aux, int64_t row_len, int64_t window = 0);
 // ALiBi: score + slope(h) * (kv_idx - q_idx), slope(h) = 2^(-8 (h + 1) / num_heads).
 Expr AlibiScore(int64_t num_heads);
 // Gemma-style soft-capping: cap * tanh(score / cap).

@@ -132,25 +132,26 @@ Value BuildGpt2(ForwardContext& ctx) {
     const Value w_o = w("attn_output.weight", {C, C});                                // (C, C)
     const Value b_o = w("attn_output.bias", {C});                                     // (C)
     const Value h = b.Named(b.LayerNorm(x, ln1_w, ln1_b, hp.norm_eps), "attn_norm");  // [T, C]
-    const Value qkv = b.Named(b.Linear(h, w_qkv, b_qkv), "qkv");                      // [T, 3C]
+    const Value qkv = b.Named(ctx.Linear(h, w_qkv, b_qkv), "qkv");                    // [T, 3C]
     auto part = [&](int64_t i, const char* name) {
       return b.Named(b.Reshape(b.Slice(qkv, 1, i * C, C), {T, H, D}), name);  // [T, H, D]
     };
     const Value q = part(0, "q"), k = part(1, "k"), v = part(2, "v");
     const Value a = ctx.Attend(l, q, k, v);  // [T, H, D]
-    const Value attn_out = b.Named(b.Linear(b.Reshape(a, {T, C}), w_o, b_o), "attn_out");  // [T,C]
-    x = b.Named(b.Add(x, attn_out), "ffn_inp");                                            // [T,C]
+    const Value attn_out =
+        b.Named(ctx.Linear(b.Reshape(a, {T, C}), w_o, b_o), "attn_out");  // [T,C]
+    x = b.Named(b.Add(x, attn_out), "ffn_inp");                           // [T,C]
     // MLP.
-    const Value ln2_w = w("ffn_norm.weight", {C});                                    // (C)
-    const Value ln2_b = w("ffn_norm.bias", {C});                                      // (C)
-    const Value w_up = w("ffn_up.weight", {F, C});                                    // (F, C)
-    const Value b_up = w("ffn_up.bias", {F});                                         // (F)
-    const Value w_down = w("ffn_down.weight", {C, F});                                // (C, F)
-    const Value b_down = w("ffn_down.bias", {C});                                     // (C)
-    const Value h2 = b.Named(b.LayerNorm(x, ln2_w, ln2_b, hp.norm_eps), "ffn_norm");  // [T, C]
-    const Value up = b.Named(b.Gelu(b.Linear(h2, w_up, b_up), tanh_gelu), "ffn_up");  // [T, F]
-    const Value down = b.Named(b.Linear(up, w_down, b_down), "ffn_out");              // [T, C]
-    x = b.Named(b.Add(x, down), "l_out");                                             // [T, C]
+    const Value ln2_w = w("ffn_norm.weight", {C});                                      // (C)
+    const Value ln2_b = w("ffn_norm.bias", {C});                                        // (C)
+    const Value w_up = w("ffn_up.weight", {F, C});                                      // (F, C)
+    const Value b_up = w("ffn_up.bias", {F});                                           // (F)
+    const Value w_down = w("ffn_down.weight", {C, F});                                  // (C, F)
+    const Value b_down = w("ffn_down.bias", {C});                                       // (C)
+    const Value h2 = b.Named(b.LayerNorm(x, ln2_w, ln2_b, hp.norm_eps), "ffn_norm");    // [T, C]
+    const Value up = b.Named(b.Gelu(ctx.Linear(h2, w_up, b_up), tanh_gelu), "ffn_up");  // [T, F]
+    const Value down = b.Named(ctx.Linear(up, w_down, b_down), "ffn_out");              // [T, C]
+    x = b.Named(b.Add(x, down), "l_out");                                               // [T, C]
   }
   b.SetNameScope("");
   const Value last = b.Named(ctx.LastTokens(x), "last_tokens");                          // [S, C]

@@ -313,9 +313,9 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);               // (Hkv*D)
     const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);                // (C)
     const Value h = b.Named(b.RmsNorm(x, attn_norm_w, hp.norm_eps), "attn_norm");  // [T, C]
-    Value q = b.Named(b.Reshape(b.Linear(h, wq, bq), {T, Hq, D}), "q");            // [T, Hq, D]
-    Value k = b.Named(b.Reshape(b.Linear(h, wk, bk), {T, Hkv, D}), "k");           // [T, Hkv, D]
-    const Value v = b.Named(b.Reshape(b.Linear(h, wv, bv), {T, Hkv, D}), "v");     // [T, Hkv, D]
+    Value q = b.Named(b.Reshape(ctx.Linear(h, wq, bq), {T, Hq, D}), "q");          // [T, Hq, D]
+    Value k = b.Named(b.Reshape(ctx.Linear(h, wk, bk), {T, Hkv, D}), "k");         // [T, Hkv, D]
+    const Value v = b.Named(b.Reshape(ctx.Linear(h, wv, bv), {T, Hkv, D}), "v");   // [T, Hkv, D]
     if (hp.qk_norm) {
       q = b.Named(b.RmsNorm(q, w("attn_q_norm.weight", {D}), hp.norm_eps), "q_norm");  // [T,Hq,D]
       k = b.Named(b.RmsNorm(k, w("attn_k_norm.weight", {D}), hp.norm_eps), "k_norm");  // [T,Hkv,D]
@@ -324,8 +324,8 @@ Value BuildLlama(ForwardContext& ctx) {
     k = b.Named(b.Rope(k, in.positions, hp.rope), "k_rope");  // [T, Hkv, D]
     const Value a = ctx.Attend(l, q, k, v);                   // [T, Hq, D]
     const Value attn_out =
-        b.Named(b.Linear(b.Reshape(a, {T, Hq * D}), wo, bo), "attn_out");  // [T, C]
-    x = b.Named(b.Add(x, attn_out), "ffn_inp");                            // [T, C]
+        b.Named(ctx.Linear(b.Reshape(a, {T, Hq * D}), wo, bo), "attn_out");  // [T, C]
+    x = b.Named(b.Add(x, attn_out), "ffn_inp");                              // [T, C]
     // SwiGLU MLP.
     const Value ffn_norm_w = w("ffn_norm.weight", {C});                           // (C)
     const Value w_gate = w("ffn_gate.weight", {F, C});                            // (F, C)
@@ -335,10 +335,10 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value b_up = bias(hp.mlp_bias, "ffn_up.bias", F);                       // (F)
     const Value b_down = bias(hp.mlp_bias, "ffn_down.bias", C);                   // (C)
     const Value h2 = b.Named(b.RmsNorm(x, ffn_norm_w, hp.norm_eps), "ffn_norm");  // [T, C]
-    const Value gate = b.Named(b.Linear(h2, w_gate, b_gate), "ffn_gate");         // [T, F]
-    const Value up = b.Named(b.Linear(h2, w_up, b_up), "ffn_up");                 // [T, F]
+    const Value gate = b.Named(ctx.Linear(h2, w_gate, b_gate), "ffn_gate");       // [T, F]
+    const Value up = b.Named(ctx.Linear(h2, w_up, b_up), "ffn_up");               // [T, F]
     const Value act = b.Named(b.Mul(b.Silu(gate), up), "ffn_act");                // [T, F]
-    const Value down = b.Named(b.Linear(act, w_down, b_down), "ffn_out");         // [T, C]
+    const Value down = b.Named(ctx.Linear(act, w_down, b_down), "ffn_out");       // [T, C]
     x = b.Named(b.Add(x, down), "l_out");                                         // [T, C]
   }
   b.SetNameScope("");

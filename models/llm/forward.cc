@@ -10,6 +10,22 @@ ForwardContext::ForwardContext(Builder& b, const ModelFiles& files, const LlmHPa
                                const StepInputs& in, int64_t block_size, DType kv_dtype)
     : b_(b), files_(files), hp_(hp), in_(in), block_size_(block_size), kv_dtype_(kv_dtype) {}
 
+ForwardContext::ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp,
+                               const StepInputs& in, const TrainGraphOptions& train)
+    : b_(b), files_(files), hp_(hp), in_(in), training_(true), train_(train) {
+  if (train.lora == nullptr) return;
+  StatusOr<std::vector<std::string>> modules = ResolveTargetModules(train.lora->target_modules);
+  if (!modules.ok()) {
+    Fail(modules.status());
+    return;
+  }
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    for (const std::string& m : *modules) {
+      adapted_.push_back(Cat("blk.", l, ".", GgufSuffixForPeftModule(m), ".weight"));
+    }
+  }
+}
+
 void ForwardContext::Fail(Status s) {
   if (status_.ok()) {
     status_ = std::move(s);
@@ -54,8 +70,18 @@ Value ForwardContext::Source(std::string_view name, std::vector<int64_t> shape, 
   // Weights carry their GGUF names whatever the current name scope.
   const std::string scope = b_.name_scope();
   b_.SetNameScope("");
-  const Value v = b_.Weight(name, *dtype, std::move(s));
+  Value v;
+  if (train_.full) {  // master weights: f32, updated in place by the optimizer
+    v = b_.State(name, DType::kF32, std::move(s));
+    if (std::none_of(trainable_.begin(), trainable_.end(),
+                     [&](const TrainableTensor& t) { return t.name == name; })) {
+      trainable_.push_back({std::string(name), v, shape});
+    }
+  } else {
+    v = b_.Weight(name, *dtype, std::move(s));
+  }
   b_.SetNameScope(scope);
+  if (v.valid()) weight_of_[v.id] = std::string(name);
   return v;
 }
 
@@ -67,8 +93,33 @@ Value ForwardContext::OptionalWeight(std::string_view name, std::vector<int64_t>
   return Source(name, std::move(shape), /*required=*/false);
 }
 
+Value ForwardContext::Linear(Value x, Value w, Value bias) {
+  Builder& b = b_;
+  Value y = b.Linear(x, w, bias);
+  if (!training_ || train_.lora == nullptr || !w.valid()) return y;
+  auto it = weight_of_.find(w.id);
+  if (it == weight_of_.end()) return y;
+  const std::string& name = it->second;
+  if (std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()) return y;
+  // PEFT's LoRA: result = base(x) + lora_B(lora_A(dropout(x))) * scaling.
+  const SymShape ws = b.shape(w);
+  const int64_t out = ws[0].constant(), in = ws[1].constant(), r = train_.lora->r;
+  const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
+  const std::string scope = b.name_scope();
+  b.SetNameScope("");
+  const Value a = b.State(stem + ".lora_A", DType::kF32, {r, in});    // (r, in)
+  const Value bb = b.State(stem + ".lora_B", DType::kF32, {out, r});  // (out, r)
+  b.SetNameScope(scope);
+  trainable_.push_back({stem + ".lora_A", a, {r, in}});
+  trainable_.push_back({stem + ".lora_B", bb, {out, r}});
+  const Value xa = b.Named(b.Linear(x, a), stem + ".lora_a");   // [..., r]
+  const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]
+  return b.Add(y, b.MulScalar(d, train_.lora->scale()));
+}
+
 Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
   Builder& b = b_;
+  if (training_) return AttendTrain(layer, q, k, v);
   const std::string scope = b.name_scope();
   b.SetNameScope("");
   const std::string blk = Cat("blk.", layer, ".");
@@ -88,8 +139,26 @@ Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
   return out;
 }
 
+// Rows of L tokens attend densely within themselves, masked causally and to the token's own
+// packed example (attn::DocumentMask over doc_ids).
+Value ForwardContext::AttendTrain(int64_t layer, Value q, Value k, Value v) {
+  Builder& b = b_;
+  const Dim &S = in_.S, &L = in_.L, &T = in_.T;
+  auto rows = [&](Value x, int64_t heads) {  // [T, H, D] -> [S, H, L, D]
+    return b.Permute(b.Reshape(x, {S, L, heads, hp_.head_dim}), {0, 2, 1, 3});
+  };
+  AttentionParams p;
+  p.mask_mod = attn::DocumentMask(0, L.constant(), hp_.window(layer));
+  const Value aux[] = {in_.doc_ids};
+  const Value o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
+                              rows(v, hp_.num_kv_heads), p, aux);  // [S, Hq, L, D]
+  return b.Named(b.Reshape(b.Permute(o, {0, 2, 1, 3}), {T, hp_.num_heads, hp_.head_dim}),
+                 Cat("blk.", layer, ".attn"));  // [T, Hq, D]
+}
+
 Value ForwardContext::LastTokens(Value h) {
   Builder& b = b_;
+  if (training_) return h;
   // query_start[1..S] - 1: the last new token of each sequence.
   const Value last = b.Named(b.AddScalar(b.Slice(in_.query_start, 0, 1, in_.S), -1),
                              "last_token_rows");  // [S] i32

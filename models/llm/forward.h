@@ -10,6 +10,14 @@
 // [NB, block_size, Hkv, D] (NB, the number of cache blocks, is a symbol bound once the cache
 // is allocated). The architecture returns the logits [S, V] (f32).
 //
+// The training forward (ForwardMode::kTrain) runs whole sequences instead: S rows of L tokens
+// packed row-major into T = S * L, with
+//   tokens [T], positions [T] (restarting at 0 per packed example), doc_ids [T] (the example
+//   each token belongs to; attention is causal within an example and never crosses one)
+// and no KV cache; the architecture then returns the logits of every token, [T, V]. Linear
+// layers built with ForwardContext::Linear get a LoRA branch when the adapter targets their
+// weight, and full fine-tuning turns every weight into an f32 State (trainable()).
+//
 // Errors (a missing tensor, a shape that does not match the hyper-parameters) are recorded:
 // the first one is kept, later ones are counted, and the failing call returns an invalid
 // Value, which the builder propagates. Check status() after building.
@@ -18,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +34,7 @@
 #include "engine/builder.h"
 #include "models/llm/hparams.h"
 #include "models/llm/model_files.h"
+#include "models/lora/lora_config.h"
 
 namespace kiln::models {
 
@@ -32,12 +42,38 @@ namespace kiln::models {
 struct StepInputs {
   Dim T, S, MB, NB;  // tokens, sequences, blocks per sequence, cache blocks
   Value tokens, positions, slot_mapping, block_table, seq_lens, query_start;
+  // Training only: L tokens per row (T = S * L) and each token's example, [T] i32.
+  Dim L;
+  Value doc_ids;
+};
+
+// What the training forward makes trainable.
+struct TrainGraphOptions {
+  // LoRA: adapted layers get f32 States "<weight stem>.lora_A" (r, in) and ".lora_B"
+  // (out, r), e.g. "blk.3.attn_q.lora_A"; base weights stay frozen in their stored dtype.
+  const LoraConfig* lora = nullptr;  // not owned; null: no adapter
+  // Full fine-tuning: every weight is an f32 State under its own name (master weights).
+  bool full = false;
+};
+
+// A trainable tensor of the training graph.
+struct TrainableTensor {
+  std::string name;  // the State's name
+  Value value;
+  std::vector<int64_t> shape;
 };
 
 class ForwardContext {
  public:
+  // A serving step over the paged KV cache.
   ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp, const StepInputs& in,
                  int64_t block_size, DType kv_dtype);
+  // The training forward (see the header comment); `in` has T, S, L, tokens, positions and
+  // doc_ids.
+  ForwardContext(Builder& b, const ModelFiles& files, const LlmHParams& hp, const StepInputs& in,
+                 const TrainGraphOptions& train);
+
+  bool training() const { return training_; }
 
   Builder& b() { return b_; }
   const LlmHParams& hp() const { return hp_; }
@@ -52,13 +88,19 @@ class ForwardContext {
   Value OptionalWeight(std::string_view name, std::vector<int64_t> shape);
   bool HasWeight(std::string_view name) const { return files_.Find(name) != nullptr; }
 
-  // Paged causal self-attention of layer `layer`: writes k, v [T, Hkv, D] into the layer's
-  // cache slots (slot_mapping), then attends q [T, Hq, D] over each sequence's cached keys
-  // (causal, or a sliding window when hp().window(layer) > 0). Returns [T, Hq, D].
+  // x [..., K] W^T (+ bias) for a weight from Weight(): a projection layer. Training with an
+  // adapter that targets the weight adds PEFT's LoRA branch, scale * (x A^T) B^T.
+  Value Linear(Value x, Value w, Value bias = {});
+
+  // Causal self-attention of layer `layer` (or a sliding window when hp().window(layer) > 0)
+  // of q [T, Hq, D] over k, v [T, Hkv, D]; returns [T, Hq, D]. Serving: writes k and v into
+  // the layer's cache slots (slot_mapping), then attends over each sequence's cached keys.
+  // Training: dense attention within each row, masked to the token's own example.
   Value Attend(int64_t layer, Value q, Value k, Value v);
 
   // h [T, C] -> [S, C]: the row of each sequence's last new token (query_start[s+1] - 1), so
-  // that the final norm and the LM head run on S rows, not T.
+  // that the final norm and the LM head run on S rows, not T. Training: h itself (every
+  // token is scored).
   Value LastTokens(Value h);
 
   // Token embedding lookup as f32: table [V, C] (any weight dtype) -> [T, C].
@@ -66,19 +108,27 @@ class ForwardContext {
 
   // The names of the weights the graph uses (to bind after compiling).
   const std::vector<std::string>& weight_names() const { return weight_names_; }
+  // Training: the trainable tensors, in creation order (LoRA A/B pairs, or every weight).
+  const std::vector<TrainableTensor>& trainable() const { return trainable_; }
   Status status() const;
 
  private:
   Value Source(std::string_view name, std::vector<int64_t> shape, bool required);
+  Value AttendTrain(int64_t layer, Value q, Value k, Value v);
   void Fail(Status s);
 
   Builder& b_;
   const ModelFiles& files_;
   const LlmHParams& hp_;
   StepInputs in_;
-  int64_t block_size_;
-  DType kv_dtype_;
+  int64_t block_size_ = 0;
+  DType kv_dtype_ = DType::kF32;
+  bool training_ = false;
+  TrainGraphOptions train_;
+  std::vector<std::string> adapted_;          // GGUF weight names the adapter targets
+  std::map<int32_t, std::string> weight_of_;  // Value id -> weight name
   std::vector<std::string> weight_names_;
+  std::vector<TrainableTensor> trainable_;
   Status status_;
   int more_errors_ = 0;
 };

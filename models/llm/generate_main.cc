@@ -93,12 +93,12 @@ Status Generate(const GenerateArgs& a) {
 
   // A step; when it ends the prompt or decodes, also the next token: sampled in the step
   // program where the model can, else on the host from the logits.
-  StepSamplingTable table;
+  StepSamplingTable sampling_rows;
   auto step = [&](const StepBatch& b, SampledToken* next) -> Status {
     if (next != nullptr && model->samples_on_device()) {
-      table.Clear();
-      table.AddSampled(sampler, eos);
-      return model->StepAndSample(b, table.table(), std::span(next, 1), nullptr);
+      sampling_rows.Clear();
+      sampling_rows.AddSampled(sampler, eos);
+      return model->StepAndSample(b, sampling_rows.table(), std::span(next, 1), nullptr);
     }
     KILN_RETURN_IF_ERROR(model->Step(b, logits, nullptr));
     if (next != nullptr) *next = sampler.Sample(logits, eos);

@@ -86,9 +86,9 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
-                                         const LlmLoadOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+}  // namespace
+
+StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
   if (config.path.empty()) {
     return InvalidArgument(
         "`path` is required for a model of kind llm (a GGUF file or a Hugging "
@@ -161,6 +161,15 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
 
   KILN_RETURN_IF_ERROR(PickDevice(config, parts));
   parts.files = std::move(files);
+  return parts;
+}
+
+namespace {
+
+StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
+                                         const LlmLoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenLlmParts(config));
   PagedLlmOptions opts;
   opts.max_num_seqs = config.scheduler.max_num_seqs;
   opts.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;

@@ -12,6 +12,7 @@
 namespace kiln::models {
 
 class PagedLlm;
+struct PagedLlmParts;
 
 // Opens `config.path` (a GGUF file, or a Hugging Face folder with config.json and
 // safetensors), picks the architecture from its metadata, loads tokenizer and chat template,
@@ -30,6 +31,10 @@ struct LlmLoadOptions {
 
 StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config,
                                             const LlmLoadOptions& options);
+
+// What LoadLlm opens before it compiles anything: the files, architecture, hyper-parameters,
+// tokenizer, chat template and device (the trainer builds its own graphs from these).
+StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config);
 
 // LoadLlm with options, returning the concrete model (models/llm/paged_llm.h) for
 // introspection: hyper-parameters, the compiled program, weight bytes, captures.

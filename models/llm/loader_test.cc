@@ -319,11 +319,11 @@ TEST_P(PagedLlmTest, SamplingInTheStepProgramEqualsTheHostSampler) {
   std::vector<SequenceSampler> host = {SequenceSampler(greedy, std::span(tok).first(3), 1),
                                        SequenceSampler(drawn, std::span(tok).subspan(3), 1)};
   std::vector<SequenceSampler> dev = host;
-  StepSamplingTable table;
+  StepSamplingTable rows;
   auto table_for = [&](std::vector<SequenceSampler>& ss) -> const StepSampling& {
-    table.Clear();
-    for (SequenceSampler& s : ss) table.AddSampled(s, end_ids);
-    return table.table();
+    rows.Clear();
+    for (SequenceSampler& s : ss) rows.AddSampled(s, end_ids);
+    return rows.table();
   };
   std::vector<float> logits(2 * V_);
   std::vector<SampledToken> got(2);

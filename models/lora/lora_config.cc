@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "absl/strings/str_join.h"
 
 namespace kiln::models {
 namespace {
@@ -15,6 +14,16 @@ constexpr ModuleName kModules[] = {
     {"o_proj", "attn_output"}, {"gate_proj", "ffn_gate"}, {"up_proj", "ffn_up"},
     {"down_proj", "ffn_down"},
 };
+
+// "q_proj k_proj ... down_proj", for messages.
+std::string ModuleList() {
+  std::string out;
+  for (const ModuleName& m : kModules) {
+    if (!out.empty()) out += ' ';
+    out += m.peft;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -57,7 +66,7 @@ std::string_view PeftModuleForGgufSuffix(std::string_view suffix) {
 StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::string>& targets) {
   if (targets.empty()) {
     return InvalidArgument("LoRA target_modules is empty; name modules (",
-                           absl::StrJoin(PeftModuleNames(), " "), ") or all-linear");
+                           ModuleList(), ") or all-linear");
   }
   std::vector<bool> on(std::size(kModules), false);
   for (const std::string& t : targets) {
@@ -71,7 +80,7 @@ StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::s
     }
     if (!found) {
       return InvalidArgument("unknown LoRA target module '", t,
-                             "'; allowed: ", absl::StrJoin(PeftModuleNames(), " "),
+                             "'; allowed: ", ModuleList(),
                              ", or all-linear");
     }
   }

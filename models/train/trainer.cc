@@ -1,0 +1,432 @@
+#include "models/train/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backends/registry.h"
+#include "engine/autograd.h"
+#include "engine/compiler/compile.h"
+#include "models/arch/arch.h"
+#include "models/io/errors.h"
+#include "spdlog/spdlog.h"
+
+namespace kiln::models {
+
+int64_t TrainBatch::target_count() const {
+  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != -100; });
+}
+
+struct Trainer::Compiled {
+  std::unique_ptr<Program> program;
+  double lr = 0;               // kStep: the learning rate compiled in
+  int norm_output = -1;        // kStep: the global gradient norm
+  int first_grad_output = -1;  // kGradients: one output per trainable tensor, in order
+};
+
+Trainer::Trainer(PagedLlmParts parts, const TrainerOptions& options)
+    : parts_(std::move(parts)), options_(options) {}
+
+Trainer::~Trainer() = default;
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(PagedLlmParts parts,
+                                                   const TrainerOptions& options) {
+  if (options.batch_size < 1 || options.seq_len < 2) {
+    return InvalidArgument("training needs a batch size >= 1 and a sequence length >= 2 (got ",
+                           options.batch_size, " and ", options.seq_len, ")");
+  }
+  if (options.seq_len > parts.hparams.context_length) {
+    return InvalidArgument("sequence length ", options.seq_len,
+                           " is more than the model's context (", parts.hparams.context_length,
+                           " tokens)");
+  }
+  if (!(options.max_grad_norm >= 0)) {
+    return InvalidArgument("max_grad_norm must be >= 0 (0 turns clipping off), got ",
+                           options.max_grad_norm);
+  }
+  if (options.method == TrainerOptions::Method::kLora) {
+    KILN_RETURN_IF_ERROR(options.lora.Validate());
+    if (options.lora.dropout != 0) {
+      return Unimplemented("lora_dropout ", options.lora.dropout,
+                           " is not supported yet; use 0 (PEFT's default)");
+    }
+  }
+  std::unique_ptr<Trainer> t(new Trainer(std::move(parts), options));
+  KILN_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+// Builds the graph of one kind of program. Every kind starts with the same forward and loss,
+// so the trainable tensors and weights they name are the same.
+StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
+  auto& slot = compiled_[static_cast<size_t>(kind)];
+  if (slot != nullptr) return slot.get();
+  const LlmHParams& hp = parts_.hparams;
+  const int64_t R = options_.batch_size, L = options_.seq_len, T = R * L;
+  Graph graph;
+  Builder b(&graph);
+  StepInputs in;
+  in.T = T;
+  in.S = R;
+  in.L = L;
+  in.tokens = b.Input("tokens", DType::kI32, {T});                // [T]
+  in.positions = b.Input("positions", DType::kI32, {T});          // [T]
+  in.doc_ids = b.Input("doc_ids", DType::kI32, {T});              // [T]
+  const Value targets = b.Input("targets", DType::kI32, {T});     // [T]
+  const Value inv_count = b.Input("inv_count", DType::kF32, {});  // 1 / counted tokens
+  TrainGraphOptions to;
+  to.lora = options_.method == TrainerOptions::Method::kLora ? &options_.lora : nullptr;
+  to.full = options_.method == TrainerOptions::Method::kFull;
+  ForwardContext ctx(b, *parts_.files, hp, in, to);
+  const Value logits = parts_.arch->build(ctx);  // [T, V]
+  KILN_RETURN_IF_ERROR(ctx.status());
+  KILN_RETURN_IF_ERROR(b.status());
+  // The loss and d loss / d logits in one kernel (softmax is never materialised).
+  const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, inv_count);
+  const Value loss = b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss");  // rank 0
+  std::vector<Value> outputs = {loss};
+  auto compiled = std::make_unique<Compiled>();
+  if (kind != Kind::kLoss) {
+    std::vector<Value> wrt;
+    for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
+    const Value seeds[] = {ce.dlogits};
+    const Value outs[] = {logits};
+    KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt));
+    if (kind == Kind::kGradients) {
+      compiled->first_grad_output = static_cast<int>(outputs.size());
+      outputs.insert(outputs.end(), grads.begin(), grads.end());
+    } else {
+      // Global gradient norm, and torch.nn.utils.clip_grad_norm_'s coefficient
+      // min(1, max_norm / (norm + 1e-6)).
+      Value sq;
+      for (const Value& g : grads) {
+        std::vector<int> axes(b.shape(g).size());
+        for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int>(i);
+        const Value s = b.Sum(b.Mul(g, g), axes);
+        sq = sq.valid() ? b.Add(sq, s) : s;
+      }
+      const Value norm = b.Named(b.Sqrt(sq), "grad_norm");
+      Value coef;
+      if (options_.max_grad_norm > 0) {
+        coef = b.Minimum(
+            b.Scalar(1, DType::kF32),
+            b.Div(b.Scalar(options_.max_grad_norm, DType::kF32), b.AddScalar(norm, 1e-6)));
+      }
+      const Value step = b.Input("optim.step", DType::kI32, {});
+      AdamWParams h = options_.adamw;
+      compiled->lr = h.lr;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const TrainableTensor& t = ctx.trainable()[i];
+        const SymShape shape(t.shape.begin(), t.shape.end());
+        const Value m = b.State(t.name + ".m", DType::kF32, shape);
+        const Value v = b.State(t.name + ".v", DType::kF32, shape);
+        const Value g = coef.valid() ? b.Mul(grads[i], coef) : grads[i];
+        const AdamWOutputs o = b.AdamW(t.value, g, m, v, step, h);
+        outputs.insert(outputs.end(), {o.param, o.m, o.v});
+      }
+      compiled->norm_output = static_cast<int>(outputs.size());
+      outputs.push_back(norm);
+    }
+  }
+  KILN_RETURN_IF_ERROR(b.status());
+  compiler::CompilerOptions copts;
+  copts.label = Cat(parts_.info.name, kind == Kind::kLoss        ? " (loss)"
+                                      : kind == Kind::kGradients ? " (gradients)"
+                                                                 : " (training step)");
+  compiler::CompileReport report;
+  KILN_ASSIGN_OR_RETURN(compiled->program,
+                        compiler::Compile(graph, outputs, *parts_.device, copts, &report));
+  spdlog::debug("{}: {}", copts.label, report.ToString());
+  if (trainable_.empty()) trainable_ = ctx.trainable();
+  // Bind what the program names: frozen weights (loaded once), trainable tensors and moments
+  // (allocated once), inputs (allocated once, rewritten per step).
+  Program& p = *compiled->program;
+  auto keepalive = std::const_pointer_cast<ModelFiles>(parts_.files);
+  for (const ExternalInfo& e : p.externals()) {
+    Tensor* bound = nullptr;
+    if (e.kind == OpKind::kWeight) {
+      auto it = weights_.find(e.name);
+      if (it == weights_.end()) {
+        const WeightInfo* w = parts_.files->Find(e.name);
+        KILN_CHECK(w != nullptr, "the training graph uses a weight the files do not have");
+        KILN_ASSIGN_OR_RETURN(Tensor t, parts_.files->Load(*w, *parts_.device, keepalive));
+        it = weights_.emplace(e.name, std::move(t)).first;
+      }
+      bound = &it->second;
+    } else {
+      auto& pool = e.kind == OpKind::kState ? states_ : inputs_;
+      auto it = pool.find(e.name);
+      if (it == pool.end()) {
+        std::vector<int64_t> shape;
+        for (const Dim& d : e.shape) shape.push_back(d.constant());
+        KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, e.dtype, shape));
+        const std::vector<uint8_t> zeros(static_cast<size_t>(t.nbytes()));
+        KILN_RETURN_IF_ERROR(Upload(t, zeros.data(), zeros.size()));
+        it = pool.emplace(e.name, std::move(t)).first;
+      }
+      bound = &it->second;
+    }
+    KILN_RETURN_IF_ERROR(p.Bind(e.name, *bound));
+  }
+  slot = std::move(compiled);
+  return slot.get();
+}
+
+// Compiles the gradient-free program first (it creates every trainable tensor), then sets
+// their initial values: PEFT's LoRA init, or the model's weights as f32 master copies.
+Status Trainer::Init() {
+  KILN_ASSIGN_OR_RETURN(stream_, parts_.device->CreateStream());
+  compiled_.resize(3);
+  KILN_RETURN_IF_ERROR(Get(Kind::kLoss).status());
+  if (trainable_.empty()) return InvalidArgument("the training graph has no trainable tensor");
+  if (options_.method == TrainerOptions::Method::kLora) {
+    // Every explicitly named target module must exist in the architecture.
+    KILN_ASSIGN_OR_RETURN(std::vector<std::string> modules,
+                          ResolveTargetModules(options_.lora.target_modules));
+    const bool all =
+        std::find(options_.lora.target_modules.begin(), options_.lora.target_modules.end(),
+                  "all-linear") != options_.lora.target_modules.end();
+    for (const std::string& m : modules) {
+      const std::string suffix = Cat(".", GgufSuffixForPeftModule(m), ".lora_A");
+      const bool found = std::any_of(trainable_.begin(), trainable_.end(), [&](const auto& t) {
+        return t.name.size() > suffix.size() &&
+               t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      });
+      if (!found && !all) {
+        return InvalidArgument("LoRA target module '", m, "' does not exist in architecture ",
+                               parts_.hparams.architecture);
+      }
+    }
+    // PEFT: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
+    std::mt19937_64 rng(options_.seed);
+    for (const TrainableTensor& t : trainable_) {
+      std::vector<float> v(static_cast<size_t>(t.shape[0] * t.shape[1]), 0.0f);
+      if (t.name.ends_with(".lora_A")) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape[1]));
+        std::uniform_real_distribution<double> u(-bound, bound);
+        for (float& x : v) x = static_cast<float>(u(rng));
+      }
+      KILN_RETURN_IF_ERROR(Write(t.name, v));
+    }
+  } else {
+    auto keepalive = std::const_pointer_cast<ModelFiles>(parts_.files);
+    backend::Registry& registry = backend::Registry::Global();
+    registry.RegisterBuiltins();
+    KILN_ASSIGN_OR_RETURN(backend::Device * host, registry.GetDevice("ref"));
+    for (const TrainableTensor& t : trainable_) {
+      const WeightInfo* w = parts_.files->Find(t.name);
+      KILN_CHECK(w != nullptr, "a trainable weight the files do not have");
+      // Read on the host (the reference device maps the file) and widened to f32.
+      KILN_ASSIGN_OR_RETURN(Tensor stored, parts_.files->Load(*w, *host, keepalive));
+      KILN_ASSIGN_OR_RETURN(std::vector<double> d, stored.ToDoubles());
+      const std::vector<float> f(d.begin(), d.end());
+      KILN_RETURN_IF_ERROR(Write(t.name, f));
+    }
+  }
+  return OkStatus();
+}
+
+int64_t Trainer::trainable_parameters() const {
+  int64_t n = 0;
+  for (const TrainableTensor& t : trainable_) {
+    int64_t e = 1;
+    for (int64_t d : t.shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
+Status Trainer::Upload(const Tensor& t, const void* src, size_t bytes) {
+  if (parts_.device->host_visible()) {
+    std::memcpy(t.data(), src, bytes);
+    return OkStatus();
+  }
+  KILN_RETURN_IF_ERROR(
+      stream_->CopyToDevice(*t.buffer(), DTypeBytes(t.dtype(), t.offset()), src, bytes));
+  return stream_->Synchronize();
+}
+
+StatusOr<std::vector<float>> Trainer::Download(const Tensor& t) const {
+  if (t.dtype() != DType::kF32) return Internal("trainer: a non-f32 tensor read as f32");
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  if (parts_.device->host_visible() && t.IsContiguous()) {
+    std::memcpy(out.data(), t.data(), out.size() * sizeof(float));
+    return out;
+  }
+  KILN_CHECK(t.IsContiguous(), "trainer: outputs are dense");
+  KILN_RETURN_IF_ERROR(stream_->CopyToHost(
+      out.data(), *t.buffer(), DTypeBytes(t.dtype(), t.offset()), out.size() * sizeof(float)));
+  KILN_RETURN_IF_ERROR(stream_->Synchronize());
+  return out;
+}
+
+StatusOr<std::vector<float>> Trainer::Read(const std::string& name) const {
+  auto it = states_.find(name);
+  if (it == states_.end()) return NotFound("no trainable tensor '", name, "'");
+  return Download(it->second);
+}
+
+Status Trainer::Write(const std::string& name, std::span<const float> values) {
+  auto it = states_.find(name);
+  if (it == states_.end()) return NotFound("no trainable tensor '", name, "'");
+  if (static_cast<int64_t>(values.size()) != it->second.numel()) {
+    return InvalidArgument("tensor '", name, "' has ", it->second.numel(), " elements, got ",
+                           values.size());
+  }
+  return Upload(it->second, values.data(), values.size_bytes());
+}
+
+std::map<std::string, std::vector<float>> Trainer::OptimizerState() const {
+  std::map<std::string, std::vector<float>> out;
+  for (const TrainableTensor& t : trainable_) {
+    for (const char* s : {".m", ".v"}) {
+      auto it = states_.find(t.name + s);
+      if (it != states_.end()) {
+        StatusOr<std::vector<float>> v = Download(it->second);
+        if (v.ok()) out[t.name + s] = *std::move(v);
+      }
+    }
+  }
+  return out;
+}
+
+Status Trainer::SetOptimizerState(const std::map<std::string, std::vector<float>>& state,
+                                  int64_t step) {
+  KILN_RETURN_IF_ERROR(Get(Kind::kStep).status());  // allocates the moments
+  for (const auto& [name, v] : state) {
+    auto it = states_.find(name);
+    if (it == states_.end())
+      return InvalidArgument("optimizer state names unknown tensor '", name, "'");
+    if (static_cast<int64_t>(v.size()) != it->second.numel()) {
+      return InvalidArgument("optimizer state '", name, "' has ", v.size(), " elements; expected ",
+                             it->second.numel());
+    }
+    KILN_RETURN_IF_ERROR(Upload(it->second, v.data(), v.size() * sizeof(float)));
+  }
+  step_ = step;
+  return OkStatus();
+}
+
+StatusOr<LoraAdapter> Trainer::ExportAdapter() const {
+  if (options_.method != TrainerOptions::Method::kLora) {
+    return FailedPrecondition("only a LoRA run has an adapter");
+  }
+  LoraAdapter adapter;
+  adapter.config = options_.lora;
+  for (const TrainableTensor& t : trainable_) {
+    if (!t.name.ends_with(".lora_A")) continue;
+    const std::string stem = t.name.substr(0, t.name.size() - 7);
+    LoraLayer& layer = adapter.layers[stem + ".weight"];
+    KILN_ASSIGN_OR_RETURN(layer.a, Read(stem + ".lora_A"));
+    KILN_ASSIGN_OR_RETURN(layer.b, Read(stem + ".lora_B"));
+    layer.in = t.shape[1];
+    layer.out = static_cast<int64_t>(layer.b.size()) / options_.lora.r;
+  }
+  return adapter;
+}
+
+Status Trainer::ImportAdapter(const LoraAdapter& adapter) {
+  if (options_.method != TrainerOptions::Method::kLora) {
+    return FailedPrecondition("only a LoRA run has an adapter");
+  }
+  if (adapter.config.r != options_.lora.r) {
+    return InvalidArgument("the adapter has rank ", adapter.config.r, " but this run uses ",
+                           options_.lora.r);
+  }
+  for (const auto& [name, layer] : adapter.layers) {
+    const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
+    KILN_RETURN_IF_ERROR(Annotate(Write(stem + ".lora_A", layer.a), Cat("adapter layer ", stem)));
+    KILN_RETURN_IF_ERROR(Annotate(Write(stem + ".lora_B", layer.b), Cat("adapter layer ", stem)));
+  }
+  return OkStatus();
+}
+
+size_t Trainer::step_arena_bytes() const {
+  const auto& c = compiled_[static_cast<size_t>(Kind::kStep)];
+  return c != nullptr ? c->program->arena_bytes() : 0;
+}
+
+StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, double lr,
+                                       std::map<std::string, std::vector<float>>* grads) {
+  const int64_t T = options_.batch_size * options_.seq_len;
+  if (batch.rows != options_.batch_size || batch.seq_len != options_.seq_len ||
+      static_cast<int64_t>(batch.tokens.size()) != T ||
+      static_cast<int64_t>(batch.targets.size()) != T ||
+      static_cast<int64_t>(batch.positions.size()) != T ||
+      static_cast<int64_t>(batch.doc_ids.size()) != T) {
+    return InvalidArgument("a training batch must have ", options_.batch_size, " rows of ",
+                           options_.seq_len, " tokens (got ", batch.rows, " x ", batch.seq_len,
+                           ")");
+  }
+  const int64_t vocab = parts_.hparams.vocab_size;
+  for (int64_t i = 0; i < T; ++i) {
+    if (batch.tokens[i] < 0 || batch.tokens[i] >= vocab ||
+        (batch.targets[i] != -100 && (batch.targets[i] < 0 || batch.targets[i] >= vocab))) {
+      return InvalidArgument("token ", i, " of the batch is outside the vocabulary (", vocab,
+                             " tokens)");
+    }
+  }
+  const int64_t count = batch.target_count();
+  if (count == 0) return InvalidArgument("the batch has no counted (target) token");
+  if (kind == Kind::kStep) {
+    auto& c = compiled_[static_cast<size_t>(Kind::kStep)];
+    if (c != nullptr && c->lr != lr) c.reset();  // the learning rate is compiled in
+    options_.adamw.lr = lr;
+  }
+  KILN_ASSIGN_OR_RETURN(Compiled * c, Get(kind));
+  auto put = [&](const char* name, const void* src, size_t bytes) -> Status {
+    auto it = inputs_.find(name);
+    if (it == inputs_.end()) return OkStatus();
+    return Upload(it->second, src, bytes);
+  };
+  const size_t bytes = static_cast<size_t>(T) * sizeof(int32_t);
+  KILN_RETURN_IF_ERROR(put("tokens", batch.tokens.data(), bytes));
+  KILN_RETURN_IF_ERROR(put("targets", batch.targets.data(), bytes));
+  KILN_RETURN_IF_ERROR(put("positions", batch.positions.data(), bytes));
+  KILN_RETURN_IF_ERROR(put("doc_ids", batch.doc_ids.data(), bytes));
+  const float inv = 1.0f / static_cast<float>(count);
+  KILN_RETURN_IF_ERROR(put("inv_count", &inv, sizeof(inv)));
+  if (kind == Kind::kStep) {
+    const int32_t step = static_cast<int32_t>(step_ + 1);
+    KILN_RETURN_IF_ERROR(put("optim.step", &step, sizeof(step)));
+  }
+  KILN_RETURN_IF_ERROR(c->program->Run(*stream_));
+  KILN_RETURN_IF_ERROR(stream_->Synchronize());
+  TrainStepResult r;
+  r.tokens = count;
+  KILN_ASSIGN_OR_RETURN(Tensor loss, c->program->Output(0));
+  KILN_ASSIGN_OR_RETURN(std::vector<float> lv, Download(loss));
+  r.loss = lv[0];
+  if (kind == Kind::kStep) {
+    KILN_ASSIGN_OR_RETURN(Tensor norm, c->program->Output(c->norm_output));
+    KILN_ASSIGN_OR_RETURN(std::vector<float> nv, Download(norm));
+    r.grad_norm = nv[0];
+    ++step_;
+  }
+  if (kind == Kind::kGradients && grads != nullptr) {
+    grads->clear();
+    for (size_t i = 0; i < trainable_.size(); ++i) {
+      KILN_ASSIGN_OR_RETURN(Tensor g,
+                            c->program->Output(c->first_grad_output + static_cast<int>(i)));
+      KILN_ASSIGN_OR_RETURN((*grads)[trainable_[i].name], Download(g));
+    }
+  }
+  return r;
+}
+
+StatusOr<TrainStepResult> Trainer::Step(const TrainBatch& batch, double lr) {
+  if (!(lr > 0)) return InvalidArgument("the learning rate must be positive, got ", lr);
+  return Run(Kind::kStep, batch, lr, nullptr);
+}
+
+StatusOr<TrainStepResult> Trainer::Evaluate(const TrainBatch& batch) {
+  return Run(Kind::kLoss, batch, 0, nullptr);
+}
+
+StatusOr<TrainStepResult> Trainer::Gradients(const TrainBatch& batch,
+                                             std::map<std::string, std::vector<float>>* grads) {
+  return Run(Kind::kGradients, batch, 0, grads);
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,126 @@
+// The fine-tuning engine: a model's training forward (models/llm/forward.h, ForwardMode
+// training), a token-level cross-entropy over the batch's counted tokens, the backward graph
+// from autograd (engine/autograd.h) and one fused optimizer kernel per trainable tensor —
+// compiled by the same compiler as serving (fusion, memory planning, regional compilation,
+// kernel cache) into one program per step.
+//
+//   KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenLlmParts(config));
+//   KILN_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(std::move(parts), options));
+//   for (...) KILN_ASSIGN_OR_RETURN(TrainStepResult r, trainer->Step(batch, lr));
+//   LoraAdapter adapter = *trainer->ExportAdapter();
+//
+// Loss: mean over the batch's counted tokens (targets != -100) of -log softmax(logits)[target],
+// as transformers' causal-LM loss with labels already shifted. Trainable tensors are f32
+// States: LoRA A/B (base weights frozen in their stored dtype) or, for full fine-tuning, every
+// weight (f32 master copies). Optimizer moments are f32 States beside them.
+//
+// Thread-safety: a Trainer is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backend.h"
+#include "engine/base/status.h"
+#include "engine/builder.h"
+#include "engine/program.h"
+#include "engine/tensor.h"
+#include "models/llm/forward.h"
+#include "models/llm/paged_llm.h"
+#include "models/lora/lora_config.h"
+
+namespace kiln::models {
+
+// One training batch: `rows` rows of `seq_len` tokens, row-major, each vector rows * seq_len.
+struct TrainBatch {
+  int64_t rows = 0, seq_len = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> targets;    // the next token where it is counted, else -100
+  std::vector<int32_t> positions;  // restart at 0 for each packed example
+  std::vector<int32_t> doc_ids;    // the packed example of each token (attention stays inside)
+  int64_t target_count() const;    // targets != -100
+};
+
+struct TrainerOptions {
+  enum class Method { kLora, kFull };
+  Method method = Method::kLora;
+  LoraConfig lora;
+  int64_t batch_size = 4;      // rows per step
+  int64_t seq_len = 256;       // tokens per row
+  AdamWParams adamw;           // lr here is the initial one; Step takes the current one
+  double max_grad_norm = 1.0;  // global-norm clipping (torch.nn.utils.clip_grad_norm_); 0: off
+  uint64_t seed = 42;          // adapter initialisation
+};
+
+struct TrainStepResult {
+  double loss = 0;       // mean over the counted tokens
+  int64_t tokens = 0;    // counted tokens
+  double grad_norm = 0;  // before clipping
+};
+
+class Trainer {
+ public:
+  // Builds and compiles the training graphs on `parts.device`. Errors: a bad LoRA
+  // configuration, a target module the architecture lacks, sizes <= 0, compile errors.
+  static StatusOr<std::unique_ptr<Trainer>> Create(PagedLlmParts parts,
+                                                   const TrainerOptions& options);
+  ~Trainer();
+
+  const PagedLlmParts& parts() const { return parts_; }
+  const TrainerOptions& options() const { return options_; }
+  // The trainable tensors (LoRA "blk.3.attn_q.lora_A" (r, in) / ".lora_B" (out, r); full
+  // fine-tuning: every weight), in graph order.
+  const std::vector<TrainableTensor>& trainable() const { return trainable_; }
+  int64_t trainable_parameters() const;
+
+  // One optimizer step on `batch` at learning rate `lr`. REQUIRES: batch has
+  // options().batch_size rows of options().seq_len tokens.
+  StatusOr<TrainStepResult> Step(const TrainBatch& batch, double lr);
+  // The loss without a step (validation).
+  StatusOr<TrainStepResult> Evaluate(const TrainBatch& batch);
+  // The loss and d loss / d tensor for every trainable tensor (no update), by name.
+  StatusOr<TrainStepResult> Gradients(const TrainBatch& batch,
+                                      std::map<std::string, std::vector<float>>* grads);
+
+  // The values of trainable tensor `name` (f32), or replaces them.
+  StatusOr<std::vector<float>> Read(const std::string& name) const;
+  Status Write(const std::string& name, std::span<const float> values);
+  // The optimizer state ("<name>.m", "<name>.v") and the step count, for checkpoints.
+  std::map<std::string, std::vector<float>> OptimizerState() const;
+  Status SetOptimizerState(const std::map<std::string, std::vector<float>>& state, int64_t step);
+  int64_t step() const { return step_; }
+
+  // LoRA only: the adapter (rows of B in the model's order) / replace it (shapes checked).
+  StatusOr<LoraAdapter> ExportAdapter() const;
+  Status ImportAdapter(const LoraAdapter& adapter);
+
+  // Peak arena bytes of the step program (activations and gradients; weights excluded).
+  size_t step_arena_bytes() const;
+
+ private:
+  enum class Kind { kLoss, kGradients, kStep };
+  struct Compiled;
+  Trainer(PagedLlmParts parts, const TrainerOptions& options);
+  Status Init();
+  StatusOr<Compiled*> Get(Kind kind);
+  StatusOr<TrainStepResult> Run(Kind kind, const TrainBatch& batch, double lr,
+                                std::map<std::string, std::vector<float>>* grads);
+  Status Upload(const Tensor& t, const void* src, size_t bytes);
+  StatusOr<std::vector<float>> Download(const Tensor& t) const;
+
+  PagedLlmParts parts_;
+  TrainerOptions options_;
+  std::unique_ptr<backend::Stream> stream_;
+  std::vector<TrainableTensor> trainable_;
+  std::map<std::string, Tensor> weights_;            // frozen weights, by GGUF name
+  std::map<std::string, Tensor> states_;             // trainable tensors and optimizer moments
+  std::map<std::string, Tensor> inputs_;             // tokens, targets, positions, doc_ids, scalars
+  std::vector<std::unique_ptr<Compiled>> compiled_;  // by Kind
+  int64_t step_ = 0;
+};
+
+}  // namespace kiln::models
