@@ -40,6 +40,16 @@ const std::vector<std::string_view>& PeftModuleNames() {
   return *names;
 }
 
+const std::string& PeftModuleNameList() {
+  // absl::StrJoin cannot join std::string_view with Debian's Abseil (its own string_view).
+  static const auto* list = [] {
+    auto* s = new std::string;
+    for (std::string_view m : PeftModuleNames()) s->append(s->empty() ? "" : " ").append(m);
+    return s;
+  }();
+  return *list;
+}
+
 std::string_view GgufSuffixForPeftModule(std::string_view module) {
   for (const ModuleName& m : kModules) {
     if (m.peft == module) return m.gguf;
@@ -56,8 +66,8 @@ std::string_view PeftModuleForGgufSuffix(std::string_view suffix) {
 
 StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::string>& targets) {
   if (targets.empty()) {
-    return InvalidArgument("LoRA target_modules is empty; name modules (",
-                           absl::StrJoin(PeftModuleNames(), " "), ") or all-linear");
+    return InvalidArgument("LoRA target_modules is empty; name modules (", PeftModuleNameList(),
+                           ") or all-linear");
   }
   std::vector<bool> on(std::size(kModules), false);
   for (const std::string& t : targets) {
@@ -71,8 +81,7 @@ StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::s
     }
     if (!found) {
       return InvalidArgument("unknown LoRA target module '", t,
-                             "'; allowed: ", absl::StrJoin(PeftModuleNames(), " "),
-                             ", or all-linear");
+                             "'; allowed: ", PeftModuleNameList(), ", or all-linear");
     }
   }
   std::vector<std::string> out;
