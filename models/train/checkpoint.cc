@@ -83,7 +83,7 @@ StatusOr<CheckpointTensors> ReadTensors(const std::string& path,
   return out;
 }
 
-json StateJson(const TrainerState& s, bool lora) {
+json StateJson(const TrainerState& s, bool lora, bool qk_rows_permuted) {
   json losses = json::array();
   for (const LossRecord& l : s.losses) {
     losses.push_back({{"step", l.step}, {"loss", std::isfinite(l.loss) ? json(l.loss) : json()}});
@@ -98,7 +98,10 @@ json StateJson(const TrainerState& s, bool lora) {
           {"rng_state", s.rng_state},
           {"losses", losses},
           {"options", s.options},
-          {"kiln_version", KILN_VERSION}};
+          {"kiln_version", KILN_VERSION},
+          // The optimizer state of q/k lora_B is in the model's row order (not converted like
+          // the adapter), so resuming needs a model with the same order.
+          {"qk_rows_permuted", qk_rows_permuted}};
 }
 
 StatusOr<json> ReadJsonFile(const std::string& path) {
@@ -244,8 +247,9 @@ StatusOr<std::string> WriteCheckpoint(const std::string& out, const Checkpoint& 
     }
     KILN_RETURN_IF_ERROR(
         WriteTensors(Cat(tmp, "/", kOptimizerFile), ckpt.optimizer, SafetensorsDtype::kF32));
-    KILN_RETURN_IF_ERROR(WriteFileDurably(Cat(tmp, "/", kStateFile),
-                                          StateJson(ckpt.state, ckpt.adapter.has_value()).dump(1)));
+    KILN_RETURN_IF_ERROR(WriteFileDurably(
+        Cat(tmp, "/", kStateFile),
+        StateJson(ckpt.state, ckpt.adapter.has_value(), base.qk_rows_permuted).dump(1)));
     KILN_RETURN_IF_ERROR(FsyncDirectory(tmp));
     KILN_RETURN_IF_ERROR(RenameIntoPlace(tmp, final_dir));
     return FsyncDirectory(out);
@@ -312,6 +316,15 @@ StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, const PeftBaseModel&
   Checkpoint c;
   KILN_ASSIGN_OR_RETURN(c.state, ParseState(state_path, j, lora));
   if (lora) {
+    if (j.value("qk_rows_permuted", base.qk_rows_permuted) != base.qk_rows_permuted) {
+      return FailedPrecondition(
+          state_path, ": this checkpoint was trained on a model with ",
+          base.qk_rows_permuted ? "Hugging Face's" : "llama.cpp's (GGUF)",
+          " q/k row order, but the model given has ",
+          base.qk_rows_permuted ? "llama.cpp's (GGUF)" : "Hugging Face's",
+          "; its optimizer state would not line up (resume on the same model file, or load "
+          "only the adapter with ReadPeftAdapter)");
+    }
     KILN_ASSIGN_OR_RETURN(c.adapter, ReadPeftAdapter(dir, base));
   } else {
     FullModelWeights m;

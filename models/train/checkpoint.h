@@ -16,7 +16,8 @@
 //
 //   KILN_ASSIGN_OR_RETURN(FoundCheckpoint found, FindLatestCheckpoint(out));
 //   for (const std::string& why : found.skipped) spdlog::warn("{}", why);
-//   if (!found.dir.empty()) { KILN_ASSIGN_OR_RETURN(Checkpoint c, LoadCheckpoint(found.dir, base));
+//   if (!found.dir.empty()) {
+//     KILN_ASSIGN_OR_RETURN(Checkpoint c, LoadCheckpoint(found.dir, base));  // resume from c
 //   }
 //   ...
 //   KILN_ASSIGN_OR_RETURN(std::string dir, WriteCheckpoint(out, ckpt, base, {.keep_last = 3}));
@@ -80,7 +81,8 @@ struct Checkpoint {
   // Exactly one of these two.
   std::optional<LoraAdapter> adapter;     // LoRA fine-tuning
   std::optional<FullModelWeights> model;  // full fine-tuning
-  // Optimizer state by name, e.g. "blk.3.attn_q.weight.lora_A.m"; may be empty.
+  // Optimizer state by name, e.g. "blk.3.attn_q.weight.lora_A.m"; may be empty. Stored as
+  // given: rows in the model's order (q/k rows are not converted as the adapter's are).
   CheckpointTensors optimizer;
 };
 
@@ -120,6 +122,9 @@ StatusOr<FoundCheckpoint> FindLatestCheckpoint(const std::string& out);
 
 // Reads a checkpoint directory. Errors name the file and what was expected (a truncated
 // safetensors file, a missing key in trainer_state.json, an adapter that does not fit `base`).
+// FailedPrecondition for a LoRA checkpoint written with a different `base.qk_rows_permuted`:
+// the optimizer state is kept in the model's row order, so it resumes only on a model with the
+// same order (ReadPeftAdapter still reads its adapter on either).
 StatusOr<Checkpoint> LoadCheckpoint(const std::string& dir, const PeftBaseModel& base);
 
 }  // namespace kiln::models

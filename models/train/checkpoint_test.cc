@@ -226,6 +226,18 @@ TEST_F(CheckpointTest, TruncatedSafetensorsGivesAClearError) {
   EXPECT_EQ(LoadCheckpoint(out_ + "/nope", TinyBase()).status().code(), StatusCode::kNotFound);
 }
 
+TEST_F(CheckpointTest, ResumingOnAModelWithOtherQkRowOrderIsRefused) {
+  const std::string dir = Write(LoraCheckpoint(3));
+  PeftBaseModel hf = TinyBase();
+  hf.qk_rows_permuted = false;
+  auto c = LoadCheckpoint(dir, hf);
+  EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(StatusMessage(c.status())),
+              HasSubstr("trained on a model with llama.cpp's (GGUF) q/k row order, but the "
+                        "model given has Hugging Face's"));
+  EXPECT_TRUE(ReadPeftAdapter(dir, hf).ok());  // the adapter itself is portable
+}
+
 TEST_F(CheckpointTest, RewritingAStepReplacesItAtomically) {
   Write(LoraCheckpoint(5, /*seed=*/1));
   const Checkpoint second = LoraCheckpoint(5, /*seed=*/9);
