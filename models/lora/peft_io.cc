@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -216,7 +217,8 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
         st.AddFloats(PeftTensorName(index, module, 'B'), {layer.out, r}, b.data(), b.size()));
   }
 
-  // The keys PEFT 0.13-0.17 writes for a plain LoRA adapter, so any of them loads it.
+  // Keys PEFT has had since 0.10, so older versions load the file too; newer versions write
+  // more keys, whose defaults apply when absent (loading is checked with PEFT 0.21.2).
   json config = {
       {"alpha_pattern", json::object()},
       {"auto_mapping", nullptr},
@@ -245,7 +247,7 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
       {"use_rslora", cfg.use_rslora},
   };
   // PEFT writes integral alphas as integers ("lora_alpha": 16).
-  if (cfg.alpha == static_cast<double>(static_cast<int64_t>(cfg.alpha))) {
+  if (cfg.alpha < 1e15 && cfg.alpha == std::floor(cfg.alpha)) {
     config["lora_alpha"] = static_cast<int64_t>(cfg.alpha);
   }
 
