@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/str_join.h"
 
 namespace kiln::models {
 namespace {
@@ -14,16 +15,6 @@ constexpr ModuleName kModules[] = {
     {"o_proj", "attn_output"}, {"gate_proj", "ffn_gate"}, {"up_proj", "ffn_up"},
     {"down_proj", "ffn_down"},
 };
-
-// "q_proj k_proj ... down_proj", for messages.
-std::string ModuleList() {
-  std::string out;
-  for (const ModuleName& m : kModules) {
-    if (!out.empty()) out += ' ';
-    out += m.peft;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -49,6 +40,16 @@ const std::vector<std::string_view>& PeftModuleNames() {
   return *names;
 }
 
+const std::string& PeftModuleNameList() {
+  // absl::StrJoin cannot join std::string_view with Debian's Abseil (its own string_view).
+  static const auto* list = [] {
+    auto* s = new std::string;
+    for (std::string_view m : PeftModuleNames()) s->append(s->empty() ? "" : " ").append(m);
+    return s;
+  }();
+  return *list;
+}
+
 std::string_view GgufSuffixForPeftModule(std::string_view module) {
   for (const ModuleName& m : kModules) {
     if (m.peft == module) return m.gguf;
@@ -65,8 +66,8 @@ std::string_view PeftModuleForGgufSuffix(std::string_view suffix) {
 
 StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::string>& targets) {
   if (targets.empty()) {
-    return InvalidArgument("LoRA target_modules is empty; name modules (",
-                           ModuleList(), ") or all-linear");
+    return InvalidArgument("LoRA target_modules is empty; name modules (", PeftModuleNameList(),
+                           ") or all-linear");
   }
   std::vector<bool> on(std::size(kModules), false);
   for (const std::string& t : targets) {
@@ -80,8 +81,7 @@ StatusOr<std::vector<std::string>> ResolveTargetModules(const std::vector<std::s
     }
     if (!found) {
       return InvalidArgument("unknown LoRA target module '", t,
-                             "'; allowed: ", ModuleList(),
-                             ", or all-linear");
+                             "'; allowed: ", PeftModuleNameList(), ", or all-linear");
     }
   }
   std::vector<std::string> out;

@@ -44,6 +44,8 @@ struct LoraConfig {
 // The PEFT module names in canonical order: q_proj k_proj v_proj o_proj gate_proj up_proj
 // down_proj.
 const std::vector<std::string_view>& PeftModuleNames();
+// The same names joined by spaces, for error messages.
+const std::string& PeftModuleNameList();
 // "q_proj" -> "attn_q", "o_proj" -> "attn_output", "gate_proj" -> "ffn_gate", ...; empty for
 // an unknown name. The GGUF weight of module m in layer l is "blk.<l>.<suffix>.weight".
 std::string_view GgufSuffixForPeftModule(std::string_view module);

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "engine/dtype.h"
+#include "models/io/durable_file.h"
 #include "models/io/errors.h"
 
 namespace kiln::models {
@@ -329,6 +331,118 @@ std::vector<const SafetensorsTensor*> SafetensorsModel::tensors() const {
     for (const auto& t : s->tensors()) out.push_back(&t);
   }
   return out;
+}
+
+StatusOr<std::vector<float>> SafetensorsToFloats(const SafetensorsTensor& t) {
+  std::vector<float> out(t.n_elements);
+  const auto* bytes = static_cast<const uint8_t*>(t.data);
+  switch (t.dtype) {
+    case SafetensorsDtype::kF32:
+      if (t.n_bytes != 0) std::memcpy(out.data(), bytes, t.n_bytes);
+      break;
+    case SafetensorsDtype::kF64:
+      for (uint64_t i = 0; i < t.n_elements; ++i) {
+        double d;
+        std::memcpy(&d, bytes + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+      break;
+    case SafetensorsDtype::kF16:
+    case SafetensorsDtype::kBF16:
+      for (uint64_t i = 0; i < t.n_elements; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        out[i] = t.dtype == SafetensorsDtype::kF16 ? F16ToFloat(h) : BF16ToFloat(h);
+      }
+      break;
+    default:
+      return InvalidArgument(t.file != nullptr ? *t.file : std::string("safetensors"),
+                             ": tensor \"", t.name, "\" is ", SafetensorsDtypeName(t.dtype),
+                             "; expected a float tensor (F32, F16, BF16 or F64)");
+  }
+  return out;
+}
+
+Status SafetensorsWriter::Add(std::string name, SafetensorsDtype dtype, std::vector<int64_t> shape,
+                              const void* data, size_t n_bytes) {
+  if (name.empty() || name == "__metadata__") {
+    return InvalidArgument("safetensors tensor name \"", name, "\" is not allowed");
+  }
+  for (const Entry& e : tensors_) {
+    if (e.name == name) return InvalidArgument("safetensors tensor \"", name, "\" added twice");
+  }
+  uint64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return InvalidArgument("safetensors tensor \"", name, "\": negative dimension");
+    n *= static_cast<uint64_t>(d);
+  }
+  if (n * SafetensorsDtypeSize(dtype) != n_bytes) {
+    return InvalidArgument("safetensors tensor \"", name, "\": ", n, " elements of ",
+                           SafetensorsDtypeName(dtype), " need ", n * SafetensorsDtypeSize(dtype),
+                           " bytes, got ", n_bytes);
+  }
+  Entry e{std::move(name), dtype, std::move(shape), std::string(n_bytes, '\0')};
+  if (n_bytes != 0) std::memcpy(e.bytes.data(), data, n_bytes);
+  tensors_.push_back(std::move(e));
+  return OkStatus();
+}
+
+Status SafetensorsWriter::AddFloats(std::string name, std::vector<int64_t> shape, const float* data,
+                                    size_t n, SafetensorsDtype dtype) {
+  switch (dtype) {
+    case SafetensorsDtype::kF32:
+      return Add(std::move(name), dtype, std::move(shape), data, n * sizeof(float));
+    case SafetensorsDtype::kF16:
+    case SafetensorsDtype::kBF16: {
+      std::vector<uint16_t> h(n);
+      for (size_t i = 0; i < n; ++i) {
+        h[i] = dtype == SafetensorsDtype::kF16 ? FloatToF16(data[i]) : FloatToBF16(data[i]);
+      }
+      return Add(std::move(name), dtype, std::move(shape), h.data(), n * 2);
+    }
+    default:
+      return InvalidArgument("safetensors tensor \"", name, "\": cannot store floats as ",
+                             SafetensorsDtypeName(dtype), " (allowed: F32, F16, BF16)");
+  }
+}
+
+std::string SafetensorsWriter::Header(std::vector<const Entry*>& order) const {
+  order.clear();
+  for (const Entry& e : tensors_) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    const size_t sa = SafetensorsDtypeSize(a->dtype), sb = SafetensorsDtypeSize(b->dtype);
+    return sa != sb ? sa > sb : a->name < b->name;
+  });
+  json header = json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  uint64_t offset = 0;
+  for (const Entry* e : order) {
+    header[e->name] = {{"dtype", SafetensorsDtypeName(e->dtype)},
+                       {"shape", e->shape},
+                       {"data_offsets", {offset, offset + e->bytes.size()}}};
+    offset += e->bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);  // little-endian hosts only, like the reader
+  return out + text;
+}
+
+std::string SafetensorsWriter::Serialize() const {
+  std::vector<const Entry*> order;
+  std::string out = Header(order);
+  for (const Entry* e : order) out += e->bytes;
+  return out;
+}
+
+Status SafetensorsWriter::WriteFile(const std::string& path) const {
+  std::vector<const Entry*> order;
+  const std::string header = Header(order);
+  std::vector<std::string_view> pieces = {header};
+  for (const Entry* e : order) pieces.push_back(e->bytes);
+  return WriteFileDurably(path, pieces);
 }
 
 }  // namespace kiln::models

@@ -1,4 +1,5 @@
-// safetensors reader: single files and sharded checkpoints (model.safetensors.index.json).
+// safetensors reader (single files and sharded checkpoints, model.safetensors.index.json) and
+// writer (SafetensorsWriter, below).
 //
 //   KILN_ASSIGN_OR_RETURN(auto st, SafetensorsModel::Open("/models/llama"));  // folder or file
 //   const SafetensorsTensor* w = st->Find("model.embed_tokens.weight");
@@ -98,6 +99,58 @@ class SafetensorsModel {
   SafetensorsModel() = default;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
   std::unordered_map<std::string, const SafetensorsTensor*> index_;
+};
+
+// The elements of an F32, F64, F16 or BF16 tensor as f32 (PEFT saves adapters in the base
+// model's dtype). InvalidArgument, naming the file and tensor, for any other dtype.
+StatusOr<std::vector<float>> SafetensorsToFloats(const SafetensorsTensor& t);
+
+// Builds a safetensors file the way the reference writer (safetensors' serialize) does:
+// tensors sorted by element size (largest first), then by name, so each tensor starts at a
+// multiple of its element size; the header JSON padded with spaces so the data section starts
+// at a multiple of 8; `__metadata__` only when metadata was set. SafetensorsFile reads the
+// result back unchanged.
+//
+//   SafetensorsWriter w;
+//   KILN_RETURN_IF_ERROR(w.AddFloats("lora_A", {8, 512}, a.data(), a.size()));
+//   KILN_RETURN_IF_ERROR(w.WriteFile(dir + "/adapter_model.safetensors"));
+//
+// The writer copies the data it is given. Thread-safety: not thread-safe; one writer per thread.
+class SafetensorsWriter {
+ public:
+  // Adds a tensor from `n_bytes` of little-endian data. InvalidArgument for an empty, reserved
+  // ("__metadata__") or duplicate name, a negative dimension, or a byte count that does not
+  // match shape x dtype.
+  Status Add(std::string name, SafetensorsDtype dtype, std::vector<int64_t> shape, const void* data,
+             size_t n_bytes);
+  // Adds `n` f32 values stored as `dtype`: kF32, or kF16 / kBF16 (rounded to nearest even).
+  // InvalidArgument as Add, or for another dtype.
+  Status AddFloats(std::string name, std::vector<int64_t> shape, const float* data, size_t n,
+                   SafetensorsDtype dtype = SafetensorsDtype::kF32);
+  // Sets a `__metadata__` entry (e.g. "format" = "pt", which PEFT and transformers write).
+  void SetMetadata(std::string key, std::string value) {
+    metadata_[std::move(key)] = std::move(value);
+  }
+
+  size_t size() const { return tensors_.size(); }
+  // The whole file in memory.
+  std::string Serialize() const;
+  // Creates or truncates `path`, writes the file and fsyncs it (not its directory). Errors
+  // name the path.
+  Status WriteFile(const std::string& path) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    SafetensorsDtype dtype;
+    std::vector<int64_t> shape;
+    std::string bytes;
+  };
+  // The padded header, and the entries in file order.
+  std::string Header(std::vector<const Entry*>& order) const;
+
+  std::vector<Entry> tensors_;
+  std::map<std::string, std::string> metadata_;
 };
 
 }  // namespace kiln::models

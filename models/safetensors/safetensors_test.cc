@@ -207,5 +207,88 @@ TEST_F(SafetensorsModelTest, EmptyFolder) {
   EXPECT_EQ(SafetensorsModel::Open(dir_.string()).status().code(), StatusCode::kNotFound);
 }
 
+// ---- Writer ----------------------------------------------------------------------------------
+
+TEST(SafetensorsWriterTest, RoundTripsThroughTheReader) {
+  SafetensorsWriter w;
+  const std::vector<float> a = {1.5f, -2, 3, 4, 5, 6};
+  const std::vector<float> h = {1, -0.5f, 65504};
+  const int8_t bytes[3] = {1, -2, 3};
+  ASSERT_TRUE(w.Add("z.i8", SafetensorsDtype::kI8, {3}, bytes, 3).ok());
+  ASSERT_TRUE(w.AddFloats("b.f16", {3}, h.data(), h.size(), SafetensorsDtype::kF16).ok());
+  ASSERT_TRUE(w.AddFloats("a.f32", {2, 3}, a.data(), a.size()).ok());
+  ASSERT_TRUE(w.AddFloats("c.bf16", {1, 3}, h.data(), 3, SafetensorsDtype::kBF16).ok());
+  ASSERT_TRUE(w.AddFloats("empty", {0, 4}, nullptr, 0).ok());
+  w.SetMetadata("format", "pt");
+  const std::string file = w.Serialize();
+  uint64_t header_size;
+  std::memcpy(&header_size, file.data(), 8);
+  EXPECT_EQ((8 + header_size) % 8, 0u) << "data section starts 8-byte aligned";
+
+  auto f = ParseBytes(file);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)->metadata().at("format"), "pt");
+  ASSERT_EQ((*f)->tensors().size(), 5u);
+  // Largest element size first, then by name: each tensor is aligned to its element size.
+  EXPECT_EQ((*f)->tensors()[0].name, "a.f32");
+  EXPECT_EQ((*f)->tensors()[1].name, "empty");
+  EXPECT_EQ((*f)->tensors()[2].name, "b.f16");
+  EXPECT_EQ((*f)->tensors()[3].name, "c.bf16");
+  EXPECT_EQ((*f)->tensors()[4].name, "z.i8");
+  for (const SafetensorsTensor& t : (*f)->tensors()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % SafetensorsDtypeSize(t.dtype), 0u) << t.name;
+  }
+  const SafetensorsTensor* ta = (*f)->Find("a.f32");
+  EXPECT_EQ(ta->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(*SafetensorsToFloats(*ta), a);
+  EXPECT_EQ(*SafetensorsToFloats(*(*f)->Find("b.f16")), h);  // exact in f16
+  const std::vector<float> bf = *SafetensorsToFloats(*(*f)->Find("c.bf16"));
+  EXPECT_EQ(bf[0], 1);
+  EXPECT_EQ(bf[1], -0.5f);
+  EXPECT_EQ(bf[2], 65536);  // 65504 rounds to 2^16 in bf16
+  EXPECT_EQ(std::memcmp((*f)->Find("z.i8")->data, bytes, 3), 0);
+  EXPECT_THAT(std::string(StatusMessage(SafetensorsToFloats(*(*f)->Find("z.i8")).status())),
+              HasSubstr("\"z.i8\" is I8; expected a float tensor"));
+}
+
+TEST(SafetensorsWriterTest, NoTensorsNoMetadata) {
+  SafetensorsWriter w;
+  const std::string file = w.Serialize();
+  EXPECT_EQ(file.size() % 8, 0u);
+  auto f = ParseBytes(file);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE((*f)->tensors().empty());
+  EXPECT_TRUE((*f)->metadata().empty());
+}
+
+TEST(SafetensorsWriterTest, RejectsBadTensors) {
+  SafetensorsWriter w;
+  const float x[4] = {};
+  ASSERT_TRUE(w.AddFloats("x", {4}, x, 4).ok());
+  EXPECT_THAT(std::string(StatusMessage(w.AddFloats("x", {4}, x, 4))), HasSubstr("added twice"));
+  EXPECT_THAT(std::string(StatusMessage(w.AddFloats("y", {2, 3}, x, 4))),
+              HasSubstr("6 elements of F32 need 24 bytes, got 16"));
+  EXPECT_FALSE(w.AddFloats("__metadata__", {4}, x, 4).ok());
+  EXPECT_FALSE(w.AddFloats("", {4}, x, 4).ok());
+  EXPECT_THAT(std::string(StatusMessage(w.AddFloats("z", {4}, x, 4, SafetensorsDtype::kI32))),
+              HasSubstr("allowed: F32, F16, BF16"));
+  EXPECT_EQ(w.size(), 1u);
+}
+
+TEST(SafetensorsWriterTest, WritesAFile) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("kiln_st_writer_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
+  SafetensorsWriter w;
+  const float x[2] = {7, 8};
+  ASSERT_TRUE(w.AddFloats("x", {2}, x, 2).ok());
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  auto f = SafetensorsFile::Open(path);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(*SafetensorsToFloats(*(*f)->Find("x")), (std::vector<float>{7, 8}));
+  std::filesystem::remove(path);
+  EXPECT_EQ(w.WriteFile("/nonexistent-dir/x.safetensors").code(), StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace kiln::models
