@@ -126,37 +126,29 @@ class LineTokenizer {
     if (!has_assistant) return Error("no assistant message; nothing to train on");
 
     Example ex;
-    KILN_ASSIGN_OR_RETURN(ex.tokens, Render(plain, plain.size(), false));
+    KILN_ASSIGN_OR_RETURN(Rendered full, Render(plain, plain.size(), false));
+    ex.tokens = full.tokens;
     ex.loss.assign(ex.tokens.size(), 0);
     const std::vector<int32_t>& eog = tok_.eog_ids();
     for (size_t i = 0; i < plain.size(); ++i) {
       if (!trained[i]) continue;
-      KILN_ASSIGN_OR_RETURN(std::vector<int32_t> before, Render(plain, i, true));
-      KILN_ASSIGN_OR_RETURN(std::vector<int32_t> upto, Render(plain, i + 1, false));
-      if (!IsPrefix(before, upto)) {
-        return Error("the chat template renders messages[0..", i,
-                     ") plus the generation prompt into tokens that are not a prefix of "
-                     "messages[0..",
-                     i, "]'s (they differ at token ", FirstDifference(before, upto),
-                     "), so the reply of messages[", i, "] cannot be located");
-      }
-      if (!IsPrefix(upto, ex.tokens)) {
-        return Error("the chat template renders messages[0..", i,
-                     "] into tokens that are not a prefix of the whole conversation's (they "
-                     "differ at token ",
-                     FirstDifference(upto, ex.tokens), "), so the reply of messages[", i,
-                     "] cannot be located");
-      }
+      KILN_ASSIGN_OR_RETURN(Rendered before, Render(plain, i, true));
+      KILN_ASSIGN_OR_RETURN(Rendered upto, Render(plain, i + 1, false));
+      KILN_RETURN_IF_ERROR(CheckPrefix(before, upto, i,
+                                       Cat("messages[0..", i, ") plus the generation prompt"),
+                                       Cat("messages[0..", i, "]")));
+      KILN_RETURN_IF_ERROR(
+          CheckPrefix(upto, full, i, Cat("messages[0..", i, "]"), "the whole conversation"));
       // The reply ends at the template's end-of-turn token (a target: the model learns to
       // stop); what the template writes after it (ChatML's "\n") is not trained.
-      size_t end = upto.size();
-      for (size_t t = before.size(); t < upto.size(); ++t) {
-        if (std::find(eog.begin(), eog.end(), upto[t]) != eog.end()) {
+      size_t end = upto.tokens.size();
+      for (size_t t = before.tokens.size(); t < end; ++t) {
+        if (std::find(eog.begin(), eog.end(), upto.tokens[t]) != eog.end()) {
           end = t + 1;
           break;
         }
       }
-      for (size_t t = before.size(); t < end; ++t) ex.loss[t] = 1;
+      for (size_t t = before.tokens.size(); t < end; ++t) ex.loss[t] = 1;
     }
     return ex;
   }
@@ -197,15 +189,41 @@ class LineTokenizer {
     return ids;
   }
 
-  // Tokens of the first n messages rendered by the chat template.
-  StatusOr<std::vector<int32_t>> Render(const json& messages, size_t n, bool generation_prompt) {
+  struct Rendered {
+    std::string text;
+    std::vector<int32_t> tokens;
+  };
+
+  // The first n messages rendered by the chat template, and their tokens.
+  StatusOr<Rendered> Render(const json& messages, size_t n, bool generation_prompt) {
     ChatTemplate::Inputs in;
     in.messages = json(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(n));
     in.add_generation_prompt = generation_prompt;
+    Rendered r;
     auto text = tmpl_->Apply(in);
     if (!text.ok()) return Annotate(text.status(), Cat(where_, ": chat template"));
+    r.text = *std::move(text);
     // As transformers' apply_chat_template(tokenize=True): the template writes BOS itself.
-    return Encode(*text, {.add_special_tokens = false, .parse_special = true}, "rendered chat");
+    KILN_ASSIGN_OR_RETURN(
+        r.tokens,
+        Encode(r.text, {.add_special_tokens = false, .parse_special = true}, "rendered chat"));
+    return r;
+  }
+
+  // OK if `part`'s tokens are a prefix of `whole`'s; otherwise says why the reply of
+  // messages[i] cannot be located.
+  Status CheckPrefix(const Rendered& part, const Rendered& whole, size_t i,
+                     std::string_view part_name, std::string_view whole_name) const {
+    if (IsPrefix(part.tokens, whole.tokens)) return OkStatus();
+    const bool text_prefix = whole.text.starts_with(part.text);
+    return Error("the chat template renders ", part_name, " into tokens that are not a prefix of ",
+                 whole_name, "'s (they differ at token ",
+                 FirstDifference(part.tokens, whole.tokens),
+                 text_prefix ? "; the text is a prefix, but the tokenizer merges differently "
+                               "across the end of it"
+                             : "; the template renders earlier messages differently once "
+                               "more follow",
+                 "), so the reply of messages[", i, "] cannot be located");
   }
 
   std::string where_;
@@ -288,6 +306,7 @@ StatusOr<std::vector<Example>> TokenizeJsonl(std::string_view text, std::string_
                                              const ChatTemplate* chat_template,
                                              const TokenizeOptions& options,
                                              std::vector<std::string>* warnings) {
+  if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // a UTF-8 byte order mark
   if (options.max_seq_len < 2) {
     return InvalidArgument("max_seq_len is ", options.max_seq_len, "; it must be at least 2");
   }
@@ -428,19 +447,33 @@ StatusOr<std::unique_ptr<DataLoader>> DataLoader::FromFiles(std::span<const std:
   return loader;
 }
 
-void DataLoader::StartEpoch(int64_t epoch) {
-  epoch_ = epoch;
-  next_ = 0;
-  order_.resize(examples_.size());
-  for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<int64_t>(i);
-  if (!options_.shuffle) return;
+std::vector<int64_t> DataLoader::EpochOrder(int64_t epoch) const {
+  std::vector<int64_t> order(examples_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  if (!options_.shuffle) return order;
   // Fisher-Yates with SplitMix64 (std::shuffle's algorithm differs between standard
   // libraries). The modulo's bias is below 2^-40 for any realistic dataset size.
   uint64_t state = options_.seed + static_cast<uint64_t>(epoch);
-  for (size_t i = order_.size(); i > 1; --i) {
+  for (size_t i = order.size(); i > 1; --i) {
     size_t j = SplitMix64(&state) % i;
-    std::swap(order_[i - 1], order_[j]);
+    std::swap(order[i - 1], order[j]);
   }
+  return order;
+}
+
+void DataLoader::StartEpoch(int64_t epoch) {
+  epoch_ = epoch;
+  next_ = 0;
+  order_ = EpochOrder(epoch);
+}
+
+int64_t DataLoader::RowsInEpoch(int64_t epoch) const {
+  std::vector<int64_t> order = EpochOrder(epoch);
+  int64_t rows = 0;
+  for (int64_t next = 0; next < static_cast<int64_t>(order.size()); ++rows) {
+    FillRow(order, &next, nullptr, 0);
+  }
+  return rows;
 }
 
 TrainBatch DataLoader::EmptyBatch(int64_t rows) const {
@@ -462,17 +495,19 @@ void DataLoader::FillRow(std::span<const int64_t> order, int64_t* next, TrainBat
   while (*next < static_cast<int64_t>(order.size())) {
     const Example& ex = examples_[order[*next]];
     const int64_t n = static_cast<int64_t>(ex.tokens.size());
-    if (offset + n > b->seq_len || (!options_.pack && doc > 0)) break;
-    std::vector<int32_t> targets = NextTokenTargets(ex);
-    const int64_t base = row * b->seq_len + offset;
-    for (int64_t t = 0; t < n; ++t) {
-      b->tokens[base + t] = ex.tokens[t];
-      b->targets[base + t] = targets[t];
-      b->positions[base + t] = static_cast<int32_t>(t);
-      b->doc_ids[base + t] = doc;
-      b->target_count += targets[t] != kIgnoreIndex;
+    if (offset + n > options_.max_seq_len || (!options_.pack && doc > 0)) break;
+    if (b != nullptr) {
+      std::vector<int32_t> targets = NextTokenTargets(ex);
+      const int64_t base = row * b->seq_len + offset;
+      for (int64_t t = 0; t < n; ++t) {
+        b->tokens[base + t] = ex.tokens[t];
+        b->targets[base + t] = targets[t];
+        b->positions[base + t] = static_cast<int32_t>(t);
+        b->doc_ids[base + t] = doc;
+        b->target_count += targets[t] != kIgnoreIndex;
+      }
+      ++b->example_count;
     }
-    ++b->example_count;
     ++*next;
     offset += n;
     ++doc;

@@ -162,6 +162,11 @@ class DataLoader {
   // rows. For validation. REQUIRES: batch_size > 0.
   std::vector<TrainBatch> OnePass(int64_t batch_size) const;
 
+  // How many rows epoch `epoch` packs into (with pack, it depends on the epoch's order), e.g.
+  // for the number of steps of a learning-rate schedule: an epoch is
+  // RowsInEpoch(e) / batch_size steps on average (batches run on into the next epoch).
+  int64_t RowsInEpoch(int64_t epoch) const;
+
   DataPosition position() const;
   // Continue from `pos` (from position() of a loader over the same data and options), so a
   // resumed run sees exactly the batches an uninterrupted one would. InvalidArgument when the
@@ -174,9 +179,11 @@ class DataLoader {
 
  private:
   DataLoader(std::vector<Example> examples, const DataOptions& options);
-  // Fills the order of `epoch` into order_.
+  // The order in which epoch `epoch` visits the examples.
+  std::vector<int64_t> EpochOrder(int64_t epoch) const;
   void StartEpoch(int64_t epoch);
   // Packs examples_[order[*next]], ... into row `row` of `batch` while they fit; advances *next.
+  // batch == nullptr: only advances (counts a row).
   void FillRow(std::span<const int64_t> order, int64_t* next, TrainBatch* batch, int64_t row) const;
   TrainBatch EmptyBatch(int64_t rows) const;
 

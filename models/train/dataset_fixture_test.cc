@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "models/chat/chat_template.h"
 #include "models/gguf/gguf.h"
@@ -243,6 +244,13 @@ TEST_F(SmolLM2DataTest, BadInputNamesFileLineAndField) {
   }
 }
 
+TEST_F(SmolLM2DataTest, ByteOrderMarkAndCrlfAreAccepted) {
+  auto r = Tokenize("\xEF\xBB\xBF" + std::string(kGood) + "\r\n" + kGood + "\r\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 2u);
+  EXPECT_EQ((*r)[0].tokens, (*r)[1].tokens);
+}
+
 TEST_F(SmolLM2DataTest, EmptyFileIsAnError) {
   EXPECT_THAT(Error(""), HasSubstr("train.jsonl: no examples (the file is empty"));
   EXPECT_THAT(Error("\n  \n\n"), HasSubstr("train.jsonl: no examples"));
@@ -318,6 +326,41 @@ TEST_F(SmolLM2DataTest, LoaderFromFilesGivesConsistentBatches) {
   const std::vector<std::string> bad_files = {train_files[0], WriteFile("bad.jsonl", "{}\n")};
   auto bad = DataLoader::FromFiles(bad_files, *tok_, tmpl_, {}, nullptr);
   EXPECT_THAT(std::string(StatusMessage(bad.status())), HasSubstr("bad.jsonl:1: expected field"));
+}
+
+// Other models' templates (tests/fixtures/chat/templates/) with SmolLM2's vocabulary: the
+// ChatML ones locate both replies; the others fail with the reason, never a wrong mask.
+TEST_F(SmolLM2DataTest, FixtureTemplatesLocateRepliesOrSayWhyNot) {
+  const std::string line =
+      R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "a"}, )"
+      R"({"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}, )"
+      R"({"role": "assistant", "content": "d"}]})";
+  const std::pair<const char*, const char*> cases[] = {
+      {"smollm2", ""},
+      {"qwen2", ""},
+      {"qwen2_5", ""},
+      // Mistral moves the system message into the last user turn.
+      {"mistral_v03", "renders earlier messages differently once more follow"},
+      // Llama 3's header tokens are plain text in SmolLM2's vocabulary, so "\n\n" at the end of
+      // the generation prompt merges with what follows it.
+      {"llama3", "the tokenizer merges differently across the end of it"},
+      {"llama3_1", "the tokenizer merges differently across the end of it"},
+  };
+  for (const auto& [name, error] : cases) {
+    std::ifstream in(testing::FixturePath(std::string("chat/templates/") + name + ".jinja"));
+    std::stringstream source;
+    source << in.rdbuf();
+    auto tmpl = ChatTemplate::Parse(source.str(), name);
+    ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+    auto r = TokenizeJsonl(line, name, *tok_, tmpl->get(), {}, nullptr);
+    if (*error == '\0') {
+      ASSERT_TRUE(r.ok()) << name << ": " << r.status();
+      EXPECT_EQ(tok_->Decode(LossTokens((*r)[0])), "b<|im_end|>d<|im_end|>") << name;
+    } else {
+      ASSERT_FALSE(r.ok()) << name;
+      EXPECT_THAT(std::string(StatusMessage(r.status())), HasSubstr(error)) << name;
+    }
+  }
 }
 
 }  // namespace

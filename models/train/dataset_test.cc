@@ -62,6 +62,7 @@ TEST(DataLoaderTest, PacksExamplesIntoRowsWithDocumentIdsAndPositions) {
                                      0, 0, 1, 1, 1, 1, 1, P));
   EXPECT_EQ(b.target_count, 2 + 2 + 1 + 4);
   EXPECT_EQ(b.example_count, 4);
+  EXPECT_EQ((*loader)->RowsInEpoch(0), 2);
   // The next batch starts epoch 1 (unshuffled: the same rows again).
   EXPECT_EQ((*loader)->position().epoch, 0);
   TrainBatch again = (*loader)->NextBatch(2);
@@ -78,6 +79,7 @@ TEST(DataLoaderTest, WithoutPackingOneExamplePerPaddedRow) {
   EXPECT_THAT(b.targets, ElementsAre(11, 12, X, X, 21, X, X, X, 11, 12, X, X));
   EXPECT_THAT(b.doc_ids, ElementsAre(0, 0, 0, P, 0, 0, P, P, 0, 0, 0, P));
   EXPECT_EQ(b.target_count, 5);
+  EXPECT_EQ((*loader)->RowsInEpoch(7), 2);
   EXPECT_EQ((*loader)->position(), (DataPosition{1, 1, (*loader)->position().fingerprint}));
 }
 
@@ -121,6 +123,14 @@ TEST(DataLoaderTest, ShuffleIsASeededPermutationPerEpoch) {
     for (int32_t s : ExampleStarts((*c)->NextBatch(1))) c_first.push_back(s);
   }
   EXPECT_NE(c_first, epochs[0]);  // another seed, another order
+  // RowsInEpoch agrees with the rows NextBatch packed (one row per batch here).
+  auto d = DataLoader::Create(Many(20), {.max_seq_len = 16, .seed = 42});
+  ASSERT_TRUE(d.ok());
+  for (int64_t e = 0; e < 3; ++e) {
+    int64_t rows = 0;
+    for (int64_t seen = 0; seen < 20; ++rows) seen += (*d)->NextBatch(1).example_count;
+    EXPECT_EQ(rows, (*d)->RowsInEpoch(e)) << "epoch " << e;
+  }
 }
 
 TEST(DataLoaderTest, ShuffleOrderIsPinned) {
