@@ -140,11 +140,13 @@ class LineTokenizer {
       KILN_RETURN_IF_ERROR(
           CheckPrefix(upto, full, i, Cat("messages[0..", i, "]"), "the whole conversation"));
       // The reply ends at the template's end-of-turn token (a target: the model learns to
-      // stop); what the template writes after it (ChatML's "\n") is not trained.
+      // stop); what the template writes after it (ChatML's "\n") is not trained. The last such
+      // token, so that one parsed from the content stays in the reply, as transformers'
+      // {% generation %} masks have it.
       size_t end = upto.tokens.size();
-      for (size_t t = before.tokens.size(); t < end; ++t) {
-        if (std::find(eog.begin(), eog.end(), upto.tokens[t]) != eog.end()) {
-          end = t + 1;
+      for (size_t t = end; t > before.tokens.size(); --t) {
+        if (std::find(eog.begin(), eog.end(), upto.tokens[t - 1]) != eog.end()) {
+          end = t;
           break;
         }
       }

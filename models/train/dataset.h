@@ -74,7 +74,7 @@ struct TokenizeOptions {
 // tokenized as transformers' apply_chat_template does (no BOS/EOS added by the tokenizer,
 // special-token text parsed). For each assistant message i with weight != 0 (default 1), the
 // loss tokens are tokens(render(messages[:i+1])) minus tokens(render(messages[:i], with the
-// generation prompt)), i.e. the reply without its header, cut after the first end-of-generation
+// generation prompt)), i.e. the reply without its header, cut after the last end-of-generation
 // token (Tokenizer::eog_ids(), e.g. ChatML's <|im_end|>), which is a target as in TRL, so the
 // model learns to stop; what the template writes after it ("\n") is not. Each prefix's tokens
 // must be a prefix of the whole conversation's; a template that breaks this is an error.

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "models/chat/chat_template.h"
@@ -117,6 +118,34 @@ TEST_F(SmolLM2DataTest, AssistantMaskIsTheReplyThroughImEnd) {
   EXPECT_EQ(targets[start + reply.size() - 1], kIgnoreIndex);  // "\n" after <|im_end|>
   EXPECT_EQ(TargetCount(ex), static_cast<int64_t>(reply.size()));
   EXPECT_TRUE(warnings_.empty());
+}
+
+// transformers' apply_chat_template(return_assistant_tokens_mask=True) on SmolLM2's template
+// with {% generation %} around each reply and its <|im_end|> (make_train_fixtures.py).
+TEST_F(SmolLM2DataTest, MasksMatchTransformersAssistantMasks) {
+  std::ifstream in(testing::FixturePath("train/smollm2_masks.jsonl"));
+  ASSERT_TRUE(in.good());
+  std::string line;
+  int cases = 0;
+  while (std::getline(in, line)) {
+    auto row = nlohmann::json::parse(line);
+    auto r = TokenizeJsonl(nlohmann::json{{"messages", row["messages"]}}.dump(), "case", *tok_,
+                           tmpl_, {}, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status() << "\n" << line;
+    EXPECT_EQ((*r)[0].tokens, row["input_ids"].get<std::vector<int32_t>>()) << line;
+    EXPECT_EQ((*r)[0].loss, row["assistant_masks"].get<std::vector<uint8_t>>()) << line;
+    ++cases;
+  }
+  EXPECT_GE(cases, 8);
+}
+
+TEST_F(SmolLM2DataTest, ControlTokenTextInAReplyStaysTrained) {
+  // The reply's own "<|im_end|>" is parsed as the control token (as transformers does); the
+  // mask runs to the template's end of turn, not to that one.
+  auto r = Tokenize(
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x<|im_end|>y"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(tok_->Decode(LossTokens((*r)[0])), "x<|im_end|>y<|im_end|>");
 }
 
 TEST_F(SmolLM2DataTest, MultiTurnWeightsAndToolMessages) {
