@@ -1,13 +1,16 @@
 // Training data for fine-tuning: JSONL files -> tokenized examples with loss masks -> packed
 // batches of next-token targets. docs/training.md ("## Data") documents the file formats.
 //
+//   const std::vector<std::string> files = {"train.jsonl"};
 //   std::vector<std::string> warnings;
-//   KILN_ASSIGN_OR_RETURN(auto data, DataLoader::FromFiles({"train.jsonl"}, tokenizer,
-//                                                         chat_template, {.max_seq_len = 1024},
-//                                                         &warnings));
-//   for (const auto& w : warnings) LOG(WARNING) << w;          // truncated examples
-//   data->Seek(checkpoint.data_position);                       // on resume
-//   TrainBatch b = data->NextBatch(8);                          // one step
+//   KILN_ASSIGN_OR_RETURN(auto data, DataLoader::FromFiles(files, tokenizer, chat_template,
+//                                                         {.max_seq_len = 1024}, &warnings));
+//   for (const auto& w : warnings) LOG(WARNING) << w;      // truncated examples
+//   if (resuming) {
+//     KILN_ASSIGN_OR_RETURN(DataPosition pos, DataPosition::Parse(checkpoint.data_position));
+//     KILN_RETURN_IF_ERROR(data->Seek(pos));
+//   }
+//   TrainBatch b = data->NextBatch(8);                     // one step
 //   checkpoint.data_position = data->position().ToString();
 //
 // Two stages, usable separately:
@@ -20,7 +23,8 @@
 //
 // Errors are Status values naming file, line and field ("train.jsonl:7: messages[2].role is
 // "bot"; allowed: system, user, assistant, tool"); on error nothing partial is returned.
-// Nothing here prints: warnings go to the caller's list.
+// Nothing here prints: warnings go to the caller's list. The tokenizer and chat template are
+// only used during the calls that take them; nothing keeps a reference to them.
 #pragma once
 
 #include <cstdint>
