@@ -23,6 +23,8 @@ using json = nlohmann::ordered_json;
 constexpr std::string_view kBadByte = "\xEF\xB7\x90";
 
 constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+// The keys of a message the chat template sees (besides role); `weight` and others are not.
+constexpr const char* kPassedKeys[] = {"content", "tool_calls", "tool_call_id", "name"};
 
 std::string TypeName(const json& j) { return j.type_name(); }
 
@@ -79,7 +81,7 @@ class LineTokenizer {
   LineTokenizer(std::string where, const Tokenizer& tok, const ChatTemplate* tmpl)
       : where_(std::move(where)), tok_(tok), tmpl_(tmpl) {}
 
-  StatusOr<Example> Chat(const json& messages) {
+  StatusOr<Example> Chat(const json& messages, const json* tools) {
     if (!messages.is_array()) {
       return Error("`messages` is ", TypeName(messages), "; expected a list of messages");
     }
@@ -88,7 +90,11 @@ class LineTokenizer {
       return Error("chat example, but this model has no chat template; use the legacy ",
                    "{\"prompt\", \"completion\"} format or a model with a template");
     }
-    json plain = json::array();  // what the template sees: role and content only
+    if (tools != nullptr && !tools->is_array()) {
+      return Error("`tools` is ", TypeName(*tools), "; expected a list of tool schemas");
+    }
+    tools_ = tools != nullptr ? *tools : json(nullptr);
+    json plain = json::array();  // what the template sees: the keys of kPassedKeys
     std::vector<bool> trained(messages.size(), false);
     bool has_assistant = false;
     for (size_t i = 0; i < messages.size(); ++i) {
@@ -103,9 +109,16 @@ class LineTokenizer {
       if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles)) {
         return Error(field, ".role is \"", r, "\"; allowed: system, user, assistant, tool");
       }
+      // An assistant message that calls tools may leave content out (OpenAI's format).
+      auto tool_calls = m.find("tool_calls");
+      const bool calls = r == "assistant" && tool_calls != m.end();
+      if (calls && (!tool_calls->is_array() || tool_calls->empty())) {
+        return Error(field, ".tool_calls must be a non-empty list (got ", TypeName(*tool_calls),
+                     ")");
+      }
       auto content = m.find("content");
-      if (content == m.end()) return Error(field, ": missing field `content`");
-      if (!content->is_string()) {
+      if (content == m.end() && !calls) return Error(field, ": missing field `content`");
+      if (content != m.end() && !content->is_string() && !(calls && content->is_null())) {
         return Error(field, ".content is ", TypeName(*content), "; expected a string");
       }
       int64_t weight = 1;
@@ -121,7 +134,11 @@ class LineTokenizer {
       }
       has_assistant |= r == "assistant";
       trained[i] = r == "assistant" && weight != 0;
-      plain.push_back(json{{"role", r}, {"content", *content}});
+      json& out = plain.emplace_back(json{{"role", r}});
+      for (const char* key : kPassedKeys) {
+        if (auto it = m.find(key); it != m.end()) out[key] = *it;
+      }
+      if (!out.contains("content")) out["content"] = nullptr;
     }
     if (!has_assistant) return Error("no assistant message; nothing to train on");
 
@@ -201,6 +218,7 @@ class LineTokenizer {
     ChatTemplate::Inputs in;
     in.messages = json(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(n));
     in.add_generation_prompt = generation_prompt;
+    in.tools = tools_;
     Rendered r;
     auto text = tmpl_->Apply(in);
     if (!text.ok()) return Annotate(text.status(), Cat(where_, ": chat template"));
@@ -229,6 +247,7 @@ class LineTokenizer {
   }
 
   std::string where_;
+  json tools_ = nullptr;  // the example's `tools`, passed to every rendering
   const Tokenizer& tok_;
   const ChatTemplate* tmpl_;
 };
@@ -259,7 +278,10 @@ StatusOr<Example> TokenizeLine(std::string_view line, const std::string& where,
   }
   if (!obj.is_object()) return lt.Error("expected a JSON object, got ", TypeName(obj));
   auto messages = obj.find("messages");
-  if (messages != obj.end()) return lt.Chat(*messages);
+  if (messages != obj.end()) {
+    auto tools = obj.find("tools");
+    return lt.Chat(*messages, tools != obj.end() && !tools->is_null() ? &*tools : nullptr);
+  }
   auto prompt = obj.find("prompt");
   auto completion = obj.find("completion");
   if (prompt != obj.end() && completion != obj.end()) return lt.Legacy(*prompt, *completion);

@@ -72,7 +72,10 @@ struct TokenizeOptions {
 
 // Parses a JSONL file's text, one example per non-blank line:
 //   chat:   {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "...",
-//                          "weight": 0|1 (optional, assistant messages only)}, ...]}
+//                          "weight": 0|1 (optional, assistant messages only)}, ...],
+//            "tools": [...] (optional, passed to the template)}
+//           An assistant message with "tool_calls" may omit content (or give null); the
+//           template sees role, content, tool_calls, tool_call_id and name.
 //   legacy: {"prompt": "...", "completion": "..."}
 // Chat: the conversation is rendered with `chat_template` (add_generation_prompt false) and
 // tokenized as transformers' apply_chat_template does (no BOS/EOS added by the tokenizer,

@@ -170,6 +170,41 @@ TEST_F(SmolLM2DataTest, MultiTurnWeightsAndToolMessages) {
   EXPECT_EQ(tok_->Decode(LossTokens((*both)[0])), "first<|im_end|>second<|im_end|>");
 }
 
+// OpenAI's tool-calling examples: top-level `tools`, an assistant turn with `tool_calls` and no
+// content, a tool result. Rendered with Qwen2.5's template (ChatML, so SmolLM2's vocabulary has
+// its control tokens), which writes the tool list into the system turn and the call as
+// <tool_call> JSON.
+TEST_F(SmolLM2DataTest, ToolCallsAndToolsReachTheTemplate) {
+  std::ifstream in(testing::FixturePath("chat/templates/qwen2_5.jinja"));
+  std::stringstream source;
+  source << in.rdbuf();
+  auto qwen = ChatTemplate::Parse(source.str(), "qwen2_5");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  const std::string line =
+      R"({"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}], )"
+      R"("messages": [{"role": "user", "content": "Weather in Paris?"}, )"
+      R"({"role": "assistant", "tool_calls": [{"type": "function", "function": )"
+      R"({"name": "get_weather", "arguments": {"city": "Paris"}}}]}, )"
+      R"({"role": "tool", "content": "18"}, {"role": "assistant", "content": "18 degrees."}]})";
+  auto r = TokenizeJsonl(line, "tools.jsonl", *tok_, qwen->get(), {}, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(tok_->Decode((*r)[0].tokens), HasSubstr("get_weather"));
+  EXPECT_EQ(tok_->Decode(LossTokens((*r)[0])),
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+            "</tool_call><|im_end|>18 degrees.<|im_end|>");
+
+  std::string no_calls = line;
+  no_calls.replace(no_calls.find("tool_calls"), 10, "tool_callz");
+  auto bad = TokenizeJsonl(no_calls, "tools.jsonl", *tok_, qwen->get(), {}, nullptr);
+  EXPECT_THAT(std::string(StatusMessage(bad.status())),
+              HasSubstr("tools.jsonl:1: messages[1]: missing field `content`"));
+  const std::string empty_calls =
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": []}]})";
+  auto empty = TokenizeJsonl(empty_calls, "tools.jsonl", *tok_, qwen->get(), {}, nullptr);
+  EXPECT_THAT(std::string(StatusMessage(empty.status())),
+              HasSubstr("messages[1].tool_calls must be a non-empty list"));
+}
+
 TEST_F(SmolLM2DataTest, LegacyPromptCompletionTrainsCompletionAndEos) {
   auto r = Tokenize(
       "\n"
