@@ -103,8 +103,9 @@ class LineTokenizer {
       if (!m.is_object()) return Error(field, " is ", TypeName(m), "; expected an object");
       auto role = m.find("role");
       if (role == m.end()) return Error(field, ": missing field `role`");
-      if (!role->is_string())
+      if (!role->is_string()) {
         return Error(field, ".role is ", TypeName(*role), "; expected a string");
+      }
       const std::string& r = role->get_ref<const std::string&>();
       if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles)) {
         return Error(field, ".role is \"", r, "\"; allowed: system, user, assistant, tool");
@@ -177,8 +178,9 @@ class LineTokenizer {
     if (!completion.is_string()) {
       return Error("completion is ", TypeName(completion), "; expected a string");
     }
-    if (tok_.eos_id() < 0)
+    if (tok_.eos_id() < 0) {
       return Error("the model's tokenizer has no EOS token to end the completion");
+    }
     // Plain text: special-token text in it is not turned into control tokens.
     Example ex;
     KILN_ASSIGN_OR_RETURN(ex.tokens,
