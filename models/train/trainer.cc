@@ -14,10 +14,6 @@
 
 namespace kiln::models {
 
-int64_t TrainBatch::target_count() const {
-  return std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != -100; });
-}
-
 struct Trainer::Compiled {
   std::unique_ptr<Program> program;
   double lr = 0;               // kStep: the learning rate compiled in
@@ -362,12 +358,14 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   const int64_t vocab = parts_.hparams.vocab_size;
   for (int64_t i = 0; i < T; ++i) {
     if (batch.tokens[i] < 0 || batch.tokens[i] >= vocab ||
-        (batch.targets[i] != -100 && (batch.targets[i] < 0 || batch.targets[i] >= vocab))) {
+        (batch.targets[i] != train::kIgnoreIndex &&
+         (batch.targets[i] < 0 || batch.targets[i] >= vocab))) {
       return InvalidArgument("token ", i, " of the batch is outside the vocabulary (", vocab,
                              " tokens)");
     }
   }
-  const int64_t count = batch.target_count();
+  const int64_t count = std::count_if(batch.targets.begin(), batch.targets.end(),
+                                      [](int32_t t) { return t != train::kIgnoreIndex; });
   if (count == 0) return InvalidArgument("the batch has no counted (target) token");
   if (kind == Kind::kStep) {
     auto& c = compiled_[static_cast<size_t>(Kind::kStep)];

@@ -32,18 +32,11 @@
 #include "models/llm/forward.h"
 #include "models/llm/paged_llm.h"
 #include "models/lora/lora_config.h"
+#include "models/train/dataset.h"
 
 namespace kiln::models {
 
-// One training batch: `rows` rows of `seq_len` tokens, row-major, each vector rows * seq_len.
-struct TrainBatch {
-  int64_t rows = 0, seq_len = 0;
-  std::vector<int32_t> tokens;
-  std::vector<int32_t> targets;    // the next token where it is counted, else -100
-  std::vector<int32_t> positions;  // restart at 0 for each packed example
-  std::vector<int32_t> doc_ids;    // the packed example of each token (attention stays inside)
-  int64_t target_count() const;    // targets != -100
-};
+using train::TrainBatch;
 
 struct TrainerOptions {
   enum class Method { kLora, kFull };
