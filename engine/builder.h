@@ -237,7 +237,8 @@ class Builder {
   //   hyper:      f32/f64 [3] {step, lr, grad_scale}, step 1-based: usually one Input
   //               shared by every parameter, written by the host before each run (a captured
   //               step replays with the new values); the gradient is multiplied by
-  //               grad_scale (e.g. 1/n for gradient accumulation) before anything else
+  //               grad_scale (e.g. 1/n for gradient accumulation) before anything else;
+  //               f32 holds steps exactly up to 2^24 (f64 beyond)
   //   grad_scale: optional (an invalid Value: none), a rank-0 float computed in the graph
   //               that multiplies hyper's grad_scale: global-norm clipping's coef
   //               (ClipGradNorm), with no round trip to the host

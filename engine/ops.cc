@@ -603,12 +603,6 @@ StatusOr<std::vector<TensorType>> InferFusedCrossEntropyExtra(Types in, const At
 
 // The optimizers (see OpKind::kAdamW): (param, grad, hyper, states..., [grad_scale]) ->
 // param, states..., with torch.optim's argument checks on the constant hyper-parameters.
-size_t OptimizerStateCount(OpKind op, const Attrs& a) {
-  if (op == OpKind::kAdamW || op == OpKind::kAdam) return 2;
-  if (op == OpKind::kSgd) return !a.floats.empty() && a.floats[0] != 0 ? 1 : 0;
-  return 1;  // adagrad
-}
-
 template <OpKind K>
 StatusOr<TensorType> InferOptimizer(Types in, const Attrs& a) {
   const char* op = OpName(K);
@@ -661,7 +655,7 @@ StatusOr<TensorType> InferOptimizer(Types in, const Attrs& a) {
       }
       break;
   }
-  const size_t states = OptimizerStateCount(K, a);
+  const size_t states = static_cast<size_t>(OptimizerStateCount(K, a));
   if (in.size() != 3 + states && in.size() != 4 + states) {
     return Bad(op, " with these attributes takes ", states,
                " state tensor(s) and an optional grad_scale; got ", in.size() - 3,
@@ -1448,6 +1442,12 @@ const OpDef& GetOpDef(OpKind op) {
 }
 
 const char* OpName(OpKind op) { return GetOpDef(op).name; }
+
+int OptimizerStateCount(OpKind op, const Attrs& a) {
+  if (op == OpKind::kAdamW || op == OpKind::kAdam) return 2;
+  if (op == OpKind::kSgd) return !a.floats.empty() && a.floats[0] != 0 ? 1 : 0;
+  return 1;  // adagrad
+}
 
 StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,
                                                const Attrs& attrs) {

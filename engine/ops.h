@@ -249,6 +249,10 @@ struct OpDef {
 
 const OpDef& GetOpDef(OpKind op);
 
+// The number of state tensors (inputs 3 .., outputs 1 ..) of an optimizer node (kAdamW,
+// kAdam, kSgd, kAdagrad) with these attributes; an optional grad_scale input follows them.
+int OptimizerStateCount(OpKind op, const Attrs& attrs);
+
 // Every output's type for a node of `op`: infer's, then infer_extra's (messages as infer's).
 StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,
                                                const Attrs& attrs);

@@ -5,22 +5,25 @@
 // A training step, built once, compiled into one Program and run (or captured and replayed)
 // every step:
 //
-//   // {step (1-based), lr, grad_scale (1/n for accumulation)}, written by the host per step
-//   Value hyper = b.Input("opt.hyper", DType::kF32, {3});
+//   Value hyper = b.Input("opt.hyper", DType::kF32, {3});  // {step, lr, grad_scale}
 //   std::vector<Value> grads = *Gradients(b, loss, params);
 //   ClipGradNormOutputs clip = ClipGradNorm(b, grads, /*max_norm=*/1.0);  // optional
 //   OptimizerParams opt = DefaultOptimizerParams(OptimizerKind::kAdamW);
-//   for (size_t i = 0; i < params.size(); ++i) {        // params[i]: f32 State "x"
-//     std::vector<Value> states;                       // States "x.m", "x.v"
-//     for (const std::string& s : OptimizerStateNames(opt)) states.push_back(b.State(...));
-//     b.OptimizerStep(params[i], grads[i], states, hyper, clip.coef, opt);
+//   for (size_t i = 0; i < params.size(); ++i) {  // params[i]: the f32 State "x"
+//     std::vector<Value> states;                 // the f32 States "x.m", "x.v" (same shape)
+//     for (const std::string& s : OptimizerStateNames(opt)) {
+//       states.push_back(b.State(name + "." + s, DType::kF32, shape_of_x));
+//     }
+//     b.OptimizerStep(params[i], grads[i], states, hyper, clip.coef, opt);  // or Value{}
 //   }
 //
-// The host writes {step, LearningRate(schedule, step), 1.0 / accumulation_steps}
-// (engine/lr_schedule.h) into the hyper input before each run; States start with any
-// contents (step 1 initialises them). Note that clip_grad_norm_ over accumulated gradients
-// sees them after the 1/n scaling in PyTorch: with accumulation, scale the loss (or the
-// gradients) by 1/n in the graph before ClipGradNorm and leave hyper's grad_scale at 1.
+// Before each run the host writes {step (1-based), LearningRate(schedule, step)
+// (engine/lr_schedule.h), grad_scale} into hyper. grad_scale is 1 unless the gradients need
+// a factor the graph does not apply (1/n for n summed micro-batches); with clipping, apply
+// such a factor in the graph (scale the loss) instead, since clip_grad_norm_ sees the
+// averaged gradients in PyTorch. Build every gradient and ClipGradNorm before the first
+// OptimizerStep: nodes run in builder order and nothing may read a State after an optimizer
+// overwrote it (verify refuses such graphs). The States may hold anything before step 1.
 #pragma once
 
 #include <span>

@@ -387,6 +387,33 @@ TEST_P(TrainingTest, ClipGradNormFeedsTheOptimizer) {
   }
 }
 
+// A model's worth of gradients (more than a fused kernel takes inputs): the sum of the
+// per-tensor norms still compiles and is right.
+TEST_P(TrainingTest, ClipGradNormOverManyTensors) {
+  constexpr int kTensors = 40;
+  Graph g;
+  Builder b(&g);
+  std::vector<Value> grads;
+  for (int i = 0; i < kTensors; ++i) {
+    grads.push_back(b.Input(absl::StrCat("g", i), DType::kF32, {i % 3 + 1, 2}));
+  }
+  const ClipGradNormOutputs clip = ClipGradNorm(b, grads, 1.0);
+  ASSERT_TRUE(b.ok()) << b.status();
+  auto prog = Compile(g, {clip.total_norm, clip.coef}, *dev_);
+  ASSERT_TRUE(prog.ok()) << prog.status();
+  double total = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    std::vector<double> v(2 * (i % 3 + 1));
+    for (size_t j = 0; j < v.size(); ++j) v[j] = 0.1 * std::sin(i + 0.3 * j);
+    for (double x : v) total += x * x;
+    ASSERT_TRUE((*prog)->Bind(absl::StrCat("g", i), Upload(DType::kF32, {i % 3 + 1, 2}, v)).ok());
+  }
+  total = std::sqrt(total);
+  ASSERT_TRUE((*prog)->Run(*stream_).ok());
+  EXPECT_NEAR(Out(**prog, 0)[0], total, 1e-5 * total);
+  EXPECT_NEAR(Out(**prog, 1)[0], std::min(1.0, 1.0 / (total + 1e-6)), 1e-5);
+}
+
 // Real torch.optim (foreach=False) and clip_grad_norm_ outputs
 // (scripts/fixtures/make_optimizer_fixtures.py): the same five steps with a changing lr and
 // gradient scale, the parameter and every state after each step.

@@ -890,9 +890,7 @@ StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequ
     d.Add(absl::AsciiStrToUpper(OpName(req.op)), "1");
     d.Add("GLD(p, i)", LoadAs(req.inputs[1].dtype, acc));
     d.Add("HLD(p, i)", LoadAs(req.inputs[2].dtype, acc));
-    const size_t states = req.op == OpKind::kAdamW || req.op == OpKind::kAdam ? 2
-                          : req.op == OpKind::kSgd ? (at.floats[0] != 0 ? 1 : 0)
-                                                   : 1;
+    const size_t states = static_cast<size_t>(OptimizerStateCount(req.op, at));
     const bool has_scale = req.inputs.size() > 3 + states;
     d.Add("SLD(p, i)", has_scale ? LoadAs(req.inputs.back().dtype, acc)
                                  : std::string(acc == DType::kF64 ? "1.0" : "1.0f"));
