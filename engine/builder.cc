@@ -699,14 +699,29 @@ SampleOutputs Builder::Sample(Value logits, Value params, Value uniform, Value p
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 
-AdamWOutputs Builder::AdamW(Value param, Value grad, Value m, Value v, Value step,
-                            const AdamWParams& p) {
+OptimizerOutputs Builder::OptimizerStep(Value param, Value grad, std::span<const Value> states,
+                                        Value hyper, Value grad_scale, const OptimizerParams& p) {
+  static constexpr OpKind kOps[] = {OpKind::kAdamW, OpKind::kAdam, OpKind::kSgd, OpKind::kAdagrad};
   Attrs a;
-  a.floats = {p.lr, p.beta1, p.beta2, p.eps, p.weight_decay};
-  const Value in[] = {param, grad, m, v, step};
-  const std::vector<Value> outs = AddNodeOutputs(OpKind::kAdamW, in, std::move(a));
-  if (outs.size() != 3) return {};
-  return {outs[0], outs[1], outs[2]};
+  switch (p.kind) {
+    case OptimizerKind::kAdamW:
+    case OptimizerKind::kAdam:
+      a.floats = {p.beta1, p.beta2, p.eps, p.weight_decay};
+      break;
+    case OptimizerKind::kSgd:
+      a.floats = {p.momentum, p.dampening, p.weight_decay};
+      a.ints = {p.nesterov ? 1 : 0};
+      break;
+    case OptimizerKind::kAdagrad:
+      a.floats = {p.lr_decay, p.weight_decay, p.initial_accumulator_value, p.eps};
+      break;
+  }
+  std::vector<Value> in = {param, grad, hyper};
+  in.insert(in.end(), states.begin(), states.end());
+  if (grad_scale.valid()) in.push_back(grad_scale);
+  const std::vector<Value> outs = AddNodeOutputs(kOps[static_cast<int>(p.kind)], in, std::move(a));
+  if (outs.size() != 1 + states.size()) return {};
+  return {outs[0], std::vector<Value>(outs.begin() + 1, outs.end())};
 }
 
 }  // namespace kiln

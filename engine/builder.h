@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "engine/graph.h"
+#include "engine/optimizer.h"
 
 namespace kiln {
 
@@ -66,22 +67,6 @@ struct AttentionOutputs {
 struct CrossEntropyOutputs {
   Value loss;     // [...]
   Value dlogits;  // [..., V]
-};
-
-// PyTorch's torch.optim.AdamW hyper-parameters (decoupled weight decay).
-struct AdamWParams {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 1e-2;
-};
-
-// The values of param, m and v after an AdamW update (each aliases its State).
-struct AdamWOutputs {
-  Value param;
-  Value m;
-  Value v;
 };
 
 // What the sample op returns (see OpKind::kSample).
@@ -242,12 +227,30 @@ class Builder {
   // Rows whose target is ignore_index give loss 0 and zero dlogits.
   CrossEntropyOutputs FusedCrossEntropy(Value logits, Value targets, Value dloss,
                                         int64_t ignore_index = -100);
-  // One AdamW step (PyTorch semantics, decoupled weight decay) that updates `param`, `m` and
-  // `v` in place: they must be f32 States (or views of them) of one shape; `grad` is any float
-  // tensor of that shape; `step` a rank-0 tensor holding the 1-based step number (bias
-  // correction), read at run time so a captured step replays with a new value. Returns the
-  // updated values; read those (not the States) after the update.
-  AdamWOutputs AdamW(Value param, Value grad, Value m, Value v, Value step, const AdamWParams& p);
+  // One optimizer step of torch.optim's p.kind (AdamW, Adam, SGD or Adagrad: see
+  // engine/optimizer.h for the whole training step) on one parameter tensor, in one fused
+  // kernel that updates `param` and its `states` in place.
+  //   param:      an f32 State "x" (or a view of one), updated in place
+  //   grad:       d loss / d param, any float dtype, param's shape
+  //   states:     f32 States of param's shape, in OptimizerStateNames(p) order (e.g. "x.m",
+  //               "x.v"); their contents are ignored at step 1 (torch's initial state)
+  //   hyper:      f32/f64 [3] {step, lr, grad_scale}, step 1-based: usually one Input
+  //               shared by every parameter, written by the host before each run (a captured
+  //               step replays with the new values); the gradient is multiplied by
+  //               grad_scale (e.g. 1/n for gradient accumulation) before anything else;
+  //               f32 holds steps exactly up to 2^24 (f64 beyond)
+  //   grad_scale: optional (an invalid Value: none), a rank-0 float computed in the graph
+  //               that multiplies hyper's grad_scale: global-norm clipping's coef
+  //               (ClipGradNorm), with no round trip to the host
+  // Returns the updated values (aliasing the States); read those, not the States, after the
+  // update. The node is a side effect: it runs without a consumer, in builder order.
+  OptimizerOutputs OptimizerStep(Value param, Value grad, std::span<const Value> states,
+                                 Value hyper, Value grad_scale, const OptimizerParams& p);
+  OptimizerOutputs OptimizerStep(Value param, Value grad, std::initializer_list<Value> states,
+                                 Value hyper, Value grad_scale, const OptimizerParams& p) {
+    return OptimizerStep(param, grad, std::span<const Value>(states.begin(), states.size()), hyper,
+                         grad_scale, p);
+  }
 
   // ---- Sampling ----
   // The next token of each sequence from its row of logits, with engine/sampling.h's

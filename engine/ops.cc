@@ -601,36 +601,81 @@ StatusOr<std::vector<TensorType>> InferFusedCrossEntropyExtra(Types in, const At
   return std::vector<TensorType>{in[0]};  // dlogits
 }
 
-StatusOr<TensorType> InferAdamW(Types in, const Attrs& a) {
-  static constexpr const char* kNames[] = {"param", "grad", "m", "v", "step"};
+// The optimizers (see OpKind::kAdamW): (param, grad, hyper, states..., [grad_scale]) ->
+// param, states..., with torch.optim's argument checks on the constant hyper-parameters.
+template <OpKind K>
+StatusOr<TensorType> InferOptimizer(Types in, const Attrs& a) {
+  const char* op = OpName(K);
   const TensorType& param = in[0];
-  for (int i : {0, 2, 3}) {
+  auto need_f32 = [&](size_t i, const char* what) -> Status {
     if (in[i].dtype != DType::kF32) {
-      return Bad("adamw's ", kNames[i], " must be f32 (a State); got ", DTypeName(in[i].dtype));
+      return Bad(op, "'s ", what, " must be f32 (a State); got ", DTypeName(in[i].dtype));
     }
-  }
+    if (in[i].shape != param.shape) return Bad(op, "'s ", what, " must have param's shape");
+    return OkStatus();
+  };
+  KILN_RETURN_IF_ERROR(need_f32(0, "param"));
   KILN_RETURN_IF_ERROR(NeedFloat(in[1].dtype, "gradient"));
-  for (int i : {1, 2, 3}) {
-    if (in[i].shape != param.shape) return Bad("adamw's ", kNames[i], " must have param's shape");
+  if (in[1].shape != param.shape) return Bad(op, "'s gradient must have param's shape");
+  const bool hyper_ok = in[2].shape.size() == 1 && in[2].shape[0] == Dim(3) &&
+                        (in[2].dtype == DType::kF32 || in[2].dtype == DType::kF64);
+  if (!hyper_ok) {
+    return Bad(op, "'s hyper must be an f32 or f64 tensor of shape [3] holding {step, lr, ",
+               "grad_scale}; got ", DTypeName(in[2].dtype), " of rank ", in[2].shape.size());
   }
-  if (!in[4].shape.empty() || !IsNumeric(in[4].dtype)) {
-    return Bad("adamw's step must be a rank-0 number (the 1-based step count); got ",
-               DTypeName(in[4].dtype), " of rank ", in[4].shape.size());
+  const std::vector<double>& f = a.floats;
+  const size_t n_floats = K == OpKind::kSgd ? 3 : 4;
+  if (f.size() != n_floats) {
+    return Bad(op, " needs ", n_floats, " float attributes; got ", f.size());
   }
-  if (a.floats.size() != 5) return Bad("adamw needs {lr, beta1, beta2, eps, weight_decay}");
-  const double lr = a.floats[0], b1 = a.floats[1], b2 = a.floats[2], eps = a.floats[3],
-               wd = a.floats[4];
-  if (!(lr >= 0) || !(eps >= 0) || !(wd >= 0)) {
-    return Bad("adamw needs lr, eps and weight_decay >= 0 (got ", lr, ", ", eps, ", ", wd, ")");
+  switch (K) {
+    case OpKind::kAdamW:
+    case OpKind::kAdam:
+      if (!(f[0] >= 0 && f[0] < 1) || !(f[1] >= 0 && f[1] < 1)) {
+        return Bad(op, " needs betas in [0, 1) (got ", f[0], ", ", f[1], ")");
+      }
+      if (!(f[2] >= 0) || !(f[3] >= 0)) {
+        return Bad(op, " needs eps and weight_decay >= 0 (got ", f[2], ", ", f[3], ")");
+      }
+      break;
+    case OpKind::kSgd:
+      if (!(f[0] >= 0) || !(f[2] >= 0)) {
+        return Bad(op, " needs momentum and weight_decay >= 0 (got ", f[0], ", ", f[2], ")");
+      }
+      if (a.ints.size() != 1) return Bad(op, " needs ints = {nesterov}");
+      if (a.ints[0] != 0 && (f[0] <= 0 || f[1] != 0)) {
+        return Bad(op, ": nesterov momentum requires a momentum and zero dampening (got ", f[0],
+                   ", ", f[1], ")");
+      }
+      break;
+    default:  // adagrad
+      if (!(f[0] >= 0) || !(f[1] >= 0) || !(f[2] >= 0) || !(f[3] >= 0)) {
+        return Bad(op, " needs lr_decay, weight_decay, initial_accumulator_value and eps >= 0 ",
+                   "(got ", f[0], ", ", f[1], ", ", f[2], ", ", f[3], ")");
+      }
+      break;
   }
-  if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1)) {
-    return Bad("adamw needs betas in [0, 1) (got ", b1, ", ", b2, ")");
+  const size_t states = static_cast<size_t>(OptimizerStateCount(K, a));
+  if (in.size() != 3 + states && in.size() != 4 + states) {
+    return Bad(op, " with these attributes takes ", states,
+               " state tensor(s) and an optional grad_scale; got ", in.size() - 3,
+               " inputs after hyper");
+  }
+  static constexpr const char* kStateNames[] = {"first state", "second state"};
+  for (size_t i = 0; i < states; ++i) KILN_RETURN_IF_ERROR(need_f32(3 + i, kStateNames[i]));
+  if (in.size() == 4 + states) {
+    const TensorType& gs = in.back();
+    if (!gs.shape.empty() || !IsFloat(gs.dtype)) {
+      return Bad(op, "'s grad_scale must be a rank-0 float tensor; got ", DTypeName(gs.dtype),
+                 " of rank ", gs.shape.size());
+    }
   }
   return param;
 }
 
-StatusOr<std::vector<TensorType>> InferAdamWExtra(Types in, const Attrs&) {
-  return std::vector<TensorType>{in[2], in[3]};  // m, v
+template <OpKind K>
+StatusOr<std::vector<TensorType>> InferOptimizerExtra(Types in, const Attrs& a) {
+  return std::vector<TensorType>(in.begin() + 3, in.begin() + 3 + OptimizerStateCount(K, a));
 }
 
 // logits [S,V] f32, params [S,kNumParams] f32, uniform [S] f64, penalty tokens and counts
@@ -1362,8 +1407,14 @@ Table BuildTable() {
   t.Set(K::kFusedCrossEntropy, "fused_cross_entropy", C::kOther, 3, 3, InferFusedCrossEntropy,
         BackwardFusedCrossEntropy);
   t.SetOutputs(K::kFusedCrossEntropy, InferFusedCrossEntropyExtra, {-1, -1, -1, -1});
-  t.Set(K::kAdamW, "adamw", C::kOther, 5, 5, InferAdamW);
-  t.SetOutputs(K::kAdamW, InferAdamWExtra, {0, 2, 3, -1});
+  t.Set(K::kAdamW, "adamw", C::kOther, 3, 6, InferOptimizer<K::kAdamW>);
+  t.SetOutputs(K::kAdamW, InferOptimizerExtra<K::kAdamW>, {0, 3, 4, -1});
+  t.Set(K::kAdam, "adam", C::kOther, 3, 6, InferOptimizer<K::kAdam>);
+  t.SetOutputs(K::kAdam, InferOptimizerExtra<K::kAdam>, {0, 3, 4, -1});
+  t.Set(K::kSgd, "sgd", C::kOther, 3, 5, InferOptimizer<K::kSgd>);
+  t.SetOutputs(K::kSgd, InferOptimizerExtra<K::kSgd>, {0, 3, -1, -1});
+  t.Set(K::kAdagrad, "adagrad", C::kOther, 3, 5, InferOptimizer<K::kAdagrad>);
+  t.SetOutputs(K::kAdagrad, InferOptimizerExtra<K::kAdagrad>, {0, 3, -1, -1});
   t.Set(K::kSample, "sample", C::kOther, 6, 6, InferSample);
   t.SetOutputs(K::kSample, InferSampleExtra, {-1, -1, -1, -1});
   for (size_t i = 0; i < t.defs.size(); ++i) {
@@ -1391,6 +1442,12 @@ const OpDef& GetOpDef(OpKind op) {
 }
 
 const char* OpName(OpKind op) { return GetOpDef(op).name; }
+
+int OptimizerStateCount(OpKind op, const Attrs& a) {
+  if (op == OpKind::kAdamW || op == OpKind::kAdam) return 2;
+  if (op == OpKind::kSgd) return !a.floats.empty() && a.floats[0] != 0 ? 1 : 0;
+  return 1;  // adagrad
+}
 
 StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,
                                                const Attrs& attrs) {
@@ -1464,8 +1521,15 @@ std::string Attrs::ToString(OpKind op, std::span<const std::string> names) const
     case OpKind::kOutputOf:
       return absl::StrCat(" index=", ints[0]);
     case OpKind::kAdamW:
-      return absl::StrCat(" lr=", floats[0], " beta1=", floats[1], " beta2=", floats[2],
-                          " eps=", floats[3], " weight_decay=", floats[4]);
+    case OpKind::kAdam:
+      return absl::StrCat(" beta1=", floats[0], " beta2=", floats[1], " eps=", floats[2],
+                          " weight_decay=", floats[3]);
+    case OpKind::kSgd:
+      return absl::StrCat(" momentum=", floats[0], " dampening=", floats[1],
+                          " weight_decay=", floats[2], " nesterov=", ints[0]);
+    case OpKind::kAdagrad:
+      return absl::StrCat(" lr_decay=", floats[0], " weight_decay=", floats[1],
+                          " initial_accumulator_value=", floats[2], " eps=", floats[3]);
     case OpKind::kReshape:
     case OpKind::kExpand:
       return absl::StrCat(" shape=", dims_str(0));

@@ -124,11 +124,20 @@ enum class OpKind : uint16_t {
                        // -> loss [...], dlogits [..., V]: loss as kCrossEntropy, dlogits =
                        // (softmax(logits) - onehot(target)) * dloss, in one kernel;
                        // ints[0] = ignore_index (such rows: loss 0, dlogits 0)
-  kAdamW,  // (param, grad, m, v, step) -> param, m, v, each written in place (outputs 0, 1,
-           // 2 overwrite inputs 0, 2, 3): PyTorch's AdamW with decoupled weight decay.
-           // param/m/v: States, f32, one shape; grad: float, that shape; step: rank 0, any
-           // number type, 1-based (bias corrections 1 - beta^step); floats = {lr, beta1,
-           // beta2, eps, weight_decay}
+  // Optimizers: one fused kernel per parameter tensor, PyTorch's torch.optim update of one
+  // step (the _single_tensor_* functions). Inputs (param, grad, hyper, states...,
+  // [grad_scale]) -> param, states..., output 0 overwriting input 0 and output 1 + k input
+  // 3 + k (in place). param and states: States, f32, param's shape; grad: float, that shape.
+  // What changes per step is read at run time, so a captured step replays with new values:
+  // hyper is an f32/f64 [3] tensor {step (1-based), lr, grad_scale}; the optional last input,
+  // a rank-0 float tensor (e.g. global-norm clipping's coefficient computed in the graph),
+  // multiplies grad_scale; the gradient is multiplied by grad_scale before anything else. At
+  // step 1 every state starts as torch creates it (the States' old contents are not read).
+  kAdamW,    // states m, v; floats = {beta1, beta2, eps, weight_decay}, decoupled decay
+  kAdam,     // states m, v; floats = {beta1, beta2, eps, weight_decay}, L2 decay (no amsgrad)
+  kSgd,      // states: momentum_buffer if momentum != 0, else none; floats = {momentum,
+             // dampening, weight_decay}; ints[0] = nesterov (0/1)
+  kAdagrad,  // state sum; floats = {lr_decay, weight_decay, initial_accumulator_value, eps}
   // ---- Sampling ----
   kSample,  // (logits [S, V] f32, params [S, sampling::kNumParams] f32, uniform [S] f64,
             //  penalty_tokens [S, P] i32, penalty_counts [S, P] i32, banned [S, E] i32)
@@ -222,7 +231,7 @@ struct OpDef {
   // Expression form of reduce/row ops (Input(0) = the reduced tensor; Input(i > 0) are
   // per-row inputs, e.g. cross-entropy targets). Null for other classes.
   ReduceForm (*reduce)(const Attrs& attrs, std::span<const DType> in, DType out);
-  bool side_effect;  // kept by DCE; ordered by builder order (KvWrite, AdamW)
+  bool side_effect;  // kept by DCE; ordered by builder order (KvWrite, optimizers)
   // An optimization: the output may reuse the arena storage of input `reuse_input` (>= 0)
   // when that input dies here and has the same byte size; -1: never.
   int reuse_input;
@@ -239,6 +248,10 @@ struct OpDef {
 };
 
 const OpDef& GetOpDef(OpKind op);
+
+// The number of state tensors (inputs 3 .., outputs 1 ..) of an optimizer node (kAdamW,
+// kAdam, kSgd, kAdagrad) with these attributes; an optional grad_scale input follows them.
+int OptimizerStateCount(OpKind op, const Attrs& attrs);
 
 // Every output's type for a node of `op`: infer's, then infer_extra's (messages as infer's).
 StatusOr<std::vector<TensorType>> InferOutputs(OpKind op, std::span<const TensorType> in,

@@ -16,15 +16,18 @@ using ::testing::HasSubstr;
 
 std::string Message(const Status& s) { return std::string(StatusMessage(s)); }
 
-// param, m, v (States), grad and step (Inputs) of an AdamW update.
+// param, m, v (States), grad and hyper (Inputs) of an AdamW update.
 struct AdamWInputs {
-  Value p, m, v, grad, step;
+  Value p, m, v, grad, hyper;
 };
 AdamWInputs MakeAdamWInputs(Builder& b, const char* prefix = "w") {
   const std::string n(prefix);
   return {b.State(n, DType::kF32, {3}), b.State(n + ".m", DType::kF32, {3}),
           b.State(n + ".v", DType::kF32, {3}), b.Input(n + ".grad", DType::kF32, {3}),
-          b.Input(n + ".step", DType::kI32, {})};
+          b.Input(n + ".hyper", DType::kF32, {3})};
+}
+OptimizerOutputs AdamW(Builder& b, Value p, Value grad, Value m, Value v, Value hyper) {
+  return b.OptimizerStep(p, grad, {m, v}, hyper, Value{}, OptimizerParams{});
 }
 
 TEST(MultiOutputTest, OutputsFollowTheirProducerAndShowInTheDump) {
@@ -72,14 +75,14 @@ TEST(InPlaceTest, TargetsMustBeStates) {
   Builder b(&g);
   const Value w = b.Weight("w", DType::kF32, {3});
   const AdamWInputs in = MakeAdamWInputs(b, "opt");
-  b.AdamW(w, in.grad, in.m, in.v, in.step, {});
+  AdamW(b, w, in.grad, in.m, in.v, in.hyper);
   EXPECT_THAT(Message(b.status()), AllOf(HasSubstr("adamw"), HasSubstr("input 0"),
                                          HasSubstr("must be a State"), HasSubstr("weight 'w'")));
   // Verify checks graphs that did not come from the builder.
   Graph g2;
   Builder b2(&g2);
   const AdamWInputs in2 = MakeAdamWInputs(b2);
-  const AdamWOutputs out = b2.AdamW(in2.p, in2.grad, in2.m, in2.v, in2.step, {});
+  const OptimizerOutputs out = AdamW(b2, in2.p, in2.grad, in2.m, in2.v, in2.hyper);
   ASSERT_TRUE(b2.ok()) << b2.status();
   g2.mutable_node(in2.m.id).op = OpKind::kInput;
   const Value outs[] = {out.param};
@@ -93,7 +96,7 @@ TEST(InPlaceTest, ReadsOfAStateMustComeBeforeItsWriter) {
   Builder b(&g);
   const AdamWInputs in = MakeAdamWInputs(b);
   const Value before = b.Neg(in.p);  // the pre-update value, read before the update: fine
-  const AdamWOutputs out = b.AdamW(in.p, in.grad, in.m, in.v, in.step, {});
+  const OptimizerOutputs out = AdamW(b, in.p, in.grad, in.m, in.v, in.hyper);
   const Value after = b.Neg(out.param);  // the updated value: fine
   ASSERT_TRUE(b.ok()) << b.status();
   {
@@ -111,12 +114,12 @@ TEST(InPlaceTest, OutputsCannotBeAPreUpdateValue) {
   Graph g;
   Builder b(&g);
   const AdamWInputs in = MakeAdamWInputs(b);
-  const AdamWOutputs out = b.AdamW(in.p, in.grad, in.m, in.v, in.step, {});
+  const OptimizerOutputs out = AdamW(b, in.p, in.grad, in.m, in.v, in.hyper);
   ASSERT_TRUE(b.ok()) << b.status();
-  const Value bad[] = {out.m, in.v};
+  const Value bad[] = {out.states[0], in.v};
   EXPECT_THAT(Message(Verify(g, bad)),
               AllOf(HasSubstr("output 1"), HasSubstr("'w.v'"), HasSubstr("adamw")));
-  const Value good[] = {out.param, out.m, out.v};
+  const Value good[] = {out.param, out.states[0], out.states[1]};
   EXPECT_TRUE(Verify(g, good).ok());
 }
 
@@ -142,7 +145,7 @@ TEST(InPlaceTest, OneNodeCannotWriteAStateThroughTwoOutputs) {
   Graph g;
   Builder b(&g);
   const AdamWInputs in = MakeAdamWInputs(b);
-  b.AdamW(in.p, in.grad, in.m, in.m, in.step, {});  // m and v are the same State
+  AdamW(b, in.p, in.grad, in.m, in.m, in.hyper);  // m and v are the same State
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_THAT(Message(Verify(g, {})),
               AllOf(HasSubstr("adamw"), HasSubstr("'w.m'"), HasSubstr("two outputs")));
@@ -152,7 +155,7 @@ TEST(InPlaceTest, DceKeepsWritersAndAllOutputsOfLiveNodes) {
   Graph g;
   Builder b(&g);
   const AdamWInputs in = MakeAdamWInputs(b);
-  b.AdamW(in.p, in.grad, in.m, in.v, in.step, {});  // no consumer: a side effect
+  AdamW(b, in.p, in.grad, in.m, in.v, in.hyper);  // no consumer: a side effect
   const CrossEntropyOutputs ce =
       b.FusedCrossEntropy(b.Input("logits", DType::kF32, {2, 5}),
                           b.Input("targets", DType::kI32, {2}), b.Input("dl", DType::kF32, {2}));
@@ -178,12 +181,12 @@ TEST(InPlaceTest, LowerViewsAliasesInPlaceOutputsToTheirStates) {
   Builder b(&g);
   const AdamWInputs in = MakeAdamWInputs(b);
   const Value m_view = b.Reshape(in.m, {3, 1});  // a view of a State is a valid target too
-  const AdamWOutputs out = b.AdamW(in.p, in.grad, b.Reshape(m_view, {3}), in.v, in.step, {});
+  const OptimizerOutputs out = AdamW(b, in.p, in.grad, b.Reshape(m_view, {3}), in.v, in.hyper);
   const CrossEntropyOutputs ce =
       b.FusedCrossEntropy(b.Input("logits", DType::kF32, {2, 5}),
                           b.Input("targets", DType::kI32, {2}), b.Input("dl", DType::kF32, {2}));
   ASSERT_TRUE(b.ok()) << b.status();
-  std::vector<Value> outs = {out.param, out.m, out.v, ce.dlogits};
+  std::vector<Value> outs = {out.param, out.states[0], out.states[1], ce.dlogits};
   std::vector<Layout> layouts;
   auto lowered = LowerViews(g, outs, &layouts);
   ASSERT_TRUE(lowered.ok()) << lowered.status();

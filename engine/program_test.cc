@@ -452,10 +452,10 @@ TEST_P(ProgramTest, InPlaceOutputsAreTheStatesAndTakeNoArenaSpace) {
   const Value w = b.State("w", DType::kF32, {4});
   const Value m = b.State("m", DType::kF32, {4});
   const Value v = b.State("v", DType::kF32, {4});
-  const AdamWOutputs o =
-      b.AdamW(w, b.Input("g", DType::kF32, {4}), m, v, b.Input("step", DType::kI32, {}), {});
+  const OptimizerOutputs o = b.OptimizerStep(w, b.Input("g", DType::kF32, {4}), {m, v},
+                                             b.Input("hyper", DType::kF32, {3}), Value{}, {});
   ASSERT_TRUE(b.ok()) << b.status();
-  auto p = Compile(g, {o.param, o.m, o.v}, *dev_);
+  auto p = Compile(g, {o.param, o.states[0], o.states[1]}, *dev_);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->arena_bytes(), 0u) << (*p)->DebugString();
   EXPECT_EQ((*p)->num_launches(), 1);
@@ -464,7 +464,7 @@ TEST_P(ProgramTest, InPlaceOutputsAreTheStatesAndTakeNoArenaSpace) {
   const Tensor vt = Make(DType::kF32, {4}, {0, 0, 0, 0});
   ASSERT_TRUE((*p)->Bind("w", wt).ok() && (*p)->Bind("m", mt).ok() && (*p)->Bind("v", vt).ok());
   ASSERT_TRUE((*p)->Bind("g", Make(DType::kF32, {4}, {1, -1, 1, -1})).ok());
-  ASSERT_TRUE((*p)->Bind("step", Make(DType::kI32, {}, {1})).ok());
+  ASSERT_TRUE((*p)->Bind("hyper", Make(DType::kF32, {3}, {1, 1e-3, 1})).ok());
   ASSERT_TRUE((*p)->Run(*stream_).ok());
   EXPECT_EQ((*p)->Output(0)->data(), wt.data());
   EXPECT_EQ((*p)->Output(1)->data(), mt.data());

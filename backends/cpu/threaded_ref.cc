@@ -3,6 +3,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "backends/ref/ref_kernels.h"
 
 namespace kiln::cpu {
@@ -14,8 +15,9 @@ std::pair<int64_t, int64_t> Share(int64_t n, const ExecCtx& c) {
 }
 
 struct TrainingData {
-  int64_t ignore_index = 0;   // fused_cross_entropy
-  std::vector<double> hyper;  // adamw: {lr, beta1, beta2, eps, weight_decay}
+  int64_t ignore_index = 0;    // fused_cross_entropy
+  OpKind op = OpKind::kAdamW;  // optimizers: the op and its attributes
+  Attrs attrs;
 };
 const TrainingData& Data(const LaunchArgs& a) {
   return *static_cast<const TrainingData*>(a.kernel_data);
@@ -26,9 +28,9 @@ void FusedCrossEntropyKernel(const LaunchArgs& a, const ExecCtx& c) {
   ref::FusedCrossEntropyRows(a, Data(a).ignore_index, begin, end);
 }
 
-void AdamWKernel(const LaunchArgs& a, const ExecCtx& c) {
+void OptimizerKernel(const LaunchArgs& a, const ExecCtx& c) {
   const auto [begin, end] = Share(a.output.numel(), c);
-  ref::AdamWElements(a, Data(a).hyper.data(), begin, end);
+  ref::OptimizerElements(a, Data(a).op, Data(a).attrs, begin, end);
 }
 
 void SampleKernel(const LaunchArgs& a, const ExecCtx& c) {
@@ -45,8 +47,12 @@ std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequ
       d->ignore_index = req.attrs->ints[0];
       return backend::Kernel{FusedCrossEntropyKernel, std::move(d), "cpu.fused_cross_entropy"};
     case OpKind::kAdamW:
-      d->hyper = req.attrs->floats;
-      return backend::Kernel{AdamWKernel, std::move(d), "cpu.adamw"};
+    case OpKind::kAdam:
+    case OpKind::kSgd:
+    case OpKind::kAdagrad:
+      d->op = req.op;
+      d->attrs = *req.attrs;
+      return backend::Kernel{OptimizerKernel, std::move(d), absl::StrCat("cpu.", OpName(req.op))};
     case OpKind::kSample:
       return backend::Kernel{SampleKernel, nullptr, "cpu.sample"};
     default:

@@ -1,6 +1,6 @@
 // The cpu backend's kernels that run reference loops (backends/ref: the same code and numerics)
 // split over the stream's thread pool: fused cross-entropy (loss and dlogits in one pass) and
-// sample by rows, AdamW by elements.
+// sample by rows, the optimizers by elements.
 #pragma once
 
 #include <optional>
@@ -9,7 +9,7 @@
 
 namespace kiln::cpu {
 
-// A kernel for fused_cross_entropy, adamw or sample; nullopt for other ops.
+// A kernel for fused_cross_entropy, the optimizers or sample; nullopt for other ops.
 std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequest& request);
 
 }  // namespace kiln::cpu

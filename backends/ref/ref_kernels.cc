@@ -912,9 +912,9 @@ void FusedCrossEntropy(const LaunchArgs& a, const ExecCtx& c) {
   FusedCrossEntropyRows(a, Data(a).attrs.ints[0], 0, FusedCrossEntropyRowCount(a));
 }
 
-void AdamW(const LaunchArgs& a, const ExecCtx& c) {
+void Optimizer(const LaunchArgs& a, const ExecCtx& c) {
   if (c.thread_index) return;
-  AdamWElements(a, Data(a).attrs.floats.data(), 0, a.output.numel());
+  OptimizerElements(a, Data(a).op, Data(a).attrs, 0, a.output.numel());
 }
 
 void Sample(const LaunchArgs& a, const ExecCtx& c) {
@@ -973,7 +973,10 @@ KernelFn FnFor(OpKind op) {
     case OpKind::kFusedCrossEntropy:
       return FusedCrossEntropy;
     case OpKind::kAdamW:
-      return AdamW;
+    case OpKind::kAdam:
+    case OpKind::kSgd:
+    case OpKind::kAdagrad:
+      return Optimizer;
     case OpKind::kSample:
       return Sample;
     default:
@@ -1035,17 +1038,29 @@ void FusedCrossEntropyRows(const LaunchArgs& a, int64_t ignore_index, int64_t be
   }
 }
 
-// PyTorch's AdamW (torch.optim.AdamW, foreach=False), element by element, in double.
-void AdamWElements(const LaunchArgs& a, const double* hyper, int64_t begin, int64_t end) {
-  const TensorArg &param = a.inputs[0], &grad = a.inputs[1], &m = a.inputs[2], &v = a.inputs[3];
-  const TensorArg& step_t = a.inputs[4];
-  const TensorArg &param_out = a.output, &m_out = a.extra_outputs[0], &v_out = a.extra_outputs[1];
-  const double lr = hyper[0], beta1 = hyper[1], beta2 = hyper[2], eps = hyper[3],
-               weight_decay = hyper[4];
-  const double step =
-      IsIntLike(step_t.dtype) ? static_cast<double>(LoadI(step_t, 0)) : LoadF(step_t, 0);
-  const double step_size = lr / (1 - std::pow(beta1, step));
-  const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, step));
+// torch.optim's single-tensor updates (foreach=False, maximize=False), element by element,
+// in double; g is the gradient times grad_scale. At step 1 the states start as torch creates
+// them: zeros (adam's exp_avg, exp_avg_sq), the gradient (sgd's momentum_buffer),
+// initial_accumulator_value (adagrad's state_sum).
+void OptimizerElements(const LaunchArgs& a, OpKind op, const Attrs& attrs, int64_t begin,
+                       int64_t end) {
+  const TensorArg &param = a.inputs[0], &grad = a.inputs[1], &hyper = a.inputs[2];
+  const TensorArg& param_out = a.output;
+  const int64_t h0[] = {0}, h1[] = {1}, h2[] = {2};
+  const double step = LoadF(hyper, Off(hyper, h0)), lr = LoadF(hyper, Off(hyper, h1));
+  // hyper's grad_scale times the optional graph-computed one (the last input).
+  double scale = LoadF(hyper, Off(hyper, h2));
+  if (a.num_inputs > 3 + a.num_extra_outputs) scale *= LoadF(a.inputs[a.num_inputs - 1], 0);
+  const bool first = step <= 1;
+  const std::vector<double>& f = attrs.floats;
+  // Per-tensor scalars, as torch computes them once per step (Python floats).
+  double bias_correction2_sqrt = 1, step_size = lr;
+  if (op == OpKind::kAdamW || op == OpKind::kAdam) {
+    step_size = lr / (1 - std::pow(f[0], step));
+    bias_correction2_sqrt = std::sqrt(1 - std::pow(f[1], step));
+  } else if (op == OpKind::kAdagrad) {
+    step_size = lr / (1 + (step - 1) * f[0]);  // clr
+  }
   int64_t idx[kMaxRank] = {};
   for (int64_t e = begin; e < end; ++e) {
     int64_t rest = e;
@@ -1053,14 +1068,64 @@ void AdamWElements(const LaunchArgs& a, const double* hyper, int64_t begin, int6
       idx[d] = rest % param.shape[d];
       rest /= param.shape[d];
     }
-    const double g = LoadF(grad, Off(grad, idx));
-    const double p = LoadF(param, Off(param, idx)) * (1 - lr * weight_decay);
-    const double mv = beta1 * LoadF(m, Off(m, idx)) + (1 - beta1) * g;
-    const double vv = beta2 * LoadF(v, Off(v, idx)) + (1 - beta2) * g * g;
-    const double denom = std::sqrt(vv) / bias_correction2_sqrt + eps;
-    StoreF(m_out, Off(m_out, idx), mv);
-    StoreF(v_out, Off(v_out, idx), vv);
-    StoreF(param_out, Off(param_out, idx), p - step_size * mv / denom);
+    double g = LoadF(grad, Off(grad, idx)) * scale;
+    double p = LoadF(param, Off(param, idx));
+    auto state = [&](int k, double initial) {
+      return first ? initial : LoadF(a.inputs[3 + k], Off(a.inputs[3 + k], idx));
+    };
+    auto store_state = [&](int k, double v) {
+      const TensorArg& s = a.extra_outputs[k];
+      StoreF(s, Off(s, idx), v);
+    };
+    switch (op) {
+      case OpKind::kAdamW:
+      case OpKind::kAdam: {
+        // _single_tensor_adam(w): AdamW: param.mul_(1 - lr * weight_decay); Adam: grad =
+        // grad.add(param, alpha=weight_decay). Then exp_avg.lerp_(grad, 1 - beta1);
+        // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2);
+        // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+        // param.addcdiv_(exp_avg, denom, value=-step_size), step_size = lr / bias_correction1.
+        const double beta1 = f[0], beta2 = f[1], eps = f[2], weight_decay = f[3];
+        if (op == OpKind::kAdamW) {
+          p *= 1 - lr * weight_decay;
+        } else {
+          g += weight_decay * p;
+        }
+        const double m = beta1 * state(0, 0) + (1 - beta1) * g;
+        const double v = beta2 * state(1, 0) + (1 - beta2) * g * g;
+        store_state(0, m);
+        store_state(1, v);
+        p -= step_size * m / (std::sqrt(v) / bias_correction2_sqrt + eps);
+        break;
+      }
+      case OpKind::kSgd: {
+        // _single_tensor_sgd: grad = grad.add(param, alpha=weight_decay); with momentum:
+        // buf = clone(grad) at the first step, else buf.mul_(momentum).add_(grad,
+        // alpha=1 - dampening); grad = grad.add(buf, alpha=momentum) if nesterov else buf;
+        // param.add_(grad, alpha=-lr).
+        const double momentum = f[0], dampening = f[1], weight_decay = f[2];
+        g += weight_decay * p;
+        if (momentum != 0) {
+          const double buf = first ? g : momentum * state(0, 0) + (1 - dampening) * g;
+          store_state(0, buf);
+          g = attrs.ints[0] ? g + momentum * buf : buf;
+        }
+        p -= lr * g;
+        break;
+      }
+      default: {
+        // _single_tensor_adagrad: grad = grad.add(param, alpha=weight_decay);
+        // clr = lr / (1 + (step - 1) * lr_decay); state_sum.addcmul_(grad, grad, value=1);
+        // std = state_sum.sqrt().add_(eps); param.addcdiv_(grad, std, value=-clr).
+        const double weight_decay = f[1], initial = f[2], eps = f[3];
+        g += weight_decay * p;
+        const double sum = state(0, initial) + g * g;
+        store_state(0, sum);
+        p -= step_size * g / (std::sqrt(sum) + eps);
+        break;
+      }
+    }
+    StoreF(param_out, Off(param_out, idx), p);
   }
 }
 

@@ -23,9 +23,10 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& request);
 int64_t FusedCrossEntropyRowCount(const LaunchArgs& args);
 void FusedCrossEntropyRows(const LaunchArgs& args, int64_t ignore_index, int64_t begin,
                            int64_t end);
-// adamw: elements [begin, end) of the parameter; `hyper` = {lr, beta1, beta2, eps,
-// weight_decay} (the node's attrs.floats).
-void AdamWElements(const LaunchArgs& args, const double* hyper, int64_t begin, int64_t end);
+// The optimizers (adamw, adam, sgd, adagrad: `op`, with the node's `attrs`): elements
+// [begin, end) of the parameter.
+void OptimizerElements(const LaunchArgs& args, OpKind op, const Attrs& attrs, int64_t begin,
+                       int64_t end);
 // sample: rows (sequences) [begin, end) of SampleRowCount(args).
 int64_t SampleRowCount(const LaunchArgs& args);
 void SampleRows(const LaunchArgs& args, int64_t begin, int64_t end);

@@ -8,7 +8,7 @@ extern const char kClPrelude[];    // cl/prelude.cl: dtype access, conversions, 
 extern const char kClLibrary[];    // cl/library.cl: the hand-written, dtype-generic kernels
 extern const char kClLinear[];     // cl/linear.cl: Linear/MatMul templates (per dtype)
 extern const char kClAttention[];  // cl/attention.cl: dense and paged attention templates
-extern const char kClTraining[];   // cl/training.cl: fused cross-entropy and AdamW templates
+extern const char kClTraining[];   // cl/training.cl: fused cross-entropy and optimizer templates
 extern const char kClSampling[];   // cl/sampling.cl: the sample op (engine/sampling.h)
 
 }  // namespace kiln::xpu

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <numbers>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backends/xpu/cl_sources.h"
@@ -843,19 +844,28 @@ void FusedCrossEntropyFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(TrainSlot(a), args, 1, &global, &wg, 96);
 }
 
-void AdamWFn(const LaunchArgs& a, const ExecCtx& c) {
+void OptimizerFn(const LaunchArgs& a, const ExecCtx& c) {
   Exec& ex = ExOf(c);
   const XpuDevice& dev = *ex.device;
-  const TensorArg &g = a.inputs[1], &step = a.inputs[4];
-  // param, m and v are written in place: the outputs are the States' storage.
-  const TensorArg &p = a.output, &m = a.extra_outputs[0], &v = a.extra_outputs[1];
+  const TensorArg &g = a.inputs[1], &hyper = a.inputs[2];
+  // The optional grad_scale input (the kernel ignores the buffer without it: SLD is 1).
+  const TensorArg& scale =
+      a.num_inputs > 3 + a.num_extra_outputs ? a.inputs[a.num_inputs - 1] : hyper;
+  // param and the states are written in place: the outputs are the States' storage. A
+  // missing state is bound to param (the kernel never touches it).
+  const TensorArg& p = a.output;
+  const TensorArg& s0 = a.num_extra_outputs > 0 ? a.extra_outputs[0] : p;
+  const TensorArg& s1 = a.num_extra_outputs > 1 ? a.extra_outputs[1] : p;
   ClArgs args;
-  const int64_t po = args.Mem(dev, p.data), mo = args.Mem(dev, m.data), vo = args.Mem(dev, v.data),
-                go = args.Mem(dev, g.data), so = args.Mem(dev, step.data);
+  const int64_t po = args.Mem(dev, p.data), s0o = args.Mem(dev, s0.data),
+                s1o = args.Mem(dev, s1.data), go = args.Mem(dev, g.data),
+                ho = args.Mem(dev, hyper.data), so = args.Mem(dev, scale.data);
   args.Desc(p, po);
-  args.Desc(m, mo);
-  args.Desc(v, vo);
+  args.Desc(s0, s0o);
+  args.Desc(s1, s1o);
   args.Desc(g, go);
+  args.Long(ho);
+  args.Long(hyper.strides[0]);
   args.Long(so);
   const size_t wg = dev.work_group(), global = Groups(p.numel(), wg) * wg;
   ex.Enqueue(TrainSlot(a), args, 1, &global, &wg, 96);
@@ -866,26 +876,31 @@ std::string AccLiteral(double v, DType acc) {
   return absl::StrFormat(acc == DType::kF64 ? "%.17e" : "%.9ef", v);
 }
 
-// Loader macro body for a rank-0 or indexed number of any type as ACC.
-std::string LoadNumber(DType t, DType acc) {
-  if (IsFloat(t)) return LoadAs(t, acc);
-  return absl::StrCat("(", acc == DType::kF64 ? "double" : "float", ")ldi_", Lower(t), "(p, i)");
-}
-
 StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequest& req) {
   const Attrs& at = *req.attrs;
-  const bool adamw = req.op == OpKind::kAdamW;
-  // Fused cross-entropy computes in the logits' compute type, AdamW in the widest float.
+  const bool optimizer = req.op != OpKind::kFusedCrossEntropy;
+  // Fused cross-entropy computes in the logits' compute type, the optimizers in the widest
+  // float.
   const DType acc =
-      adamw ? (dev.fp64() ? DType::kF64 : DType::kF32) : ExprTypeOf(req.inputs[0].dtype);
+      optimizer ? (dev.fp64() ? DType::kF64 : DType::kF32) : ExprTypeOf(req.inputs[0].dtype);
   Defines d;
   d.Add("ACC", acc == DType::kF64 ? "double" : "float");
-  if (adamw) {
-    d.Add("ADAMW", "1");
+  if (optimizer) {
+    d.Add("OPTIMIZER", "1");
+    d.Add(absl::AsciiStrToUpper(OpName(req.op)), "1");
     d.Add("GLD(p, i)", LoadAs(req.inputs[1].dtype, acc));
-    d.Add("SLD(p, i)", LoadNumber(req.inputs[4].dtype, acc));
-    static constexpr const char* kHyper[] = {"LR", "BETA1", "BETA2", "EPS", "WEIGHT_DECAY"};
-    for (int i = 0; i < 5; ++i) d.Add(kHyper[i], AccLiteral(at.floats[i], acc));
+    d.Add("HLD(p, i)", LoadAs(req.inputs[2].dtype, acc));
+    const size_t states = static_cast<size_t>(OptimizerStateCount(req.op, at));
+    const bool has_scale = req.inputs.size() > 3 + states;
+    d.Add("SLD(p, i)", has_scale ? LoadAs(req.inputs.back().dtype, acc)
+                                 : std::string(acc == DType::kF64 ? "1.0" : "1.0f"));
+    for (size_t i = 0; i < at.floats.size(); ++i) {
+      d.Add(absl::StrCat("F", i), AccLiteral(at.floats[i], acc));
+    }
+    if (req.op == OpKind::kSgd) {
+      d.Add("NESTEROV", at.ints[0] ? "1" : "0");
+      d.Add("MOMENTUM_STATE", states > 0 ? "1" : "0");
+    }
   } else {
     const DType xt = req.inputs[0].dtype;
     d.Add("FUSED_CROSS_ENTROPY", "1");
@@ -895,11 +910,11 @@ StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequ
     d.Add("TLD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[1].dtype), "(p, i)"));
     d.Add("IGNORE_INDEX", absl::StrCat("(", at.ints[0], "L)"));
   }
-  const char* prefix = adamw ? "adamw" : "fused_cross_entropy";
+  const char* prefix = optimizer ? OpName(req.op) : "fused_cross_entropy";
   auto data = std::make_shared<TrainData>();
   data->slot =
       dev.DeclareKernel(prefix, d.Wrap(kClTraining, absl::StrCat("// ", Label(req), "\n")));
-  return backend::Kernel{adamw ? AdamWFn : FusedCrossEntropyFn, std::move(data),
+  return backend::Kernel{optimizer ? OptimizerFn : FusedCrossEntropyFn, std::move(data),
                          absl::StrCat("xpu.tmpl.", prefix)};
 }
 
@@ -1041,6 +1056,9 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
       return MakeAttention(*this, req, /*paged=*/true);
     case OpKind::kFusedCrossEntropy:
     case OpKind::kAdamW:
+    case OpKind::kAdam:
+    case OpKind::kSgd:
+    case OpKind::kAdagrad:
       return MakeTraining(*this, req);
     case OpKind::kSample:
       return MakeSample(*this, req);

@@ -55,7 +55,7 @@ inline int64_t ByteOffset(DType t, int64_t elems) {
 }
 
 // Outputs: `output` is output 0 of the node. Multi-output nodes (engine/graph.h: fused
-// cross-entropy's dlogits, attention's log-sum-exp, adamw's m and v) hand outputs 1 .. n-1
+// cross-entropy's dlogits, attention's log-sum-exp, the optimizers' states) hand outputs 1 .. n-1
 // in `extra_outputs`, in output order; single-output nodes have none (null, 0). An output
 // that the op writes in place (ops.h: OpDef::writes_input) points at the State it updates.
 struct LaunchArgs {

@@ -656,8 +656,8 @@ void AddAttention(std::vector<OpCase>& out) {
   }
 }
 
-// Fused cross-entropy (loss and dlogits) and AdamW (param, m, v updated in place): every
-// output of the node is compared.
+// Fused cross-entropy (loss and dlogits) and the optimizers (param and states updated in
+// place): every output of the node is compared.
 void AddTraining(std::vector<OpCase>& out) {
   auto fused_ce = [](Builder& b, const V& in) {
     return b.FusedCrossEntropy(in[0], in[1], in[2]).loss;
@@ -682,38 +682,93 @@ void AddTraining(std::vector<OpCase>& out) {
                      [](Builder& b, const V& in) {
                        return b.FusedCrossEntropy(b.Transpose(in[0], 0, 1), in[1], in[2]).loss;
                      }));
-  auto adamw = [](AdamWParams p) {
-    return [p](Builder& b, const V& in) {
-      return b.AdamW(in[0], in[1], in[2], in[3], in[4], p).param;
+  // Optimizers: inputs param, grad, hyper {step, lr, grad_scale}, then the states, then an
+  // optional graph grad_scale; the param (output 0) and every state are compared.
+  auto optimizer = [](OptimizerParams p, bool transpose_grad = false) {
+    return [p, transpose_grad](Builder& b, const V& in) {
+      const size_t states = OptimizerStateNames(p).size();
+      const Value grad = transpose_grad ? b.Transpose(in[1], 0, 1) : in[1];
+      const Value scale = in.size() > 3 + states ? in.back() : Value{};
+      return b
+          .OptimizerStep(in[0], grad, std::span<const Value>(in).subspan(3, states), in[2], scale,
+                         p)
+          .param;
     };
   };
-  auto states = [](std::vector<int64_t> shape) {
-    return std::vector<InputSpec>{AsState(Normal("param", DType::kF32, shape)),
-                                  Normal("grad", DType::kF32, shape),
-                                  AsState(Normal("m", DType::kF32, shape, 0.1)),
-                                  AsState(Uniform("v", DType::kF32, shape, 0, 0.05))};
+  // param, grad, hyper, then `states` state tensors (m-like ones signed, the last positive).
+  auto inputs = [](std::vector<int64_t> shape, int states, std::vector<double> hyper,
+                   DType grad_t = DType::kF32, DType hyper_t = DType::kF32) {
+    std::vector<InputSpec> in = {AsState(Normal("param", DType::kF32, shape)),
+                                 Normal("grad", grad_t, shape),
+                                 Custom("hyper", hyper_t, {3}, std::move(hyper))};
+    if (states == 2) in.push_back(AsState(Normal("m", DType::kF32, shape, 0.1)));
+    if (states >= 1) in.push_back(AsState(Uniform("v", DType::kF32, shape, 0, 0.05)));
+    return in;
   };
+  auto with = [](OptimizerKind k, auto set) {
+    OptimizerParams p = DefaultOptimizerParams(k);
+    set(p);
+    return p;
+  };
+  const OptimizerParams adamw = DefaultOptimizerParams(OptimizerKind::kAdamW);
+  out.push_back(
+      Make("adamw", "f32 [4,33] step 3", inputs({4, 33}, 2, {3, 1e-3, 1}), optimizer(adamw)));
   {
-    std::vector<InputSpec> in = states({4, 33});
-    in.push_back(Custom("step", DType::kI32, {}, {3}));
-    out.push_back(Make("adamw", "f32 [4,33] step 3 (i32)", in, adamw(AdamWParams{})));
+    std::vector<InputSpec> in = inputs({7}, 2, {1, 0.1, 2}, DType::kF16, DType::kF64);
+    in.push_back(Custom("grad_scale", DType::kF32, {}, {0.25}));
+    out.push_back(Make("adamw", "f16 grad, step 1, f64 hyper, graph grad_scale [7]", in,
+                       optimizer(with(OptimizerKind::kAdamW, [](OptimizerParams& p) {
+                         p.beta1 = 0.8;
+                         p.beta2 = 0.95;
+                         p.eps = 1e-6;
+                         p.weight_decay = 0;
+                       }))));
   }
   {
-    std::vector<InputSpec> in = states({7});
-    in[1] = Normal("grad", DType::kF16, {7});
-    in.push_back(Custom("step", DType::kF32, {}, {1}));
-    out.push_back(Make("adamw", "f16 grad, step 1 (f32), lr 0.1, no weight decay [7]", in,
-                       adamw({0.1, 0.8, 0.95, 1e-6, 0.0})));
-  }
-  {
-    std::vector<InputSpec> in = states({5, 6});
+    std::vector<InputSpec> in = inputs({5, 6}, 2, {1000, 1e-2, 0.5});
     in[1] = Normal("grad", DType::kF32, {6, 5});
-    in.push_back(Custom("step", DType::kI64, {}, {1000}));
-    out.push_back(
-        Make("adamw", "transposed grad, step 1000 (i64) [5,6]", in, [](Builder& b, const V& x) {
-          return b.AdamW(x[0], b.Transpose(x[1], 0, 1), x[2], x[3], x[4], {}).param;
-        }));
+    out.push_back(Make("adamw", "transposed grad, step 1000 [5,6]", in, optimizer(adamw, true)));
   }
+  out.push_back(Make(
+      "adam", "f32 [3,17] step 4, L2 weight decay", inputs({3, 17}, 2, {4, 1e-2, 1}),
+      optimizer(with(OptimizerKind::kAdam, [](OptimizerParams& p) { p.weight_decay = 0.1; }))));
+  {
+    std::vector<InputSpec> in = inputs({9}, 2, {1, 1e-2, 1}, DType::kBF16);
+    in.push_back(Custom("grad_scale", DType::kF32, {}, {0.5}));
+    out.push_back(Make("adam", "bf16 grad, step 1, graph grad_scale [9]", in,
+                       optimizer(DefaultOptimizerParams(OptimizerKind::kAdam))));
+  }
+  auto sgd = [&](double momentum, double dampening, double wd, bool nesterov) {
+    return with(OptimizerKind::kSgd, [=](OptimizerParams& p) {
+      p.momentum = momentum;
+      p.dampening = dampening;
+      p.weight_decay = wd;
+      p.nesterov = nesterov;
+    });
+  };
+  out.push_back(Make("sgd", "momentum 0.9, dampening 0.1, weight decay, step 3 [4,33]",
+                     inputs({4, 33}, 1, {3, 0.05, 1}), optimizer(sgd(0.9, 0.1, 0.01, false))));
+  out.push_back(Make("sgd", "nesterov, step 2 [10]", inputs({10}, 1, {2, 0.05, 0.5}),
+                     optimizer(sgd(0.9, 0, 0, true))));
+  out.push_back(Make("sgd", "momentum, step 1 (buffer = grad) [10]", inputs({10}, 1, {1, 0.05, 1}),
+                     optimizer(sgd(0.5, 0.3, 0.1, false))));
+  {
+    std::vector<InputSpec> in = inputs({3, 5}, 0, {7, 0.1, 1}, DType::kF16);
+    in.push_back(Custom("grad_scale", DType::kF16, {}, {0.5}));
+    out.push_back(Make("sgd", "no momentum (no state), f16 grad and grad_scale [3,5]", in,
+                       optimizer(sgd(0, 0, 0.01, false))));
+  }
+  out.push_back(Make("adagrad", "lr_decay, weight decay, step 5 [4,33]",
+                     inputs({4, 33}, 1, {5, 0.1, 1}),
+                     optimizer(with(OptimizerKind::kAdagrad, [](OptimizerParams& p) {
+                       p.lr_decay = 0.01;
+                       p.weight_decay = 0.1;
+                       p.initial_accumulator_value = 0.1;
+                     }))));
+  out.push_back(
+      Make("adagrad", "step 1 (sum = initial_accumulator_value) [8]", inputs({8}, 1, {1, 0.1, 2}),
+           optimizer(with(OptimizerKind::kAdagrad,
+                          [](OptimizerParams& p) { p.initial_accumulator_value = 0.5; }))));
 }
 
 // The sampling stage: every row a different configuration (engine/sampling.h), every output

@@ -12,11 +12,19 @@
 // Meta: logits TD (0), targets TD (18), dloss TD (36), loss TD (54), dlogits TD (72),
 // rows (90).
 //
-// ADAMW: PyTorch's AdamW, one element per work-item; param, m and v (f32) are read and
-// written in place, grad is loaded with GLD(p, i), the step (rank 0) with SLD(p, i); LR, BETA1,
-// BETA2, EPS and WEIGHT_DECAY are literals of type ACC.
-// Meta: param TD (0), m TD (18), v TD (36), grad TD (54), step byte offset (72).
-
+// OPTIMIZER: torch.optim's single-tensor step of one of ADAMW, ADAM, SGD, ADAGRAD (the
+// reference kernel, backends/ref/ref_kernels.cc OptimizerElements, quotes torch's equations),
+// one element per work-item; param and the states (f32) are read and written in place (a
+// missing state is bound to param's buffer and never touched). The host defines
+//   ACC                       float, or double where the device has fp64
+//   GLD(p, i)                 load a gradient element as ACC
+//   HLD(p, i), SLD(p, i)      load a hyper ({step, lr, grad_scale}) / grad_scale element as
+//                             ACC; without the optional grad_scale input SLD is 1 (its
+//                             buffer is hyper's)
+//   F0 .. F3                  the node's float attributes (literals of type ACC)
+//   NESTEROV, MOMENTUM_STATE  sgd: 0/1
+// Meta: param TD (0), state0 TD (18), state1 TD (36), grad TD (54), hyper byte offset (72),
+// hyper element stride (73), grad_scale byte offset (74).
 #ifdef FUSED_CROSS_ENTROPY
 // Element offset of row `row` (row-major over the first `lead` axes) of a TD. (Helpers are
 // named after the kernel: several instantiations share one program.)
@@ -82,27 +90,55 @@ __kernel void KNAME(gptr b_loss, gptr b_dx, cgptr b_x, cgptr b_t, cgptr b_dl, co
 }
 #endif
 
-#ifdef ADAMW
-__kernel void KNAME(gptr b_p, gptr b_m, gptr b_v, cgptr b_g, cgptr b_step, const meta96 mt) {
+#ifdef OPTIMIZER
+__kernel void KNAME(gptr b_p, gptr b_s0, gptr b_s1, cgptr b_g, cgptr b_h, cgptr b_gs,
+                    const meta96 mt) {
   const long* m = mt.v;
   gptr pp = b_p + TD_OFF(m, 0);
-  gptr pm = b_m + TD_OFF(m, 18);
-  gptr pv = b_v + TD_OFF(m, 36);
+  gptr ps0 = b_s0 + TD_OFF(m, 18);
+  gptr ps1 = b_s1 + TD_OFF(m, 36);
   cgptr pg = b_g + TD_OFF(m, 54);
-  const ACC step = SLD(b_step + m[72], 0);
-  const ACC step_size = LR / ((ACC)1 - pow(BETA1, step));
-  const ACC bias_correction2_sqrt = sqrt((ACC)1 - pow(BETA2, step));
+  cgptr ph = b_h + m[72];
+  const ACC step = HLD(ph, 0), lr = HLD(ph, m[73]);
+  const ACC scale = HLD(ph, 2 * m[73]) * SLD(b_gs + m[74], 0);
+  const bool first = step <= (ACC)1;  // states start as torch creates them
+#if defined(ADAMW) || defined(ADAM)
+  const ACC step_size = lr / ((ACC)1 - pow(F0, step));
+  const ACC bias_correction2_sqrt = sqrt((ACC)1 - pow(F1, step));
+#elif defined(ADAGRAD)
+  const ACC clr = lr / ((ACC)1 + (step - (ACC)1) * F0);
+#endif
   const long n = td_numel(m, 0);
   for (long e = get_global_id(0); e < n; e += get_global_size(0)) {
-    const long po = td_offset(m, 0, e), mo = td_offset(m, 18, e), vo = td_offset(m, 36, e);
-    const ACC g = GLD(pg, td_offset(m, 54, e));
-    const ACC p = (ACC)ldf_f32(pp, po) * ((ACC)1 - LR * WEIGHT_DECAY);
-    const ACC mv = BETA1 * (ACC)ldf_f32(pm, mo) + ((ACC)1 - BETA1) * g;
-    const ACC vv = BETA2 * (ACC)ldf_f32(pv, vo) + ((ACC)1 - BETA2) * g * g;
-    const ACC denom = sqrt(vv) / bias_correction2_sqrt + EPS;
-    stf_f32(pm, mo, (float)mv);
-    stf_f32(pv, vo, (float)vv);
-    stf_f32(pp, po, (float)(p - step_size * mv / denom));
+    const long po = td_offset(m, 0, e), o0 = td_offset(m, 18, e), o1 = td_offset(m, 36, e);
+    ACC g = GLD(pg, td_offset(m, 54, e)) * scale;
+    ACC p = (ACC)ldf_f32(pp, po);
+#if defined(ADAMW) || defined(ADAM)
+#ifdef ADAMW
+    p *= (ACC)1 - lr * F3;
+#else
+    g += F3 * p;
+#endif
+    const ACC mv = F0 * (first ? (ACC)0 : (ACC)ldf_f32(ps0, o0)) + ((ACC)1 - F0) * g;
+    const ACC vv = F1 * (first ? (ACC)0 : (ACC)ldf_f32(ps1, o1)) + ((ACC)1 - F1) * g * g;
+    stf_f32(ps0, o0, (float)mv);
+    stf_f32(ps1, o1, (float)vv);
+    p -= step_size * mv / (sqrt(vv) / bias_correction2_sqrt + F2);
+#elif defined(SGD)
+    g += F2 * p;
+#if MOMENTUM_STATE
+    const ACC buf = first ? g : F0 * (ACC)ldf_f32(ps0, o0) + ((ACC)1 - F1) * g;
+    stf_f32(ps0, o0, (float)buf);
+    g = NESTEROV ? g + F0 * buf : buf;
+#endif
+    p -= lr * g;
+#else  // ADAGRAD
+    g += F1 * p;
+    const ACC sum = (first ? F2 : (ACC)ldf_f32(ps0, o0)) + g * g;
+    stf_f32(ps0, o0, (float)sum);
+    p -= clr * g / (sqrt(sum) + F3);
+#endif
+    stf_f32(pp, po, (float)p);
   }
 }
 #endif
