@@ -1,6 +1,7 @@
 #include "models/llm/forward.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "models/io/errors.h"
 
@@ -147,11 +148,15 @@ Value ForwardContext::AttendTrain(int64_t layer, Value q, Value k, Value v) {
   auto rows = [&](Value x, int64_t heads) {  // [T, H, D] -> [S, H, L, D]
     return b.Permute(b.Reshape(x, {S, L, heads, hp_.head_dim}), {0, 2, 1, 3});
   };
-  AttentionParams p;
-  p.mask_mod = attn::DocumentMask(0, L.constant(), hp_.window(layer));
+  // Written with matmul, softmax and a mask map (AttentionDecomposed) rather than the fused
+  // attention op: the backward keeps the probabilities instead of recomputing them, and the
+  // products run on the backend's GEMM (no backend has a fused dense attention backward yet).
+  Attrs attrs;
+  attrs.floats = {1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
+  attrs.expr[0] = attn::DocumentMask(0, L.constant(), hp_.window(layer));
   const Value aux[] = {in_.doc_ids};
-  const Value o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
-                              rows(v, hp_.num_kv_heads), p, aux);  // [S, Hq, L, D]
+  const Value o = AttentionDecomposed(b, rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
+                                      rows(v, hp_.num_kv_heads), attrs, aux);  // [S, Hq, L, D]
   return b.Named(b.Reshape(b.Permute(o, {0, 2, 1, 3}), {T, hp_.num_heads, hp_.head_dim}),
                  Cat("blk.", layer, ".attn"));  // [T, Hq, D]
 }

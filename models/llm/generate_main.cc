@@ -8,6 +8,8 @@
 // detokenizer never prints half a UTF-8 character). --chat wraps the prompt in the model's
 // chat template as one user message. Statistics (load time, prefill and decode speed) go to
 // stderr. Exit status: 0 on success, 1 on a bad argument or a model that does not load.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include "models/llm/paged_llm.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/detokenizer.h"
+#include "models/train/finetune.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::models {
@@ -149,11 +152,56 @@ Status Generate(const GenerateArgs& a) {
   return OkStatus();
 }
 
+// `kiln finetune`: a line per step (on a terminal, behind a progress bar that rewrites
+// itself), then a summary.
+Status Finetune(const FinetuneOptions& o) {
+  const bool tty = isatty(fileno(stderr)) != 0;
+  bool bar_shown = false;
+  auto report = [&](const FinetuneProgress& p) {
+    if (!p.message.empty()) {
+      std::fprintf(stderr, "%s%s\n", bar_shown ? "\n" : "", p.message.c_str());
+      bar_shown = false;
+      return;
+    }
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "step %lld/%lld  epoch %.2f  loss %.4f  lr %.2e  grad norm %.3f  %.0f tok/s",
+                  static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.epoch,
+                  p.loss, p.lr, p.grad_norm, p.tokens_per_second);
+    std::string text = line;
+    if (p.valid_loss >= 0) text += "  valid loss " + std::to_string(p.valid_loss);
+    if (tty) {
+      const int width = 24;
+      const int done = static_cast<int>(width * p.step / std::max<int64_t>(p.total_steps, 1));
+      std::fprintf(stderr, "\r[%s%s] %s", std::string(done, '#').c_str(),
+                   std::string(width - done, '.').c_str(), text.c_str());
+      bar_shown = true;
+      if (p.valid_loss >= 0 || p.step == p.total_steps) {
+        std::fputc('\n', stderr);
+        bar_shown = false;
+      }
+    } else {
+      std::fprintf(stderr, "%s\n", text.c_str());
+    }
+    std::fflush(stderr);
+  };
+  KILN_ASSIGN_OR_RETURN(FinetuneSummary s, RunFinetune(o, report));
+  std::printf(
+      "trained %lld tokens in %lld steps, %.1f s (%.0f tok/s); final loss %.4f%s; %lld "
+      "trainable parameters; peak RSS %.0f MiB (step arena %.0f MiB); adapter in %s\n",
+      static_cast<long long>(s.tokens), static_cast<long long>(s.steps), s.seconds,
+      static_cast<double>(s.tokens) / std::max(s.seconds, 1e-9), s.final_loss,
+      s.valid_loss >= 0 ? (", valid loss " + std::to_string(s.valid_loss)).c_str() : "",
+      static_cast<long long>(s.trainable_parameters), s.peak_rss_bytes / 1048576.0,
+      s.step_arena_bytes / 1048576.0, s.adapter_dir.c_str());
+  return OkStatus();
+}
+
 }  // namespace
 }  // namespace kiln::models
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln: local model tools"};
+  CLI::App app{"kiln: local model tools (generate, finetune)"};
   app.require_subcommand(1);
   kiln::models::GenerateArgs a;
   CLI::App* gen = app.add_subcommand("generate", "stream a model's continuation of a prompt");
@@ -178,11 +226,49 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "f16", "bf16"}));
   std::string log_level = "warn";
   gen->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
+
+  kiln::models::FinetuneOptions f;
+  CLI::App* ft = app.add_subcommand("finetune", "fine-tune a model (LoRA) on a JSONL file");
+  ft->add_option("--model", f.model, "GGUF file or Hugging Face folder")->required();
+  ft->add_option("--train", f.train, "training data: OpenAI chat or prompt/completion JSONL")
+      ->required();
+  ft->add_option("--valid", f.valid, "validation data (loss reported after each epoch)");
+  ft->add_option("--out", f.out, "output directory: the PEFT adapter and checkpoints");
+  ft->add_option("--resume", f.resume, "continue from the newest complete checkpoint in DIR");
+  ft->add_option("--method", f.method, "lora (default) or full")
+      ->check(CLI::IsMember({"lora", "full"}));
+  ft->add_option("--rank", f.lora.r, "LoRA rank r (default 8)");
+  ft->add_option("--alpha", f.lora.alpha, "LoRA alpha (default 16)");
+  ft->add_flag("--rslora", f.lora.use_rslora, "scale by alpha / sqrt(r) (rsLoRA)");
+  ft->add_option("--targets", f.lora.target_modules,
+                 "modules: all-linear (default) or q_proj k_proj v_proj o_proj gate_proj "
+                 "up_proj down_proj")
+      ->delimiter(',');
+  ft->add_option("--optimizer", f.optimizer, "adamw (default), adam, sgd or adagrad");
+  ft->add_option("--lr", f.lr, "peak learning rate (default 2e-4)");
+  ft->add_option("--schedule", f.schedule, "constant, linear (default) or cosine");
+  ft->add_option("--warmup-steps", f.warmup_steps, "linear warmup steps (default 0)");
+  ft->add_option("--weight-decay", f.weight_decay, "default 0");
+  ft->add_option("--max-grad-norm", f.max_grad_norm, "global-norm clipping; 0: off (default 1)");
+  ft->add_option("--epochs", f.epochs, "passes over the data (default 1)");
+  ft->add_option("--steps", f.steps, "optimizer steps instead of --epochs");
+  ft->add_option("--batch-size", f.batch_size, "rows per step (default 4)");
+  ft->add_option("--seq-len", f.seq_len, "tokens per row (default 1024)");
+  ft->add_flag("!--no-pack", f.pack, "one example per row instead of packing");
+  ft->add_option("--seed", f.seed, "data order and adapter init (default 42)");
+  ft->add_option("--save-steps", f.save_steps, "checkpoint every N steps (default: each epoch)");
+  ft->add_option("--keep-checkpoints", f.keep_checkpoints, "newest checkpoints kept (default 2)");
+  ft->add_option("--threads", f.threads, "CPU threads; 0: one per core");
+  ft->add_option("--backend", f.backend, "cpu (default), xpu, ref");
+  ft->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  const kiln::Status s = kiln::models::Generate(a);
+  const bool finetune = ft->parsed();
+  const kiln::Status s = finetune ? kiln::models::Finetune(f) : kiln::models::Generate(a);
   if (!s.ok()) {
-    std::fprintf(stderr, "kiln generate: %s\n", std::string(kiln::StatusMessage(s)).c_str());
+    std::fprintf(stderr, "kiln %s: %s\n", finetune ? "finetune" : "generate",
+                 std::string(kiln::StatusMessage(s)).c_str());
     return 1;
   }
   return 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "backends/registry.h"
@@ -93,34 +94,27 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
       compiled->first_grad_output = static_cast<int>(outputs.size());
       outputs.insert(outputs.end(), grads.begin(), grads.end());
     } else {
-      // Global gradient norm, and torch.nn.utils.clip_grad_norm_'s coefficient
-      // min(1, max_norm / (norm + 1e-6)).
-      Value sq;
-      for (const Value& g : grads) {
-        std::vector<int> axes(b.shape(g).size());
-        for (size_t i = 0; i < axes.size(); ++i) axes[i] = static_cast<int>(i);
-        const Value s = b.Sum(b.Mul(g, g), axes);
-        sq = sq.valid() ? b.Add(sq, s) : s;
-      }
-      const Value norm = b.Named(b.Sqrt(sq), "grad_norm");
-      Value coef;
-      if (options_.max_grad_norm > 0) {
-        coef = b.Minimum(
-            b.Scalar(1, DType::kF32),
-            b.Div(b.Scalar(options_.max_grad_norm, DType::kF32), b.AddScalar(norm, 1e-6)));
-      }
-      const Value step = b.Input("optim.step", DType::kI32, {});
-      AdamWParams h = options_.adamw;
-      compiled->lr = h.lr;
+      // torch.nn.utils.clip_grad_norm_'s norm and coefficient, in the graph; then one fused
+      // optimizer kernel per trainable tensor (engine/optimizer.h).
+      ClipGradNormOutputs clip = ClipGradNorm(
+          b, grads,
+          options_.max_grad_norm > 0 ? options_.max_grad_norm : std::numeric_limits<double>::max());
+      const Value hyper = b.Input("optim.hyper", DType::kF64, {3});  // {step, lr, grad_scale}
+      const std::vector<std::string> state_names = OptimizerStateNames(options_.optimizer);
       for (size_t i = 0; i < grads.size(); ++i) {
         const TrainableTensor& t = ctx.trainable()[i];
         const SymShape shape(t.shape.begin(), t.shape.end());
-        const Value m = b.State(t.name + ".m", DType::kF32, shape);
-        const Value v = b.State(t.name + ".v", DType::kF32, shape);
-        const Value g = coef.valid() ? b.Mul(grads[i], coef) : grads[i];
-        const AdamWOutputs o = b.AdamW(t.value, g, m, v, step, h);
-        outputs.insert(outputs.end(), {o.param, o.m, o.v});
+        std::vector<Value> states;
+        for (const std::string& n : state_names) {
+          states.push_back(b.State(t.name + "." + n, DType::kF32, shape));
+        }
+        const OptimizerOutputs o =
+            b.OptimizerStep(t.value, grads[i], states, hyper,
+                            options_.max_grad_norm > 0 ? clip.coef : Value{}, options_.optimizer);
+        outputs.push_back(o.param);
+        outputs.insert(outputs.end(), o.states.begin(), o.states.end());
       }
+      const Value norm = clip.total_norm;
       compiled->norm_output = static_cast<int>(outputs.size());
       outputs.push_back(norm);
     }
@@ -276,11 +270,11 @@ Status Trainer::Write(const std::string& name, std::span<const float> values) {
 std::map<std::string, std::vector<float>> Trainer::OptimizerState() const {
   std::map<std::string, std::vector<float>> out;
   for (const TrainableTensor& t : trainable_) {
-    for (const char* s : {".m", ".v"}) {
-      auto it = states_.find(t.name + s);
+    for (const std::string& s : OptimizerStateNames(options_.optimizer)) {
+      auto it = states_.find(t.name + "." + s);
       if (it != states_.end()) {
         StatusOr<std::vector<float>> v = Download(it->second);
-        if (v.ok()) out[t.name + s] = *std::move(v);
+        if (v.ok()) out[t.name + "." + s] = *std::move(v);
       }
     }
   }
@@ -367,11 +361,6 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   const int64_t count = std::count_if(batch.targets.begin(), batch.targets.end(),
                                       [](int32_t t) { return t != train::kIgnoreIndex; });
   if (count == 0) return InvalidArgument("the batch has no counted (target) token");
-  if (kind == Kind::kStep) {
-    auto& c = compiled_[static_cast<size_t>(Kind::kStep)];
-    if (c != nullptr && c->lr != lr) c.reset();  // the learning rate is compiled in
-    options_.adamw.lr = lr;
-  }
   KILN_ASSIGN_OR_RETURN(Compiled * c, Get(kind));
   auto put = [&](const char* name, const void* src, size_t bytes) -> Status {
     auto it = inputs_.find(name);
@@ -386,8 +375,8 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   const float inv = 1.0f / static_cast<float>(count);
   KILN_RETURN_IF_ERROR(put("inv_count", &inv, sizeof(inv)));
   if (kind == Kind::kStep) {
-    const int32_t step = static_cast<int32_t>(step_ + 1);
-    KILN_RETURN_IF_ERROR(put("optim.step", &step, sizeof(step)));
+    const double hyper[3] = {static_cast<double>(step_ + 1), lr, 1.0};
+    KILN_RETURN_IF_ERROR(put("optim.hyper", hyper, sizeof(hyper)));
   }
   KILN_RETURN_IF_ERROR(c->program->Run(*stream_));
   KILN_RETURN_IF_ERROR(stream_->Synchronize());

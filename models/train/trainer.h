@@ -27,6 +27,7 @@
 #include "engine/backend/backend.h"
 #include "engine/base/status.h"
 #include "engine/builder.h"
+#include "engine/optimizer.h"
 #include "engine/program.h"
 #include "engine/tensor.h"
 #include "models/llm/forward.h"
@@ -42,9 +43,11 @@ struct TrainerOptions {
   enum class Method { kLora, kFull };
   Method method = Method::kLora;
   LoraConfig lora;
-  int64_t batch_size = 4;      // rows per step
-  int64_t seq_len = 256;       // tokens per row
-  AdamWParams adamw;           // lr here is the initial one; Step takes the current one
+  int64_t batch_size = 4;  // rows per step
+  int64_t seq_len = 256;   // tokens per row
+  // The optimizer's constant hyper-parameters (engine/optimizer.h); the learning rate is
+  // Step's argument, read at run time (the step program is compiled once).
+  OptimizerParams optimizer;
   double max_grad_norm = 1.0;  // global-norm clipping (torch.nn.utils.clip_grad_norm_); 0: off
   uint64_t seed = 42;          // adapter initialisation
 };
@@ -82,7 +85,8 @@ class Trainer {
   // The values of trainable tensor `name` (f32), or replaces them.
   StatusOr<std::vector<float>> Read(const std::string& name) const;
   Status Write(const std::string& name, std::span<const float> values);
-  // The optimizer state ("<name>.m", "<name>.v") and the step count, for checkpoints.
+  // The optimizer state ("<name>.m", "<name>.v", ...: OptimizerStateNames) by name, and the
+  // step count, for checkpoints.
   std::map<std::string, std::vector<float>> OptimizerState() const;
   Status SetOptimizerState(const std::map<std::string, std::vector<float>>& state, int64_t step);
   int64_t step() const { return step_; }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/kernels/autotune.h"
@@ -211,7 +212,20 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
   g.wtype = DType::kF32;
   const bool x_ok = K <= 1 || a.strides[r - 1] == 1;
   const bool y_ok = (N <= 1 || o.strides[r - 1] == 1) && (M <= 1 || g.ldy >= N);
-  if (!x_ok || !y_ok) return RunFallback(d, args, c);
+  if (!y_ok) return RunFallback(d, args, c);
+  // A transposed `a` (autograd's dW = g^T x, attention's dK = dS^T Q) is copied into rows
+  // first: M*K loads against the GEMM's M*N*K, instead of the reference loop.
+  const bool transpose_a = !x_ok;
+  if (transpose_a) g.ldx = K;
+  thread_local std::vector<float> a_rows;
+  auto rows_of = [&](const float* src) {
+    a_rows.resize(static_cast<size_t>(M * K));
+    const int64_t sm = a.strides[r - 2], sk = a.strides[r - 1];
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < K; ++k) a_rows[m * K + k] = src[m * sm + k * sk];
+    }
+    return a_rows.data();
+  };
   if (K <= 1 || b.strides[r - 2] == 1) {  // W = b^T has K-contiguous rows
     g.w_row_bytes = 4 * b.strides[r - 1];
     g.w_k_stride = 1;
@@ -237,6 +251,7 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     }
     GemmArgs gb = g;
     gb.x = static_cast<const float*>(a.data) + ao;
+    if (transpose_a) gb.x = rows_of(gb.x);
     gb.w = static_cast<const float*>(b.data) + bo;
     gb.y = static_cast<float*>(o.data) + oo;
     if (per_thread) {

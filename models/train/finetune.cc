@@ -1,0 +1,290 @@
+#include "models/train/finetune.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "engine/lr_schedule.h"
+#include "engine/optimizer.h"
+#include "models/io/errors.h"
+#include "models/llm/loader.h"
+#include "models/lora/peft_io.h"
+#include "models/train/checkpoint.h"
+#include "models/train/dataset.h"
+#include "models/train/trainer.h"
+
+namespace kiln::models {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// kiln_train_*: what a dashboard shows of a run.
+struct TrainMetrics {
+  metrics::Counter* tokens = nullptr;
+  metrics::Counter* steps = nullptr;
+  metrics::Gauge* loss = nullptr;
+  metrics::Gauge* lr = nullptr;
+  metrics::Gauge* grad_norm = nullptr;
+  metrics::Histogram* step_seconds = nullptr;
+
+  explicit TrainMetrics(metrics::Registry* r) {
+    if (r == nullptr) return;
+    tokens =
+        r->AddCounter("kiln_train_tokens_total", "Counted (target) tokens trained.").WithLabels({});
+    steps = r->AddCounter("kiln_train_steps_total", "Optimizer steps taken.").WithLabels({});
+    loss = r->AddGauge("kiln_train_loss", "Training loss of the last step.").WithLabels({});
+    lr = r->AddGauge("kiln_train_learning_rate", "Learning rate of the last step.").WithLabels({});
+    grad_norm = r->AddGauge("kiln_train_grad_norm",
+                            "Global gradient norm of the last step, "
+                            "before clipping.")
+                    .WithLabels({});
+    step_seconds = r->AddHistogram("kiln_train_step_seconds", "Seconds per optimizer step.", {},
+                                   {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60})
+                       .WithLabels({});
+  }
+};
+
+int64_t PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// A validation batch with fewer rows than the step program takes, padded with rows that
+// count nothing.
+train::TrainBatch PadRows(train::TrainBatch b, int64_t rows) {
+  const size_t n = static_cast<size_t>(rows * b.seq_len);
+  b.tokens.resize(n, 0);
+  b.targets.resize(n, train::kIgnoreIndex);
+  b.positions.resize(n, 0);
+  b.doc_ids.resize(n, train::kPadDocId);
+  b.rows = rows;
+  return b;
+}
+
+Status CheckOptions(const FinetuneOptions& o) {
+  if (o.model.empty()) return InvalidArgument("--model is required");
+  if (o.train.empty()) return InvalidArgument("--train is required");
+  if (o.method != "lora" && o.method != "full") {
+    return InvalidArgument("--method must be lora or full, got '", o.method, "'");
+  }
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
+    return InvalidArgument("the learning rate must be positive, got ", o.lr);
+  }
+  if (o.epochs < 1 && o.steps < 1) return InvalidArgument("--epochs or --steps must be >= 1");
+  if (o.batch_size < 1) return InvalidArgument("--batch-size must be >= 1, got ", o.batch_size);
+  if (o.seq_len < 2) return InvalidArgument("--seq-len must be >= 2, got ", o.seq_len);
+  if (o.warmup_steps < 0) return InvalidArgument("--warmup-steps must be >= 0");
+  if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0");
+  if (!(o.weight_decay >= 0)) return InvalidArgument("--weight-decay must be >= 0");
+  if (o.method == "lora") KILN_RETURN_IF_ERROR(o.lora.Validate());
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
+                                      const std::function<void(const FinetuneProgress&)>& report) {
+  KILN_RETURN_IF_ERROR(CheckOptions(o));
+  auto say = [&](std::string message) {
+    if (!report) return;
+    FinetuneProgress p;
+    p.message = std::move(message);
+    report(p);
+  };
+  LrSchedule schedule;
+  KILN_ASSIGN_OR_RETURN(schedule.kind, ParseLrScheduleKind(o.schedule));
+  KILN_ASSIGN_OR_RETURN(const OptimizerKind opt_kind, ParseOptimizerKind(o.optimizer));
+
+  config::ModelConfig mc;
+  mc.path = o.model;
+  mc.backend = o.backend;
+  mc.threads = o.threads;
+  KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenLlmParts(mc));
+  const PeftBaseModel base = PeftBaseModel::FromHParams(parts.hparams, o.model);
+
+  // Data.
+  train::DataOptions dopt;
+  dopt.max_seq_len = o.seq_len;
+  dopt.pack = o.pack;
+  dopt.seed = o.seed;
+  if (const auto& eog = parts.tokenizer->eog_ids(); !eog.empty()) dopt.pad_token_id = eog[0];
+  std::vector<std::string> warnings;
+  const std::string train_paths[] = {o.train};
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<train::DataLoader> data,
+                        train::DataLoader::FromFiles(train_paths, *parts.tokenizer,
+                                                     parts.chat_template.get(), dopt, &warnings));
+  std::unique_ptr<train::DataLoader> valid;
+  if (!o.valid.empty()) {
+    train::DataOptions vopt = dopt;
+    vopt.shuffle = false;
+    const std::string valid_paths[] = {o.valid};
+    KILN_ASSIGN_OR_RETURN(valid,
+                          train::DataLoader::FromFiles(valid_paths, *parts.tokenizer,
+                                                       parts.chat_template.get(), vopt, &warnings));
+  }
+  for (std::string& w : warnings) say("warning: " + w);
+
+  // Steps: --steps, or enough batches to cover --epochs.
+  const int64_t rows_per_epoch = data->RowsInEpoch(0);
+  const int64_t steps_per_epoch =
+      std::max<int64_t>(1, (rows_per_epoch + o.batch_size - 1) / o.batch_size);
+  const int64_t total_steps = o.steps > 0 ? o.steps : steps_per_epoch * o.epochs;
+  schedule.lr = o.lr;
+  schedule.warmup_steps = o.warmup_steps;
+  schedule.total_steps = total_steps;
+
+  TrainerOptions topt;
+  topt.method = o.method == "lora" ? TrainerOptions::Method::kLora : TrainerOptions::Method::kFull;
+  topt.lora = o.lora;
+  topt.batch_size = o.batch_size;
+  topt.seq_len = o.seq_len;
+  topt.optimizer = DefaultOptimizerParams(opt_kind);
+  topt.optimizer.weight_decay = o.weight_decay;
+  topt.max_grad_norm = o.max_grad_norm;
+  topt.seed = o.seed;
+  const nlohmann::json options_json = {{"model", o.model},
+                                       {"train", o.train},
+                                       {"valid", o.valid},
+                                       {"method", o.method},
+                                       {"r", o.lora.r},
+                                       {"lora_alpha", o.lora.alpha},
+                                       {"target_modules", o.lora.target_modules},
+                                       {"use_rslora", o.lora.use_rslora},
+                                       {"optimizer", o.optimizer},
+                                       {"lr", o.lr},
+                                       {"schedule", o.schedule},
+                                       {"warmup_steps", o.warmup_steps},
+                                       {"weight_decay", o.weight_decay},
+                                       {"max_grad_norm", o.max_grad_norm},
+                                       {"total_steps", total_steps},
+                                       {"batch_size", o.batch_size},
+                                       {"seq_len", o.seq_len},
+                                       {"pack", o.pack},
+                                       {"seed", o.seed}};
+  if (o.method == "full") {
+    return Unimplemented(
+        "kiln finetune --method full: the trainer runs full fine-tuning "
+        "(Trainer with Method::kFull) but writing Hugging Face weights from it "
+        "is not wired yet; use --method lora");
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(std::move(parts), topt));
+  say(Cat("training ", trainer->trainable_parameters(), " parameters (", o.method, ") for ",
+          total_steps, " steps of ", o.batch_size, " x ", o.seq_len, " tokens; ",
+          data->example_count(), " examples, ", rows_per_epoch, " rows per epoch"));
+
+  // Resume.
+  std::vector<LossRecord> losses;
+  if (!o.resume.empty()) {
+    KILN_ASSIGN_OR_RETURN(FoundCheckpoint found, FindLatestCheckpoint(o.resume));
+    for (const std::string& s : found.skipped) say("skipped " + s);
+    if (found.dir.empty()) return NotFound("no complete checkpoint under '", o.resume, "'");
+    KILN_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(found.dir, base));
+    if (!ck.adapter) return InvalidArgument(found.dir, ": not a LoRA checkpoint");
+    KILN_RETURN_IF_ERROR(Annotate(trainer->ImportAdapter(*ck.adapter), found.dir));
+    std::map<std::string, std::vector<float>> opt_state;
+    for (auto& [name, t] : ck.optimizer) opt_state[name] = std::move(t.data);
+    KILN_RETURN_IF_ERROR(Annotate(trainer->SetOptimizerState(opt_state, ck.state.step), found.dir));
+    if (!ck.state.data_position.is_string()) {
+      return InvalidArgument(found.dir, "/trainer_state.json: data_position is not a string");
+    }
+    KILN_ASSIGN_OR_RETURN(train::DataPosition pos,
+                          train::DataPosition::Parse(ck.state.data_position.get<std::string>()));
+    KILN_RETURN_IF_ERROR(Annotate(data->Seek(pos), Cat(found.dir, ": data position")));
+    losses = ck.state.losses;
+    say(Cat("resumed from ", found.dir, " at step ", ck.state.step));
+  }
+
+  TrainMetrics m(o.metrics);
+  FinetuneSummary summary;
+  summary.trainable_parameters = trainer->trainable_parameters();
+  const auto start = Clock::now();
+  auto save = [&](int64_t step) -> Status {
+    Checkpoint ck;
+    ck.state.step = step;
+    ck.state.epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+    ck.state.data_position = data->position().ToString();
+    ck.state.losses = losses;
+    ck.state.options = options_json;
+    KILN_ASSIGN_OR_RETURN(ck.adapter, trainer->ExportAdapter());
+    for (auto& [name, v] : trainer->OptimizerState()) {
+      const std::string stem = name.substr(0, name.rfind('.'));
+      const TrainableTensor* t = nullptr;
+      for (const TrainableTensor& x : trainer->trainable()) {
+        if (x.name == stem) t = &x;
+      }
+      KILN_CHECK(t != nullptr, "optimizer state of an unknown tensor");
+      ck.optimizer[name] = CheckpointTensor{t->shape, std::move(v)};
+    }
+    CheckpointOptions copt;
+    copt.keep_last = o.keep_checkpoints;
+    KILN_ASSIGN_OR_RETURN(std::string dir, WriteCheckpoint(o.out, ck, base, copt));
+    say("checkpoint " + dir);
+    return OkStatus();
+  };
+  auto validate = [&]() -> StatusOr<double> {
+    double sum = 0;
+    int64_t count = 0;
+    for (const train::TrainBatch& b : valid->OnePass(o.batch_size)) {
+      if (b.target_count == 0) continue;
+      KILN_ASSIGN_OR_RETURN(TrainStepResult r, trainer->Evaluate(PadRows(b, o.batch_size)));
+      sum += r.loss * static_cast<double>(r.tokens);
+      count += r.tokens;
+    }
+    return count > 0 ? sum / static_cast<double>(count) : 0.0;
+  };
+
+  for (int64_t step = trainer->step() + 1; step <= total_steps; ++step) {
+    const train::TrainBatch batch = data->NextBatch(o.batch_size);
+    const double lr = LearningRate(schedule, step);
+    const auto t0 = Clock::now();
+    StatusOr<TrainStepResult> r = batch.target_count > 0
+                                      ? trainer->Step(batch, lr)
+                                      : StatusOr<TrainStepResult>(InvalidArgument("empty batch"));
+    if (!r.ok()) return Annotate(r.status(), Cat("step ", step));
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!std::isfinite(r->loss)) {
+      return Internal("step ", step, ": the loss is not finite (", r->loss,
+                      "); lower the learning rate (", lr, ")");
+    }
+    losses.push_back({step, r->loss});
+    summary.steps++;
+    summary.tokens += r->tokens;
+    summary.final_loss = r->loss;
+    if (m.tokens != nullptr) {
+      m.tokens->Increment(static_cast<double>(r->tokens));
+      m.steps->Increment();
+      m.loss->Set(r->loss);
+      m.lr->Set(lr);
+      m.grad_norm->Set(r->grad_norm);
+      m.step_seconds->Observe(seconds);
+    }
+    FinetuneProgress p;
+    p.step = step;
+    p.total_steps = total_steps;
+    p.epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch);
+    p.loss = r->loss;
+    p.lr = lr;
+    p.grad_norm = r->grad_norm;
+    p.tokens_per_second = static_cast<double>(r->tokens) / std::max(seconds, 1e-9);
+    const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
+    if (epoch_end && valid != nullptr) {
+      KILN_ASSIGN_OR_RETURN(p.valid_loss, validate());
+      summary.valid_loss = p.valid_loss;
+    }
+    if (report) report(p);
+    const bool save_now = o.save_steps > 0 ? step % o.save_steps == 0 : epoch_end;
+    if (save_now && step != total_steps) KILN_RETURN_IF_ERROR(save(step));
+  }
+  if (summary.steps > 0) KILN_RETURN_IF_ERROR(save(trainer->step()));
+  KILN_ASSIGN_OR_RETURN(LoraAdapter adapter, trainer->ExportAdapter());
+  KILN_RETURN_IF_ERROR(WritePeftAdapter(o.out, adapter, base));
+  summary.adapter_dir = o.out;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  summary.peak_rss_bytes = PeakRssBytes();
+  summary.step_arena_bytes = static_cast<int64_t>(trainer->step_arena_bytes());
+  return summary;
+}
+
+}  // namespace kiln::models
