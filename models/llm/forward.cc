@@ -97,25 +97,37 @@ Value ForwardContext::OptionalWeight(std::string_view name, std::vector<int64_t>
 Value ForwardContext::Linear(Value x, Value w, Value bias) {
   Builder& b = b_;
   Value y = b.Linear(x, w, bias);
-  if (!training_ || train_.lora == nullptr || !w.valid()) return y;
+  const LoraConfig* lora = training_             ? train_.lora
+                           : adapter_ != nullptr ? &adapter_->config
+                                                 : nullptr;
+  if (lora == nullptr || !w.valid()) return y;
   auto it = weight_of_.find(w.id);
   if (it == weight_of_.end()) return y;
   const std::string& name = it->second;
-  if (std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()) return y;
+  if (training_ ? std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()
+                : adapter_->layers.count(name) == 0) {
+    return y;
+  }
   // PEFT's LoRA: result = base(x) + lora_B(lora_A(dropout(x))) * scaling.
   const SymShape ws = b.shape(w);
-  const int64_t out = ws[0].constant(), in = ws[1].constant(), r = train_.lora->r;
+  const int64_t out = ws[0].constant(), in = ws[1].constant(), r = lora->r;
   const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
   const std::string scope = b.name_scope();
   b.SetNameScope("");
-  const Value a = b.State(stem + ".lora_A", DType::kF32, {r, in});    // (r, in)
-  const Value bb = b.State(stem + ".lora_B", DType::kF32, {out, r});  // (out, r)
+  Value a, bb;
+  if (training_) {                                          // trainable: f32 States
+    a = b.State(stem + ".lora_A", DType::kF32, {r, in});    // (r, in)
+    bb = b.State(stem + ".lora_B", DType::kF32, {out, r});  // (out, r)
+    trainable_.push_back({stem + ".lora_A", a, {r, in}});
+    trainable_.push_back({stem + ".lora_B", bb, {out, r}});
+  } else {  // served: read-only f32 Weights
+    a = b.Weight(stem + ".lora_A", DType::kF32, {r, in});
+    bb = b.Weight(stem + ".lora_B", DType::kF32, {out, r});
+  }
   b.SetNameScope(scope);
-  trainable_.push_back({stem + ".lora_A", a, {r, in}});
-  trainable_.push_back({stem + ".lora_B", bb, {out, r}});
   const Value xa = b.Named(b.Linear(x, a), stem + ".lora_a");   // [..., r]
   const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]
-  return b.Add(y, b.MulScalar(d, train_.lora->scale()));
+  return b.Add(y, b.MulScalar(d, lora->scale()));
 }
 
 Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {

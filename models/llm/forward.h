@@ -74,6 +74,10 @@ class ForwardContext {
                  const TrainGraphOptions& train);
 
   bool training() const { return training_; }
+  // Serving with one LoRA adapter (models/lora/lora_config.h): its layers become f32 Weight
+  // sources "<weight stem>.lora_A" / ".lora_B", bound by the caller from the adapter. Not
+  // owned; must outlive the build. REQUIRES: called before the architecture builds.
+  void SetAdapter(const LoraAdapter* adapter) { adapter_ = adapter; }
 
   Builder& b() { return b_; }
   const LlmHParams& hp() const { return hp_; }
@@ -89,7 +93,8 @@ class ForwardContext {
   bool HasWeight(std::string_view name) const { return files_.Find(name) != nullptr; }
 
   // x [..., K] W^T (+ bias) for a weight from Weight(): a projection layer. Training with an
-  // adapter that targets the weight adds PEFT's LoRA branch, scale * (x A^T) B^T.
+  // adapter that targets the weight, or serving with SetAdapter's adapter that has a layer
+  // for it, adds PEFT's LoRA branch, scale * (x A^T) B^T.
   Value Linear(Value x, Value w, Value bias = {});
 
   // Causal self-attention of layer `layer` (or a sliding window when hp().window(layer) > 0)
@@ -125,6 +130,7 @@ class ForwardContext {
   DType kv_dtype_ = DType::kF32;
   bool training_ = false;
   TrainGraphOptions train_;
+  const LoraAdapter* adapter_ = nullptr;      // serving: the adapter applied, or null
   std::vector<std::string> adapted_;          // GGUF weight names the adapter targets
   std::map<int32_t, std::string> weight_of_;  // Value id -> weight name
   std::vector<std::string> weight_names_;

@@ -32,6 +32,7 @@ struct GenerateArgs {
   std::string model, prompt, backend = "cpu", activations = "f32", kv_cache_dtype = "f32",
                              sampling = "device";
   bool chat = false;
+  std::string adapter;  // PEFT LoRA adapter directory
   int threads = 0;
   int max_tokens = 128;
   float temperature = 0, top_p = 1;
@@ -66,7 +67,9 @@ Status Generate(const GenerateArgs& a) {
   c.sampling = a.sampling;
   c.scheduler.max_num_seqs = 1;
   c.scheduler.capture_batch_sizes = {1};
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, LoadPagedLlm(c));
+  LlmLoadOptions load;
+  load.adapter = a.adapter;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, LoadPagedLlm(c, load));
   KILN_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(*model, a));
   if (ids.empty()) return InvalidArgument("the prompt is empty");
   const int32_t context = model->info().context_length;
@@ -161,7 +164,7 @@ Status Finetune(const FinetuneOptions& o) {
     if (!p.message.empty()) {
       std::fprintf(stderr, "%s%s\n", bar_shown ? "\n" : "", p.message.c_str());
       bar_shown = false;
-      return;
+      return true;
     }
     char line[256];
     std::snprintf(line, sizeof(line),
@@ -184,6 +187,7 @@ Status Finetune(const FinetuneOptions& o) {
       std::fprintf(stderr, "%s\n", text.c_str());
     }
     std::fflush(stderr);
+    return true;
   };
   KILN_ASSIGN_OR_RETURN(FinetuneSummary s, RunFinetune(o, report));
   std::printf(
@@ -207,6 +211,7 @@ int main(int argc, char** argv) {
   CLI::App* gen = app.add_subcommand("generate", "stream a model's continuation of a prompt");
   gen->add_option("--model", a.model, "GGUF file or Hugging Face folder")->required();
   gen->add_option("--prompt", a.prompt, "prompt text")->required();
+  gen->add_option("--adapter", a.adapter, "a PEFT LoRA adapter directory (kiln finetune's --out)");
   gen->add_flag("--chat", a.chat, "render the prompt with the model's chat template");
   gen->add_option("--max-tokens", a.max_tokens, "new tokens at most")
       ->check(CLI::Range(1, 1 << 20));

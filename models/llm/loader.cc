@@ -9,6 +9,7 @@
 #include "models/io/errors.h"
 #include "models/llm/model_files.h"
 #include "models/llm/paged_llm.h"
+#include "models/lora/peft_io.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::models {
@@ -178,6 +179,12 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
   KILN_ASSIGN_OR_RETURN(opts.kv_dtype, KvCacheDType(config.kv_cache_dtype));
   opts.sample_on_device = config.sampling == "device";
   opts.metrics = options.metrics;
+  if (!options.adapter.empty()) {
+    KILN_ASSIGN_OR_RETURN(
+        LoraAdapter adapter,
+        ReadPeftAdapter(options.adapter, PeftBaseModel::FromHParams(parts.hparams, config.path)));
+    opts.adapter = std::make_shared<const LoraAdapter>(std::move(adapter));
+  }
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PagedLlm> model, PagedLlm::Create(std::move(parts), opts));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -27,6 +27,9 @@ struct LlmLoadOptions {
   // Where the compiler adds kiln_compile_* (kernels compiled / reused / cached, seconds);
   // not owned; null: none.
   metrics::Registry* metrics = nullptr;
+  // A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) applied
+  // to every step; empty: none. Errors name a mismatch with the model.
+  std::string adapter;
 };
 
 StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config,

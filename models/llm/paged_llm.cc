@@ -82,6 +82,7 @@ Status PagedLlm::Build(int32_t block_size) {
     in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
     in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
     ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
+    ctx.SetAdapter(options_.adapter.get());
     const Value logits = parts_.arch->build(ctx);  // [S, V]
     KILN_RETURN_IF_ERROR(ctx.status());
     KILN_RETURN_IF_ERROR(b.status());
@@ -126,6 +127,7 @@ Status PagedLlm::Build(int32_t block_size) {
   }
   if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, &weight_names));
   KILN_RETURN_IF_ERROR(LoadWeights(weight_names));
+  if (options_.adapter != nullptr) KILN_RETURN_IF_ERROR(LoadAdapter(*options_.adapter));
   for (const auto& [name, t] : weights_) {
     if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
   }
@@ -134,6 +136,31 @@ Status PagedLlm::Build(int32_t block_size) {
   spdlog::debug("{}: step program of {} launches, arena {:.1f} MiB (unplanned {:.1f} MiB){}",
                 parts_.info.name, program_->num_launches(), program_->arena_bytes() / 1048576.0,
                 program_->unplanned_bytes() / 1048576.0, sample_stage_ ? ", sampling stage" : "");
+  return OkStatus();
+}
+
+// The adapter's A and B as f32 weights "<stem>.lora_A" / ".lora_B" (ForwardContext::Linear).
+Status PagedLlm::LoadAdapter(const LoraAdapter& adapter) {
+  auto upload = [&](const std::string& name, const std::vector<float>& v,
+                    std::vector<int64_t> shape) -> Status {
+    if (weights_.count(name)) return OkStatus();
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, DType::kF32, std::move(shape)));
+    if (parts_.device->host_visible()) {
+      std::memcpy(t.data(), v.data(), v.size() * sizeof(float));
+    } else {
+      KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*t.buffer(), 0, v.data(), v.size() * 4));
+      KILN_RETURN_IF_ERROR(stream_->Synchronize());
+    }
+    weight_bytes_ += t.nbytes();
+    weights_.emplace(name, std::move(t));
+    return OkStatus();
+  };
+  const int64_t r = adapter.config.r;
+  for (const auto& [name, layer] : adapter.layers) {
+    const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
+    KILN_RETURN_IF_ERROR(upload(stem + ".lora_A", layer.a, {r, layer.in}));
+    KILN_RETURN_IF_ERROR(upload(stem + ".lora_B", layer.b, {layer.out, r}));
+  }
   return OkStatus();
 }
 

@@ -44,6 +44,7 @@
 #include "models/llm/hparams.h"
 #include "models/llm/llm_model.h"
 #include "models/llm/model_files.h"
+#include "models/lora/lora_config.h"
 #include "models/tokenizer/tokenizer.h"
 
 namespace kiln::models {
@@ -59,6 +60,9 @@ struct PagedLlmOptions {
   // kernel, so StepAndSample returns token ids instead of logits (config: `sampling: device`).
   bool sample_on_device = true;
   metrics::Registry* metrics = nullptr;  // compile metrics go here; not owned; may be null
+  // A LoRA adapter applied to every step (PEFT's semantics; rows in the model's order, see
+  // models/lora/peft_io.h); null: none.
+  std::shared_ptr<const LoraAdapter> adapter;
 };
 
 // Everything a PagedLlm is made of, loaded by models/llm/loader.cc.
@@ -129,6 +133,7 @@ class PagedLlm final : public LlmModel {
   Status CheckBatch(const StepBatch& batch) const;
   Status RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats);
   Status LoadWeights(const std::vector<std::string>& names);
+  Status LoadAdapter(const LoraAdapter& adapter);
   // Sampling columns (P, E) 0: buffers for captures, which sample without penalties or bans.
   StatusOr<StepBuffers> AllocateStepBuffers(int64_t tokens, int64_t seqs, int64_t penalty_cols,
                                             int64_t banned_cols);

@@ -85,13 +85,13 @@ Status CheckOptions(const FinetuneOptions& o) {
 }  // namespace
 
 StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
-                                      const std::function<void(const FinetuneProgress&)>& report) {
+                                      const std::function<bool(const FinetuneProgress&)>& report) {
   KILN_RETURN_IF_ERROR(CheckOptions(o));
   auto say = [&](std::string message) {
     if (!report) return;
     FinetuneProgress p;
     p.message = std::move(message);
-    report(p);
+    (void)report(p);
   };
   LrSchedule schedule;
   KILN_ASSIGN_OR_RETURN(schedule.kind, ParseLrScheduleKind(o.schedule));
@@ -273,7 +273,10 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
       KILN_ASSIGN_OR_RETURN(p.valid_loss, validate());
       summary.valid_loss = p.valid_loss;
     }
-    if (report) report(p);
+    if (report && !report(p)) {
+      summary.stopped = step != total_steps;
+      break;
+    }
     const bool save_now = o.save_steps > 0 ? step % o.save_steps == 0 : epoch_end;
     if (save_now && step != total_steps) KILN_RETURN_IF_ERROR(save(step));
   }

@@ -75,12 +75,15 @@ struct FinetuneSummary {
   int64_t peak_rss_bytes = 0;  // of the process
   int64_t step_arena_bytes = 0;
   std::string adapter_dir;  // where the result is
+  bool stopped = false;     // report asked to stop before the last step
 };
 
 // Runs the whole fine-tuning; `report` (may be null) is called after every step and for
-// messages. Errors: bad options (named), unreadable or malformed data (file:line: field),
-// model errors, and I/O errors writing checkpoints (nothing partial is left as complete).
+// messages; returning false after a step stops the run there: a checkpoint of that step is
+// written (so `resume` continues it) and the summary has stopped = true. Errors: bad options
+// (named), unreadable or malformed data (file:line: field), model errors, and I/O errors
+// writing checkpoints (nothing partial is left as complete).
 StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& options,
-                                      const std::function<void(const FinetuneProgress&)>& report);
+                                      const std::function<bool(const FinetuneProgress&)>& report);
 
 }  // namespace kiln::models

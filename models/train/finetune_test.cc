@@ -1,0 +1,184 @@
+// RunFinetune end to end on a tiny random Llama (tests/fixtures/models/llama_gqa_f32): the
+// files it writes, resuming from its own checkpoint files with the losses of an uninterrupted
+// run, and bad input refused before anything is written.
+#include "models/train/finetune.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "models/io/errors.h"
+#include "models/io/test_paths.h"
+#include "models/llm/loader.h"
+#include "models/llm/paged_llm.h"
+#include "models/lora/peft_io.h"
+
+namespace kiln::models {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+class FinetuneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           Cat("kiln_finetune_test_",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream f(dir_ / "train.jsonl");
+    for (int i = 0; i < 24; ++i) {
+      f << "{\"prompt\": \"Question " << i << ": what comes next?\", \"completion\": \" The answer "
+        << i << " is " << (i * 7) % 13 << ".\"}\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  FinetuneOptions Options() const {
+    FinetuneOptions o;
+    o.model = testing::SourceDir() + "/tests/fixtures/models/llama_gqa_f32";
+    o.train = (dir_ / "train.jsonl").string();
+    o.out = (dir_ / "out").string();
+    o.lora.r = 4;
+    o.lora.alpha = 8;
+    o.lr = 1e-3;
+    o.steps = 6;
+    o.batch_size = 2;
+    o.seq_len = 32;
+    o.threads = 2;
+    return o;
+  }
+
+  fs::path dir_;
+};
+
+// Collects the loss of every step; stops after `stop_after` steps when > 0.
+struct Recorder {
+  std::map<int64_t, double> losses;
+  int64_t stop_after = 0;
+  std::function<bool(const FinetuneProgress&)> fn() {
+    return [this](const FinetuneProgress& p) {
+      if (p.step > 0) losses[p.step] = p.loss;
+      return stop_after == 0 || p.step < stop_after;
+    };
+  }
+};
+
+TEST_F(FinetuneTest, WritesAPeftAdapterAndCheckpointsAndTheLossFalls) {
+  FinetuneOptions o = Options();
+  o.save_steps = 3;
+  Recorder rec;
+  auto s = RunFinetune(o, rec.fn());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->steps, 6);
+  EXPECT_FALSE(s->stopped);
+  EXPECT_GT(s->tokens, 0);
+  ASSERT_EQ(rec.losses.size(), 6u);
+  EXPECT_LT(rec.losses[6], rec.losses[1]);  // lr 1e-3 on a repetitive task
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "adapter_model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "checkpoint-000003"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "checkpoint-000006"));
+  // The adapter reads back for this model, and serves.
+  config::ModelConfig mc;
+  mc.path = o.model;
+  mc.threads = 2;
+  LlmLoadOptions lo;
+  lo.adapter = o.out;
+  auto model = LoadPagedLlm(mc, lo);
+  ASSERT_TRUE(model.ok()) << model.status();
+}
+
+TEST_F(FinetuneTest, ResumingFromACheckpointGivesTheUninterruptedLosses) {
+  Recorder whole;
+  ASSERT_TRUE(RunFinetune(Options(), whole.fn()).ok());
+  ASSERT_EQ(whole.losses.size(), 6u);
+
+  FinetuneOptions o = Options();
+  o.out = (dir_ / "split").string();
+  Recorder first;
+  first.stop_after = 3;
+  auto s1 = RunFinetune(o, first.fn());
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_TRUE(s1->stopped);
+  EXPECT_EQ(s1->steps, 3);
+  // A leftover of an interrupted write and a newer, incomplete checkpoint are passed over.
+  fs::create_directories(fs::path(o.out) / ".checkpoint-000004.tmp");
+  fs::create_directories(fs::path(o.out) / "checkpoint-000005");
+  o.resume = o.out;
+  Recorder second;
+  std::vector<std::string> messages;
+  auto s2 = RunFinetune(o, [&](const FinetuneProgress& p) {
+    if (!p.message.empty()) messages.push_back(p.message);
+    return second.fn()(p);
+  });
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  EXPECT_EQ(s2->steps, 3);
+  ASSERT_EQ(second.losses.size(), 3u);
+  for (int64_t step = 4; step <= 6; ++step) {
+    EXPECT_EQ(second.losses[step], whole.losses[step]) << "step " << step;
+  }
+  std::string all;
+  for (const std::string& m : messages) all += m + "\n";
+  EXPECT_THAT(all, HasSubstr("resumed from"));
+  EXPECT_THAT(all, HasSubstr("checkpoint-000005"));
+}
+
+TEST_F(FinetuneTest, BadOptionsAreRefusedBeforeAnythingIsWritten) {
+  struct Bad {
+    std::function<void(FinetuneOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Bad> cases = {
+      {[](FinetuneOptions& o) { o.lora.r = 0; }, "rank r must be positive"},
+      {[](FinetuneOptions& o) { o.lora.r = -3; }, "rank r must be positive"},
+      {[](FinetuneOptions& o) { o.lr = 0; }, "learning rate must be positive"},
+      {[](FinetuneOptions& o) { o.lr = -1e-4; }, "learning rate must be positive"},
+      {[](FinetuneOptions& o) { o.lora.target_modules = {"c_attn"}; },
+       "unknown LoRA target module 'c_attn'"},
+      {[](FinetuneOptions& o) { o.method = "qlora"; }, "--method must be lora or full"},
+      {[](FinetuneOptions& o) { o.schedule = "step"; }, "step"},
+      {[](FinetuneOptions& o) { o.optimizer = "lion"; }, "lion"},
+      {[&](FinetuneOptions& o) { o.train = (dir_ / "missing.jsonl").string(); }, "missing.jsonl"},
+      {[&](FinetuneOptions& o) {
+         std::ofstream(dir_ / "empty.jsonl");
+         o.train = (dir_ / "empty.jsonl").string();
+       },
+       "empty.jsonl"},
+      {[&](FinetuneOptions& o) {
+         std::ofstream(dir_ / "bad.jsonl")
+             << "{\"prompt\": \"a\", \"completion\": \"b\"}\nnot json\n";
+         o.train = (dir_ / "bad.jsonl").string();
+       },
+       "bad.jsonl:2"},
+      {[](FinetuneOptions& o) { o.seq_len = 100000; }, "context"},
+  };
+  for (const Bad& c : cases) {
+    FinetuneOptions o = Options();
+    c.set(o);
+    auto s = RunFinetune(o, nullptr);
+    ASSERT_FALSE(s.ok()) << c.message;
+    EXPECT_THAT(std::string(StatusMessage(s.status())), HasSubstr(c.message));
+    EXPECT_FALSE(fs::exists(o.out)) << c.message;
+  }
+}
+
+TEST_F(FinetuneTest, AnAdapterForAnotherBaseModelIsRefusedNamingTheMismatch) {
+  FinetuneOptions o = Options();
+  o.steps = 1;
+  ASSERT_TRUE(RunFinetune(o, nullptr).ok());
+  config::ModelConfig mc;
+  mc.path = testing::SourceDir() + "/.kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  mc.threads = 2;
+  LlmLoadOptions lo;
+  lo.adapter = o.out;
+  auto model = LoadPagedLlm(mc, lo);
+  ASSERT_FALSE(model.ok());
+  EXPECT_THAT(std::string(StatusMessage(model.status())), HasSubstr("lora_A is"));
+}
+
+}  // namespace
+}  // namespace kiln::models
