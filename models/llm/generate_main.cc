@@ -168,9 +168,10 @@ Status Finetune(const FinetuneOptions& o) {
     }
     char line[256];
     std::snprintf(line, sizeof(line),
-                  "step %lld/%lld  epoch %.2f  loss %.4f  lr %.2e  grad norm %.3f  %.0f tok/s",
+                  "step %lld/%lld  epoch %.2f  loss %.4f  lr %.2e  grad norm %.3f  %.0f tok/s  "
+                  "%.2f s",
                   static_cast<long long>(p.step), static_cast<long long>(p.total_steps), p.epoch,
-                  p.loss, p.lr, p.grad_norm, p.tokens_per_second);
+                  p.loss, p.lr, p.grad_norm, p.tokens_per_second, p.step_seconds);
     std::string text = line;
     if (p.valid_loss >= 0) text += "  valid loss " + std::to_string(p.valid_loss);
     if (tty) {

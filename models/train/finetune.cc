@@ -7,6 +7,8 @@
 
 #include "engine/lr_schedule.h"
 #include "engine/optimizer.h"
+#include "models/arch/arch.h"
+#include "models/io/durable_file.h"
 #include "models/io/errors.h"
 #include "models/llm/loader.h"
 #include "models/lora/peft_io.h"
@@ -80,6 +82,68 @@ Status CheckOptions(const FinetuneOptions& o) {
   if (!(o.weight_decay >= 0)) return InvalidArgument("--weight-decay must be >= 0");
   if (o.method == "lora") KILN_RETURN_IF_ERROR(o.lora.Validate());
   return OkStatus();
+}
+
+// Full fine-tuning writes Hugging Face's layout: GGUF names back to the architecture's Hugging
+// Face names, q/k rows of a `llama` GGUF back to Hugging Face's order, and a config.json
+// (the folder's own, or one made from the hyper-parameters for a GGUF).
+struct HfLayout {
+  std::map<std::string, std::string> hf_of;  // GGUF name -> HF name
+  bool qk_permuted = false;
+  nlohmann::json config;
+};
+
+HfLayout MakeHfLayout(const PagedLlmParts& parts) {
+  HfLayout h;
+  const LlmHParams& hp = parts.hparams;
+  const HfNaming& naming = parts.arch->hf_naming();
+  for (const HfTensorName& n : naming.global) h.hf_of[std::string(n.gguf)] = std::string(n.hf);
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    for (const HfTensorName& n : naming.per_layer) {
+      h.hf_of[Cat("blk.", l, ".", n.gguf)] = Cat(naming.layer_prefixes[0], l, ".", n.hf);
+    }
+  }
+  h.qk_permuted = PeftBaseModel::FromHParams(hp, "").qk_rows_permuted;
+  if (!parts.files->is_gguf()) {
+    h.config = parts.files->hf()->config.raw;
+  } else {
+    h.config = {{"architectures", {"LlamaForCausalLM"}},
+                {"model_type", "llama"},
+                {"hidden_size", hp.hidden_size},
+                {"intermediate_size", hp.ffn_size},
+                {"num_attention_heads", hp.num_heads},
+                {"num_key_value_heads", hp.num_kv_heads},
+                {"num_hidden_layers", hp.num_layers},
+                {"head_dim", hp.head_dim},
+                {"rms_norm_eps", hp.norm_eps},
+                {"rope_theta", hp.rope.theta},
+                {"vocab_size", hp.vocab_size},
+                {"max_position_embeddings", hp.context_length},
+                {"tie_word_embeddings", hp.tied_embeddings},
+                {"attention_bias", hp.attn_qkv_bias},
+                {"mlp_bias", hp.mlp_bias},
+                {"torch_dtype", "float32"}};
+  }
+  return h;
+}
+
+StatusOr<FullModelWeights> ExportFull(const Trainer& trainer, const HfLayout& layout) {
+  const LlmHParams& hp = trainer.parts().hparams;
+  FullModelWeights w;
+  w.config = layout.config;
+  for (const TrainableTensor& t : trainer.trainable()) {
+    auto it = layout.hf_of.find(t.name);
+    if (it == layout.hf_of.end()) {
+      return Unimplemented("no Hugging Face name for weight '", t.name, "'");
+    }
+    KILN_ASSIGN_OR_RETURN(std::vector<float> v, trainer.Read(t.name));
+    const bool q = t.name.ends_with(".attn_q.weight"), k = t.name.ends_with(".attn_k.weight");
+    if (layout.qk_permuted && (q || k) && t.shape.size() == 2) {
+      v = GgufToHfQkRows(v, t.shape[0], t.shape[1], q ? hp.num_heads : hp.num_kv_heads);
+    }
+    w.tensors[it->second] = CheckpointTensor{t.shape, std::move(v)};
+  }
+  return w;
 }
 
 }  // namespace
@@ -163,12 +227,8 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
                                        {"seq_len", o.seq_len},
                                        {"pack", o.pack},
                                        {"seed", o.seed}};
-  if (o.method == "full") {
-    return Unimplemented(
-        "kiln finetune --method full: the trainer runs full fine-tuning "
-        "(Trainer with Method::kFull) but writing Hugging Face weights from it "
-        "is not wired yet; use --method lora");
-  }
+  const HfLayout layout = MakeHfLayout(parts);
+  const bool full = o.method == "full";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(std::move(parts), topt));
   say(Cat("training ", trainer->trainable_parameters(), " parameters (", o.method, ") for ",
           total_steps, " steps of ", o.batch_size, " x ", o.seq_len, " tokens; ",
@@ -181,8 +241,24 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     for (const std::string& s : found.skipped) say("skipped " + s);
     if (found.dir.empty()) return NotFound("no complete checkpoint under '", o.resume, "'");
     KILN_ASSIGN_OR_RETURN(Checkpoint ck, LoadCheckpoint(found.dir, base));
-    if (!ck.adapter) return InvalidArgument(found.dir, ": not a LoRA checkpoint");
-    KILN_RETURN_IF_ERROR(Annotate(trainer->ImportAdapter(*ck.adapter), found.dir));
+    if (full) {
+      if (!ck.model) return InvalidArgument(found.dir, ": not a full fine-tuning checkpoint");
+      for (const auto& [gguf, hf] : layout.hf_of) {
+        auto it = ck.model->tensors.find(hf);
+        if (it == ck.model->tensors.end()) continue;
+        std::vector<float> v = it->second.data;
+        const bool q = gguf.ends_with(".attn_q.weight"), k = gguf.ends_with(".attn_k.weight");
+        if (layout.qk_permuted && (q || k) && it->second.shape.size() == 2) {
+          v = HfToGgufQkRows(
+              v, it->second.shape[0], it->second.shape[1],
+              q ? trainer->parts().hparams.num_heads : trainer->parts().hparams.num_kv_heads);
+        }
+        KILN_RETURN_IF_ERROR(Annotate(trainer->Write(gguf, v), Cat(found.dir, ": ", hf)));
+      }
+    } else {
+      if (!ck.adapter) return InvalidArgument(found.dir, ": not a LoRA checkpoint");
+      KILN_RETURN_IF_ERROR(Annotate(trainer->ImportAdapter(*ck.adapter), found.dir));
+    }
     std::map<std::string, std::vector<float>> opt_state;
     for (auto& [name, t] : ck.optimizer) opt_state[name] = std::move(t.data);
     KILN_RETURN_IF_ERROR(Annotate(trainer->SetOptimizerState(opt_state, ck.state.step), found.dir));
@@ -207,7 +283,11 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     ck.state.data_position = data->position().ToString();
     ck.state.losses = losses;
     ck.state.options = options_json;
-    KILN_ASSIGN_OR_RETURN(ck.adapter, trainer->ExportAdapter());
+    if (full) {
+      KILN_ASSIGN_OR_RETURN(ck.model, ExportFull(*trainer, layout));
+    } else {
+      KILN_ASSIGN_OR_RETURN(ck.adapter, trainer->ExportAdapter());
+    }
     for (auto& [name, v] : trainer->OptimizerState()) {
       const std::string stem = name.substr(0, name.rfind('.'));
       const TrainableTensor* t = nullptr;
@@ -268,6 +348,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     p.lr = lr;
     p.grad_norm = r->grad_norm;
     p.tokens_per_second = static_cast<double>(r->tokens) / std::max(seconds, 1e-9);
+    p.step_seconds = seconds;
     const bool epoch_end = step % steps_per_epoch == 0 || step == total_steps;
     if (epoch_end && valid != nullptr) {
       KILN_ASSIGN_OR_RETURN(p.valid_loss, validate());
@@ -281,8 +362,26 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     if (save_now && step != total_steps) KILN_RETURN_IF_ERROR(save(step));
   }
   if (summary.steps > 0) KILN_RETURN_IF_ERROR(save(trainer->step()));
-  KILN_ASSIGN_OR_RETURN(LoraAdapter adapter, trainer->ExportAdapter());
-  KILN_RETURN_IF_ERROR(WritePeftAdapter(o.out, adapter, base));
+  if (full) {
+    // The weights in Hugging Face's layout (f32), with the folder's tokenizer files when the
+    // model came as a folder: a model directory Kiln and transformers load.
+    KILN_ASSIGN_OR_RETURN(FullModelWeights w, ExportFull(*trainer, layout));
+    SafetensorsWriter writer;
+    for (const auto& [name, t] : w.tensors) {
+      KILN_RETURN_IF_ERROR(writer.AddFloats(name, t.shape, t.data.data(), t.data.size()));
+    }
+    KILN_RETURN_IF_ERROR(writer.WriteFile(o.out + "/model.safetensors"));
+    KILN_RETURN_IF_ERROR(WriteFileDurably(o.out + "/config.json", w.config.dump(2)));
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
+      if (trainer->parts().files->is_gguf()) break;
+      const std::string src = o.model + "/" + f;
+      StatusOr<std::string> bytes = ReadWholeFile(src);
+      if (bytes.ok()) KILN_RETURN_IF_ERROR(WriteFileDurably(o.out + "/" + f, *bytes));
+    }
+  } else {
+    KILN_ASSIGN_OR_RETURN(LoraAdapter adapter, trainer->ExportAdapter());
+    KILN_RETURN_IF_ERROR(WritePeftAdapter(o.out, adapter, base));
+  }
   summary.adapter_dir = o.out;
   summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   summary.peak_rss_bytes = PeakRssBytes();

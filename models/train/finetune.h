@@ -63,6 +63,7 @@ struct FinetuneProgress {
   double epoch = 0;  // fractional
   double loss = 0, lr = 0, grad_norm = 0;
   double tokens_per_second = 0;  // counted (target) tokens of this step / its seconds
+  double step_seconds = 0;       // wall time of the optimizer step
   double valid_loss = -1;        // >= 0 right after a validation pass
   std::string message;           // a warning or note to print, if any
 };

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -14,6 +15,7 @@
 #include "models/llm/loader.h"
 #include "models/llm/paged_llm.h"
 #include "models/lora/peft_io.h"
+#include "models/safetensors/safetensors.h"
 
 namespace kiln::models {
 namespace {
@@ -90,6 +92,53 @@ TEST_F(FinetuneTest, WritesAPeftAdapterAndCheckpointsAndTheLossFalls) {
   lo.adapter = o.out;
   auto model = LoadPagedLlm(mc, lo);
   ASSERT_TRUE(model.ok()) << model.status();
+}
+
+TEST_F(FinetuneTest, FullFineTuningWritesAModelFolderThatLoads) {
+  FinetuneOptions o = Options();
+  o.method = "full";
+  o.steps = 3;
+  o.lr = 1e-4;
+  Recorder rec;
+  auto s = RunFinetune(o, rec.fn());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_GT(s->trainable_parameters, 400000);  // every weight of the tiny model
+  EXPECT_EQ(rec.losses.size(), 3u);
+  // Every weight is written under its Hugging Face name, trained (changed) but close.
+  auto before = SafetensorsModel::Open(o.model);
+  auto after = SafetensorsModel::Open(o.out);
+  ASSERT_TRUE(before.ok() && after.ok());
+  EXPECT_EQ((*after)->size(), (*before)->size());
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
+                           "model.norm.weight", "lm_head.weight"}) {
+    const SafetensorsTensor* a = (*before)->Find(name);
+    const SafetensorsTensor* b = (*after)->Find(name);
+    ASSERT_TRUE(a != nullptr && b != nullptr) << name;
+    ASSERT_EQ(a->shape, b->shape) << name;
+    auto va = SafetensorsToFloats(*a);
+    auto vb = SafetensorsToFloats(*b);
+    ASSERT_TRUE(va.ok() && vb.ok());
+    double diff = 0;
+    for (size_t i = 0; i < va->size(); ++i)
+      diff = std::max<double>(diff, std::fabs((*va)[i] - (*vb)[i]));
+    EXPECT_GT(diff, 0) << name;
+    EXPECT_LT(diff, 1e-2) << name;  // three steps of lr 1e-4
+  }
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tokenizer.json"));
+  config::ModelConfig mc;
+  mc.path = o.out;
+  mc.threads = 2;
+  auto model = LoadPagedLlm(mc);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // Resuming a full run continues from its checkpoint's weights.
+  o.steps = 4;
+  o.resume = o.out;
+  Recorder more;
+  auto s2 = RunFinetune(o, more.fn());
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  EXPECT_EQ(s2->steps, 1);
 }
 
 TEST_F(FinetuneTest, ResumingFromACheckpointGivesTheUninterruptedLosses) {
