@@ -22,6 +22,7 @@
 #include "models/llm/paged_llm.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/detokenizer.h"
+#include "models/train/export.h"
 #include "models/train/finetune.h"
 #include "spdlog/spdlog.h"
 
@@ -268,14 +269,27 @@ int main(int argc, char** argv) {
   ft->add_option("--backend", f.backend, "cpu (default), xpu, ref");
   ft->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
 
+  std::string export_model, export_adapter, export_out;
+  bool export_merge = false;
+  CLI::App* ex = app.add_subcommand(
+      "export", "write a model with a LoRA adapter merged in, as a Hugging Face folder (f32)");
+  ex->add_option("--model", export_model, "GGUF file or Hugging Face folder")->required();
+  ex->add_option("--adapter", export_adapter, "PEFT LoRA adapter directory")->required();
+  ex->add_option("--out", export_out, "output folder")->required();
+  ex->add_flag("--merge", export_merge, "merge the adapter into the weights (the only export)")
+      ->required();
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  const bool finetune = ft->parsed();
-  const kiln::Status s = finetune ? kiln::models::Finetune(f) : kiln::models::Generate(a);
+  const char* command = ft->parsed() ? "finetune" : ex->parsed() ? "export" : "generate";
+  const kiln::Status s = ft->parsed() ? kiln::models::Finetune(f)
+                         : ex->parsed()
+                             ? kiln::models::ExportMerged(export_model, export_adapter, export_out)
+                             : kiln::models::Generate(a);
   if (!s.ok()) {
-    std::fprintf(stderr, "kiln %s: %s\n", finetune ? "finetune" : "generate",
-                 std::string(kiln::StatusMessage(s)).c_str());
+    std::fprintf(stderr, "kiln %s: %s\n", command, std::string(kiln::StatusMessage(s)).c_str());
     return 1;
   }
+  if (ex->parsed()) std::printf("wrote %s\n", export_out.c_str());
   return 0;
 }

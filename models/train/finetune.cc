@@ -14,6 +14,7 @@
 #include "models/lora/peft_io.h"
 #include "models/train/checkpoint.h"
 #include "models/train/dataset.h"
+#include "models/train/export.h"
 #include "models/train/trainer.h"
 
 namespace kiln::models {
@@ -84,49 +85,7 @@ Status CheckOptions(const FinetuneOptions& o) {
   return OkStatus();
 }
 
-// Full fine-tuning writes Hugging Face's layout: GGUF names back to the architecture's Hugging
-// Face names, q/k rows of a `llama` GGUF back to Hugging Face's order, and a config.json
-// (the folder's own, or one made from the hyper-parameters for a GGUF).
-struct HfLayout {
-  std::map<std::string, std::string> hf_of;  // GGUF name -> HF name
-  bool qk_permuted = false;
-  nlohmann::json config;
-};
-
-HfLayout MakeHfLayout(const PagedLlmParts& parts) {
-  HfLayout h;
-  const LlmHParams& hp = parts.hparams;
-  const HfNaming& naming = parts.arch->hf_naming();
-  for (const HfTensorName& n : naming.global) h.hf_of[std::string(n.gguf)] = std::string(n.hf);
-  for (int64_t l = 0; l < hp.num_layers; ++l) {
-    for (const HfTensorName& n : naming.per_layer) {
-      h.hf_of[Cat("blk.", l, ".", n.gguf)] = Cat(naming.layer_prefixes[0], l, ".", n.hf);
-    }
-  }
-  h.qk_permuted = PeftBaseModel::FromHParams(hp, "").qk_rows_permuted;
-  if (!parts.files->is_gguf()) {
-    h.config = parts.files->hf()->config.raw;
-  } else {
-    h.config = {{"architectures", {"LlamaForCausalLM"}},
-                {"model_type", "llama"},
-                {"hidden_size", hp.hidden_size},
-                {"intermediate_size", hp.ffn_size},
-                {"num_attention_heads", hp.num_heads},
-                {"num_key_value_heads", hp.num_kv_heads},
-                {"num_hidden_layers", hp.num_layers},
-                {"head_dim", hp.head_dim},
-                {"rms_norm_eps", hp.norm_eps},
-                {"rope_theta", hp.rope.theta},
-                {"vocab_size", hp.vocab_size},
-                {"max_position_embeddings", hp.context_length},
-                {"tie_word_embeddings", hp.tied_embeddings},
-                {"attention_bias", hp.attn_qkv_bias},
-                {"mlp_bias", hp.mlp_bias},
-                {"torch_dtype", "float32"}};
-  }
-  return h;
-}
-
+// The trainable tensors as a checkpoint's FullModelWeights (Hugging Face names and row order).
 StatusOr<FullModelWeights> ExportFull(const Trainer& trainer, const HfLayout& layout) {
   const LlmHParams& hp = trainer.parts().hparams;
   FullModelWeights w;
@@ -137,11 +96,8 @@ StatusOr<FullModelWeights> ExportFull(const Trainer& trainer, const HfLayout& la
       return Unimplemented("no Hugging Face name for weight '", t.name, "'");
     }
     KILN_ASSIGN_OR_RETURN(std::vector<float> v, trainer.Read(t.name));
-    const bool q = t.name.ends_with(".attn_q.weight"), k = t.name.ends_with(".attn_k.weight");
-    if (layout.qk_permuted && (q || k) && t.shape.size() == 2) {
-      v = GgufToHfQkRows(v, t.shape[0], t.shape[1], q ? hp.num_heads : hp.num_kv_heads);
-    }
-    w.tensors[it->second] = CheckpointTensor{t.shape, std::move(v)};
+    w.tensors[it->second] =
+        CheckpointTensor{t.shape, HfRowOrder(t.name, std::move(v), t.shape, hp, layout)};
   }
   return w;
 }
@@ -365,19 +321,11 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   if (full) {
     // The weights in Hugging Face's layout (f32), with the folder's tokenizer files when the
     // model came as a folder: a model directory Kiln and transformers load.
-    KILN_ASSIGN_OR_RETURN(FullModelWeights w, ExportFull(*trainer, layout));
-    SafetensorsWriter writer;
-    for (const auto& [name, t] : w.tensors) {
-      KILN_RETURN_IF_ERROR(writer.AddFloats(name, t.shape, t.data.data(), t.data.size()));
+    std::map<std::string, std::vector<float>> tensors;
+    for (const TrainableTensor& t : trainer->trainable()) {
+      KILN_ASSIGN_OR_RETURN(tensors[t.name], trainer->Read(t.name));
     }
-    KILN_RETURN_IF_ERROR(writer.WriteFile(o.out + "/model.safetensors"));
-    KILN_RETURN_IF_ERROR(WriteFileDurably(o.out + "/config.json", w.config.dump(2)));
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"}) {
-      if (trainer->parts().files->is_gguf()) break;
-      const std::string src = o.model + "/" + f;
-      StatusOr<std::string> bytes = ReadWholeFile(src);
-      if (bytes.ok()) KILN_RETURN_IF_ERROR(WriteFileDurably(o.out + "/" + f, *bytes));
-    }
+    KILN_RETURN_IF_ERROR(WriteHfModel(o.out, o.model, trainer->parts(), layout, tensors));
   } else {
     KILN_ASSIGN_OR_RETURN(LoraAdapter adapter, trainer->ExportAdapter());
     KILN_RETURN_IF_ERROR(WritePeftAdapter(o.out, adapter, base));

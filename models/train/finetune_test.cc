@@ -16,6 +16,8 @@
 #include "models/llm/paged_llm.h"
 #include "models/lora/peft_io.h"
 #include "models/safetensors/safetensors.h"
+#include "models/train/export.h"
+#include "models/train/trainer.h"
 
 namespace kiln::models {
 namespace {
@@ -139,6 +141,54 @@ TEST_F(FinetuneTest, FullFineTuningWritesAModelFolderThatLoads) {
   auto s2 = RunFinetune(o, more.fn());
   ASSERT_TRUE(s2.ok()) << s2.status();
   EXPECT_EQ(s2->steps, 1);
+}
+
+// `kiln export --merge`: the merged folder computes what the base with the adapter computes.
+TEST_F(FinetuneTest, AMergedExportComputesWhatTheAdapterComputes) {
+  FinetuneOptions o = Options();
+  o.steps = 3;
+  o.lr = 1e-2;  // a clearly non-zero adapter
+  ASSERT_TRUE(RunFinetune(o, nullptr).ok());
+  const std::string merged = (dir_ / "merged").string();
+  ASSERT_TRUE(ExportMerged(o.model, o.out, merged).ok());
+  // Loss of one batch: base + adapter, and the merged model with a fresh (B = 0) adapter.
+  auto loss_of = [&](const std::string& model, const std::string& adapter) -> double {
+    config::ModelConfig mc;
+    mc.path = model;
+    mc.threads = 2;
+    auto parts = OpenLlmParts(mc);
+    EXPECT_TRUE(parts.ok()) << parts.status();
+    TrainerOptions to;
+    to.lora.r = 4;
+    to.lora.alpha = 8;
+    to.batch_size = 1;
+    to.seq_len = 16;
+    auto t = Trainer::Create(*std::move(parts), to);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!adapter.empty()) {
+      auto a = ReadPeftAdapter(adapter, PeftBaseModel::FromHParams((*t)->parts().hparams, model));
+      EXPECT_TRUE(a.ok()) << a.status();
+      EXPECT_TRUE((*t)->ImportAdapter(*a).ok());
+    }
+    train::TrainBatch b;
+    b.rows = 1;
+    b.seq_len = 16;
+    for (int i = 0; i < 16; ++i) {
+      b.tokens.push_back(40 + 13 * i);
+      b.targets.push_back(i + 1 < 16 ? 40 + 13 * (i + 1) : train::kIgnoreIndex);
+      b.positions.push_back(i);
+      b.doc_ids.push_back(0);
+    }
+    b.target_count = 15;
+    auto r = (*t)->Evaluate(b);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->loss : 0;
+  };
+  const double base = loss_of(o.model, "");
+  const double with_adapter = loss_of(o.model, o.out);
+  const double merged_loss = loss_of(merged, "");
+  EXPECT_GT(std::fabs(with_adapter - base), 1e-3);  // the adapter matters
+  EXPECT_NEAR(merged_loss, with_adapter, 1e-5 * std::fabs(with_adapter));
 }
 
 TEST_F(FinetuneTest, ResumingFromACheckpointGivesTheUninterruptedLosses) {
