@@ -23,7 +23,7 @@ TEST(CudaCodegenTest, SampleKernelsCompileWithNvrtc) {
   StatusOr<const Nvrtc*> nvrtc = Nvrtc::Load();
   if (!nvrtc.ok()) GTEST_SKIP() << "NVRTC not installed: " << nvrtc.status().message();
   std::vector<GeneratedKernel> ks;
-  int skipped = 0, fused = 0;
+  int skipped = 0, fused = 0, training = 0;
   for (const compiler::testing::Sample& s : compiler::testing::SampleSpecs()) {
     if (s.spec.kind == compiler::KernelKind::kGemmEpilogue) {
       ++skipped;  // GEMM epilogues are C++ only (a device GEMM would take them as functions)
@@ -32,9 +32,11 @@ TEST(CudaCodegenTest, SampleKernelsCompileWithNvrtc) {
     StatusOr<GeneratedKernel> k = compiler::GenerateKernel(s.spec, Dialect::kCuda);
     ASSERT_TRUE(k.ok()) << s.label << ": " << k.status();
     fused += s.label.rfind("fused", 0) == 0;
+    training += s.label.find("training step") != std::string::npos;
     ks.push_back(*std::move(k));
   }
   ASSERT_GT(ks.size(), 100u);
+  EXPECT_GT(training, 5) << "the training step's backward kernels are among the samples";
   const std::string src = compiler::ModuleSource(Dialect::kCuda, ks);
   // One architecture by default (~10 s); A100 and H100 with KILN_HARNESS_FULL=1.
   const char* full = std::getenv("KILN_HARNESS_FULL");
@@ -48,10 +50,11 @@ TEST(CudaCodegenTest, SampleKernelsCompileWithNvrtc) {
     }
   }
   std::printf(
-      "NVRTC %s (%s): %zu kernels compiled for %s (%d fused); skipped %d GEMM "
+      "NVRTC %s (%s): %zu kernels compiled for %s (%d fused, %d of a training step); skipped %d "
+      "GEMM "
       "epilogues (no device form)\n",
       (*nvrtc)->version().c_str(), (*nvrtc)->path().c_str(), ks.size(),
-      absl::StrJoin(archs, ", ").c_str(), fused, skipped);
+      absl::StrJoin(archs, ", ").c_str(), fused, training, skipped);
 }
 
 TEST(CudaCodegenTest, CompileErrorsCarryTheLog) {

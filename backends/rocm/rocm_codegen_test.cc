@@ -23,7 +23,7 @@ TEST(RocmCodegenTest, SampleKernelsCompileWithHipcc) {
   StatusOr<std::string> hipcc = FindHipcc(&version);
   if (!hipcc.ok()) GTEST_SKIP() << "hipcc not installed: " << hipcc.status().message();
   std::vector<GeneratedKernel> ks;
-  int skipped = 0, fused = 0;
+  int skipped = 0, fused = 0, training = 0;
   for (const compiler::testing::Sample& s : compiler::testing::SampleSpecs()) {
     if (s.spec.kind == compiler::KernelKind::kGemmEpilogue) {
       ++skipped;  // C++ only
@@ -32,9 +32,11 @@ TEST(RocmCodegenTest, SampleKernelsCompileWithHipcc) {
     StatusOr<GeneratedKernel> k = compiler::GenerateKernel(s.spec, Dialect::kHip);
     ASSERT_TRUE(k.ok()) << s.label << ": " << k.status();
     fused += s.label.rfind("fused", 0) == 0;
+    training += s.label.find("training step") != std::string::npos;
     ks.push_back(*std::move(k));
   }
   ASSERT_GT(ks.size(), 100u);
+  EXPECT_GT(training, 5) << "the training step's backward kernels are among the samples";
   // gfx90a by default (~20 s); gfx90a and gfx1030 with KILN_HARNESS_FULL=1.
   const char* full = std::getenv("KILN_HARNESS_FULL");
   std::vector<std::string> archs = {"gfx90a"};
@@ -45,9 +47,10 @@ TEST(RocmCodegenTest, SampleKernelsCompileWithHipcc) {
     EXPECT_NE(co->find(k.entry), std::string::npos) << k.entry << " not in the code object";
   }
   std::printf(
-      "%s: %zu kernels compiled for %s (%d fused); skipped %d GEMM epilogues (no "
+      "%s: %zu kernels compiled for %s (%d fused, %d of a training step); skipped %d GEMM "
+      "epilogues (no "
       "device form)\n",
-      version.c_str(), ks.size(), absl::StrJoin(archs, ", ").c_str(), fused, skipped);
+      version.c_str(), ks.size(), absl::StrJoin(archs, ", ").c_str(), fused, training, skipped);
 }
 
 TEST(RocmCodegenTest, CompileErrorsCarryTheLog) {

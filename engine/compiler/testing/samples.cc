@@ -2,9 +2,11 @@
 
 #include <set>
 
+#include "engine/autograd.h"
 #include "engine/compiler/codegen.h"
 #include "engine/compiler/fusion.h"
 #include "engine/compiler/testing/llama_graph.h"
+#include "engine/optimizer.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::compiler::testing {
@@ -76,6 +78,48 @@ std::vector<Sample> SampleSpecs(bool fused) {
     StatusOr<LlamaGraph> m = BuildLlama(cfg);
     if (!m.ok()) continue;
     AddFused(m->graph, {m->logits}, StrCat("llama ", DTypeName(t)), keys, out);
+  }
+  // A training step's kernels: a pre-norm block (attention written as matmul + masked softmax,
+  // SwiGLU MLP), the fused cross-entropy, autograd's backward and clip_grad_norm_'s reductions,
+  // so every dialect's printer is exercised on backward pointwise chains and reductions.
+  {
+    Graph g;
+    Builder b(&g);
+    const int64_t T = 16, C = 64, H = 4, D = 16, F = 96, V = 80;
+    const Value x = b.Input("x", DType::kF32, {T, C});
+    const Value tgt = b.Input("targets", DType::kI32, {T});
+    const Value inv = b.Input("inv_count", DType::kF32, {});
+    std::vector<Value> params;
+    auto param = [&](const char* name, std::vector<int64_t> shape) {
+      params.push_back(b.State(name, DType::kF32, SymShape(shape.begin(), shape.end())));
+      return params.back();
+    };
+    const Value nw = param("attn_norm", {C}), wq = param("wq", {C, C}), wk = param("wk", {C, C});
+    const Value wv = param("wv", {C, C}), wo = param("wo", {C, C}), fw = param("ffn_norm", {C});
+    const Value wg = param("w_gate", {F, C}), wu = param("w_up", {F, C});
+    const Value wd = param("w_down", {C, F}), wout = param("w_out", {V, C});
+    auto heads = [&](Value v) {
+      return b.Permute(b.Reshape(v, {1, T, H, D}), {0, 2, 1, 3});  // [1, H, T, D]
+    };
+    const Value h = b.RmsNorm(x, nw, 1e-5);
+    Attrs attn;
+    attn.floats = {0.25};
+    attn.expr[0] = attn::CausalMask();
+    const Value a = AttentionDecomposed(b, heads(b.Linear(h, wq)), heads(b.Linear(h, wk)),
+                                        heads(b.Linear(h, wv)), attn, {});
+    const Value y = b.Add(x, b.Linear(b.Reshape(b.Permute(a, {0, 2, 1, 3}), {T, C}), wo));
+    const Value h2 = b.RmsNorm(y, fw, 1e-5);
+    const Value m = b.Linear(b.Mul(b.Silu(b.Linear(h2, wg)), b.Linear(h2, wu)), wd);
+    const Value logits = b.Linear(b.Add(y, m), wout);
+    const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, tgt, inv);
+    const Value outs[] = {logits}, seeds[] = {ce.dlogits};
+    StatusOr<std::vector<Value>> grads = Gradients(b, outs, seeds, params);
+    if (grads.ok() && b.ok()) {
+      const ClipGradNormOutputs clip = ClipGradNorm(b, *grads, 1.0);
+      std::vector<Value> all = *grads;
+      all.insert(all.end(), {ce.loss, clip.coef});
+      if (b.ok()) AddFused(g, all, "training step", keys, out);
+    }
   }
   // Patterns the blocks do not contain.
   {
