@@ -293,6 +293,25 @@ TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena
   }
 }
 
+TEST(RecomputeTest, RangesMustNotOverlapAndLieInTheGraph) {
+  Model m = BuildModel();
+  Builder b(&m.graph);
+  const std::vector<NodeRange> blocks = ScopeRanges(m.graph, "blk");
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(kLayers));
+  EXPECT_LE(blocks[0].end, blocks[1].begin);
+  EXPECT_TRUE(ScopeRanges(m.graph, "layer").empty());
+  GradientOptions overlap;
+  overlap.recompute = {blocks[0], {blocks[0].end - 1, blocks[1].end}};
+  auto g = Gradients(b, m.loss, m.params, Value{}, overlap);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().ToString().find("overlap"), std::string::npos) << g.status();
+  GradientOptions outside;
+  outside.recompute = {{blocks[1].begin, m.graph.size() + 5}};
+  g = Gradients(b, m.loss, m.params, Value{}, outside);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().ToString().find("not within the graph"), std::string::npos) << g.status();
+}
+
 TEST_P(TransformerBlockTest, NamedTensorsAppearInDumps) {
   Model m = BuildModel();
   const std::string s = m.graph.ToString();
