@@ -1,7 +1,5 @@
 #include "engine/autograd.h"
 
-#include <cctype>
-
 #include "absl/strings/str_cat.h"
 #include "engine/dump.h"
 
@@ -106,17 +104,12 @@ class Recompute {
 
 std::vector<NodeRange> ScopeRanges(const Graph& g, std::string_view family) {
   const int32_t n = g.size();
-  // "blk.12.attn_norm" -> "blk.12"; other names -> "".
+  // "blk.12.attn_norm" -> "blk.12"; other names, and other families' blocks -> "".
   auto scope_of = [&](const std::string& name) -> std::string_view {
-    if (name.size() <= family.size() + 1 || name.compare(0, family.size(), family) != 0 ||
-        name[family.size()] != '.') {
-      return {};
-    }
-    size_t i = family.size() + 1;
-    const size_t digits = i;
-    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-    if (i == digits || i >= name.size() || name[i] != '.') return {};
-    return std::string_view(name).substr(0, i);
+    const std::string_view s = BlockScope(name);
+    return s.size() > family.size() && s.starts_with(family) && s[family.size()] == '.'
+               ? s
+               : std::string_view();
   };
   std::vector<std::string_view> scope(n);
   std::string_view next;
