@@ -15,10 +15,125 @@ Status CheckValue(const Graph& g, Value v, const char* what) {
   return OkStatus();
 }
 
+// Activation recomputation: which block each forward node is in, and each block's clones.
+class Recompute {
+ public:
+  Recompute(Builder& b, int32_t n) : b_(b), block_(n, -1), clone_(n, -1) {}
+
+  Status Init(std::span<const NodeRange> ranges) {
+    const Graph& g = b_.graph();
+    const int32_t n = static_cast<int32_t>(block_.size());
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      const NodeRange& range = ranges[r];
+      if (range.begin < 0 || range.begin > range.end || range.end > g.size()) {
+        return InvalidArgument("gradients: recompute range ", r, " [", range.begin, ", ", range.end,
+                               ") is not within the graph's ", g.size(), " nodes");
+      }
+      for (int32_t i = range.begin; i < std::min(range.end, n); ++i) {
+        if (block_[i] >= 0) {
+          return InvalidArgument("gradients: recompute ranges ", block_[i], " and ", r,
+                                 " overlap at node ", i);
+        }
+        block_[i] = static_cast<int32_t>(r);
+      }
+    }
+    // A multi-output node's outputs are cloned with it: they belong to its block.
+    for (int32_t i = 0; i < n; ++i) {
+      if (g.node(i).op == OpKind::kOutputOf) block_[i] = block_[g.node(i).inputs[0]];
+    }
+    done_.assign(ranges.size(), 0);
+    return OkStatus();
+  }
+
+  // The node whose backward rule runs next, with its inputs (and its outputs `outs`) replaced
+  // by its block's clones; the block is cloned first if it has not been.
+  Node Prepare(int32_t id, std::span<Value> outs) {
+    const Graph& g = b_.graph();
+    Node node = g.node(id);
+    const int32_t blk = block_[id];
+    if (blk < 0) return node;
+    if (!done_[blk]) Clone(blk);
+    for (int32_t& in : node.inputs) in = Map(blk, in);
+    for (Value& o : outs) o = Value{Map(blk, o.id)};
+    return node;
+  }
+
+ private:
+  int32_t Map(int32_t blk, int32_t id) const {
+    return id < static_cast<int32_t>(block_.size()) && block_[id] == blk && clone_[id] >= 0
+               ? clone_[id]
+               : id;
+  }
+
+  // Appends a copy of block `blk`'s computing nodes, in order, reading the clones of values
+  // inside the block and the original of everything else.
+  void Clone(int32_t blk) {
+    done_[blk] = 1;
+    const std::string scope = b_.name_scope();
+    b_.SetNameScope("");
+    const int32_t n = static_cast<int32_t>(block_.size());
+    for (int32_t i = 0; i < n; ++i) {
+      if (block_[i] != blk) continue;
+      const Node node = b_.graph().node(i);  // a copy: cloning appends nodes
+      const OpDef& def = GetOpDef(node.op);
+      bool in_place = false;
+      for (int8_t w : def.writes_input) in_place |= w >= 0;
+      if (node.op == OpKind::kOutputOf || def.cls == OpClass::kSource || def.side_effect ||
+          in_place) {
+        continue;
+      }
+      std::vector<Value> inputs;
+      for (int32_t in : node.inputs) inputs.push_back(Value{Map(blk, in)});
+      // "recompute.blk.3.attn_norm": readable in dumps, and no block scope of its own.
+      const std::string name = node.name.empty() ? "" : absl::StrCat("recompute.", node.name);
+      const std::vector<Value> outs = b_.AddNodeOutputs(node.op, inputs, node.attrs, name);
+      for (size_t k = 0; k < outs.size() && i + static_cast<int32_t>(k) < n; ++k) {
+        clone_[i + k] = outs[k].id;
+      }
+    }
+    b_.SetNameScope(scope);
+  }
+
+  Builder& b_;
+  std::vector<int32_t> block_;  // per forward node: its range, or -1
+  std::vector<int32_t> clone_;  // per forward node: its clone, or -1
+  std::vector<char> done_;      // per range: cloned
+};
+
 }  // namespace
 
+std::vector<NodeRange> ScopeRanges(const Graph& g, std::string_view family) {
+  const int32_t n = g.size();
+  // "blk.12.attn_norm" -> "blk.12"; other names, and other families' blocks -> "".
+  auto scope_of = [&](const std::string& name) -> std::string_view {
+    const std::string_view s = BlockScope(name);
+    return s.size() > family.size() && s.starts_with(family) && s[family.size()] == '.'
+               ? s
+               : std::string_view();
+  };
+  std::vector<std::string_view> scope(n);
+  std::string_view next;
+  for (int32_t i = n - 1; i >= 0; --i) {
+    const Node& node = g.node(i);
+    // Sources never decide a scope (a block's weights are declared inside it, its LoRA States
+    // outside every scope) but take the one around them, so they do not split a block.
+    if (GetOpDef(node.op).cls != OpClass::kSource && !node.name.empty()) {
+      next = scope_of(node.name);
+    }
+    scope[i] = next;
+  }
+  std::vector<NodeRange> ranges;
+  for (int32_t i = 0; i < n;) {
+    int32_t j = i + 1;
+    while (j < n && scope[j] == scope[i]) ++j;
+    if (!scope[i].empty()) ranges.push_back({i, j});
+    i = j;
+  }
+  return ranges;
+}
+
 StatusOr<std::vector<Value>> Gradients(Builder& b, Value output, std::span<const Value> wrt,
-                                       Value seed) {
+                                       Value seed, const GradientOptions& options) {
   KILN_RETURN_IF_ERROR(b.status());
   Graph& g = b.graph();
   if (!output.valid() || output.id >= g.size()) return InvalidArgument("gradients: invalid output");
@@ -35,11 +150,12 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, Value output, std::span<const
   }
   const Value outputs[] = {output};
   const Value seeds[] = {seed};
-  return Gradients(b, outputs, seeds, wrt);
+  return Gradients(b, outputs, seeds, wrt, options);
 }
 
 StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> outputs,
-                                       std::span<const Value> seeds, std::span<const Value> wrt) {
+                                       std::span<const Value> seeds, std::span<const Value> wrt,
+                                       const GradientOptions& options) {
   KILN_RETURN_IF_ERROR(b.status());
   Graph& g = b.graph();
   if (outputs.size() != seeds.size()) {
@@ -72,6 +188,9 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> output
     for (int32_t in : g.node(i).inputs) to_out[in] = 1;
   }
 
+  Recompute recompute(b, n);
+  KILN_RETURN_IF_ERROR(recompute.Init(options.recompute));
+
   std::vector<Value> grad(n);
   auto accumulate = [&](int32_t id, Value v) {
     grad[id] = grad[id].valid() ? b.Add(grad[id], v) : v;
@@ -91,12 +210,16 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> output
       any |= grads[o].valid();
     }
     if (!any) continue;
-    const Node node = g.node(i);  // a copy: the rule appends nodes to g
-    if (node.inputs.empty()) continue;
-    const OpDef& def = GetOpDef(node.op);
+    const Node& fwd = g.node(i);
+    if (fwd.inputs.empty()) continue;
+    const OpDef& def = GetOpDef(fwd.op);
     bool needs = false;
-    for (int32_t in : node.inputs) needs |= from_wrt[in] && IsFloat(g.node(in).dtype);
+    for (int32_t in : fwd.inputs) needs |= from_wrt[in] && IsFloat(g.node(in).dtype);
     if (!needs) continue;
+    // A copy (the rule appends nodes to g) that reads recomputed values in a recomputed block;
+    // gradients stay indexed by the forward ids.
+    const std::vector<int32_t> fwd_inputs = fwd.inputs;
+    const Node node = recompute.Prepare(i, outs);
     if (def.backward == nullptr) {
       return InvalidArgument("gradients: ", def.name, node.name.empty() ? "" : " '", node.name,
                              node.name.empty() ? "" : "'",
@@ -106,8 +229,8 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> output
     BackwardArgs args{b, node, outs[0], grads[0], input_grads, outs, grads};
     KILN_RETURN_IF_ERROR(Annotate(def.backward(args), absl::StrCat("backward of ", def.name)));
     KILN_RETURN_IF_ERROR(Annotate(b.status(), absl::StrCat("backward of ", def.name)));
-    for (size_t j = 0; j < node.inputs.size(); ++j) {
-      const int32_t in = node.inputs[j];
+    for (size_t j = 0; j < fwd_inputs.size(); ++j) {
+      const int32_t in = fwd_inputs[j];
       if (!input_grads[j].valid() || !from_wrt[in]) continue;
       const Node& src = g.node(in);
       if (b.dtype(input_grads[j]) != src.dtype || b.shape(input_grads[j]) != src.shape) {

@@ -1,5 +1,6 @@
 #include "engine/graph.h"
 
+#include <cctype>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -114,6 +115,16 @@ int32_t StorageOwner(const Graph& g, int32_t id) {
     if (target < 0) return id;
     id = target;
   }
+}
+
+std::string_view BlockScope(std::string_view name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos || dot == 0) return {};
+  size_t i = dot + 1;
+  const size_t digits = i;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == digits || i >= name.size() || name[i] != '.') return {};
+  return name.substr(0, i);
 }
 
 }  // namespace kiln

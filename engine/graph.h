@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/ops.h"
@@ -96,5 +97,10 @@ int32_t InPlaceTarget(const Graph& g, int32_t id);
 // writes (to their target) back to a node with storage of its own (a source, or a computed
 // value). `id` itself if it owns its storage.
 int32_t StorageOwner(const Graph& g, int32_t id);
+
+// The block a node name belongs to: "blk.3.attn_norm" -> "blk.3" (a word, a dot, a number, a
+// dot, anything); other names -> "". Regional compilation (compiler/region.h) and activation
+// recomputation (autograd.h, ScopeRanges) group nodes by it.
+std::string_view BlockScope(std::string_view name);
 
 }  // namespace kiln

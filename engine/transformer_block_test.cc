@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <random>
 
@@ -67,7 +68,7 @@ Value MlpBlock(Builder& b, Value x, int layer) {
                  absl::StrCat("blk.", layer, ".ffn_out"));
 }
 
-Model BuildModel() {
+Model BuildModel(int layers = kLayers) {
   Model m;
   Builder b(&m.graph);
   const Dim T = b.Symbol("T", 16);
@@ -76,7 +77,7 @@ Model BuildModel() {
   const Value pos = b.Input("positions", DType::kI32, {T});
   Value h =
       b.Named(b.Gather(b.Weight("token_embd.weight", kType, {kVocab, kDim}), tokens), "token_embd");
-  for (int l = 0; l < kLayers; ++l) {
+  for (int l = 0; l < layers; ++l) {
     const Value an = b.Weight(absl::StrCat("blk.", l, ".attn_norm.weight"), kType, {kDim});
     const Value x = b.Named(b.RmsNorm(h, an, 1e-5), absl::StrCat("blk.", l, ".attn_norm"));
     h = b.Add(h, AttentionBlock(b, x, pos, T, l));
@@ -184,6 +185,131 @@ TEST_P(TransformerBlockTest, ParameterGradientsMatchFiniteDifferences) {
                          kLayers * (2 * kDim + 2 * kHeads * kHeadDim * kDim +
                                     2 * kKvHeads * kHeadDim * kDim + 3 * kFfn * kDim));
   EXPECT_LT(total_num / total_den, 1e-10);
+}
+
+// Activation recomputation per block (GradientOptions::recompute): the same gradients, bit for
+// bit, from a smaller arena; the backward reads no block's inner forward values.
+TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena) {
+  auto dev_backend = kiln::MakeTestBackend(GetParam(), 2);
+  backend::Device& dev = *dev_backend->device(0);
+  constexpr int kDeep = 6;
+  struct Run {
+    Model m;
+    std::unique_ptr<Program> program;
+    int32_t forward_nodes = 0;
+    std::vector<NodeRange> blocks;
+  };
+  Run runs[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    Run& r = runs[recompute];
+    r.m = BuildModel(kDeep);
+    Builder b(&r.m.graph);
+    r.forward_nodes = r.m.graph.size();
+    GradientOptions options;
+    if (recompute) options.recompute = ScopeRanges(r.m.graph, "blk");
+    r.blocks = options.recompute;
+    auto grads = Gradients(b, r.m.loss, r.m.params, Value{}, options);
+    ASSERT_TRUE(grads.ok()) << grads.status();
+    std::vector<Value> outputs = {r.m.loss};
+    outputs.insert(outputs.end(), grads->begin(), grads->end());
+    auto p = Compile(r.m.graph, outputs, dev);
+    ASSERT_TRUE(p.ok()) << p.status();
+    r.program = std::move(*p);
+  }
+  // One range per block; the backward reads only the values that leave a block (those read by
+  // forward nodes outside it), every other forward value of a block is read by its clones.
+  const Run& rc = runs[1];
+  ASSERT_EQ(rc.blocks.size(), static_cast<size_t>(kDeep));
+  const Graph& g = rc.m.graph;
+  EXPECT_GT(g.size(), runs[0].m.graph.size());  // the clones
+  int inner_values = 0;
+  for (const NodeRange& blk : rc.blocks) {
+    for (int32_t i = blk.begin; i < blk.end; ++i) {
+      if (GetOpDef(g.node(i).op).cls == OpClass::kSource) continue;
+      bool leaves_block = false, read_by_backward = false;
+      for (int32_t j = blk.end; j < g.size(); ++j) {
+        for (int32_t in : g.node(j).inputs) {
+          if (in != i) continue;
+          (j < rc.forward_nodes ? leaves_block : read_by_backward) = true;
+        }
+      }
+      if (!leaves_block) {
+        ++inner_values;
+        EXPECT_FALSE(read_by_backward)
+            << "the backward reads " << g.node(i).name << " (%" << i << ")";
+      }
+    }
+  }
+  EXPECT_GT(inner_values, kDeep * 10);
+  EXPECT_LT(runs[1].program->arena_bytes(), runs[0].program->arena_bytes());
+  std::cout << "arena bytes: " << runs[0].program->arena_bytes() << " without recomputation, "
+            << runs[1].program->arena_bytes() << " with\n";
+
+  const int64_t T = 16;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> tokens(T), targets(T), pos(T);
+  for (int64_t t = 0; t < T; ++t) {
+    tokens[t] = static_cast<double>(rng() % kVocab);
+    targets[t] = static_cast<double>(rng() % kVocab);
+    pos[t] = static_cast<double>(t);
+  }
+  std::map<std::string, std::vector<double>> values;
+  for (Value p : runs[0].m.params) {
+    const Node& n = runs[0].m.graph.node(p.id);
+    int64_t count = 1;
+    for (const Dim& d : n.shape) count *= d.constant();
+    std::vector<double>& v = values[n.name];
+    for (int64_t e = 0; e < count; ++e) {
+      v.push_back(n.name.find("norm") != std::string::npos ? 1.0 + 0.1 * normal(rng)
+                                                           : 0.4 * normal(rng));
+    }
+  }
+  auto stream = *dev.CreateStream();
+  std::vector<std::vector<double>> results[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    Run& r = runs[recompute];
+    Program& p = *r.program;
+    ASSERT_TRUE(p.SetSymbol("T", T).ok());
+    ASSERT_TRUE(p.Bind("tokens", *Tensor::FromDoubles(dev, DType::kI32, {T}, tokens)).ok());
+    ASSERT_TRUE(p.Bind("targets", *Tensor::FromDoubles(dev, DType::kI32, {T}, targets)).ok());
+    ASSERT_TRUE(p.Bind("positions", *Tensor::FromDoubles(dev, DType::kI32, {T}, pos)).ok());
+    for (Value v : r.m.params) {
+      const Node& n = r.m.graph.node(v.id);
+      std::vector<int64_t> shape;
+      for (const Dim& d : n.shape) shape.push_back(d.constant());
+      ASSERT_TRUE(p.Bind(n.name, *Tensor::FromDoubles(dev, kType, shape, values[n.name])).ok());
+    }
+    ASSERT_TRUE(p.Run(*stream).ok());
+    for (size_t i = 0; i <= r.m.params.size(); ++i) {
+      results[recompute].push_back(*p.Output(static_cast<int>(i))->ToDoubles());
+    }
+  }
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    const std::string what =
+        i == 0 ? "the loss" : runs[0].m.graph.node(runs[0].m.params[i - 1].id).name;
+    EXPECT_EQ(results[0][i], results[1][i]) << what;
+  }
+}
+
+TEST(RecomputeTest, RangesMustNotOverlapAndLieInTheGraph) {
+  Model m = BuildModel();
+  Builder b(&m.graph);
+  const std::vector<NodeRange> blocks = ScopeRanges(m.graph, "blk");
+  ASSERT_EQ(blocks.size(), static_cast<size_t>(kLayers));
+  EXPECT_LE(blocks[0].end, blocks[1].begin);
+  EXPECT_TRUE(ScopeRanges(m.graph, "layer").empty());
+  GradientOptions overlap;
+  overlap.recompute = {blocks[0], {blocks[0].end - 1, blocks[1].end}};
+  auto g = Gradients(b, m.loss, m.params, Value{}, overlap);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().ToString().find("overlap"), std::string::npos) << g.status();
+  GradientOptions outside;
+  outside.recompute = {{blocks[1].begin, m.graph.size() + 5}};
+  g = Gradients(b, m.loss, m.params, Value{}, outside);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().ToString().find("not within the graph"), std::string::npos) << g.status();
 }
 
 TEST_P(TransformerBlockTest, NamedTensorsAppearInDumps) {

@@ -1,7 +1,6 @@
 #include "engine/compiler/region.h"
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <unordered_map>
 
@@ -13,14 +12,10 @@ namespace {
 
 // "blk.3.attn_norm" -> ("blk", "blk.3"); names without a `<word>.<number>.` prefix -> empty.
 bool ScopeOf(const std::string& name, std::string* family, std::string* scope) {
-  const size_t dot = name.find('.');
-  if (dot == std::string::npos || dot == 0) return false;
-  size_t i = dot + 1;
-  const size_t digits = i;
-  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
-  if (i == digits || i >= name.size() || name[i] != '.') return false;
-  *family = name.substr(0, dot);
-  *scope = name.substr(0, i);
+  const std::string_view s = BlockScope(name);
+  if (s.empty()) return false;
+  *family = std::string(s.substr(0, s.find('.')));
+  *scope = std::string(s);
   return true;
 }
 

@@ -164,6 +164,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   topt.optimizer.weight_decay = o.weight_decay;
   topt.max_grad_norm = o.max_grad_norm;
   topt.seed = o.seed;
+  topt.recompute = o.recompute;
   const nlohmann::json options_json = {{"model", o.model},
                                        {"train", o.train},
                                        {"valid", o.valid},

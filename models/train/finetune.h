@@ -49,6 +49,7 @@ struct FinetuneOptions {
   int64_t batch_size = 4;
   int64_t seq_len = 1024;
   bool pack = true;
+  bool recompute = false;  // TrainerOptions::recompute: a smaller arena, ~1 more forward
   uint64_t seed = 42;
   int64_t save_steps = 0;  // 0: a checkpoint at the end of each epoch and at the end
   int keep_checkpoints = 2;

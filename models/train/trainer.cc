@@ -89,7 +89,9 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
     for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
     const Value seeds[] = {ce.dlogits};
     const Value outs[] = {logits};
-    KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt));
+    GradientOptions gopt;
+    if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
+    KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt, gopt));
     if (kind == Kind::kGradients) {
       compiled->first_grad_output = static_cast<int>(outputs.size());
       outputs.insert(outputs.end(), grads.begin(), grads.end());

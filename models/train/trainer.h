@@ -50,6 +50,10 @@ struct TrainerOptions {
   OptimizerParams optimizer;
   double max_grad_norm = 1.0;  // global-norm clipping (torch.nn.utils.clip_grad_norm_); 0: off
   uint64_t seed = 42;          // adapter initialisation
+  // Activation recomputation per transformer block (GradientOptions::recompute): the backward
+  // recomputes each block's activations from its input instead of keeping them from the
+  // forward; a smaller step arena for about one more forward of compute. Same results.
+  bool recompute = false;
 };
 
 struct TrainStepResult {
