@@ -3,13 +3,13 @@
 # (tests/bench/peft_train_peer.py), measured in the same run, interleaved (the VM's speed drifts:
 # quote the ratios).
 #
-#   tests/bench/finetune_bench.sh BUILD_DIR PEER_PYTHON [F32_MODEL_DIR] [STEPS] [ROUNDS]
+#   tests/bench/finetune_bench.sh BUILD_DIR PEER_PYTHON [F32_MODEL] [STEPS] [ROUNDS]
 #
 # BUILD_DIR     a Kiln build (its bin/kiln)
 # PEER_PYTHON   a Python with torch, transformers, peft and gguf (e.g. .venv-ref/bin/python)
-# F32_MODEL_DIR optional: SmolLM2 as a float32 Hugging Face folder (the same weights dequantized,
-#               e.g. `transformers.AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)
-#               .save_pretrained(F32_MODEL_DIR)` plus its tokenizer); adds "LoRA on the f32 base"
+# F32_MODEL     optional: SmolLM2 with F32 weights (the same weights dequantized), made by
+#               `PY tests/bench/gguf_to_f32.py .kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf F32.gguf`;
+#               adds "LoRA on the f32 base" (Kiln; the peer computes in f32 either way)
 # STEPS         timed steps per run (default 4; each run adds one untimed warm-up step)
 # ROUNDS        alternating rounds (default 2)
 #
