@@ -14,7 +14,8 @@
 # ROUNDS        alternating rounds (default 2)
 #
 # Every configuration: SmolLM2-135M-Instruct, 2 threads, batch 4 x 256 tokens, LoRA r 8 /
-# alpha 16 on all linear modules, AdamW. Kiln trains on packed prompt/completion rows whose
+# alpha 16 on all linear modules (or full fine-tuning, compared with the peer's), AdamW;
+# Kiln also with --recompute (activation recomputation per block). Kiln trains on packed prompt/completion rows whose
 # completions are most of each row; the peer on random ids, every position a target — both push
 # batch x seq_len tokens through forward and backward per step, which is what tokens/s counts
 # here (batch * seq_len / median step seconds). Peak RSS is the process's (ru_maxrss).
@@ -41,12 +42,13 @@ EOF
 
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
-# kiln MODEL -> "tokens_per_s peak_rss_mib"
+# kiln MODEL [ARGS...] -> "tokens_per_s peak_rss_mib"
 kiln_run() {
-  local log=$TMP/kiln.log
-  "$BUILD/bin/kiln" finetune --model "$1" --train "$TMP/train.jsonl" --out "$TMP/out" \
+  local log=$TMP/kiln.log model=$1
+  shift
+  "$BUILD/bin/kiln" finetune --model "$model" --train "$TMP/train.jsonl" --out "$TMP/out" \
     --steps $((STEPS + 1)) --batch-size $B --seq-len $L --threads 2 --lr 1e-4 \
-    --save-steps 1000000 --keep-checkpoints 1 > "$log.out" 2> "$log"
+    --save-steps 1000000 --keep-checkpoints 1 "$@" > "$log.out" 2> "$log"
   local step_s
   step_s=$(grep -o '[0-9.]* s$' "$log" | tail -n +2 | awk '{print $1}' | median)
   local rss
@@ -54,20 +56,23 @@ kiln_run() {
   rm -rf "$TMP/out"
   awk -v s="$step_s" -v r="$rss" -v t=$((B * L)) 'BEGIN {printf "%.1f %s\n", t / s, r}'
 }
-# peer MODEL -> "tokens_per_s peak_rss_mib"
+# peer MODEL METHOD -> "tokens_per_s peak_rss_mib"
 peer_run() {
-  "$PEER" "$ROOT/tests/bench/peft_train_peer.py" --model "$1" --method lora --steps "$STEPS" \
+  "$PEER" "$ROOT/tests/bench/peft_train_peer.py" --model "$1" --method "$2" --steps "$STEPS" \
     --batch-size $B --seq-len $L --threads 2 |
     awk '{for (i = 1; i <= NF; ++i) {split($i, kv, "="); v[kv[1]] = kv[2]} print v["tokens_per_s"], v["peak_rss_mib"]}'
 }
 
 declare -A TPS RSS
 for round in $(seq "$ROUNDS"); do
-  for cfg in kiln_q4 peer_q4 ${F32:+kiln_f32}; do
+  for cfg in kiln_q4 peer_q4 kiln_q4_recompute ${F32:+kiln_f32} kiln_full peer_full; do
     case $cfg in
       kiln_q4) out=$(kiln_run "$Q4") ;;
-      peer_q4) out=$(peer_run "$Q4") ;;
+      kiln_q4_recompute) out=$(kiln_run "$Q4" --recompute) ;;
+      peer_q4) out=$(peer_run "$Q4" lora) ;;
       kiln_f32) out=$(kiln_run "$F32") ;;
+      kiln_full) out=$(kiln_run "$Q4" --method full) ;;
+      peer_full) out=$(peer_run "$Q4" full) ;;
     esac
     echo "round $round $cfg: $out tok/s, MiB"
     TPS[$cfg]+="${out%% *} "
@@ -77,9 +82,11 @@ done
 m() { echo "$1" | tr ' ' '\n' | grep . | median; }
 echo
 echo "configuration          tokens/s   peak RSS MiB   vs PyTorch+PEFT (tokens/s, memory)"
-peer=$(m "${TPS[peer_q4]}")
-for cfg in peer_q4 kiln_q4 ${F32:+kiln_f32}; do
+for cfg in peer_q4 kiln_q4 kiln_q4_recompute ${F32:+kiln_f32} peer_full kiln_full; do
   t=$(m "${TPS[$cfg]}")
-  awk -v n="$cfg" -v t="$t" -v r="${RSS[$cfg]}" -v p="$peer" -v pr="${RSS[peer_q4]}" \
+  ref=peer_q4
+  [[ $cfg == *full ]] && ref=peer_full
+  peer=$(m "${TPS[$ref]}")
+  awk -v n="$cfg" -v t="$t" -v r="${RSS[$cfg]}" -v p="$peer" -v pr="${RSS[$ref]}" \
     'BEGIN {printf "%-22s %9.1f %14s   %.2fx, %.2fx\n", n, t, r, t / p, r / pr}'
 done
