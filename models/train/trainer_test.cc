@@ -243,6 +243,36 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
 INSTANTIATE_TEST_SUITE_P(Models, TrainerGradientTest,
                          ::testing::Values(kLlama, kQwen2, kGpt2, kSmolLm2), CaseName);
 
+// Target modules resolve per architecture: GPT-2's "mlp.c_proj" is its MLP output alone,
+// "c_proj" both projections of that name, and a llama module name is an error that lists
+// GPT-2's.
+TEST(TrainerLoraModulesTest, Gpt2TargetsByNameAndPath) {
+  auto trainable = [](std::vector<std::string> targets) -> StatusOr<std::vector<std::string>> {
+    KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenModel(kGpt2.model_path));
+    TrainerOptions opts;
+    opts.lora.target_modules = std::move(targets);
+    opts.batch_size = 1;
+    opts.seq_len = 8;
+    KILN_ASSIGN_OR_RETURN(auto t, Trainer::Create(std::move(parts), opts));
+    std::vector<std::string> names;
+    for (const TrainableTensor& x : t->trainable()) {
+      if (x.name.ends_with(".lora_A")) names.push_back(x.name);
+    }
+    return names;
+  };
+  EXPECT_EQ(*trainable({"mlp.c_proj"}),
+            (std::vector<std::string>{"blk.0.ffn_down.lora_A", "blk.1.ffn_down.lora_A"}));
+  EXPECT_EQ(trainable({"c_proj"})->size(), 4u);  // attn_output and ffn_down of 2 layers
+  EXPECT_EQ(trainable({"all-linear"})->size(), 8u);
+  auto bad = trainable({"q_proj"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(StatusMessage(bad.status())
+                .find("unknown LoRA target module 'q_proj' for architecture gpt2; allowed: "
+                      "c_attn attn.c_proj c_fc mlp.c_proj, or all-linear"),
+            std::string::npos)
+      << bad.status();
+}
+
 // Full fine-tuning: every weight (embedding, norms, projections, LM head) is an f32 master
 // copy; its gradient by GGUF name equals PyTorch's of the Hugging Face parameter.
 TEST(TrainerFullTest, EveryWeightGradientEqualsPyTorch) {
