@@ -3,7 +3,8 @@
 // SmolLM2's Q4_1 GGUF (frozen weights stay quantized; transformers dequantized them):
 //   - the loss and every LoRA gradient of a packed batch (llama family and GPT-2) and every
 //     full fine-tuning gradient, within a relative error of 1e-4;
-//   - 50 AdamW steps with global-norm clipping: each step's loss within 1% of PyTorch's;
+//   - 50 AdamW steps with global-norm clipping (SmolLM2: the first 10; docs/training.md says
+//     why): each step's loss within 1% of PyTorch's;
 //   - resuming from a checkpoint (WriteCheckpoint / LoadCheckpoint) after step 20 gives steps
 //     21-50 bit for bit;
 //   - an adapter written as PEFT files and read back gives PEFT's logits (1e-4).
