@@ -15,15 +15,14 @@ ForwardContext::ForwardContext(Builder& b, const ModelFiles& files, const LlmHPa
                                const StepInputs& in, const TrainGraphOptions& train)
     : b_(b), files_(files), hp_(hp), in_(in), training_(true), train_(train) {
   if (train.lora == nullptr) return;
-  StatusOr<std::vector<std::string>> modules = ResolveTargetModules(train.lora->target_modules);
+  StatusOr<std::vector<LoraModule>> modules =
+      ResolveLoraModules(hp.architecture, train.lora->target_modules);
   if (!modules.ok()) {
     Fail(modules.status());
     return;
   }
   for (int64_t l = 0; l < hp.num_layers; ++l) {
-    for (const std::string& m : *modules) {
-      adapted_.push_back(Cat("blk.", l, ".", GgufSuffixForPeftModule(m), ".weight"));
-    }
+    for (const LoraModule& m : *modules) adapted_.push_back(Cat("blk.", l, ".", m.gguf, ".weight"));
   }
 }
 

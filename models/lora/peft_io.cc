@@ -20,18 +20,59 @@ using json = nlohmann::json;
 
 constexpr std::string_view kConfigFile = "adapter_config.json";
 constexpr std::string_view kWeightsFile = "adapter_model.safetensors";
-constexpr std::string_view kLayersPrefix = "base_model.model.model.layers.";
-
-bool IsAttention(std::string_view module) {
-  return module == "q_proj" || module == "k_proj" || module == "v_proj" || module == "o_proj";
+// Where PEFT's names put layer N: "base_model.model." + the Hugging Face model's path.
+std::string_view LayersPrefix(std::string_view architecture) {
+  return architecture == "gpt2" ? "base_model.model.transformer.h."
+                                : "base_model.model.model.layers.";
 }
 
-std::string GgufName(int64_t layer, std::string_view module) {
-  return Cat("blk.", layer, ".", GgufSuffixForPeftModule(module), ".weight");
+std::string TensorName(std::string_view arch, int64_t layer, const LoraModule& m, char ab) {
+  return Cat(LayersPrefix(arch), layer, ".", m.path, ".lora_", std::string(1, ab), ".weight");
 }
 
-// "blk.3.attn_q.weight" -> (3, "q_proj"); false for any other name.
-bool ParseGgufName(const std::string& name, int64_t& layer, std::string_view& module) {
+std::string GgufName(int64_t layer, const LoraModule& m) {
+  return Cat("blk.", layer, ".", m.gguf, ".weight");
+}
+
+// (in, out) of module `m` (by its GGUF weight) in `hp`'s model.
+LoraLayerShape ModuleShape(const LlmHParams& hp, const LoraModule& m) {
+  const int64_t c = hp.hidden_size, q = hp.num_heads * hp.head_dim,
+                kv = hp.num_kv_heads * hp.head_dim, f = hp.ffn_size;
+  const std::string_view g = m.gguf;
+  if (g == "attn_q") return {c, q};
+  if (g == "attn_k" || g == "attn_v") return {c, kv};
+  if (g == "attn_qkv") return {c, q + 2 * kv};
+  if (g == "attn_output") return {q, c};
+  if (g == "ffn_gate" || g == "ffn_up") return {c, f};
+  if (g == "ffn_down") return {f, c};
+  KILN_CHECK(false, "every LoRA module has a shape rule");
+  return {};
+}
+
+// adapter_config.json's target_modules for a set of modules: each module's name, or its path
+// where the set holds only some of the modules of that name (GPT-2's attn.c_proj alone).
+std::vector<std::string> TargetNames(std::string_view arch, const std::vector<LoraModule>& on) {
+  std::vector<std::string> out;
+  for (const LoraModule& m : on) {
+    bool all_of_name = true;
+    for (const LoraModule& o : LoraModules(arch)) {
+      if (o.name != m.name) continue;
+      all_of_name &=
+          std::any_of(on.begin(), on.end(), [&](const LoraModule& x) { return x.gguf == o.gguf; });
+    }
+    std::string t(all_of_name ? m.name : m.path);
+    if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+bool Contains(const std::vector<LoraModule>& on, const LoraModule& m) {
+  return std::any_of(on.begin(), on.end(), [&](const LoraModule& x) { return x.gguf == m.gguf; });
+}
+
+// "blk.3.attn_q.weight" -> (3, q_proj); false for any other name.
+bool ParseGgufName(std::string_view arch, const std::string& name, int64_t& layer,
+                   const LoraModule*& module) {
   std::string_view s = name;
   constexpr std::string_view kBlk = "blk.", kWeight = ".weight";
   if (!s.starts_with(kBlk) || !s.ends_with(kWeight)) return false;
@@ -40,24 +81,25 @@ bool ParseGgufName(const std::string& name, int64_t& layer, std::string_view& mo
   if (dot == std::string_view::npos || dot == 0) return false;
   auto [end, ec] = std::from_chars(s.data(), s.data() + dot, layer);
   if (ec != std::errc() || end != s.data() + dot || layer < 0) return false;
-  module = PeftModuleForGgufSuffix(s.substr(dot + 1));
-  return !module.empty();
+  module = LoraModuleForGguf(arch, s.substr(dot + 1));
+  return module != nullptr;
 }
 
-// "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, "q_proj", 'A').
-bool ParsePeftName(std::string_view s, int64_t& layer, std::string_view& module, char& ab) {
-  if (!s.starts_with(kLayersPrefix)) return false;
-  s.remove_prefix(kLayersPrefix.size());
+// "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight" -> (3, q_proj, 'A').
+bool ParsePeftName(std::string_view arch, std::string_view s, int64_t& layer,
+                   const LoraModule*& module, char& ab) {
+  const std::string_view prefix = LayersPrefix(arch);
+  if (!s.starts_with(prefix)) return false;
+  s.remove_prefix(prefix.size());
   const size_t dot = s.find('.');
   if (dot == std::string_view::npos || dot == 0) return false;
   auto [end, ec] = std::from_chars(s.data(), s.data() + dot, layer);
   if (ec != std::errc() || end != s.data() + dot || layer < 0) return false;
   s.remove_prefix(dot + 1);
-  for (std::string_view m : PeftModuleNames()) {
-    const std::string group = IsAttention(m) ? "self_attn." : "mlp.";
+  for (const LoraModule& m : LoraModules(arch)) {
     for (char c : {'A', 'B'}) {
-      if (s == Cat(group, m, ".lora_", std::string(1, c), ".weight")) {
-        module = m;
+      if (s == Cat(m.path, ".lora_", std::string(1, c), ".weight")) {
+        module = &m;
         ab = c;
         return true;
       }
@@ -109,10 +151,10 @@ std::vector<float> PermuteRows(const std::vector<float>& w, int64_t rows, int64_
 }
 
 // The number of heads whose rows are permuted in `module`'s lora_B, or 0 if none.
-int64_t PermutedHeads(const PeftBaseModel& base, std::string_view module) {
+int64_t PermutedHeads(const PeftBaseModel& base, const LoraModule& m) {
   if (!base.qk_rows_permuted) return 0;
-  if (module == "q_proj") return base.hparams.num_heads;
-  if (module == "k_proj") return base.hparams.num_kv_heads;
+  if (m.gguf == "attn_q") return base.hparams.num_heads;
+  if (m.gguf == "attn_k") return base.hparams.num_kv_heads;
   return 0;
 }
 
@@ -146,23 +188,27 @@ PeftBaseModel PeftBaseModel::FromHParams(const LlmHParams& hparams, std::string 
 }
 
 StatusOr<LoraLayerShape> PeftModuleShape(const LlmHParams& hp, std::string_view module) {
-  if (hp.architecture == "gpt2") {
-    return InvalidArgument("LoRA adapters in PEFT format are supported for the llama family, not ",
-                           hp.architecture);
+  const LoraModule* found = nullptr;
+  for (const LoraModule& m : LoraModules(hp.architecture)) {
+    if (m.name != module && m.path != module) continue;
+    if (found != nullptr) {
+      return InvalidArgument("LoRA module '", module, "' names several modules of ",
+                             hp.architecture, "; use one of ", LoraModuleList(hp.architecture));
+    }
+    found = &m;
   }
-  const int64_t c = hp.hidden_size, q = hp.num_heads * hp.head_dim,
-                kv = hp.num_kv_heads * hp.head_dim, f = hp.ffn_size;
-  if (module == "q_proj") return LoraLayerShape{c, q};
-  if (module == "k_proj" || module == "v_proj") return LoraLayerShape{c, kv};
-  if (module == "o_proj") return LoraLayerShape{q, c};
-  if (module == "gate_proj" || module == "up_proj") return LoraLayerShape{c, f};
-  if (module == "down_proj") return LoraLayerShape{f, c};
-  return InvalidArgument("unknown LoRA module '", module, "'; allowed: ", PeftModuleNameList());
+  if (found == nullptr) {
+    return InvalidArgument("unknown LoRA module '", module, "' for ", hp.architecture,
+                           "; allowed: ", LoraModuleList(hp.architecture));
+  }
+  return ModuleShape(hp, *found);
 }
 
 std::string PeftTensorName(int64_t layer, std::string_view module, char ab) {
-  return Cat(kLayersPrefix, layer, IsAttention(module) ? ".self_attn." : ".mlp.", module, ".lora_",
-             std::string(1, ab), ".weight");
+  for (const LoraModule& m : LoraModules("llama")) {
+    if (m.name == module) return TensorName("llama", layer, m, ab);
+  }
+  return Cat(LayersPrefix("llama"), layer, ".", module, ".lora_", std::string(1, ab), ".weight");
 }
 
 std::vector<float> HfToGgufQkRows(const std::vector<float>& w, int64_t rows, int64_t cols,
@@ -179,42 +225,47 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
                         const PeftBaseModel& base) {
   const LoraConfig& cfg = adapter.config;
   KILN_RETURN_IF_ERROR(cfg.Validate());
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> targets, ResolveTargetModules(cfg.target_modules));
+  const std::string& arch = base.hparams.architecture;
+  KILN_ASSIGN_OR_RETURN(std::vector<LoraModule> targets,
+                        ResolveLoraModules(arch, cfg.target_modules));
+  const std::vector<std::string> target_names = TargetNames(arch, targets);
   if (adapter.layers.empty()) return InvalidArgument("LoRA adapter has no layers to write");
   SafetensorsWriter st;
   st.SetMetadata("format", "pt");  // what PEFT writes
   const int64_t r = cfg.r;
   for (const auto& [name, layer] : adapter.layers) {
     int64_t index;
-    std::string_view module;
-    if (!ParseGgufName(name, index, module)) {
+    const LoraModule* m = nullptr;
+    if (!ParseGgufName(arch, name, index, m)) {
+      std::string suffixes;
+      for (const LoraModule& x : LoraModules(arch)) suffixes.append(", ").append(x.gguf);
       return InvalidArgument("adapter layer '", name,
-                             "' is not a GGUF weight name of a LoRA module (blk.N.attn_q.weight, "
-                             "attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)");
+                             "' is not a GGUF weight name of a LoRA module", " of ", arch,
+                             " (blk.N.<module>.weight", suffixes, ")");
     }
-    const std::string where =
-        Cat("adapter layer blk.", index, ".", GgufSuffixForPeftModule(module));
+    const std::string_view module = LoraModuleLabel(arch, *m);
+    const std::string where = Cat("adapter layer blk.", index, ".", m->gguf);
     if (index >= base.hparams.num_layers) {
       return InvalidArgument(where, ": layer ", index, " is past the model's ",
                              base.hparams.num_layers, " layers");
     }
-    if (std::find(targets.begin(), targets.end(), module) == targets.end()) {
+    if (!Contains(targets, *m)) {
       return InvalidArgument(where, ": ", module, " is not in target_modules (",
-                             absl::StrJoin(targets, " "), ")");
+                             absl::StrJoin(target_names, " "), ")");
     }
-    KILN_ASSIGN_OR_RETURN(LoraLayerShape want, PeftModuleShape(base.hparams, module));
+    const LoraLayerShape want = ModuleShape(base.hparams, *m);
     KILN_RETURN_IF_ERROR(CheckLayerShapes(where, module, want, r, r, layer.in, layer.out, r));
     if (static_cast<int64_t>(layer.a.size()) != r * layer.in ||
         static_cast<int64_t>(layer.b.size()) != layer.out * r) {
       return InvalidArgument(where, ": lora_A holds ", layer.a.size(), " values and lora_B ",
                              layer.b.size(), "; expected ", r * layer.in, " and ", layer.out * r);
     }
-    KILN_RETURN_IF_ERROR(st.AddFloats(PeftTensorName(index, module, 'A'), {r, layer.in},
+    KILN_RETURN_IF_ERROR(st.AddFloats(TensorName(arch, index, *m, 'A'), {r, layer.in},
                                       layer.a.data(), layer.a.size()));
-    const int64_t heads = PermutedHeads(base, module);
+    const int64_t heads = PermutedHeads(base, *m);
     const std::vector<float> b = heads > 0 ? GgufToHfQkRows(layer.b, layer.out, r, heads) : layer.b;
     KILN_RETURN_IF_ERROR(
-        st.AddFloats(PeftTensorName(index, module, 'B'), {layer.out, r}, b.data(), b.size()));
+        st.AddFloats(TensorName(arch, index, *m, 'B'), {layer.out, r}, b.data(), b.size()));
   }
 
   // Keys PEFT has had since 0.10, so older versions load the file too; newer versions write
@@ -225,7 +276,8 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
       {"base_model_name_or_path",
        base.name_or_path.empty() ? json(nullptr) : json(base.name_or_path)},
       {"bias", "none"},
-      {"fan_in_fan_out", false},
+      // GPT-2's Conv1D weights are stored (in, out); PEFT sets this for them.
+      {"fan_in_fan_out", arch == "gpt2"},
       {"inference_mode", true},
       {"init_lora_weights", true},
       {"layer_replication", nullptr},
@@ -241,7 +293,7 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
       {"r", cfg.r},
       {"rank_pattern", json::object()},
       {"revision", nullptr},
-      {"target_modules", targets},
+      {"target_modules", target_names},
       {"task_type", "CAUSAL_LM"},
       {"use_dora", false},
       {"use_rslora", cfg.use_rslora},
@@ -307,10 +359,13 @@ StatusOr<LoraAdapter> ReadPeftAdapter(const std::string& dir, const PeftBaseMode
     return Unimplemented(config_path, ": bias is \"", bias, "\"; Kiln applies only \"none\"");
   }
   if (dora) return Unimplemented(config_path, ": use_dora is true; Kiln does not apply DoRA");
-  if (fan_in_fan_out) {
+  // fan_in_fan_out describes the base weights' layout (GPT-2's Conv1D is (in, out)); lora_A and
+  // lora_B are (r, in) and (out, r) either way. Only GPT-2 has such layers.
+  if (fan_in_fan_out && base.hparams.architecture != "gpt2") {
     return Unimplemented(config_path,
-                         ": fan_in_fan_out is true (GPT-2 Conv1D layers); "
-                         "Kiln reads llama-family adapters");
+                         ": fan_in_fan_out is true, which is for Conv1D layers "
+                         "(GPT-2), but the model is ",
+                         base.hparams.architecture);
   }
   for (const char* key : {"rank_pattern", "alpha_pattern", "modules_to_save"}) {
     if (!IsEmptyOrNull(j, key)) {
@@ -321,110 +376,117 @@ StatusOr<LoraAdapter> ReadPeftAdapter(const std::string& dir, const PeftBaseMode
   }
   // target_modules: a list of names, or a string (a regex, or "all-linear"), in which case
   // the tensors present decide.
+  const std::string& arch = base.hparams.architecture;
   bool targets_from_tensors = false;
+  std::vector<LoraModule> allowed;
   if (auto it = j.find("target_modules"); it != j.end() && it->is_array()) {
-    cfg.target_modules.clear();
     for (const json& m : *it) {
       if (!m.is_string()) {
         return InvalidArgument(config_path, ": target_modules must be a list of strings, got ",
                                it->dump());
       }
       // PEFT matches names by suffix and, for "all-linear", saves full module paths
-      // ("model.layers.1.mlp.gate_proj"): keep the last component.
+      // ("model.layers.1.mlp.gate_proj"); ResolveLoraModules matches both.
       const std::string name = m.get<std::string>();
-      const size_t dot = name.rfind('.');
-      std::string module = dot == std::string::npos ? name : name.substr(dot + 1);
-      if (GgufSuffixForPeftModule(module).empty() && module != "all-linear") {
+      auto resolved = ResolveLoraModules(arch, {name});
+      if (!resolved.ok()) {
         return Unimplemented(config_path, ": target module \"", name,
-                             "\" is not one Kiln applies LoRA to (", PeftModuleNameList(), ")");
+                             "\" is not one Kiln applies LoRA to in ", arch, " (",
+                             LoraModuleList(arch), ")");
       }
-      if (std::find(cfg.target_modules.begin(), cfg.target_modules.end(), module) ==
-          cfg.target_modules.end()) {
-        cfg.target_modules.push_back(std::move(module));
+      for (const LoraModule& x : *resolved) {
+        if (!Contains(allowed, x)) allowed.push_back(x);
       }
     }
-    if (auto resolved = ResolveTargetModules(cfg.target_modules); !resolved.ok()) {
-      return Annotate(resolved.status(), config_path);
-    } else {
-      cfg.target_modules = *resolved;
+    if (allowed.empty()) {
+      return InvalidArgument(config_path, ": target_modules is empty; expected ",
+                             LoraModuleList(arch), " or all-linear");
     }
   } else if (it != j.end() && it->is_string() && it->get<std::string>() == "all-linear") {
-    cfg.target_modules = {"all-linear"};
+    allowed = LoraModules(arch);
   } else {
     targets_from_tensors = true;
+  }
+  // In the architecture's canonical order.
+  auto canonical = [&](const std::vector<LoraModule>& on) {
+    std::vector<LoraModule> out;
+    for (const LoraModule& m : LoraModules(arch)) {
+      if (Contains(on, m)) out.push_back(m);
+    }
+    return out;
+  };
+  allowed = canonical(allowed);
+  if (!targets_from_tensors) cfg.target_modules = TargetNames(arch, allowed);
+  if (auto it = j.find("target_modules");
+      it != j.end() && it->is_string() && it->get<std::string>() == "all-linear") {
+    cfg.target_modules = {"all-linear"};
   }
   if (Status s = cfg.Validate(); !s.ok()) return Annotate(s, config_path);
 
   // adapter_model.safetensors
   KILN_ASSIGN_OR_RETURN(auto st, SafetensorsFile::Open(weights_path));
-  KILN_ASSIGN_OR_RETURN(std::vector<std::string> allowed, ResolveTargetModules(cfg.target_modules));
   struct Pending {
     const SafetensorsTensor* a = nullptr;
     const SafetensorsTensor* b = nullptr;
     int64_t layer;
-    std::string_view module;
+    const LoraModule* module;
   };
   std::map<std::string, Pending> pending;  // by GGUF name
-  std::set<std::string> present_modules;
+  std::vector<LoraModule> present;
   for (const SafetensorsTensor& t : st->tensors()) {
     int64_t layer;
-    std::string_view module;
+    const LoraModule* m = nullptr;
     char ab;
-    if (!ParsePeftName(t.name, layer, module, ab)) {
+    if (!ParsePeftName(arch, t.name, layer, m, ab)) {
       return InvalidArgument(weights_path, ": tensor \"", t.name,
                              "\" is not a LoRA weight Kiln knows (expected names like ",
-                             PeftTensorName(0, "q_proj", 'A'), " for ", PeftModuleNameList(), ")");
+                             TensorName(arch, 0, LoraModules(arch)[0], 'A'), " for ",
+                             LoraModuleList(arch), ")");
     }
-    const std::string gguf = GgufName(layer, module);
-    const std::string where =
-        Cat(weights_path, ": adapter layer blk.", layer, ".", GgufSuffixForPeftModule(module));
+    const std::string_view module = LoraModuleLabel(arch, *m);
+    const std::string where = Cat(weights_path, ": adapter layer blk.", layer, ".", m->gguf);
     if (layer >= base.hparams.num_layers) {
       return InvalidArgument(where, ": layer ", layer, " is past the model's ",
                              base.hparams.num_layers, " layers");
     }
-    if (!targets_from_tensors &&
-        std::find(allowed.begin(), allowed.end(), module) == allowed.end()) {
+    if (!targets_from_tensors && !Contains(allowed, *m)) {
       return InvalidArgument(where, ": ", module,
                              " is not in adapter_config.json's target_modules (",
-                             absl::StrJoin(allowed, " "), ")");
+                             absl::StrJoin(TargetNames(arch, allowed), " "), ")");
     }
     if (t.shape.size() != 2) {
       return InvalidArgument(where, ": lora_", std::string(1, ab), " has shape ",
                              ShapeText(t.shape), "; expected a matrix");
     }
-    Pending& p = pending[gguf];
+    Pending& p = pending[GgufName(layer, *m)];
     p.layer = layer;
-    p.module = module;
+    p.module = m;
     (ab == 'A' ? p.a : p.b) = &t;
-    present_modules.insert(std::string(module));
+    if (!Contains(present, *m)) present.push_back(*m);
   }
   if (pending.empty()) return InvalidArgument(weights_path, ": holds no LoRA tensors");
   for (const auto& [gguf, p] : pending) {
     const std::string where =
-        Cat(weights_path, ": adapter layer blk.", p.layer, ".", GgufSuffixForPeftModule(p.module));
+        Cat(weights_path, ": adapter layer blk.", p.layer, ".", p.module->gguf);
     if (p.a == nullptr || p.b == nullptr) {
       return InvalidArgument(where, ": has ", p.a ? "lora_A" : "lora_B", " but no ",
                              p.a ? "lora_B" : "lora_A");
     }
-    KILN_ASSIGN_OR_RETURN(LoraLayerShape want, PeftModuleShape(base.hparams, p.module));
-    KILN_RETURN_IF_ERROR(CheckLayerShapes(where, p.module, want, cfg.r, p.a->shape[0],
-                                          p.a->shape[1], p.b->shape[0], p.b->shape[1]));
+    const LoraLayerShape want = ModuleShape(base.hparams, *p.module);
+    KILN_RETURN_IF_ERROR(CheckLayerShapes(where, LoraModuleLabel(arch, *p.module), want, cfg.r,
+                                          p.a->shape[0], p.a->shape[1], p.b->shape[0],
+                                          p.b->shape[1]));
     LoraLayer layer;
     layer.in = want.in;
     layer.out = want.out;
     KILN_ASSIGN_OR_RETURN(layer.a, SafetensorsToFloats(*p.a));
     KILN_ASSIGN_OR_RETURN(layer.b, SafetensorsToFloats(*p.b));
-    if (const int64_t heads = PermutedHeads(base, p.module); heads > 0) {
+    if (const int64_t heads = PermutedHeads(base, *p.module); heads > 0) {
       layer.b = HfToGgufQkRows(layer.b, layer.out, cfg.r, heads);
     }
     adapter.layers.emplace(gguf, std::move(layer));
   }
-  if (targets_from_tensors) {
-    cfg.target_modules.clear();
-    for (std::string_view m : PeftModuleNames()) {
-      if (present_modules.count(std::string(m))) cfg.target_modules.emplace_back(m);
-    }
-  }
+  if (targets_from_tensors) cfg.target_modules = TargetNames(arch, canonical(present));
   return adapter;
 }
 

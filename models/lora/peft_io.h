@@ -4,6 +4,13 @@
 //   <dir>/adapter_config.json        {"peft_type": "LORA", "r": 8, "lora_alpha": 16, ...}
 //   <dir>/adapter_model.safetensors  base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight
 //                                    (r, in) and ...lora_B.weight (out, r); mlp.gate_proj, ...
+//                                    GPT-2: base_model.model.transformer.h.3.attn.c_attn.lora_A
+//                                    .weight, attn.c_proj, mlp.c_fc, mlp.c_proj
+//
+// The model's architecture (PeftBaseModel::hparams.architecture) picks the module table
+// (LoraModules in lora_config.h). GPT-2's Conv1D layers make PEFT write fan_in_fan_out true;
+// that describes the base weights only (lora_A is (r, in), lora_B (out, r) as for Linear), so
+// the writer sets it for GPT-2 and the reader accepts it there.
 //
 //   auto base = PeftBaseModel::FromHParams(hparams, "HuggingFaceTB/SmolLM2-135M-Instruct");
 //   KILN_RETURN_IF_ERROR(WritePeftAdapter("/out/adapter", adapter, base));
@@ -43,14 +50,16 @@ struct PeftBaseModel {
 };
 
 // The (in, out) features of a PEFT module's weight in `hp`'s model: q_proj (C, Hq*D), k_proj
-// and v_proj (C, Hkv*D), o_proj (Hq*D, C), gate_proj and up_proj (C, F), down_proj (F, C).
-// InvalidArgument for an unknown module or an architecture without these modules (gpt2).
+// and v_proj (C, Hkv*D), o_proj (Hq*D, C), gate_proj and up_proj (C, F), down_proj (F, C);
+// GPT-2: c_attn (C, 3C), attn.c_proj (C, C), c_fc (C, F), mlp.c_proj (F, C). `module` is a
+// name or a path of LoraModules(hp.architecture). InvalidArgument for a module the
+// architecture lacks, or a name that is several modules' (GPT-2's c_proj).
 struct LoraLayerShape {
   int64_t in = 0, out = 0;
 };
 StatusOr<LoraLayerShape> PeftModuleShape(const LlmHParams& hp, std::string_view module);
 
-// PEFT's tensor name for module `module` of layer `layer`, `ab` 'A' or 'B':
+// PEFT's tensor name for llama-family module `module` of layer `layer`, `ab` 'A' or 'B':
 // "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight".
 std::string PeftTensorName(int64_t layer, std::string_view module, char ab);
 
@@ -84,7 +93,8 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter,
 //     ("adapter layer blk.3.attn_q: lora_A is (8, 576) but the model's q_proj takes 512
 //     inputs"), a layer index past the model's layers, no tensors at all;
 //   Unimplemented: PEFT features Kiln does not apply (DoRA, bias other than "none",
-//     rank_pattern/alpha_pattern, modules_to_save, fan_in_fan_out).
+//     rank_pattern/alpha_pattern, modules_to_save, fan_in_fan_out on a model other than
+//     GPT-2).
 StatusOr<LoraAdapter> ReadPeftAdapter(const std::string& dir, const PeftBaseModel& base);
 
 }  // namespace kiln::models

@@ -217,6 +217,58 @@ TEST_F(PeftIoTest, RoundTripAndFileLayout) {
   }
 }
 
+// GPT-2: PEFT's names under transformer.h, Conv1D (fan_in_fan_out true), c_attn fused q/k/v,
+// and c_proj naming two modules (attn.c_proj, mlp.c_proj) told apart by their paths.
+TEST_F(PeftIoTest, Gpt2RoundTripAndModulePaths) {
+  LlmHParams hp = TinyLlama();
+  hp.architecture = "gpt2";
+  hp.num_kv_heads = hp.num_heads;
+  hp.ffn_size = 256;
+  const PeftBaseModel base = PeftBaseModel::FromHParams(hp, "kiln-fixtures/tiny-gpt2");
+  EXPECT_EQ(PeftModuleShape(hp, "c_attn")->out, 192);
+  EXPECT_EQ(PeftModuleShape(hp, "mlp.c_proj")->in, 256);
+  EXPECT_EQ(PeftModuleShape(hp, "attn.c_proj")->in, 64);
+  EXPECT_THAT(PeftModuleShape(hp, "c_proj").status().message(), HasSubstr("names several"));
+  LoraAdapter ad;
+  ad.config.r = 2;
+  ad.config.alpha = 4;
+  ad.config.target_modules = {"c_attn", "mlp.c_proj"};
+  uint32_t seed = 1;
+  auto modules = ResolveLoraModules("gpt2", ad.config.target_modules);
+  ASSERT_TRUE(modules.ok()) << modules.status();
+  for (const LoraModule& m : *modules) {
+    LoraLayerShape s = *PeftModuleShape(hp, LoraModuleLabel("gpt2", m));
+    ad.layers[StrCat("blk.1.", m.gguf, ".weight")] = {s.in, s.out, Random(2 * s.in, seed++),
+                                                      Random(s.out * 2, seed++)};
+  }
+  ASSERT_EQ(ad.layers.size(), 2u);
+  ASSERT_TRUE(WritePeftAdapter(Dir(), ad, base).ok());
+  const json cfg = ReadJson(Dir() + "/adapter_config.json");
+  EXPECT_EQ(cfg["fan_in_fan_out"], true);
+  EXPECT_EQ(cfg["target_modules"], json({"c_attn", "mlp.c_proj"}));
+  auto st = SafetensorsFile::Open(Dir() + "/adapter_model.safetensors");
+  ASSERT_TRUE(st.ok()) << st.status();
+  const SafetensorsTensor* down =
+      (*st)->Find("base_model.model.transformer.h.1.mlp.c_proj.lora_A.weight");
+  ASSERT_NE(down, nullptr);
+  EXPECT_EQ(down->shape, (std::vector<int64_t>{2, 256}));
+  ASSERT_NE((*st)->Find("base_model.model.transformer.h.1.attn.c_attn.lora_B.weight"), nullptr);
+  auto back = ReadPeftAdapter(Dir(), base);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->config.target_modules, (std::vector<std::string>{"c_attn", "mlp.c_proj"}));
+  for (const auto& [name, layer] : ad.layers) {
+    ASSERT_TRUE(back->layers.count(name)) << name;
+    EXPECT_EQ(back->layers.at(name).a, layer.a);
+    EXPECT_EQ(back->layers.at(name).b, layer.b);
+  }
+  // The llama reader of the same files finds no module of its own.
+  EXPECT_FALSE(ReadPeftAdapter(Dir(), Base(false)).ok());
+  // An adapter for attn.c_proj is not one for mlp.c_proj.
+  ad.config.target_modules = {"attn.c_proj"};
+  EXPECT_THAT(WritePeftAdapter(Dir(), ad, base).message(),
+              HasSubstr("blk.1.attn_qkv: c_attn is not in target_modules (attn.c_proj)"));
+}
+
 TEST_F(PeftIoTest, WriteRejectsLayersThatDoNotFit) {
   const PeftBaseModel base = Base(false);
   LoraAdapter ad = RandomAdapter(4, 8);

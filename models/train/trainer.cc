@@ -79,12 +79,17 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
   const Value logits = parts_.arch->build(ctx);  // [T, V]
   KILN_RETURN_IF_ERROR(ctx.status());
   KILN_RETURN_IF_ERROR(b.status());
-  // The loss and d loss / d logits in one kernel (softmax is never materialised).
-  const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, inv_count);
-  const Value loss = b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss");  // rank 0
-  std::vector<Value> outputs = {loss};
+  std::vector<Value> outputs;
+  CrossEntropyOutputs ce;
+  if (kind == Kind::kLogits) {
+    outputs.push_back(logits);
+  } else {
+    // The loss and d loss / d logits in one kernel (softmax is never materialised).
+    ce = b.FusedCrossEntropy(logits, targets, inv_count);
+    outputs.push_back(b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss"));  // rank 0
+  }
   auto compiled = std::make_unique<Compiled>();
-  if (kind != Kind::kLoss) {
+  if (kind == Kind::kGradients || kind == Kind::kStep) {
     std::vector<Value> wrt;
     for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
     const Value seeds[] = {ce.dlogits};
@@ -125,6 +130,7 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
   compiler::CompilerOptions copts;
   copts.label = Cat(parts_.info.name, kind == Kind::kLoss        ? " (loss)"
                                       : kind == Kind::kGradients ? " (gradients)"
+                                      : kind == Kind::kLogits    ? " (logits)"
                                                                  : " (training step)");
   compiler::CompileReport report;
   KILN_ASSIGN_OR_RETURN(compiled->program,
@@ -169,25 +175,26 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
 // their initial values: PEFT's LoRA init, or the model's weights as f32 master copies.
 Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(stream_, parts_.device->CreateStream());
-  compiled_.resize(3);
+  compiled_.resize(4);
   KILN_RETURN_IF_ERROR(Get(Kind::kLoss).status());
   if (trainable_.empty()) return InvalidArgument("the training graph has no trainable tensor");
   if (options_.method == TrainerOptions::Method::kLora) {
-    // Every explicitly named target module must exist in the architecture.
-    KILN_ASSIGN_OR_RETURN(std::vector<std::string> modules,
-                          ResolveTargetModules(options_.lora.target_modules));
+    // Every explicitly named target module must exist in the model.
+    KILN_ASSIGN_OR_RETURN(
+        std::vector<LoraModule> modules,
+        ResolveLoraModules(parts_.hparams.architecture, options_.lora.target_modules));
     const bool all =
         std::find(options_.lora.target_modules.begin(), options_.lora.target_modules.end(),
                   "all-linear") != options_.lora.target_modules.end();
-    for (const std::string& m : modules) {
-      const std::string suffix = Cat(".", GgufSuffixForPeftModule(m), ".lora_A");
+    for (const LoraModule& m : modules) {
+      const std::string suffix = Cat(".", m.gguf, ".lora_A");
       const bool found = std::any_of(trainable_.begin(), trainable_.end(), [&](const auto& t) {
         return t.name.size() > suffix.size() &&
                t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0;
       });
       if (!found && !all) {
-        return InvalidArgument("LoRA target module '", m, "' does not exist in architecture ",
-                               parts_.hparams.architecture);
+        return InvalidArgument("LoRA target module '", m.path, "' does not exist in this ",
+                               parts_.hparams.architecture, " model");
       }
     }
     // PEFT: A ~ kaiming_uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in)); B = 0.
@@ -340,7 +347,7 @@ size_t Trainer::step_arena_bytes() const {
 }
 
 StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, double lr,
-                                       std::map<std::string, std::vector<float>>* grads) {
+                                       std::map<std::string, std::vector<float>>* out) {
   const int64_t T = options_.batch_size * options_.seq_len;
   if (batch.rows != options_.batch_size || batch.seq_len != options_.seq_len ||
       static_cast<int64_t>(batch.tokens.size()) != T ||
@@ -362,7 +369,9 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   }
   const int64_t count = std::count_if(batch.targets.begin(), batch.targets.end(),
                                       [](int32_t t) { return t != train::kIgnoreIndex; });
-  if (count == 0) return InvalidArgument("the batch has no counted (target) token");
+  if (count == 0 && kind != Kind::kLogits) {
+    return InvalidArgument("the batch has no counted (target) token");
+  }
   KILN_ASSIGN_OR_RETURN(Compiled * c, Get(kind));
   auto put = [&](const char* name, const void* src, size_t bytes) -> Status {
     auto it = inputs_.find(name);
@@ -374,7 +383,7 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   KILN_RETURN_IF_ERROR(put("targets", batch.targets.data(), bytes));
   KILN_RETURN_IF_ERROR(put("positions", batch.positions.data(), bytes));
   KILN_RETURN_IF_ERROR(put("doc_ids", batch.doc_ids.data(), bytes));
-  const float inv = 1.0f / static_cast<float>(count);
+  const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   KILN_RETURN_IF_ERROR(put("inv_count", &inv, sizeof(inv)));
   if (kind == Kind::kStep) {
     const double hyper[3] = {static_cast<double>(step_ + 1), lr, 1.0};
@@ -384,21 +393,25 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   KILN_RETURN_IF_ERROR(stream_->Synchronize());
   TrainStepResult r;
   r.tokens = count;
-  KILN_ASSIGN_OR_RETURN(Tensor loss, c->program->Output(0));
-  KILN_ASSIGN_OR_RETURN(std::vector<float> lv, Download(loss));
-  r.loss = lv[0];
+  KILN_ASSIGN_OR_RETURN(Tensor first, c->program->Output(0));
+  KILN_ASSIGN_OR_RETURN(std::vector<float> fv, Download(first));
+  if (kind == Kind::kLogits) {
+    (*out)["logits"] = std::move(fv);
+    return r;
+  }
+  r.loss = fv[0];
   if (kind == Kind::kStep) {
     KILN_ASSIGN_OR_RETURN(Tensor norm, c->program->Output(c->norm_output));
     KILN_ASSIGN_OR_RETURN(std::vector<float> nv, Download(norm));
     r.grad_norm = nv[0];
     ++step_;
   }
-  if (kind == Kind::kGradients && grads != nullptr) {
-    grads->clear();
+  if (kind == Kind::kGradients && out != nullptr) {
+    out->clear();
     for (size_t i = 0; i < trainable_.size(); ++i) {
       KILN_ASSIGN_OR_RETURN(Tensor g,
                             c->program->Output(c->first_grad_output + static_cast<int>(i)));
-      KILN_ASSIGN_OR_RETURN((*grads)[trainable_[i].name], Download(g));
+      KILN_ASSIGN_OR_RETURN((*out)[trainable_[i].name], Download(g));
     }
   }
   return r;
@@ -411,6 +424,12 @@ StatusOr<TrainStepResult> Trainer::Step(const TrainBatch& batch, double lr) {
 
 StatusOr<TrainStepResult> Trainer::Evaluate(const TrainBatch& batch) {
   return Run(Kind::kLoss, batch, 0, nullptr);
+}
+
+StatusOr<std::vector<float>> Trainer::Logits(const TrainBatch& batch) {
+  std::map<std::string, std::vector<float>> out;
+  KILN_RETURN_IF_ERROR(Run(Kind::kLogits, batch, 0, &out).status());
+  return std::move(out["logits"]);
 }
 
 StatusOr<TrainStepResult> Trainer::Gradients(const TrainBatch& batch,

@@ -82,6 +82,10 @@ class Trainer {
   StatusOr<TrainStepResult> Step(const TrainBatch& batch, double lr);
   // The loss without a step (validation).
   StatusOr<TrainStepResult> Evaluate(const TrainBatch& batch);
+  // The logits of every token of `batch` with the current trainable tensors (no loss, no
+  // update; targets are ignored): [rows * seq_len, vocab_size] row-major. What a model with
+  // ExportAdapter's adapter computes — e.g. PEFT on the Hugging Face model — for the same rows.
+  StatusOr<std::vector<float>> Logits(const TrainBatch& batch);
   // The loss and d loss / d tensor for every trainable tensor (no update), by name.
   StatusOr<TrainStepResult> Gradients(const TrainBatch& batch,
                                       std::map<std::string, std::vector<float>>* grads);
@@ -103,13 +107,14 @@ class Trainer {
   size_t step_arena_bytes() const;
 
  private:
-  enum class Kind { kLoss, kGradients, kStep };
+  enum class Kind { kLoss, kGradients, kStep, kLogits };
   struct Compiled;
   Trainer(PagedLlmParts parts, const TrainerOptions& options);
   Status Init();
   StatusOr<Compiled*> Get(Kind kind);
+  // `out`: kGradients' gradients by name, or kLogits' logits under "logits".
   StatusOr<TrainStepResult> Run(Kind kind, const TrainBatch& batch, double lr,
-                                std::map<std::string, std::vector<float>>* grads);
+                                std::map<std::string, std::vector<float>>* out);
   Status Upload(const Tensor& t, const void* src, size_t bytes);
   StatusOr<std::vector<float>> Download(const Tensor& t) const;
 
