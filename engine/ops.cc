@@ -1175,7 +1175,13 @@ Status BackwardLinear(BackwardArgs& a) {
   // A w of another type is read as it is (matmul decodes it; no f32 copy of the weight).
   a.input_grads[0] = b.Reshape(b.MatMul(g2, w), xs);
   if (IsFloat(wt)) {
-    const Value gw = b.MatMul(b.Transpose(g2, 0, 1), b.Reshape(x, {m, k}));
+    // dw = g^T x reads g transposed (a copy of [m, n]); when K is much smaller than N (a LoRA
+    // B, [N, r]), (x^T g)^T copies only x's [m, k].
+    const std::optional<int64_t> kc = k.TryConstant(), nc = n.TryConstant();
+    const bool narrow = kc && nc && *kc * 4 <= *nc;
+    const Value x2 = b.Reshape(x, {m, k});
+    const Value gw = narrow ? b.Contiguous(b.Transpose(b.MatMul(b.Transpose(x2, 0, 1), g2), 0, 1))
+                            : b.MatMul(b.Transpose(g2, 0, 1), x2);
     a.input_grads[1] = wt == xt ? gw : b.Cast(gw, wt);
   }
   return OkStatus();
