@@ -2,7 +2,7 @@
 // each named compiler pass (and "autograd" after Gradients; "program" prints the launch list
 // of a compiled Program) to stderr, or to the file named by KILN_DUMP_FILE (appended).
 //
-// Pass names: build, autograd, verify, dce, lower_views, assign, plan, program.
+// Pass names: build, autograd, verify, dce, cast_matmul_rhs, lower_views, assign, plan, program.
 //
 // Thread-safety: DumpConfig is a value; writing to one stream from several threads
 // interleaves whole dumps (each dump is written with one call).

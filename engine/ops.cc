@@ -427,9 +427,20 @@ StatusOr<TensorType> InferTopK(Types in, const Attrs& a) {
 
 StatusOr<TensorType> InferMatMul(Types in, const Attrs&) {
   const TensorType &x = in[0], &y = in[1];
-  KILN_RETURN_IF_ERROR(NeedSameDTypes(in));
   KILN_RETURN_IF_ERROR(NeedFloat(x.dtype));
   const size_t r = x.shape.size();
+  if (y.dtype != x.dtype) {
+    // A frozen weight as the right operand (autograd's dx = g w for linear): 2-D, float or
+    // block-quantized with blocks along N (a GGUF [N_out, K] weight read as [K, N]).
+    if (!IsFloat(y.dtype) && !IsQuantized(y.dtype)) {
+      return Bad("matmul's right operand must be float or quantized");
+    }
+    if (r != 2 || y.shape.size() != 2) {
+      return Bad("matmul with a ", DTypeName(y.dtype), " right operand (", DTypeName(x.dtype),
+                 " left) needs rank 2 for both");
+    }
+    KILN_RETURN_IF_ERROR(NeedWholeBlocks(y.dtype, {y.shape[1]}, "right operand"));
+  }
   if (r < 2 || y.shape.size() != r) return Bad("matmul needs equal ranks >= 2");
   for (size_t i = 0; i + 2 < r; ++i) {
     if (x.shape[i] != y.shape[i]) return Bad("matmul batch dims must match");
@@ -1139,6 +1150,14 @@ Status BackwardScatterAddAlong(BackwardArgs& a) {
 Status BackwardMatMul(BackwardArgs& a) {
   Builder& b = a.b;
   const Value x = In(a, 0), y = In(a, 1);
+  if (b.dtype(y) != b.dtype(x)) {
+    // Mixed (rank 2): g y^T is a linear with y as its weight; a quantized y has no gradient.
+    a.input_grads[0] = b.Linear(a.grad, y);
+    if (IsFloat(b.dtype(y))) {
+      a.input_grads[1] = b.Cast(b.MatMul(b.Transpose(x, 0, 1), a.grad), b.dtype(y));
+    }
+    return OkStatus();
+  }
   a.input_grads[0] = b.MatMul(a.grad, b.Transpose(y, -1, -2));
   a.input_grads[1] = b.MatMul(b.Transpose(x, -1, -2), a.grad);
   return OkStatus();
@@ -1153,10 +1172,16 @@ Status BackwardLinear(BackwardArgs& a) {
   const Dim k = xs.back(), n = b.shape(w)[0];
   const Dim m = NumElements(SymShape(xs.begin(), xs.end() - 1));
   const Value g2 = b.Reshape(a.grad, {m, n});
-  const Value wf = wt == xt ? w : b.Cast(w, xt);
-  a.input_grads[0] = b.Reshape(b.MatMul(g2, wf), xs);
+  // A w of another type is read as it is (matmul decodes it; no f32 copy of the weight).
+  a.input_grads[0] = b.Reshape(b.MatMul(g2, w), xs);
   if (IsFloat(wt)) {
-    const Value gw = b.MatMul(b.Transpose(g2, 0, 1), b.Reshape(x, {m, k}));
+    // dw = g^T x reads g transposed (a copy of [m, n]); when K is much smaller than N (a LoRA
+    // B, [N, r]), (x^T g)^T copies only x's [m, k].
+    const std::optional<int64_t> kc = k.TryConstant(), nc = n.TryConstant();
+    const bool narrow = kc && nc && *kc * 4 <= *nc;
+    const Value x2 = b.Reshape(x, {m, k});
+    const Value gw = narrow ? b.Contiguous(b.Transpose(b.MatMul(b.Transpose(x2, 0, 1), g2), 0, 1))
+                            : b.MatMul(b.Transpose(g2, 0, 1), x2);
     a.input_grads[1] = wt == xt ? gw : b.Cast(gw, wt);
   }
   return OkStatus();

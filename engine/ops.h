@@ -100,7 +100,8 @@ enum class OpKind : uint16_t {
   kScatterAddAlong,  // (idx [..., K], src [..., K]) -> zeros [..., N] +=; dims[0] = N
   kTopK,             // x [..., N] -> indices [..., k]; ints[0] = k; dtype = index type
   // ---- Linear algebra ----
-  kMatMul,  // (a [..., M, K], b [..., K, N]) -> [..., M, N]; equal batch dims
+  kMatMul,  // (a [..., M, K], b [..., K, N]) -> [..., M, N]; equal batch dims; b may have
+            // another float type or be block-quantized (blocks along N) when both are 2-D
   kLinear,  // (x [..., K], w [N, K]) -> [..., N] = x w^T; w may be block-quantized
   // ---- Position encoding ----
   kRope,  // (x [..., H, D], pos [...] int); see RopeParams in builder.h for ints/floats

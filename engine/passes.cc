@@ -1,5 +1,6 @@
 #include "engine/passes.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/container/flat_hash_set.h"
@@ -301,6 +302,34 @@ StatusOr<Graph> LowerViews(const Graph& g_in, std::vector<Value>& outputs,
       }
     }
     layouts->push_back(std::move(l));
+  }
+  for (Value& v : outputs) v.id = remap[v.id];
+  return out;
+}
+
+std::optional<Graph> CastMatMulRhs(const Graph& g, std::vector<Value>& outputs) {
+  auto mixed = [&](const Node& n) {
+    return n.op == OpKind::kMatMul && g.node(n.inputs[1]).dtype != n.dtype;
+  };
+  if (std::none_of(g.nodes().begin(), g.nodes().end(), mixed)) return std::nullopt;
+  Graph out;
+  for (const SymbolInfo& s : g.symbols()) out.AddSymbol(s.name, s.max, s.min);
+  std::vector<int32_t> remap(g.size(), -1);
+  for (int32_t i = 0; i < g.size(); ++i) {
+    Node node = g.node(i);
+    for (int32_t& in : node.inputs) in = remap[in];
+    if (mixed(g.node(i))) {
+      const Node& rhs = g.node(g.node(i).inputs[1]);
+      Node cast;
+      cast.op = OpKind::kCast;
+      cast.inputs = {node.inputs[1]};
+      cast.dtype = node.dtype;
+      cast.shape = rhs.shape;
+      cast.attrs.dtype = node.dtype;
+      if (!rhs.name.empty()) cast.name = absl::StrCat(rhs.name, ".", DTypeName(node.dtype));
+      node.inputs[1] = out.AddNode(std::move(cast));
+    }
+    remap[i] = out.AddNode(std::move(node));
   }
   for (Value& v : outputs) v.id = remap[v.id];
   return out;

@@ -12,6 +12,9 @@
 //                expand) become strided aliases of their input's storage; a reshape that
 //                cannot be a view gets a contiguous copy first; an in-place output aliases the
 //                State storage it overwrites (kv_write's cache, adamw's param/m/v)
+//   cast_matmul_rhs  for devices that do not take a matmul right operand of another type than
+//                its left as it is (backend::kMatMulMixedRhsExtension), casts it first: autograd
+//                emits matmul(g, w) with the frozen (quantized, f16) weight w for linear's dx
 //
 // Later passes (assign, plan, emit) are in program.cc.
 //
@@ -43,6 +46,8 @@ bool IsContiguousLayout(const SymShape& shape, const std::vector<Dim>& strides);
 
 Status Verify(const Graph& g, std::span<const Value> outputs);
 StatusOr<Graph> EliminateDeadCode(const Graph& g, std::vector<Value>& outputs);
+// Nullopt if no matmul has a right operand of another type than its output.
+std::optional<Graph> CastMatMulRhs(const Graph& g, std::vector<Value>& outputs);
 // Also fills `layouts` (one per node of the returned graph). Errors: an in-place write whose
 // target is not a State tensor (or a view of one).
 StatusOr<Graph> LowerViews(const Graph& g, std::vector<Value>& outputs,

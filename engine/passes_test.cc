@@ -176,6 +176,30 @@ TEST(InPlaceTest, DceKeepsWritersAndAllOutputsOfLiveNodes) {
   EXPECT_TRUE(Verify(*out, outs).ok());
 }
 
+// Devices without kMatMulMixedRhsExtension (xpu) get linear's dx = g w with w cast to f32.
+TEST(CastMatMulRhsTest, CastsAQuantizedRightOperandOnlyWhereNeeded) {
+  Graph g;
+  Builder b(&g);
+  const Value w = b.Weight("w", DType::kQ4_0, {8, 64});
+  const Value gq = b.MatMul(b.Input("g", DType::kF32, {3, 8}), w);
+  const Value plain =
+      b.MatMul(b.Input("a", DType::kF32, {3, 8}), b.Input("c", DType::kF32, {8, 2}));
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::vector<Value> outs = {gq, plain};
+  const std::optional<Graph> cast = CastMatMulRhs(g, outs);
+  ASSERT_TRUE(cast.has_value());
+  EXPECT_TRUE(Verify(*cast, outs).ok());
+  const Node& mm = cast->node(outs[0].id);
+  ASSERT_EQ(mm.op, OpKind::kMatMul);
+  const Node& rhs = cast->node(mm.inputs[1]);
+  EXPECT_EQ(rhs.op, OpKind::kCast);
+  EXPECT_EQ(rhs.dtype, DType::kF32);
+  EXPECT_EQ(rhs.name, "w.f32");
+  EXPECT_EQ(cast->node(cast->node(outs[1].id).inputs[1]).op, OpKind::kInput);
+  std::vector<Value> plain_outs = {plain};
+  EXPECT_FALSE(CastMatMulRhs(*cast, plain_outs).has_value());
+}
+
 TEST(InPlaceTest, LowerViewsAliasesInPlaceOutputsToTheirStates) {
   Graph g;
   Builder b(&g);

@@ -68,6 +68,12 @@ StatusOr<std::unique_ptr<Program>> CompileImpl(const Graph& graph, std::span<con
   DumpGraph(dump, "verify", graph);
   KILN_ASSIGN_OR_RETURN(Graph g1, EliminateDeadCode(graph, outputs));
   DumpGraph(dump, "dce", g1);
+  if (device.GetExtension(backend::kMatMulMixedRhsExtension) == nullptr) {
+    if (std::optional<Graph> cast = CastMatMulRhs(g1, outputs)) {
+      g1 = *std::move(cast);
+      DumpGraph(dump, "cast_matmul_rhs", g1);
+    }
+  }
   std::vector<Layout> layouts;
   KILN_ASSIGN_OR_RETURN(Graph g, LowerViews(g1, outputs, &layouts));
   const int32_t n = g.size();

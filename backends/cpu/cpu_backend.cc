@@ -262,7 +262,8 @@ class CpuDevice final : public HostDevice {
 
   // The compiler's view of this device (engine/compiler/target.h): fusion and batch builds.
   void* GetExtension(std::string_view name) override {
-    return name == compiler::kTargetExtension ? static_cast<compiler::Target*>(&jit_) : nullptr;
+    if (name == compiler::kTargetExtension) return static_cast<compiler::Target*>(&jit_);
+    return HostDevice::GetExtension(name);
   }
 
   StatusOr<Kernel> GetKernel(const KernelRequest& req) override {

@@ -45,6 +45,12 @@ class HostDevice : public Device {
   bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
   // The machine's memory, bounded by the cgroup's memory.max inside a container.
   StatusOr<DeviceMemoryInfo> MemoryInfo() override;
+  // kMatMulMixedRhsExtension: host kernels (the reference's and the cpu backend's) take a
+  // quantized or f16 matmul right operand as it is. Subclasses chain to this.
+  void* GetExtension(std::string_view name) override {
+    static char marker;
+    return name == backend::kMatMulMixedRhsExtension ? &marker : nullptr;
+  }
 
  private:
   std::string name_;

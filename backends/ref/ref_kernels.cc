@@ -665,6 +665,24 @@ void MatMul(const LaunchArgs& a, const ExecCtx& c) {
   const TensorArg &x = a.inputs[0], &y = a.inputs[1], &o = a.output;
   const int r = o.rank;
   const int64_t K = x.shape[r - 1];
+  if (IsQuantized(y.dtype)) {  // 2-D, blocks along N: decode row by row, then as f64
+    const int64_t N = y.shape[1];
+    std::vector<double> yd(static_cast<size_t>(K * N));
+    std::vector<double> row(static_cast<size_t>(N));
+    for (int64_t k = 0; k < K; ++k) {
+      LoadRow(y, k, row);
+      std::copy(row.begin(), row.end(), yd.begin() + k * N);
+    }
+    for (int64_t m = 0; m < o.shape[0]; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += LoadF(x, m * x.strides[0] + k * x.strides[1]) * yd[k * N + n];
+        StoreF(o, m * o.strides[0] + n * o.strides[1], acc);
+      }
+    }
+    return;
+  }
   ForEach(o.shape, r, [&](const int64_t* idx) {
     int64_t xi[kMaxRank], yi[kMaxRank];
     std::copy(idx, idx + r, xi);

@@ -216,6 +216,11 @@ class Device {
   }
 };
 
+// Device extension (a non-null marker): the device's matmul takes a 2-D right operand of
+// another type than its left (f16/bf16 or block-quantized, autograd's dx = g w for a frozen
+// weight) as it is. Without it, kiln::Compile casts that operand first (pass cast_matmul_rhs).
+inline constexpr std::string_view kMatMulMixedRhsExtension = "kiln.matmul_mixed_rhs";
+
 class Backend {
  public:
   virtual ~Backend() = default;

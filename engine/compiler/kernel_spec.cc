@@ -207,7 +207,8 @@ Status KernelSpec::Validate() const {
   if (args.size() > static_cast<size_t>(kMaxArgs)) return fail(InvalidArgument("too many args"));
   if (!Supported(out_dtype)) return fail(InvalidArgument("unsupported output dtype"));
   for (const KernelArg& a : args) {
-    if (!Supported(a.dtype)) {
+    // GEMM operands are read by the library GEMM, not by generated code (a quantized weight).
+    if (a.role != ArgRole::kGemmOperand && !Supported(a.dtype)) {
       return fail(Unimplemented("codegen does not read ", DTypeName(a.dtype), " tensors"));
     }
     if (a.role == ArgRole::kAux && a.rank != 1) return fail(Internal("aux args are 1-D"));

@@ -496,6 +496,24 @@ void AddLinear(std::vector<OpCase>& out, bool full) {
                        {Normal("a", DType::kF32, {64, 128}), Normal("b", DType::kF32, {128, 96})},
                        [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
   }
+  // A frozen weight as matmul's right operand, read as it is (autograd's dx = g w for linear):
+  // blocks along N; several panels and threads in the full case.
+  for (DType w :
+       {DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    out.push_back(Make("matmul", absl::StrCat("f32 [3,5]x", DTypeName(w), " weight [5,64]"),
+                       {Normal("a", DType::kF32, {3, 5}), AsWeight(Normal("w", w, {5, 64}, 0.5))},
+                       [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+    if (full) {
+      out.push_back(
+          Make("matmul", absl::StrCat("f32 [9,1100]x", DTypeName(w), " weight [1100,160]"),
+               {Normal("a", DType::kF32, {9, 1100}), AsWeight(Normal("w", w, {1100, 160}, 0.5))},
+               [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+    }
+  }
+  out.push_back(
+      Make("matmul", "f32 [2,64]xq8_0 weight [64,288]",
+           {Normal("a", DType::kF32, {2, 64}), AsWeight(Normal("w", DType::kQ8_0, {64, 288}, 0.5))},
+           [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
   for (DType w : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
                   DType::kMXFP4}) {
     out.push_back(Make("linear", absl::StrCat("f32 x [3,64], ", DTypeName(w), " w [5,64]"),

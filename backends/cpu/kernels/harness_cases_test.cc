@@ -154,6 +154,19 @@ std::vector<OpCase> LinearCases() {
       Make("matmul", "f32 transposed rhs [6,33]x[19,33]^T",
            {Normal("a", DType::kF32, {6, 33}), Normal("b", DType::kF32, {19, 33})},
            [](Builder& b, const V& in) { return b.MatMul(in[0], b.Transpose(in[1], 0, 1)); }));
+  // A frozen weight as the right operand, decoded panel by panel (autograd's dx = g w): one
+  // panel, several panels per thread (the last partial), and f16 columns not in whole blocks.
+  out.push_back(Make("matmul", "f32 [37,300]xq4_1 weight [300,96]",
+                     {Normal("a", DType::kF32, {37, 300}), Weight("b", DType::kQ4_1, {300, 96})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kMXFP4, DType::kBF16}) {
+    out.push_back(Make("matmul", absl::StrCat("f32 [5,64]x", DTypeName(t), " weight [64,416]"),
+                       {Normal("a", DType::kF32, {5, 64}), Weight("b", t, {64, 416})},
+                       [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
+  }
+  out.push_back(Make("matmul", "f32 [7,50]xf16 weight [50,45]",
+                     {Normal("a", DType::kF32, {7, 50}), Weight("b", DType::kF16, {50, 45})},
+                     [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); }));
   return out;
 }
 

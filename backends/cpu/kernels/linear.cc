@@ -217,14 +217,26 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
   // first: M*K loads against the GEMM's M*N*K, instead of the reference loop.
   const bool transpose_a = !x_ok;
   if (transpose_a) g.ldx = K;
+  // Rows [m0, m1) of `a` into a_rows (its other rows are not read), in tiles of 16 rows so
+  // that each cache line of a column-major source is used whole.
   thread_local std::vector<float> a_rows;
-  auto rows_of = [&](const float* src) {
+  auto rows_of = [&](const float* src, int64_t m0, int64_t m1) {
     a_rows.resize(static_cast<size_t>(M * K));
     const int64_t sm = a.strides[r - 2], sk = a.strides[r - 1];
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t k = 0; k < K; ++k) a_rows[m * K + k] = src[m * sm + k * sk];
+    for (int64_t mt = m0; mt < m1; mt += 16) {
+      const int64_t me = std::min(m1, mt + 16);
+      for (int64_t k = 0; k < K; ++k) {
+        for (int64_t m = mt; m < me; ++m) a_rows[m * K + k] = src[m * sm + k * sk];
+      }
     }
     return a_rows.data();
+  };
+  // The rows of `a` this thread's GEMM tiles read (RunGemm's split; all when it splits N).
+  auto my_rows = [&](bool whole) -> std::pair<int64_t, int64_t> {
+    const int nt = c.thread_count;
+    if (whole || N >= 64 * nt || M < 8 * nt) return {0, M};
+    const auto [b, e] = Share((M + 7) / 8, c.thread_index, nt);
+    return {std::min(M, b * 8), std::min(M, e * 8)};
   };
   if (K <= 1 || b.strides[r - 2] == 1) {  // W = b^T has K-contiguous rows
     g.w_row_bytes = 4 * b.strides[r - 1];
@@ -251,13 +263,67 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     }
     GemmArgs gb = g;
     gb.x = static_cast<const float*>(a.data) + ao;
-    if (transpose_a) gb.x = rows_of(gb.x);
+    if (transpose_a) {
+      const auto [m0, m1] =
+          my_rows(per_thread || (impl != GemmImpl::kGemm && impl != GemmImpl::kOneDnn));
+      gb.x = rows_of(gb.x, m0, m1);
+    }
     gb.w = static_cast<const float*>(b.data) + bo;
     gb.y = static_cast<float*>(o.data) + oo;
     if (per_thread) {
       RunGemm(d, impl, gb, 0, 1);
     } else {
       RunGemm(d, impl, gb, c.thread_index, c.thread_count);
+    }
+  }
+}
+
+// MatMul with a 2-D f16/bf16/block-quantized right operand b [K, N] (a frozen linear weight
+// [N_out, K_in] read as it is: autograd's dx = g w). Each thread owns whole blocks of N and
+// decodes b[:, n:n+P] panel by panel into f32 scratch [K, P] for the GEMM: the weight is read
+// once per step and never exists as f32, and the scratch stays cache-sized.
+void MatMulDecodedKernel(const LaunchArgs& args, const ExecCtx& c) {
+  const GemmData& d = *static_cast<const GemmData*>(args.kernel_data);
+  const TensorArg &a = args.inputs[0], &b = args.inputs[1], &o = args.output;
+  const int64_t M = a.shape[0], K = a.shape[1], N = b.shape[1];
+  const bool ok = K > 0 && (K <= 1 || a.strides[1] == 1) && (N <= 1 || o.strides[1] == 1) &&
+                  (N <= 1 || b.strides[1] == 1) && (M <= 1 || o.strides[0] >= N) &&
+                  (K <= 1 || b.strides[0] % DTypeBlockElems(b.dtype) == 0);
+  if (!ok) return RunFallback(d, args, c);
+  if (M <= 0 || N <= 0) return;
+  GemmArgs g;
+  g.x = static_cast<const float*>(a.data);
+  g.ldx = K <= 1 ? K : a.strides[0];
+  g.ldy = o.strides[0];
+  g.M = M;
+  g.K = K;
+  g.wtype = DType::kF32;
+  // Panels of whole blocks, about 128 KiB of f32 (at least one block wide).
+  constexpr int64_t kUnit = 32;
+  const int64_t panel =
+      std::clamp<int64_t>((32 * 1024 / std::max<int64_t>(K, 1)) / kUnit * kUnit, kUnit, 8 * kUnit);
+  const auto [u0, u1] = Share((N + kUnit - 1) / kUnit, c.thread_index, c.thread_count);
+  const int64_t n_begin = std::min(N, u0 * kUnit), n_end = std::min(N, u1 * kUnit);
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(K * panel));
+  GemmArgs src;  // b's rows [0, K) restricted to columns [n, n + p): "W" rows of p elements
+  src.w_row_bytes = ByteOffset(b.dtype, b.strides[0]);
+  src.wtype = b.dtype;
+  for (int64_t n = n_begin; n < n_end; n += panel) {
+    const int64_t p = std::min(panel, n_end - n);
+    src.w = static_cast<const uint8_t*>(b.data) + ByteOffset(b.dtype, n);
+    src.K = p;
+    d.k->dequant(src, 0, K, scratch.data());
+    GemmArgs sub = g;
+    sub.w = scratch.data();
+    sub.w_row_bytes = 4;  // element (j, k) of W = panel^T at scratch[k * p + j]
+    sub.w_k_stride = p;
+    sub.N = p;
+    sub.y = static_cast<float*>(o.data) + n;
+    if (d.onednn_n != nullptr) {
+      d.onednn_n->Run(sub, 0, M, 0, p);
+    } else {
+      d.k->gemm(sub, 0, M, 0, p);
     }
   }
 }
@@ -439,7 +505,11 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   const bool matmul = req.op == OpKind::kMatMul;
   const TensorType &x = req.inputs[0], &w = req.inputs[1];
   if (x.dtype != DType::kF32 || req.output.dtype != DType::kF32) return std::optional<Kernel>();
-  if (matmul ? w.dtype != DType::kF32 : !LinearWeightCovered(w.dtype)) {
+  // A matmul's right operand other than f32: decoded panels (MatMulDecodedKernel).
+  const bool decoded = matmul && w.dtype != DType::kF32;
+  if (decoded  ? !HasFastDecoder(w.dtype) || w.shape.size() != 2 || x.shape.size() != 2
+      : matmul ? false
+               : !LinearWeightCovered(w.dtype)) {
     return std::optional<Kernel>();
   }
   auto d = std::make_shared<GemmData>();
@@ -463,6 +533,15 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
         d->onednn_n = *std::move(g);
       }
     }
+  }
+  if (decoded) {  // oneDNN (onednn_n above) on the decoded [K, P] panels, or the packed GEMM
+    if (ctx.force_gemm != nullptr && std::string_view(ctx.force_gemm) == "gemm") {
+      d->onednn_n.reset();
+    }
+    const std::string name =
+        absl::StrCat("cpu.matmul.", IsaName(d->k->isa), "[decode_", DTypeName(w.dtype),
+                     d->onednn_n ? "+onednn" : "+gemm", "]");
+    return std::optional<Kernel>(Kernel{MatMulDecodedKernel, std::move(d), name});
   }
   std::vector<GemmImpl> candidates;
   if (d->q8 != nullptr) {

@@ -36,6 +36,8 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeRopeKernel(req, ctx);
     case OpKind::kKvWrite:
       return MakeKvWriteKernel(req, ctx);
+    case OpKind::kContiguous:
+      return MakeContiguousKernel(req, ctx);
     default:
       return std::optional<backend::Kernel>();
   }

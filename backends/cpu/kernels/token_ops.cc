@@ -118,6 +118,53 @@ void KvWriteKernel(const LaunchArgs& a, const ExecCtx& c) {
   }
 }
 
+// ---- Contiguous (a strided view copied into rows) ----------------------------------------------
+
+struct CopyData {
+  Kernel fallback;
+};
+
+template <class T>
+void CopyRows(const TensorArg& x, T* dst, int64_t r0, int64_t r1) {
+  const int r = x.rank;
+  const int64_t inner = x.shape[r - 1], step = x.strides[r - 1];
+  const T* src = static_cast<const T*>(x.data);
+  for (int64_t row = r0; row < r1; ++row) {
+    int64_t off = 0, rem = row;
+    for (int i = r - 2; i >= 0; --i) {
+      off += (rem % x.shape[i]) * x.strides[i];
+      rem /= x.shape[i];
+    }
+    T* d = dst + row * inner;
+    if (step == 1) {
+      std::memcpy(d, src + off, static_cast<size_t>(inner) * sizeof(T));
+    } else {
+      for (int64_t e = 0; e < inner; ++e) d[e] = src[off + e * step];
+    }
+  }
+}
+
+// Attention's head transposes in training (q/k/v [B, T, H, D] <-> [B, H, T, D] and their
+// gradients): rows of the last axis split over the pool, memcpy where that axis is dense.
+void ContiguousKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const CopyData& d = *static_cast<const CopyData*>(a.kernel_data);
+  const TensorArg &x = a.inputs[0], &o = a.output;
+  if (x.rank < 1 || !o.IsContiguous() || x.rank != o.rank) return RunFallback(d.fallback, a, c);
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < x.rank; ++i) rows *= x.shape[i];
+  const auto [r0, r1] = Share(rows, c);
+  switch (DTypeBytes(x.dtype, 1)) {
+    case 1:
+      return CopyRows(x, static_cast<uint8_t*>(o.data), r0, r1);
+    case 2:
+      return CopyRows(x, static_cast<uint16_t*>(o.data), r0, r1);
+    case 4:
+      return CopyRows(x, static_cast<uint32_t*>(o.data), r0, r1);
+    default:
+      return CopyRows(x, static_cast<uint64_t*>(o.data), r0, r1);
+  }
+}
+
 bool IsIndex(DType t) { return t == DType::kI32 || t == DType::kI64; }
 
 }  // namespace
@@ -149,6 +196,19 @@ StatusOr<std::optional<Kernel>> MakeKvWriteKernel(const KernelRequest& req,
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   return std::optional<Kernel>(
       Kernel{KvWriteKernel, std::move(d), absl::StrCat("cpu.kv_write.", DTypeName(cache))});
+}
+
+StatusOr<std::optional<Kernel>> MakeContiguousKernel(const KernelRequest& req,
+                                                     const SelectContext& ctx) {
+  const DType t = req.output.dtype;
+  if (req.inputs.size() != 1 || req.inputs[0].dtype != t || IsQuantized(t)) {
+    return std::optional<Kernel>();
+  }
+  const int64_t bytes = DTypeBytes(t, 1);
+  if (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) return std::optional<Kernel>();
+  auto d = std::make_shared<CopyData>();
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  return std::optional<Kernel>(Kernel{ContiguousKernel, std::move(d), "cpu.contiguous"});
 }
 
 }  // namespace kiln::cpu

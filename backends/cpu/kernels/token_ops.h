@@ -1,6 +1,7 @@
-// Per-token operations on the cpu backend: RoPE and the paged KV-cache write (token_ops.cc).
-// Selected for f32 activations (and f32/f16/bf16 caches); other layouts run the reference
-// kernel. Results equal the reference's bit for bit.
+// Per-token operations on the cpu backend: RoPE, the paged KV-cache write and the strided copy
+// of a view into rows (contiguous; any dtype of 1, 2, 4 or 8 bytes) (token_ops.cc). Selected
+// for f32 activations (and f32/f16/bf16 caches); other layouts run the reference kernel.
+// Results equal the reference's bit for bit.
 #pragma once
 
 #include <optional>
@@ -13,5 +14,7 @@ StatusOr<std::optional<backend::Kernel>> MakeRopeKernel(const backend::KernelReq
                                                         const SelectContext& ctx);
 StatusOr<std::optional<backend::Kernel>> MakeKvWriteKernel(const backend::KernelRequest& req,
                                                            const SelectContext& ctx);
+StatusOr<std::optional<backend::Kernel>> MakeContiguousKernel(const backend::KernelRequest& req,
+                                                              const SelectContext& ctx);
 
 }  // namespace kiln::cpu
