@@ -10,7 +10,7 @@
 // [NB, block_size, Hkv, D] (NB, the number of cache blocks, is a symbol bound once the cache
 // is allocated). The architecture returns the logits [S, V] (f32).
 //
-// The training forward (ForwardMode::kTrain) runs whole sequences instead: S rows of L tokens
+// The training forward (the training constructor) runs whole sequences instead: S rows of L tokens
 // packed row-major into T = S * L, with
 //   tokens [T], positions [T] (restarting at 0 per packed example), doc_ids [T] (the example
 //   each token belongs to; attention is causal within an example and never crosses one)

@@ -17,7 +17,6 @@ namespace kiln::models {
 
 struct Trainer::Compiled {
   std::unique_ptr<Program> program;
-  double lr = 0;               // kStep: the learning rate compiled in
   int norm_output = -1;        // kStep: the global gradient norm
   int first_grad_output = -1;  // kGradients: one output per trainable tensor, in order
 };

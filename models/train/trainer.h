@@ -1,5 +1,5 @@
-// The fine-tuning engine: a model's training forward (models/llm/forward.h, ForwardMode
-// training), a token-level cross-entropy over the batch's counted tokens, the backward graph
+// The fine-tuning engine: a model's training forward (models/llm/forward.h, the training
+// ForwardContext), a token-level cross-entropy over the batch's counted tokens, the backward graph
 // from autograd (engine/autograd.h) and one fused optimizer kernel per trainable tensor —
 // compiled by the same compiler as serving (fusion, memory planning, regional compilation,
 // kernel cache) into one program per step.
