@@ -46,12 +46,30 @@ HfLayout MakeHfLayout(const PagedLlmParts& parts) {
   return h;
 }
 
+namespace {
+
+std::vector<float> QkRowOrder(const std::string& gguf_name, std::vector<float> v,
+                              const std::vector<int64_t>& shape, const LlmHParams& hp,
+                              const HfLayout& layout, bool to_hf) {
+  const bool q = gguf_name.ends_with(".attn_q.weight"), k = gguf_name.ends_with(".attn_k.weight");
+  if (!layout.qk_permuted || !(q || k) || shape.size() != 2) return v;
+  const int64_t heads = q ? hp.num_heads : hp.num_kv_heads;
+  return to_hf ? GgufToHfQkRows(v, shape[0], shape[1], heads)
+               : HfToGgufQkRows(v, shape[0], shape[1], heads);
+}
+
+}  // namespace
+
 std::vector<float> HfRowOrder(const std::string& gguf_name, std::vector<float> v,
                               const std::vector<int64_t>& shape, const LlmHParams& hp,
                               const HfLayout& layout) {
-  const bool q = gguf_name.ends_with(".attn_q.weight"), k = gguf_name.ends_with(".attn_k.weight");
-  if (!layout.qk_permuted || !(q || k) || shape.size() != 2) return v;
-  return GgufToHfQkRows(v, shape[0], shape[1], q ? hp.num_heads : hp.num_kv_heads);
+  return QkRowOrder(gguf_name, std::move(v), shape, hp, layout, /*to_hf=*/true);
+}
+
+std::vector<float> ModelRowOrder(const std::string& gguf_name, std::vector<float> v,
+                                 const std::vector<int64_t>& shape, const LlmHParams& hp,
+                                 const HfLayout& layout) {
+  return QkRowOrder(gguf_name, std::move(v), shape, hp, layout, /*to_hf=*/false);
 }
 
 Status WriteHfModel(const std::string& out_dir, const std::string& model_path,

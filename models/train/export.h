@@ -27,10 +27,14 @@ struct HfLayout {
 HfLayout MakeHfLayout(const PagedLlmParts& parts);
 
 // The rows of weight `gguf_name` (f32, `shape`, the model's row order) in Hugging Face's order:
-// unchanged except the q/k projections of a `llama` GGUF.
+// unchanged except the q/k projections of a `llama` GGUF. ModelRowOrder is the inverse (for
+// weights read back from a Hugging Face layout).
 std::vector<float> HfRowOrder(const std::string& gguf_name, std::vector<float> v,
                               const std::vector<int64_t>& shape, const LlmHParams& hp,
                               const HfLayout& layout);
+std::vector<float> ModelRowOrder(const std::string& gguf_name, std::vector<float> v,
+                                 const std::vector<int64_t>& shape, const LlmHParams& hp,
+                                 const HfLayout& layout);
 
 // Writes `tensors` (by GGUF name, f32, rows in the model's order) as `out_dir`/model.safetensors
 // under Hugging Face names with config.json, plus the tokenizer files of a model folder

@@ -203,13 +203,8 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
       for (const auto& [gguf, hf] : layout.hf_of) {
         auto it = ck.model->tensors.find(hf);
         if (it == ck.model->tensors.end()) continue;
-        std::vector<float> v = it->second.data;
-        const bool q = gguf.ends_with(".attn_q.weight"), k = gguf.ends_with(".attn_k.weight");
-        if (layout.qk_permuted && (q || k) && it->second.shape.size() == 2) {
-          v = HfToGgufQkRows(
-              v, it->second.shape[0], it->second.shape[1],
-              q ? trainer->parts().hparams.num_heads : trainer->parts().hparams.num_kv_heads);
-        }
+        const std::vector<float> v = ModelRowOrder(
+            gguf, std::move(it->second.data), it->second.shape, trainer->parts().hparams, layout);
         KILN_RETURN_IF_ERROR(Annotate(trainer->Write(gguf, v), Cat(found.dir, ": ", hf)));
       }
     } else {
@@ -233,6 +228,8 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   FinetuneSummary summary;
   summary.trainable_parameters = trainer->trainable_parameters();
   const auto start = Clock::now();
+  std::map<std::string, std::vector<int64_t>> shapes;  // trainable tensor -> shape
+  for (const TrainableTensor& t : trainer->trainable()) shapes[t.name] = t.shape;
   auto save = [&](int64_t step) -> Status {
     Checkpoint ck;
     ck.state.step = step;
@@ -245,14 +242,10 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     } else {
       KILN_ASSIGN_OR_RETURN(ck.adapter, trainer->ExportAdapter());
     }
-    for (auto& [name, v] : trainer->OptimizerState()) {
-      const std::string stem = name.substr(0, name.rfind('.'));
-      const TrainableTensor* t = nullptr;
-      for (const TrainableTensor& x : trainer->trainable()) {
-        if (x.name == stem) t = &x;
-      }
-      KILN_CHECK(t != nullptr, "optimizer state of an unknown tensor");
-      ck.optimizer[name] = CheckpointTensor{t->shape, std::move(v)};
+    for (auto& [name, v] : trainer->OptimizerState()) {  // "<tensor>.<state>"
+      auto shape = shapes.find(name.substr(0, name.rfind('.')));
+      KILN_CHECK(shape != shapes.end(), "optimizer state of an unknown tensor");
+      ck.optimizer[name] = CheckpointTensor{shape->second, std::move(v)};
     }
     CheckpointOptions copt;
     copt.keep_last = o.keep_checkpoints;

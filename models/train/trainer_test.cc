@@ -50,22 +50,11 @@ std::vector<float> FormulaB(int64_t out, int64_t r, int64_t layer, int64_t modul
   return v;
 }
 
-// llama.cpp's converter stores q/k rows of `llama` GGUF files permuted: GGUF row h*D + 2i + s
-// holds Hugging Face row h*D + s*D/2 + i. `to_gguf` maps HF rows to GGUF rows.
+// The q/k rows of a `llama` GGUF in llama.cpp's order (`to_gguf`) or back in Hugging Face's.
 std::vector<float> PermuteRows(const std::vector<float>& m, int64_t heads, int64_t cols,
                                bool to_gguf) {
-  const int64_t rows = static_cast<int64_t>(m.size()) / cols, d = rows / heads;
-  std::vector<float> out(m.size());
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t i = 0; i < d / 2; ++i) {
-      for (int64_t s = 0; s < 2; ++s) {
-        const int64_t g = h * d + 2 * i + s, f = h * d + s * (d / 2) + i;
-        const int64_t src = to_gguf ? f : g, dst = to_gguf ? g : f;
-        std::memcpy(&out[dst * cols], &m[src * cols], cols * sizeof(float));
-      }
-    }
-  }
-  return out;
+  const int64_t rows = static_cast<int64_t>(m.size()) / cols;
+  return to_gguf ? HfToGgufQkRows(m, rows, cols, heads) : GgufToHfQkRows(m, rows, cols, heads);
 }
 
 std::vector<float> FloatsOf(const SafetensorsTensor& t) {
