@@ -55,6 +55,12 @@ constexpr IntRange kHttpThreadsRange{1, 64};
 constexpr IntRange kIdleTimeoutSecondsRange{1, 86400};
 constexpr IntRange kMaxInflightRequestsRange{1, kInt32Max};
 constexpr double kMaxShutdownGraceSeconds = 3600;
+constexpr IntRange kMaxConcurrentJobsRange{1, 64};
+constexpr IntRange kCheckpointEveryStepsRange{0, kInt32Max};
+constexpr double kMaxCheckpointEverySeconds = 7 * 86400;
+constexpr IntRange kKeepCheckpointsRange{1, 1000};
+constexpr IntRange kMaxFileBytesRange{1, 1ll << 40};
+constexpr IntRange kJobThreadsRange{0, 1024};
 constexpr IntRange kInstanceCountRange{1, 64};
 constexpr IntRange kMaxBatchSizeRange{0, 1 << 20};
 constexpr IntRange kPreferredBatchSizeRange{1, 1 << 20};
@@ -101,7 +107,7 @@ constexpr size_t kMaxModelNameLength = 128;
 constexpr size_t kMaxConfigFileBytes = 16 << 20;
 
 // The keys allowed in each mapping.
-constexpr std::string_view kTopKeys[] = {"server", "logging", "models"};
+constexpr std::string_view kTopKeys[] = {"server", "logging", "fine_tuning", "models"};
 constexpr std::string_view kServerKeys[] = {
     "grpc", "http", "metrics", "max_inflight_requests", "shutdown_grace_seconds", "storage_dir"};
 constexpr std::string_view kGrpcKeys[] = {"enabled", "address", "max_message_bytes",
@@ -110,6 +116,10 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
                                           "idle_timeout_seconds"};
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
+constexpr std::string_view kFineTuningKeys[] = {
+    "enabled",        "max_concurrent_jobs", "checkpoint_every_steps", "checkpoint_every_seconds",
+    "keep_checkpoints", "yield_to_serving",  "max_file_bytes",         "threads",
+    "backend"};
 constexpr std::string_view kModelKeys[] = {
     "name",           "kind",           "builtin",          "path",           "backend",
     "instance_count", "max_batch_size", "dynamic_batching", "load_on_start",  "scheduler",
@@ -986,6 +996,7 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
   Decoder dec(&d);
   std::vector<std::string> nested = Prefixed("server", kServerKeys);
   for (std::string& n : Prefixed("logging", kLoggingKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("fine_tuning", kFineTuningKeys)) nested.push_back(std::move(n));
   // `x-` keys are the user's (e.g. for YAML anchors), as in Docker Compose.
   Fields top = dec.Mapping(&root, "", kTopKeys, nested, /*ignored_prefix=*/"x-");
   if (d.Failed("")) return;
@@ -996,6 +1007,20 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
   dec.Enum(logging, "level", "logging", kLogLevels, /*ignore_case=*/true, &config->logging.level);
   dec.Enum(logging, "format", "logging", kLogFormats, /*ignore_case=*/true,
            &config->logging.format);
+
+  Fields ft = dec.Mapping(top.Get("fine_tuning"), "fine_tuning", kFineTuningKeys);
+  FineTuningConfig& t = config->fine_tuning;
+  dec.Bool(ft, "enabled", "fine_tuning", &t.enabled);
+  dec.Int(ft, "max_concurrent_jobs", "fine_tuning", kMaxConcurrentJobsRange, &t.max_concurrent_jobs);
+  dec.Int(ft, "checkpoint_every_steps", "fine_tuning", kCheckpointEveryStepsRange,
+          &t.checkpoint_every_steps);
+  dec.Double(ft, "checkpoint_every_seconds", "fine_tuning", 0, kMaxCheckpointEverySeconds,
+             &t.checkpoint_every_seconds);
+  dec.Int(ft, "keep_checkpoints", "fine_tuning", kKeepCheckpointsRange, &t.keep_checkpoints);
+  dec.Bool(ft, "yield_to_serving", "fine_tuning", &t.yield_to_serving);
+  dec.Int(ft, "max_file_bytes", "fine_tuning", kMaxFileBytesRange, &t.max_file_bytes);
+  dec.Int(ft, "threads", "fine_tuning", kJobThreadsRange, &t.threads);
+  dec.Enum(ft, "backend", "fine_tuning", kBackends, /*ignore_case=*/false, &t.backend);
 
   const Value* models = top.Get("models");
   if (models == nullptr || models->is_null()) return;  // no models
@@ -1179,7 +1204,8 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
 }
 
 bool Config::operator==(const Config& o) const {
-  return server == o.server && logging == o.logging && models == o.models;
+  return server == o.server && logging == o.logging && fine_tuning == o.fine_tuning &&
+         models == o.models;
 }
 
 const ModelConfig* Config::FindModel(std::string_view name) const {
@@ -1326,6 +1352,17 @@ std::string ToYaml(const Config& c) {
   w.Line(0, "logging");
   w.Line(2, "level", YamlString(c.logging.level));
   w.Line(2, "format", YamlString(c.logging.format));
+  const FineTuningConfig& t = c.fine_tuning;
+  w.Line(0, "fine_tuning");
+  w.Line(2, "enabled", YamlBool(t.enabled));
+  w.Line(2, "max_concurrent_jobs", std::to_string(t.max_concurrent_jobs));
+  w.Line(2, "checkpoint_every_steps", std::to_string(t.checkpoint_every_steps));
+  w.Line(2, "checkpoint_every_seconds", fmt::format("{}", t.checkpoint_every_seconds));
+  w.Line(2, "keep_checkpoints", std::to_string(t.keep_checkpoints));
+  w.Line(2, "yield_to_serving", YamlBool(t.yield_to_serving));
+  w.Line(2, "max_file_bytes", std::to_string(t.max_file_bytes));
+  w.Line(2, "threads", std::to_string(t.threads));
+  w.Line(2, "backend", YamlString(t.backend));
   if (c.models.empty()) {
     w.Line(0, "models", "[]");
   } else {

@@ -80,6 +80,25 @@ struct LoggingConfig {
   bool operator==(const LoggingConfig&) const = default;
 };
 
+// ---- fine_tuning ----------------------------------------------------------------------------
+
+// The daemon's fine-tuning jobs (scheduler/finetune/job_service.h, docs/fine-tuning.md).
+struct FineTuningConfig {
+  bool enabled = true;          // serve the files and fine_tuning.jobs APIs and run jobs
+  int max_concurrent_jobs = 1;  // jobs training at once; more wait queued, [1, 64]
+  // A checkpoint (what a crash resumes from) every this many optimizer steps, and at least
+  // every checkpoint_every_seconds of training; 0 turns either off (then only epoch ends).
+  int64_t checkpoint_every_steps = 50;
+  double checkpoint_every_seconds = 600;
+  int keep_checkpoints = 3;  // newest checkpoints kept per job (served as ...:ckpt-step-N)
+  // Between steps, a job waits while its base model has generation requests queued or running.
+  bool yield_to_serving = true;
+  int64_t max_file_bytes = 512ll << 20;  // largest uploaded file; more gets 413
+  int threads = 0;                       // CPU threads per job; 0: one per core
+  std::string backend = "cpu";           // where jobs train
+  bool operator==(const FineTuningConfig&) const = default;
+};
+
 // ---- models ---------------------------------------------------------------------------------
 
 // Triton's ModelQueuePolicy.
@@ -159,6 +178,7 @@ struct ModelConfig {
 struct Config {
   ServerConfig server;
   LoggingConfig logging;
+  FineTuningConfig fine_tuning;
   std::vector<ModelConfig> models;
   std::string source;  // the file it came from, or "<default>"
 

@@ -114,7 +114,7 @@ TEST(DefaultConfigTest, EmbeddedTextIsTheExampleFileByteForByte) {
 }
 
 TEST(DefaultConfigTest, EveryKeyIsCommented) {
-  // Each `key:` line of the server and logging sections has a comment on it or just above it;
+  // Each `key:` line of the server, logging and fine_tuning sections has a comment on it or just above it;
   // the model keys are documented in the comment block above `models:`.
   std::istringstream in{std::string(DefaultConfigYaml())};
   std::string previous;
@@ -132,7 +132,7 @@ TEST(DefaultConfigTest, EveryKeyIsCommented) {
       EXPECT_TRUE(commented) << "no comment for: " << line;
     }
   }
-  EXPECT_EQ(keys, 16);  // every scalar key of server and logging
+  EXPECT_EQ(keys, 25);  // every scalar key of server, logging and fine_tuning
   for (std::string_view key : {"name",
                                "kind",
                                "builtin",
@@ -472,10 +472,10 @@ TEST(ConfigErrorsTest, ControlCharactersInMessagesAreEscaped) {
 TEST(ConfigErrorsTest, TopLevelMustBeAMapping) {
   EXPECT_THAT(Errors("- server\n"),
               ElementsAre("f.yaml:1:1: expected a mapping at the top level (keys: server, "
-                          "logging, models), got a sequence"));
+                          "logging, fine_tuning, models), got a sequence"));
   EXPECT_THAT(Errors("just text\n"),
               ElementsAre("f.yaml:1:1: expected a mapping at the top level (keys: server, "
-                          "logging, models), got `just text`"));
+                          "logging, fine_tuning, models), got `just text`"));
 }
 
 TEST(ConfigErrorsTest, HostileInputIsRefusedQuickly) {
@@ -1156,6 +1156,30 @@ TEST(LlmModelTest, SchedulerRangesAndTypos) {
               ElementsAre(HasSubstr("expected a batch size in [1, 4] (max_num_seqs), got `8`")));
   EXPECT_THAT(Errors(head + "      priority_levels: 2\n"),
               ElementsAre(HasSubstr("`models[0].scheduler.default_priority_level`")));
+}
+
+TEST(FineTuningConfigTest, ParsesAndChecksRanges) {
+  StatusOr<Config> c = ParseConfig(
+      "fine_tuning:\n  max_concurrent_jobs: 2\n  checkpoint_every_steps: 0\n"
+      "  checkpoint_every_seconds: 30.5\n  yield_to_serving: false\n  max_file_bytes: 1024\n",
+      "f.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fine_tuning.max_concurrent_jobs, 2);
+  EXPECT_EQ(c->fine_tuning.checkpoint_every_steps, 0);
+  EXPECT_EQ(c->fine_tuning.checkpoint_every_seconds, 30.5);
+  EXPECT_FALSE(c->fine_tuning.yield_to_serving);
+  EXPECT_EQ(c->fine_tuning.max_file_bytes, 1024);
+  EXPECT_TRUE(c->fine_tuning.enabled);
+  // Round trip through ToYaml.
+  StatusOr<Config> again = ParseConfig(ToYaml(*c), "again.yaml");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *c);
+
+  EXPECT_THAT(Errors("fine_tuning:\n  max_concurrent_jobs: 0\n"),
+              ElementsAre(HasSubstr("f.yaml:2:24: `fine_tuning.max_concurrent_jobs`")));
+  EXPECT_THAT(Errors("fine_tuning:\n  checkpoint_every_secs: 5\n"),
+              ElementsAre(HasSubstr("unknown key `checkpoint_every_secs` in `fine_tuning`")));
+  EXPECT_THAT(Errors("fine_tuning:\n  backend: tpu\n"), ElementsAre(HasSubstr("tpu")));
 }
 
 }  // namespace

@@ -10,12 +10,16 @@
 #include "scheduler/model_repository.h"
 
 namespace kiln {
+namespace finetune {
+class FineTuningService;
+}
 
 struct ServerCore {
   const config::Config* config = nullptr;
   ModelRepository* repository = nullptr;
   InflightLimiter* limiter = nullptr;
   metrics::Registry* registry = nullptr;
+  finetune::FineTuningService* fine_tuning = nullptr;  // null: fine_tuning.enabled is false
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include "models/llm/loader.h"
+#include "scheduler/finetune/job_service.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -85,6 +86,13 @@ void Server::RegisterServerMetrics() {
 
 Status Server::Start() {
   RegisterServerMetrics();
+  if (config_.fine_tuning.enabled) {
+    StatusOr<std::unique_ptr<finetune::FineTuningService>> ft =
+        finetune::FineTuningService::Create(config_, repository_.get(), &registry_);
+    if (!ft.ok()) return Annotate(ft.status(), "fine-tuning");
+    fine_tuning_ = *std::move(ft);
+    core_.fine_tuning = fine_tuning_.get();
+  }
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
   repository_->SetStateListener([this](const std::string& name, ModelState state) {
@@ -113,6 +121,8 @@ Status Server::Start() {
                metrics_port());
   s = repository_->LoadStartupModels();
   if (!s.ok()) return s;
+  // Jobs start once their base models are loaded; finished adapters are served again.
+  if (fine_tuning_) KILN_RETURN_IF_ERROR(fine_tuning_->Start());
   for (const auto& e : repository_->Index(/*ready_only=*/true)) grpc_->SetServing(e.name, true);
   core_.started = true;
   if (grpc_) {
@@ -134,6 +144,9 @@ bool Server::Shutdown() {
     grpc_->SetServing("inference.GRPCInferenceService", false);
     for (const auto& e : repository_->Index()) grpc_->SetServing(e.name, false);
   }
+  // A running fine-tuning job stops after its current step (it stays `running` with its
+  // checkpoint, so the next start resumes it).
+  if (fine_tuning_) fine_tuning_->Stop();
   const int64_t inflight = limiter_->inflight();
   spdlog::info("shutting down: not ready; waiting up to {:.1f} s for {} in-flight request(s)",
                config_.server.shutdown_grace_seconds, inflight);

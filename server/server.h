@@ -22,6 +22,9 @@ namespace kiln {
 
 class GrpcFrontEnd;
 class HttpFrontEnds;
+namespace finetune {
+class FineTuningService;
+}
 
 class Server {
  public:
@@ -55,6 +58,7 @@ class Server {
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InflightLimiter> limiter_;
   ServerCore core_;
+  std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
 };

@@ -221,7 +221,12 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
                           train::DataPosition::Parse(ck.state.data_position.get<std::string>()));
     KILN_RETURN_IF_ERROR(Annotate(data->Seek(pos), Cat(found.dir, ": data position")));
     losses = ck.state.losses;
-    say(Cat("resumed from ", found.dir, " at step ", ck.state.step));
+    if (report) {
+      FinetuneProgress p;
+      p.message = Cat("resumed from ", found.dir, " at step ", ck.state.step);
+      p.resumed_step = ck.state.step;
+      (void)report(p);
+    }
   }
 
   TrainMetrics m(o.metrics);
@@ -230,6 +235,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   const auto start = Clock::now();
   std::map<std::string, std::vector<int64_t>> shapes;  // trainable tensor -> shape
   for (const TrainableTensor& t : trainer->trainable()) shapes[t.name] = t.shape;
+  auto last_save = Clock::now();
   auto save = [&](int64_t step) -> Status {
     Checkpoint ck;
     ck.state.step = step;
@@ -250,7 +256,14 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
     CheckpointOptions copt;
     copt.keep_last = o.keep_checkpoints;
     KILN_ASSIGN_OR_RETURN(std::string dir, WriteCheckpoint(o.out, ck, base, copt));
-    say("checkpoint " + dir);
+    last_save = Clock::now();
+    if (report) {
+      FinetuneProgress p;
+      p.message = "checkpoint " + dir;
+      p.checkpoint_dir = dir;
+      p.checkpoint_step = step;
+      (void)report(p);
+    }
     return OkStatus();
   };
   auto validate = [&]() -> StatusOr<double> {
@@ -308,7 +321,10 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
       summary.stopped = step != total_steps;
       break;
     }
-    const bool save_now = o.save_steps > 0 ? step % o.save_steps == 0 : epoch_end;
+    const bool save_now =
+        (o.save_steps > 0 ? step % o.save_steps == 0 : epoch_end) ||
+        (o.save_seconds > 0 &&
+         std::chrono::duration<double>(Clock::now() - last_save).count() >= o.save_seconds);
     if (save_now && step != total_steps) KILN_RETURN_IF_ERROR(save(step));
   }
   if (summary.steps > 0) KILN_RETURN_IF_ERROR(save(trainer->step()));

@@ -52,6 +52,9 @@ struct FinetuneOptions {
   bool recompute = false;  // TrainerOptions::recompute: a smaller arena, ~1 more forward
   uint64_t seed = 42;
   int64_t save_steps = 0;  // 0: a checkpoint at the end of each epoch and at the end
+  // > 0: also a checkpoint once this many seconds passed since the last one (or the start),
+  // checked after each step; what bounds the work a crash loses when steps are slow.
+  double save_seconds = 0;
   int keep_checkpoints = 2;
   int threads = 0;  // CPU threads; 0: one per core
   std::string backend = "cpu";
@@ -67,6 +70,11 @@ struct FinetuneProgress {
   double step_seconds = 0;       // wall time of the optimizer step
   double valid_loss = -1;        // >= 0 right after a validation pass
   std::string message;           // a warning or note to print, if any
+  // Set on the report that follows a checkpoint write (message "checkpoint <dir>"): its
+  // directory and step. Empty otherwise.
+  std::string checkpoint_dir;
+  int64_t checkpoint_step = 0;
+  int64_t resumed_step = 0;  // on the "resumed from" message: the step the run continues after
 };
 
 struct FinetuneSummary {
