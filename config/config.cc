@@ -118,8 +118,8 @@ constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
 constexpr std::string_view kFineTuningKeys[] = {
     "enabled",        "max_concurrent_jobs", "checkpoint_every_steps", "checkpoint_every_seconds",
-    "keep_checkpoints", "yield_to_serving",  "max_file_bytes",         "threads",
-    "backend"};
+    "keep_checkpoints", "yield_to_serving",  "max_yield_seconds",      "max_file_bytes",
+    "threads",          "backend"};
 constexpr std::string_view kModelKeys[] = {
     "name",           "kind",           "builtin",          "path",           "backend",
     "instance_count", "max_batch_size", "dynamic_batching", "load_on_start",  "scheduler",
@@ -1018,6 +1018,8 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
              &t.checkpoint_every_seconds);
   dec.Int(ft, "keep_checkpoints", "fine_tuning", kKeepCheckpointsRange, &t.keep_checkpoints);
   dec.Bool(ft, "yield_to_serving", "fine_tuning", &t.yield_to_serving);
+  dec.Double(ft, "max_yield_seconds", "fine_tuning", 0, kMaxCheckpointEverySeconds,
+             &t.max_yield_seconds);
   dec.Int(ft, "max_file_bytes", "fine_tuning", kMaxFileBytesRange, &t.max_file_bytes);
   dec.Int(ft, "threads", "fine_tuning", kJobThreadsRange, &t.threads);
   dec.Enum(ft, "backend", "fine_tuning", kBackends, /*ignore_case=*/false, &t.backend);
@@ -1360,6 +1362,7 @@ std::string ToYaml(const Config& c) {
   w.Line(2, "checkpoint_every_seconds", fmt::format("{}", t.checkpoint_every_seconds));
   w.Line(2, "keep_checkpoints", std::to_string(t.keep_checkpoints));
   w.Line(2, "yield_to_serving", YamlBool(t.yield_to_serving));
+  w.Line(2, "max_yield_seconds", fmt::format("{}", t.max_yield_seconds));
   w.Line(2, "max_file_bytes", std::to_string(t.max_file_bytes));
   w.Line(2, "threads", std::to_string(t.threads));
   w.Line(2, "backend", YamlString(t.backend));

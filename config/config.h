@@ -93,6 +93,8 @@ struct FineTuningConfig {
   int keep_checkpoints = 3;  // newest checkpoints kept per job (served as ...:ckpt-step-N)
   // Between steps, a job waits while its base model has generation requests queued or running.
   bool yield_to_serving = true;
+  // The longest a job waits between two steps, so it progresses under steady load.
+  double max_yield_seconds = 10;
   int64_t max_file_bytes = 512ll << 20;  // largest uploaded file; more gets 413
   int threads = 0;                       // CPU threads per job; 0: one per core
   std::string backend = "cpu";           // where jobs train

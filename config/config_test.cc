@@ -132,7 +132,7 @@ TEST(DefaultConfigTest, EveryKeyIsCommented) {
       EXPECT_TRUE(commented) << "no comment for: " << line;
     }
   }
-  EXPECT_EQ(keys, 25);  // every scalar key of server, logging and fine_tuning
+  EXPECT_EQ(keys, 26);  // every scalar key of server, logging and fine_tuning
   for (std::string_view key : {"name",
                                "kind",
                                "builtin",

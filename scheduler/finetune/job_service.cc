@@ -656,10 +656,13 @@ struct FineTuningService::Impl {
     }
   }
 
-  // Waits while the base model has generation requests queued or running.
+  // Waits while the base model has generation requests queued or running, at most
+  // max_yield_seconds (a job must still progress under steady load).
   void Yield(const JobRecord& job, const Control& control) {
     const auto start = Clock::now();
+    const auto limit = std::chrono::duration<double>(ft.max_yield_seconds);
     for (;;) {
+      if (Clock::now() - start >= limit) break;
       StatusOr<std::shared_ptr<Model>> m = repository->GetReady(job.model);
       if (!m.ok() || (*m)->pending() == 0) break;
       if (control.cancel || control.pause || Stopping()) break;
