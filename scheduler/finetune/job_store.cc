@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 
@@ -337,6 +338,14 @@ StatusOr<Page<T>> ReadPage(Stmt& s, int limit, Read read, Keep keep) {
   return page;
 }
 
+// Every row of `s`, in the statement's order.
+template <typename T, typename Read>
+StatusOr<std::vector<T>> ReadAll(Stmt& s, Read read) {
+  KILN_ASSIGN_OR_RETURN(Page<T> all, ReadPage<T>(s, std::numeric_limits<int>::max(), read,
+                                                 [](const T&) { return true; }));
+  return std::move(all.data);
+}
+
 }  // namespace
 
 std::string NewId(std::string_view prefix) {
@@ -441,6 +450,44 @@ struct JobStore::Impl {
     KILN_ASSIGN_OR_RETURN(bool row, s.Step());
     if (!row) return NotFound("no fine-tuning job '", id, "'");
     return OkStatus();
+  }
+
+  // Inserts a row of one job's events or checkpoints with `sql` (`bind` binds its parameters)
+  // and returns the row's seq. NotFound for an unknown job.
+  StatusOr<int64_t> InsertOfJob(std::string_view job_id, std::string_view sql,
+                                absl::FunctionRef<void(Stmt&)> bind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    KILN_RETURN_IF_ERROR(JobExists(job_id));
+    Stmt s = Prepare(sql);
+    bind(s);
+    KILN_RETURN_IF_ERROR(s.Run());
+    return sqlite3_last_insert_rowid(db);
+  }
+
+  // A page of one job's rows of `table` (events or checkpoints, whose ids are `prefix` + seq),
+  // newest first.
+  template <typename T>
+  StatusOr<Page<T>> ListOfJob(std::string_view table, std::string_view columns,
+                              std::string_view prefix, std::string_view job_id,
+                              std::string_view after, int limit, StatusOr<T> (*read)(const Stmt&))
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    KILN_RETURN_IF_ERROR(CheckLimit(limit));
+    int64_t before = std::numeric_limits<int64_t>::max();
+    if (!after.empty()) {
+      before = SeqOf(after, prefix);
+      if (before == 0) {
+        return WithParam(InvalidArgument("`after` is '", after, "', which is not an id of the ",
+                                         table, " list (", prefix, "<n>)"),
+                         "after");
+      }
+    }
+    return Transaction(false, [&]() -> StatusOr<Page<T>> {
+      KILN_RETURN_IF_ERROR(JobExists(job_id));
+      Stmt s = Prepare(StrCat("SELECT ", columns, " FROM ", table,
+                              " WHERE job_id = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3"));
+      s.Bind(1, job_id).Bind(2, before).Bind(3, int64_t{limit} + 1);
+      return ReadPage<T>(s, limit, read, [](const T&) { return true; });
+    });
   }
 
   // The seq of row `id` of `table` (files or jobs), for `after`.
@@ -694,8 +741,7 @@ StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
     const std::vector<JobStatus>& statuses) const {
   absl::MutexLock lock(&impl_->mu);
   return impl_->Transaction(false, [&]() -> StatusOr<std::vector<JobRecord>> {
-    std::vector<JobRecord> jobs;
-    if (statuses.empty()) return jobs;
+    if (statuses.empty()) return std::vector<JobRecord>();
     // One placeholder per status; the values are bound.
     std::string in = "?1";
     for (size_t i = 1; i < statuses.size(); ++i) in += StrCat(", ?", i + 1);
@@ -704,13 +750,7 @@ StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
     for (size_t i = 0; i < statuses.size(); ++i) {
       s.Bind(static_cast<int>(i + 1), JobStatusName(statuses[i]));
     }
-    while (true) {
-      KILN_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      KILN_ASSIGN_OR_RETURN(JobRecord j, ReadJob(s, impl_->path));
-      jobs.push_back(std::move(j));
-    }
-    return jobs;
+    return ReadAll<JobRecord>(s, [&](const Stmt& st) { return ReadJob(st, impl_->path); });
   });
 }
 
@@ -720,42 +760,29 @@ StatusOr<EventRecord> JobStore::AddEvent(EventRecord event) {
   if (event.created_at == 0) event.created_at = UnixNow();
   absl::MutexLock lock(&impl_->mu);
   return impl_->Transaction(true, [&]() -> StatusOr<EventRecord> {
-    KILN_RETURN_IF_ERROR(impl_->JobExists(event.job_id));
-    Stmt s = impl_->Prepare(
-        "INSERT INTO events (job_id, created_at, level, type, message, data) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
-    s.Bind(1, event.job_id)
-        .Bind(2, event.created_at)
-        .Bind(3, event.level)
-        .Bind(4, event.type)
-        .Bind(5, event.message)
-        .BindJson(6, event.data);
-    KILN_RETURN_IF_ERROR(s.Run());
-    event.id = StrCat(kEventPrefix, sqlite3_last_insert_rowid(impl_->db));
+    KILN_ASSIGN_OR_RETURN(
+        int64_t seq,
+        impl_->InsertOfJob(event.job_id,
+                           "INSERT INTO events (job_id, created_at, level, type, message, data) "
+                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                           [&](Stmt& s) {
+                             s.Bind(1, event.job_id)
+                                 .Bind(2, event.created_at)
+                                 .Bind(3, event.level)
+                                 .Bind(4, event.type)
+                                 .Bind(5, event.message)
+                                 .BindJson(6, event.data);
+                           }));
+    event.id = StrCat(kEventPrefix, seq);
     return event;
   });
 }
 
 StatusOr<Page<EventRecord>> JobStore::ListEvents(std::string_view job_id, std::string_view after,
                                                  int limit) const {
-  KILN_RETURN_IF_ERROR(CheckLimit(limit));
-  int64_t before = std::numeric_limits<int64_t>::max();
-  if (!after.empty()) {
-    before = EventSeq(after);
-    if (before == 0) {
-      return WithParam(InvalidArgument("`after` is '", after, "', which is not an event id"),
-                       "after");
-    }
-  }
   absl::MutexLock lock(&impl_->mu);
-  return impl_->Transaction(false, [&]() -> StatusOr<Page<EventRecord>> {
-    KILN_RETURN_IF_ERROR(impl_->JobExists(job_id));
-    Stmt s = impl_->Prepare(StrCat("SELECT ", kEventColumns,
-                                   " FROM events WHERE job_id = ?1 AND seq < ?2 "
-                                   "ORDER BY seq DESC LIMIT ?3"));
-    s.Bind(1, job_id).Bind(2, before).Bind(3, int64_t{limit} + 1);
-    return ReadPage<EventRecord>(s, limit, ReadEvent, [](const EventRecord&) { return true; });
-  });
+  return impl_->ListOfJob<EventRecord>("events", kEventColumns, kEventPrefix, job_id, after, limit,
+                                       ReadEvent);
 }
 
 StatusOr<std::vector<EventRecord>> JobStore::EventsSince(std::string_view job_id,
@@ -766,14 +793,7 @@ StatusOr<std::vector<EventRecord>> JobStore::EventsSince(std::string_view job_id
     Stmt s = impl_->Prepare(StrCat("SELECT ", kEventColumns,
                                    " FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq"));
     s.Bind(1, job_id).Bind(2, after_seq);
-    std::vector<EventRecord> events;
-    while (true) {
-      KILN_ASSIGN_OR_RETURN(bool row, s.Step());
-      if (!row) break;
-      KILN_ASSIGN_OR_RETURN(EventRecord e, ReadEvent(s));
-      events.push_back(std::move(e));
-    }
-    return events;
+    return ReadAll<EventRecord>(s, ReadEvent);
   });
 }
 
@@ -783,18 +803,20 @@ StatusOr<CheckpointRecord> JobStore::AddCheckpoint(CheckpointRecord c) {
   if (c.created_at == 0) c.created_at = UnixNow();
   absl::MutexLock lock(&impl_->mu);
   return impl_->Transaction(true, [&]() -> StatusOr<CheckpointRecord> {
-    KILN_RETURN_IF_ERROR(impl_->JobExists(c.job_id));
-    Stmt s = impl_->Prepare(
-        "INSERT INTO checkpoints (job_id, created_at, step_number, metrics, "
-        "fine_tuned_model_checkpoint, path) VALUES (?1, ?2, ?3, ?4, ?5, ?6)");
-    s.Bind(1, c.job_id)
-        .Bind(2, c.created_at)
-        .Bind(3, c.step_number)
-        .BindJson(4, c.metrics)
-        .Bind(5, c.fine_tuned_model_checkpoint)
-        .Bind(6, c.path);
-    KILN_RETURN_IF_ERROR(s.Run());
-    c.id = StrCat(kCheckpointPrefix, sqlite3_last_insert_rowid(impl_->db));
+    KILN_ASSIGN_OR_RETURN(
+        int64_t seq,
+        impl_->InsertOfJob(c.job_id,
+                           "INSERT INTO checkpoints (job_id, created_at, step_number, metrics, "
+                           "fine_tuned_model_checkpoint, path) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                           [&](Stmt& s) {
+                             s.Bind(1, c.job_id)
+                                 .Bind(2, c.created_at)
+                                 .Bind(3, c.step_number)
+                                 .BindJson(4, c.metrics)
+                                 .Bind(5, c.fine_tuned_model_checkpoint)
+                                 .Bind(6, c.path);
+                           }));
+    c.id = StrCat(kCheckpointPrefix, seq);
     return c;
   });
 }
@@ -802,25 +824,9 @@ StatusOr<CheckpointRecord> JobStore::AddCheckpoint(CheckpointRecord c) {
 StatusOr<Page<CheckpointRecord>> JobStore::ListCheckpoints(std::string_view job_id,
                                                            std::string_view after,
                                                            int limit) const {
-  KILN_RETURN_IF_ERROR(CheckLimit(limit));
-  int64_t before = std::numeric_limits<int64_t>::max();
-  if (!after.empty()) {
-    before = SeqOf(after, kCheckpointPrefix);
-    if (before == 0) {
-      return WithParam(InvalidArgument("`after` is '", after, "', which is not a checkpoint id"),
-                       "after");
-    }
-  }
   absl::MutexLock lock(&impl_->mu);
-  return impl_->Transaction(false, [&]() -> StatusOr<Page<CheckpointRecord>> {
-    KILN_RETURN_IF_ERROR(impl_->JobExists(job_id));
-    Stmt s = impl_->Prepare(StrCat("SELECT ", kCheckpointColumns,
-                                   " FROM checkpoints WHERE job_id = ?1 AND seq < ?2 "
-                                   "ORDER BY seq DESC LIMIT ?3"));
-    s.Bind(1, job_id).Bind(2, before).Bind(3, int64_t{limit} + 1);
-    return ReadPage<CheckpointRecord>(s, limit, ReadCheckpoint,
-                                      [](const CheckpointRecord&) { return true; });
-  });
+  return impl_->ListOfJob<CheckpointRecord>("checkpoints", kCheckpointColumns, kCheckpointPrefix,
+                                            job_id, after, limit, ReadCheckpoint);
 }
 
 }  // namespace kiln::finetune
