@@ -125,6 +125,9 @@ constexpr std::string_view kCheckpointColumns =
 Status SqlError(sqlite3* db, int rc, std::string_view path, std::string_view what) {
   const char* msg = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
   std::string text = StrCat(path, ": ", what, ": ", msg);
+  if (rc == SQLITE_CONSTRAINT_UNIQUE || rc == SQLITE_CONSTRAINT_PRIMARYKEY) {
+    return AlreadyExists(text);
+  }
   switch (rc & 0xff) {  // the primary code of an extended one
     case SQLITE_BUSY:
     case SQLITE_LOCKED:
@@ -138,8 +141,8 @@ Status SqlError(sqlite3* db, int rc, std::string_view path, std::string_view wha
       return PermissionDenied(text);
     case SQLITE_FULL:
       return ResourceExhausted(text);
-    case SQLITE_CONSTRAINT:
-      return AlreadyExists(text);
+    case SQLITE_CONSTRAINT:  // e.g. a foreign key: the row depends on one that is not there
+      return FailedPrecondition(text);
     default:
       return Internal(text);
   }
@@ -506,10 +509,11 @@ struct JobStore::Impl {
 
   Status Migrate() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return Transaction(true, [&]() -> Status {
-      // Read inside the write transaction: another process may have migrated meanwhile.
-      Stmt v = Prepare("PRAGMA user_version");
-      KILN_ASSIGN_OR_RETURN(bool row, v.Step());
-      version = row ? static_cast<int>(v.Int(0)) : 0;
+      {  // read inside the write transaction: another process may have migrated meanwhile
+        Stmt v = Prepare("PRAGMA user_version");
+        KILN_ASSIGN_OR_RETURN(bool row, v.Step());
+        version = row ? static_cast<int>(v.Int(0)) : 0;
+      }  // (closed before the schema changes)
       if (version > kSchemaVersion) {
         return FailedPrecondition(path, ": the fine-tuning database has schema version ", version,
                                   ", but this build of Kiln knows versions up to ", kSchemaVersion,
