@@ -1,6 +1,7 @@
 #include "server/llm/openai_http.h"
 
 #include <chrono>
+#include <thread>
 
 #include "absl/strings/str_split.h"
 #include "scheduler/generation.h"
@@ -539,10 +540,73 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
     Generate(*core_, req, r, chat);
     return true;
   }
+  const bool load = seg.size() == 2 && seg[1] == "load_lora_adapter";
+  if (load || (seg.size() == 2 && seg[1] == "unload_lora_adapter")) {
+    if (!post) return SendMethodNotAllowed(r, req, "POST"), true;
+    LoraAdapterRoute(req, r, load);
+    return true;
+  }
   SendError(r, NotFound("no route for ", req.method, " ", req.path,
-                        "; the OpenAI-compatible API serves /v1/models, /v1/completions and "
-                        "/v1/chat/completions"));
+                        "; the OpenAI-compatible API serves /v1/models, /v1/completions, "
+                        "/v1/chat/completions, /v1/load_lora_adapter and /v1/unload_lora_adapter"));
   return true;
+}
+
+// vLLM's runtime adapter routes: {"lora_name", "lora_path"} (and Kiln's optional
+// "base_model", needed only when several LLMs are served). Success answers 200 with vLLM's
+// plain-text message.
+void OpenAiApi::LoraAdapterRoute(const http::Request& req,
+                                 const std::shared_ptr<http::Responder>& r, bool load) const {
+  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object()) {
+    return SendError(r, InvalidArgument("the request body must be a JSON object"));
+  }
+  auto field = [&](const char* key) -> std::string {
+    auto it = body.find(key);
+    return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const std::string name = field("lora_name");
+  if (name.empty()) {
+    return SendError(r, WithParam(InvalidArgument("`lora_name` (a string) is required"),
+                                  "lora_name"));
+  }
+  if (!load) {
+    Status s = core_->repository->RemoveLoraAdapter(name);
+    if (!s.ok()) return SendError(r, WithParam(s, "lora_name"));
+    http::Response ok;
+    ok.content_type = "text/plain; charset=utf-8";
+    ok.body = "Success: LoRA adapter '" + name + "' removed successfully.";
+    return r->Send(std::move(ok));
+  }
+  const std::string path = field("lora_path");
+  if (path.empty()) {
+    return SendError(r, WithParam(InvalidArgument("`lora_path` (a PEFT adapter folder on the "
+                                                  "server) is required"),
+                                  "lora_path"));
+  }
+  std::string base = field("base_model");
+  if (base.empty()) {
+    std::vector<std::string> llms;
+    for (auto& m : core_->repository->ReadyModels()) {
+      if (m->is_llm()) llms.push_back(m->name());
+    }
+    if (llms.size() != 1) {
+      return SendError(r, WithParam(InvalidArgument("this server serves ", llms.size(),
+                                                    " LLMs; say which one the adapter is for "
+                                                    "with `base_model`"),
+                                    "base_model"));
+    }
+    base = llms[0];
+  }
+  // Reading the adapter's weights blocks; answer from a thread of its own (as model loads).
+  std::thread([core = core_, r, name, base, path] {
+    Status s = core->repository->AddLoraAdapter(name, base, path);
+    if (!s.ok()) return SendError(r, WithParam(s, "lora_path"));
+    http::Response ok;
+    ok.content_type = "text/plain; charset=utf-8";
+    ok.body = "Success: LoRA adapter '" + name + "' added successfully.";
+    r->Send(std::move(ok));
+  }).detach();
 }
 
 }  // namespace kiln::llm

@@ -3,6 +3,8 @@
 //   GET  /v1/models, /v1/models/{model}     the ready LLMs
 //   POST /v1/completions                    one prompt (text or token ids) -> text
 //   POST /v1/chat/completions               messages, rendered with the model's template
+//   POST /v1/load_lora_adapter              {"lora_name", "lora_path"[, "base_model"]} (vLLM's)
+//   POST /v1/unload_lora_adapter            {"lora_name"}
 //
 // Both POST routes answer in OpenAI's exact JSON shapes, or as Server-Sent Events with
 // `"stream": true` (`data: {chunk}\n\n` ..., `data: [DONE]\n\n`; `stream_options.
@@ -37,6 +39,10 @@ class OpenAiApi {
   bool Handle(http::Request& request, const std::shared_ptr<http::Responder>& responder) const;
 
  private:
+  // POST /v1/load_lora_adapter (load) and /v1/unload_lora_adapter, vLLM's shapes.
+  void LoraAdapterRoute(const http::Request& req, const std::shared_ptr<http::Responder>& r,
+                        bool load) const;
+
   ServerCore* core_;
   int64_t created_;  // start-up time, reported as each model's `created`
 };
