@@ -74,6 +74,14 @@ KILN_STATUS_FACTORY_(PermissionDenied, PermissionDeniedError)
 // Returns `status` with `prefix: ` in front of its message (same code).
 Status Annotate(const Status& status, std::string_view prefix);
 
+// Attaches the request field a bad-input error is about ("max_tokens", "messages[2].role"),
+// which the OpenAI front end reports as the error's `param`. Kept in the status's payload, so
+// it survives being returned through any number of layers (but not Annotate).
+Status WithParam(Status status, std::string_view param);
+// The field attached by WithParam; else the leading backquoted name of the message
+// ("`top_p` is 1.5; ..." -> "top_p"), as sampling validation writes them; else "".
+std::string ParamOf(const Status& status);
+
 // Debian's Abseil is built with its own string_view type, not std::string_view: convert at
 // the boundary with these rather than relying on implicit conversions.
 inline std::string_view ToStd(absl::string_view s) { return {s.data(), s.size()}; }

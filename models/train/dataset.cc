@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_format.h"
 #include "models/chat/chat_template.h"
 #include "models/io/errors.h"
@@ -22,7 +23,9 @@ using json = nlohmann::ordered_json;
 // A noncharacter (U+FDD0): never part of real text.
 constexpr std::string_view kBadByte = "\xEF\xB7\x90";
 
-constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool"};
+// "developer" is OpenAI's newer name for a system message; it reaches the template as written,
+// as transformers' apply_chat_template would pass it.
+constexpr std::string_view kRoles[] = {"system", "user", "assistant", "tool", "developer"};
 // The keys of a message the chat template sees (besides role); `weight` and others are not.
 constexpr const char* kPassedKeys[] = {"content", "tool_calls", "tool_call_id", "name"};
 
@@ -66,6 +69,116 @@ std::string FindBadField(const json& obj) {
   return "";
 }
 
+// An error about the line at `where` ("train.jsonl:7").
+template <typename... A>
+Status LineError(std::string_view where, const A&... a) {
+  return InvalidArgument(where, ": ", a...);
+}
+
+// The example's `tools`, or null when absent or JSON null.
+const json* ToolsOf(const json& obj) {
+  auto tools = obj.find("tools");
+  return tools != obj.end() && !tools->is_null() ? &*tools : nullptr;
+}
+
+// The structure of a chat example: every message well-formed, at least one assistant message.
+Status CheckMessages(const json& messages, const json* tools, std::string_view where) {
+  if (!messages.is_array()) {
+    return LineError(where, "`messages` is ", TypeName(messages), "; expected a list of messages");
+  }
+  if (messages.empty()) return LineError(where, "`messages` is empty");
+  if (tools != nullptr && !tools->is_array()) {
+    return LineError(where, "`tools` is ", TypeName(*tools), "; expected a list of tool schemas");
+  }
+  bool has_assistant = false;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    std::string field = Cat("messages[", i, "]");
+    if (!m.is_object()) return LineError(where, field, " is ", TypeName(m), "; expected an object");
+    auto role = m.find("role");
+    if (role == m.end()) return LineError(where, field, ": missing field `role`");
+    if (!role->is_string()) {
+      return LineError(where, field, ".role is ", TypeName(*role), "; expected a string");
+    }
+    const std::string& r = role->get_ref<const std::string&>();
+    if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles)) {
+      return LineError(where, field, ".role is \"", r,
+                       "\"; allowed: system, user, assistant, tool, developer");
+    }
+    // An assistant message that calls tools may leave content out (OpenAI's format).
+    auto tool_calls = m.find("tool_calls");
+    const bool calls = r == "assistant" && tool_calls != m.end();
+    if (calls && (!tool_calls->is_array() || tool_calls->empty())) {
+      return LineError(where, field, ".tool_calls must be a non-empty list (got ",
+                       TypeName(*tool_calls), ")");
+    }
+    auto content = m.find("content");
+    if (content == m.end() && !calls) return LineError(where, field, ": missing field `content`");
+    if (content != m.end() && !content->is_string() && !(calls && content->is_null())) {
+      return LineError(where, field, ".content is ", TypeName(*content), "; expected a string");
+    }
+    if (auto w = m.find("weight"); w != m.end()) {
+      if (r != "assistant") {
+        return LineError(where, field, ".weight is only allowed on assistant messages (role is \"",
+                         r, "\")");
+      }
+      if (!w->is_number_integer() || (w->get<int64_t>() != 0 && w->get<int64_t>() != 1)) {
+        return LineError(where, field, ".weight is ", w->dump(), "; allowed: 0 or 1");
+      }
+    }
+    has_assistant |= r == "assistant";
+  }
+  if (!has_assistant) return LineError(where, "no assistant message; nothing to train on");
+  return OkStatus();
+}
+
+// One line parsed and its structure checked (everything that needs no tokenizer): valid UTF-8,
+// a JSON object, a chat example (CheckMessages) or prompt and completion strings.
+StatusOr<json> ParseExample(std::string_view line, std::string_view where) {
+  size_t bad = utf8::FindInvalid(line);
+  if (bad != std::string_view::npos) {
+    std::string field;
+    try {
+      field = FindBadField(json::parse(Sanitize(line)));
+    } catch (const json::exception&) {
+    }
+    return LineError(where, field.empty() ? "" : Cat(field, " "), "is not valid UTF-8 (byte 0x",
+                     absl::StrFormat("%02X", static_cast<uint8_t>(line[bad])), " at column ",
+                     bad + 1, ")");
+  }
+  json obj;
+  try {
+    obj = json::parse(line);
+  } catch (const json::parse_error& e) {
+    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 3: ...".
+    std::string what = e.what();
+    size_t colon = what.find(": ");
+    return LineError(where, "not valid JSON at column ", e.byte, ": ",
+                     colon == std::string::npos ? what : what.substr(colon + 2));
+  }
+  if (!obj.is_object()) return LineError(where, "expected a JSON object, got ", TypeName(obj));
+  if (auto messages = obj.find("messages"); messages != obj.end()) {
+    KILN_RETURN_IF_ERROR(CheckMessages(*messages, ToolsOf(obj), where));
+    return obj;
+  }
+  auto prompt = obj.find("prompt");
+  auto completion = obj.find("completion");
+  if (prompt != obj.end() && completion != obj.end()) {
+    if (!prompt->is_string()) {
+      return LineError(where, "prompt is ", TypeName(*prompt), "; expected a string");
+    }
+    if (!completion->is_string()) {
+      return LineError(where, "completion is ", TypeName(*completion), "; expected a string");
+    }
+    return obj;
+  }
+  if (prompt != obj.end()) return LineError(where, "missing field `completion` (next to `prompt`)");
+  if (completion != obj.end()) {
+    return LineError(where, "missing field `prompt` (next to `completion`)");
+  }
+  return LineError(where, "expected field `messages` (chat) or `prompt` and `completion` (legacy)");
+}
+
 bool IsPrefix(const std::vector<int32_t>& p, const std::vector<int32_t>& full) {
   return p.size() <= full.size() && std::equal(p.begin(), p.end(), full.begin());
 }
@@ -81,67 +194,25 @@ class LineTokenizer {
   LineTokenizer(std::string where, const Tokenizer& tok, const ChatTemplate* tmpl)
       : where_(std::move(where)), tok_(tok), tmpl_(tmpl) {}
 
+  // REQUIRES: CheckMessages(messages, tools) passed.
   StatusOr<Example> Chat(const json& messages, const json* tools) {
-    if (!messages.is_array()) {
-      return Error("`messages` is ", TypeName(messages), "; expected a list of messages");
-    }
-    if (messages.empty()) return Error("`messages` is empty");
     if (tmpl_ == nullptr) {
       return Error("chat example, but this model has no chat template; use the legacy ",
                    "{\"prompt\", \"completion\"} format or a model with a template");
     }
-    if (tools != nullptr && !tools->is_array()) {
-      return Error("`tools` is ", TypeName(*tools), "; expected a list of tool schemas");
-    }
     tools_ = tools != nullptr ? *tools : json(nullptr);
     json plain = json::array();  // what the template sees: the keys of kPassedKeys
     std::vector<bool> trained(messages.size(), false);
-    bool has_assistant = false;
     for (size_t i = 0; i < messages.size(); ++i) {
       const json& m = messages[i];
-      std::string field = Cat("messages[", i, "]");
-      if (!m.is_object()) return Error(field, " is ", TypeName(m), "; expected an object");
-      auto role = m.find("role");
-      if (role == m.end()) return Error(field, ": missing field `role`");
-      if (!role->is_string()) {
-        return Error(field, ".role is ", TypeName(*role), "; expected a string");
-      }
-      const std::string& r = role->get_ref<const std::string&>();
-      if (std::find(std::begin(kRoles), std::end(kRoles), r) == std::end(kRoles)) {
-        return Error(field, ".role is \"", r, "\"; allowed: system, user, assistant, tool");
-      }
-      // An assistant message that calls tools may leave content out (OpenAI's format).
-      auto tool_calls = m.find("tool_calls");
-      const bool calls = r == "assistant" && tool_calls != m.end();
-      if (calls && (!tool_calls->is_array() || tool_calls->empty())) {
-        return Error(field, ".tool_calls must be a non-empty list (got ", TypeName(*tool_calls),
-                     ")");
-      }
-      auto content = m.find("content");
-      if (content == m.end() && !calls) return Error(field, ": missing field `content`");
-      if (content != m.end() && !content->is_string() && !(calls && content->is_null())) {
-        return Error(field, ".content is ", TypeName(*content), "; expected a string");
-      }
-      int64_t weight = 1;
-      if (auto w = m.find("weight"); w != m.end()) {
-        if (r != "assistant") {
-          return Error(field, ".weight is only allowed on assistant messages (role is \"", r,
-                       "\")");
-        }
-        if (!w->is_number_integer() || (w->get<int64_t>() != 0 && w->get<int64_t>() != 1)) {
-          return Error(field, ".weight is ", w->dump(), "; allowed: 0 or 1");
-        }
-        weight = w->get<int64_t>();
-      }
-      has_assistant |= r == "assistant";
-      trained[i] = r == "assistant" && weight != 0;
+      const std::string& r = m["role"].get_ref<const std::string&>();
+      trained[i] = r == "assistant" && m.value("weight", int64_t{1}) != 0;
       json& out = plain.emplace_back(json{{"role", r}});
       for (const char* key : kPassedKeys) {
         if (auto it = m.find(key); it != m.end()) out[key] = *it;
       }
       if (!out.contains("content")) out["content"] = nullptr;
     }
-    if (!has_assistant) return Error("no assistant message; nothing to train on");
 
     Example ex;
     KILN_ASSIGN_OR_RETURN(Rendered full, Render(plain, plain.size(), false));
@@ -173,11 +244,8 @@ class LineTokenizer {
     return ex;
   }
 
+  // REQUIRES: both are strings (ParseExample checked).
   StatusOr<Example> Legacy(const json& prompt, const json& completion) {
-    if (!prompt.is_string()) return Error("prompt is ", TypeName(prompt), "; expected a string");
-    if (!completion.is_string()) {
-      return Error("completion is ", TypeName(completion), "; expected a string");
-    }
     if (tok_.eos_id() < 0) {
       return Error("the model's tokenizer has no EOS token to end the completion");
     }
@@ -199,7 +267,7 @@ class LineTokenizer {
 
   template <typename... A>
   Status Error(const A&... a) const {
-    return InvalidArgument(where_, ": ", a...);
+    return LineError(where_, a...);
   }
 
  private:
@@ -256,40 +324,12 @@ class LineTokenizer {
 
 StatusOr<Example> TokenizeLine(std::string_view line, const std::string& where,
                                const Tokenizer& tok, const ChatTemplate* tmpl) {
+  KILN_ASSIGN_OR_RETURN(json obj, ParseExample(line, where));
   LineTokenizer lt(where, tok, tmpl);
-  json obj;
-  size_t bad = utf8::FindInvalid(line);
-  if (bad != std::string_view::npos) {
-    std::string field;
-    try {
-      field = FindBadField(json::parse(Sanitize(line)));
-    } catch (const json::exception&) {
-    }
-    return lt.Error(field.empty() ? "" : Cat(field, " "), "is not valid UTF-8 (byte 0x",
-                    absl::StrFormat("%02X", static_cast<uint8_t>(line[bad])), " at column ",
-                    bad + 1, ")");
+  if (auto messages = obj.find("messages"); messages != obj.end()) {
+    return lt.Chat(*messages, ToolsOf(obj));
   }
-  try {
-    obj = json::parse(line);
-  } catch (const json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 3: ...".
-    std::string what = e.what();
-    size_t colon = what.find(": ");
-    return lt.Error("not valid JSON at column ", e.byte, ": ",
-                    colon == std::string::npos ? what : what.substr(colon + 2));
-  }
-  if (!obj.is_object()) return lt.Error("expected a JSON object, got ", TypeName(obj));
-  auto messages = obj.find("messages");
-  if (messages != obj.end()) {
-    auto tools = obj.find("tools");
-    return lt.Chat(*messages, tools != obj.end() && !tools->is_null() ? &*tools : nullptr);
-  }
-  auto prompt = obj.find("prompt");
-  auto completion = obj.find("completion");
-  if (prompt != obj.end() && completion != obj.end()) return lt.Legacy(*prompt, *completion);
-  if (prompt != obj.end()) return lt.Error("missing field `completion` (next to `prompt`)");
-  if (completion != obj.end()) return lt.Error("missing field `prompt` (next to `completion`)");
-  return lt.Error("expected field `messages` (chat) or `prompt` and `completion` (legacy)");
+  return lt.Legacy(obj["prompt"], obj["completion"]);
 }
 
 uint64_t SplitMix64(uint64_t* state) {
@@ -327,18 +367,11 @@ int64_t TargetCount(const Example& ex) {
   return n;
 }
 
-StatusOr<std::vector<Example>> TokenizeJsonl(std::string_view text, std::string_view name,
-                                             const Tokenizer& tokenizer,
-                                             const ChatTemplate* chat_template,
-                                             const TokenizeOptions& options,
-                                             std::vector<std::string>* warnings) {
+Status ForEachJsonlLine(std::string_view text, std::string_view name,
+                        absl::FunctionRef<Status(int64_t, std::string_view)> fn) {
   if (text.starts_with("\xEF\xBB\xBF")) text.remove_prefix(3);  // a UTF-8 byte order mark
-  if (options.max_seq_len < 2) {
-    return InvalidArgument("max_seq_len is ", options.max_seq_len, "; it must be at least 2");
-  }
-  std::vector<Example> examples;
-  std::vector<std::string> new_warnings;
   int64_t line_no = 0;
+  bool any = false;
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);
     if (end == std::string_view::npos) end = text.size();
@@ -347,28 +380,51 @@ StatusOr<std::vector<Example>> TokenizeJsonl(std::string_view text, std::string_
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.find_first_not_of(" \t") == std::string_view::npos) continue;
-    std::string where = Cat(name, ":", line_no);
-    KILN_ASSIGN_OR_RETURN(Example ex, TokenizeLine(line, where, tokenizer, chat_template));
-    ex.source = where;
-    const int64_t n = static_cast<int64_t>(ex.tokens.size());
-    const bool truncated = n > options.max_seq_len;
-    if (truncated) {
-      ex.tokens.resize(options.max_seq_len);
-      ex.loss.resize(options.max_seq_len);
-      new_warnings.push_back(Cat(where, ": example has ", n, " tokens; truncated to max_seq_len ",
-                                 options.max_seq_len));
-    }
-    if (TargetCount(ex) == 0) {
-      return InvalidArgument(where, ": no token to train on: ",
-                             truncated ? Cat("every loss token is past max_seq_len ",
-                                             options.max_seq_len, " and was cut")
-                                       : "every assistant message has weight 0");
-    }
-    examples.push_back(std::move(ex));
+    any = true;
+    KILN_RETURN_IF_ERROR(fn(line_no, line));
   }
-  if (examples.empty()) {
+  if (!any) {
     return InvalidArgument(name, ": no examples (the file is empty or has only blank lines)");
   }
+  return OkStatus();
+}
+
+Status CheckExampleLine(std::string_view line, std::string_view where) {
+  return ParseExample(line, where).status();
+}
+
+StatusOr<std::vector<Example>> TokenizeJsonl(std::string_view text, std::string_view name,
+                                             const Tokenizer& tokenizer,
+                                             const ChatTemplate* chat_template,
+                                             const TokenizeOptions& options,
+                                             std::vector<std::string>* warnings) {
+  if (options.max_seq_len < 2) {
+    return InvalidArgument("max_seq_len is ", options.max_seq_len, "; it must be at least 2");
+  }
+  std::vector<Example> examples;
+  std::vector<std::string> new_warnings;
+  KILN_RETURN_IF_ERROR(
+      ForEachJsonlLine(text, name, [&](int64_t line_no, std::string_view line) -> Status {
+        std::string where = Cat(name, ":", line_no);
+        KILN_ASSIGN_OR_RETURN(Example ex, TokenizeLine(line, where, tokenizer, chat_template));
+        ex.source = where;
+        const int64_t n = static_cast<int64_t>(ex.tokens.size());
+        const bool truncated = n > options.max_seq_len;
+        if (truncated) {
+          ex.tokens.resize(options.max_seq_len);
+          ex.loss.resize(options.max_seq_len);
+          new_warnings.push_back(Cat(where, ": example has ", n,
+                                     " tokens; truncated to max_seq_len ", options.max_seq_len));
+        }
+        if (TargetCount(ex) == 0) {
+          return InvalidArgument(where, ": no token to train on: ",
+                                 truncated ? Cat("every loss token is past max_seq_len ",
+                                                 options.max_seq_len, " and was cut")
+                                           : "every assistant message has weight 0");
+        }
+        examples.push_back(std::move(ex));
+        return OkStatus();
+      }));
   if (warnings != nullptr) {
     warnings->insert(warnings->end(), new_warnings.begin(), new_warnings.end());
   }

@@ -22,7 +22,7 @@
 //      examples, so it can be driven without a model.
 //
 // Errors are Status values naming file, line and field ("train.jsonl:7: messages[2].role is
-// "bot"; allowed: system, user, assistant, tool"); on error nothing partial is returned.
+// "bot"; allowed: system, user, assistant, tool, developer"); on error nothing partial is returned.
 // Nothing here prints: warnings go to the caller's list. The tokenizer and chat template are
 // only used during the calls that take them; nothing keeps a reference to them.
 #pragma once
@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "engine/base/status.h"
 
 namespace kiln::models {
@@ -71,7 +72,8 @@ struct TokenizeOptions {
 };
 
 // Parses a JSONL file's text, one example per non-blank line:
-//   chat:   {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": "...",
+//   chat:   {"messages": [{"role": "system"|"user"|"assistant"|"tool"|"developer",
+//                          "content": "...",
 //                          "weight": 0|1 (optional, assistant messages only)}, ...],
 //            "tools": [...] (optional, passed to the template)}
 //           An assistant message with "tool_calls" may omit content (or give null); the
@@ -97,6 +99,20 @@ StatusOr<std::vector<Example>> TokenizeJsonl(std::string_view text, std::string_
                                              const ChatTemplate* chat_template,
                                              const TokenizeOptions& options,
                                              std::vector<std::string>* warnings);
+// The lines of a JSONL file's text as TokenizeJsonl reads them: a UTF-8 byte order mark is
+// skipped, "\r\n" line ends are accepted, blank lines (spaces and tabs only) are skipped. Calls
+// fn(line number from 1, line without its end) for each other line and stops at the first
+// error, which it returns. InvalidArgument ("<name>: no examples ...") when no line is left.
+Status ForEachJsonlLine(std::string_view text, std::string_view name,
+                        absl::FunctionRef<Status(int64_t, std::string_view)> fn);
+
+// The structure of one example line, checked without a tokenizer: every error of TokenizeJsonl
+// above except those that need the model (no chat template, no EOS token, the template's
+// rendering, no token left to train on). For a check at upload time that agrees with what
+// training will accept. `where` prefixes the message ("train.jsonl:7: messages[2].role is
+// \"bot\"; allowed: ...").
+Status CheckExampleLine(std::string_view line, std::string_view where);
+
 // Reads `path` and calls TokenizeJsonl with it as name.
 StatusOr<std::vector<Example>> TokenizeFile(const std::string& path, const Tokenizer& tokenizer,
                                             const ChatTemplate* chat_template,

@@ -17,7 +17,13 @@
 // and handed back unchanged. Timestamps are Unix seconds. Ids are made by the caller
 // (NewId), except event and checkpoint ids, which the store assigns in insertion order.
 //
-// Thread-safety: every method is thread-safe (one internal mutex).
+// Thread-safety: every method is thread-safe (one internal mutex). Several processes may open
+// the same file: writes take SQLite's write lock for their whole transaction and wait up to a
+// busy timeout for another's (then Unavailable).
+//
+// Errors from SQLite name the database's path and SQLite's message: DataLoss for a file that
+// is not a database or is corrupt, PermissionDenied when it cannot be opened or written,
+// ResourceExhausted for a full disk, Unavailable while another process holds the lock too long.
 #pragma once
 
 #include <cstdint>
@@ -102,7 +108,8 @@ struct CheckpointRecord {
 
 // Listing: ids come back newest first (OpenAI's order); `after` is an id of the previous page
 // (its last item), empty for the first page; `limit` in [1, 100]. has_more says whether more
-// items follow the last one returned.
+// items follow the last one returned. A limit outside [1, 100] or an `after` that is not an id
+// of the list is InvalidArgument with WithParam "limit" / "after" (engine/base/status.h).
 template <typename T>
 struct Page {
   std::vector<T> data;
@@ -133,11 +140,14 @@ class JobStore {
   Status DeleteFile(std::string_view id);
 
   // ---- jobs ----
-  // AlreadyExists for a duplicate id, or for a fine_tuned_model / suffix another job that is
-  // not failed or cancelled already has for the same base model ("suffix 'x' is taken by
-  // ftjob-..."), checked in the same transaction as the insert (two racing creates: one wins).
+  // AlreadyExists for a duplicate id, or for a fine_tuned_model / non-empty suffix another job
+  // that is not failed or cancelled already has for the same base model ("suffix 'x' is
+  // already used by fine-tuning job ftjob-... of model 'm'", WithParam "suffix"), checked in
+  // the same write transaction as the insert (two racing creates, even from two processes
+  // sharing the file: exactly one wins).
   Status InsertJob(const JobRecord& job);
-  // Replaces every field of the job with this id. NotFound.
+  // Replaces every field of the job with this id. NotFound; AlreadyExists if the new
+  // fine_tuned_model or suffix collides as above (a unique index guards both).
   Status UpdateJob(const JobRecord& job);
   StatusOr<JobRecord> GetJob(std::string_view id) const;  // NotFound("no fine-tuning job '<id>'")
   // Newest first; `metadata` filters on equal key/value pairs (all must match).
@@ -149,7 +159,8 @@ class JobStore {
   // ---- events and checkpoints ----
   // Assigns id and created_at (if 0) and returns the stored record. NotFound for an unknown job.
   StatusOr<EventRecord> AddEvent(EventRecord event);
-  // Newest first (OpenAI's order for list_events); `after` an event id.
+  // Newest first (OpenAI's order for list_events); `after` an event id. NotFound for an
+  // unknown job (as are EventsSince and ListCheckpoints).
   StatusOr<Page<EventRecord>> ListEvents(std::string_view job_id, std::string_view after,
                                          int limit) const;
   // Events with id number > `after_seq` (0: all), oldest first: what WatchJob streams.

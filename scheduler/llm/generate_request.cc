@@ -1,13 +1,6 @@
 #include "scheduler/llm/generate_request.h"
 
-#include "absl/strings/cord.h"
-
 namespace kiln {
-namespace {
-
-constexpr std::string_view kParamPayload = "type.kiln.dev/llm.param";
-
-}  // namespace
 
 std::string_view FinishReasonName(FinishReason r) {
   switch (r) {
@@ -21,21 +14,6 @@ std::string_view FinishReasonName(FinishReason r) {
       return "error";
     case FinishReason::kNone:
       break;
-  }
-  return "";
-}
-
-Status WithParam(Status status, std::string_view param) {
-  if (!status.ok()) status.SetPayload(ToAbsl(kParamPayload), absl::Cord(ToAbsl(param)));
-  return status;
-}
-
-std::string ParamOf(const Status& status) {
-  if (auto p = status.GetPayload(ToAbsl(kParamPayload))) return std::string(*p);
-  std::string_view m = StatusMessage(status);
-  if (m.size() > 2 && m[0] == '`') {
-    const size_t end = m.find('`', 1);
-    if (end != std::string_view::npos) return std::string(m.substr(1, end - 1));
   }
   return "";
 }

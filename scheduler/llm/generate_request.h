@@ -85,12 +85,6 @@ struct GenerateRequest {
   } fields;
 };
 
-// Attaches the request field a bad-input error is about ("max_tokens", "messages[2].role").
-Status WithParam(Status status, std::string_view param);
-// The field attached by WithParam; else the leading backquoted name of the message
-// ("`top_p` is 1.5; ..." -> "top_p"), as sampling validation writes them; else "".
-std::string ParamOf(const Status& status);
-
 // InvalidArgument (param `field`): "`prompt[3]` is 99999, which is not a token of model 'm'
 // (token ids are 0 to 49151)".
 Status NotAToken(std::string_view field, size_t index, int64_t id, std::string_view model,
