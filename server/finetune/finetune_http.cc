@@ -110,8 +110,10 @@ void Upload(FineTuningService* ft, const http::Request& req, const Responder& r)
   }
   StatusOr<FileRecord> f = ft->UploadFile(CleanFilename(file->filename.value_or("")),
                                           purpose->body, file->body);
-  if (!f.ok() && f.status().code() == StatusCode::kResourceExhausted) {
-    // Here ResourceExhausted means the payload is too large, not "slow down" (429).
+  if (!f.ok() && f.status().code() == StatusCode::kResourceExhausted &&
+      ParamOf(f.status()) == "file") {
+    // The file is over fine_tuning.max_file_bytes: payload too large, not "slow down" (429).
+    // (A full disk is ResourceExhausted too, without the param, and keeps the usual mapping.)
     json err = llm::OpenAiError(f.status());
     err["error"]["type"] = "invalid_request_error";
     err["error"]["code"] = "file_too_large";

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 
-#include "scheduler/llm/generate_request.h"
 
 namespace kiln::finetune {
 namespace {

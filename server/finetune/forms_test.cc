@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-#include "scheduler/llm/generate_request.h"
 
 namespace kiln::finetune {
 namespace {
