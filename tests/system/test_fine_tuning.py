@@ -578,3 +578,27 @@ def test_e2e_watch_job_streams_until_succeeded(stub, pb, training_file, kilnd):
     assert steps and steps == sorted(steps) and steps[-1] == jobs[-1].total_steps
     ids = [int(e.id.split("-")[1]) for e in events]
     assert ids == sorted(set(ids)), "every event once, oldest first"
+
+
+def test_sigterm_ends_a_watch_and_kilnd_exits(tmp_path):
+    """A WatchJob stream open at shutdown ends UNAVAILABLE at once; kilnd does not wait for it
+    (shutdown_grace_seconds is 60 here)."""
+    k = start(config(tmp_path, tmp_path / "storage"))
+    pb, pb_grpc = _grpc_modules()
+    try:
+        c = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
+        f = c.files.create(file=("train.jsonl", dataset()), purpose="fine-tune")
+        job = c.fine_tuning.jobs.create(model=MODEL, training_file=f.id,
+                                        hyperparameters={"n_epochs": 50})
+        call = pb_grpc.FineTuningStub(grpc.insecure_channel(k.grpc_url)).WatchJob(
+            pb.WatchJobRequest(job_id=job.id), timeout=300)
+        assert next(call).job.id == job.id
+    finally:
+        start_stop = time.time()
+        code = k.stop()
+    assert code == 0, k.output()
+    assert time.time() - start_stop < 30, "shutdown waited for the watch"
+    with pytest.raises(grpc.RpcError) as e:
+        list(call)
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    assert "shutting down" in e.value.details()
