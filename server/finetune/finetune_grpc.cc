@@ -15,7 +15,6 @@
 #include "nlohmann/json.hpp"
 #include "proto/kiln/v1/fine_tuning.grpc.pb.h"
 #include "scheduler/finetune/job_service.h"
-#include "scheduler/llm/generate_request.h"
 #include "server/status_mapping.h"
 
 namespace kiln::finetune {
@@ -225,10 +224,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     if (!req.after_event_id().empty()) {
       after_seq_ = JobStore::EventSeq(req.after_event_id());
       if (after_seq_ <= 0) {
-        Finish(ToGrpcStatus(WithParam(InvalidArgument("`after_event_id` is \"",
-                                                      ValidUtf8(req.after_event_id()),
-                                                      "\", not an event id (ftevent-<n>)"),
-                                      "after_event_id")));
+        Finish(ToGrpcStatus(WithParam(
+            InvalidArgument("`after_event_id` is not an event id (ftevent-<n>)"),
+            "after_event_id")));
         return;
       }
     }

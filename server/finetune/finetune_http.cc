@@ -9,7 +9,6 @@
 #include "boost/asio/thread_pool.hpp"
 #include "nlohmann/json.hpp"
 #include "scheduler/finetune/job_service.h"
-#include "scheduler/llm/generate_request.h"
 #include "server/finetune/forms.h"
 #include "server/llm/openai_http.h"
 #include "server/status_mapping.h"
@@ -88,7 +87,7 @@ void Upload(FineTuningService* ft, const http::Request& req, const Responder& r)
                                                     "server: files are kept until deleted"),
                                     "expires_after"));
     } else {
-      return SendError(r, WithParam(InvalidArgument("unknown form field `", ValidUtf8(p.name),
+      return SendError(r, WithParam(InvalidArgument("unknown form field `", p.name,
                                                     "`; allowed: purpose, file"),
                                     p.name));
     }
