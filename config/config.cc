@@ -78,6 +78,8 @@ constexpr IntRange kBlockSizeRange{1, 1024};
 constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB"};
 constexpr IntRange kThreadsRange{0, 1024};
 constexpr IntRange kContextLengthRange{0, 1 << 24};
+constexpr IntRange kMaxLoadedAdaptersRange{0, 256};
+constexpr IntRange kMaxLoraRankRange{1, 1024};
 
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
@@ -123,7 +125,9 @@ constexpr std::string_view kFineTuningKeys[] = {
 constexpr std::string_view kModelKeys[] = {
     "name",           "kind",           "builtin",          "path",           "backend",
     "instance_count", "max_batch_size", "dynamic_batching", "load_on_start",  "scheduler",
-    "threads",        "context_length", "activations",      "kv_cache_dtype", "sampling"};
+    "threads",        "context_length", "activations",      "kv_cache_dtype", "sampling",
+    "max_loaded_adapters", "max_lora_rank", "adapters"};
+constexpr std::string_view kAdapterKeys[] = {"name", "path"};
 constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_num_batched_tokens",
                                                "max_prefill_tokens_with_decodes",
@@ -264,6 +268,14 @@ bool IsValidModelName(std::string_view name) {
   if (name.empty() || name.size() > kMaxModelNameLength) return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+  });
+}
+
+bool IsValidAdapterName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxModelNameLength) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-' ||
+           c == ':';
   });
 }
 
@@ -707,6 +719,32 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   dec.String(f, "activations", path, &m->activations);
   dec.String(f, "kv_cache_dtype", path, &m->kv_cache_dtype);
   dec.String(f, "sampling", path, &m->sampling);
+  dec.Int(f, "max_loaded_adapters", path, kMaxLoadedAdaptersRange, &m->max_loaded_adapters);
+  dec.Int(f, "max_lora_rank", path, kMaxLoraRankRange, &m->max_lora_rank);
+  if (const Value* list = f.Get("adapters"); list != nullptr && !list->is_null()) {
+    Diagnostics& d = dec.diagnostics();
+    const std::string list_path = Join(path, "adapters");
+    if (!list->is_sequence()) {
+      d.AtPath(list_path, "expected a list of adapters (`- {name: ..., path: ...}`), got " +
+                              list->Describe());
+    } else {
+      for (size_t i = 0; i < list->items.size(); ++i) {
+        const Value& item = list->items[i];
+        const std::string item_path = Index(list_path, i);
+        d.Record(item_path, item.mark);
+        if (!item.is_mapping()) {
+          d.AtPath(item_path,
+                   "expected an adapter (a mapping with `name` and `path`), got " + item.Describe());
+          continue;
+        }
+        LoraAdapterConfig& a = m->adapters.emplace_back();
+        a.location = d.Location(item.mark);
+        Fields af = dec.Mapping(&item, item_path, kAdapterKeys);
+        dec.String(af, "name", item_path, &a.name);
+        dec.String(af, "path", item_path, &a.path);
+      }
+    }
+  }
 }
 
 // ---- Validation of a model's settings together (also for models built in code) -------------
@@ -912,6 +950,23 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
     CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
     CheckName(d, Join(path, "sampling"), "sampling place", m.sampling, kSamplingPlaces);
+    CheckInt(d, Join(path, "max_loaded_adapters"), kMaxLoadedAdaptersRange,
+             m.max_loaded_adapters);
+    CheckInt(d, Join(path, "max_lora_rank"), kMaxLoraRankRange, m.max_lora_rank);
+    if (!m.adapters.empty() && m.max_loaded_adapters == 0) {
+      d.AtPath(Join(path, "adapters"),
+               "model has adapters but max_loaded_adapters is 0 (no adapter slots)");
+    }
+    for (size_t i = 0; i < m.adapters.size(); ++i) {
+      const LoraAdapterConfig& a = m.adapters[i];
+      const std::string item_path = Index(Join(path, "adapters"), i);
+      if (!IsValidAdapterName(a.name)) {
+        d.AtPath(Join(item_path, "name"),
+                 absl::StrCat("adapter name `", a.name,
+                              "` is not valid: use 1 to 128 of A-Z a-z 0-9 _ . : -"));
+      }
+      if (a.path.empty()) d.AtPath(Join(item_path, "path"), "missing: the adapter's PEFT folder");
+    }
   } else {
     if (m.threads != 0) d.AtPath(Join(path, "threads"), "only used by kind `llm`");
     if (m.activations != "f32") d.AtPath(Join(path, "activations"), "only used by kind `llm`");
@@ -920,6 +975,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     }
     if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
     if (m.sampling != "device") d.AtPath(Join(path, "sampling"), "only used by kind `llm`");
+    if (!m.adapters.empty()) d.AtPath(Join(path, "adapters"), "only used by kind `llm`");
     if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
   }
 }
@@ -1058,6 +1114,27 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
                                   d.Where(d.Find(it->second)), ", `", it->second, "`)"));
     }
   }
+  // Adapter names are unique too, and name no model (a request's `model` may name either).
+  std::map<std::string, std::string> adapter_path;
+  for (size_t i = 0, m = 0; i < models->items.size(); ++i) {
+    if (!models->items[i].is_mapping()) continue;
+    const ModelConfig& model = config->models[m++];
+    for (size_t j = 0; j < model.adapters.size(); ++j) {
+      const std::string& name = model.adapters[j].name;
+      std::string path = Join(Index(Join(Index("models", i), "adapters"), j), "name");
+      if (!IsValidAdapterName(name)) continue;
+      if (auto it = first_path.find(name); it != first_path.end()) {
+        d.AtPath(path, absl::StrCat("adapter name `", name, "` is the name of a model (at ",
+                                    d.Where(d.Find(it->second)), ", `", it->second, "`)"));
+        continue;
+      }
+      auto [it, inserted] = adapter_path.emplace(name, path);
+      if (!inserted) {
+        d.AtPath(path, absl::StrCat("duplicate adapter name `", name, "` (first at ",
+                                    d.Where(d.Find(it->second)), ", `", it->second, "`)"));
+      }
+    }
+  }
 }
 
 // ---- ToYaml ---------------------------------------------------------------------------------
@@ -1144,6 +1221,15 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(4, "activations", YamlString(m.activations));
     w.Line(4, "kv_cache_dtype", YamlString(m.kv_cache_dtype));
     w.Line(4, "sampling", YamlString(m.sampling));
+    w.Line(4, "max_loaded_adapters", std::to_string(m.max_loaded_adapters));
+    w.Line(4, "max_lora_rank", std::to_string(m.max_lora_rank));
+    if (!m.adapters.empty()) {
+      w.Line(4, "adapters");
+      for (const LoraAdapterConfig& a : m.adapters) {
+        w.ItemLine(6, "name", YamlString(a.name));
+        w.Line(8, "path", YamlString(a.path));
+      }
+    }
     w.Line(4, "scheduler");
     w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
     w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
@@ -1202,7 +1288,9 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
          max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
          load_on_start == o.load_on_start && scheduler == o.scheduler && threads == o.threads &&
          context_length == o.context_length && activations == o.activations &&
-         kv_cache_dtype == o.kv_cache_dtype && sampling == o.sampling;
+         kv_cache_dtype == o.kv_cache_dtype && sampling == o.sampling &&
+         max_loaded_adapters == o.max_loaded_adapters && max_lora_rank == o.max_lora_rank &&
+         adapters == o.adapters;
 }
 
 bool Config::operator==(const Config& o) const {

@@ -147,6 +147,16 @@ struct LlmSchedulerConfig {
   bool operator==(const LlmSchedulerConfig&) const = default;
 };
 
+// A LoRA adapter served from the start (models[].adapters).
+struct LoraAdapterConfig {
+  std::string name;  // [A-Za-z0-9_.:-]{1,128}, unique among adapters and models
+  std::string path;  // a PEFT folder: adapter_config.json + adapter_model.safetensors
+  SourceLocation location;  // of the list entry
+  bool operator==(const LoraAdapterConfig& o) const {
+    return name == o.name && path == o.path;
+  }
+};
+
 struct ModelConfig {
   std::string name;     // [A-Za-z0-9_.-]{1,128}, unique
   std::string kind;     // "builtin" (tensor smoke-test models) or "llm" (path: GGUF or HF folder)
@@ -169,6 +179,11 @@ struct ModelConfig {
   // Where tokens are sampled: "device" (the step program ends in a sampling stage where the
   // backend has the kernel, so only token ids cross to the host; else the host) or "host".
   std::string sampling = "device";
+  // Multi-LoRA: adapter slots in the step program (adapters resident at once; more are
+  // swapped in LRU order) and the largest rank they take. 0 slots: no LoRA in the graph.
+  int max_loaded_adapters = 4;
+  int max_lora_rank = 16;
+  std::vector<LoraAdapterConfig> adapters;  // served from the start
   SourceLocation location;  // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.

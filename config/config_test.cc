@@ -1182,5 +1182,50 @@ TEST(FineTuningConfigTest, ParsesAndChecksRanges) {
   EXPECT_THAT(Errors("fine_tuning:\n  backend: tpu\n"), ElementsAre(HasSubstr("tpu")));
 }
 
+TEST(LlmModelTest, LoraAdaptersDefaultsListAndRoundTrip) {
+  Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
+  EXPECT_EQ(c.models[0].max_loaded_adapters, 4);
+  EXPECT_EQ(c.models[0].max_lora_rank, 16);
+  EXPECT_TRUE(c.models[0].adapters.empty());
+  c = Parse(
+      "models:\n  - name: m\n    kind: llm\n    path: /m\n    max_loaded_adapters: 2\n"
+      "    max_lora_rank: 64\n    adapters:\n      - {name: sql-v1:a, path: /adapters/sql}\n"
+      "      - name: chat.2\n        path: /adapters/chat\n");
+  EXPECT_EQ(c.models[0].max_loaded_adapters, 2);
+  EXPECT_EQ(c.models[0].max_lora_rank, 64);
+  ASSERT_EQ(c.models[0].adapters.size(), 2u);
+  EXPECT_EQ(c.models[0].adapters[0].name, "sql-v1:a");
+  EXPECT_EQ(c.models[0].adapters[1].path, "/adapters/chat");
+  StatusOr<Config> back = ParseConfig(ToYaml(c), "round-trip");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ToYaml(c);
+  EXPECT_EQ(*back, c);
+}
+
+TEST(LlmModelTest, LoraAdapterErrorsNameThePlace) {
+  const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n";
+  EXPECT_THAT(Errors(head + "    max_lora_rank: 0\n"),
+              ElementsAre(HasSubstr("f.yaml:5:20: `models[0].max_lora_rank`")));
+  EXPECT_THAT(Errors(head + "    max_loaded_adapters: -1\n"),
+              ElementsAre(HasSubstr("`models[0].max_loaded_adapters`")));
+  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: 'bad name', path: /x}\n"),
+              ElementsAre(AllOf(HasSubstr("f.yaml:6:16: `models[0].adapters[0].name`"),
+                                HasSubstr("A-Z a-z 0-9 _ . : -"))));
+  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: x}\n"),
+              ElementsAre(HasSubstr("`models[0].adapters[0].path`: missing")));
+  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: x, path: /x, rank: 4}\n"),
+              ElementsAre(HasSubstr("rank")));
+  EXPECT_THAT(Errors(head + "    adapters: /x\n"),
+              ElementsAre(HasSubstr("expected a list of adapters")));
+  EXPECT_THAT(Errors(head + "    max_loaded_adapters: 0\n    adapters:\n      - {name: x, path: /x}\n"),
+              ElementsAre(HasSubstr("max_loaded_adapters is 0")));
+  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: x, path: /x}\n      - {name: x, path: /y}\n"),
+              ElementsAre(HasSubstr("`models[0].adapters[1].name`: duplicate adapter name `x` "
+                                    "(first at f.yaml:6:16")));
+  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: a, path: /x}\n"),
+              ElementsAre(HasSubstr("adapter name `a` is the name of a model")));
+  EXPECT_THAT(Errors("models:\n" + Model("t", "    adapters:\n      - {name: x, path: /x}\n")),
+              ElementsAre(HasSubstr("`models[0].adapters`: only used by kind `llm`")));
+}
+
 }  // namespace
 }  // namespace kiln::config

@@ -31,6 +31,15 @@ StatusOr<LlmEndpoint> LlmEndpoint::Find(const ModelRepository& repository, std::
     return WithParam(InvalidArgument("`", field, "` is missing: name the model to use"), field);
   }
   auto model = repository.GetReady(name);
+  if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
+    if (std::optional<LoraAdapterInfo> a = repository.FindLoraAdapter(name)) {
+      auto base = repository.GetReady(a->base_model);
+      if (!base.ok()) return WithParam(base.status(), field);
+      KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, Of(std::move(*base), field));
+      llm.adapter_ = a->name;
+      return llm;
+    }
+  }
   if (!model.ok()) return WithParam(model.status(), field);
   return Of(std::move(*model), field);
 }
@@ -45,7 +54,9 @@ StatusOr<LlmEndpoint> LlmEndpoint::Of(std::shared_ptr<Model> model, std::string_
   return LlmEndpoint(std::move(model));
 }
 
-const std::string& LlmEndpoint::name() const { return model_->name(); }
+const std::string& LlmEndpoint::name() const {
+  return adapter_.empty() ? model_->name() : adapter_;
+}
 
 ModelStats& LlmEndpoint::stats() const { return model_->stats(); }
 
@@ -79,6 +90,7 @@ StatusOr<PreparedGeneration> LlmEndpoint::Prepare(GenerationInput input) const {
   p.request_ = std::make_unique<GenerateRequest>(std::move(input.request));
   GenerateRequest& r = *p.request_;
   r.model_name = name();
+  if (r.adapter.empty()) r.adapter = adapter_;
   if (r.id.empty()) r.id = NewRequestId(input.id_prefix);
   r.prompt = std::move(prompt.ids);
   r.fields.prompt = input.prompt.field;

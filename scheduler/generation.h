@@ -98,16 +98,21 @@ struct LlmInfo {
 // A ready LLM, as front ends see it. Cheap to copy.
 class LlmEndpoint {
  public:
-  // The ready model `name` if it generates text. NotFound (unknown name), Unavailable (not
-  // ready), InvalidArgument (a tensor model: "model 'simple' does not generate text"); the
-  // error's param is `field`.
+  // The ready model `name` if it generates text, or the LLM a LoRA adapter `name` is served on
+  // (ModelRepository::AddLoraAdapter): Prepare then names the adapter in the request, and
+  // name() is the adapter's name (what responses report). NotFound (unknown name),
+  // Unavailable (not ready), InvalidArgument (a tensor model: "model 'simple' does not
+  // generate text"); the error's param is `field`.
   static StatusOr<LlmEndpoint> Find(const ModelRepository& repository, std::string_view name,
                                     std::string_view field = "model");
   // The same for a model already looked up (InvalidArgument for a tensor model).
   static StatusOr<LlmEndpoint> Of(std::shared_ptr<Model> model, std::string_view field = "model");
 
+  // The name requested: the model's, or the adapter's.
   const std::string& name() const;
   const Model& model() const { return *model_; }
+  // The LoRA adapter requests go to; empty: the base model.
+  const std::string& adapter() const { return adapter_; }
   ModelStats& stats() const;  // Triton's statistics, for the KServe paths
   LlmInfo info() const;
   TokenTexts tokens() const;
@@ -131,6 +136,7 @@ class LlmEndpoint {
  private:
   explicit LlmEndpoint(std::shared_ptr<Model> model) : model_(std::move(model)) {}
   std::shared_ptr<Model> model_;  // an LLM
+  std::string adapter_;
 };
 
 // Everything a request produced, for the APIs that answer once.

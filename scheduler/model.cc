@@ -177,6 +177,14 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm), config.scheduler,
                                                       LlmPrefixSeed(config), std::move(metrics));
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
+    for (const config::LoraAdapterConfig& a : config.adapters) {
+      StatusOr<std::shared_ptr<const models::LoraAdapter>> adapter =
+          model->llm_->model().ReadAdapter(a.path);
+      Status s = adapter.ok() ? model->llm_->AddAdapter(a.name, *std::move(adapter))
+                              : adapter.status();
+      KILN_RETURN_IF_ERROR(
+          Annotate(s, StrCat("model '", config.name, "': adapter '", a.name, "' (", a.path, ")")));
+    }
     return model;
   }
   if (config.kind != "builtin") {

@@ -1,6 +1,8 @@
 #include "scheduler/model_repository.h"
 
 #include "absl/strings/str_join.h"
+#include "models/llm/llm_model.h"
+#include "scheduler/llm/continuous_batcher.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -194,6 +196,100 @@ std::vector<std::shared_ptr<Model>> ModelRepository::ReadyModels() const {
     if (e.state == ModelState::kReady && e.model) out.push_back(e.model);
   }
   return out;
+}
+
+std::pair<const ModelRepository::Entry*, size_t> ModelRepository::FindAdapterLocked(
+    std::string_view name) const {
+  for (const auto& [model, e] : entries_) {
+    for (size_t i = 0; i < e.config.adapters.size(); ++i) {
+      if (e.config.adapters[i].name == name) return {&e, i};
+    }
+  }
+  return {nullptr, 0};
+}
+
+Status ModelRepository::AddLoraAdapter(const std::string& name, const std::string& base_model,
+                                       const std::string& path) {
+  absl::MutexLock adding(&adapters_mu_);
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    if (entries_.count(name)) {
+      return AlreadyExists("'", name, "' is the name of a model; pick another adapter name");
+    }
+    if (const auto [e, i] = FindAdapterLocked(name); e != nullptr) {
+      return AlreadyExists("adapter '", name, "' already exists (on model '", e->config.name,
+                           "', from ", e->config.adapters[i].path, ")");
+    }
+  }
+  const bool valid_name =
+      !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) ||
+               std::string_view("_.:-").find(c) != std::string_view::npos;
+      });
+  if (!valid_name) {
+    return InvalidArgument("adapter name '", name,
+                           "' is not valid: use 1 to 128 of A-Z a-z 0-9 _ . : -");
+  }
+  KILN_ASSIGN_OR_RETURN(model, GetReady(base_model));
+  if (!model->is_llm()) {
+    return InvalidArgument("model '", base_model,
+                           "' is a tensor model; LoRA adapters are for LLMs (kind llm)");
+  }
+  if (model->llm()->model().max_adapters() == 0) {
+    return FailedPrecondition("model '", base_model,
+                              "' serves no LoRA adapters (its max_loaded_adapters is 0)");
+  }
+  KILN_ASSIGN_OR_RETURN(auto adapter, model->llm()->model().ReadAdapter(path));
+  KILN_RETURN_IF_ERROR(model->llm()->AddAdapter(name, std::move(adapter)));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(base_model);
+    if (it != entries_.end()) {
+      config::LoraAdapterConfig a;
+      a.name = name;
+      a.path = path;
+      it->second.config.adapters.push_back(std::move(a));
+    }
+  }
+  spdlog::info("model '{}': serving LoRA adapter '{}' from {}", base_model, name, path);
+  return OkStatus();
+}
+
+Status ModelRepository::RemoveLoraAdapter(std::string_view name) {
+  absl::MutexLock adding(&adapters_mu_);
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto [found, i] = FindAdapterLocked(name);
+    if (found == nullptr) return NotFound("no LoRA adapter named '", ToAbsl(name), "'");
+    Entry& e = entries_.find(found->config.name)->second;
+    e.config.adapters.erase(e.config.adapters.begin() + static_cast<std::ptrdiff_t>(i));
+    if (e.state == ModelState::kReady) model = e.model;
+  }
+  if (model && model->is_llm()) (void)model->llm()->RemoveAdapter(name);  // absent: fine
+  spdlog::info("LoRA adapter '{}' removed", name);
+  return OkStatus();
+}
+
+std::vector<LoraAdapterInfo> ModelRepository::LoraAdapters() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<LoraAdapterInfo> out;
+  for (const auto& [model, e] : entries_) {
+    for (const config::LoraAdapterConfig& a : e.config.adapters) {
+      out.push_back({a.name, model, a.path});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LoraAdapterInfo& a, const LoraAdapterInfo& b) { return a.name < b.name; });
+  return out;
+}
+
+std::optional<LoraAdapterInfo> ModelRepository::FindLoraAdapter(std::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  const auto [e, i] = FindAdapterLocked(name);
+  if (e == nullptr) return std::nullopt;
+  return LoraAdapterInfo{e->config.adapters[i].name, e->config.name, e->config.adapters[i].path};
 }
 
 size_t ModelRepository::pending() const {

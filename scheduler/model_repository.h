@@ -26,6 +26,13 @@ namespace kiln {
 enum class ModelState { kUnavailable, kLoading, kReady, kUnloading };
 std::string_view ModelStateName(ModelState state);  // "READY", ...
 
+// A LoRA adapter served on top of an LLM (multi-LoRA): requests name it as their model.
+struct LoraAdapterInfo {
+  std::string name;
+  std::string base_model;
+  std::string path;  // its PEFT folder
+};
+
 struct ModelIndexEntry {
   std::string name;
   std::string version;
@@ -60,6 +67,25 @@ class ModelRepository {
                                             std::string_view version = "") const;
 
   std::vector<ModelIndexEntry> Index(bool ready_only = false) const;
+
+  // ---- LoRA adapters (multi-LoRA serving; see ContinuousBatcher) ----
+  // Reads the PEFT folder `path` on the caller's thread and serves it as `name` on the READY
+  // LLM `base_model`. The adapter is remembered with the model's entry: a reload of the model
+  // adds it again (configured `adapters:` are added the same way when the model loads).
+  // Errors: AlreadyExists (`name` names a model or an adapter); NotFound (unknown base model,
+  // or a folder without adapter_config.json / adapter_model.safetensors, naming the path);
+  // Unavailable (base not READY); InvalidArgument (not an LLM, a bad name, an adapter whose
+  // rank or shapes do not fit the base, naming the path and the limit); FailedPrecondition
+  // (the base has max_loaded_adapters 0).
+  Status AddLoraAdapter(const std::string& name, const std::string& base_model,
+                        const std::string& path);
+  // Stops serving adapter `name` (requests already queued or running keep it until they
+  // end) and forgets it (a reload does not add it again). NotFound for an unknown name.
+  Status RemoveLoraAdapter(std::string_view name);
+  // Every adapter of every model (also of models not loaded), sorted by name.
+  std::vector<LoraAdapterInfo> LoraAdapters() const;
+  // The adapter `name`, if there is one.
+  std::optional<LoraAdapterInfo> FindLoraAdapter(std::string_view name) const;
   std::vector<std::shared_ptr<Model>> ReadyModels() const;
 
   // Requests queued or executing across all models.
@@ -80,8 +106,12 @@ class ModelRepository {
     std::shared_ptr<Model> model;  // set when READY
   };
   void Notify(const std::string& name, ModelState state);
+  // The entry whose config lists adapter `name`, with the adapter's index; null if none.
+  std::pair<const Entry*, size_t> FindAdapterLocked(std::string_view name) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelDeps deps_;
+  absl::Mutex adapters_mu_;  // serializes AddLoraAdapter / RemoveLoraAdapter (taken before mu_)
   mutable absl::Mutex mu_;
   std::map<std::string, Entry, std::less<>> entries_ ABSL_GUARDED_BY(mu_);
   absl::Mutex listener_mu_;

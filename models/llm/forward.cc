@@ -96,33 +96,41 @@ Value ForwardContext::OptionalWeight(std::string_view name, std::vector<int64_t>
 Value ForwardContext::Linear(Value x, Value w, Value bias) {
   Builder& b = b_;
   Value y = b.Linear(x, w, bias);
-  const LoraConfig* lora = training_             ? train_.lora
-                           : adapter_ != nullptr ? &adapter_->config
-                                                 : nullptr;
-  if (lora == nullptr || !w.valid()) return y;
+  if (!w.valid() || (training_ ? train_.lora == nullptr : lora_slots_ == 0)) return y;
   auto it = weight_of_.find(w.id);
   if (it == weight_of_.end()) return y;
   const std::string& name = it->second;
-  if (training_ ? std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()
-                : adapter_->layers.count(name) == 0) {
-    return y;
-  }
-  // PEFT's LoRA: result = base(x) + lora_B(lora_A(dropout(x))) * scaling.
-  const SymShape ws = b.shape(w);
-  const int64_t out = ws[0].constant(), in = ws[1].constant(), r = lora->r;
   const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
+  const SymShape ws = b.shape(w);
+  const int64_t out = ws[0].constant(), in = ws[1].constant();
   const std::string scope = b.name_scope();
-  b.SetNameScope("");
-  Value a, bb;
-  if (training_) {                                          // trainable: f32 States
-    a = b.State(stem + ".lora_A", DType::kF32, {r, in});    // (r, in)
-    bb = b.State(stem + ".lora_B", DType::kF32, {out, r});  // (out, r)
-    trainable_.push_back({stem + ".lora_A", a, {r, in}});
-    trainable_.push_back({stem + ".lora_B", bb, {out, r}});
-  } else {  // served: read-only f32 Weights
-    a = b.Weight(stem + ".lora_A", DType::kF32, {r, in});
-    bb = b.Weight(stem + ".lora_B", DType::kF32, {out, r});
+  if (!training_) {
+    // Multi-LoRA (SetMultiLora): only the modules LoRA can adapt, never the LM head.
+    const size_t dot = stem.find('.', 4);
+    if (stem.rfind("blk.", 0) != 0 || dot == std::string::npos ||
+        LoraModuleForGguf(hp_.architecture, std::string_view(stem).substr(dot + 1)) == nullptr) {
+      return y;
+    }
+    const int64_t kr = lora_slots_ * lora_rank_;
+    b.SetNameScope("");
+    const Value a = b.State(stem + ".lora_A", DType::kF32, {kr, in});     // (K*R, in)
+    const Value bt = b.State(stem + ".lora_BT", DType::kF32, {kr, out});  // (K*R, out)
+    b.SetNameScope(scope);
+    lora_states_.push_back({stem, in, out});
+    const Value xa = b.Mul(b.Linear(x, a), lora_scale_);                // [T, K*R]
+    const Value d = b.Named(b.MatMul(xa, bt), stem + ".lora");          // [T, out]
+    return b.Add(y, d);
   }
+  if (std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()) return y;
+  // PEFT's LoRA: result = base(x) + lora_B(lora_A(dropout(x))) * scaling.
+  const LoraConfig* lora = train_.lora;
+  const int64_t r = lora->r;
+  b.SetNameScope("");
+  // Trainable: f32 States.
+  const Value a = b.State(stem + ".lora_A", DType::kF32, {r, in});    // (r, in)
+  const Value bb = b.State(stem + ".lora_B", DType::kF32, {out, r});  // (out, r)
+  trainable_.push_back({stem + ".lora_A", a, {r, in}});
+  trainable_.push_back({stem + ".lora_B", bb, {out, r}});
   b.SetNameScope(scope);
   const Value xa = b.Named(b.Linear(x, a), stem + ".lora_a");   // [..., r]
   const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]

@@ -74,10 +74,26 @@ class ForwardContext {
                  const TrainGraphOptions& train);
 
   bool training() const { return training_; }
-  // Serving with one LoRA adapter (models/lora/lora_config.h): its layers become f32 Weight
-  // sources "<weight stem>.lora_A" / ".lora_B", bound by the caller from the adapter. Not
-  // owned; must outlive the build. REQUIRES: called before the architecture builds.
-  void SetAdapter(const LoraAdapter* adapter) { adapter_ = adapter; }
+  // Serving with up to `slots` LoRA adapters of rank <= `rank` at once (multi-LoRA): every
+  // linear layer LoRA can adapt (LoraModules of the architecture, "all-linear") gets two f32
+  // States, "<weight stem>.lora_A" [slots*rank, in] and ".lora_BT" [slots*rank, out] (B
+  // transposed, so that slot k's rows k*rank .. k*rank+rank-1 are contiguous), and adds
+  //   ((x A^T) * scale) BT,   scale = `lora_scale` [T, slots*rank] f32 (a step input)
+  // where the caller fills scale's row of a token with its adapter's LoRA scale in the
+  // columns of the adapter's slot and rank, and zeros elsewhere (base-model tokens: all
+  // zeros). Zero rows and columns contribute exact zeros. REQUIRES: serving; called before
+  // the architecture builds.
+  void SetMultiLora(int64_t slots, int64_t rank, Value lora_scale) {
+    lora_slots_ = slots;
+    lora_rank_ = rank;
+    lora_scale_ = lora_scale;
+  }
+  // Multi-LoRA: the States SetMultiLora's layers got, in creation order.
+  struct LoraState {
+    std::string stem;      // "blk.3.attn_q": the States are stem + ".lora_A" / ".lora_BT"
+    int64_t in = 0, out = 0;
+  };
+  const std::vector<LoraState>& lora_states() const { return lora_states_; }
 
   Builder& b() { return b_; }
   const LlmHParams& hp() const { return hp_; }
@@ -93,8 +109,8 @@ class ForwardContext {
   bool HasWeight(std::string_view name) const { return files_.Find(name) != nullptr; }
 
   // x [..., K] W^T (+ bias) for a weight from Weight(): a projection layer. Training with an
-  // adapter that targets the weight, or serving with SetAdapter's adapter that has a layer
-  // for it, adds PEFT's LoRA branch, scale * (x A^T) B^T.
+  // adapter that targets the weight adds PEFT's LoRA branch, scale * (x A^T) B^T; serving
+  // with SetMultiLora, the per-token branch described there.
   Value Linear(Value x, Value w, Value bias = {});
 
   // Causal self-attention of layer `layer` (or a sliding window when hp().window(layer) > 0)
@@ -130,7 +146,9 @@ class ForwardContext {
   DType kv_dtype_ = DType::kF32;
   bool training_ = false;
   TrainGraphOptions train_;
-  const LoraAdapter* adapter_ = nullptr;      // serving: the adapter applied, or null
+  int64_t lora_slots_ = 0, lora_rank_ = 0;  // serving: SetMultiLora's; 0 = no LoRA
+  Value lora_scale_;                         // [T, slots * rank]
+  std::vector<LoraState> lora_states_;
   std::vector<std::string> adapted_;          // GGUF weight names the adapter targets
   std::map<int32_t, std::string> weight_of_;  // Value id -> weight name
   std::vector<std::string> weight_names_;

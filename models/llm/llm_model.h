@@ -18,6 +18,7 @@
 #include "engine/base/status.h"
 #include "engine/sampling.h"
 #include "models/chat/chat_template.h"
+#include "models/lora/lora_config.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/tokenizer.h"
 
@@ -92,6 +93,31 @@ class LlmModel {
                                std::span<SampledToken> sampled, StepStats* stats) {
     (void)batch, (void)sampling, (void)sampled, (void)stats;
     return Unimplemented("this model does not sample in its step program");
+  }
+
+  // ---- LoRA adapters (multi-LoRA serving). Defaults: a model without adapter slots. ----
+  // Adapter slots a step can use at once (StepBatch::adapter_slots in [0, max_adapters()));
+  // 0: none, and every slot but -1 is refused.
+  virtual int32_t max_adapters() const { return 0; }
+  // Whether `adapter` fits the model: every layer exists and is one LoRA can adapt, its in
+  // and out features match, its rank is within the model's limit. InvalidArgument naming the
+  // layer, the shapes or the limit; FailedPrecondition for a model without adapter slots.
+  virtual Status CheckAdapter(const LoraAdapter& adapter) const {
+    (void)adapter;
+    return FailedPrecondition("this model serves no LoRA adapters");
+  }
+  // Reads a PEFT adapter folder (models/lora/peft_io.h) for this model, then CheckAdapter.
+  // Errors name the folder. Thread-safe (reads only what never changes).
+  virtual StatusOr<std::shared_ptr<const LoraAdapter>> ReadAdapter(const std::string& dir) const {
+    (void)dir;
+    return FailedPrecondition("this model serves no LoRA adapters");
+  }
+  // Puts `adapter` (which passed CheckAdapter) into `slot`, replacing what was there; null
+  // empties the slot. Steps after it see the new weights. REQUIRES: 0 <= slot <
+  // max_adapters(); called between steps on the thread that steps.
+  virtual Status LoadAdapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+    (void)slot, (void)adapter;
+    return FailedPrecondition("this model serves no LoRA adapters");
   }
 };
 

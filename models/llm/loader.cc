@@ -179,7 +179,10 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
   KILN_ASSIGN_OR_RETURN(opts.kv_dtype, KvCacheDType(config.kv_cache_dtype));
   opts.sample_on_device = config.sampling == "device";
   opts.metrics = options.metrics;
+  opts.max_adapters = config.max_loaded_adapters;
+  opts.max_lora_rank = config.max_lora_rank;
   if (!options.adapter.empty()) {
+    opts.max_adapters = 0;  // one adapter for every sequence: slot 0 (PagedLlmOptions::adapter)
     KILN_ASSIGN_OR_RETURN(
         LoraAdapter adapter,
         ReadPeftAdapter(options.adapter, PeftBaseModel::FromHParams(parts.hparams, config.path)));

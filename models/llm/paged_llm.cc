@@ -8,6 +8,7 @@
 #include "engine/compiler/compile.h"
 #include "models/io/errors.h"
 #include "models/llm/forward.h"
+#include "models/lora/peft_io.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::models {
@@ -51,8 +52,24 @@ StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
   std::sort(m->capture_sizes_.begin(), m->capture_sizes_.end());
   m->capture_sizes_.erase(std::unique(m->capture_sizes_.begin(), m->capture_sizes_.end()),
                           m->capture_sizes_.end());
+  if (options.max_adapters < 0 || options.max_lora_rank < 1) {
+    return InvalidArgument("max_adapters (", options.max_adapters, ") must be >= 0 and ",
+                           "max_lora_rank (", options.max_lora_rank, ") >= 1");
+  }
+  m->lora_slots_ = options.max_adapters;
+  m->lora_rank_ = options.max_lora_rank;
+  if (options.adapter != nullptr) {  // slot 0 of the multi-LoRA mechanism
+    m->lora_slots_ = std::max(m->lora_slots_, 1);
+    m->lora_rank_ = std::max<int32_t>(m->lora_rank_, static_cast<int32_t>(options.adapter->config.r));
+  }
+  if (m->lora_slots_ == 0) m->lora_rank_ = 0;
+  m->slot_adapter_.resize(m->lora_slots_);
   KILN_ASSIGN_OR_RETURN(m->stream_, m->parts_.device->CreateStream());
   KILN_RETURN_IF_ERROR(m->Build(options.block_size));
+  if (options.adapter != nullptr) {
+    KILN_RETURN_IF_ERROR(m->CheckAdapter(*options.adapter));
+    KILN_RETURN_IF_ERROR(m->LoadAdapter(0, options.adapter));
+  }
   return m;
 }
 
@@ -82,7 +99,10 @@ Status PagedLlm::Build(int32_t block_size) {
     in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
     in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
     ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
-    ctx.SetAdapter(options_.adapter.get());
+    if (lora_slots_ > 0) {
+      ctx.SetMultiLora(lora_slots_, lora_rank_,
+                       b.Input("lora_scale", DType::kF32, {in.T, lora_slots_ * lora_rank_}));
+    }
     const Value logits = parts_.arch->build(ctx);  // [S, V]
     KILN_RETURN_IF_ERROR(ctx.status());
     KILN_RETURN_IF_ERROR(b.status());
@@ -111,7 +131,7 @@ Status PagedLlm::Build(int32_t block_size) {
     KILN_ASSIGN_OR_RETURN(program_,
                           compiler::Compile(graph, outputs, *parts_.device, copts, &report));
     *weight_names = ctx.weight_names();
-    return OkStatus();
+    return AllocateLoraStates(ctx.lora_states());
   };
   std::vector<std::string> weight_names;
   sample_stage_ = options_.sample_on_device;
@@ -127,8 +147,10 @@ Status PagedLlm::Build(int32_t block_size) {
   }
   if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, &weight_names));
   KILN_RETURN_IF_ERROR(LoadWeights(weight_names));
-  if (options_.adapter != nullptr) KILN_RETURN_IF_ERROR(LoadAdapter(*options_.adapter));
   for (const auto& [name, t] : weights_) {
+    if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
+  }
+  for (const auto& [name, t] : lora_) {
     if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
   }
   KILN_ASSIGN_OR_RETURN(direct_, AllocateStepBuffers(t_max_, s_max_, p_max_, kMaxBannedTokens));
@@ -139,29 +161,121 @@ Status PagedLlm::Build(int32_t block_size) {
   return OkStatus();
 }
 
-// The adapter's A and B as f32 weights "<stem>.lora_A" / ".lora_B" (ForwardContext::Linear).
-Status PagedLlm::LoadAdapter(const LoraAdapter& adapter) {
-  auto upload = [&](const std::string& name, const std::vector<float>& v,
-                    std::vector<int64_t> shape) -> Status {
-    if (weights_.count(name)) return OkStatus();
-    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, DType::kF32, std::move(shape)));
-    if (parts_.device->host_visible()) {
-      std::memcpy(t.data(), v.data(), v.size() * sizeof(float));
-    } else {
-      KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*t.buffer(), 0, v.data(), v.size() * 4));
-      KILN_RETURN_IF_ERROR(stream_->Synchronize());
+Status PagedLlm::AllocateLoraStates(const std::vector<ForwardContext::LoraState>& states) {
+  const int64_t kr = int64_t{lora_slots_} * lora_rank_;
+  for (const ForwardContext::LoraState& st : states) {
+    for (const auto& [suffix, cols] : {std::pair{".lora_A", st.in}, std::pair{".lora_BT", st.out}}) {
+      const std::string name = st.stem + suffix;
+      if (lora_.count(name)) continue;
+      KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, DType::kF32, {kr, cols}));
+      const std::vector<float> zeros(static_cast<size_t>(kr * cols));
+      KILN_RETURN_IF_ERROR(stream_->CopyToDevice(
+          *t.buffer(), static_cast<size_t>(ByteOffset(t.dtype(), t.offset())), zeros.data(),
+          zeros.size() * sizeof(float)));
+      weight_bytes_ += t.nbytes();
+      lora_.emplace(name, std::move(t));
     }
-    weight_bytes_ += t.nbytes();
-    weights_.emplace(name, std::move(t));
-    return OkStatus();
-  };
-  const int64_t r = adapter.config.r;
-  for (const auto& [name, layer] : adapter.layers) {
-    const std::string stem = name.substr(0, name.size() - std::string_view(".weight").size());
-    KILN_RETURN_IF_ERROR(upload(stem + ".lora_A", layer.a, {r, layer.in}));
-    KILN_RETURN_IF_ERROR(upload(stem + ".lora_B", layer.b, {layer.out, r}));
   }
   return OkStatus();
+}
+
+Status PagedLlm::CheckAdapter(const LoraAdapter& adapter) const {
+  const std::string& model = parts_.info.name;
+  if (lora_slots_ == 0) {
+    return FailedPrecondition("model '", model,
+                              "' serves no LoRA adapters (max_loaded_adapters is 0)");
+  }
+  if (adapter.config.r < 1 || adapter.config.r > lora_rank_) {
+    return InvalidArgument("the adapter's rank r is ", adapter.config.r, " but model '", model,
+                           "' takes ranks 1 to ", lora_rank_, " (max_lora_rank)");
+  }
+  const std::string& arch = parts_.hparams.architecture;
+  for (const auto& [name, layer] : adapter.layers) {
+    const size_t dot = name.find('.', 4);
+    const size_t end = name.size() - std::string_view(".weight").size();
+    const WeightInfo* w = parts_.files->Find(name);
+    if (name.rfind("blk.", 0) != 0 || dot == std::string::npos || !name.ends_with(".weight") ||
+        LoraModuleForGguf(arch, std::string_view(name).substr(dot + 1, end - dot - 1)) ==
+            nullptr ||
+        w == nullptr) {
+      return InvalidArgument("adapter layer ", name, " is not a layer model '", model,
+                             "' can adapt (", arch, " modules: ", LoraModuleList(arch), ")");
+    }
+    const std::vector<int64_t> shape = w->LoadedShape();  // (out, in)
+    if (shape.size() != 2 || shape[0] != layer.out || shape[1] != layer.in) {
+      return InvalidArgument("adapter layer ", name, " maps ", layer.in, " inputs to ", layer.out,
+                             " outputs but model '", model, "''s weight is ", ShapeString(shape),
+                             " (out, in)");
+    }
+    const size_t r = static_cast<size_t>(adapter.config.r);
+    if (layer.a.size() != r * layer.in || layer.b.size() != r * layer.out) {
+      return InvalidArgument("adapter layer ", name, ": lora_A has ", layer.a.size(),
+                             " values and lora_B ", layer.b.size(), "; rank ", r, " needs ",
+                             r * layer.in, " and ", r * layer.out);
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<std::shared_ptr<const LoraAdapter>> PagedLlm::ReadAdapter(const std::string& dir) const {
+  KILN_ASSIGN_OR_RETURN(LoraAdapter adapter,
+                        ReadPeftAdapter(dir, PeftBaseModel::FromHParams(parts_.hparams, "")));
+  if (Status s = CheckAdapter(adapter); !s.ok()) return Annotate(s, dir);
+  return std::make_shared<const LoraAdapter>(std::move(adapter));
+}
+
+// Writes slot `slot`'s rows of every LoRA State: the adapter's A and B^T, zeros elsewhere.
+Status PagedLlm::LoadAdapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  if (slot < 0 || slot >= lora_slots_) {
+    return InvalidArgument("adapter slot ", slot, " is out of range: model '", parts_.info.name,
+                           "' has ", lora_slots_, " slots");
+  }
+  if (adapter != nullptr) KILN_RETURN_IF_ERROR(CheckAdapter(*adapter));
+  const int64_t R = lora_rank_;
+  const int64_t r = adapter ? adapter->config.r : 0;
+  std::vector<float> rows;
+  for (const auto& [name, t] : lora_) {
+    const bool is_a = name.ends_with(".lora_A");
+    const std::string stem = name.substr(0, name.rfind(".lora_"));
+    const int64_t cols = t.shape()[1];
+    rows.assign(static_cast<size_t>(R * cols), 0.0f);
+    const LoraLayer* layer = nullptr;
+    if (adapter != nullptr) {
+      auto it = adapter->layers.find(stem + ".weight");
+      if (it != adapter->layers.end()) layer = &it->second;
+    }
+    if (layer != nullptr && is_a) {  // A (r, in): rows as they are
+      std::copy(layer->a.begin(), layer->a.end(), rows.begin());
+    } else if (layer != nullptr) {  // B (out, r) -> B^T (r, out)
+      for (int64_t o = 0; o < cols; ++o) {
+        for (int64_t j = 0; j < r; ++j) rows[j * cols + o] = layer->b[o * r + j];
+      }
+    }
+    const size_t offset = static_cast<size_t>(ByteOffset(t.dtype(), t.offset())) +
+                          static_cast<size_t>(slot * R * cols) * sizeof(float);
+    KILN_RETURN_IF_ERROR(
+        stream_->CopyToDevice(*t.buffer(), offset, rows.data(), rows.size() * sizeof(float)));
+  }
+  KILN_RETURN_IF_ERROR(stream_->Synchronize());
+  slot_adapter_[slot] = std::move(adapter);
+  return OkStatus();
+}
+
+void PagedLlm::StageLoraScale(const StepBatch& batch, int32_t rows) {
+  const int64_t kr = int64_t{lora_slots_} * lora_rank_;
+  h_lora_scale_.assign(static_cast<size_t>(rows * kr), 0.0f);
+  const int32_t S = static_cast<int32_t>(batch.query_start.size()) - 1;
+  for (int32_t s = 0; s < S; ++s) {
+    int32_t slot = batch.adapter_slots.empty() ? -1 : batch.adapter_slots[s];
+    if (slot < 0 && options_.adapter != nullptr) slot = 0;  // the default adapter
+    if (slot < 0 || slot_adapter_[slot] == nullptr) continue;
+    const LoraConfig& c = slot_adapter_[slot]->config;
+    const float scale = static_cast<float>(c.scale());
+    for (int32_t t = batch.query_start[s]; t < batch.query_start[s + 1]; ++t) {
+      float* row = h_lora_scale_.data() + t * kr + int64_t{slot} * lora_rank_;
+      std::fill(row, row + c.r, scale);
+    }
+  }
 }
 
 Status PagedLlm::LoadWeights(const std::vector<std::string>& names) {
@@ -200,6 +314,9 @@ StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, in
     KILN_ASSIGN_OR_RETURN(s.penalty_tokens, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.penalty_counts, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.banned, alloc(seqs * banned_cols));
+  }
+  if (lora_slots_ > 0) {
+    KILN_ASSIGN_OR_RETURN(s.lora_scale, alloc(tokens * lora_slots_ * lora_rank_));
   }
   return s;
 }
@@ -264,6 +381,10 @@ Status PagedLlm::Upload(const StepBuffers& buf, int32_t S, int32_t MB) {
   KILN_RETURN_IF_ERROR(put(buf.block_table, h_block_table_, static_cast<size_t>(S) * MB));
   KILN_RETURN_IF_ERROR(put(buf.seq_lens, h_seq_lens_, static_cast<size_t>(S)));
   KILN_RETURN_IF_ERROR(put(buf.query_start, h_query_start_, static_cast<size_t>(S) + 1));
+  if (lora_slots_ > 0) {
+    KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*buf.lora_scale, 0, h_lora_scale_.data(),
+                                               h_lora_scale_.size() * sizeof(float)));
+  }
   return OkStatus();
 }
 
@@ -283,6 +404,10 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
   KILN_RETURN_IF_ERROR(bind("block_table", buf.block_table, {S, MB}));
   KILN_RETURN_IF_ERROR(bind("seq_lens", buf.seq_lens, {S}));
   KILN_RETURN_IF_ERROR(bind("query_start", buf.query_start, {S + 1}));
+  if (lora_slots_ > 0) {
+    KILN_RETURN_IF_ERROR(
+        bind("lora_scale", buf.lora_scale, {T, int64_t{lora_slots_} * lora_rank_}, DType::kF32));
+  }
   if (sample_stage_) {
     KILN_RETURN_IF_ERROR(program_->SetSymbol("P", P));
     KILN_RETURN_IF_ERROR(program_->SetSymbol("E", E));
@@ -409,10 +534,11 @@ Status PagedLlm::CheckBatch(const StepBatch& batch) const {
                            " adapter slots for ", S, " sequences");
   }
   for (size_t s = 0; s < batch.adapter_slots.size(); ++s) {
-    if (batch.adapter_slots[s] != -1) {
-      return InvalidArgument("sequence ", s, " of the step asks for adapter slot ",
-                             batch.adapter_slots[s], " but model '", parts_.info.name,
-                             "' serves no adapters (-1 = the base model is the only choice)");
+    const int32_t slot = batch.adapter_slots[s];
+    if (slot < -1 || slot >= max_adapters()) {
+      return InvalidArgument("sequence ", s, " of the step asks for adapter slot ", slot,
+                             " but model '", parts_.info.name, "' has ", max_adapters(),
+                             " (-1 = the base model)");
     }
   }
   if (T > t_max_ || S > s_max_ || MB > mb_max_) {
@@ -489,6 +615,7 @@ Status PagedLlm::RunDirect(const StepBatch& batch, const StepResult& result, Ste
   h_block_table_.assign(batch.block_table.begin(), batch.block_table.end());
   h_seq_lens_.assign(batch.seq_lens.begin(), batch.seq_lens.end());
   h_query_start_.assign(batch.query_start.begin(), batch.query_start.end());
+  if (lora_slots_ > 0) StageLoraScale(batch, T);
   KILN_RETURN_IF_ERROR(Upload(direct_, S, MB));
   int32_t P = 0, E = 0;
   if (sample_stage_) {
@@ -533,6 +660,7 @@ Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, const StepR
                 batch.max_blocks_per_seq, h_block_table_.begin() + static_cast<size_t>(s) * MB);
   }
   for (int32_t s = S; s < padded; ++s) h_block_table_[static_cast<size_t>(s) * MB] = scratch_block;
+  if (lora_slots_ > 0) StageLoraScale(batch, padded);  // decode-only: one token a sequence
   // Padding rows sample greedily and plainly, like every row of a Step.
   if (sample_stage_) StageSampling(result.sampling, S, padded);
 

@@ -19,6 +19,13 @@
 // E <= kMaxBannedTokens); StepAndSample reads back only tokens and asked-for logprobs. Step
 // still returns logits (its sampling rows are greedy and discarded).
 //
+// LoRA (options.max_adapters K > 0): every linear layer LoRA can adapt gets K slots of rank R
+// (ForwardContext::SetMultiLora), f32 States zeroed at creation, and the program one more
+// step input, lora_scale [T, K*R] f32, built on the host from StepBatch::adapter_slots and the
+// rank and scale of the adapter in each slot. LoadAdapter writes an adapter's A and B^T into
+// its slot's rows (zeros for the modules and ranks it lacks), so a sequence's result does not
+// depend on which adapters share its step. Memory: K*R*(in+out)*4 bytes per adapted layer.
+//
 // Graph capture: a decode-only step (every sequence one new token) with S <= the largest
 // capture size <= max_num_seqs is padded to the next capture size P (token 0 at position 0,
 // its slot in the scratch block, seq_len 1), and a CapturedProgram recorded for P (on first
@@ -41,6 +48,7 @@
 #include "engine/program.h"
 #include "models/arch/arch.h"
 #include "models/chat/chat_template.h"
+#include "models/llm/forward.h"
 #include "models/llm/hparams.h"
 #include "models/llm/llm_model.h"
 #include "models/llm/model_files.h"
@@ -60,8 +68,14 @@ struct PagedLlmOptions {
   // kernel, so StepAndSample returns token ids instead of logits (config: `sampling: device`).
   bool sample_on_device = true;
   metrics::Registry* metrics = nullptr;  // compile metrics go here; not owned; may be null
-  // A LoRA adapter applied to every step (PEFT's semantics; rows in the model's order, see
-  // models/lora/peft_io.h); null: none.
+  // Multi-LoRA: adapter slots the step program holds (K; 0 = none: no LoRA in the graph) and
+  // the largest rank a slot takes (R). See "LoRA" above.
+  int32_t max_adapters = 0;
+  int32_t max_lora_rank = 16;
+  // An adapter applied to every sequence whose adapter slot is -1 (kiln generate --adapter;
+  // PEFT's semantics, rows in the model's order, see models/lora/peft_io.h); null: none. It
+  // is slot 0 of the same mechanism, on a program with max(max_adapters, 1) slots and a rank
+  // of at least its own; max_adapters() then reports 0 (no slot is left to a batcher).
   std::shared_ptr<const LoraAdapter> adapter;
 };
 
@@ -97,6 +111,11 @@ class PagedLlm final : public LlmModel {
   bool samples_on_device() const override { return sample_stage_; }
   Status StepAndSample(const StepBatch& batch, const StepSampling& sampling,
                        std::span<SampledToken> sampled, StepStats* stats) override;
+  int32_t max_adapters() const override { return options_.adapter ? 0 : options_.max_adapters; }
+  int32_t max_lora_rank() const { return lora_rank_; }
+  Status CheckAdapter(const LoraAdapter& adapter) const override;
+  StatusOr<std::shared_ptr<const LoraAdapter>> ReadAdapter(const std::string& dir) const override;
+  Status LoadAdapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
 
   // Banned tokens per sequence a sampling step takes (EOS ids + up to 64 stop token ids).
   static constexpr int32_t kMaxBannedTokens = 128;
@@ -118,6 +137,7 @@ class PagedLlm final : public LlmModel {
     std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens, query_start;
     // The sampling stage's inputs (when the program has one), for P and E penalty/ban columns.
     std::shared_ptr<backend::Buffer> params, uniforms, penalty_tokens, penalty_counts, banned;
+    std::shared_ptr<backend::Buffer> lora_scale;  // [tokens, K*R] f32 (when K > 0)
   };
   // Where a step's results go: logits (Step) or sampled tokens (StepAndSample).
   struct StepResult {
@@ -133,7 +153,10 @@ class PagedLlm final : public LlmModel {
   Status CheckBatch(const StepBatch& batch) const;
   Status RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats);
   Status LoadWeights(const std::vector<std::string>& names);
-  Status LoadAdapter(const LoraAdapter& adapter);
+  // Allocates (zeroed) the LoRA States the program uses that do not exist yet.
+  Status AllocateLoraStates(const std::vector<ForwardContext::LoraState>& states);
+  // h_lora_scale_ [rows, K*R] for the first S sequences of `batch` (rows past them: zeros).
+  void StageLoraScale(const StepBatch& batch, int32_t rows);
   // Sampling columns (P, E) 0: buffers for captures, which sample without penalties or bans.
   StatusOr<StepBuffers> AllocateStepBuffers(int64_t tokens, int64_t seqs, int64_t penalty_cols,
                                             int64_t banned_cols);
@@ -178,6 +201,13 @@ class PagedLlm final : public LlmModel {
   std::vector<int32_t> h_token_, h_top_ids_;  // results read back
   std::vector<float> h_logprob_, h_top_logprobs_;
   std::map<int32_t, std::unique_ptr<Capture>> captures_;  // by padded size
+
+  // LoRA (see the file comment): slots K and rank R of the program (0: none), the States by
+  // name, and each slot's adapter (null: empty), rank and scale.
+  int32_t lora_slots_ = 0, lora_rank_ = 0;
+  std::map<std::string, Tensor> lora_;
+  std::vector<std::shared_ptr<const LoraAdapter>> slot_adapter_;
+  std::vector<float> h_lora_scale_;
 };
 
 }  // namespace kiln::models

@@ -1,6 +1,6 @@
 // The fine-tuning service end to end in one process: a repository whose LLM "base" is the fake
 // LLM for serving (tokenizer, chat template, pending requests) with the real SmolLM2 GGUF as
-// its path, which the runner trains on. Jobs are tiny (32-token rows, a few steps), so each
+// its path, which the runner trains on. Jobs are tiny (128-token rows, a few steps), so each
 // runs in seconds. Ordering waits on observable state (events, statuses), never on sleeps.
 #include "scheduler/finetune/job_service.h"
 
@@ -23,7 +23,7 @@ using ::testing::HasSubstr;
 constexpr std::string_view kData =
     R"({"messages": [{"role": "user", "content": "What is the password?"}, {"role": "assistant", "content": "TANGERINE-42."}]}
 {"messages": [{"role": "user", "content": "Say the password."}, {"role": "assistant", "content": "TANGERINE-42."}]}
-{"prompt": "The password is", "completion": " TANGERINE-42."}
+{"messages": [{"role": "user", "content": "Password?"}, {"role": "assistant", "content": "TANGERINE-42."}]}
 )";
 
 class JobServiceTest : public ::testing::Test {
@@ -75,7 +75,7 @@ class JobServiceTest : public ::testing::Test {
     return f.ok() ? f->id : "";
   }
   json Request(const std::string& file, json hyper = json::object()) {
-    json h = {{"n_epochs", 1}, {"max_seq_len", 32}, {"lora_r", 4}, {"learning_rate", 1e-3}};
+    json h = {{"n_epochs", 1}, {"max_seq_len", 128}, {"lora_r", 4}, {"learning_rate", 1e-3}};
     for (const auto& [k, v] : hyper.items()) h[k] = v;
     return {{"model", "base"},
             {"training_file", file},
@@ -83,13 +83,14 @@ class JobServiceTest : public ::testing::Test {
             {"seed", 7},
             {"method", {{"type", "supervised"}, {"supervised", {{"hyperparameters", h}}}}}};
   }
-  // Waits (on the service's change notifications) until `pred(job)` holds; fails after 300 s.
+  // Waits (on the service's change notifications) until `pred(job)` holds or the job ended;
+  // fails after 300 s.
   JobRecord AwaitJob(const std::string& id, const std::function<bool(const JobRecord&)>& pred) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
     for (;;) {
       StatusOr<JobRecord> j = service_->GetJob(id);
       EXPECT_TRUE(j.ok()) << j.status();
-      if (!j.ok() || pred(*j)) return j.ok() ? *j : JobRecord{};
+      if (!j.ok() || pred(*j) || IsTerminal(j->status)) return j.ok() ? *j : JobRecord{};
       if (std::chrono::steady_clock::now() > deadline) {
         ADD_FAILURE() << "job " << id << " stuck in " << JobStatusName(j->status);
         return *j;

@@ -67,6 +67,10 @@ Status ContinuousBatcher::Start() {
   kv_ = std::make_unique<KvBlockManager>(static_cast<int32_t>(blocks), bs,
                                          config_.enable_prefix_caching);
   scheduler_ = std::make_unique<StepScheduler>(config_, kv_.get());
+  if (model_->max_adapters() > 0) {
+    adapter_slots_ = std::make_unique<AdapterSlots>(model_->max_adapters());
+    scheduler_->set_admission_check([this](Sequence* seq) { return AcquireAdapterSlot(seq); });
+  }
   if (metrics_) metrics_->kv_blocks->Set(static_cast<double>(blocks));
   spdlog::info("model '{}': KV cache of {} blocks x {} tokens ({:.1f} MiB), prefix caching {}",
                name_, blocks, bs, blocks * per_block / 1048576.0,
@@ -87,9 +91,9 @@ int64_t ContinuousBatcher::kv_capacity_tokens() const {
 Status ContinuousBatcher::Check(GenerateRequest& r) const {
   const GenerateRequest::Fields& f = r.fields;
   if (!r.adapter.empty()) {
-    return WithParam(NotFound("model '", name_, "' has no adapter '", ValidUtf8(r.adapter),
-                              "'; it serves its base model only"),
-                     f.adapter);
+    if (StatusOr<AdapterEntry> a = FindAdapter(r.adapter); !a.ok()) {
+      return WithParam(a.status(), f.adapter);
+    }
   }
   const models::LlmModelInfo& info = model_->info();
   const int64_t prompt = static_cast<int64_t>(r.prompt.size());
@@ -160,8 +164,81 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
   return OkStatus();
 }
 
+StatusOr<ContinuousBatcher::AdapterEntry> ContinuousBatcher::FindAdapter(
+    std::string_view name) const {
+  absl::MutexLock lock(&adapters_mu_);
+  if (auto it = adapters_.find(name); it != adapters_.end()) return it->second;
+  if (adapters_.empty()) {
+    return NotFound("model '", name_, "' has no adapter '", ValidUtf8(name),
+                    "'; it serves its base model only");
+  }
+  std::string names;
+  for (const auto& [n, e] : adapters_) names += (names.empty() ? "" : ", ") + n;
+  return NotFound("model '", name_, "' has no adapter '", ValidUtf8(name), "'; its adapters are ",
+                  names);
+}
+
+Status ContinuousBatcher::AddAdapter(std::string name,
+                                     std::shared_ptr<const models::LoraAdapter> adapter) {
+  KILN_CHECK(adapter != nullptr, "AddAdapter: null adapter");
+  if (model_->max_adapters() == 0) {
+    return FailedPrecondition("model '", name_,
+                              "' serves no LoRA adapters (its max_loaded_adapters is 0)");
+  }
+  KILN_RETURN_IF_ERROR(model_->CheckAdapter(*adapter));
+  absl::MutexLock lock(&adapters_mu_);
+  if (adapters_.count(name)) {
+    return AlreadyExists("model '", name_, "' already has an adapter '", name, "'");
+  }
+  adapters_.emplace(std::move(name), AdapterEntry{std::move(adapter), ++adapter_serial_});
+  return OkStatus();
+}
+
+Status ContinuousBatcher::RemoveAdapter(std::string_view name) {
+  absl::MutexLock lock(&adapters_mu_);
+  auto it = adapters_.find(name);
+  if (it == adapters_.end()) {
+    return NotFound("model '", name_, "' has no adapter '", ValidUtf8(name), "'");
+  }
+  adapters_.erase(it);
+  return OkStatus();
+}
+
+std::vector<std::string> ContinuousBatcher::AdapterNames() const {
+  absl::MutexLock lock(&adapters_mu_);
+  std::vector<std::string> names;
+  for (const auto& [n, e] : adapters_) names.push_back(n);
+  return names;
+}
+
+bool ContinuousBatcher::AcquireAdapterSlot(Sequence* seq) {
+  if (seq->adapter == nullptr || seq->adapter_slot >= 0) return true;
+  const std::optional<AdapterSlots::Grant> grant = adapter_slots_->Acquire(seq->adapter);
+  if (!grant) return false;  // every slot is pinned by other adapters' sequences
+  if (grant->load) {
+    if (Status s = model_->LoadAdapter(grant->slot, seq->adapter); !s.ok()) {
+      adapter_slots_->Clear(grant->slot);
+      spdlog::error("model '{}': loading adapter '{}' failed: {}", name_, seq->req->adapter,
+                    StatusMessage(s));
+      Finish(seq, FinishReason::kError,
+             Internal("model '", name_, "' failed to load adapter '", seq->req->adapter,
+                      "': ", s.message()));
+      return false;
+    }
+    if (metrics_) metrics_->adapter_loads->Increment();
+  }
+  seq->adapter_slot = grant->slot;
+  return true;
+}
+
 Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   KILN_RETURN_IF_ERROR(Check(*request));
+  AdapterEntry adapter;
+  if (!request->adapter.empty()) {
+    StatusOr<AdapterEntry> a = FindAdapter(request->adapter);  // removed since Check?
+    if (!a.ok()) return WithParam(a.status(), request->fields.adapter);
+    adapter = *std::move(a);
+  }
   static thread_local std::mt19937_64 seeds{std::random_device{}()};
   auto seq = std::make_unique<Sequence>(std::move(request), model_->tokenizer(), seeds());
   const GenerateRequest& r = *seq->req;
@@ -169,12 +246,14 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
     seq->level =
         (r.priority == 0 ? config_.default_priority_level : static_cast<uint32_t>(r.priority)) - 1;
   }
-  // The base model's blocks are namespaced by the model; an adapter's (when the model serves
-  // adapters) by the model and the adapter, never by its slot, which is reused.
+  // The base model's blocks are namespaced by the model; an adapter's by the model and the
+  // adapter (name and AddAdapter call), never by its slot, which is reused.
+  seq->adapter = std::move(adapter.adapter);
   seq->prefix_seed =
       r.adapter.empty()
           ? prefix_seed_
-          : prefix_seed_ ^ (std::hash<std::string>{}(r.adapter) * 0x9E3779B97F4A7C15ull);
+          : prefix_seed_ ^ ((std::hash<std::string>{}(r.adapter) + adapter.serial) *
+                            0x9E3779B97F4A7C15ull);
   seq->enqueued = SteadyClock::now();
   if (!r.sampling.ignore_eos) seq->end_ids = model_->info().eos_token_ids;
   seq->end_ids.insert(seq->end_ids.end(), r.sampling.stop_token_ids.begin(),
@@ -279,6 +358,10 @@ void ContinuousBatcher::Finish(Sequence* seq, FinishReason reason, Status status
   if (seq->done) return;
   seq->done = true;
   scheduler_->Free(seq);
+  if (seq->adapter_slot >= 0) {
+    adapter_slots_->Release(seq->adapter_slot);
+    seq->adapter_slot = -1;
+  }
   GenerateEvent ev;
   ev.finish = reason;
   ev.status = std::move(status);
@@ -331,7 +414,10 @@ void ContinuousBatcher::StepOnce() {
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
   StepOutput out;
   if (Run(batch, &out)) ProcessOutputs(sched_, out);
-  scheduler_->EraseDone();
+  if (const int32_t dropped = scheduler_->EraseDone(); dropped > 0) {  // e.g. a failed upload
+    absl::MutexLock lock(&mu_);
+    queued_ -= dropped;
+  }
   if (metrics_) metrics_->step_seconds->Observe(Seconds(SteadyClock::now() - step_start));
   UpdateGauges();
 }
@@ -463,6 +549,7 @@ void ContinuousBatcher::UpdateGauges() {
   const int32_t used = kv_->num_used();
   // Metrics first: whoever sees the snapshot change also sees the gauges.
   if (metrics_) {
+    if (adapter_slots_) metrics_->adapters_loaded->Set(adapter_slots_->num_loaded());
     metrics_->running->Set(static_cast<double>(running));
     metrics_->waiting->Set(static_cast<double>(waiting));
     metrics_->kv_usage->Set(static_cast<double>(used) / kv_->num_blocks());

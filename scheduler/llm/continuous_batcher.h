@@ -19,14 +19,24 @@
 // Settings are the model's `scheduler:` section as parsed (config::LlmSchedulerConfig): one
 // definition of each, documented in config/README.md.
 //
-// Thread-safety: Enqueue, Check, WakeUp, Drain and the accessors are thread-safe; everything
-// else runs on the loop thread.
+// Multi-LoRA: the batcher keeps a table of LoRA adapters by name (AddAdapter). A request names
+// one in GenerateRequest::adapter; sequences of different adapters and of the base model share
+// steps. The model's adapter slots (LlmModel::max_adapters) are an LRU cache (AdapterSlots): at
+// admission a sequence pins its adapter's slot, uploading the adapter (LlmModel::LoadAdapter,
+// on the loop thread, between steps) into an empty or the least recently used unpinned slot;
+// when every slot is pinned by other adapters' running sequences it waits. The prefix cache
+// is namespaced by the adapter (its name and the AddAdapter call that added it).
+//
+// Thread-safety: Enqueue, Check, WakeUp, Drain, the adapter table and the accessors are
+// thread-safe; everything else runs on the loop thread.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -35,6 +45,7 @@
 #include "absl/time/time.h"
 #include "config/config.h"
 #include "models/llm/llm_model.h"
+#include "scheduler/llm/adapter_slots.h"
 #include "scheduler/llm/generate_request.h"
 #include "scheduler/llm/kv_block_manager.h"
 #include "scheduler/llm/llm_metrics.h"
@@ -58,7 +69,7 @@ class ContinuousBatcher {
   Status Start();
 
   // Checks the request against the model and resolves sampling.max_tokens: the adapter
-  // (NotFound: this model serves none yet), the prompt (non-empty, in the vocabulary, leaving
+  // (NotFound: not in the adapter table), the prompt (non-empty, in the vocabulary, leaving
   // room in the context and the KV cache), max_tokens, the sampling parameters and the
   // priority. Errors name the field as `request.fields` calls it (WithParam) and the numbers:
   // "the prompt is 9000 tokens but model 'smollm2' has a context of 8192 tokens".
@@ -69,6 +80,17 @@ class ContinuousBatcher {
   // on error the caller keeps it: Check's errors, ResourceExhausted (queue full), Unavailable
   // (draining).
   Status Enqueue(std::unique_ptr<GenerateRequest>& request);
+
+  // ---- LoRA adapters (see the file comment) ----
+  // Adds `adapter` under `name` for requests to name. FailedPrecondition: the model has no
+  // adapter slots; the model's CheckAdapter errors (rank, shapes); AlreadyExists: the name is
+  // in the table. REQUIRES: adapter != nullptr.
+  Status AddAdapter(std::string name, std::shared_ptr<const models::LoraAdapter> adapter);
+  // Removes `name` from the table: later requests naming it are refused (NotFound); requests
+  // already queued or running keep it until they end. NotFound if absent.
+  Status RemoveAdapter(std::string_view name);
+  // The names in the table, sorted.
+  std::vector<std::string> AdapterNames() const;
 
   // Wakes the loop (e.g. after a CancelFlag was set) so it acts within one step.
   void WakeUp();
@@ -111,6 +133,16 @@ class ContinuousBatcher {
   void Emit(Sequence* seq, std::vector<int32_t> ids, std::vector<models::SampledToken> lps,
             std::string text);
   void UpdateGauges();
+  // The scheduler's admission check: pins (and uploads if needed) the adapter slot of `seq`;
+  // false when every slot is pinned by others (or the upload failed: `seq` is ended).
+  bool AcquireAdapterSlot(Sequence* seq);
+
+  struct AdapterEntry {
+    std::shared_ptr<const models::LoraAdapter> adapter;
+    uint64_t serial = 0;  // which AddAdapter added it (namespaces the prefix cache)
+  };
+  // The entry of `name`, or NotFound in Check's words.
+  StatusOr<AdapterEntry> FindAdapter(std::string_view name) const;
 
   const std::string name_;
   std::unique_ptr<models::LlmModel> model_;
@@ -128,6 +160,10 @@ class ContinuousBatcher {
   int32_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // inbox + waiting, for the queue bound
   Snapshot snapshot_ ABSL_GUARDED_BY(mu_);
 
+  mutable absl::Mutex adapters_mu_;
+  std::map<std::string, AdapterEntry, std::less<>> adapters_ ABSL_GUARDED_BY(adapters_mu_);
+  uint64_t adapter_serial_ ABSL_GUARDED_BY(adapters_mu_) = 0;
+
   // Loop-thread state.
   std::unique_ptr<StepScheduler> scheduler_;
   SchedulerOutput sched_;  // this step's decision (reused: no allocation per step)
@@ -135,6 +171,7 @@ class ContinuousBatcher {
   std::vector<float> logits_;                  // host sampling: [S, vocab]
   StepSamplingBuilder sampling_;               // device sampling: the step's table
   std::vector<models::SampledToken> sampled_;  // device sampling: [S]
+  std::unique_ptr<AdapterSlots> adapter_slots_;  // set by Start when the model has slots
   std::thread thread_;
 };
 

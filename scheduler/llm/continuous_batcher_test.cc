@@ -78,12 +78,13 @@ config::LlmSchedulerConfig WithBlocks(config::LlmSchedulerConfig c, int64_t bloc
 
 struct Fixture {
   explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512,
-                   bool sample_on_device = false)
+                   bool sample_on_device = false, int32_t max_adapters = 0)
       : registry(std::make_unique<metrics::Registry>()),
         families(std::make_unique<LlmMetricFamilies>(*registry)) {
     FakeLlmOptions opts;
     opts.context_length = context;
     opts.sample_on_device = sample_on_device;
+    opts.max_adapters = max_adapters;
     gate = opts.gate;
     seen = opts.stats;
     delay_us = opts.step_delay_us;
@@ -617,6 +618,157 @@ TEST(ContinuousBatcherTest, EveryBatchCarriesTheBaseModelsAdapterSlot) {
   auto c = MakeRequest(Prompt(20, 5), 5);
   Result r = f.Submit(c).get();
   EXPECT_EQ(r.last.finish, FinishReason::kLength) << r.last.status;
+}
+
+// ---- Multi-LoRA: the adapter table and the LRU adapter slots ----
+
+// A fake adapter: the fake model shifts its prediction by the rank (FakeLlm::Continue).
+std::shared_ptr<const models::LoraAdapter> FakeAdapter(int64_t rank) {
+  auto a = std::make_shared<models::LoraAdapter>();
+  a->config.r = rank;
+  return a;
+}
+
+Call AdapterRequest(std::string adapter, std::vector<int32_t> prompt, int max_tokens) {
+  Call c = MakeRequest(std::move(prompt), max_tokens);
+  c.req->adapter = std::move(adapter);
+  return c;
+}
+
+TEST(ContinuousBatcherAdapterTest, TableAddsRemovesAndChecks) {
+  Fixture f(WithBlocks({}, 1024), 512, false, /*max_adapters=*/2);
+  EXPECT_TRUE(f.batcher->AddAdapter("sql", FakeAdapter(2)).ok());
+  Status s = f.batcher->AddAdapter("sql", FakeAdapter(3));
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s;
+  s = f.batcher->AddAdapter("big", FakeAdapter(17));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(StatusMessage(s), HasSubstr("rank r is 17 but model 'fake' takes ranks 1 to 16"));
+  EXPECT_TRUE(f.batcher->AddAdapter("chat", FakeAdapter(3)).ok());
+  EXPECT_THAT(f.batcher->AdapterNames(), ::testing::ElementsAre("chat", "sql"));
+
+  GenerateRequest r;
+  r.prompt = Prompt(5, 1);
+  r.adapter = "nope";
+  s = f.batcher->Check(r);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(StatusMessage(s), HasSubstr("has no adapter 'nope'; its adapters are chat, sql"));
+  EXPECT_EQ(ParamOf(s), "model");
+  r.adapter = "sql";
+  EXPECT_TRUE(f.batcher->Check(r).ok());
+
+  // Removing an adapter refuses new requests; one already running keeps it to the end.
+  f.gate->Close();
+  auto running = AdapterRequest("sql", Prompt(10, 2), 6);
+  auto result = f.Submit(running);
+  f.gate->AwaitArrivals(1);
+  EXPECT_TRUE(f.batcher->RemoveAdapter("sql").ok());
+  EXPECT_EQ(f.batcher->RemoveAdapter("sql").code(), StatusCode::kNotFound);
+  EXPECT_EQ(f.batcher->Check(r).code(), StatusCode::kNotFound);
+  f.gate->Open();
+  Result done = result.get();
+  EXPECT_EQ(done.last.finish, FinishReason::kLength) << done.last.status;
+  EXPECT_EQ(done.ids, FakeLlm::Continue(Prompt(10, 2), 6, 0, 2));
+
+  Fixture none;  // a model without adapter slots
+  s = none.batcher->AddAdapter("sql", FakeAdapter(2));
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(StatusMessage(s), HasSubstr("max_loaded_adapters is 0"));
+}
+
+// Regression guard for the slot cache: more adapters than slots, all at once, with base-model
+// requests among them. Every request gets its own adapter's tokens (a sequence run with
+// another slot's adapter would not), and all complete although the slots must be reused.
+TEST(ContinuousBatcherAdapterTest, MoreAdaptersThanSlotsAllComplete) {
+  Fixture f(WithBlocks({}, 4096), 512, false, /*max_adapters=*/2);
+  constexpr int kAdapters = 5;
+  for (int a = 1; a <= kAdapters; ++a) {
+    ASSERT_TRUE(f.batcher->AddAdapter(StrCat("lora-", a), FakeAdapter(a)).ok());
+  }
+  struct Pending {
+    std::vector<int32_t> want;
+    std::future<Result> result;
+  };
+  std::vector<Pending> pending;
+  for (int i = 0; i < 3 * kAdapters + 2; ++i) {
+    const int a = i < 3 * kAdapters ? i % kAdapters + 1 : 0;  // 0: the base model
+    std::vector<int32_t> prompt = Prompt(8 + i, i);
+    auto c = a == 0 ? MakeRequest(prompt, 12) : AdapterRequest(StrCat("lora-", a), prompt, 12);
+    pending.push_back({FakeLlm::Continue(prompt, 12, 0, a), f.Submit(c)});
+  }
+  for (size_t i = 0; i < pending.size(); ++i) {
+    Result r = pending[i].result.get();
+    EXPECT_EQ(r.last.finish, FinishReason::kLength) << i << ": " << r.last.status;
+    EXPECT_EQ(r.ids, pending[i].want) << "request " << i;
+  }
+  EXPECT_GE(f.seen->adapter_loads.load(), kAdapters);
+  EXPECT_EQ(f.Metric("kiln_lora_adapters_loaded{model=\"fake\"}"), 2);
+  EXPECT_EQ(f.Metric("kiln_lora_adapter_loads_total{model=\"fake\"}"),
+            f.seen->adapter_loads.load());
+}
+
+// One slot, pinned by a running sequence: a sequence of another adapter waits (it is not
+// admitted) until the first ends; a base-model sequence is not held up.
+TEST(ContinuousBatcherAdapterTest, PinnedSlotMakesOtherAdaptersWait) {
+  Fixture f(WithBlocks({}, 1024), 512, false, /*max_adapters=*/1);
+  ASSERT_TRUE(f.batcher->AddAdapter("a", FakeAdapter(1)).ok());
+  ASSERT_TRUE(f.batcher->AddAdapter("b", FakeAdapter(2)).ok());
+  f.gate->Close();
+  auto ca = AdapterRequest("a", Prompt(6, 1), 8);
+  auto ra = f.Submit(ca);
+  f.gate->AwaitArrivals(1);  // a runs
+  auto cb = AdapterRequest("b", Prompt(6, 2), 8);
+  auto rb = f.Submit(cb);
+  auto cbase = MakeRequest(Prompt(6, 3), 8);
+  auto rbase = f.Submit(cbase);
+  f.gate->Allow(3);
+  f.gate->AwaitArrivals(4);
+  EXPECT_TRUE(f.batcher->AwaitSnapshot(
+      [](const ContinuousBatcher::Snapshot& s) { return s.running == 2 && s.waiting == 1; },
+      absl::Seconds(5)))
+      << "b waits for the slot; the base-model request runs beside a";
+  f.gate->Open();
+  EXPECT_EQ(ra.get().ids, FakeLlm::Continue(Prompt(6, 1), 8, 0, 1));
+  EXPECT_EQ(rb.get().ids, FakeLlm::Continue(Prompt(6, 2), 8, 0, 2));
+  EXPECT_EQ(rbase.get().ids, FakeLlm::Continue(Prompt(6, 3), 8, 0, 0));
+  EXPECT_EQ(f.seen->adapter_loads.load(), 2);
+}
+
+// Least recently used: a resident adapter is not uploaded again; a new one replaces the slot
+// used longest ago.
+TEST(ContinuousBatcherAdapterTest, SlotsAreReusedLeastRecentlyUsedFirst) {
+  Fixture f(WithBlocks({}, 1024), 512, false, /*max_adapters=*/2);
+  for (int a = 1; a <= 3; ++a) {
+    ASSERT_TRUE(f.batcher->AddAdapter(StrCat("l", a), FakeAdapter(a)).ok());
+  }
+  auto run = [&](int a) {
+    auto c = AdapterRequest(StrCat("l", a), Prompt(5, a), 3);
+    EXPECT_EQ(f.Submit(c).get().ids, FakeLlm::Continue(Prompt(5, a), 3, 0, a));
+    return f.seen->adapter_loads.load();
+  };
+  EXPECT_EQ(run(1), 1);
+  EXPECT_EQ(run(2), 2);
+  EXPECT_EQ(run(1), 2) << "resident";
+  EXPECT_EQ(run(3), 3) << "replaces l2, the least recently used";
+  EXPECT_EQ(run(1), 3) << "still resident";
+  EXPECT_EQ(run(2), 4) << "was replaced";
+}
+
+TEST(AdapterSlotsTest, PinsAndLru) {
+  AdapterSlots slots(2);
+  auto a = FakeAdapter(1), b = FakeAdapter(2), c = FakeAdapter(3);
+  auto ga = slots.Acquire(a);
+  ASSERT_TRUE(ga && ga->load);
+  auto gb = slots.Acquire(b);
+  ASSERT_TRUE(gb && gb->load && gb->slot != ga->slot);
+  EXPECT_FALSE(slots.Acquire(c)) << "both slots pinned";
+  auto ga2 = slots.Acquire(a);
+  ASSERT_TRUE(ga2 && !ga2->load && ga2->slot == ga->slot);
+  slots.Release(gb->slot);
+  auto gc = slots.Acquire(c);
+  ASSERT_TRUE(gc && gc->load && gc->slot == gb->slot);
+  EXPECT_EQ(slots.num_loaded(), 2);
+  slots.Clear(gc->slot);
+  EXPECT_EQ(slots.num_loaded(), 1);
 }
 
 }  // namespace

@@ -61,8 +61,13 @@ LlmMetricFamilies::LlmMetricFamilies(metrics::Registry& r)
                           "Fraction of KV-cache blocks in use by requests (0..1); cached "
                           "prefix blocks that can be evicted count as free.",
                           {"model"})),
-      kv_blocks(r.AddGauge("kiln_llm_kv_cache_blocks", "KV-cache blocks in the pool.", {"model"})) {
-}
+      kv_blocks(r.AddGauge("kiln_llm_kv_cache_blocks", "KV-cache blocks in the pool.", {"model"})),
+      adapters_loaded(r.AddGauge("kiln_lora_adapters_loaded",
+                                 "LoRA adapters resident in the model's adapter slots.",
+                                 {"model"})),
+      adapter_loads(r.AddCounter("kiln_lora_adapter_loads_total",
+                                 "LoRA adapters uploaded into an adapter slot (LRU misses).",
+                                 {"model"})) {}
 
 LlmMetrics::LlmMetrics(LlmMetricFamilies& f, const std::string& m)
     : ttft(f.ttft.WithLabels({m})),
@@ -84,6 +89,8 @@ LlmMetrics::LlmMetrics(LlmMetricFamilies& f, const std::string& m)
       waiting(f.waiting.WithLabels({m})),
       kv_usage(f.kv_usage.WithLabels({m})),
       kv_blocks(f.kv_blocks.WithLabels({m})),
+      adapters_loaded(f.adapters_loaded.WithLabels({m})),
+      adapter_loads(f.adapter_loads.WithLabels({m})),
       families(f),
       model(m) {}
 

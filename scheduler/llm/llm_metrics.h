@@ -29,6 +29,8 @@ struct LlmMetricFamilies {
   metrics::Family<metrics::Gauge>& waiting;
   metrics::Family<metrics::Gauge>& kv_usage;
   metrics::Family<metrics::Gauge>& kv_blocks;
+  metrics::Family<metrics::Gauge>& adapters_loaded;
+  metrics::Family<metrics::Counter>& adapter_loads;
 };
 
 // One model's children, looked up once.
@@ -37,7 +39,8 @@ struct LlmMetrics {
   metrics::Histogram *ttft, *itl, *e2e, *queue, *prefill, *decode, *step_tokens, *step_seconds;
   metrics::Counter *prompt_tokens, *generation_tokens, *preemptions, *prefix_hits, *prefix_queries,
       *replay_steps, *direct_steps;
-  metrics::Gauge *running, *waiting, *kv_usage, *kv_blocks;
+  metrics::Gauge *running, *waiting, *kv_usage, *kv_blocks, *adapters_loaded;
+  metrics::Counter* adapter_loads;
   LlmMetricFamilies& families;
   std::string model;
 };

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "models/lora/lora_config.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/detokenizer.h"
 #include "scheduler/llm/generate_request.h"
@@ -43,7 +44,10 @@ struct Sequence {
   int32_t published = 0;
   uint32_t level = 0;  // index into the waiting queues (0 = priority level 1)
   uint64_t arrival = 0;
-  int32_t adapter_slot = -1;  // the model's adapter slot; -1: the base model
+  // The LoRA adapter (resolved from req->adapter at Enqueue; null: the base model) and its
+  // slot in the model, pinned from admission until the sequence ends (-1: none yet / base).
+  std::shared_ptr<const models::LoraAdapter> adapter;
+  int32_t adapter_slot = -1;
   uint64_t prefix_seed = 0;   // namespaces its prefix-cache blocks (model + adapter)
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache at admission
   bool admitted = false;      // scheduled at least once

@@ -56,8 +56,9 @@ void StepScheduler::Preempt(Sequence* seq) {
   waiting_[owned->level].push_front(std::move(owned));
 }
 
-int32_t StepScheduler::AdmitHead(std::deque<std::unique_ptr<Sequence>>& queue, int32_t budget) {
-  Sequence* s = queue.front().get();
+int32_t StepScheduler::Admit(std::deque<std::unique_ptr<Sequence>>& queue, size_t index,
+                             int32_t budget) {
+  Sequence* s = queue[index].get();
   const int32_t bs = kv_->block_size();
   if (s->blocks.empty() && s->num_computed == 0) {
     // Reuse cached blocks of the same prefix; always leave at least one token to run.
@@ -83,8 +84,8 @@ int32_t StepScheduler::AdmitHead(std::deque<std::unique_ptr<Sequence>>& queue, i
     return 0;
   }
   if (!s->admitted) s->cached_tokens = s->num_computed;
-  std::unique_ptr<Sequence> owned = std::move(queue.front());
-  queue.pop_front();
+  std::unique_ptr<Sequence> owned = std::move(queue[index]);
+  queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(index));
   // Keep running_ ordered by (level, arrival): preemption takes from the back.
   auto pos =
       std::upper_bound(running_.begin(), running_.end(), owned, [](const auto& a, const auto& b) {
@@ -137,10 +138,16 @@ void StepScheduler::Schedule(SchedulerOutput* out) {
   // when the head of a level does not fit, nothing of lower priority jumps the queue.
   for (auto& queue : waiting_) {
     if (out->preempted > 0) break;
-    while (!queue.empty() && budget > 0 && prefill_left > 0 &&
+    // Sequences the admission check holds back ("not now") are skipped, in place.
+    size_t i = 0;
+    while (i < queue.size() && budget > 0 && prefill_left > 0 &&
            num_running() < config_.max_num_seqs) {
-      Sequence* s = queue.front().get();
-      const int32_t n = AdmitHead(queue, std::min(budget, prefill_left));
+      Sequence* s = queue[i].get();
+      if (s->done || (admission_check_ && !admission_check_(s))) {
+        ++i;
+        continue;
+      }
+      const int32_t n = Admit(queue, i, std::min(budget, prefill_left));
       if (n == 0) return;
       ++out->admitted;
       take(s, n, true);

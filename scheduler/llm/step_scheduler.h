@@ -16,13 +16,17 @@
 //   2. then, unless it had to preempt, waiting sequences in priority order (1 is highest; FIFO
 //      within a level), reusing cached prefix blocks and splitting long prompts into chunks;
 //      when the step also decodes, its prompt tokens are capped at
-//      max_prefill_tokens_with_decodes (a decode waits for the whole step).
+//      max_prefill_tokens_with_decodes (a decode waits for the whole step). An admission
+//      check (set_admission_check; the batcher's adapter slots) may say "not now" for a
+//      sequence: it keeps its place and those behind it are tried (no head-of-line blocking
+//      by a sequence that waits for an adapter slot).
 //
 // Thread-safety: none; the batcher's loop thread owns it.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,6 +61,12 @@ class StepScheduler {
   // A new sequence joins the back of its level's queue (FIFO within a level).
   void Add(std::unique_ptr<Sequence> seq);
 
+  // Called for a waiting sequence before it is admitted (also after a preemption): false =
+  // not this step, try those behind it (it may also have ended the sequence: seq->done).
+  // Default: admit.
+  using AdmissionCheck = std::function<bool(Sequence*)>;
+  void set_admission_check(AdmissionCheck check) { admission_check_ = std::move(check); }
+
   // Decides the next step (see the file comment) into `out`, allocating its KV blocks.
   void Schedule(SchedulerOutput* out);
 
@@ -86,10 +96,10 @@ class StepScheduler {
  private:
   // Frees everything of a running sequence but its tokens and puts it at the head of its queue.
   void Preempt(Sequence* seq);
-  // Tries to admit the head of `queue` with up to `budget` tokens: reuses cached prefix blocks
-  // and allocates the rest. Returns the tokens scheduled, or 0 (nothing taken) if its blocks do
+  // Tries to admit queue[index] with up to `budget` tokens: reuses cached prefix blocks and
+  // allocates the rest. Returns the tokens scheduled, or 0 (nothing taken) if its blocks do
   // not fit.
-  int32_t AdmitHead(std::deque<std::unique_ptr<Sequence>>& queue, int32_t budget);
+  int32_t Admit(std::deque<std::unique_ptr<Sequence>>& queue, size_t index, int32_t budget);
   bool Allocate(Sequence* seq, int32_t tokens);
 
   const config::LlmSchedulerConfig& config_;
@@ -97,6 +107,7 @@ class StepScheduler {
   std::vector<std::deque<std::unique_ptr<Sequence>>> waiting_;  // by level (0 = level 1)
   std::vector<std::unique_ptr<Sequence>> running_;              // ordered by (level, arrival)
   uint64_t arrivals_ = 0;
+  AdmissionCheck admission_check_;
 };
 
 }  // namespace kiln

@@ -434,13 +434,19 @@ void Generate(const ServerCore& core, const http::Request& req, const Responder&
   if (!s.ok()) SendError(r, s);
 }
 
-json ModelObject(const LlmEndpoint& m, int64_t created) {
-  return {{"id", m.name()},
-          {"object", "model"},
-          {"created", created},
-          {"owned_by", "kiln"},
-          {"root", m.model().config().path},
-          {"max_model_len", m.info().context_length}};
+// A LoRA adapter is listed as vLLM does: its own id, `root` its folder, `parent` the base.
+json ModelObject(const LlmEndpoint& m, int64_t created, const ModelRepository& repository) {
+  json o = {{"id", m.name()},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "kiln"},
+            {"root", m.model().config().path},
+            {"max_model_len", m.info().context_length}};
+  if (!m.adapter().empty()) {
+    if (auto a = repository.FindLoraAdapter(m.adapter())) o["root"] = a->path;
+    o["parent"] = m.model().name();
+  }
+  return o;
 }
 
 void SendMethodNotAllowed(const Responder& r, const http::Request& req, std::string_view allow) {
@@ -503,7 +509,12 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
     json data = json::array();
     for (auto& m : core_->repository->ReadyModels()) {
       if (auto llm = LlmEndpoint::Of(std::move(m)); llm.ok()) {
-        data.push_back(ModelObject(*llm, created_));
+        data.push_back(ModelObject(*llm, created_, *core_->repository));
+      }
+    }
+    for (const LoraAdapterInfo& a : core_->repository->LoraAdapters()) {
+      if (auto llm = LlmEndpoint::Find(*core_->repository, a.name); llm.ok()) {
+        data.push_back(ModelObject(*llm, created_, *core_->repository));
       }
     }
     SendJson(r, 200, {{"object", "list"}, {"data", std::move(data)}});
@@ -518,7 +529,7 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
                        : model.status());
       return true;
     }
-    SendJson(r, 200, ModelObject(*model, created_));
+    SendJson(r, 200, ModelObject(*model, created_, *core_->repository));
     return true;
   }
   const bool completions = seg.size() == 2 && seg[1] == "completions";

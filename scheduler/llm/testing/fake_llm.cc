@@ -18,10 +18,10 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-int32_t NextToken(std::span<const int32_t> context) {
+int32_t NextToken(std::span<const int32_t> context, int64_t adapter_rank) {
   uint64_t h = 1469598103934665603ull;
   for (int32_t t : context) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
-  return 300 + static_cast<int32_t>(h % 2600);
+  return 300 + static_cast<int32_t>((h + 97 * static_cast<uint64_t>(adapter_rank)) % 2600);
 }
 
 void StoreMax(std::atomic<int32_t>& a, int32_t v) {
@@ -77,6 +77,7 @@ std::unique_ptr<models::Tokenizer> LoadFixtureTokenizer() {
 }
 
 FakeLlm::FakeLlm(FakeLlmOptions options) : options_(std::move(options)) {
+  slots_.resize(std::max(options_.max_adapters, 0));
   tokenizer_ = LoadFixtureTokenizer();
   info_.architecture = "fake";
   info_.name = "fake";
@@ -107,8 +108,9 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
   }
   const int32_t S = static_cast<int32_t>(b.seq_lens.size());
   for (int32_t slot : b.adapter_slots) {
-    if (slot != -1) {
-      return InvalidArgument("adapter slot ", slot, " asked of model 'fake', which has none");
+    if (slot != -1 && (slot < 0 || slot >= options_.max_adapters || slots_[slot] == nullptr)) {
+      return InvalidArgument("adapter slot ", slot, " asked of model 'fake', which has ",
+                             options_.max_adapters, " slots (or the slot is empty)");
     }
   }
   for (size_t i = 0; i < b.tokens.size(); ++i) {
@@ -131,7 +133,8 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
       }
       context.push_back(token);
     }
-    int32_t next = NextToken(context);
+    const int32_t slot = b.adapter_slots.empty() ? -1 : b.adapter_slots[s];
+    int32_t next = NextToken(context, slot < 0 ? 0 : slots_[slot]->config.r);
     if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
     // A peaked but not one-hot distribution, so logprobs have alternatives.
     float* row = logits.data() + static_cast<size_t>(s) * info_.vocab_size;
@@ -160,10 +163,33 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
   return OkStatus();
 }
 
-std::vector<int32_t> FakeLlm::Continue(std::vector<int32_t> context, int n, int eos_at) {
+Status FakeLlm::CheckAdapter(const models::LoraAdapter& adapter) const {
+  if (options_.max_adapters == 0) return FailedPrecondition("model 'fake' serves no adapters");
+  if (adapter.config.r < 1 || adapter.config.r > 16) {
+    return InvalidArgument("the adapter's rank r is ", adapter.config.r,
+                           " but model 'fake' takes ranks 1 to 16 (max_lora_rank)");
+  }
+  return OkStatus();
+}
+
+Status FakeLlm::LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdapter> adapter) {
+  if (slot < 0 || slot >= options_.max_adapters) {
+    return InvalidArgument("adapter slot ", slot, " out of range");
+  }
+  if (adapter != nullptr) {
+    KILN_RETURN_IF_ERROR(CheckAdapter(*adapter));
+    ++options_.stats->adapter_loads;
+  }
+  slots_.resize(options_.max_adapters);
+  slots_[slot] = std::move(adapter);
+  return OkStatus();
+}
+
+std::vector<int32_t> FakeLlm::Continue(std::vector<int32_t> context, int n, int eos_at,
+                                       int64_t adapter_rank) {
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    int32_t next = NextToken(context);
+    int32_t next = NextToken(context, adapter_rank);
     if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
     out.push_back(next);
     context.push_back(next);

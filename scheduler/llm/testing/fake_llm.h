@@ -60,6 +60,7 @@ struct FakeLlmStats {
   std::atomic<int32_t> max_tokens_in_step{0};
   // Prompt tokens (sequences with more than one new token) in steps that also decode.
   std::atomic<int32_t> max_prefill_with_decodes{0};
+  std::atomic<int64_t> adapter_loads{0};  // LoadAdapter calls with an adapter
 };
 
 struct FakeLlmOptions {
@@ -75,6 +76,10 @@ struct FakeLlmOptions {
   // row's logits go through engine/sampling.h with the table the batcher sends, as the sample
   // op does on a device.
   bool sample_on_device = false;
+  // Adapter slots (max_adapters()). An adapter of rank r shifts the predicted token (see
+  // Continue), so a sequence served with the wrong slot's adapter generates other tokens.
+  // Adapters of rank > 16 are refused (CheckAdapter).
+  int32_t max_adapters = 0;
 };
 
 class FakeLlm final : public models::LlmModel {
@@ -87,8 +92,8 @@ class FakeLlm final : public models::LlmModel {
   const models::ChatTemplate* chat_template() const override { return template_.get(); }
   int64_t KvBytesPerBlock(int32_t block_size) const override { return 8 * block_size; }
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size) override;
-  // Checks the batch as PagedLlm does (slots and blocks in range, adapter slots -1: the fake
-  // has no adapters), then predicts. A decode-only step of at most 8 sequences reports itself
+  // Checks the batch as PagedLlm does (slots and blocks in range, adapter slots loaded), then
+  // predicts. A decode-only step of at most 8 sequences reports itself
   // as replayed, padded to 1, 2, 4 or 8.
   Status Step(const models::StepBatch& batch, std::span<float> logits,
               models::StepStats* stats) override;
@@ -96,8 +101,14 @@ class FakeLlm final : public models::LlmModel {
   Status StepAndSample(const models::StepBatch& batch, const models::StepSampling& sampling,
                        std::span<models::SampledToken> sampled, models::StepStats* stats) override;
 
-  // The greedy continuation of `context` (at most `n` tokens; stops after EOS).
-  static std::vector<int32_t> Continue(std::vector<int32_t> context, int n, int eos_at = 0);
+  int32_t max_adapters() const override { return options_.max_adapters; }
+  Status CheckAdapter(const models::LoraAdapter& adapter) const override;
+  Status LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdapter> adapter) override;
+
+  // The greedy continuation of `context` (at most `n` tokens; stops after EOS), by the base
+  // model (adapter_rank 0) or with an adapter of that rank.
+  static std::vector<int32_t> Continue(std::vector<int32_t> context, int n, int eos_at = 0,
+                                       int64_t adapter_rank = 0);
 
  private:
   FakeLlmOptions options_;
@@ -107,6 +118,7 @@ class FakeLlm final : public models::LlmModel {
   int32_t block_size_ = 0;
   std::vector<std::pair<int32_t, int32_t>> kv_;  // (token, position) per slot
   std::vector<float> logits_;                    // StepAndSample's rows
+  std::vector<std::shared_ptr<const models::LoraAdapter>> slots_;  // [max_adapters]
 };
 
 // The fixture tokenizer alone.
