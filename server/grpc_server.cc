@@ -10,6 +10,7 @@
 #include "config/config.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "server/kserve_codec.h"
+#include "server/finetune/finetune_grpc.h"
 #include "server/llm/generation_service.h"
 #include "server/llm/kserve_llm.h"
 #include "server/net_util.h"
@@ -274,10 +275,13 @@ Status Unsupported(std::string_view feature) {
 class KServeGrpcService final : public inference::GRPCInferenceService::CallbackService {
  public:
   explicit KServeGrpcService(ServerCore* core)
-      : core_(core), generation_(llm::NewGenerationService(core)) {}
+      : core_(core),
+        generation_(llm::NewGenerationService(core)),
+        fine_tuning_(finetune::NewFineTuningGrpcService(core)) {}
 
-  // kiln.v1.Generation, served on the same port.
+  // kiln.v1.Generation and kiln.v1.FineTuning, served on the same port.
   grpc::Service* generation() const { return generation_.get(); }
+  grpc::Service* fine_tuning() const { return fine_tuning_.get(); }
 
   ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const inference::ServerLiveRequest*,
                                  inference::ServerLiveResponse* resp) override {
@@ -504,6 +508,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
 
   ServerCore* const core_;
   std::unique_ptr<grpc::Service> generation_;
+  std::unique_ptr<grpc::Service> fine_tuning_;
 };
 
 GrpcFrontEnd::GrpcFrontEnd(ServerCore* core)
@@ -526,6 +531,7 @@ Status GrpcFrontEnd::Start() {
   builder.AddListeningPort(cfg.address, grpc::InsecureServerCredentials(), &port_);
   builder.RegisterService(service_.get());
   builder.RegisterService(service_->generation());
+  builder.RegisterService(service_->fine_tuning());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
     server_.reset();
@@ -544,8 +550,11 @@ void GrpcFrontEnd::SetServing(const std::string& service, bool serving) {
   auto* health = server_->GetHealthCheckService();
   if (!health) return;
   health->SetServingStatus(service, serving);
-  // kiln.v1.Generation serves whenever the server does.
-  if (service.empty()) health->SetServingStatus("kiln.v1.Generation", serving);
+  // kiln.v1.Generation serves whenever the server does; kiln.v1.FineTuning when it is enabled.
+  if (service.empty()) {
+    health->SetServingStatus("kiln.v1.Generation", serving);
+    health->SetServingStatus("kiln.v1.FineTuning", serving && core_->fine_tuning != nullptr);
+  }
 }
 
 void GrpcFrontEnd::Shutdown(SteadyClock::time_point deadline) {

@@ -1,4 +1,5 @@
 // The gRPC front end: inference.GRPCInferenceService (KServe v2 + Triton extensions),
+// kiln.v1.Generation, kiln.v1.FineTuning (server/finetune/finetune_grpc.h),
 // grpc.health.v1.Health and server reflection on one port.
 //
 // Health service names: "" (the server), "inference.GRPCInferenceService" (same), and each

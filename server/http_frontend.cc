@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "server/finetune/finetune_http.h"
 #include "server/http/http_server.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
@@ -64,10 +65,12 @@ bool ParseModelPath(const std::vector<std::string>& seg, std::string* model, std
 
 class KServeHttpHandler {
  public:
-  explicit KServeHttpHandler(ServerCore* core) : core_(core), openai_(core) {}
+  KServeHttpHandler(ServerCore* core, finetune::FineTuningHttp* fine_tuning)
+      : core_(core), openai_(core), fine_tuning_(fine_tuning) {}
 
   void operator()(http::Request req, Responder r) {
-    if (openai_.Handle(req, r)) return;  // /v1/...: the OpenAI-compatible API
+    if (fine_tuning_->Handle(req, r)) return;  // /v1/files, /v1/fine_tuning (before openai_)
+    if (openai_.Handle(req, r)) return;        // /v1/...: the OpenAI-compatible API
     const auto seg = Segments(req.path);
     const bool get = req.method == "GET" || req.method == "HEAD";
     const bool post = req.method == "POST";
@@ -274,6 +277,7 @@ class KServeHttpHandler {
 
   ServerCore* const core_;
   llm::OpenAiApi openai_;
+  finetune::FineTuningHttp* fine_tuning_;  // owned by HttpFrontEnds
 };
 
 }  // namespace
@@ -290,7 +294,8 @@ Status HttpFrontEnds::Start() {
     opts.max_body_bytes = cfg.http.max_body_bytes;
     opts.idle_timeout_seconds = cfg.http.idle_timeout_seconds;
     opts.name = "http";
-    http_ = std::make_unique<http::Server>(opts, KServeHttpHandler(core_));
+    fine_tuning_ = std::make_unique<finetune::FineTuningHttp>(core_);
+    http_ = std::make_unique<http::Server>(opts, KServeHttpHandler(core_, fine_tuning_.get()));
     KILN_RETURN_IF_ERROR(Annotate(http_->Start(), "server.http.address"));
   }
   if (cfg.metrics.enabled) {
@@ -325,6 +330,7 @@ int HttpFrontEnds::Shutdown(SteadyClock::time_point deadline) {
     cut += http_->Shutdown(deadline);
     http_.reset();
   }
+  fine_tuning_.reset();  // after the server: no handler can post to its workers any more
   if (metrics_) {
     metrics_->StopAccepting();
     cut += metrics_->Shutdown(deadline);

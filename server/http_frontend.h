@@ -22,6 +22,9 @@ namespace kiln {
 namespace http {
 class Server;
 }
+namespace finetune {
+class FineTuningHttp;
+}
 
 class HttpFrontEnds {
  public:
@@ -39,6 +42,7 @@ class HttpFrontEnds {
 
  private:
   ServerCore* core_;
+  std::unique_ptr<finetune::FineTuningHttp> fine_tuning_;  // /v1/files, /v1/fine_tuning
   std::unique_ptr<http::Server> http_;
   std::unique_ptr<http::Server> metrics_;
 };

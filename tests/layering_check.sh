@@ -11,6 +11,7 @@ while IFS= read -r f; do
   while IFS= read -r inc; do
     case "$inc" in
       engine/base/*) ;;
+      scheduler/finetune/job_service.h) ;;  # fine-tuning's public API (its records with it)
       scheduler/*/*) echo "$rel: includes $inc (past the scheduler's public headers)"; status=1 ;;
       scheduler/*) ;;
       models/llm/loader.h) [ "$rel" = server/server.cc ] || { echo "$rel: includes $inc"; status=1; } ;;

@@ -12,7 +12,8 @@ fi
 status=0 n=0
 # Files whose own source or header carries annotations: the analysis only has work there,
 # and compiling every gRPC-heavy file with a second compiler would cost minutes.
-for f in "$src"/scheduler/*.cc "$src"/scheduler/llm/*.cc "$src"/server/*.cc "$src"/server/http/*.cc; do
+for f in "$src"/scheduler/*.cc "$src"/scheduler/llm/*.cc "$src"/server/*.cc "$src"/server/http/*.cc \
+    "$src"/server/finetune/*.cc; do
   case "$f" in *_test.cc) continue ;; esac
   grep -qE 'ABSL_(GUARDED_BY|EXCLUSIVE_LOCKS_REQUIRED|SHARED_LOCKS_REQUIRED)' \
     "$f" "${f%.cc}.h" 2>/dev/null || continue
