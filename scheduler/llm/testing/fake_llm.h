@@ -103,6 +103,10 @@ class FakeLlm final : public models::LlmModel {
 
   int32_t max_adapters() const override { return options_.max_adapters; }
   Status CheckAdapter(const models::LoraAdapter& adapter) const override;
+  // Takes only `r` from <dir>/adapter_config.json (a PEFT folder, e.g. a fixture's); NotFound
+  // naming the file when it is missing.
+  StatusOr<std::shared_ptr<const models::LoraAdapter>> ReadAdapter(
+      const std::string& dir) const override;
   Status LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdapter> adapter) override;
 
   // The greedy continuation of `context` (at most `n` tokens; stops after EOS), by the base
