@@ -60,7 +60,8 @@ StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
   m->lora_rank_ = options.max_lora_rank;
   if (options.adapter != nullptr) {  // slot 0 of the multi-LoRA mechanism
     m->lora_slots_ = std::max(m->lora_slots_, 1);
-    m->lora_rank_ = std::max<int32_t>(m->lora_rank_, static_cast<int32_t>(options.adapter->config.r));
+    m->lora_rank_ =
+        std::max<int32_t>(m->lora_rank_, static_cast<int32_t>(options.adapter->config.r));
   }
   if (m->lora_slots_ == 0) m->lora_rank_ = 0;
   m->slot_adapter_.resize(m->lora_slots_);
@@ -172,14 +173,15 @@ Status PagedLlm::Build(int32_t block_size) {
 Status PagedLlm::AllocateLoraStates(const std::vector<ForwardContext::LoraState>& states) {
   const int64_t kr = int64_t{lora_slots_} * lora_rank_;
   for (const ForwardContext::LoraState& st : states) {
-    for (const auto& [suffix, cols] : {std::pair{".lora_A", st.in}, std::pair{".lora_BT", st.out}}) {
+    for (const auto& [suffix, cols] :
+         {std::pair{".lora_A", st.in}, std::pair{".lora_BT", st.out}}) {
       const std::string name = st.stem + suffix;
       if (lora_.count(name)) continue;
       KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, DType::kF32, {kr, cols}));
       const std::vector<float> zeros(static_cast<size_t>(kr * cols));
-      KILN_RETURN_IF_ERROR(stream_->CopyToDevice(
-          *t.buffer(), static_cast<size_t>(ByteOffset(t.dtype(), t.offset())), zeros.data(),
-          zeros.size() * sizeof(float)));
+      KILN_RETURN_IF_ERROR(
+          stream_->CopyToDevice(*t.buffer(), static_cast<size_t>(ByteOffset(t.dtype(), t.offset())),
+                                zeros.data(), zeros.size() * sizeof(float)));
       weight_bytes_ += t.nbytes();
       lora_.emplace(name, std::move(t));
     }
@@ -203,8 +205,7 @@ Status PagedLlm::CheckAdapter(const LoraAdapter& adapter) const {
     const size_t end = name.size() - std::string_view(".weight").size();
     const WeightInfo* w = parts_.files->Find(name);
     if (name.rfind("blk.", 0) != 0 || dot == std::string::npos || !name.ends_with(".weight") ||
-        LoraModuleForGguf(arch, std::string_view(name).substr(dot + 1, end - dot - 1)) ==
-            nullptr ||
+        LoraModuleForGguf(arch, std::string_view(name).substr(dot + 1, end - dot - 1)) == nullptr ||
         w == nullptr) {
       return InvalidArgument("adapter layer ", name, " is not a layer model '", model,
                              "' can adapt (", arch, " modules: ", LoraModuleList(arch), ")");

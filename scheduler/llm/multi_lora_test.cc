@@ -6,10 +6,10 @@
 // must give the tokens it gives alone, which are PyTorch's.
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include <nlohmann/json.hpp>
 #include "models/llm/loader.h"
 #include "scheduler/generation.h"
 #include "scheduler/llm/continuous_batcher.h"
@@ -100,9 +100,8 @@ void ExpectMixedBatchMatchesPyTorch(ContinuousBatcher& b) {
   std::vector<std::tuple<std::string, size_t, std::future<GenerationResult>>> pending;
   for (const auto& [adapter, ref] : refs) {
     for (size_t i = 0; i < ref.prompts.size(); ++i) {
-      pending.emplace_back(adapter, i,
-                           Submit(b, ref.prompts[i], adapter,
-                                  static_cast<int>(ref.greedy[i].size())));
+      pending.emplace_back(
+          adapter, i, Submit(b, ref.prompts[i], adapter, static_cast<int>(ref.greedy[i].size())));
     }
   }
   for (auto& [adapter, i, f] : pending) {
@@ -156,8 +155,9 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   auto big = b->model().ReadAdapter(dir);
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(StatusMessage(big.status()),
-              HasSubstr("rank r is 8 but model 'llama_gqa_f32' takes ranks 1 to 4 (max_lora_rank)"));
+  EXPECT_THAT(
+      StatusMessage(big.status()),
+      HasSubstr("rank r is 8 but model 'llama_gqa_f32' takes ranks 1 to 4 (max_lora_rank)"));
   EXPECT_THAT(StatusMessage(big.status()), HasSubstr(dir));
 
   models::LoraAdapter wrong;
@@ -172,8 +172,9 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   norm.layers["blk.0.attn_norm.weight"] = {64, 64, std::vector<float>(128),
                                            std::vector<float>(128)};
   s = b->AddAdapter("norm", std::make_shared<const models::LoraAdapter>(norm));
-  EXPECT_THAT(StatusMessage(s), HasSubstr("blk.0.attn_norm.weight is not a layer model 'llama_gqa_f32' "
-                                          "can adapt"));
+  EXPECT_THAT(StatusMessage(s),
+              HasSubstr("blk.0.attn_norm.weight is not a layer model 'llama_gqa_f32' "
+                        "can adapt"));
   EXPECT_TRUE(b->AdapterNames().empty());
 
   auto none = Serve(Config(/*slots=*/0, /*rank=*/16));
@@ -229,10 +230,12 @@ TEST(MultiLoraTest, RepositoryServesAdaptersByName) {
     ASSERT_TRUE(prepared.ok()) << prepared.status();
     auto promise = std::make_shared<std::promise<GenerationResult>>();
     auto acc = std::make_shared<GenerationResult>();
-    ASSERT_TRUE(llm->Submit(std::move(*prepared), {}, [promise, acc](GenerateEvent&& ev) {
-                     acc->Add(std::move(ev));
-                     if (acc->done()) promise->set_value(std::move(*acc));
-                   }).ok());
+    ASSERT_TRUE(llm->Submit(std::move(*prepared), {},
+                            [promise, acc](GenerateEvent&& ev) {
+                              acc->Add(std::move(ev));
+                              if (acc->done()) promise->set_value(std::move(*acc));
+                            })
+                    .ok());
     EXPECT_EQ(promise->get_future().get().token_ids, ref.greedy[0]) << "adapter " << name;
   }
 

@@ -131,10 +131,9 @@ TEST_F(FrontEndsTest, LoraAdaptersAreServedAndListedUnderTheirOwnName) {
   EXPECT_FALSE(j["data"][0].contains("parent"));
   EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/sql-lora").status, 200);
 
-  auto [status, c] = Post("/v1/completions", {{"model", "sql-lora"},
-                                              {"prompt", "Hello world"},
-                                              {"max_tokens", 8},
-                                              {"temperature", 0}});
+  auto [status, c] = Post(
+      "/v1/completions",
+      {{"model", "sql-lora"}, {"prompt", "Hello world"}, {"max_tokens", 8}, {"temperature", 0}});
   ASSERT_EQ(status, 200) << c;
   EXPECT_EQ(c["model"], "sql-lora");
   const auto prompt = Encode("Hello world");
@@ -808,11 +807,11 @@ TEST_F(GenerationGrpcTest, TokenizeDetokenizeAndListModels) {
   grpc::ClientContext c3;
   EXPECT_EQ(stub_->Detokenize(&c3, dr, &text).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
-  ASSERT_TRUE(server_.repository()
-                  .AddLoraAdapter("sql-lora", "fake",
-                                  std::string(KILN_SOURCE_DIR) +
-                                      "/tests/fixtures/peft/llama_gqa_f32_a")
-                  .ok());
+  ASSERT_TRUE(
+      server_.repository()
+          .AddLoraAdapter("sql-lora", "fake",
+                          std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/llama_gqa_f32_a")
+          .ok());
   grpc::ClientContext c4;
   v1::ListModelsResponse models;
   ASSERT_TRUE(stub_->ListModels(&c4, v1::ListModelsRequest(), &models).ok());

@@ -120,8 +120,8 @@ class FakeLlm final : public models::LlmModel {
   std::unique_ptr<models::Tokenizer> tokenizer_;
   std::unique_ptr<models::ChatTemplate> template_;
   int32_t block_size_ = 0;
-  std::vector<std::pair<int32_t, int32_t>> kv_;  // (token, position) per slot
-  std::vector<float> logits_;                    // StepAndSample's rows
+  std::vector<std::pair<int32_t, int32_t>> kv_;                    // (token, position) per slot
+  std::vector<float> logits_;                                      // StepAndSample's rows
   std::vector<std::shared_ptr<const models::LoraAdapter>> slots_;  // [max_adapters]
 };
 
