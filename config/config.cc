@@ -123,10 +123,11 @@ constexpr std::string_view kFineTuningKeys[] = {
     "keep_checkpoints", "yield_to_serving",  "max_yield_seconds",      "max_file_bytes",
     "threads",          "backend"};
 constexpr std::string_view kModelKeys[] = {
-    "name",           "kind",           "builtin",          "path",           "backend",
-    "instance_count", "max_batch_size", "dynamic_batching", "load_on_start",  "scheduler",
-    "threads",        "context_length", "activations",      "kv_cache_dtype", "sampling",
-    "max_loaded_adapters", "max_lora_rank", "adapters"};
+    "name",          "kind",           "builtin",        "path",
+    "backend",       "instance_count", "max_batch_size", "dynamic_batching",
+    "load_on_start", "scheduler",      "threads",        "context_length",
+    "activations",   "kv_cache_dtype", "sampling",       "max_loaded_adapters",
+    "max_lora_rank", "adapters"};
 constexpr std::string_view kAdapterKeys[] = {"name", "path"};
 constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_num_batched_tokens",
@@ -725,16 +726,16 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
     Diagnostics& d = dec.diagnostics();
     const std::string list_path = Join(path, "adapters");
     if (!list->is_sequence()) {
-      d.AtPath(list_path, "expected a list of adapters (`- {name: ..., path: ...}`), got " +
-                              list->Describe());
+      d.AtPath(list_path,
+               "expected a list of adapters (`- {name: ..., path: ...}`), got " + list->Describe());
     } else {
       for (size_t i = 0; i < list->items.size(); ++i) {
         const Value& item = list->items[i];
         const std::string item_path = Index(list_path, i);
         d.Record(item_path, item.mark);
         if (!item.is_mapping()) {
-          d.AtPath(item_path,
-                   "expected an adapter (a mapping with `name` and `path`), got " + item.Describe());
+          d.AtPath(item_path, "expected an adapter (a mapping with `name` and `path`), got " +
+                                  item.Describe());
           continue;
         }
         LoraAdapterConfig& a = m->adapters.emplace_back();
@@ -950,8 +951,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
     CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
     CheckName(d, Join(path, "sampling"), "sampling place", m.sampling, kSamplingPlaces);
-    CheckInt(d, Join(path, "max_loaded_adapters"), kMaxLoadedAdaptersRange,
-             m.max_loaded_adapters);
+    CheckInt(d, Join(path, "max_loaded_adapters"), kMaxLoadedAdaptersRange, m.max_loaded_adapters);
     CheckInt(d, Join(path, "max_lora_rank"), kMaxLoraRankRange, m.max_lora_rank);
     if (!m.adapters.empty() && m.max_loaded_adapters == 0) {
       d.AtPath(Join(path, "adapters"),

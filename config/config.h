@@ -149,12 +149,10 @@ struct LlmSchedulerConfig {
 
 // A LoRA adapter served from the start (models[].adapters).
 struct LoraAdapterConfig {
-  std::string name;  // [A-Za-z0-9_.:-]{1,128}, unique among adapters and models
-  std::string path;  // a PEFT folder: adapter_config.json + adapter_model.safetensors
+  std::string name;         // [A-Za-z0-9_.:-]{1,128}, unique among adapters and models
+  std::string path;         // a PEFT folder: adapter_config.json + adapter_model.safetensors
   SourceLocation location;  // of the list entry
-  bool operator==(const LoraAdapterConfig& o) const {
-    return name == o.name && path == o.path;
-  }
+  bool operator==(const LoraAdapterConfig& o) const { return name == o.name && path == o.path; }
 };
 
 struct ModelConfig {
@@ -184,7 +182,7 @@ struct ModelConfig {
   int max_loaded_adapters = 4;
   int max_lora_rank = 16;
   std::vector<LoraAdapterConfig> adapters;  // served from the start
-  SourceLocation location;  // of the list entry
+  SourceLocation location;                  // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.
   bool operator==(const ModelConfig& other) const;

@@ -1216,11 +1216,13 @@ TEST(LlmModelTest, LoraAdapterErrorsNameThePlace) {
               ElementsAre(HasSubstr("rank")));
   EXPECT_THAT(Errors(head + "    adapters: /x\n"),
               ElementsAre(HasSubstr("expected a list of adapters")));
-  EXPECT_THAT(Errors(head + "    max_loaded_adapters: 0\n    adapters:\n      - {name: x, path: /x}\n"),
-              ElementsAre(HasSubstr("max_loaded_adapters is 0")));
-  EXPECT_THAT(Errors(head + "    adapters:\n      - {name: x, path: /x}\n      - {name: x, path: /y}\n"),
-              ElementsAre(HasSubstr("`models[0].adapters[1].name`: duplicate adapter name `x` "
-                                    "(first at f.yaml:6:16")));
+  EXPECT_THAT(
+      Errors(head + "    max_loaded_adapters: 0\n    adapters:\n      - {name: x, path: /x}\n"),
+      ElementsAre(HasSubstr("max_loaded_adapters is 0")));
+  EXPECT_THAT(
+      Errors(head + "    adapters:\n      - {name: x, path: /x}\n      - {name: x, path: /y}\n"),
+      ElementsAre(HasSubstr("`models[0].adapters[1].name`: duplicate adapter name `x` "
+                            "(first at f.yaml:6:16")));
   EXPECT_THAT(Errors(head + "    adapters:\n      - {name: a, path: /x}\n"),
               ElementsAre(HasSubstr("adapter name `a` is the name of a model")));
   EXPECT_THAT(Errors("models:\n" + Model("t", "    adapters:\n      - {name: x, path: /x}\n")),

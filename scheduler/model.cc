@@ -180,8 +180,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     for (const config::LoraAdapterConfig& a : config.adapters) {
       StatusOr<std::shared_ptr<const models::LoraAdapter>> adapter =
           model->llm_->model().ReadAdapter(a.path);
-      Status s = adapter.ok() ? model->llm_->AddAdapter(a.name, *std::move(adapter))
-                              : adapter.status();
+      Status s =
+          adapter.ok() ? model->llm_->AddAdapter(a.name, *std::move(adapter)) : adapter.status();
       KILN_RETURN_IF_ERROR(
           Annotate(s, StrCat("model '", config.name, "': adapter '", a.name, "' (", a.path, ")")));
     }

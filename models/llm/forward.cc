@@ -117,8 +117,8 @@ Value ForwardContext::Linear(Value x, Value w, Value bias) {
     const Value bt = b.State(stem + ".lora_BT", DType::kF32, {kr, out});  // (K*R, out)
     b.SetNameScope(scope);
     lora_states_.push_back({stem, in, out});
-    const Value xa = b.Mul(b.Linear(x, a), lora_scale_);                // [T, K*R]
-    const Value d = b.Named(b.MatMul(xa, bt), stem + ".lora");          // [T, out]
+    const Value xa = b.Mul(b.Linear(x, a), lora_scale_);        // [T, K*R]
+    const Value d = b.Named(b.MatMul(xa, bt), stem + ".lora");  // [T, out]
     return b.Add(y, d);
   }
   if (std::find(adapted_.begin(), adapted_.end(), name) == adapted_.end()) return y;

@@ -90,7 +90,7 @@ class ForwardContext {
   }
   // Multi-LoRA: the States SetMultiLora's layers got, in creation order.
   struct LoraState {
-    std::string stem;      // "blk.3.attn_q": the States are stem + ".lora_A" / ".lora_BT"
+    std::string stem;  // "blk.3.attn_q": the States are stem + ".lora_A" / ".lora_BT"
     int64_t in = 0, out = 0;
   };
   const std::vector<LoraState>& lora_states() const { return lora_states_; }
@@ -147,7 +147,7 @@ class ForwardContext {
   bool training_ = false;
   TrainGraphOptions train_;
   int64_t lora_slots_ = 0, lora_rank_ = 0;  // serving: SetMultiLora's; 0 = no LoRA
-  Value lora_scale_;                         // [T, slots * rank]
+  Value lora_scale_;                        // [T, slots * rank]
   std::vector<LoraState> lora_states_;
   std::vector<std::string> adapted_;          // GGUF weight names the adapter targets
   std::map<int32_t, std::string> weight_of_;  // Value id -> weight name

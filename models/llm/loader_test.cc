@@ -250,10 +250,13 @@ TEST_P(PagedLlmTest, StepValidatesItsBatch) {
   std::vector<float> more(V_);
   EXPECT_THAT(std::string(StatusMessage(model_->Step(big, more, nullptr))),
               HasSubstr("exceeds what the model was compiled for"));
-  std::vector<int32_t> lora = {0};
+  std::vector<int32_t> lora = {4};  // the default max_loaded_adapters is 4: slots 0..3
   StepBatch adapted{tok, pos, qs, lens, table, 1, pos, false, lora};
   EXPECT_THAT(std::string(StatusMessage(model_->Step(adapted, logits, nullptr))),
-              HasSubstr("asks for adapter slot 0 but model"));
+              HasSubstr("asks for adapter slot 4 but model"));
+  std::vector<int32_t> empty_slot = {0};  // no adapter loaded: the base model's result
+  EXPECT_TRUE(
+      model_->Step({tok, pos, qs, lens, table, 1, pos, false, empty_slot}, logits, nullptr).ok());
   std::vector<int32_t> base = {-1};
   EXPECT_TRUE(model_->Step({tok, pos, qs, lens, table, 1, pos, false, base}, logits, nullptr).ok());
   std::vector<float> small(V_ - 1);

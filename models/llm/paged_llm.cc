@@ -60,7 +60,8 @@ StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
   m->lora_rank_ = options.max_lora_rank;
   if (options.adapter != nullptr) {  // slot 0 of the multi-LoRA mechanism
     m->lora_slots_ = std::max(m->lora_slots_, 1);
-    m->lora_rank_ = std::max<int32_t>(m->lora_rank_, static_cast<int32_t>(options.adapter->config.r));
+    m->lora_rank_ =
+        std::max<int32_t>(m->lora_rank_, static_cast<int32_t>(options.adapter->config.r));
   }
   if (m->lora_slots_ == 0) m->lora_rank_ = 0;
   m->slot_adapter_.resize(m->lora_slots_);
@@ -84,7 +85,8 @@ Status PagedLlm::Build(int32_t block_size) {
 
   // The step graph, with or without the sampling stage; compiled by the compiler (fusion,
   // generated kernels shared by the identical blocks, the AOT table, the disk cache).
-  auto build = [&](bool with_sampling, std::vector<std::string>* weight_names) -> Status {
+  auto build = [&](bool with_sampling, bool with_lora, std::unique_ptr<Program>* program,
+                   std::vector<std::string>* weight_names) -> Status {
     Graph graph;
     Builder b(&graph);
     StepInputs in;
@@ -99,7 +101,7 @@ Status PagedLlm::Build(int32_t block_size) {
     in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
     in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
     ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
-    if (lora_slots_ > 0) {
+    if (with_lora) {
       ctx.SetMultiLora(lora_slots_, lora_rank_,
                        b.Input("lora_scale", DType::kF32, {in.T, lora_slots_ * lora_rank_}));
     }
@@ -128,15 +130,16 @@ Status PagedLlm::Build(int32_t block_size) {
     copts.label = parts_.info.name;
     copts.metrics = options_.metrics;
     compiler::CompileReport report;
-    KILN_ASSIGN_OR_RETURN(program_,
+    KILN_ASSIGN_OR_RETURN(*program,
                           compiler::Compile(graph, outputs, *parts_.device, copts, &report));
     *weight_names = ctx.weight_names();
     return AllocateLoraStates(ctx.lora_states());
   };
   std::vector<std::string> weight_names;
   sample_stage_ = options_.sample_on_device;
+  const bool lora = lora_slots_ > 0;
   if (sample_stage_) {
-    const Status s = build(true, &weight_names);
+    const Status s = build(true, lora, &program_, &weight_names);
     if (s.code() == StatusCode::kUnimplemented) {
       spdlog::info("{}: {} cannot sample in the step program ({}); sampling on the host",
                    parts_.info.name, parts_.device->name(), StatusMessage(s));
@@ -145,13 +148,19 @@ Status PagedLlm::Build(int32_t block_size) {
       KILN_RETURN_IF_ERROR(s);
     }
   }
-  if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, &weight_names));
+  if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, lora, &program_, &weight_names));
+  // Steps without an adapter row run a program without the LoRA branch: base-model traffic
+  // does not pay for the adapters (only their memory).
+  base_program_.reset();
+  if (lora) KILN_RETURN_IF_ERROR(build(sample_stage_, false, &base_program_, &weight_names));
   KILN_RETURN_IF_ERROR(LoadWeights(weight_names));
-  for (const auto& [name, t] : weights_) {
-    if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
-  }
-  for (const auto& [name, t] : lora_) {
-    if (program_->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(program_->Bind(name, t));
+  for (Program* p : programs()) {
+    for (const auto& [name, t] : weights_) {
+      if (p->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(p->Bind(name, t));
+    }
+    for (const auto& [name, t] : lora_) {
+      if (p->FindExternal(name) >= 0) KILN_RETURN_IF_ERROR(p->Bind(name, t));
+    }
   }
   KILN_ASSIGN_OR_RETURN(direct_, AllocateStepBuffers(t_max_, s_max_, p_max_, kMaxBannedTokens));
   captures_.clear();
@@ -164,14 +173,15 @@ Status PagedLlm::Build(int32_t block_size) {
 Status PagedLlm::AllocateLoraStates(const std::vector<ForwardContext::LoraState>& states) {
   const int64_t kr = int64_t{lora_slots_} * lora_rank_;
   for (const ForwardContext::LoraState& st : states) {
-    for (const auto& [suffix, cols] : {std::pair{".lora_A", st.in}, std::pair{".lora_BT", st.out}}) {
+    for (const auto& [suffix, cols] :
+         {std::pair{".lora_A", st.in}, std::pair{".lora_BT", st.out}}) {
       const std::string name = st.stem + suffix;
       if (lora_.count(name)) continue;
       KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, DType::kF32, {kr, cols}));
       const std::vector<float> zeros(static_cast<size_t>(kr * cols));
-      KILN_RETURN_IF_ERROR(stream_->CopyToDevice(
-          *t.buffer(), static_cast<size_t>(ByteOffset(t.dtype(), t.offset())), zeros.data(),
-          zeros.size() * sizeof(float)));
+      KILN_RETURN_IF_ERROR(
+          stream_->CopyToDevice(*t.buffer(), static_cast<size_t>(ByteOffset(t.dtype(), t.offset())),
+                                zeros.data(), zeros.size() * sizeof(float)));
       weight_bytes_ += t.nbytes();
       lora_.emplace(name, std::move(t));
     }
@@ -195,8 +205,7 @@ Status PagedLlm::CheckAdapter(const LoraAdapter& adapter) const {
     const size_t end = name.size() - std::string_view(".weight").size();
     const WeightInfo* w = parts_.files->Find(name);
     if (name.rfind("blk.", 0) != 0 || dot == std::string::npos || !name.ends_with(".weight") ||
-        LoraModuleForGguf(arch, std::string_view(name).substr(dot + 1, end - dot - 1)) ==
-            nullptr ||
+        LoraModuleForGguf(arch, std::string_view(name).substr(dot + 1, end - dot - 1)) == nullptr ||
         w == nullptr) {
       return InvalidArgument("adapter layer ", name, " is not a layer model '", model,
                              "' can adapt (", arch, " modules: ", LoraModuleList(arch), ")");
@@ -340,7 +349,7 @@ Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   const std::vector<int64_t> shape = {blocks, block_size, hp.num_kv_heads, hp.head_dim};
   k_cache_.clear();
   v_cache_.clear();
-  KILN_RETURN_IF_ERROR(program_->SetSymbol("NB", blocks));
+  for (Program* p : programs()) KILN_RETURN_IF_ERROR(p->SetSymbol("NB", blocks));
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     for (auto* caches : {&k_cache_, &v_cache_}) {
       StatusOr<Tensor> t = Tensor::Empty(*parts_.device, options_.kv_dtype, shape);
@@ -361,8 +370,10 @@ Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
       caches->push_back(*std::move(t));
     }
     const std::string blk = Cat("blk.", l, ".");
-    KILN_RETURN_IF_ERROR(program_->Bind(blk + "k_cache", k_cache_.back()));
-    KILN_RETURN_IF_ERROR(program_->Bind(blk + "v_cache", v_cache_.back()));
+    for (Program* p : programs()) {
+      KILN_RETURN_IF_ERROR(p->Bind(blk + "k_cache", k_cache_.back()));
+      KILN_RETURN_IF_ERROR(p->Bind(blk + "v_cache", v_cache_.back()));
+    }
   }
   KILN_RETURN_IF_ERROR(stream_->Synchronize());
   num_blocks_ = num_blocks;
@@ -381,7 +392,7 @@ Status PagedLlm::Upload(const StepBuffers& buf, int32_t S, int32_t MB) {
   KILN_RETURN_IF_ERROR(put(buf.block_table, h_block_table_, static_cast<size_t>(S) * MB));
   KILN_RETURN_IF_ERROR(put(buf.seq_lens, h_seq_lens_, static_cast<size_t>(S)));
   KILN_RETURN_IF_ERROR(put(buf.query_start, h_query_start_, static_cast<size_t>(S) + 1));
-  if (lora_slots_ > 0) {
+  if (run_ == program_.get() && lora_slots_ > 0) {
     KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*buf.lora_scale, 0, h_lora_scale_.data(),
                                                h_lora_scale_.size() * sizeof(float)));
   }
@@ -390,13 +401,13 @@ Status PagedLlm::Upload(const StepBuffers& buf, int32_t S, int32_t MB) {
 
 Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t MB, int32_t P,
                           int32_t E) {
-  KILN_RETURN_IF_ERROR(program_->SetSymbol("T", T));
-  KILN_RETURN_IF_ERROR(program_->SetSymbol("S", S));
-  KILN_RETURN_IF_ERROR(program_->SetSymbol("MB", MB));
+  KILN_RETURN_IF_ERROR(run_->SetSymbol("T", T));
+  KILN_RETURN_IF_ERROR(run_->SetSymbol("S", S));
+  KILN_RETURN_IF_ERROR(run_->SetSymbol("MB", MB));
   auto bind = [&](const char* name, const std::shared_ptr<backend::Buffer>& b,
                   std::vector<int64_t> shape, DType t = DType::kI32) -> Status {
     KILN_ASSIGN_OR_RETURN(Tensor tensor, Tensor::FromBuffer(b, 0, t, std::move(shape)));
-    return program_->Bind(name, tensor);
+    return run_->Bind(name, tensor);
   };
   KILN_RETURN_IF_ERROR(bind("tokens", buf.tokens, {T}));
   KILN_RETURN_IF_ERROR(bind("positions", buf.positions, {T}));
@@ -404,13 +415,13 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
   KILN_RETURN_IF_ERROR(bind("block_table", buf.block_table, {S, MB}));
   KILN_RETURN_IF_ERROR(bind("seq_lens", buf.seq_lens, {S}));
   KILN_RETURN_IF_ERROR(bind("query_start", buf.query_start, {S + 1}));
-  if (lora_slots_ > 0) {
+  if (run_ == program_.get() && lora_slots_ > 0) {
     KILN_RETURN_IF_ERROR(
         bind("lora_scale", buf.lora_scale, {T, int64_t{lora_slots_} * lora_rank_}, DType::kF32));
   }
   if (sample_stage_) {
-    KILN_RETURN_IF_ERROR(program_->SetSymbol("P", P));
-    KILN_RETURN_IF_ERROR(program_->SetSymbol("E", E));
+    KILN_RETURN_IF_ERROR(run_->SetSymbol("P", P));
+    KILN_RETURN_IF_ERROR(run_->SetSymbol("E", E));
     KILN_RETURN_IF_ERROR(bind("sample.params", buf.params, {S, sampling::kNumParams}, DType::kF32));
     KILN_RETURN_IF_ERROR(bind("sample.uniforms", buf.uniforms, {S}, DType::kF64));
     KILN_RETURN_IF_ERROR(bind("sample.penalty_tokens", buf.penalty_tokens, {S, P}));
@@ -588,6 +599,12 @@ Status PagedLlm::StepAndSample(const StepBatch& batch, const StepSampling& sampl
 }
 
 Status PagedLlm::RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats) {
+  run_ = program_.get();
+  if (base_program_ != nullptr && options_.adapter == nullptr &&
+      std::all_of(batch.adapter_slots.begin(), batch.adapter_slots.end(),
+                  [](int32_t slot) { return slot < 0; })) {
+    run_ = base_program_.get();
+  }
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   const int64_t S = static_cast<int64_t>(batch.query_start.size()) - 1;
   // Captured programs sample without penalty or ban columns.
@@ -615,7 +632,7 @@ Status PagedLlm::RunDirect(const StepBatch& batch, const StepResult& result, Ste
   h_block_table_.assign(batch.block_table.begin(), batch.block_table.end());
   h_seq_lens_.assign(batch.seq_lens.begin(), batch.seq_lens.end());
   h_query_start_.assign(batch.query_start.begin(), batch.query_start.end());
-  if (lora_slots_ > 0) StageLoraScale(batch, T);
+  if (run_ == program_.get() && lora_slots_ > 0) StageLoraScale(batch, T);
   KILN_RETURN_IF_ERROR(Upload(direct_, S, MB));
   int32_t P = 0, E = 0;
   if (sample_stage_) {
@@ -623,10 +640,10 @@ Status PagedLlm::RunDirect(const StepBatch& batch, const StepResult& result, Ste
     KILN_RETURN_IF_ERROR(UploadSampling(direct_, S, P, E));
   }
   KILN_RETURN_IF_ERROR(BindStep(direct_, T, S, MB, P, E));
-  KILN_RETURN_IF_ERROR(program_->Run(*stream_));
+  KILN_RETURN_IF_ERROR(run_->Run(*stream_));
   std::vector<Tensor> outs;
-  for (int i = 0; i < program_->num_outputs(); ++i) {
-    KILN_ASSIGN_OR_RETURN(Tensor t, program_->Output(i));
+  for (int i = 0; i < run_->num_outputs(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, run_->Output(i));
     outs.push_back(std::move(t));
   }
   KILN_RETURN_IF_ERROR(ReadResult(outs, S, result));
@@ -660,24 +677,27 @@ Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, const StepR
                 batch.max_blocks_per_seq, h_block_table_.begin() + static_cast<size_t>(s) * MB);
   }
   for (int32_t s = S; s < padded; ++s) h_block_table_[static_cast<size_t>(s) * MB] = scratch_block;
-  if (lora_slots_ > 0) StageLoraScale(batch, padded);  // decode-only: one token a sequence
+  // Decode-only: one token a sequence.
+  if (run_ == program_.get() && lora_slots_ > 0) StageLoraScale(batch, padded);
   // Padding rows sample greedily and plainly, like every row of a Step.
   if (sample_stage_) StageSampling(result.sampling, S, padded);
 
-  auto it = captures_.find(padded);
+  // Captures of the base program (without LoRA) are keyed apart.
+  const int32_t key = run_ == program_.get() ? padded : -padded;
+  auto it = captures_.find(key);
   if (it == captures_.end()) {
     auto c = std::make_unique<Capture>();
     KILN_ASSIGN_OR_RETURN(c->buffers, AllocateStepBuffers(padded, padded, 0, 0));
     KILN_RETURN_IF_ERROR(BindStep(c->buffers, padded, padded, MB, 0, 0));
-    KILN_ASSIGN_OR_RETURN(c->graph, CapturedProgram::Capture(*program_, *stream_));
-    for (int i = 0; i < program_->num_outputs(); ++i) {
-      KILN_ASSIGN_OR_RETURN(Tensor t, program_->Output(i));
+    KILN_ASSIGN_OR_RETURN(c->graph, CapturedProgram::Capture(*run_, *stream_));
+    for (int i = 0; i < run_->num_outputs(); ++i) {
+      KILN_ASSIGN_OR_RETURN(Tensor t, run_->Output(i));
       c->outputs.push_back(std::move(t));
     }
     spdlog::debug("{}: captured the decode step for batch size {} ({} launches{})",
                   parts_.info.name, padded, c->graph->num_launches(),
                   c->graph->native() ? ", native" : "");
-    it = captures_.emplace(padded, std::move(c)).first;
+    it = captures_.emplace(key, std::move(c)).first;
   }
   Capture& c = *it->second;
   KILN_RETURN_IF_ERROR(Upload(c.buffers, padded, MB));

@@ -25,6 +25,8 @@
 // rank and scale of the adapter in each slot. LoadAdapter writes an adapter's A and B^T into
 // its slot's rows (zeros for the modules and ranks it lacks), so a sequence's result does not
 // depend on which adapters share its step. Memory: K*R*(in+out)*4 bytes per adapted layer.
+// A second program without the LoRA branch runs the steps in which no sequence has an adapter
+// (its own captures, its own arena), so base-model traffic costs no LoRA compute.
 //
 // Graph capture: a decode-only step (every sequence one new token) with S <= the largest
 // capture size <= max_num_seqs is padded to the next capture size P (token 0 at position 0,
@@ -181,7 +183,15 @@ class PagedLlm final : public LlmModel {
   int64_t t_max_ = 0, s_max_ = 0, mb_max_ = 0;
   std::vector<int32_t> capture_sizes_;
 
-  std::unique_ptr<Program> program_;
+  std::unique_ptr<Program> program_;       // with the LoRA branch when lora_slots_ > 0
+  std::unique_ptr<Program> base_program_;  // without it (lora_slots_ > 0 only), for steps
+                                           // without adapter rows
+  Program* run_ = nullptr;                 // the program of the step being run
+  std::vector<Program*> programs() const {
+    std::vector<Program*> p = {program_.get()};
+    if (base_program_) p.push_back(base_program_.get());
+    return p;
+  }
   bool sample_stage_ = false;  // the program ends in the sample op
   int64_t p_max_ = 0;          // penalty columns the sampling stage was compiled for
   std::unique_ptr<backend::Stream> stream_;
@@ -200,7 +210,8 @@ class PagedLlm final : public LlmModel {
   std::vector<int32_t> h_penalty_tokens_, h_penalty_counts_, h_banned_;
   std::vector<int32_t> h_token_, h_top_ids_;  // results read back
   std::vector<float> h_logprob_, h_top_logprobs_;
-  std::map<int32_t, std::unique_ptr<Capture>> captures_;  // by padded size
+  // By padded size; negative: of base_program_.
+  std::map<int32_t, std::unique_ptr<Capture>> captures_;
 
   // LoRA (see the file comment): slots K and rank R of the program (0: none), the States by
   // name, and each slot's adapter (null: empty), rank and scale.

@@ -249,11 +249,10 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   // The base model's blocks are namespaced by the model; an adapter's by the model and the
   // adapter (name and AddAdapter call), never by its slot, which is reused.
   seq->adapter = std::move(adapter.adapter);
-  seq->prefix_seed =
-      r.adapter.empty()
-          ? prefix_seed_
-          : prefix_seed_ ^ ((std::hash<std::string>{}(r.adapter) + adapter.serial) *
-                            0x9E3779B97F4A7C15ull);
+  seq->prefix_seed = r.adapter.empty()
+                         ? prefix_seed_
+                         : prefix_seed_ ^ ((std::hash<std::string>{}(r.adapter) + adapter.serial) *
+                                           0x9E3779B97F4A7C15ull);
   seq->enqueued = SteadyClock::now();
   if (!r.sampling.ignore_eos) seq->end_ids = model_->info().eos_token_ids;
   seq->end_ids.insert(seq->end_ids.end(), r.sampling.stop_token_ids.begin(),

@@ -24,8 +24,10 @@
 // steps. The model's adapter slots (LlmModel::max_adapters) are an LRU cache (AdapterSlots): at
 // admission a sequence pins its adapter's slot, uploading the adapter (LlmModel::LoadAdapter,
 // on the loop thread, between steps) into an empty or the least recently used unpinned slot;
-// when every slot is pinned by other adapters' running sequences it waits. The prefix cache
-// is namespaced by the adapter (its name and the AddAdapter call that added it).
+// when every slot is pinned by other adapters' running sequences it waits, and the sequences
+// behind it are admitted (no head-of-line blocking). Not yet: aging — while sequences of the
+// resident adapters keep arriving, a waiting one of another adapter may wait long. The prefix
+// cache is namespaced by the adapter (its name and the AddAdapter call that added it).
 //
 // Thread-safety: Enqueue, Check, WakeUp, Drain, the adapter table and the accessors are
 // thread-safe; everything else runs on the loop thread.
@@ -168,9 +170,9 @@ class ContinuousBatcher {
   std::unique_ptr<StepScheduler> scheduler_;
   SchedulerOutput sched_;  // this step's decision (reused: no allocation per step)
   StepBatchBuilder builder_;
-  std::vector<float> logits_;                  // host sampling: [S, vocab]
-  StepSamplingBuilder sampling_;               // device sampling: the step's table
-  std::vector<models::SampledToken> sampled_;  // device sampling: [S]
+  std::vector<float> logits_;                    // host sampling: [S, vocab]
+  StepSamplingBuilder sampling_;                 // device sampling: the step's table
+  std::vector<models::SampledToken> sampled_;    // device sampling: [S]
   std::unique_ptr<AdapterSlots> adapter_slots_;  // set by Start when the model has slots
   std::thread thread_;
 };

@@ -6,13 +6,15 @@
 // must give the tokens it gives alone, which are PyTorch's.
 #include <fstream>
 #include <future>
+#include <nlohmann/json.hpp>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include <nlohmann/json.hpp>
 #include "models/llm/loader.h"
 #include "scheduler/generation.h"
 #include "scheduler/llm/continuous_batcher.h"
+#include "scheduler/model.h"
+#include "scheduler/model_repository.h"
 
 namespace kiln {
 namespace {
@@ -98,9 +100,8 @@ void ExpectMixedBatchMatchesPyTorch(ContinuousBatcher& b) {
   std::vector<std::tuple<std::string, size_t, std::future<GenerationResult>>> pending;
   for (const auto& [adapter, ref] : refs) {
     for (size_t i = 0; i < ref.prompts.size(); ++i) {
-      pending.emplace_back(adapter, i,
-                           Submit(b, ref.prompts[i], adapter,
-                                  static_cast<int>(ref.greedy[i].size())));
+      pending.emplace_back(
+          adapter, i, Submit(b, ref.prompts[i], adapter, static_cast<int>(ref.greedy[i].size())));
     }
   }
   for (auto& [adapter, i, f] : pending) {
@@ -154,8 +155,9 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   auto big = b->model().ReadAdapter(dir);
   ASSERT_FALSE(big.ok());
   EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(StatusMessage(big.status()),
-              HasSubstr("rank r is 8 but model 'llama_gqa_f32' takes ranks 1 to 4 (max_lora_rank)"));
+  EXPECT_THAT(
+      StatusMessage(big.status()),
+      HasSubstr("rank r is 8 but model 'llama_gqa_f32' takes ranks 1 to 4 (max_lora_rank)"));
   EXPECT_THAT(StatusMessage(big.status()), HasSubstr(dir));
 
   models::LoraAdapter wrong;
@@ -170,8 +172,9 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   norm.layers["blk.0.attn_norm.weight"] = {64, 64, std::vector<float>(128),
                                            std::vector<float>(128)};
   s = b->AddAdapter("norm", std::make_shared<const models::LoraAdapter>(norm));
-  EXPECT_THAT(StatusMessage(s), HasSubstr("blk.0.attn_norm.weight is not a layer model 'llama_gqa_f32' "
-                                          "can adapt"));
+  EXPECT_THAT(StatusMessage(s),
+              HasSubstr("blk.0.attn_norm.weight is not a layer model 'llama_gqa_f32' "
+                        "can adapt"));
   EXPECT_TRUE(b->AdapterNames().empty());
 
   auto none = Serve(Config(/*slots=*/0, /*rank=*/16));
@@ -179,6 +182,71 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   s = AddFromFolder(*none, "a", kPeft + "llama_gqa_f32_a");
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
   EXPECT_THAT(StatusMessage(s), HasSubstr("max_loaded_adapters is 0"));
+}
+
+// The repository path every front end takes: an adapter added with AddLoraAdapter (and one
+// from the model's configuration) is a model name of its own, resolved by LlmEndpoint::Find.
+TEST(MultiLoraTest, RepositoryServesAdaptersByName) {
+  config::ModelConfig c = Config(/*slots=*/2, /*rank=*/8);
+  config::LoraAdapterConfig configured;
+  configured.name = "b";
+  configured.path = kPeft + "llama_gqa_f32_b";
+  c.adapters.push_back(configured);
+  ModelDeps deps;
+  deps.llm_loader = [](const config::ModelConfig& m) { return models::LoadLlm(m); };
+  ModelRepository repo({c}, deps);
+  ASSERT_TRUE(repo.LoadStartupModels().ok());
+
+  Status s = repo.AddLoraAdapter("a", "tiny", kPeft + "llama_gqa_f32_a");
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(repo.AddLoraAdapter("a", "tiny", kPeft + "llama_gqa_f32_a").code(),
+            StatusCode::kAlreadyExists);
+  EXPECT_EQ(repo.AddLoraAdapter("tiny", "tiny", kPeft + "llama_gqa_f32_a").code(),
+            StatusCode::kAlreadyExists)
+      << "a model's name";
+  s = repo.AddLoraAdapter("c", "tiny", kPeft + "nope");
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  EXPECT_THAT(StatusMessage(s), HasSubstr("nope"));
+  EXPECT_EQ(repo.AddLoraAdapter("c", "ghost", kPeft + "llama_gqa_f32_a").code(),
+            StatusCode::kNotFound);
+  ASSERT_EQ(repo.LoraAdapters().size(), 2u);
+  EXPECT_EQ(repo.LoraAdapters()[0].name, "a");
+  EXPECT_EQ(repo.LoraAdapters()[0].base_model, "tiny");
+  EXPECT_EQ(repo.LoraAdapters()[1].path, kPeft + "llama_gqa_f32_b");
+
+  for (const std::string name : {"a", "b"}) {
+    const Reference ref = ReadReference(kPeft + "llama_gqa_f32_" + name);
+    auto llm = LlmEndpoint::Find(repo, name);
+    ASSERT_TRUE(llm.ok()) << llm.status();
+    EXPECT_EQ(llm->name(), name);
+    EXPECT_EQ(llm->adapter(), name);
+    GenerationInput in;
+    in.prompt.kind = PromptInput::Kind::kTokenIds;
+    in.prompt.token_ids.assign(ref.prompts[0].begin(), ref.prompts[0].end());
+    in.request.sampling.temperature = 0;
+    in.request.sampling.ignore_eos = true;
+    in.request.max_tokens = 16;
+    auto prepared = llm->Prepare(std::move(in));
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    auto promise = std::make_shared<std::promise<GenerationResult>>();
+    auto acc = std::make_shared<GenerationResult>();
+    ASSERT_TRUE(llm->Submit(std::move(*prepared), {},
+                            [promise, acc](GenerateEvent&& ev) {
+                              acc->Add(std::move(ev));
+                              if (acc->done()) promise->set_value(std::move(*acc));
+                            })
+                    .ok());
+    EXPECT_EQ(promise->get_future().get().token_ids, ref.greedy[0]) << "adapter " << name;
+  }
+
+  // A reload adds the adapters again; a removed one is gone for good.
+  ASSERT_TRUE(repo.RemoveLoraAdapter("b").ok());
+  EXPECT_EQ(repo.RemoveLoraAdapter("b").code(), StatusCode::kNotFound);
+  EXPECT_EQ(LlmEndpoint::Find(repo, "b").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(repo.Load("tiny").ok());
+  auto model = repo.GetReady("tiny");
+  ASSERT_TRUE(model.ok());
+  EXPECT_THAT((*model)->llm()->AdapterNames(), ::testing::ElementsAre("a"));
 }
 
 }  // namespace

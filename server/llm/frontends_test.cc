@@ -108,6 +108,43 @@ TEST_F(FrontEndsTest, ModelsListsTheLlmsOnly) {
   EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/simple").status, 404);
 }
 
+// A LoRA adapter is a model name of its own in every front end (the fake shifts its tokens by
+// the adapter's rank, 4 for this PEFT fixture), listed with its base as `parent`.
+TEST_F(FrontEndsTest, LoraAdaptersAreServedAndListedUnderTheirOwnName) {
+  const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/llama_gqa_f32_a";
+  Status s = server_.repository().AddLoraAdapter("sql-lora", "fake", dir);
+  ASSERT_TRUE(s.ok()) << s;
+  s = server_.repository().AddLoraAdapter("other", "fake", "/nonexistent");
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(StatusMessage(s), HasSubstr("/nonexistent/adapter_config.json"));
+  EXPECT_EQ(server_.repository().AddLoraAdapter("x", "simple", dir).code(),
+            StatusCode::kInvalidArgument)
+      << "a tensor model";
+
+  auto reply = HttpCall(server_.http_port(), "GET", "/v1/models");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  json j = json::parse(reply.body);
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][1]["id"], "sql-lora");
+  EXPECT_EQ(j["data"][1]["parent"], "fake");
+  EXPECT_EQ(j["data"][1]["root"], dir);
+  EXPECT_FALSE(j["data"][0].contains("parent"));
+  EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/sql-lora").status, 200);
+
+  auto [status, c] = Post(
+      "/v1/completions",
+      {{"model", "sql-lora"}, {"prompt", "Hello world"}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(status, 200) << c;
+  EXPECT_EQ(c["model"], "sql-lora");
+  const auto prompt = Encode("Hello world");
+  EXPECT_EQ(c["choices"][0]["text"],
+            Text(FakeLlm::Continue(prompt, 8, server_.fake().eos_at->load(), 4)));
+  EXPECT_NE(c["choices"][0]["text"], Text(ExpectedIds(prompt, 8))) << "not the base model's";
+
+  ASSERT_TRUE(server_.repository().RemoveLoraAdapter("sql-lora").ok());
+  EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v1/models/sql-lora").status, 404);
+}
+
 TEST_F(FrontEndsTest, CompletionMatchesTheModel) {
   auto [status, j] =
       Post("/v1/completions",
@@ -770,13 +807,22 @@ TEST_F(GenerationGrpcTest, TokenizeDetokenizeAndListModels) {
   grpc::ClientContext c3;
   EXPECT_EQ(stub_->Detokenize(&c3, dr, &text).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
+  ASSERT_TRUE(
+      server_.repository()
+          .AddLoraAdapter("sql-lora", "fake",
+                          std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/llama_gqa_f32_a")
+          .ok());
   grpc::ClientContext c4;
   v1::ListModelsResponse models;
   ASSERT_TRUE(stub_->ListModels(&c4, v1::ListModelsRequest(), &models).ok());
-  ASSERT_EQ(models.models_size(), 2);
+  ASSERT_EQ(models.models_size(), 3);
   for (const auto& m : models.models()) {
     EXPECT_EQ(m.state(), "READY");
-    if (m.name() == "fake") {
+    if (m.name() == "sql-lora") {
+      EXPECT_EQ(m.kind(), "lora");
+      EXPECT_EQ(m.parent(), "fake");
+      EXPECT_EQ(m.context_length(), 256);
+    } else if (m.name() == "fake") {
       EXPECT_EQ(m.kind(), "llm");
       EXPECT_EQ(m.architecture(), "fake");
       EXPECT_EQ(m.context_length(), 256);

@@ -309,6 +309,20 @@ class GenerationService final : public v1::Generation::CallbackService {
       info->set_vocab_size(li.vocab_size);
       info->set_has_chat_template(li.has_chat_template);
     }
+    for (const LoraAdapterInfo& a : core_->repository->LoraAdapters()) {
+      v1::ModelInfo* info = resp->add_models();
+      info->set_name(a.name);
+      info->set_kind("lora");
+      info->set_parent(a.base_model);
+      auto llm = LlmEndpoint::Find(*core_->repository, a.name);
+      info->set_state(llm.ok() ? "READY" : "UNAVAILABLE");
+      if (!llm.ok()) continue;
+      const LlmInfo li = llm->info();
+      info->set_architecture(li.architecture);
+      info->set_context_length(li.context_length);
+      info->set_vocab_size(li.vocab_size);
+      info->set_has_chat_template(li.has_chat_template);
+    }
     return FinishNow(ctx, OkStatus());
   }
 

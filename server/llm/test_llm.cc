@@ -29,8 +29,10 @@ TestServer::TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions f
   config.models = std::move(models);
   server_ = std::make_unique<Server>(
       std::move(config),
-      [opts = fake_](const config::ModelConfig&) -> StatusOr<std::unique_ptr<models::LlmModel>> {
-        return std::make_unique<FakeLlm>(opts);
+      [opts = fake_](const config::ModelConfig& m) -> StatusOr<std::unique_ptr<models::LlmModel>> {
+        FakeLlmOptions o = opts;
+        o.max_adapters = m.max_loaded_adapters;
+        return std::make_unique<FakeLlm>(o);
       });
   Status s = server_->Start();
   KILN_CHECK(s.ok(), "the test server failed to start");

@@ -23,8 +23,8 @@ config::ModelConfig FakeModelConfig(const std::string& name);
 class TestServer {
  public:
   // `models` may mix fake LLMs (FakeModelConfig) and builtin tensor models. Every `kind: llm`
-  // entry is a FakeLlm sharing `fake`'s knobs. Metrics are not served over HTTP (read them
-  // with Metric).
+  // entry is a FakeLlm sharing `fake`'s knobs (with the entry's max_loaded_adapters slots). Metrics
+  // are not served over HTTP (read them with Metric).
   explicit TestServer(std::vector<config::ModelConfig> models, FakeLlmOptions fake = {},
                       int64_t max_inflight = 4096);
   ~TestServer();

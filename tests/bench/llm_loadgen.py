@@ -25,6 +25,10 @@ p50/p99 over all requests (TTFT) or all gaps (ITL). Completion tokens come from 
 `usage` (stream_options.include_usage), else from the chunk count. Failed requests (HTTP
 errors, timeouts, streams without [DONE]) are counted and reported, never silently dropped.
 --json writes every figure for the record.
+
+Multi-LoRA: --model NAME=m1,m2,... spreads the workers over several model names (worker i
+sends model i mod n), e.g. Kiln's LoRA adapters of one base model:
+  --server kiln=http://127.0.0.1:8000 --model kiln=sql,chat,code,math --concurrency 16
 """
 import argparse
 import asyncio
@@ -63,9 +67,10 @@ class Server:
         self.name, self.url, self.model = name, url.rstrip("/"), model
 
 
-async def complete(session, server, prompt, max_tokens, stream, timeout):
+async def complete(session, server, prompt, max_tokens, stream, timeout, worker=0):
     """One request. Returns dict(ok, error, ttft, gaps, tokens, prompt_tokens, chunks)."""
-    body = {"model": server.model, "prompt": prompt, "max_tokens": max_tokens,
+    models = server.model.split(",")
+    body = {"model": models[worker % len(models)], "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -159,11 +164,12 @@ async def run_level(server, concurrency, per_worker, words, max_tokens, timeout,
         prompts = [[make_prompt(rng, words) for _ in range(per_worker)]
                    for _ in range(concurrency)]
 
-        async def worker(mine):
-            return [await complete(session, server, p, max_tokens, True, timeout) for p in mine]
+        async def worker(i, mine):
+            return [await complete(session, server, p, max_tokens, True, timeout, i)
+                    for p in mine]
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(worker(p) for p in prompts))
+        results = await asyncio.gather(*(worker(i, p) for i, p in enumerate(prompts)))
         wall = time.perf_counter() - start
     flat = [r for rs in results for r in rs]
     ok = [r for r in flat if r["ok"]]

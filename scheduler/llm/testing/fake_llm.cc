@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "models/chat/chat_template.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln::llm_testing {
 namespace {
@@ -170,6 +171,20 @@ Status FakeLlm::CheckAdapter(const models::LoraAdapter& adapter) const {
                            " but model 'fake' takes ranks 1 to 16 (max_lora_rank)");
   }
   return OkStatus();
+}
+
+StatusOr<std::shared_ptr<const models::LoraAdapter>> FakeLlm::ReadAdapter(
+    const std::string& dir) const {
+  std::ifstream in(dir + "/adapter_config.json");
+  if (!in.good()) return NotFound(dir, "/adapter_config.json: no such file");
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+  if (config.is_discarded() || !config.contains("r") || !config["r"].is_number_integer()) {
+    return InvalidArgument(dir, "/adapter_config.json: no integer `r`");
+  }
+  auto adapter = std::make_shared<models::LoraAdapter>();
+  adapter->config.r = config["r"].get<int64_t>();
+  KILN_RETURN_IF_ERROR(CheckAdapter(*adapter));
+  return adapter;
 }
 
 Status FakeLlm::LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdapter> adapter) {

@@ -103,6 +103,10 @@ class FakeLlm final : public models::LlmModel {
 
   int32_t max_adapters() const override { return options_.max_adapters; }
   Status CheckAdapter(const models::LoraAdapter& adapter) const override;
+  // Takes only `r` from <dir>/adapter_config.json (a PEFT folder, e.g. a fixture's); NotFound
+  // naming the file when it is missing.
+  StatusOr<std::shared_ptr<const models::LoraAdapter>> ReadAdapter(
+      const std::string& dir) const override;
   Status LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdapter> adapter) override;
 
   // The greedy continuation of `context` (at most `n` tokens; stops after EOS), by the base
@@ -116,8 +120,8 @@ class FakeLlm final : public models::LlmModel {
   std::unique_ptr<models::Tokenizer> tokenizer_;
   std::unique_ptr<models::ChatTemplate> template_;
   int32_t block_size_ = 0;
-  std::vector<std::pair<int32_t, int32_t>> kv_;  // (token, position) per slot
-  std::vector<float> logits_;                    // StepAndSample's rows
+  std::vector<std::pair<int32_t, int32_t>> kv_;                    // (token, position) per slot
+  std::vector<float> logits_;                                      // StepAndSample's rows
   std::vector<std::shared_ptr<const models::LoraAdapter>> slots_;  // [max_adapters]
 };
 
