@@ -5,6 +5,7 @@ Every daemon is stopped with SIGTERM at teardown and must exit cleanly (code 0) 
 test said otherwise; its log is printed when a test fails.
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,9 +45,15 @@ class Kilnd:
         cmd = [KILND]
         if config_path:
             cmd += ["--config", str(config_path)]
+        # Each daemon its own storage (the fine-tuning store), unless the test shares one on
+        # purpose (a restart): never the repository's .kiln, which `make run` uses.
+        storage = []
+        if not any(o.startswith("server.storage_dir=") for o in overrides):
+            self.storage = tempfile.mkdtemp(prefix="kilnd-storage-")
+            storage = [f"server.storage_dir={self.storage}"]
         for o in [f"server.grpc.address=127.0.0.1:{self.grpc_port}",
                   f"server.http.address=127.0.0.1:{self.http_port}",
-                  f"server.metrics.address=127.0.0.1:{self.metrics_port}", *overrides]:
+                  f"server.metrics.address=127.0.0.1:{self.metrics_port}", *storage, *overrides]:
             cmd += ["--set", o]
         cmd += list(args)
         self.cmd = cmd
@@ -106,6 +113,8 @@ class Kilnd:
                 self.proc.kill()
                 self.proc.wait()
                 raise
+        if getattr(self, "storage", None):
+            shutil.rmtree(self.storage, ignore_errors=True)
         return self.proc.returncode
 
 
