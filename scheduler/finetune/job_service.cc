@@ -60,15 +60,14 @@ bool ValidSuffixChar(char c) {
          c == '_' || c == '.';
 }
 
-// Non-blank lines: the example count "auto" hyper-parameters are chosen by.
+// Examples (non-blank lines, read as training reads them): what "auto" hyper-parameters
+// are chosen by.
 int64_t CountExamples(std::string_view text) {
   int64_t n = 0;
-  for (size_t start = 0; start < text.size();) {
-    size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    if (text.substr(start, end - start).find_first_not_of(" \t\r") != std::string_view::npos) ++n;
-    start = end + 1;
-  }
+  (void)models::train::ForEachJsonlLine(text, "", [&](int64_t, std::string_view) {
+    ++n;
+    return OkStatus();
+  });
   return n;
 }
 
@@ -274,6 +273,13 @@ struct FineTuningService::Impl {
   // Adds an event; logs (never fails the caller) when the store cannot take it.
   void Event(const std::string& job, std::string level, std::string message,
              json data = nullptr) {
+    absl::MutexLock l(&mu);
+    EventLocked(job, std::move(level), std::move(message), std::move(data));
+  }
+  // The same with `mu` held: status changes write their event first, in the same critical
+  // section, so whoever sees the new status (a poller, WatchJob) finds its event there.
+  void EventLocked(const std::string& job, std::string level, std::string message,
+                   json data = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     EventRecord e;
     e.job_id = job;
     e.level = std::move(level);
@@ -283,7 +289,6 @@ struct FineTuningService::Impl {
     if (StatusOr<EventRecord> r = store->AddEvent(std::move(e)); !r.ok()) {
       spdlog::error("fine-tuning job {}: cannot record an event: {}", job, r.status().ToString());
     }
-    absl::MutexLock l(&mu);
     Bump();
   }
 
@@ -307,19 +312,21 @@ struct FineTuningService::Impl {
     }
   }
 
-  // Sets the status (and finished_at for terminal ones) of job `id` under `mu`, with an event.
-  void Transition(const std::string& id, JobStatus to, std::string message,
+  // Sets the status (and finished_at for terminal ones) of job `id` under `mu`, after its
+  // event: whoever sees the new status (a poller, WatchJob) finds the event already there.
+  // Nothing happens unless the job is still `from` (a cancel may have ended it meanwhile).
+  void Transition(const std::string& id, JobStatus from, JobStatus to, std::string message,
                   std::string level = "info", json error = nullptr) {
     {
       absl::MutexLock l(&mu);
       StatusOr<JobRecord> job = store->GetJob(id);
-      if (!job.ok()) return;
+      if (!job.ok() || job->status != from) return;
+      EventLocked(id, std::move(level), std::move(message));
       job->status = to;
       if (IsTerminal(to)) job->finished_at = UnixNow();
       if (!error.is_null()) job->error = std::move(error);
       Save(*job);
     }
-    Event(id, std::move(level), std::move(message));
     RefreshGauges();
   }
 
@@ -350,7 +357,8 @@ struct FineTuningService::Impl {
   // ---- the validator: validating_files -> queued | failed ----
   void ValidateJob(const JobRecord& job) {
     auto fail = [&](const Status& s, std::string_view param) {
-      Transition(job.id, JobStatus::kFailed, StrCat("Validation failed: ", s.message()), "error",
+      Transition(job.id, JobStatus::kValidatingFiles, JobStatus::kFailed,
+                 StrCat("Validation failed: ", s.message()), "error",
                  json{{"code", param == "validation_file" ? "invalid_validation_file"
                                                           : "invalid_training_file"},
                       {"message", std::string(s.message())},
@@ -366,10 +374,13 @@ struct FineTuningService::Impl {
       if (id.empty()) continue;
       StatusOr<FileRecord> f = store->GetFile(id);
       if (!f.ok()) return fail(f.status(), param);
+      StatusOr<std::string> text = models::ReadWholeFile(f->path);
+      if (!text.ok()) return fail(text.status(), param);
+      // Messages name the file as its owner knows it (its id and upload name), not our path.
       std::vector<std::string> warnings;
-      StatusOr<std::vector<models::train::Example>> ex = models::train::TokenizeFile(
-          f->path, llm.tokenizer(), llm.chat_template(), {.max_seq_len = h.max_seq_len},
-          &warnings);
+      StatusOr<std::vector<models::train::Example>> ex = models::train::TokenizeJsonl(
+          *text, StrCat(f->id, " (", f->filename, ")"), llm.tokenizer(), llm.chat_template(),
+          {.max_seq_len = h.max_seq_len}, &warnings);
       if (!ex.ok()) return fail(ex.status(), param);
       if (!warnings.empty()) {
         Event(job.id, "warn", StrCat(warnings.size(), " examples of ", id, " are longer than ",
@@ -380,10 +391,10 @@ struct FineTuningService::Impl {
       absl::MutexLock l(&mu);
       StatusOr<JobRecord> cur = store->GetJob(job.id);
       if (!cur.ok() || cur->status != JobStatus::kValidatingFiles) return;  // cancelled meanwhile
+      EventLocked(job.id, "info", "Files validated, moving job to queued state");
       cur->status = cur->pause_requested ? JobStatus::kPaused : JobStatus::kQueued;
       Save(*cur);
     }
-    Event(job.id, "info", "Files validated, moving job to queued state");
     RefreshGauges();
   }
 
@@ -567,44 +578,59 @@ struct FineTuningService::Impl {
 
     StatusOr<models::FinetuneSummary> summary =
         setup.ok() ? models::RunFinetune(o, report) : StatusOr<models::FinetuneSummary>(setup);
+    Finish(job, summary, *control);
+  }
+
+  // Ends a run: the job's status from how RunFinetune returned and what was asked meanwhile.
+  // The job leaves `running` (the map) in the same critical section that writes its status,
+  // so a cancel or pause either reached the run (its flags) or sees the final status — never
+  // a gap in which its answer is overwritten.
+  void Finish(const JobRecord& job, const StatusOr<models::FinetuneSummary>& summary,
+              const Control& control) {
+    const bool completed = summary.ok() && !summary->stopped;
+    const std::string name = ModelName(job);
+    // Serving reads the adapter from disk: before taking `mu`. Undone below if a cancel won.
+    const bool served = completed && !control.cancel && ServeResult(job, name);
+    bool unserve = false;
     {
       absl::MutexLock l(&mu);
       running.erase(job.id);
-    }
-    if (control->cancel) {
-      Transition(job.id, JobStatus::kCancelled, "Job cancelled");
-      return;
-    }
-    if (!summary.ok()) {
-      if (Stopping()) return;  // stays running: the next start resumes it
-      Transition(job.id, JobStatus::kFailed, StrCat("Job failed: ", summary.status().message()),
-                 "error",
-                 json{{"code", "training_failed"},
-                      {"message", std::string(summary.status().message())},
-                      {"param", nullptr}});
-      return;
-    }
-    if (summary->stopped) {
-      if (!control->pause) return;  // the server is stopping: stays running for the next start
-      {
-        absl::MutexLock l(&mu);
-        StatusOr<JobRecord> cur = store->GetJob(job.id);
-        if (cur.ok()) {
-          // A resume that came while the step ran cleared pause_requested: queue it again.
-          cur->status = cur->pause_requested ? JobStatus::kPaused : JobStatus::kQueued;
-          Save(*cur);
+      StatusOr<JobRecord> cur = store->GetJob(job.id);
+      if (!cur.ok()) return;
+      if (cur->cancel_requested) {
+        EventLocked(job.id, "info", "Job cancelled");
+        cur->status = JobStatus::kCancelled;
+        cur->finished_at = UnixNow();
+        unserve = served;
+      } else if (!summary.ok()) {
+        if (stopping) return;  // stays running: the next start retries it from its checkpoint
+        const std::string message(summary.status().message());
+        EventLocked(job.id, "error", "Job failed: " + message);
+        cur->status = JobStatus::kFailed;
+        cur->finished_at = UnixNow();
+        cur->error = {{"code", "training_failed"}, {"message", message}, {"param", nullptr}};
+      } else if (summary->stopped) {
+        if (cur->pause_requested) {
+          EventLocked(job.id, "info", StrCat("Job paused after step ", cur->last_step));
+          cur->status = JobStatus::kPaused;
+        } else if (stopping) {
+          return;  // stays running with its checkpoint: the next start resumes it
+        } else {
+          cur->status = JobStatus::kQueued;  // resumed while its pause was being checkpointed
         }
+      } else {
+        EventLocked(job.id, "info",
+                    StrCat("New fine-tuned model created: ", name, served ? "" : " (not served)"));
+        EventLocked(job.id, "info", "The job has successfully completed");
+        cur->fine_tuned_model = name;
+        cur->status = JobStatus::kSucceeded;
+        cur->finished_at = UnixNow();
+        cur->estimated_finish = 0;
       }
-      Event(job.id, "info", StrCat("Job paused after step ", LastStep(job.id)));
-      RefreshGauges();
-      return;
+      Save(*cur);
     }
-    Succeed(job.id);
-  }
-
-  int64_t LastStep(const std::string& id) const {
-    StatusOr<JobRecord> j = store->GetJob(id);
-    return j.ok() ? j->last_step : 0;
+    if (unserve) (void)repository->RemoveLoraAdapter(name);
+    RefreshGauges();
   }
 
   // Serves a succeeded job's result: a LoRA adapter (and its checkpoints) on the base model,
@@ -622,29 +648,11 @@ struct FineTuningService::Impl {
     mc.name = name;
     mc.path = job.output_dir;
     mc.kind = "llm";
+    mc.adapters.clear();  // the base's adapters stay the base's
+    mc.location = {};
     Status s = repository->Load(name, mc);
     if (!s.ok()) Event(job.id, "warn", StrCat("'", name, "' is not served: ", s.message()));
     return s.ok();
-  }
-
-  void Succeed(const std::string& id) {
-    StatusOr<JobRecord> job = store->GetJob(id);
-    if (!job.ok()) return;
-    const std::string name = ModelName(*job);
-    const bool served = ServeResult(*job, name);
-    {
-      absl::MutexLock l(&mu);
-      StatusOr<JobRecord> cur = store->GetJob(id);
-      if (!cur.ok()) return;
-      cur->fine_tuned_model = name;
-      cur->status = JobStatus::kSucceeded;
-      cur->finished_at = UnixNow();
-      cur->estimated_finish = 0;
-      Save(*cur);
-    }
-    Event(id, "info", StrCat("New fine-tuned model created: ", name, served ? "" : " (not served)"));
-    Event(id, "info", "The job has successfully completed");
-    RefreshGauges();
   }
 
   void ServeCheckpoints(const JobRecord& job) {
@@ -695,11 +703,13 @@ struct FineTuningService::Impl {
                         : cur->pause_requested ? JobStatus::kPaused
                                                : JobStatus::kQueued;
           if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
+          EventLocked(j.id, "info",
+                      StrCat("The server restarted while the job ran (last step ", j.last_step,
+                             cur->status == JobStatus::kQueued
+                                 ? "); it continues from its newest checkpoint"
+                                 : StrCat("); it is ", JobStatusName(cur->status))));
           Save(*cur);
         }
-        Event(j.id, "info",
-              StrCat("The server restarted while the job ran (last step ", j.last_step,
-                     "); it continues from its newest checkpoint"));
       }
     }
     RefreshGauges();
@@ -880,6 +890,9 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
   StatusOr<std::shared_ptr<Model>> model = impl_->BaseModel(job.model, "model");
   if (!model.ok()) return model.status();
   const int64_t context = (*model)->llm()->model().info().context_length;
+  // What the result can be served with (a LoRA job's adapter goes into the base's slots).
+  const bool serves_adapters = (*model)->llm()->model().max_adapters() > 0;
+  const int64_t max_lora_rank = (*model)->config().max_lora_rank;
   model = std::shared_ptr<Model>();
 
   StatusOr<FileRecord> train = impl_->store->GetFile(job.training_file);
@@ -926,6 +939,17 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
   }
   Hyper h;
   KILN_RETURN_IF_ERROR(ParseHyper(hyper, where, examples, context, &h));
+  if (h.method == "lora" && !serves_adapters) {
+    return Bad("model", StrCat("model '", job.model, "' serves no LoRA adapters (its "
+                               "max_loaded_adapters is 0), so a LoRA job's result could not be "
+                               "served; raise it in the model's configuration"));
+  }
+  if (h.method == "lora" && h.lora_r > max_lora_rank) {
+    return Bad(where + ".lora_r",
+               StrCat("`", where, ".lora_r` is ", h.lora_r, " but model '", job.model,
+                      "' serves adapters up to rank ", max_lora_rank,
+                      " (its max_lora_rank); the result could not be served"));
+  }
   job.hyperparameters = h.ToJson();
   job.method = {{"type", "supervised"},
                 {"supervised", {{"hyperparameters", job.hyperparameters}}}};
@@ -970,9 +994,9 @@ StatusOr<JobRecord> FineTuningService::CancelJob(std::string_view id) {
     }
     job.status = JobStatus::kCancelled;
     job.finished_at = UnixNow();
+    impl_->EventLocked(job.id, "info", "Job cancelled");
     impl_->Save(job);
   }
-  impl_->Event(std::string(id), "info", "Job cancelled");
   impl_->RefreshGauges();
   return impl_->store->GetJob(id);
 }
@@ -984,7 +1008,8 @@ StatusOr<JobRecord> FineTuningService::PauseJob(std::string_view id) {
     if (job.status != JobStatus::kQueued && job.status != JobStatus::kRunning &&
         job.status != JobStatus::kValidatingFiles) {
       return FailedPrecondition("cannot pause fine-tuning job ", job.id, ": it is ",
-                                JobStatusName(job.status), " (only queued or running jobs pause)");
+                                JobStatusName(job.status),
+                                " (only validating, queued or running jobs pause)");
     }
     job.pause_requested = true;
     auto run = impl_->running.find(job.id);
@@ -994,9 +1019,9 @@ StatusOr<JobRecord> FineTuningService::PauseJob(std::string_view id) {
       return job;
     }
     if (job.status == JobStatus::kQueued) job.status = JobStatus::kPaused;
+    impl_->EventLocked(job.id, "info", "Job paused");
     impl_->Save(job);
   }
-  impl_->Event(std::string(id), "info", "Job paused");
   impl_->RefreshGauges();
   return impl_->store->GetJob(id);
 }
@@ -1015,9 +1040,9 @@ StatusOr<JobRecord> FineTuningService::ResumeJob(std::string_view id) {
       run->second->pause = false;
     }
     if (job.status == JobStatus::kPaused) job.status = JobStatus::kQueued;
+    impl_->EventLocked(job.id, "info", "Job resumed");
     impl_->Save(job);
   }
-  impl_->Event(std::string(id), "info", "Job resumed");
   impl_->RefreshGauges();
   return impl_->store->GetJob(id);
 }

@@ -62,7 +62,8 @@ class FineTuningService {
   // Serves the adapters of succeeded jobs, re-queues interrupted jobs, starts the runner.
   // Call after the configured models are loaded.
   Status Start();
-  // What Shutdown/the destructor do, with a deadline for the running step to end.
+  // What the destructor does: stops the runner and waits for the running step (and the
+  // checkpoint it then writes) to end. No deadline: a step of a large model may take minutes.
   void Stop();
 
   // ---- files (POST/GET/DELETE /v1/files) ----
@@ -85,7 +86,8 @@ class FineTuningService {
   StatusOr<Page<JobRecord>> ListJobs(std::string_view after, int limit,
                                      const std::map<std::string, std::string>& metadata) const;
   StatusOr<JobRecord> CancelJob(std::string_view id);  // FailedPrecondition once finished
-  StatusOr<JobRecord> PauseJob(std::string_view id);   // only queued or running jobs
+  // Only validating_files, queued or running jobs; a validating one is paused once valid.
+  StatusOr<JobRecord> PauseJob(std::string_view id);
   StatusOr<JobRecord> ResumeJob(std::string_view id);  // only paused jobs
   StatusOr<Page<EventRecord>> ListEvents(std::string_view job_id, std::string_view after,
                                          int limit) const;

@@ -51,7 +51,9 @@ class JobServiceTest : public ::testing::Test {
     ModelDeps deps;
     deps.llm_loader = [](const config::ModelConfig&)
         -> StatusOr<std::unique_ptr<models::LlmModel>> {
-      return std::make_unique<llm_testing::FakeLlm>(llm_testing::FakeLlmOptions{});
+      llm_testing::FakeLlmOptions o;
+      o.max_adapters = 2;  // the results are served
+      return std::make_unique<llm_testing::FakeLlm>(o);
     };
     repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
     ASSERT_TRUE(repository_->LoadStartupModels().ok());
@@ -132,6 +134,13 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
   EXPECT_GT(done.trained_tokens, 0);
   EXPECT_EQ(done.last_step, done.total_steps);
   EXPECT_TRUE(fs::exists(done.output_dir + "/adapter_model.safetensors"));
+  // Served at once, by name, on the base model; its newest checkpoints too.
+  StatusOr<LlmEndpoint> served = LlmEndpoint::Find(*repository_, done.fine_tuned_model);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->adapter(), done.fine_tuned_model);
+  EXPECT_TRUE(LlmEndpoint::Find(*repository_, StrCat(done.fine_tuned_model, ":ckpt-step-",
+                                                     done.total_steps))
+                  .ok());
   StatusOr<Page<CheckpointRecord>> cks = service_->ListCheckpoints(job->id, "", 10);
   ASSERT_TRUE(cks.ok());
   ASSERT_FALSE(cks->data.empty());
@@ -222,6 +231,9 @@ TEST_F(JobServiceTest, BadRequestsNameTheField) {
               HasSubstr("learning_rate_multiplier"));
   EXPECT_THAT(param(Request(file, {{"lora_dropout", 0.1}})), HasSubstr("only 0 is supported"));
   EXPECT_THAT(param(Request(file, {{"batch_sz", 2}})), HasSubstr("unknown hyper-parameter"));
+  EXPECT_THAT(param(Request(file, {{"lora_r", 32}})),
+              HasSubstr("lora_r: `method.supervised.hyperparameters.lora_r` is 32 but model "
+                        "'base' serves adapters up to rank 16"));
   r = Request(file);
   r["suffix"] = std::string(65, 'a');
   EXPECT_THAT(param(r), HasSubstr("suffix: `suffix` is 65 characters"));

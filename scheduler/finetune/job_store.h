@@ -1,8 +1,8 @@
 // The fine-tuning job store: files, jobs, their events and checkpoints in one SQLite database
-// (`<server.storage_dir>/finetune.db`), so that everything a user submitted survives a restart
+// (`<server.storage_dir>/finetune/jobs.db`), so that everything a user submitted survives a restart
 // or a `kill -9`.
 //
-//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(".kiln/finetune.db"));
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(".kiln/finetune/jobs.db"));
 //   KILN_RETURN_IF_ERROR(store->InsertFile(file));
 //   KILN_ASSIGN_OR_RETURN(JobRecord job, store->GetJob("ftjob-..."));
 //

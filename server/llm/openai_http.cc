@@ -570,13 +570,21 @@ void OpenAiApi::LoraAdapterRoute(const http::Request& req,
     return SendError(r, WithParam(InvalidArgument("`lora_name` (a string) is required"),
                                   "lora_name"));
   }
-  if (!load) {
-    Status s = core_->repository->RemoveLoraAdapter(name);
-    if (!s.ok()) return SendError(r, WithParam(s, "lora_name"));
+  auto success = [](std::string text) {
     http::Response ok;
     ok.content_type = "text/plain; charset=utf-8";
-    ok.body = "Success: LoRA adapter '" + name + "' removed successfully.";
-    return r->Send(std::move(ok));
+    ok.body = std::move(text);
+    return ok;
+  };
+  // Both wait on the repository's adapter lock, which a load holds while it reads weights:
+  // answered from a thread of their own (as model loads are), never from an I/O thread.
+  if (!load) {
+    std::thread([core = core_, r, name, success] {
+      Status s = core->repository->RemoveLoraAdapter(name);
+      if (!s.ok()) return SendError(r, WithParam(s, "lora_name"));
+      r->Send(success("Success: LoRA adapter '" + name + "' removed successfully."));
+    }).detach();
+    return;
   }
   const std::string path = field("lora_path");
   if (path.empty()) {
@@ -598,14 +606,20 @@ void OpenAiApi::LoraAdapterRoute(const http::Request& req,
     }
     base = llms[0];
   }
-  // Reading the adapter's weights blocks; answer from a thread of its own (as model loads).
-  std::thread([core = core_, r, name, base, path] {
+  std::thread([core = core_, r, name, base, path, success] {
     Status s = core->repository->AddLoraAdapter(name, base, path);
-    if (!s.ok()) return SendError(r, WithParam(s, "lora_path"));
-    http::Response ok;
-    ok.content_type = "text/plain; charset=utf-8";
-    ok.body = "Success: LoRA adapter '" + name + "' added successfully.";
-    r->Send(std::move(ok));
+    if (!s.ok()) {
+      // A taken or malformed name is about lora_name, an unknown base about base_model;
+      // everything else (no folder, no adapter_config.json, shapes) about lora_path.
+      const std::string param = ParamOf(s).empty()
+                                    ? (s.code() == StatusCode::kAlreadyExists ? "lora_name"
+                                       : s.code() == StatusCode::kFailedPrecondition
+                                           ? "base_model"
+                                           : "lora_path")
+                                    : ParamOf(s);
+      return SendError(r, WithParam(s, param));
+    }
+    r->Send(success("Success: LoRA adapter '" + name + "' added successfully."));
   }).detach();
 }
 

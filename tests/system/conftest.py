@@ -45,10 +45,13 @@ class Kilnd:
         cmd = [KILND]
         if config_path:
             cmd += ["--config", str(config_path)]
-        # Each daemon its own storage (the fine-tuning store), unless the test shares one on
-        # purpose (a restart): never the repository's .kiln, which `make run` uses.
+        # Each daemon its own storage (the fine-tuning store), unless the test chose one (in
+        # its config or overrides, e.g. to restart on it): never the repository's .kiln,
+        # which `make run` uses.
         storage = []
-        if not any(o.startswith("server.storage_dir=") for o in overrides):
+        chosen = any(o.startswith("server.storage_dir=") for o in overrides) or (
+            config_path and "storage_dir:" in Path(config_path).read_text())
+        if not chosen:
             self.storage = tempfile.mkdtemp(prefix="kilnd-storage-")
             storage = [f"server.storage_dir={self.storage}"]
         for o in [f"server.grpc.address=127.0.0.1:{self.grpc_port}",
