@@ -152,6 +152,10 @@ struct LoraAdapterConfig {
   std::string name;         // [A-Za-z0-9_.:-]{1,128}, unique among adapters and models
   std::string path;         // a PEFT folder: adapter_config.json + adapter_model.safetensors
   SourceLocation location;  // of the list entry
+  // Added while serving (ModelRepository::AddLoraAdapter), not by the file: a reload that
+  // cannot read it again (its folder was removed) drops it with a warning instead of failing
+  // the model. Not part of the value (not written by ToYaml).
+  bool runtime = false;
   bool operator==(const LoraAdapterConfig& o) const { return name == o.name && path == o.path; }
 };
 

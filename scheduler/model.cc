@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_join.h"
 #include "scheduler/llm/continuous_batcher.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln {
 namespace {
@@ -182,6 +183,11 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
           model->llm_->model().ReadAdapter(a.path);
       Status s =
           adapter.ok() ? model->llm_->AddAdapter(a.name, *std::move(adapter)) : adapter.status();
+      if (!s.ok() && a.runtime) {
+        spdlog::warn("model '{}': adapter '{}' ({}) is not served any more: {}", config.name,
+                     a.name, a.path, s.ToString());
+        continue;
+      }
       KILN_RETURN_IF_ERROR(
           Annotate(s, StrCat("model '", config.name, "': adapter '", a.name, "' (", a.path, ")")));
     }

@@ -249,6 +249,7 @@ Status ModelRepository::AddLoraAdapter(const std::string& name, const std::strin
       config::LoraAdapterConfig a;
       a.name = name;
       a.path = path;
+      a.runtime = true;
       it->second.config.adapters.push_back(std::move(a));
     }
   }

@@ -5,6 +5,7 @@
 // both adapters share the continuous batcher's steps (and its captured decode steps); each
 // must give the tokens it gives alone, which are PyTorch's.
 #include <fstream>
+#include <filesystem>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -245,6 +246,18 @@ TEST(MultiLoraTest, RepositoryServesAdaptersByName) {
   EXPECT_EQ(LlmEndpoint::Find(repo, "b").status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(repo.Load("tiny").ok());
   auto model = repo.GetReady("tiny");
+  ASSERT_TRUE(model.ok());
+  EXPECT_THAT((*model)->llm()->AdapterNames(), ::testing::ElementsAre("a"));
+
+  // A runtime adapter whose folder is gone by the next reload is dropped, not fatal.
+  const std::filesystem::path copy =
+      std::filesystem::temp_directory_path() / ("kiln-lora-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(copy);
+  std::filesystem::copy(kPeft + "llama_gqa_f32_a", copy);
+  ASSERT_TRUE(repo.AddLoraAdapter("gone", "tiny", copy.string()).ok());
+  std::filesystem::remove_all(copy);
+  ASSERT_TRUE(repo.Load("tiny").ok());
+  model = repo.GetReady("tiny");
   ASSERT_TRUE(model.ok());
   EXPECT_THAT((*model)->llm()->AdapterNames(), ::testing::ElementsAre("a"));
 }
