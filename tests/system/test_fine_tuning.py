@@ -64,6 +64,10 @@ models:
     path: {default_model_path()}
     context_length: 2048
     scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
+  - name: simple
+    kind: builtin
+    builtin: simple
+    max_batch_size: 8
 """)
     return path
 
@@ -272,6 +276,38 @@ def test_bad_job_requests_name_the_field(client, training_file, extra, param, fr
                                        extra_body=extra)
     assert e.value.status_code == 400 and e.value.param == param, e.value.body
     assert fragment in e.value.message and e.value.type == "invalid_request_error"
+
+
+def test_a_tensor_model_cannot_be_fine_tuned(client, training_file):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.fine_tuning.jobs.create(model="simple", training_file=training_file.id)
+    assert e.value.param == "model" and "cannot be fine-tuned" in e.value.message
+
+
+def test_two_jobs_racing_for_a_suffix_one_wins(client, kilnd, training_file):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def create(_):
+        try:
+            return client.fine_tuning.jobs.create(
+                model=MODEL, training_file=training_file.id, suffix="race",
+                method={"type": "supervised",
+                        "supervised": {"hyperparameters": {"n_epochs": 50, "max_seq_len": 64}}})
+        except openai.BadRequestError as e:
+            return e
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(create, range(4)))
+    won = [r for r in results if not isinstance(r, Exception)]
+    lost = [r for r in results if isinstance(r, Exception)]
+    assert len(won) == 1, results
+    for e in lost:
+        assert e.param == "suffix" and won[0].id in e.message, e.message
+    cancel_and_wait(client, kilnd, won[0].id)
+    # A cancelled job's suffix is free again.
+    again = client.fine_tuning.jobs.create(model=MODEL, training_file=training_file.id,
+                                           suffix="race")
+    cancel_and_wait(client, kilnd, again.id)
 
 
 def test_job_object_delete_guard_and_cancel_of_a_finished_job(client, kilnd):
