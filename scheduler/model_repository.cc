@@ -1,5 +1,9 @@
 #include "scheduler/model_repository.h"
 
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "models/llm/llm_model.h"
 #include "scheduler/llm/continuous_batcher.h"
@@ -179,13 +183,37 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::GetReady(std::string_view name
   return e.model;
 }
 
-std::vector<ModelIndexEntry> ModelRepository::Index(bool ready_only) const {
+StatusOr<std::shared_ptr<Model>> ModelRepository::GetReady(std::string_view name,
+                                                           std::string_view version,
+                                                           std::string* adapter) const {
+  adapter->clear();
+  StatusOr<std::shared_ptr<Model>> model = GetReady(name, version);
+  if (model.ok() || model.status().code() != absl::StatusCode::kNotFound) return model;
+  std::optional<LoraAdapterInfo> a = FindLoraAdapter(name);
+  if (!a) return model;
+  StatusOr<std::shared_ptr<Model>> base = GetReady(a->base_model, version);
+  if (base.ok()) *adapter = a->name;
+  return base;
+}
+
+std::vector<ModelIndexEntry> ModelRepository::Index(bool ready_only, bool with_adapters) const {
   absl::MutexLock lock(&mu_);
-  std::vector<ModelIndexEntry> out;
+  std::vector<ModelIndexEntry> out, adapters;
   for (const auto& [name, e] : entries_) {
     if (ready_only && e.state != ModelState::kReady) continue;
     out.push_back({name, std::string(kModelVersion), e.state, e.reason});
+    if (!with_adapters) continue;
+    for (const config::LoraAdapterConfig& a : e.config.adapters) {
+      adapters.push_back({a.name, std::string(kModelVersion), e.state,
+                          e.state == ModelState::kReady
+                              ? std::string()
+                              : absl::StrCat("its base model '", name, "' is not ready")});
+    }
   }
+  std::sort(adapters.begin(), adapters.end(),
+            [](const ModelIndexEntry& a, const ModelIndexEntry& b) { return a.name < b.name; });
+  out.insert(out.end(), std::make_move_iterator(adapters.begin()),
+             std::make_move_iterator(adapters.end()));
   return out;
 }
 

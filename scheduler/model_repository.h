@@ -66,7 +66,13 @@ class ModelRepository {
   StatusOr<std::shared_ptr<Model>> GetReady(std::string_view name,
                                             std::string_view version = "") const;
 
-  std::vector<ModelIndexEntry> Index(bool ready_only = false) const;
+  // The same where a name may also be a LoRA adapter (the KServe routes): for an adapter, its
+  // base model, with `*adapter` set to the adapter's name (else cleared). REQUIRES: adapter.
+  StatusOr<std::shared_ptr<Model>> GetReady(std::string_view name, std::string_view version,
+                                            std::string* adapter) const;
+  // The models by name; `with_adapters` (KServe's repository index) appends the LoRA adapters
+  // by name, each in its base model's state.
+  std::vector<ModelIndexEntry> Index(bool ready_only = false, bool with_adapters = false) const;
 
   // ---- LoRA adapters (multi-LoRA serving; see ContinuousBatcher) ----
   // Reads the PEFT folder `path` on the caller's thread and serves it as `name` on the READY

@@ -53,8 +53,9 @@ class InferReactor final : public ServerUnaryReactor {
   Status Start(ServerCore* core, inference::ModelInferRequest* wire) {
     KILN_ASSIGN_OR_RETURN(ticket_, core->Admit());
     KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(*wire));
-    KILN_ASSIGN_OR_RETURN(auto model,
-                          core->repository->GetReady(request->model_name, request->model_version));
+    std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
+    KILN_ASSIGN_OR_RETURN(auto model, core->repository->GetReady(
+                                          request->model_name, request->model_version, &adapter));
     model_ = model;
     cancel_ = request->cancel;
     const std::string name = request->model_name, id = request->id;
@@ -153,8 +154,9 @@ class StreamInferReactor final
   Status Submit(inference::ModelInferRequest& wire) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core_->Admit());
     KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(wire));
-    KILN_ASSIGN_OR_RETURN(auto model,
-                          core_->repository->GetReady(request->model_name, request->model_version));
+    std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
+    KILN_ASSIGN_OR_RETURN(auto model, core_->repository->GetReady(
+                                          request->model_name, request->model_version, &adapter));
     auto flag = request->cancel;
     const std::string name = request->model_name, id = request->id;
     if (model->is_llm()) return SubmitLlm(wire, model, std::move(request), std::move(ticket));
@@ -298,7 +300,8 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ModelReady(CallbackServerContext* ctx,
                                  const inference::ModelReadyRequest* req,
                                  inference::ModelReadyResponse* resp) override {
-    auto model = core_->repository->GetReady(req->name(), req->version());
+    std::string adapter;
+    auto model = core_->repository->GetReady(req->name(), req->version(), &adapter);
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return FinishNow(ctx, model.status());
     }
@@ -318,9 +321,11 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ModelMetadata(CallbackServerContext* ctx,
                                     const inference::ModelMetadataRequest* req,
                                     inference::ModelMetadataResponse* resp) override {
-    auto model = core_->repository->GetReady(req->name(), req->version());
+    std::string adapter;
+    auto model = core_->repository->GetReady(req->name(), req->version(), &adapter);
     if (!model.ok()) return FinishNow(ctx, model.status());
     FillModelMetadata(**model, resp);
+    if (!adapter.empty()) resp->set_name(adapter);  // a LoRA adapter: its base's signature
     return FinishNow(ctx, OkStatus());
   }
 
@@ -364,7 +369,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* RepositoryIndex(CallbackServerContext* ctx,
                                       const inference::RepositoryIndexRequest* req,
                                       inference::RepositoryIndexResponse* resp) override {
-    for (const auto& e : core_->repository->Index(req->ready())) {
+    for (const auto& e : core_->repository->Index(req->ready(), /*with_adapters=*/true)) {
       auto* m = resp->add_models();
       m->set_name(e.name);
       m->set_version(e.version);

@@ -113,15 +113,18 @@ class KServeHttpHandler {
   }
 
   void ModelMetadata(const std::string& name, const std::string& version, const Responder& r) {
-    auto model = core_->repository->GetReady(name, version);
+    std::string adapter;
+    auto model = core_->repository->GetReady(name, version, &adapter);
     if (!model.ok()) return SendError(r, model.status());
     inference::ModelMetadataResponse md;
     FillModelMetadata(**model, &md);
+    if (!adapter.empty()) md.set_name(adapter);  // a LoRA adapter: its base's signature
     SendJson(r, 200, ProtoToJson(md));
   }
 
   void ModelReady(const std::string& name, const std::string& version, const Responder& r) {
-    auto model = core_->repository->GetReady(name, version);
+    std::string adapter;
+    auto model = core_->repository->GetReady(name, version, &adapter);
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return SendError(r, model.status());
     }
@@ -168,7 +171,7 @@ class KServeHttpHandler {
     if (seg.size() == 3 && seg[2] == "index") {
       const bool ready_only = body.value("ready", false);
       json out = json::array();
-      for (const auto& e : core_->repository->Index(ready_only)) {
+      for (const auto& e : core_->repository->Index(ready_only, /*with_adapters=*/true)) {
         json entry = {{"name", e.name},
                       {"version", e.version},
                       {"state", std::string(ModelStateName(e.state))}};
@@ -230,7 +233,8 @@ class KServeHttpHandler {
     }
     auto decoded = DecodeJsonInferRequest(std::move(req.body), header_length, name, version);
     if (!decoded.ok()) return SendError(r, decoded.status());
-    auto model = core_->repository->GetReady(name, version);
+    std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
+    auto model = core_->repository->GetReady(name, version, &adapter);
     if (!model.ok()) return SendError(r, model.status());
     std::unique_ptr<InferenceRequest> request = std::move(decoded->request);
     auto flag = request->cancel;
@@ -265,14 +269,15 @@ class KServeHttpHandler {
   // Triton's generate extension (LLMs only).
   void Generate(const http::Request& req, const std::string& name, const std::string& version,
                 const Responder& r, bool stream) {
-    auto model = core_->repository->GetReady(name, version);
+    std::string adapter;
+    auto model = core_->repository->GetReady(name, version, &adapter);
     if (!model.ok()) return SendError(r, model.status());
     if (!(*model)->is_llm()) {
       return SendError(r, InvalidArgument("model '", name,
                                           "' does not generate text; the generate extension "
                                           "serves LLMs (use /infer)"));
     }
-    llm::HandleGenerate(*core_, *model, req, r, stream);
+    llm::HandleGenerate(*core_, *model, name, req, r, stream);
   }
 
   ServerCore* const core_;

@@ -149,6 +149,9 @@ Status SubmitText(const std::shared_ptr<Model>& model, TextRequest req,
   in.prompt.field = "text_input";
   in.prompt.text = std::move(req.text_input);
   GenerateRequest& r = in.request;
+  // A request that named one of the model's LoRA adapters (ModelRepository::GetReady with an
+  // adapter) runs with it; the batcher refuses a name that is not one.
+  if (!req.model_name.empty() && req.model_name != model->name()) r.adapter = req.model_name;
   JsonFields f(req.sampling, req.sampling_field + ".", /*lenient=*/true);
   KILN_ASSIGN_OR_RETURN(r.max_tokens, f.Int("max_tokens"));
   r.fields.max_tokens = f.Name("max_tokens");
@@ -218,14 +221,15 @@ void HandleJsonInfer(const std::shared_ptr<Model>& model, std::unique_ptr<Infere
 }
 
 void HandleGenerate(const ServerCore& core, const std::shared_ptr<Model>& model,
-                    const http::Request& request, const Responder& r, bool stream_route) {
+                    const std::string& name, const http::Request& request, const Responder& r,
+                    bool stream_route) {
   auto ticket = core.Admit();
   if (!ticket.ok()) return SendError(r, ticket.status());
   auto body = ParseJsonObject(request.body, "the request body");
   if (!body.ok()) return SendError(r, body.status());
   auto read = [&]() -> StatusOr<TextRequest> {
     TextRequest t;
-    t.model_name = model->name();
+    t.model_name = name;
     JsonFields f(*body, "", /*lenient=*/true);
     KILN_ASSIGN_OR_RETURN(auto text, f.String("text_input"));
     if (!text) return InvalidArgument("`text_input` is missing: send the prompt");
@@ -286,7 +290,7 @@ void HandleGenerate(const ServerCore& core, const std::shared_ptr<Model>& model,
   if (!text.ok()) return SendError(r, text.status());
   const bool stream = text->stream.value_or(false);
   r->OnClientGone(Canceller(text->cancel, model));
-  const json envelope = {{"model_name", model->name()}, {"model_version", kModelVersion}};
+  const json envelope = {{"model_name", name}, {"model_version", kModelVersion}};
   const std::string id = text->id;
 
   auto response = [envelope, id](std::string out) {

@@ -37,7 +37,7 @@ namespace kiln::llm {
 
 // One request in Triton's LLM convention, whichever wire it came on.
 struct TextRequest {
-  std::string model_name;
+  std::string model_name;  // as requested: the model, or a LoRA adapter of it
   std::string id;
   std::string text_input;
   std::optional<bool> stream;
@@ -80,9 +80,10 @@ InferenceResponse TextResponse(const std::string& text, bool empty = false);
 void MarkFinal(inference::ModelInferResponse* wire, bool final);
 
 // Triton's generate extension on an LLM: `stream_route` for generate_stream. Answers `r`.
+// `name` is what the route named: the model, or a LoRA adapter of it.
 void HandleGenerate(const ServerCore& core, const std::shared_ptr<Model>& model,
-                    const http::Request& request, const std::shared_ptr<http::Responder>& r,
-                    bool stream_route);
+                    const std::string& name, const http::Request& request,
+                    const std::shared_ptr<http::Responder>& r, bool stream_route);
 
 // REST /v2/models/{m}/infer on an LLM: answers `r` with the KServe JSON response (text_output
 // as binary data when the request asked for it).

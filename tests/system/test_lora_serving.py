@@ -89,6 +89,29 @@ def test_peft_adapters_batched_give_pytorch_tokens(kilnd, pb):
     for (model, _, want), tokens in zip(calls, got):
         assert tokens == want, model
 
+    # KServe: the repository index lists the adapters; /ready, /metadata and the generate
+    # extension take an adapter's name and run the adapter (the same text as OpenAI's route).
+    index = requests.post(f"{kilnd.base}/v2/repository/index", json={"ready": True},
+                          timeout=10).json()
+    assert {"name": "peft-b", "version": "1", "state": "READY"} in index, index
+    assert requests.get(f"{kilnd.base}/v2/models/peft-b/ready", timeout=10).status_code == 200
+    assert requests.get(f"{kilnd.base}/v2/models/peft-b", timeout=10).json()["name"] == "peft-b"
+    prompt = "The quick brown fox"
+    texts = {}
+    for model in ("peft-b", "tiny"):
+        g = requests.post(f"{kilnd.base}/v2/models/{model}/generate", timeout=60, json={
+            "text_input": prompt, "exclude_input_in_output": True,
+            "parameters": {"max_tokens": 12, "temperature": 0, "ignore_eos": True}})
+        assert g.status_code == 200, g.text
+        assert g.json()["model_name"] == model
+        c = requests.post(f"{kilnd.base}/v1/completions", timeout=60, json={
+            "model": model, "prompt": prompt, "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True})
+        assert c.status_code == 200, c.text
+        assert g.json()["text_output"] == c.json()["choices"][0]["text"], model
+        texts[model] = g.json()["text_output"]
+    assert texts["peft-b"] != texts["tiny"], "the adapter changes the greedy text"
+
     # Unloaded: the name is gone; the base still serves.
     r = requests.post(f"{kilnd.base}/v1/unload_lora_adapter", json={"lora_name": "peft-a"},
                       timeout=10)
