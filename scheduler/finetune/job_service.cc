@@ -41,6 +41,8 @@ constexpr int64_t kMaxBatchSize = 256;
 constexpr double kLoraLearningRate = 2e-4;  // learning_rate_multiplier 1 (PEFT's usual)
 constexpr double kFullLearningRate = 2e-5;  // full fine-tuning moves every weight: 10x lower
 constexpr int64_t kDefaultMaxSeqLen = 1024;
+// A job whose base model is known but not READY is tried again after this long.
+constexpr std::chrono::seconds kNotReadyRetry{5};
 
 std::string Sha256Hex(std::string_view bytes) {
   unsigned char digest[SHA256_DIGEST_LENGTH];
@@ -261,6 +263,8 @@ struct FineTuningService::Impl {
   mutable absl::Mutex mu;
   // Status transitions are read-modify-write of a job row: all of them hold `mu`.
   std::map<std::string, std::shared_ptr<Control>> running ABSL_GUARDED_BY(mu);
+  // Queued jobs whose base model was not ready when they were taken: not taken again before.
+  std::map<std::string, Clock::time_point> not_before ABSL_GUARDED_BY(mu);
   bool stopping ABSL_GUARDED_BY(mu) = false;
   uint64_t version ABSL_GUARDED_BY(mu) = 0;  // bumped by every event and status change
   std::vector<std::thread> threads;
@@ -365,6 +369,8 @@ struct FineTuningService::Impl {
                       {"param", param}});
     };
     StatusOr<std::shared_ptr<Model>> model = BaseModel(job.model, "model");
+    // Not READY for a moment (loading, reloading): validated on a later pass instead.
+    if (!model.ok() && model.status().code() == absl::StatusCode::kUnavailable) return;
     if (!model.ok()) return fail(model.status(), "model");
     const models::LlmModel& llm = (*model)->llm()->model();
     const Hyper h = Hyper::FromJson(job.hyperparameters);
@@ -405,8 +411,12 @@ struct FineTuningService::Impl {
     if (!q.ok() || q->empty()) return std::nullopt;
     absl::MutexLock l(&mu);
     if (stopping) return std::nullopt;
+    const auto now = Clock::now();
     for (JobRecord& j : *q) {
       if (running.count(j.id) != 0) continue;
+      if (auto wait = not_before.find(j.id); wait != not_before.end() && wait->second > now) {
+        continue;
+      }
       StatusOr<JobRecord> cur = store->GetJob(j.id);
       if (!cur.ok() || cur->status != JobStatus::kQueued) continue;
       cur->status = JobStatus::kRunning;
@@ -478,6 +488,36 @@ struct FineTuningService::Impl {
     const Hyper h = Hyper::FromJson(job.hyperparameters);
     models::FinetuneOptions o;
     StatusOr<std::shared_ptr<Model>> model = BaseModel(job.model, "model");
+    if (!model.ok() && model.status().code() == absl::StatusCode::kUnavailable) {
+      // Known but not READY (loading, unloading, reloading): the job waits queued and is
+      // tried again in a while, rather than failing for a moment's state.
+      bool first = false;
+      {
+        absl::MutexLock l(&mu);
+        running.erase(job.id);
+        first = not_before.count(job.id) == 0;
+        not_before[job.id] = Clock::now() + kNotReadyRetry;
+        StatusOr<JobRecord> cur = store->GetJob(job.id);
+        if (cur.ok() && cur->status == JobStatus::kRunning) {
+          if (first) {
+            EventLocked(job.id, "warn",
+                        StrCat("The base model is not ready (", model.status().message(),
+                               "); the job waits queued and is retried every ", kNotReadyRetry.count(), " s"));
+          }
+          cur->status = cur->cancel_requested ? JobStatus::kCancelled
+                        : cur->pause_requested ? JobStatus::kPaused
+                                               : JobStatus::kQueued;
+          if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
+          Save(*cur);
+        }
+      }
+      RefreshGauges();
+      return;
+    }
+    {
+      absl::MutexLock l(&mu);
+      not_before.erase(job.id);
+    }
     StatusOr<FileRecord> train = store->GetFile(job.training_file);
     Status setup = !model.ok() ? model.status() : train.status();
     if (setup.ok()) {

@@ -199,6 +199,28 @@ TEST_F(JobServiceTest, ARestartResumesAnInterruptedJob) {
                      StrCat("Resumed from the checkpoint at step ", stopped->last_step)));
 }
 
+TEST_F(JobServiceTest, AJobWaitsQueuedWhileItsBaseModelIsNotReady) {
+  const std::string file = Upload();
+  StatusOr<JobRecord> job = service_->CreateJob(Request(file));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(service_->PauseJob(job->id).ok());
+  ASSERT_EQ(AwaitJob(job->id, [](const JobRecord& j) { return Is(j, JobStatus::kPaused); }).status,
+            JobStatus::kPaused);
+  ASSERT_TRUE(repository_->Unload("base", SteadyClock::now()).ok());
+  ASSERT_TRUE(service_->ResumeJob(job->id).ok());
+  AwaitJob(job->id, [&](const JobRecord&) {
+    for (const std::string& m : Messages(job->id)) {
+      if (m.find("The base model is not ready") != std::string::npos) return true;
+    }
+    return false;
+  });
+  EXPECT_EQ(service_->GetJob(job->id)->status, JobStatus::kQueued);
+  ASSERT_TRUE(repository_->Load("base").ok());
+  const JobRecord done =
+      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  EXPECT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
+}
+
 TEST_F(JobServiceTest, CancelEndsARunningJob) {
   const std::string file = Upload();
   StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 10}}));
