@@ -298,12 +298,15 @@ TEST_F(JobServiceTest, FilesAreCheckedStoredAndGuarded) {
   EXPECT_EQ(f->bytes, static_cast<int64_t>(kData.size()));
   EXPECT_EQ(f->sha256.size(), 64u);
   EXPECT_EQ(*service_->FileContent(file), kData);
-  // A queued (here: paused) job holds its file.
+  // A job that is not finished (validating, queued, running or paused) holds its file.
   StatusOr<JobRecord> job = service_->CreateJob(Request(file));
   ASSERT_TRUE(job.ok());
   ASSERT_TRUE(service_->PauseJob(job->id).ok());
   EXPECT_EQ(service_->DeleteFile(file).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(service_->CancelJob(job->id).ok());
+  // A job that already started ends after its step: the file is held until then.
+  EXPECT_EQ(AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); }).status,
+            JobStatus::kCancelled);
   EXPECT_TRUE(service_->DeleteFile(file).ok());
   EXPECT_EQ(service_->GetFile(file).status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(fs::exists(f->path));
