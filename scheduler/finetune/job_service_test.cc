@@ -163,7 +163,7 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
 
 TEST_F(JobServiceTest, PauseCheckpointsAndResumeContinuesFromIt) {
   const std::string file = Upload();
-  StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 3}}));
+  StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 6}}));
   ASSERT_TRUE(job.ok()) << job.status();
   AwaitJob(job->id, [](const JobRecord& j) { return j.last_step >= 1; });
   ASSERT_TRUE(service_->PauseJob(job->id).ok());
@@ -181,7 +181,7 @@ TEST_F(JobServiceTest, PauseCheckpointsAndResumeContinuesFromIt) {
 
 TEST_F(JobServiceTest, ARestartResumesAnInterruptedJob) {
   const std::string file = Upload();
-  StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 3}}));
+  StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 6}}));
   ASSERT_TRUE(job.ok()) << job.status();
   AwaitJob(job->id, [](const JobRecord& j) { return j.last_step >= 1; });
   service_->Stop();  // as at SIGTERM: the step ends, a checkpoint is written, the row stays
