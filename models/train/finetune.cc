@@ -48,6 +48,12 @@ struct TrainMetrics {
   }
 };
 
+}  // namespace
+
+void RegisterTrainMetrics(metrics::Registry* registry) { (void)TrainMetrics(registry); }
+
+namespace {
+
 int64_t PeakRssBytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

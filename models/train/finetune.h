@@ -88,6 +88,10 @@ struct FinetuneSummary {
   bool stopped = false;     // report asked to stop before the last step
 };
 
+// Registers the kiln_train_* families RunFinetune reports into (docs/metrics.md), so that a
+// server exposes them before its first job. Idempotent; `registry` may be null (nothing).
+void RegisterTrainMetrics(metrics::Registry* registry);
+
 // Runs the whole fine-tuning; `report` (may be null) is called after every step and for
 // messages; returning false after a step stops the run there: a checkpoint of that step is
 // written (so `resume` continues it) and the summary has stopped = true. Errors: bad options

@@ -773,6 +773,7 @@ StatusOr<std::unique_ptr<FineTuningService>> FineTuningService::Create(
   fs::create_directories(impl->root + "/jobs", ec);
   if (ec) return Unavailable("cannot create ", impl->root, "/jobs: ", ec.message());
   KILN_ASSIGN_OR_RETURN(impl->store, JobStore::Open(impl->root + "/jobs.db"));
+  models::RegisterTrainMetrics(metrics);  // on /metrics before the first job
   if (metrics != nullptr) {
     impl->jobs_gauge = &metrics->AddGauge("kiln_finetune_jobs",
                                           "Fine-tuning jobs in the store, by status.", {"status"});
