@@ -118,10 +118,16 @@ constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes"
                                           "idle_timeout_seconds"};
 constexpr std::string_view kMetricsKeys[] = {"enabled", "address"};
 constexpr std::string_view kLoggingKeys[] = {"level", "format"};
-constexpr std::string_view kFineTuningKeys[] = {
-    "enabled",        "max_concurrent_jobs", "checkpoint_every_steps", "checkpoint_every_seconds",
-    "keep_checkpoints", "yield_to_serving",  "max_yield_seconds",      "max_file_bytes",
-    "threads",          "backend"};
+constexpr std::string_view kFineTuningKeys[] = {"enabled",
+                                                "max_concurrent_jobs",
+                                                "checkpoint_every_steps",
+                                                "checkpoint_every_seconds",
+                                                "keep_checkpoints",
+                                                "yield_to_serving",
+                                                "max_yield_seconds",
+                                                "max_file_bytes",
+                                                "threads",
+                                                "backend"};
 constexpr std::string_view kModelKeys[] = {
     "name",          "kind",           "builtin",        "path",
     "backend",       "instance_count", "max_batch_size", "dynamic_batching",
@@ -1067,7 +1073,8 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
   Fields ft = dec.Mapping(top.Get("fine_tuning"), "fine_tuning", kFineTuningKeys);
   FineTuningConfig& t = config->fine_tuning;
   dec.Bool(ft, "enabled", "fine_tuning", &t.enabled);
-  dec.Int(ft, "max_concurrent_jobs", "fine_tuning", kMaxConcurrentJobsRange, &t.max_concurrent_jobs);
+  dec.Int(ft, "max_concurrent_jobs", "fine_tuning", kMaxConcurrentJobsRange,
+          &t.max_concurrent_jobs);
   dec.Int(ft, "checkpoint_every_steps", "fine_tuning", kCheckpointEveryStepsRange,
           &t.checkpoint_every_steps);
   dec.Double(ft, "checkpoint_every_seconds", "fine_tuning", 0, kMaxCheckpointEverySeconds,

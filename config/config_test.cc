@@ -114,8 +114,8 @@ TEST(DefaultConfigTest, EmbeddedTextIsTheExampleFileByteForByte) {
 }
 
 TEST(DefaultConfigTest, EveryKeyIsCommented) {
-  // Each `key:` line of the server, logging and fine_tuning sections has a comment on it or just above it;
-  // the model keys are documented in the comment block above `models:`.
+  // Each `key:` line of the server, logging and fine_tuning sections has a comment on it or just
+  // above it; the model keys are documented in the comment block above `models:`.
   std::istringstream in{std::string(DefaultConfigYaml())};
   std::string previous;
   int keys = 0;

@@ -9,8 +9,8 @@
 
 #include "config/config.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
-#include "server/kserve_codec.h"
 #include "server/finetune/finetune_grpc.h"
+#include "server/kserve_codec.h"
 #include "server/llm/generation_service.h"
 #include "server/llm/kserve_llm.h"
 #include "server/net_util.h"
@@ -54,8 +54,8 @@ class InferReactor final : public ServerUnaryReactor {
     KILN_ASSIGN_OR_RETURN(ticket_, core->Admit());
     KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(*wire));
     std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
-    KILN_ASSIGN_OR_RETURN(auto model, core->repository->GetReady(
-                                          request->model_name, request->model_version, &adapter));
+    KILN_ASSIGN_OR_RETURN(auto model, core->repository->GetReady(request->model_name,
+                                                                 request->model_version, &adapter));
     model_ = model;
     cancel_ = request->cancel;
     const std::string name = request->model_name, id = request->id;

@@ -85,11 +85,13 @@ StatusOr<std::optional<int64_t>> AutoInt(const json& v, const std::string& where
     return Bad(where, StrCat("`", where, "` must be an integer in [", lo, ", ", hi,
                              "] or \"auto\", got ", v.dump()));
   }
-  const int64_t n = v.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(
-                                                 v.get<uint64_t>(), uint64_t{1} << 62))
-                                           : v.get<int64_t>();
+  const int64_t n =
+      v.is_number_unsigned()
+          ? static_cast<int64_t>(std::min<uint64_t>(v.get<uint64_t>(), uint64_t{1} << 62))
+          : v.get<int64_t>();
   if (n < lo || n > hi) {
-    return Bad(where, StrCat("`", where, "` is ", n, "; allowed: ", lo, " to ", hi, " or \"auto\""));
+    return Bad(where,
+               StrCat("`", where, "` is ", n, "; allowed: ", lo, " to ", hi, " or \"auto\""));
   }
   return std::optional<int64_t>(n);
 }
@@ -98,7 +100,8 @@ StatusOr<double> PositiveNumber(const json& v, const std::string& where, double 
   if (!v.is_number()) return Bad(where, StrCat("`", where, "` must be a number, got ", v.dump()));
   const double x = v.get<double>();
   if (!(x > 0) || x > hi) {
-    return Bad(where, StrCat("`", where, "` is ", v.dump(), "; allowed: greater than 0, at most ", hi));
+    return Bad(where,
+               StrCat("`", where, "` is ", v.dump(), "; allowed: greater than 0, at most ", hi));
   }
   return x;
 }
@@ -228,9 +231,9 @@ Status ParseHyper(const json& h, const std::string& where, int64_t examples, int
   }
   // "auto": about 100 passes over a small set, 3 epochs from 34 examples up; one packed row
   // per step below 256 examples, more for larger sets (a CPU step costs a row's tokens).
-  out->n_epochs = n_epochs ? *n_epochs
-                           : std::clamp<int64_t>((100 + examples - 1) / std::max<int64_t>(examples, 1),
-                                                 3, 25);
+  out->n_epochs =
+      n_epochs ? *n_epochs
+               : std::clamp<int64_t>((100 + examples - 1) / std::max<int64_t>(examples, 1), 3, 25);
   out->batch_size = batch_size ? *batch_size : std::clamp<int64_t>(examples / 256, 1, 8);
   out->learning_rate_multiplier = multiplier.value_or(1.0);
   const double base_lr = out->method == "full" ? kFullLearningRate : kLoraLearningRate;
@@ -275,8 +278,7 @@ struct FineTuningService::Impl {
   void Bump() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { ++version; }
 
   // Adds an event; logs (never fails the caller) when the store cannot take it.
-  void Event(const std::string& job, std::string level, std::string message,
-             json data = nullptr) {
+  void Event(const std::string& job, std::string level, std::string message, json data = nullptr) {
     absl::MutexLock l(&mu);
     EventLocked(job, std::move(level), std::move(message), std::move(data));
   }
@@ -306,9 +308,9 @@ struct FineTuningService::Impl {
 
   void RefreshGauges() {
     if (jobs_gauge == nullptr) return;
-    for (JobStatus s : {JobStatus::kValidatingFiles, JobStatus::kQueued, JobStatus::kRunning,
-                        JobStatus::kPaused, JobStatus::kSucceeded, JobStatus::kFailed,
-                        JobStatus::kCancelled}) {
+    for (JobStatus s :
+         {JobStatus::kValidatingFiles, JobStatus::kQueued, JobStatus::kRunning, JobStatus::kPaused,
+          JobStatus::kSucceeded, JobStatus::kFailed, JobStatus::kCancelled}) {
       StatusOr<std::vector<JobRecord>> jobs = store->JobsWithStatus({s});
       if (jobs.ok()) {
         jobs_gauge->WithLabels({JobStatusName(s)})->Set(static_cast<double>(jobs->size()));
@@ -339,7 +341,8 @@ struct FineTuningService::Impl {
     return stopping;
   }
 
-  StatusOr<std::shared_ptr<Model>> BaseModel(const std::string& name, std::string_view param) const {
+  StatusOr<std::shared_ptr<Model>> BaseModel(const std::string& name,
+                                             std::string_view param) const {
     StatusOr<std::shared_ptr<Model>> m = repository->GetReady(name);
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kNotFound) {
@@ -350,10 +353,10 @@ struct FineTuningService::Impl {
       return WithParam(m.status(), param);
     }
     if (!(*m)->is_llm()) {
-      return WithParam(InvalidArgument("model '", name, "' cannot be fine-tuned: it is a ",
-                                       (*m)->config().kind,
-                                       " tensor model; only generative models (kind: llm) can"),
-                       param);
+      return WithParam(
+          InvalidArgument("model '", name, "' cannot be fine-tuned: it is a ", (*m)->config().kind,
+                          " tensor model; only generative models (kind: llm) can"),
+          param);
     }
     return m;
   }
@@ -374,9 +377,9 @@ struct FineTuningService::Impl {
     if (!model.ok()) return fail(model.status(), "model");
     const models::LlmModel& llm = (*model)->llm()->model();
     const Hyper h = Hyper::FromJson(job.hyperparameters);
-    for (const auto& [param, id] : {std::pair<std::string_view, std::string>{"training_file",
-                                                                             job.training_file},
-                                    {"validation_file", job.validation_file}}) {
+    for (const auto& [param, id] :
+         {std::pair<std::string_view, std::string>{"training_file", job.training_file},
+          {"validation_file", job.validation_file}}) {
       if (id.empty()) continue;
       StatusOr<FileRecord> f = store->GetFile(id);
       if (!f.ok()) return fail(f.status(), param);
@@ -389,8 +392,9 @@ struct FineTuningService::Impl {
           {.max_seq_len = h.max_seq_len}, &warnings);
       if (!ex.ok()) return fail(ex.status(), param);
       if (!warnings.empty()) {
-        Event(job.id, "warn", StrCat(warnings.size(), " examples of ", id, " are longer than ",
-                                     h.max_seq_len, " tokens and will be cut; first: ", warnings[0]));
+        Event(job.id, "warn",
+              StrCat(warnings.size(), " examples of ", id, " are longer than ", h.max_seq_len,
+                     " tokens and will be cut; first: ", warnings[0]));
       }
     }
     {
@@ -502,9 +506,10 @@ struct FineTuningService::Impl {
           if (first) {
             EventLocked(job.id, "warn",
                         StrCat("The base model is not ready (", model.status().message(),
-                               "); the job waits queued and is retried every ", kNotReadyRetry.count(), " s"));
+                               "); the job waits queued and is retried every ",
+                               kNotReadyRetry.count(), " s"));
           }
-          cur->status = cur->cancel_requested ? JobStatus::kCancelled
+          cur->status = cur->cancel_requested  ? JobStatus::kCancelled
                         : cur->pause_requested ? JobStatus::kPaused
                                                : JobStatus::kQueued;
           if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
@@ -525,8 +530,10 @@ struct FineTuningService::Impl {
       o.train = train->path;
       if (!job.validation_file.empty()) {
         StatusOr<FileRecord> valid = store->GetFile(job.validation_file);
-        if (valid.ok()) o.valid = valid->path;
-        else setup = valid.status();
+        if (valid.ok())
+          o.valid = valid->path;
+        else
+          setup = valid.status();
       }
     }
     model = std::shared_ptr<Model>();  // the run opens the weights itself
@@ -607,7 +614,8 @@ struct FineTuningService::Impl {
           cur->total_steps = p.total_steps;
           cur->trained_tokens += std::llround(p.tokens_per_second * p.step_seconds);
           cur->estimated_finish =
-              UnixNow() + std::llround(p.step_seconds * static_cast<double>(p.total_steps - p.step));
+              UnixNow() +
+              std::llround(p.step_seconds * static_cast<double>(p.total_steps - p.step));
           Save(*cur);
         }
       }
@@ -739,7 +747,7 @@ struct FineTuningService::Impl {
           absl::MutexLock l(&mu);
           StatusOr<JobRecord> cur = store->GetJob(j.id);
           if (!cur.ok()) continue;
-          cur->status = cur->cancel_requested ? JobStatus::kCancelled
+          cur->status = cur->cancel_requested  ? JobStatus::kCancelled
                         : cur->pause_requested ? JobStatus::kPaused
                                                : JobStatus::kQueued;
           if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
@@ -760,8 +768,9 @@ FineTuningService::FineTuningService(std::unique_ptr<Impl> impl) : impl_(std::mo
 
 FineTuningService::~FineTuningService() { Stop(); }
 
-StatusOr<std::unique_ptr<FineTuningService>> FineTuningService::Create(
-    const config::Config& config, ModelRepository* repository, metrics::Registry* metrics) {
+StatusOr<std::unique_ptr<FineTuningService>> FineTuningService::Create(const config::Config& config,
+                                                                       ModelRepository* repository,
+                                                                       metrics::Registry* metrics) {
   auto impl = std::make_unique<Impl>();
   impl->ft = config.fine_tuning;
   impl->root = config.server.storage_dir + "/finetune";
@@ -900,8 +909,8 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
   if (!std::all_of(job.suffix.begin(), job.suffix.end(), ValidSuffixChar)) {
     return Bad("suffix", "`suffix` may contain only letters, digits, '-', '_' and '.'");
   }
-  if (auto it = r.find("integrations"); it != r.end() && !it->is_null() &&
-                                        !(it->is_array() && it->empty())) {
+  if (auto it = r.find("integrations");
+      it != r.end() && !it->is_null() && !(it->is_array() && it->empty())) {
     return Bad("integrations", "`integrations` are not supported by this server");
   }
   if (auto it = r.find("seed"); it != r.end() && !it->is_null()) {
@@ -920,9 +929,9 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
     for (const auto& [k, v] : it->items()) {
       if (k.size() > kMaxMetadataKeyLength || !v.is_string() ||
           v.get<std::string>().size() > kMaxMetadataValueLength) {
-        return Bad("metadata." + k, StrCat("metadata keys are at most ", kMaxMetadataKeyLength,
-                                           " characters and values strings of at most ",
-                                           kMaxMetadataValueLength));
+        return Bad("metadata." + k,
+                   StrCat("metadata keys are at most ", kMaxMetadataKeyLength,
+                          " characters and values strings of at most ", kMaxMetadataValueLength));
       }
     }
     job.metadata = *it;
@@ -965,8 +974,8 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
       hyper = s->value("hyperparameters", json());
       where = "method.supervised.hyperparameters";
     }
-    if (auto legacy = r.find("hyperparameters"); legacy != r.end() && !legacy->is_null() &&
-                                                 !hyper.is_null()) {
+    if (auto legacy = r.find("hyperparameters");
+        legacy != r.end() && !legacy->is_null() && !hyper.is_null()) {
       return Bad("hyperparameters",
                  "give the hyper-parameters in method.supervised.hyperparameters or at the top "
                  "level (deprecated), not both");
@@ -981,19 +990,18 @@ StatusOr<JobRecord> FineTuningService::CreateJob(const json& r) {
   Hyper h;
   KILN_RETURN_IF_ERROR(ParseHyper(hyper, where, examples, context, &h));
   if (h.method == "lora" && !serves_adapters) {
-    return Bad("model", StrCat("model '", job.model, "' serves no LoRA adapters (its "
+    return Bad("model", StrCat("model '", job.model,
+                               "' serves no LoRA adapters (its "
                                "max_loaded_adapters is 0), so a LoRA job's result could not be "
                                "served; raise it in the model's configuration"));
   }
   if (h.method == "lora" && h.lora_r > max_lora_rank) {
-    return Bad(where + ".lora_r",
-               StrCat("`", where, ".lora_r` is ", h.lora_r, " but model '", job.model,
-                      "' serves adapters up to rank ", max_lora_rank,
-                      " (its max_lora_rank); the result could not be served"));
+    return Bad(where + ".lora_r", StrCat("`", where, ".lora_r` is ", h.lora_r, " but model '",
+                                         job.model, "' serves adapters up to rank ", max_lora_rank,
+                                         " (its max_lora_rank); the result could not be served"));
   }
   job.hyperparameters = h.ToJson();
-  job.method = {{"type", "supervised"},
-                {"supervised", {{"hyperparameters", job.hyperparameters}}}};
+  job.method = {{"type", "supervised"}, {"supervised", {{"hyperparameters", job.hyperparameters}}}};
   job.id = NewId("ftjob-");
   job.created_at = UnixNow();
   job.status = JobStatus::kValidatingFiles;
@@ -1089,8 +1097,7 @@ StatusOr<JobRecord> FineTuningService::ResumeJob(std::string_view id) {
 }
 
 StatusOr<Page<EventRecord>> FineTuningService::ListEvents(std::string_view job_id,
-                                                          std::string_view after,
-                                                          int limit) const {
+                                                          std::string_view after, int limit) const {
   KILN_RETURN_IF_ERROR(impl_->store->GetJob(job_id).status());
   return impl_->store->ListEvents(job_id, after, limit);
 }
@@ -1127,11 +1134,14 @@ bool FineTuningService::WaitForChange(std::string_view job_id, int64_t after_seq
 // ---- JSON ----
 
 json FineTuningService::FileJson(const FileRecord& f) {
-  return {{"id", f.id},          {"object", "file"},          {"bytes", f.bytes},
-          {"created_at", f.created_at}, {"filename", f.filename}, {"purpose", f.purpose},
-          {"status", f.status},  {"status_details", f.status_details.empty()
-                                                        ? json(nullptr)
-                                                        : json(f.status_details)},
+  return {{"id", f.id},
+          {"object", "file"},
+          {"bytes", f.bytes},
+          {"created_at", f.created_at},
+          {"filename", f.filename},
+          {"purpose", f.purpose},
+          {"status", f.status},
+          {"status_details", f.status_details.empty() ? json(nullptr) : json(f.status_details)},
           {"sha256", f.sha256}};
 }
 
@@ -1141,31 +1151,29 @@ json FineTuningService::JobJson(const JobRecord& j) {
                 {"batch_size", h.value("batch_size", json(nullptr))},
                 {"learning_rate_multiplier", h.value("learning_rate_multiplier", json(nullptr))}};
   for (const auto& [k, v] : h.items()) hyper[k] = v;  // Kiln's own, after OpenAI's three
-  json out = {{"id", j.id},
-              {"object", "fine_tuning.job"},
-              {"created_at", j.created_at},
-              {"finished_at", j.finished_at > 0 ? json(j.finished_at) : json(nullptr)},
-              {"model", j.model},
-              {"fine_tuned_model", j.fine_tuned_model.empty() ? json(nullptr)
-                                                              : json(j.fine_tuned_model)},
-              {"organization_id", "org-kiln"},
-              {"status", JobStatusName(j.status)},
-              {"training_file", j.training_file},
-              {"validation_file", j.validation_file.empty() ? json(nullptr)
-                                                            : json(j.validation_file)},
-              {"result_files", json::array()},
-              {"trained_tokens", j.status == JobStatus::kSucceeded ? json(j.trained_tokens)
-                                                                   : json(nullptr)},
-              {"error", j.error.is_null() ? json(nullptr) : j.error},
-              {"hyperparameters", hyper},
-              {"method", {{"type", "supervised"}, {"supervised", {{"hyperparameters", hyper}}}}},
-              {"seed", j.seed},
-              {"suffix", j.suffix.empty() ? json(nullptr) : json(j.suffix)},
-              {"integrations", json::array()},
-              {"metadata", j.metadata.empty() ? json(nullptr) : j.metadata},
-              {"estimated_finish", j.estimated_finish > 0 ? json(j.estimated_finish)
-                                                          : json(nullptr)},
-              {"user_provided_suffix", j.suffix.empty() ? json(nullptr) : json(j.suffix)}};
+  json out = {
+      {"id", j.id},
+      {"object", "fine_tuning.job"},
+      {"created_at", j.created_at},
+      {"finished_at", j.finished_at > 0 ? json(j.finished_at) : json(nullptr)},
+      {"model", j.model},
+      {"fine_tuned_model", j.fine_tuned_model.empty() ? json(nullptr) : json(j.fine_tuned_model)},
+      {"organization_id", "org-kiln"},
+      {"status", JobStatusName(j.status)},
+      {"training_file", j.training_file},
+      {"validation_file", j.validation_file.empty() ? json(nullptr) : json(j.validation_file)},
+      {"result_files", json::array()},
+      {"trained_tokens",
+       j.status == JobStatus::kSucceeded ? json(j.trained_tokens) : json(nullptr)},
+      {"error", j.error.is_null() ? json(nullptr) : j.error},
+      {"hyperparameters", hyper},
+      {"method", {{"type", "supervised"}, {"supervised", {{"hyperparameters", hyper}}}}},
+      {"seed", j.seed},
+      {"suffix", j.suffix.empty() ? json(nullptr) : json(j.suffix)},
+      {"integrations", json::array()},
+      {"metadata", j.metadata.empty() ? json(nullptr) : j.metadata},
+      {"estimated_finish", j.estimated_finish > 0 ? json(j.estimated_finish) : json(nullptr)},
+      {"user_provided_suffix", j.suffix.empty() ? json(nullptr) : json(j.suffix)}};
   out["kiln"] = {{"step", j.last_step},
                  {"total_steps", j.total_steps},
                  {"cancel_requested", j.cancel_requested},
@@ -1174,9 +1182,12 @@ json FineTuningService::JobJson(const JobRecord& j) {
 }
 
 json FineTuningService::EventJson(const EventRecord& e) {
-  json out = {{"id", e.id},           {"object", "fine_tuning.job.event"},
-              {"created_at", e.created_at}, {"level", e.level},
-              {"message", e.message}, {"type", e.type}};
+  json out = {{"id", e.id},
+              {"object", "fine_tuning.job.event"},
+              {"created_at", e.created_at},
+              {"level", e.level},
+              {"message", e.message},
+              {"type", e.type}};
   out["data"] = e.data.is_null() ? json::object() : e.data;
   return out;
 }

@@ -91,8 +91,8 @@ class FineTuningService {
   StatusOr<JobRecord> ResumeJob(std::string_view id);  // only paused jobs
   StatusOr<Page<EventRecord>> ListEvents(std::string_view job_id, std::string_view after,
                                          int limit) const;
-  StatusOr<Page<CheckpointRecord>> ListCheckpoints(std::string_view job_id,
-                                                   std::string_view after, int limit) const;
+  StatusOr<Page<CheckpointRecord>> ListCheckpoints(std::string_view job_id, std::string_view after,
+                                                   int limit) const;
   // Events of the job with sequence number > after_seq, oldest first (JobStore::EventSeq).
   StatusOr<std::vector<EventRecord>> EventsSince(std::string_view job_id, int64_t after_seq) const;
   // Blocks until the job gets an event with sequence > after_seq or changes status, or

@@ -49,8 +49,8 @@ class JobServiceTest : public ::testing::Test {
     tensor.builtin = "simple";
     config_.models = {base, tensor};
     ModelDeps deps;
-    deps.llm_loader = [](const config::ModelConfig&)
-        -> StatusOr<std::unique_ptr<models::LlmModel>> {
+    deps.llm_loader =
+        [](const config::ModelConfig&) -> StatusOr<std::unique_ptr<models::LlmModel>> {
       llm_testing::FakeLlmOptions o;
       o.max_adapters = 2;  // the results are served
       return std::make_unique<llm_testing::FakeLlm>(o);
@@ -127,8 +127,7 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
   EXPECT_EQ(job->status, JobStatus::kValidatingFiles);
   EXPECT_EQ(job->hyperparameters["n_epochs"], 2);
   EXPECT_EQ(job->hyperparameters["batch_size"], 1) << "auto: one row per step for 3 examples";
-  const JobRecord done =
-      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
   ASSERT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
   EXPECT_EQ(done.fine_tuned_model, "ft:base:pw:" + job->id);
   EXPECT_GT(done.trained_tokens, 0);
@@ -138,8 +137,8 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
   StatusOr<LlmEndpoint> served = LlmEndpoint::Find(*repository_, done.fine_tuned_model);
   ASSERT_TRUE(served.ok()) << served.status();
   EXPECT_EQ(served->adapter(), done.fine_tuned_model);
-  EXPECT_TRUE(LlmEndpoint::Find(*repository_, StrCat(done.fine_tuned_model, ":ckpt-step-",
-                                                     done.total_steps))
+  EXPECT_TRUE(LlmEndpoint::Find(*repository_,
+                                StrCat(done.fine_tuned_model, ":ckpt-step-", done.total_steps))
                   .ok());
   StatusOr<Page<CheckpointRecord>> cks = service_->ListCheckpoints(job->id, "", 10);
   ASSERT_TRUE(cks.ok());
@@ -172,11 +171,10 @@ TEST_F(JobServiceTest, PauseCheckpointsAndResumeContinuesFromIt) {
   ASSERT_EQ(paused.status, JobStatus::kPaused);
   EXPECT_LT(paused.last_step, paused.total_steps);
   ASSERT_TRUE(service_->ResumeJob(job->id).ok());
-  const JobRecord done =
-      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
   ASSERT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
-  EXPECT_THAT(Messages(job->id),
-              ::testing::Contains(StrCat("Resumed from the checkpoint at step ", paused.last_step)));
+  EXPECT_THAT(Messages(job->id), ::testing::Contains(StrCat("Resumed from the checkpoint at step ",
+                                                            paused.last_step)));
 }
 
 TEST_F(JobServiceTest, ARestartResumesAnInterruptedJob) {
@@ -190,13 +188,12 @@ TEST_F(JobServiceTest, ARestartResumesAnInterruptedJob) {
   EXPECT_EQ(stopped->status, JobStatus::kRunning);
   service_.reset();
   StartService();
-  const JobRecord done =
-      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
   ASSERT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
   const std::vector<std::string> m = Messages(job->id);
   EXPECT_THAT(m, ::testing::Contains(HasSubstr("The server restarted while the job ran")));
-  EXPECT_THAT(m, ::testing::Contains(
-                     StrCat("Resumed from the checkpoint at step ", stopped->last_step)));
+  EXPECT_THAT(
+      m, ::testing::Contains(StrCat("Resumed from the checkpoint at step ", stopped->last_step)));
 }
 
 TEST_F(JobServiceTest, AJobWaitsQueuedWhileItsBaseModelIsNotReady) {
@@ -216,8 +213,7 @@ TEST_F(JobServiceTest, AJobWaitsQueuedWhileItsBaseModelIsNotReady) {
   });
   EXPECT_EQ(service_->GetJob(job->id)->status, JobStatus::kQueued);
   ASSERT_TRUE(repository_->Load("base").ok());
-  const JobRecord done =
-      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
   EXPECT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
 }
 
@@ -227,8 +223,7 @@ TEST_F(JobServiceTest, CancelEndsARunningJob) {
   ASSERT_TRUE(job.ok()) << job.status();
   AwaitJob(job->id, [](const JobRecord& j) { return j.last_step >= 1; });
   ASSERT_TRUE(service_->CancelJob(job->id).ok());
-  const JobRecord done =
-      AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
   EXPECT_EQ(done.status, JobStatus::kCancelled);
   EXPECT_LT(done.last_step, done.total_steps);
   EXPECT_TRUE(done.fine_tuned_model.empty());
@@ -239,7 +234,8 @@ TEST_F(JobServiceTest, BadRequestsNameTheField) {
   auto param = [&](json r) {
     StatusOr<JobRecord> j = service_->CreateJob(r);
     EXPECT_FALSE(j.ok());
-    return j.ok() ? std::string("<ok>") : ParamOf(j.status()) + ": " + std::string(j.status().message());
+    return j.ok() ? std::string("<ok>")
+                  : ParamOf(j.status()) + ": " + std::string(j.status().message());
   };
   json r = Request(file);
   r["model"] = "nope";
@@ -281,7 +277,8 @@ TEST_F(JobServiceTest, BadRequestsNameTheField) {
 TEST_F(JobServiceTest, FilesAreCheckedStoredAndGuarded) {
   EXPECT_THAT(std::string(service_->UploadFile("x.jsonl", "assistants", kData).status().message()),
               HasSubstr("\"fine-tune\" only"));
-  Status bad = service_->UploadFile("bad.jsonl", "fine-tune", "{\"messages\": []}\nnot json\n").status();
+  Status bad =
+      service_->UploadFile("bad.jsonl", "fine-tune", "{\"messages\": []}\nnot json\n").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(bad.message()), HasSubstr("line 1"));
   config_.fine_tuning.max_file_bytes = 10;

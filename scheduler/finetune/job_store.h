@@ -2,8 +2,8 @@
 // (`<server.storage_dir>/finetune/jobs.db`), so that everything a user submitted survives a restart
 // or a `kill -9`.
 //
-//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(".kiln/finetune/jobs.db"));
-//   KILN_RETURN_IF_ERROR(store->InsertFile(file));
+//   KILN_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+//   JobStore::Open(".kiln/finetune/jobs.db")); KILN_RETURN_IF_ERROR(store->InsertFile(file));
 //   KILN_ASSIGN_OR_RETURN(JobRecord job, store->GetJob("ftjob-..."));
 //
 // Durability: WAL journal mode, synchronous=FULL (a committed row survives power loss), one
@@ -46,44 +46,52 @@ std::string NewId(std::string_view prefix);
 int64_t UnixNow();
 
 struct FileRecord {
-  std::string id;        // "file-..."
+  std::string id;  // "file-..."
   int64_t bytes = 0;
   int64_t created_at = 0;
-  std::string filename;  // as uploaded (sanitized by the caller)
-  std::string purpose;   // "fine-tune"
-  std::string sha256;    // lowercase hex of the contents
-  std::string path;      // where the contents are on disk
+  std::string filename;              // as uploaded (sanitized by the caller)
+  std::string purpose;               // "fine-tune"
+  std::string sha256;                // lowercase hex of the contents
+  std::string path;                  // where the contents are on disk
   std::string status = "processed";  // OpenAI's (deprecated) field: uploaded|processed|error
   std::string status_details;
 };
 
-enum class JobStatus { kValidatingFiles, kQueued, kRunning, kPaused, kSucceeded, kFailed, kCancelled };
+enum class JobStatus {
+  kValidatingFiles,
+  kQueued,
+  kRunning,
+  kPaused,
+  kSucceeded,
+  kFailed,
+  kCancelled
+};
 std::string_view JobStatusName(JobStatus s);  // "validating_files", ..., "cancelled"
 std::optional<JobStatus> ParseJobStatus(std::string_view name);
 bool IsTerminal(JobStatus s);  // succeeded, failed, cancelled
 
 struct JobRecord {
-  std::string id;  // "ftjob-..."
-  std::string model;                  // the base model's name (a configured LLM)
-  std::string training_file;          // file id
-  std::string validation_file;        // file id or empty
+  std::string id;               // "ftjob-..."
+  std::string model;            // the base model's name (a configured LLM)
+  std::string training_file;    // file id
+  std::string validation_file;  // file id or empty
   JobStatus status = JobStatus::kValidatingFiles;
   int64_t created_at = 0;
-  int64_t finished_at = 0;            // 0: not finished
-  int64_t estimated_finish = 0;       // 0: unknown
-  std::string suffix;                 // may be empty
+  int64_t finished_at = 0;       // 0: not finished
+  int64_t estimated_finish = 0;  // 0: unknown
+  std::string suffix;            // may be empty
   int64_t seed = 0;
   nlohmann::json hyperparameters = nlohmann::json::object();  // resolved (no "auto" left)
   nlohmann::json method = nlohmann::json::object();           // {"type": "supervised", ...}
   nlohmann::json metadata = nlohmann::json::object();         // string -> string, <= 16 keys
-  nlohmann::json error;               // null, or {"code", "message", "param"}
-  std::string fine_tuned_model;       // "ft:<base>:<suffix>:<job id>" once succeeded; unique
+  nlohmann::json error;          // null, or {"code", "message", "param"}
+  std::string fine_tuned_model;  // "ft:<base>:<suffix>:<job id>" once succeeded; unique
   int64_t trained_tokens = 0;
-  int64_t total_steps = 0;            // 0: not known yet
-  int64_t last_step = 0;              // last completed optimizer step seen by the runner
-  std::string output_dir;             // the run's out dir (checkpoints, final adapter)
-  bool cancel_requested = false;      // set by cancel; the runner stops within one step
-  bool pause_requested = false;       // set by pause; cleared by resume
+  int64_t total_steps = 0;        // 0: not known yet
+  int64_t last_step = 0;          // last completed optimizer step seen by the runner
+  std::string output_dir;         // the run's out dir (checkpoints, final adapter)
+  bool cancel_requested = false;  // set by cancel; the runner stops within one step
+  bool pause_requested = false;   // set by pause; cleared by resume
 };
 
 struct EventRecord {
@@ -93,7 +101,7 @@ struct EventRecord {
   std::string level = "info";    // info | warn | error
   std::string type = "message";  // message | metrics
   std::string message;
-  nlohmann::json data;           // null, or for metrics {"step", "train_loss", ...}
+  nlohmann::json data;  // null, or for metrics {"step", "train_loss", ...}
 };
 
 struct CheckpointRecord {
@@ -102,8 +110,8 @@ struct CheckpointRecord {
   int64_t created_at = 0;
   int64_t step_number = 0;
   nlohmann::json metrics = nlohmann::json::object();  // {"step", "train_loss", ...}
-  std::string fine_tuned_model_checkpoint;  // "ft:<base>:<suffix>:<job id>:ckpt-step-<n>"
-  std::string path;                         // the checkpoint directory
+  std::string fine_tuned_model_checkpoint;            // "ft:<base>:<suffix>:<job id>:ckpt-step-<n>"
+  std::string path;                                   // the checkpoint directory
 };
 
 // Listing: ids come back newest first (OpenAI's order); `after` is an id of the previous page
@@ -168,8 +176,8 @@ class JobStore {
   static int64_t EventSeq(std::string_view event_id);  // "ftevent-12" -> 12; 0 if malformed
 
   StatusOr<CheckpointRecord> AddCheckpoint(CheckpointRecord checkpoint);
-  StatusOr<Page<CheckpointRecord>> ListCheckpoints(std::string_view job_id,
-                                                   std::string_view after, int limit) const;
+  StatusOr<Page<CheckpointRecord>> ListCheckpoints(std::string_view job_id, std::string_view after,
+                                                   int limit) const;
 
  private:
   struct Impl;

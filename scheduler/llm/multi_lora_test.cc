@@ -4,8 +4,8 @@
 // kiln_reference.json holds PyTorch + PEFT's greedy tokens. Requests of the base model and of
 // both adapters share the continuous batcher's steps (and its captured decode steps); each
 // must give the tokens it gives alone, which are PyTorch's.
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <nlohmann/json.hpp>
 

@@ -172,8 +172,8 @@ json HyperJson(const v1::Hyperparameters& h) {
   if (h.has_lora_alpha()) out["lora_alpha"] = h.lora_alpha();
   if (h.has_lora_dropout()) out["lora_dropout"] = h.lora_dropout();
   if (h.target_modules_size() > 0) {
-    out["target_modules"] = std::vector<std::string>(h.target_modules().begin(),
-                                                     h.target_modules().end());
+    out["target_modules"] =
+        std::vector<std::string>(h.target_modules().begin(), h.target_modules().end());
   }
   if (h.has_max_seq_len()) out["max_seq_len"] = h.max_seq_len();
   if (h.has_use_rslora()) out["use_rslora"] = h.use_rslora();
@@ -224,9 +224,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     if (!req.after_event_id().empty()) {
       after_seq_ = JobStore::EventSeq(req.after_event_id());
       if (after_seq_ <= 0) {
-        Finish(ToGrpcStatus(WithParam(
-            InvalidArgument("`after_event_id` is not an event id (ftevent-<n>)"),
-            "after_event_id")));
+        Finish(ToGrpcStatus(
+            WithParam(InvalidArgument("`after_event_id` is not an event id (ftevent-<n>)"),
+                      "after_event_id")));
         return;
       }
     }
@@ -296,8 +296,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     for (bool first = true;; first = false) {
       if (ClientCancelled()) return Cancelled("the client cancelled the watch");
       if (core_->shutting_down.load()) {
-        return Unavailable("the server is shutting down; watch again with after_event_id set "
-                           "to the last event received");
+        return Unavailable(
+            "the server is shutting down; watch again with after_event_id set "
+            "to the last event received");
       }
       KILN_ASSIGN_OR_RETURN(JobRecord job, ft_->GetJob(job_id_));
       const bool terminal = IsTerminal(job.status);
@@ -416,7 +417,8 @@ class FineTuningGrpc final : public v1::FineTuning::CallbackService {
 
   ServerUnaryReactor* GetJob(CallbackServerContext* ctx, const v1::GetJobRequest* req,
                              v1::Job* resp) override {
-    return JobCall(ctx, resp, [id = req->job_id()](FineTuningService* ft) { return ft->GetJob(id); });
+    return JobCall(ctx, resp,
+                   [id = req->job_id()](FineTuningService* ft) { return ft->GetJob(id); });
   }
   ServerUnaryReactor* CancelJob(CallbackServerContext* ctx, const v1::CancelJobRequest* req,
                                 v1::Job* resp) override {

@@ -33,8 +33,8 @@ void SendError(const Responder& r, const Status& status) {
 
 void SendMethodNotAllowed(const Responder& r, const http::Request& req, std::string_view allow) {
   SendJson(r, 405,
-           llm::OpenAiError(InvalidArgument("method ", req.method, " is not allowed on ",
-                                            req.path, "; use ", allow)),
+           llm::OpenAiError(InvalidArgument("method ", req.method, " is not allowed on ", req.path,
+                                            "; use ", allow)),
            {{"Allow", std::string(allow)}});
 }
 
@@ -87,13 +87,13 @@ void Upload(FineTuningService* ft, const http::Request& req, const Responder& r)
                                                     "server: files are kept until deleted"),
                                     "expires_after"));
     } else {
-      return SendError(r, WithParam(InvalidArgument("unknown form field `", p.name,
-                                                    "`; allowed: purpose, file"),
-                                    p.name));
+      return SendError(
+          r, WithParam(InvalidArgument("unknown form field `", p.name, "`; allowed: purpose, file"),
+                       p.name));
     }
     if (*slot != nullptr) {
-      return SendError(r, WithParam(InvalidArgument("form field `", p.name, "` is repeated"),
-                                    p.name));
+      return SendError(r,
+                       WithParam(InvalidArgument("form field `", p.name, "` is repeated"), p.name));
     }
     *slot = &p;
   }
@@ -107,8 +107,8 @@ void Upload(FineTuningService* ft, const http::Request& req, const Responder& r)
         r, WithParam(InvalidArgument("form field `file` is missing; send the file's contents"),
                      "file"));
   }
-  StatusOr<FileRecord> f = ft->UploadFile(CleanFilename(file->filename.value_or("")),
-                                          purpose->body, file->body);
+  StatusOr<FileRecord> f =
+      ft->UploadFile(CleanFilename(file->filename.value_or("")), purpose->body, file->body);
   if (!f.ok() && f.status().code() == StatusCode::kResourceExhausted &&
       ParamOf(f.status()) == "file") {
     // The file is over fine_tuning.max_file_bytes: payload too large, not "slow down" (429).
@@ -247,10 +247,10 @@ bool FineTuningHttp::Handle(http::Request& request, const std::shared_ptr<http::
            true;
   }
   // The service writes SQLite with fsync: off the I/O thread.
-  boost::asio::post(workers_->pool, [ft, files, seg = std::move(seg), req = std::move(request),
-                                     r]() {
-    files ? Files(ft, seg, req, r) : Jobs(ft, seg, req, r);
-  });
+  boost::asio::post(workers_->pool,
+                    [ft, files, seg = std::move(seg), req = std::move(request), r]() {
+                      files ? Files(ft, seg, req, r) : Jobs(ft, seg, req, r);
+                    });
   return true;
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <charconv>
 
-
 namespace kiln::finetune {
 namespace {
 
@@ -232,7 +231,7 @@ StatusOr<std::vector<MultipartPart>> ParseMultipart(std::string_view body,
   }
   std::vector<MultipartPart> parts;
   while (true) {
-    pos += dash.size();  // at the end of a `--boundary`
+    pos += dash.size();                             // at the end of a `--boundary`
     if (body.substr(pos, 2) == "--") return parts;  // the close delimiter; epilogue ignored
     while (pos < body.size() && (body[pos] == ' ' || body[pos] == '\t')) ++pos;
     if (body.substr(pos, 2) != "\r\n") {
@@ -255,11 +254,10 @@ StatusOr<std::vector<MultipartPart>> ParseMultipart(std::string_view body,
     } else {
       header_end = body.find("\r\n\r\n", pos);
       if (header_end == std::string_view::npos || header_end - pos > kMaxPartHeaderBytes) {
-        return InvalidArgument(
-            "multipart part ", index,
-            header_end == std::string_view::npos
-                ? ": its headers do not end with an empty line (CRLF CRLF)"
-                : ": its headers are longer than 8 KiB");
+        return InvalidArgument("multipart part ", index,
+                               header_end == std::string_view::npos
+                                   ? ": its headers do not end with an empty line (CRLF CRLF)"
+                                   : ": its headers are longer than 8 KiB");
       }
       header_end += 2;  // the block keeps its last line's CRLF
     }
@@ -269,7 +267,8 @@ StatusOr<std::vector<MultipartPart>> ParseMultipart(std::string_view body,
     if (end == std::string_view::npos) {
       return InvalidArgument("multipart part ", index, " (`", part.name,
                              "`) is not followed by a boundary: the body ends before the "
-                             "closing boundary `", dash, "--`");
+                             "closing boundary `",
+                             dash, "--`");
     }
     part.body = body.substr(pos, end - pos);
     parts.push_back(std::move(part));
@@ -311,10 +310,9 @@ StatusOr<ListQuery> ParseListQuery(std::string_view query, const ListQueryOption
     } else if (key == "limit") {
       int n = 0;
       auto [p, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-      if (ec != std::errc() || p != value.data() + value.size() || n < 1 ||
-          n > options.max_limit) {
-        return WithParam(InvalidArgument("`limit` is \"", value, "\"; allowed: an integer from 1 to ",
-                                         options.max_limit),
+      if (ec != std::errc() || p != value.data() + value.size() || n < 1 || n > options.max_limit) {
+        return WithParam(InvalidArgument("`limit` is \"", value,
+                                         "\"; allowed: an integer from 1 to ", options.max_limit),
                          "limit");
       }
       q.limit = n;
@@ -334,8 +332,8 @@ StatusOr<ListQuery> ParseListQuery(std::string_view query, const ListQueryOption
       if (options.purpose) allowed += ", purpose";
       if (options.order) allowed += ", order";
       if (options.metadata) allowed += ", metadata[<key>]";
-      return WithParam(
-          InvalidArgument("unknown query parameter `", key, "`; allowed: ", allowed), key);
+      return WithParam(InvalidArgument("unknown query parameter `", key, "`; allowed: ", allowed),
+                       key);
     }
   }
   return q;

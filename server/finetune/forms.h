@@ -44,8 +44,7 @@ struct MultipartPart {
 // Content-Disposition header", "the body ends before the closing boundary").
 // The returned views point into `body`, which must outlive them.
 StatusOr<std::vector<MultipartPart>> ParseMultipart(std::string_view body,
-                                                    std::string_view boundary,
-                                                    int max_parts = 16);
+                                                    std::string_view boundary, int max_parts = 16);
 
 // ---- query strings ----
 

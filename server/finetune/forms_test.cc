@@ -2,7 +2,6 @@
 
 #include <gtest/gtest.h>
 
-
 namespace kiln::finetune {
 namespace {
 
@@ -36,10 +35,10 @@ TEST(MultipartBoundary, RefusesOtherTypesAndBadBoundaries) {
 }
 
 TEST(Multipart, FieldsAndFileAsTheOpenAiSdkSendsThem) {
-  const std::string body = Body(
-      "bd", {Field("purpose", "fine-tune"),
-             "Content-Disposition: form-data; name=\"file\"; filename=\"train.jsonl\"\r\n"
-             "Content-Type: application/octet-stream\r\n\r\n{\"a\": 1}\r\n{\"b\": 2}\r\n"});
+  const std::string body =
+      Body("bd", {Field("purpose", "fine-tune"),
+                  "Content-Disposition: form-data; name=\"file\"; filename=\"train.jsonl\"\r\n"
+                  "Content-Type: application/octet-stream\r\n\r\n{\"a\": 1}\r\n{\"b\": 2}\r\n"});
   auto parts = ParseMultipart(body, "bd");
   ASSERT_TRUE(parts.ok()) << parts.status();
   ASSERT_EQ(parts->size(), 2u);
@@ -108,8 +107,7 @@ TEST(Multipart, MalformedBodiesAreRefusedWithAReason) {
        "repeated"},
       {"--b\r\nContent-Disposition: form-data; name\r\n\r\n1\r\n--b--", "has no value"},
       {"--b\r\nContent-Disposition: form-data name=\"a\"\r\n\r\n1\r\n--b--", "`form-data`"},
-      {"--b\r\n folded: x\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--b--",
-       "folded"},
+      {"--b\r\n folded: x\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--b--", "folded"},
       {"--b\r\nno colon\r\n\r\n1\r\n--b--", "malformed header line"},
       {"--b\r\nContent-Disposition: form-data; name=a; filename*=latin1''x\r\n\r\n1\r\n--b--",
        "only UTF-8"},
@@ -175,8 +173,8 @@ TEST(ListQuery, DefaultsLimitsMetadataAndUnknownKeys) {
   EXPECT_FALSE(ParseListQuery("after=a&after=b", jobs).ok());
   EXPECT_FALSE(ParseListQuery("metadata[]=x", jobs).ok());
 
-  ListQueryOptions files{.default_limit = 10000, .max_limit = 10000, .purpose = true,
-                         .order = true};
+  ListQueryOptions files{
+      .default_limit = 10000, .max_limit = 10000, .purpose = true, .order = true};
   q = ParseListQuery("purpose=fine-tune&order=desc&limit=10000", files);
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(q->purpose, "fine-tune");

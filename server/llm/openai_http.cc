@@ -567,8 +567,8 @@ void OpenAiApi::LoraAdapterRoute(const http::Request& req,
   };
   const std::string name = field("lora_name");
   if (name.empty()) {
-    return SendError(r, WithParam(InvalidArgument("`lora_name` (a string) is required"),
-                                  "lora_name"));
+    return SendError(r,
+                     WithParam(InvalidArgument("`lora_name` (a string) is required"), "lora_name"));
   }
   auto success = [](std::string text) {
     http::Response ok;
@@ -612,10 +612,9 @@ void OpenAiApi::LoraAdapterRoute(const http::Request& req,
       // A taken or malformed name is about lora_name, an unknown base about base_model;
       // everything else (no folder, no adapter_config.json, shapes) about lora_path.
       const std::string param = ParamOf(s).empty()
-                                    ? (s.code() == StatusCode::kAlreadyExists ? "lora_name"
-                                       : s.code() == StatusCode::kFailedPrecondition
-                                           ? "base_model"
-                                           : "lora_path")
+                                    ? (s.code() == StatusCode::kAlreadyExists        ? "lora_name"
+                                       : s.code() == StatusCode::kFailedPrecondition ? "base_model"
+                                                                                     : "lora_path")
                                     : ParamOf(s);
       return SendError(r, WithParam(s, param));
     }
