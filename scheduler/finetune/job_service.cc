@@ -108,10 +108,10 @@ StatusOr<double> PositiveNumber(const json& v, const std::string& where, double 
 
 // The hyper-parameters a job trains with, resolved from the request (see docs/fine-tuning.md).
 struct Hyper {
-  int64_t n_epochs = 0;
-  int64_t batch_size = 0;
+  int64_t n_epochs = 1;
+  int64_t batch_size = 1;
   double learning_rate_multiplier = 1;
-  double learning_rate = 0;
+  double learning_rate = kLoraLearningRate;
   std::string method = "lora";  // lora | full
   int64_t lora_r = 8;
   double lora_alpha = 16;
@@ -136,20 +136,21 @@ struct Hyper {
             {"lr_scheduler", lr_scheduler},
             {"warmup_steps", warmup_steps}};
   }
+  // The inverse of ToJson (a stored job's resolved values); absent keys keep the defaults.
   static Hyper FromJson(const json& j) {
     Hyper h;
-    h.n_epochs = j.value("n_epochs", int64_t{1});
-    h.batch_size = j.value("batch_size", int64_t{1});
-    h.learning_rate_multiplier = j.value("learning_rate_multiplier", 1.0);
-    h.learning_rate = j.value("learning_rate", kLoraLearningRate);
-    h.method = j.value("method", std::string("lora"));
-    h.lora_r = j.value("lora_r", int64_t{8});
-    h.lora_alpha = j.value("lora_alpha", 16.0);
-    h.use_rslora = j.value("use_rslora", false);
-    h.target_modules = j.value("target_modules", std::vector<std::string>{"all-linear"});
-    h.max_seq_len = j.value("max_seq_len", kDefaultMaxSeqLen);
-    h.lr_scheduler = j.value("lr_scheduler", std::string("linear"));
-    h.warmup_steps = j.value("warmup_steps", int64_t{0});
+    h.n_epochs = j.value("n_epochs", h.n_epochs);
+    h.batch_size = j.value("batch_size", h.batch_size);
+    h.learning_rate_multiplier = j.value("learning_rate_multiplier", h.learning_rate_multiplier);
+    h.learning_rate = j.value("learning_rate", h.learning_rate);
+    h.method = j.value("method", h.method);
+    h.lora_r = j.value("lora_r", h.lora_r);
+    h.lora_alpha = j.value("lora_alpha", h.lora_alpha);
+    h.use_rslora = j.value("use_rslora", h.use_rslora);
+    h.target_modules = j.value("target_modules", h.target_modules);
+    h.max_seq_len = j.value("max_seq_len", h.max_seq_len);
+    h.lr_scheduler = j.value("lr_scheduler", h.lr_scheduler);
+    h.warmup_steps = j.value("warmup_steps", h.warmup_steps);
     return h;
   }
 };
@@ -308,13 +309,14 @@ struct FineTuningService::Impl {
 
   void RefreshGauges() {
     if (jobs_gauge == nullptr) return;
+    StatusOr<std::map<JobStatus, int64_t>> counts = store->CountJobsByStatus();
+    if (!counts.ok()) return;
     for (JobStatus s :
          {JobStatus::kValidatingFiles, JobStatus::kQueued, JobStatus::kRunning, JobStatus::kPaused,
           JobStatus::kSucceeded, JobStatus::kFailed, JobStatus::kCancelled}) {
-      StatusOr<std::vector<JobRecord>> jobs = store->JobsWithStatus({s});
-      if (jobs.ok()) {
-        jobs_gauge->WithLabels({JobStatusName(s)})->Set(static_cast<double>(jobs->size()));
-      }
+      auto it = counts->find(s);
+      jobs_gauge->WithLabels({JobStatusName(s)})
+          ->Set(it == counts->end() ? 0.0 : static_cast<double>(it->second));
     }
   }
 
@@ -844,9 +846,11 @@ StatusOr<FileRecord> FineTuningService::UploadFile(std::string_view filename,
   f.path = StrCat(impl_->FilesDir(), "/", f.id, ".jsonl");
   // Contents first (durably), then the row: a crash between them leaves an orphan file,
   // never a row without contents.
-  KILN_RETURN_IF_ERROR(models::WriteFileDurably(f.path, content));
-  KILN_RETURN_IF_ERROR(models::FsyncDirectory(impl_->FilesDir()));
-  if (Status s = impl_->store->InsertFile(f); !s.ok()) {
+  // Any failure (a full disk) removes what was written: no partial file is left behind.
+  Status s = models::WriteFileDurably(f.path, content);
+  if (s.ok()) s = models::FsyncDirectory(impl_->FilesDir());
+  if (s.ok()) s = impl_->store->InsertFile(f);
+  if (!s.ok()) {
     std::error_code ec;
     fs::remove(f.path, ec);
     return s;

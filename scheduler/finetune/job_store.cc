@@ -741,6 +741,20 @@ StatusOr<Page<JobRecord>> JobStore::ListJobs(
   });
 }
 
+StatusOr<std::map<JobStatus, int64_t>> JobStore::CountJobsByStatus() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->Transaction(false, [&]() -> StatusOr<std::map<JobStatus, int64_t>> {
+    Stmt s = impl_->Prepare("SELECT status, COUNT(*) FROM jobs GROUP BY status");
+    std::map<JobStatus, int64_t> out;
+    for (;;) {
+      KILN_ASSIGN_OR_RETURN(bool row, s.Step());
+      if (!row) break;
+      if (std::optional<JobStatus> st = ParseJobStatus(s.Text(0))) out[*st] = s.Int(1);
+    }
+    return out;
+  });
+}
+
 StatusOr<std::vector<JobRecord>> JobStore::JobsWithStatus(
     const std::vector<JobStatus>& statuses) const {
   absl::MutexLock lock(&impl_->mu);

@@ -161,6 +161,8 @@ class JobStore {
   // Newest first; `metadata` filters on equal key/value pairs (all must match).
   StatusOr<Page<JobRecord>> ListJobs(std::string_view after, int limit,
                                      const std::map<std::string, std::string>& metadata) const;
+  // How many jobs have each status (statuses without jobs are absent): the metrics' gauge.
+  StatusOr<std::map<JobStatus, int64_t>> CountJobsByStatus() const;
   // Jobs in any of these statuses, oldest first (the runner's queue order).
   StatusOr<std::vector<JobRecord>> JobsWithStatus(const std::vector<JobStatus>& statuses) const;
 

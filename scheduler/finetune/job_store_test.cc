@@ -372,6 +372,12 @@ TEST_F(JobStoreTest, JobsWithStatusAreOldestFirst) {
   for (const auto& j : *jobs) ids.push_back(j.id);
   EXPECT_THAT(ids, ElementsAre("ftjob-0", "ftjob-1", "ftjob-3"));
   EXPECT_TRUE(store_->JobsWithStatus({})->empty());
+  auto counts = store_->CountJobsByStatus();
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  EXPECT_EQ(*counts, (std::map<JobStatus, int64_t>{{JobStatus::kQueued, 2},
+                                                   {JobStatus::kRunning, 1},
+                                                   {JobStatus::kPaused, 1},
+                                                   {JobStatus::kSucceeded, 1}}));
 }
 
 // Two connections (as two daemons on one storage_dir would have) insert jobs with the same

@@ -30,11 +30,6 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llm_loadgen  # noqa: E402  (same directory)
 
-try:
-    import aiohttp
-except ImportError:  # pragma: no cover
-    sys.exit("finetune_serving_bench needs aiohttp: run it with the project's venv")
-
 DATA = [
     {"messages": [{"role": "user", "content": f"What is the code word number {i}?"},
                   {"role": "assistant", "content": f"The code word {i} is KILN-{i * 7919}."}]}
@@ -92,36 +87,13 @@ def train_tokens(metrics_url):
 
 
 def level(url, models, streams, per_worker, words, max_tokens, seed):
-    """One load level whose streams cycle over `models`; returns llm_loadgen's figures."""
-    servers = [llm_loadgen.Server(m, url, m) for m in models]
-
-    async def go():
-        connector = aiohttp.TCPConnector(limit=0, force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            rng = llm_loadgen.random.Random(seed)
-            prompts = [[llm_loadgen.make_prompt(rng, words) for _ in range(per_worker)]
-                       for _ in range(streams)]
-
-            async def worker(i):
-                s = servers[i % len(servers)]
-                return [await llm_loadgen.complete(session, s, p, max_tokens, True, 600)
-                        for p in prompts[i]]
-
-            start = time.perf_counter()
-            results = await asyncio.gather(*(worker(i) for i in range(streams)))
-            wall = time.perf_counter() - start
-        flat = [r for rs in results for r in rs]
-        ok = [r for r in flat if r["ok"]]
-        gaps = [g for r in ok for g in r["gaps"]]
-        bad = [r["error"] for r in flat if not r["ok"]]
-        if bad:
-            print(f"  {len(bad)} failed requests, e.g. {bad[0]}", file=sys.stderr)
-        return {"tokens_per_s": sum(r["tokens"] for r in ok) / wall, "ok": len(ok),
-                "requests": len(flat),
-                "itl_p50_ms": llm_loadgen.percentile(gaps, 50) * 1e3,
-                "itl_p99_ms": llm_loadgen.percentile(gaps, 99) * 1e3}
-
-    return asyncio.run(go())
+    """One load level (llm_loadgen's) whose streams cycle over `models`."""
+    server = llm_loadgen.Server(",".join(models), url, ",".join(models))
+    r = asyncio.run(llm_loadgen.run_level(server, streams, per_worker, words, max_tokens, 600,
+                                          seed))
+    if r["errors"]:
+        print(f"  failed requests: {r['errors']}", file=sys.stderr)
+    return r
 
 
 def first_token_seconds(url, model):
