@@ -80,6 +80,10 @@ constexpr IntRange kThreadsRange{0, 1024};
 constexpr IntRange kContextLengthRange{0, 1 << 24};
 constexpr IntRange kMaxLoadedAdaptersRange{0, 256};
 constexpr IntRange kMaxLoraRankRange{1, 1024};
+constexpr IntRange kFlightRecorderEntriesRange{16, 1 << 20};
+constexpr double kMaxWatchdogSeconds = 86400;
+constexpr double kMaxOtlpTimeoutSeconds = 300;
+constexpr size_t kMaxApiKeyNameLength = 64;
 
 constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
                                            "error", "critical", "off"};
@@ -109,9 +113,24 @@ constexpr size_t kMaxModelNameLength = 128;
 constexpr size_t kMaxConfigFileBytes = 16 << 20;
 
 // The keys allowed in each mapping.
-constexpr std::string_view kTopKeys[] = {"server", "logging", "fine_tuning", "models"};
-constexpr std::string_view kServerKeys[] = {
-    "grpc", "http", "metrics", "max_inflight_requests", "shutdown_grace_seconds", "storage_dir"};
+constexpr std::string_view kTopKeys[] = {"server", "logging", "fine_tuning", "observability",
+                                         "models"};
+constexpr std::string_view kServerKeys[] = {"grpc",
+                                            "http",
+                                            "metrics",
+                                            "auth",
+                                            "tls",
+                                            "max_inflight_requests",
+                                            "shutdown_grace_seconds",
+                                            "storage_dir"};
+constexpr std::string_view kAuthKeys[] = {"enabled", "api_keys", "open"};
+constexpr std::string_view kApiKeyKeys[] = {"name", "key_sha256", "key_file", "scopes"};
+constexpr std::string_view kTlsKeys[] = {"cert_file", "key_file", "client_ca_file", "metrics"};
+constexpr std::string_view kObservabilityKeys[] = {"flight_recorder", "watchdog_seconds", "tracing",
+                                                   "otlp"};
+constexpr std::string_view kFlightRecorderKeys[] = {"enabled", "entries"};
+constexpr std::string_view kTracingKeys[] = {"enabled"};
+constexpr std::string_view kOtlpKeys[] = {"endpoint", "service_name", "timeout_seconds"};
 constexpr std::string_view kGrpcKeys[] = {"enabled", "address", "max_message_bytes",
                                           "max_concurrent_streams"};
 constexpr std::string_view kHttpKeys[] = {"enabled", "address", "max_body_bytes", "threads",
@@ -577,6 +596,36 @@ class Decoder {
     *out = address;
   }
 
+  // A list of distinct values of `allowed` (`[a, b]`); an absent or null key keeps `out`.
+  void EnumList(const Fields& f, std::string_view key, const std::string& parent, Names allowed,
+                std::vector<std::string>* out) {
+    const Value* v = f.Get(key);
+    if (v == nullptr || v->is_null()) return;
+    const std::string path = Join(parent, key);
+    if (!v->is_sequence()) {
+      d_.AtPath(path,
+                absl::StrCat("expected a list of ", ListNames(allowed), ", got ", v->Describe()));
+      return;
+    }
+    out->clear();
+    for (size_t i = 0; i < v->items.size(); ++i) {
+      const Value& item = v->items[i];
+      const std::string item_path = Index(path, i);
+      d_.Record(item_path, item.mark);
+      auto known =
+          item.is_scalar() ? std::find(allowed.begin(), allowed.end(), item.scalar) : allowed.end();
+      if (known == allowed.end()) {
+        d_.AtPath(item_path,
+                  absl::StrCat("expected one of ", ListNames(allowed), "; got ", item.Describe(),
+                               item.is_scalar() ? DidYouMean(Suggest(item.scalar, allowed)) : ""));
+      } else if (std::find(out->begin(), out->end(), *known) != out->end()) {
+        d_.AtPath(item_path, absl::StrCat("`", ToAbsl(*known), "` is listed twice"));
+      } else {
+        out->emplace_back(*known);
+      }
+    }
+  }
+
  private:
   Diagnostics& d_;
 };
@@ -988,11 +1037,149 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
 
 // ---- The whole file -------------------------------------------------------------------------
 
+// Key names follow the model-name rule (they become metric labels), shorter.
+bool IsValidKeyName(std::string_view name) {
+  return name.size() <= kMaxApiKeyNameLength && IsValidModelName(name);
+}
+
+void DecodeAuth(Decoder& dec, const Value* v, AuthConfig* a) {
+  Diagnostics& d = dec.diagnostics();
+  const std::string path = "server.auth";
+  Fields f = dec.Mapping(v, path, kAuthKeys, Prefixed("api_keys", kApiKeyKeys));
+  const Value* list = f.Get("api_keys");
+  const bool keys_written = list != nullptr && !list->is_null();
+  a->enabled = keys_written;  // keys turn auth on unless `enabled` says otherwise
+  dec.Bool(f, "enabled", path, &a->enabled);
+  dec.EnumList(f, "open", path, kAuthOpenClasses, &a->open);
+  const std::string list_path = Join(path, "api_keys");
+  if (keys_written && !list->is_sequence()) {
+    d.AtPath(list_path,
+             "expected a list of keys (`- {name: ..., key_sha256: ..., scopes: "
+             "[inference]}`), got " +
+                 list->Describe());
+    return;
+  }
+  std::map<std::string, std::string> first_path;
+  for (size_t i = 0; keys_written && i < list->items.size(); ++i) {
+    const Value& item = list->items[i];
+    const std::string item_path = Index(list_path, i);
+    d.Record(item_path, item.mark);
+    if (!item.is_mapping()) {
+      d.AtPath(item_path,
+               "expected a key (a mapping with `name`, `key_sha256` or `key_file`, "
+               "and `scopes`), got " +
+                   item.Describe());
+      continue;
+    }
+    ApiKeyConfig& k = a->api_keys.emplace_back();
+    k.location = d.Location(item.mark);
+    Fields kf = dec.Mapping(&item, item_path, kApiKeyKeys);
+    k.scopes.clear();
+    if (!dec.String(kf, "name", item_path, &k.name)) {
+      d.AtPath(item_path, "a key needs a `name` (shown in metrics and logs, never the key)");
+    } else if (!IsValidKeyName(k.name)) {
+      d.AtPath(Join(item_path, "name"),
+               absl::StrCat("expected 1 to ", kMaxApiKeyNameLength, " of A-Z a-z 0-9 _ . -, got ",
+                            internal::Quote(k.name)));
+    } else if (auto [it, inserted] = first_path.emplace(k.name, item_path); !inserted) {
+      d.AtPath(Join(item_path, "name"), absl::StrCat("duplicate key name `", k.name, "` (first at ",
+                                                     d.Where(d.Find(it->second)), ")"));
+    }
+    const bool has_hash = dec.String(kf, "key_sha256", item_path, &k.key_sha256);
+    const bool has_file = dec.String(kf, "key_file", item_path, &k.key_file);
+    if (has_hash == has_file) {
+      d.AtPath(item_path, has_hash ? "give either `key_sha256` or `key_file`, not both"
+                                   : "a key needs `key_sha256` (hex SHA-256 of the key, e.g. "
+                                     "from `printf %s KEY | sha256sum`) or `key_file`");
+    }
+    if (has_hash) {
+      k.key_sha256 = Lower(k.key_sha256);
+      if (k.key_sha256.size() != 64 ||
+          k.key_sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        d.AtPath(Join(item_path, "key_sha256"),
+                 "expected 64 hex digits (the SHA-256 of the key, not the key itself)");
+      }
+    }
+    if (has_file && k.key_file.empty()) {
+      d.AtPath(Join(item_path, "key_file"), "expected a file path, got an empty string");
+    }
+    dec.EnumList(kf, "scopes", item_path, kAuthScopes, &k.scopes);
+    const Value* scopes = kf.Get("scopes");
+    if (scopes == nullptr || scopes->is_null() ||
+        (scopes->is_sequence() && scopes->items.empty())) {
+      d.AtPath(item_path,
+               absl::StrCat("a key needs `scopes`, a non-empty list of ", ListNames(kAuthScopes)));
+    }
+  }
+  if (a->enabled && a->api_keys.empty() && !d.Failed(list_path)) {
+    d.AtPath(keys_written ? list_path : Join(path, "enabled"),
+             "auth is on but `server.auth.api_keys` lists no key: every request would be "
+             "refused (add a key, or set `server.auth.enabled: false`)");
+  }
+}
+
+void DecodeTls(Decoder& dec, const Value* v, TlsConfig* t) {
+  Diagnostics& d = dec.diagnostics();
+  const std::string path = "server.tls";
+  Fields f = dec.Mapping(v, path, kTlsKeys);
+  dec.String(f, "cert_file", path, &t->cert_file);
+  dec.String(f, "key_file", path, &t->key_file);
+  dec.String(f, "client_ca_file", path, &t->client_ca_file);
+  dec.Bool(f, "metrics", path, &t->metrics);
+  if (t->cert_file.empty() && !t->key_file.empty()) {
+    d.AtPath(Join(path, "key_file"), "`key_file` is set but `cert_file` is not; TLS needs both");
+  } else if (!t->cert_file.empty() && t->key_file.empty()) {
+    d.AtPath(Join(path, "cert_file"), "`cert_file` is set but `key_file` is not; TLS needs both");
+  }
+  if (t->cert_file.empty() && !t->client_ca_file.empty()) {
+    d.AtPath(Join(path, "client_ca_file"),
+             "client certificates (mTLS) need TLS on: set `cert_file` and `key_file`");
+  }
+  if (t->cert_file.empty() && t->metrics) {
+    d.AtPath(Join(path, "metrics"), "TLS on the metrics port needs `cert_file` and `key_file`");
+  }
+}
+
+void DecodeObservability(Decoder& dec, const Value* v, ObservabilityConfig* o) {
+  Diagnostics& d = dec.diagnostics();
+  const std::string path = "observability";
+  std::vector<std::string> nested = Prefixed("flight_recorder", kFlightRecorderKeys);
+  for (std::string& n : Prefixed("tracing", kTracingKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("otlp", kOtlpKeys)) nested.push_back(std::move(n));
+  Fields f = dec.Mapping(v, path, kObservabilityKeys, nested);
+  Fields fr =
+      dec.Mapping(f.Get("flight_recorder"), "observability.flight_recorder", kFlightRecorderKeys);
+  dec.Bool(fr, "enabled", "observability.flight_recorder", &o->flight_recorder.enabled);
+  dec.Int(fr, "entries", "observability.flight_recorder", kFlightRecorderEntriesRange,
+          &o->flight_recorder.entries);
+  dec.Double(f, "watchdog_seconds", path, 0, kMaxWatchdogSeconds, &o->watchdog_seconds);
+  Fields tr = dec.Mapping(f.Get("tracing"), "observability.tracing", kTracingKeys);
+  dec.Bool(tr, "enabled", "observability.tracing", &o->tracing.enabled);
+  Fields otlp = dec.Mapping(f.Get("otlp"), "observability.otlp", kOtlpKeys);
+  if (dec.String(otlp, "endpoint", "observability.otlp", &o->otlp.endpoint) &&
+      !o->otlp.endpoint.empty() && o->otlp.endpoint.rfind("http://", 0) != 0 &&
+      o->otlp.endpoint.rfind("https://", 0) != 0) {
+    d.AtPath("observability.otlp.endpoint",
+             absl::StrCat("expected an http:// or https:// URL such as "
+                          "http://otel-collector:4318/v1/traces, got ",
+                          internal::Quote(o->otlp.endpoint)));
+  }
+  if (dec.String(otlp, "service_name", "observability.otlp", &o->otlp.service_name) &&
+      o->otlp.service_name.empty()) {
+    d.AtPath("observability.otlp.service_name", "expected a name, got an empty string");
+    o->otlp.service_name = ObservabilityConfig::Otlp().service_name;
+  }
+  dec.Double(otlp, "timeout_seconds", "observability.otlp", 0.001, kMaxOtlpTimeoutSeconds,
+             &o->otlp.timeout_seconds);
+}
+
 void DecodeServer(Decoder& dec, const Value* v, ServerConfig* s) {
   Diagnostics& d = dec.diagnostics();
   std::vector<std::string> nested = Prefixed("grpc", kGrpcKeys);
   for (std::string& n : Prefixed("http", kHttpKeys)) nested.push_back(std::move(n));
   for (std::string& n : Prefixed("metrics", kMetricsKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("auth", kAuthKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("tls", kTlsKeys)) nested.push_back(std::move(n));
   Fields f = dec.Mapping(v, "server", kServerKeys, nested);
 
   Fields grpc = dec.Mapping(f.Get("grpc"), "server.grpc", kGrpcKeys);
@@ -1014,6 +1201,9 @@ void DecodeServer(Decoder& dec, const Value* v, ServerConfig* s) {
   Fields metrics = dec.Mapping(f.Get("metrics"), "server.metrics", kMetricsKeys);
   dec.Bool(metrics, "enabled", "server.metrics", &s->metrics.enabled);
   dec.Address(metrics, "address", "server.metrics", &s->metrics.address);
+
+  DecodeAuth(dec, f.Get("auth"), &s->auth);
+  DecodeTls(dec, f.Get("tls"), &s->tls);
 
   dec.Int(f, "max_inflight_requests", "server", kMaxInflightRequestsRange,
           &s->max_inflight_requests);
@@ -1059,6 +1249,9 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
   std::vector<std::string> nested = Prefixed("server", kServerKeys);
   for (std::string& n : Prefixed("logging", kLoggingKeys)) nested.push_back(std::move(n));
   for (std::string& n : Prefixed("fine_tuning", kFineTuningKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("observability", kObservabilityKeys)) {
+    nested.push_back(std::move(n));
+  }
   // `x-` keys are the user's (e.g. for YAML anchors), as in Docker Compose.
   Fields top = dec.Mapping(&root, "", kTopKeys, nested, /*ignored_prefix=*/"x-");
   if (d.Failed("")) return;
@@ -1086,6 +1279,8 @@ void DecodeConfig(const Value& root, Diagnostics& d, Config* config) {
   dec.Int(ft, "max_file_bytes", "fine_tuning", kMaxFileBytesRange, &t.max_file_bytes);
   dec.Int(ft, "threads", "fine_tuning", kJobThreadsRange, &t.threads);
   dec.Enum(ft, "backend", "fine_tuning", kBackends, /*ignore_case=*/false, &t.backend);
+
+  DecodeObservability(dec, top.Get("observability"), &config->observability);
 
   const Value* models = top.Get("models");
   if (models == nullptr || models->is_null()) return;  // no models
@@ -1205,6 +1400,12 @@ class YamlWriter {
 
 std::string YamlBool(bool b) { return b ? "true" : "false"; }
 
+std::string YamlList(const std::vector<std::string>& items) {
+  std::vector<std::string> quoted;
+  for (const std::string& item : items) quoted.push_back(YamlString(item));
+  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
+}
+
 void WriteQueuePolicy(YamlWriter& w, int indent, const QueuePolicy& q) {
   w.Line(indent, "timeout_action", TimeoutActionName(q.timeout_action));
   w.Line(indent, "default_timeout_microseconds", std::to_string(q.default_timeout_microseconds));
@@ -1302,7 +1503,7 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
 
 bool Config::operator==(const Config& o) const {
   return server == o.server && logging == o.logging && fine_tuning == o.fine_tuning &&
-         models == o.models;
+         observability == o.observability && models == o.models;
 }
 
 const ModelConfig* Config::FindModel(std::string_view name) const {
@@ -1442,6 +1643,25 @@ std::string ToYaml(const Config& c) {
   w.Line(2, "metrics");
   w.Line(4, "enabled", YamlBool(s.metrics.enabled));
   w.Line(4, "address", YamlString(s.metrics.address));
+  w.Line(2, "auth");
+  w.Line(4, "enabled", YamlBool(s.auth.enabled));
+  if (s.auth.api_keys.empty()) {
+    w.Line(4, "api_keys", "[]");
+  } else {
+    w.Line(4, "api_keys");
+    for (const ApiKeyConfig& k : s.auth.api_keys) {
+      w.ItemLine(6, "name", YamlString(k.name));
+      if (!k.key_sha256.empty()) w.Line(8, "key_sha256", YamlString(k.key_sha256));
+      if (!k.key_file.empty()) w.Line(8, "key_file", YamlString(k.key_file));
+      w.Line(8, "scopes", YamlList(k.scopes));
+    }
+  }
+  w.Line(4, "open", YamlList(s.auth.open));
+  w.Line(2, "tls");
+  w.Line(4, "cert_file", YamlString(s.tls.cert_file));
+  w.Line(4, "key_file", YamlString(s.tls.key_file));
+  w.Line(4, "client_ca_file", YamlString(s.tls.client_ca_file));
+  w.Line(4, "metrics", YamlBool(s.tls.metrics));
   w.Line(2, "max_inflight_requests", std::to_string(s.max_inflight_requests));
   // Shortest text that reads back as the same double.
   w.Line(2, "shutdown_grace_seconds", fmt::format("{}", s.shutdown_grace_seconds));
@@ -1461,6 +1681,18 @@ std::string ToYaml(const Config& c) {
   w.Line(2, "max_file_bytes", std::to_string(t.max_file_bytes));
   w.Line(2, "threads", std::to_string(t.threads));
   w.Line(2, "backend", YamlString(t.backend));
+  const ObservabilityConfig& o = c.observability;
+  w.Line(0, "observability");
+  w.Line(2, "flight_recorder");
+  w.Line(4, "enabled", YamlBool(o.flight_recorder.enabled));
+  w.Line(4, "entries", std::to_string(o.flight_recorder.entries));
+  w.Line(2, "watchdog_seconds", fmt::format("{}", o.watchdog_seconds));
+  w.Line(2, "tracing");
+  w.Line(4, "enabled", YamlBool(o.tracing.enabled));
+  w.Line(2, "otlp");
+  w.Line(4, "endpoint", YamlString(o.otlp.endpoint));
+  w.Line(4, "service_name", YamlString(o.otlp.service_name));
+  w.Line(4, "timeout_seconds", fmt::format("{}", o.otlp.timeout_seconds));
   if (c.models.empty()) {
     w.Line(0, "models", "[]");
   } else {

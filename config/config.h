@@ -57,10 +57,59 @@ struct MetricsConfig {
   bool operator==(const MetricsConfig&) const = default;
 };
 
+// ---- server.auth: API keys ---------------------------------------------------------------
+//
+// With auth on, every request carries `Authorization: Bearer <key>` (HTTP) or `authorization:
+// Bearer <key>` (gRPC metadata, as tritonclient and the openai SDK send it). A route's class
+// (server/http_routes.h; gRPC methods map the same way) says which scope it needs; classes
+// named in `open` need no key.
+
+// The scopes a key may hold, and the route classes that may be left open.
+inline constexpr std::string_view kAuthScopes[] = {"inference", "fine_tuning", "admin"};
+inline constexpr std::string_view kAuthOpenClasses[] = {"health", "metrics", "openapi",
+                                                        "inference"};
+
+struct ApiKeyConfig {
+  std::string name;                 // [A-Za-z0-9_.-]{1,64}, unique: what metrics and logs show
+  std::string key_sha256;           // 64 hex digits: SHA-256 of the key; or
+  std::string key_file;             // a file whose content (trailing newline stripped) is the key
+  std::vector<std::string> scopes;  // of kAuthScopes, at least one, no repeats
+  SourceLocation location;          // where the entry was written (for start-up errors)
+  bool operator==(const ApiKeyConfig& o) const {
+    return name == o.name && key_sha256 == o.key_sha256 && key_file == o.key_file &&
+           scopes == o.scopes;
+  }
+};
+
+struct AuthConfig {
+  // On when `api_keys` is written (then `enabled: false` turns it off); `enabled: true` with
+  // no keys is refused at start-up, naming the line.
+  bool enabled = false;
+  std::vector<ApiKeyConfig> api_keys;
+  std::vector<std::string> open = {"health", "metrics"};  // of kAuthOpenClasses
+  bool operator==(const AuthConfig&) const = default;
+};
+
+// ---- server.tls ----------------------------------------------------------------------------
+
+// TLS on the gRPC and HTTP ports (and the metrics port if `metrics`). Off while cert_file is
+// empty. Files are PEM; they are read at start-up (an unreadable, mismatched or expired
+// certificate is a start-up error) and again on SIGHUP.
+struct TlsConfig {
+  std::string cert_file;       // the server's certificate chain
+  std::string key_file;        // its private key; required with cert_file
+  std::string client_ca_file;  // optional: require client certificates signed by this CA
+  bool metrics = false;        // also serve /metrics over TLS
+  bool enabled() const { return !cert_file.empty(); }
+  bool operator==(const TlsConfig&) const = default;
+};
+
 struct ServerConfig {
   GrpcConfig grpc;
   HttpConfig http;
   MetricsConfig metrics;
+  AuthConfig auth;
+  TlsConfig tls;
   // Requests admitted at once across all front ends (queued + executing). Past it, new
   // requests are refused at once with RESOURCE_EXHAUSTED / HTTP 429.
   int max_inflight_requests = 4096;
@@ -192,12 +241,42 @@ struct ModelConfig {
   bool operator==(const ModelConfig& other) const;
 };
 
+// ---- observability --------------------------------------------------------------------------
+
+struct ObservabilityConfig {
+  // A ring of recent events per model (steps, batches, request state changes), dumped as
+  // JSON on SIGUSR1, at GET /debug/flight_recorder and by the watchdog.
+  struct FlightRecorder {
+    bool enabled = true;
+    int entries = 4096;  // events kept per model, [16, 1048576]
+    bool operator==(const FlightRecorder&) const = default;
+  } flight_recorder;
+  // A step, batch or request that makes no progress this long dumps the flight recorder and
+  // names what is stuck; 0 turns the watchdog off. [0, 86400].
+  double watchdog_seconds = 60;
+  // Per-request spans: W3C traceparent in and out, GET /debug/trace, OTLP export.
+  struct Tracing {
+    bool enabled = true;
+    bool operator==(const Tracing&) const = default;
+  } tracing;
+  // Export spans to an OpenTelemetry collector over OTLP/HTTP JSON; off while endpoint is
+  // empty. endpoint: http://HOST:PORT/v1/traces.
+  struct Otlp {
+    std::string endpoint;
+    std::string service_name = "kilnd";
+    double timeout_seconds = 5;  // per export request, (0, 300]
+    bool operator==(const Otlp&) const = default;
+  } otlp;
+  bool operator==(const ObservabilityConfig&) const = default;
+};
+
 // ---- the whole file -------------------------------------------------------------------------
 
 struct Config {
   ServerConfig server;
   LoggingConfig logging;
   FineTuningConfig fine_tuning;
+  ObservabilityConfig observability;
   std::vector<ModelConfig> models;
   std::string source;  // the file it came from, or "<default>"
 

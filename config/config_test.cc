@@ -114,8 +114,8 @@ TEST(DefaultConfigTest, EmbeddedTextIsTheExampleFileByteForByte) {
 }
 
 TEST(DefaultConfigTest, EveryKeyIsCommented) {
-  // Each `key:` line of the server, logging and fine_tuning sections has a comment on it or just
-  // above it; the model keys are documented in the comment block above `models:`.
+  // Each `key:` line of the server, logging, fine_tuning and observability sections has a comment
+  // on it or just above it; the model keys are documented in the comment block above `models:`.
   std::istringstream in{std::string(DefaultConfigYaml())};
   std::string previous;
   int keys = 0;
@@ -132,7 +132,7 @@ TEST(DefaultConfigTest, EveryKeyIsCommented) {
       EXPECT_TRUE(commented) << "no comment for: " << line;
     }
   }
-  EXPECT_EQ(keys, 26);  // every scalar key of server, logging and fine_tuning
+  EXPECT_EQ(keys, 40);  // every scalar key of server, logging, fine_tuning and observability
   for (std::string_view key : {"name",
                                "kind",
                                "builtin",
@@ -472,10 +472,10 @@ TEST(ConfigErrorsTest, ControlCharactersInMessagesAreEscaped) {
 TEST(ConfigErrorsTest, TopLevelMustBeAMapping) {
   EXPECT_THAT(Errors("- server\n"),
               ElementsAre("f.yaml:1:1: expected a mapping at the top level (keys: server, "
-                          "logging, fine_tuning, models), got a sequence"));
+                          "logging, fine_tuning, observability, models), got a sequence"));
   EXPECT_THAT(Errors("just text\n"),
               ElementsAre("f.yaml:1:1: expected a mapping at the top level (keys: server, "
-                          "logging, fine_tuning, models), got `just text`"));
+                          "logging, fine_tuning, observability, models), got `just text`"));
 }
 
 TEST(ConfigErrorsTest, HostileInputIsRefusedQuickly) {
@@ -825,10 +825,11 @@ TEST(OverridesTest, ErrorsNameTheOverride) {
   EXPECT_THAT(Errors("", {"server.grpc.address=[1"}),
               ElementsAre("<set>:1:21: invalid YAML: end of sequence flow not found (in --set "
                           "`server.grpc.address=[1`)"));
-  EXPECT_THAT(Errors("", {"server=5"}),
-              ElementsAre("<set>:1:8: `server`: expected a mapping (keys: grpc, http, metrics, "
-                          "max_inflight_requests, shutdown_grace_seconds, storage_dir), got `5` "
-                          "(in --set `server=5`)"));
+  EXPECT_THAT(
+      Errors("", {"server=5"}),
+      ElementsAre("<set>:1:8: `server`: expected a mapping (keys: grpc, http, metrics, "
+                  "auth, tls, max_inflight_requests, shutdown_grace_seconds, storage_dir), got `5` "
+                  "(in --set `server=5`)"));
 }
 
 TEST(OverridesTest, AFailedOverrideChangesNothing) {
@@ -1180,6 +1181,100 @@ TEST(FineTuningConfigTest, ParsesAndChecksRanges) {
   EXPECT_THAT(Errors("fine_tuning:\n  checkpoint_every_secs: 5\n"),
               ElementsAre(HasSubstr("unknown key `checkpoint_every_secs` in `fine_tuning`")));
   EXPECT_THAT(Errors("fine_tuning:\n  backend: tpu\n"), ElementsAre(HasSubstr("tpu")));
+}
+
+TEST(AuthConfigTest, KeysTurnAuthOnAndRoundTrip) {
+  Config c = Parse("");
+  EXPECT_FALSE(c.server.auth.enabled);
+  EXPECT_THAT(c.server.auth.open, ElementsAre("health", "metrics"));
+  const std::string hash(64, 'A');
+  c = Parse("server:\n  auth:\n    api_keys:\n      - name: ci\n        key_sha256: " + hash +
+            "\n        scopes: [inference, admin]\n      - {name: ft, key_file: /k, scopes: "
+            "[fine_tuning]}\n    open: [health]\n");
+  EXPECT_TRUE(c.server.auth.enabled);  // written keys turn it on
+  ASSERT_EQ(c.server.auth.api_keys.size(), 2u);
+  EXPECT_EQ(c.server.auth.api_keys[0].key_sha256, std::string(64, 'a'));  // lower-cased
+  EXPECT_THAT(c.server.auth.api_keys[0].scopes, ElementsAre("inference", "admin"));
+  EXPECT_EQ(c.server.auth.api_keys[1].key_file, "/k");
+  EXPECT_EQ(c.server.auth.api_keys[1].location.line, 7);
+  EXPECT_THAT(c.server.auth.open, ElementsAre("health"));
+  StatusOr<Config> back = ParseConfig(ToYaml(c), "round-trip");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ToYaml(c);
+  EXPECT_EQ(*back, c);
+  // Keys written but auth explicitly off.
+  c = Parse(
+      "server:\n  auth:\n    enabled: false\n    api_keys: [{name: a, key_file: /k, "
+      "scopes: [admin]}]\n");
+  EXPECT_FALSE(c.server.auth.enabled);
+}
+
+TEST(AuthConfigTest, ErrorsNameTheLine) {
+  // Auth on with no key would refuse everything: refused, at the line that turned it on.
+  EXPECT_THAT(Errors("server:\n  auth:\n    enabled: true\n"),
+              ElementsAre(HasSubstr("f.yaml:3:14: `server.auth.enabled`: auth is on but")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: []\n"),
+              ElementsAre(HasSubstr("f.yaml:3:15: `server.auth.api_keys`: auth is on but")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: [{name: a, scopes: [admin]}]\n"),
+              ElementsAre(HasSubstr("needs `key_sha256`")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: [{name: a, key_sha256: abc, scopes: "
+                     "[admin]}]\n"),
+              ElementsAre(HasSubstr("expected 64 hex digits")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: [{name: a, key_file: /k, scopes: "
+                     "[admn]}]\n"),
+              ElementsAre(HasSubstr("did you mean `admin`")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: [{name: a, key_file: /k}]\n"),
+              ElementsAre(HasSubstr("a key needs `scopes`")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys:\n      - {name: a, key_file: /k, scopes: "
+                     "[admin]}\n      - {name: a, key_file: /j, scopes: [admin]}\n"),
+              ElementsAre(HasSubstr("duplicate key name `a` (first at f.yaml:4:9)")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    open: [health, health]\n"),
+              ElementsAre(HasSubstr("`health` is listed twice")));
+  EXPECT_THAT(Errors("server:\n  auth:\n    api_keys: [{name: a b, key_file: /k, scopes: "
+                     "[admin]}]\n"),
+              ElementsAre(HasSubstr("`server.auth.api_keys[0].name`")));
+}
+
+TEST(TlsConfigTest, FilesComeInPairs) {
+  Config c = Parse("server:\n  tls:\n    cert_file: /c.pem\n    key_file: /k.pem\n");
+  EXPECT_TRUE(c.server.tls.enabled());
+  EXPECT_FALSE(Parse("").server.tls.enabled());
+  StatusOr<Config> back = ParseConfig(ToYaml(c), "round-trip");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, c);
+  EXPECT_THAT(Errors("server:\n  tls:\n    cert_file: /c.pem\n"),
+              ElementsAre(HasSubstr("`cert_file` is set but `key_file` is not")));
+  EXPECT_THAT(Errors("server:\n  tls:\n    key_file: /k.pem\n"),
+              ElementsAre(HasSubstr("`key_file` is set but `cert_file` is not")));
+  EXPECT_THAT(Errors("server:\n  tls:\n    client_ca_file: /ca.pem\n"),
+              ElementsAre(HasSubstr("mTLS")));
+  EXPECT_THAT(Errors("server:\n  tls:\n    metrics: true\n"),
+              ElementsAre(HasSubstr("TLS on the metrics port needs")));
+}
+
+TEST(ObservabilityConfigTest, DefaultsRangesAndRoundTrip) {
+  Config c = Parse("");
+  EXPECT_TRUE(c.observability.flight_recorder.enabled);
+  EXPECT_EQ(c.observability.flight_recorder.entries, 4096);
+  EXPECT_EQ(c.observability.watchdog_seconds, 60);
+  EXPECT_TRUE(c.observability.tracing.enabled);
+  EXPECT_TRUE(c.observability.otlp.endpoint.empty());
+  c = Parse(
+      "observability:\n  flight_recorder: {entries: 64}\n  watchdog_seconds: 0.5\n"
+      "  otlp: {endpoint: 'http://c:4318/v1/traces', timeout_seconds: 2}\n");
+  EXPECT_EQ(c.observability.flight_recorder.entries, 64);
+  EXPECT_EQ(c.observability.watchdog_seconds, 0.5);
+  EXPECT_EQ(c.observability.otlp.endpoint, "http://c:4318/v1/traces");
+  StatusOr<Config> back = ParseConfig(ToYaml(c), "round-trip");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, c);
+  EXPECT_THAT(Errors("observability:\n  flight_recorder: {entries: 8}\n"),
+              ElementsAre(HasSubstr("`observability.flight_recorder.entries`")));
+  EXPECT_THAT(Errors("observability:\n  watchdog_seconds: -1\n"),
+              ElementsAre(HasSubstr("`observability.watchdog_seconds`")));
+  EXPECT_THAT(Errors("observability:\n  otlp: {endpoint: 'collector:4318'}\n"),
+              ElementsAre(HasSubstr("expected an http:// or https:// URL")));
+  EXPECT_THAT(Errors("observability:\n  watchdog: 5\n"),
+              ElementsAre(HasSubstr("did you mean `watchdog_seconds`")));
 }
 
 TEST(LlmModelTest, LoraAdaptersDefaultsListAndRoundTrip) {
