@@ -10,6 +10,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
@@ -267,14 +269,76 @@ using Core = Server::Core;
 
 namespace {
 
+// ---- Transport: the byte stream under a connection, plain TCP or TLS over TCP --------------
+
+// One Connection serves both: the few operations it needs go through here, which picks the
+// plain socket or the TLS stream at run time. Confined to the connection's strand.
+class Transport {
+ public:
+  explicit Transport(tcp::socket socket) : plain_(std::move(socket)) {}
+  // `context` is kept alive with the stream: a reload may drop the server's reference to it.
+  Transport(tcp::socket socket, std::shared_ptr<asio::ssl::context> context)
+      : context_(std::move(context)) {
+    tls_.emplace(std::move(socket), *context_);
+  }
+
+  bool tls() const { return tls_.has_value(); }
+  tcp::socket& socket() { return tls_ ? tls_->next_layer() : *plain_; }
+
+  // REQUIRES: tls().
+  template <typename Handler>
+  void AsyncHandshake(Handler handler) {
+    tls_->async_handshake(asio::ssl::stream_base::server, std::move(handler));
+  }
+  // Sends close_notify and waits for the client's (or an error, e.g. the client just closing
+  // TCP, which is what most do). REQUIRES: tls(), no read outstanding.
+  template <typename Handler>
+  void AsyncShutdown(Handler handler) {
+    tls_->async_shutdown(std::move(handler));
+  }
+
+  template <typename Handler>
+  void AsyncReadSome(asio::mutable_buffer buffer, Handler handler) {
+    if (tls_) {
+      tls_->async_read_some(buffer, std::move(handler));
+    } else {
+      plain_->async_read_some(buffer, std::move(handler));
+    }
+  }
+
+  // REQUIRES: `buffers` stay valid until `handler` runs.
+  template <typename Handler>
+  void AsyncWrite(const std::vector<asio::const_buffer>& buffers, Handler handler) {
+    if (!tls_) {
+      asio::async_write(*plain_, buffers, std::move(handler));
+      return;
+    }
+    // A TLS stream encrypts one buffer per record: gather them first, so that a response
+    // header and body leave as one record, not several small ones.
+    if (buffers.size() == 1) {
+      asio::async_write(*tls_, buffers, std::move(handler));
+      return;
+    }
+    joined_.clear();
+    for (const auto& b : buffers) joined_.append(static_cast<const char*>(b.data()), b.size());
+    asio::async_write(*tls_, asio::buffer(joined_), std::move(handler));
+  }
+
+ private:
+  std::shared_ptr<asio::ssl::context> context_;
+  std::optional<tcp::socket> plain_;
+  std::optional<asio::ssl::stream<tcp::socket>> tls_;
+  std::string joined_;  // the gathered buffers of the write in progress (TLS)
+};
+
 // ---- Connection: one client socket; every member is confined to `strand_` --------------------
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(std::shared_ptr<Core> core, Strand strand, tcp::socket socket, uint64_t id)
+  Connection(std::shared_ptr<Core> core, Strand strand, Transport transport, uint64_t id)
       : core_(std::move(core)),
         strand_(std::move(strand)),
-        socket_(std::move(socket)),
+        transport_(std::move(transport)),
         read_timer_(strand_),
         write_timer_(strand_),
         id_(id) {}
@@ -286,9 +350,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Start() {
     if (phase_ == Phase::kClosed) return;  // aborted before it started
     error_code ec;
-    socket_.set_option(tcp::no_delay(true), ec);  // streamed tokens must not wait for Nagle
-    auto ep = socket_.remote_endpoint(ec);
+    tcp::socket& socket = transport_.socket();
+    socket.set_option(tcp::no_delay(true), ec);  // streamed tokens must not wait for Nagle
+    auto ep = socket.remote_endpoint(ec);
     remote_ = ec ? std::string("unknown") : FormatEndpoint(ep);
+    if (transport_.tls()) {
+      if (stopping_) {
+        Close();
+        return;
+      }
+      phase_ = Phase::kHandshaking;
+      ArmReadTimer(std::chrono::seconds(core_->options.idle_timeout_seconds));
+      transport_.AsyncHandshake(
+          [self = shared_from_this()](const error_code& ec) { self->OnHandshake(ec); });
+      return;
+    }
+    StartReading();
+  }
+
+  void OnHandshake(const error_code& ec) {
+    if (phase_ == Phase::kClosed) return;  // timed out, or the server is shutting down
+    if (ec) {
+      // Plain HTTP to a TLS port, a client that does not trust us, no client certificate...
+      spdlog::debug("{}: {}: TLS handshake failed: {}", core_->options.name, remote_, ec.message());
+      Close();
+      return;
+    }
+    StartReading();
+  }
+
+  void StartReading() {
     NewRequest();
     if (stopping_) {
       Close();
@@ -300,6 +391,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Server shutdown, phase 1: close if idle; otherwise close after the current response.
   void OnStopping() {
     stopping_ = true;
+    if (phase_ == Phase::kHandshaking) Close();
     if (phase_ == Phase::kReading && parser_ && in_.size() == 0 && !parser_->got_some()) Close();
   }
   // Server shutdown, phase 2 (deadline passed): cut whatever is running.
@@ -319,9 +411,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
  private:
   enum class Phase {
-    kReading,    // parsing a request (or waiting for one)
-    kHandling,   // a request is with the handler / its response is being written
-    kLingering,  // our side is done; draining the client's data before closing
+    kHandshaking,  // TLS handshake in progress
+    kReading,      // parsing a request (or waiting for one)
+    kHandling,     // a request is with the handler / its response is being written
+    kLingering,    // our side is done; draining the client's data before closing
     kClosed,
   };
   // The request being answered.
@@ -360,10 +453,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void MaybeRead() {
-    if (reading_ || phase_ == Phase::kClosed || peer_eof_) return;
+    if (reading_ || phase_ == Phase::kClosed || phase_ == Phase::kHandshaking || peer_eof_ ||
+        shutting_down_tls_) {
+      return;
+    }
     if (phase_ == Phase::kHandling && in_.size() >= kMaxPipelinedBytes) return;
     reading_ = true;
-    socket_.async_read_some(
+    transport_.AsyncReadSome(
         asio::buffer(read_buf_),
         [self = shared_from_this()](const error_code& ec, size_t n) { self->OnRead(ec, n); });
   }
@@ -371,6 +467,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void OnRead(const error_code& ec, size_t n) {
     reading_ = false;
     if (phase_ == Phase::kClosed) return;
+    if (shutting_down_tls_) {  // the read LingerTls cancelled (or data to discard)
+      ShutdownTls();
+      return;
+    }
     if (ec) {
       if (phase_ == Phase::kHandling && ec == asio::error::eof) {
         // The client shut down its side. It may still read (a half-close), so a response
@@ -598,9 +698,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
     write_count_ = std::min(out_.size(), kMaxWriteBatch);
     for (size_t i = 0; i < write_count_; ++i) write_bufs_.push_back(asio::buffer(out_[i]));
     ArmWriteTimer();
-    asio::async_write(
-        socket_, write_bufs_,
-        [self = shared_from_this()](const error_code& ec, size_t) { self->OnWrite(ec); });
+    transport_.AsyncWrite(write_bufs_, [self = shared_from_this()](const error_code& ec, size_t) {
+      self->OnWrite(ec);
+    });
   }
 
   void OnWrite(const error_code& ec) {
@@ -638,8 +738,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // response it has not read yet.
   void Linger() {
     phase_ = Phase::kLingering;
+    if (transport_.tls()) {
+      LingerTls();
+      return;
+    }
     error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    transport_.socket().shutdown(tcp::socket::shutdown_send, ignored);
     if (peer_eof_) {
       Close();
       return;
@@ -647,6 +751,29 @@ class Connection : public std::enable_shared_from_this<Connection> {
     in_.clear();
     ArmReadTimer(kLingerTime);
     MaybeRead();
+  }
+
+  // TLS: send close_notify (the client's end of a close-delimited body), then wait for the
+  // client's close_notify or its TCP close, for the linger time at most. The TLS shutdown reads
+  // by itself, so a read still outstanding is cancelled first; OnRead then starts it.
+  void LingerTls() {
+    if (peer_eof_) {
+      Close();
+      return;
+    }
+    in_.clear();
+    ArmReadTimer(kLingerTime);
+    shutting_down_tls_ = true;
+    if (reading_) {
+      error_code ignored;
+      transport_.socket().cancel(ignored);
+      return;
+    }
+    ShutdownTls();
+  }
+
+  void ShutdownTls() {
+    transport_.AsyncShutdown([self = shared_from_this()](const error_code&) { self->Close(); });
   }
 
   void SignalGone() {
@@ -676,8 +803,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     DisarmReadTimer();
     DisarmWriteTimer();
     error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_both, ignored);
-    socket_.close(ignored);
+    transport_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    transport_.socket().close(ignored);
     out_.clear();
     in_.clear();
     core_->Unregister(id_);
@@ -712,16 +839,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   const std::shared_ptr<Core> core_;
   const Strand strand_;
-  tcp::socket socket_;
+  Transport transport_;
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
   const uint64_t id_;
   std::string remote_;
 
   Phase phase_ = Phase::kReading;
-  bool stopping_ = false;  // server shutdown: close after the current response
-  bool closing_ = false;   // close once the queue is written (after an error response)
-  bool peer_eof_ = false;  // the client shut down its sending side
+  bool stopping_ = false;           // server shutdown: close after the current response
+  bool closing_ = false;            // close once the queue is written (after an error response)
+  bool peer_eof_ = false;           // the client shut down its sending side
+  bool shutting_down_tls_ = false;  // TLS close_notify sent or about to be: no more reads
   bool header_checked_ = false;
   uint64_t seq_ = 0;
   uint64_t read_gen_ = 0, write_gen_ = 0;
@@ -938,7 +1066,9 @@ void Core::OnAccept(const error_code& ec, const Strand& strand, tcp::socket sock
     return;
   }
   const uint64_t id = ++next_id_;
-  auto conn = std::make_shared<Connection>(shared_from_this(), strand, std::move(socket), id);
+  Transport transport = options.tls ? Transport(std::move(socket), options.tls->Current())
+                                    : Transport(std::move(socket));
+  auto conn = std::make_shared<Connection>(shared_from_this(), strand, std::move(transport), id);
   if (Register(id, conn)) {
     asio::dispatch(conn->strand(), [conn] { conn->Start(); });
   }

@@ -36,6 +36,11 @@
 //   each read of a request in progress and to each write (a client that stops reading).
 // - Responses always carry `Date`, `Content-Length` (or chunked framing for streams) and
 //   `Connection: close` when the connection will close.
+// - TLS (`ServerOptions::tls` set): each connection first completes a TLS handshake (within
+//   `idle_timeout_seconds`), with the context `tls->Current()` gave it when accepted, then
+//   behaves as above. A failed handshake (e.g. plain HTTP sent to the port, no or a wrong client
+//   certificate under mTLS) closes that connection, logged at debug level. Closing after a
+//   response sends a TLS close_notify, bounded by the linger time.
 //
 // Threading: the handler runs on an I/O thread and MUST NOT block (no model execution, no
 // waiting on locks held by slow work): hand the work off and answer through the Responder
@@ -54,6 +59,7 @@
 #include <vector>
 
 #include "engine/base/status.h"
+#include "server/tls/tls.h"
 
 namespace kiln::http {
 
@@ -130,6 +136,9 @@ struct ServerOptions {
   int64_t max_body_bytes = 64 << 20;  // request body limit, >= 0
   int idle_timeout_seconds = 60;      // > 0
   std::string name = "http";          // prefix of log lines and Start() errors
+  // TLS for every connection when set; plaintext when null. Shared: update it (e.g. on SIGHUP)
+  // to change the certificate for new connections; open ones keep theirs.
+  std::shared_ptr<tls::ServerContext> tls;
 };
 
 // The server. Start() once, then StopAccepting()/Shutdown() (or just destroy it: the
