@@ -3,6 +3,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include <deque>
 #include <thread>
@@ -523,8 +526,35 @@ GrpcFrontEnd::~GrpcFrontEnd() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
 }
 
-Status GrpcFrontEnd::Start() {
+namespace {
+
+// How often gRPC's certificate watcher re-reads kilnd's in-memory copy of the TLS files
+// (gRPC's minimum). Reading three small memfds is cheap; the copy changes only on SIGHUP.
+constexpr unsigned kTlsRefreshSeconds = 1;
+
+}  // namespace
+
+Status GrpcFrontEnd::Start(const tls::Pem* tls) {
   const config::GrpcConfig& cfg = core_->config->server.grpc;
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (tls) {
+    // gRPC 1.51 has no public certificate provider that takes new material from the caller,
+    // only files on a watch: kilnd hands it in-memory files it has checked and rewrites them
+    // on SIGHUP (tls::MemoryFiles), so gRPC reloads what the HTTP side reloads, and only that.
+    KILN_ASSIGN_OR_RETURN(tls_files_, tls::MemoryFiles::Create(*tls));
+    tls_provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        tls_files_->key_path(), tls_files_->cert_path(), tls_files_->client_ca_path(),
+        kTlsRefreshSeconds);
+    grpc::experimental::TlsServerCredentialsOptions options(tls_provider_);
+    options.watch_identity_key_cert_pairs();
+    if (!tls->client_ca.empty()) {
+      options.watch_root_certs();
+      options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    } else {
+      options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    }
+    credentials = grpc::experimental::TlsServerCredentials(options);
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -533,7 +563,7 @@ Status GrpcFrontEnd::Start() {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, cfg.max_concurrent_streams);
   builder.SetMaxReceiveMessageSize(static_cast<int>(cfg.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(cfg.max_message_bytes));
-  builder.AddListeningPort(cfg.address, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(cfg.address, credentials, &port_);
   builder.RegisterService(service_.get());
   builder.RegisterService(service_->generation());
   builder.RegisterService(service_->fine_tuning());
@@ -548,6 +578,11 @@ Status GrpcFrontEnd::Start() {
   SetServing("", core_->ready());
   SetServing("inference.GRPCInferenceService", core_->ready());
   return OkStatus();
+}
+
+Status GrpcFrontEnd::ReloadTls(const tls::Pem& pem) {
+  if (!tls_files_) return FailedPrecondition("gRPC is not serving TLS");
+  return tls_files_->Update(pem);
 }
 
 void GrpcFrontEnd::SetServing(const std::string& service, bool serving) {

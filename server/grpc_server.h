@@ -13,10 +13,14 @@
 #include <string>
 
 #include "server/core.h"
+#include "server/tls/tls.h"
 
 namespace grpc {
 class Server;
+namespace experimental {
+class CertificateProviderInterface;
 }
+}  // namespace grpc
 
 namespace kiln {
 
@@ -27,9 +31,14 @@ class GrpcFrontEnd {
   explicit GrpcFrontEnd(ServerCore* core);
   ~GrpcFrontEnd();
 
-  // Binds server.grpc.address and starts serving. A clear error if the address is in use or
-  // invalid.
-  Status Start();
+  // Binds server.grpc.address and starts serving, over TLS when `tls` is given (checked by
+  // tls::LoadFiles). A clear error if the address is in use or invalid.
+  Status Start(const tls::Pem* tls = nullptr);
+
+  // New TLS material for new connections (open ones keep theirs). gRPC's certificate watcher
+  // reads kilnd's in-memory copy of the files once a second, so the change takes effect within
+  // about a second of the call. REQUIRES: started with TLS.
+  Status ReloadTls(const tls::Pem& pem);
   int port() const { return port_; }
 
   // Updates the health status of one service name.
@@ -42,6 +51,9 @@ class GrpcFrontEnd {
  private:
   ServerCore* core_;
   std::unique_ptr<KServeGrpcService> service_;
+  // TLS: what the certificate watcher reads; both outlive server_ (declared before it).
+  std::unique_ptr<tls::MemoryFiles> tls_files_;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> tls_provider_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

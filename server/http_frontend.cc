@@ -290,7 +290,7 @@ class KServeHttpHandler {
 HttpFrontEnds::HttpFrontEnds(ServerCore* core) : core_(core) {}
 HttpFrontEnds::~HttpFrontEnds() { Shutdown(SteadyClock::now()); }
 
-Status HttpFrontEnds::Start() {
+Status HttpFrontEnds::Start(std::shared_ptr<tls::ServerContext> tls) {
   const config::ServerConfig& cfg = core_->config->server;
   if (cfg.http.enabled) {
     http::ServerOptions opts;
@@ -299,6 +299,7 @@ Status HttpFrontEnds::Start() {
     opts.max_body_bytes = cfg.http.max_body_bytes;
     opts.idle_timeout_seconds = cfg.http.idle_timeout_seconds;
     opts.name = "http";
+    opts.tls = tls;
     fine_tuning_ = std::make_unique<finetune::FineTuningHttp>(core_);
     http_ = std::make_unique<http::Server>(opts, KServeHttpHandler(core_, fine_tuning_.get()));
     KILN_RETURN_IF_ERROR(Annotate(http_->Start(), "server.http.address"));
@@ -309,6 +310,7 @@ Status HttpFrontEnds::Start() {
     opts.threads = 1;
     opts.max_body_bytes = 1 << 16;
     opts.name = "metrics";
+    if (cfg.tls.metrics) opts.tls = tls;
     metrics::Registry* registry = core_->registry;
     metrics_ = std::make_unique<http::Server>(opts, [registry](http::Request req, Responder r) {
       if (req.path != "/metrics") return SendError(r, NotFound("no route for ", req.path));

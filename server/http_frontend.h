@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "server/core.h"
+#include "server/tls/tls.h"
 
 namespace kiln {
 
@@ -31,8 +32,10 @@ class HttpFrontEnds {
   explicit HttpFrontEnds(ServerCore* core);
   ~HttpFrontEnds();
 
-  // Binds whichever of server.http / server.metrics are enabled.
-  Status Start();
+  // Binds whichever of server.http / server.metrics are enabled; with `tls`, server.http
+  // serves TLS with it, and so does server.metrics if server.tls.metrics. Updating `tls`
+  // changes the certificate for new connections on both.
+  Status Start(std::shared_ptr<tls::ServerContext> tls = nullptr);
   int http_port() const;
   int metrics_port() const;
 

@@ -4,6 +4,9 @@
 //   kilnd --check-config [--config FILE]     validate, exit 0 (valid) or 1
 //   kilnd --print-default-config             print the embedded default configuration
 //
+// Signals: SIGTERM/SIGINT shut down (server/server.h); SIGHUP re-reads the secrets kept in
+// files (TLS certificates) without dropping connections, and logs the outcome.
+//
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.
 #include <signal.h>
@@ -19,13 +22,14 @@
 
 namespace {
 
-// Blocks SIGTERM/SIGINT in every thread (call before creating any) so that only the main
-// thread's sigwait receives them.
-sigset_t BlockShutdownSignals() {
+// Blocks SIGTERM/SIGINT (shutdown) and SIGHUP (reload secrets) in every thread (call before
+// creating any) so that only the main thread's sigwait receives them.
+sigset_t BlockSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -33,7 +37,7 @@ sigset_t BlockShutdownSignals() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const sigset_t signals = BlockShutdownSignals();
+  const sigset_t signals = BlockSignals();
   signal(SIGPIPE, SIG_IGN);
 
   CLI::App app{"kilnd: serves transformer and tensor models over gRPC (KServe v2) and HTTP"};
@@ -95,7 +99,14 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    spdlog::info("received SIGHUP: reloading secrets");
+    if (auto s = server.ReloadSecrets(); !s.ok()) {
+      spdlog::error("reload failed; still using the previous secrets: {}", kiln::StatusMessage(s));
+    }
+  }
   spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   const bool clean = server.Shutdown();
   spdlog::default_logger()->flush();

@@ -1,5 +1,7 @@
 #include "server/server.h"
 
+#include <optional>
+
 #include "models/llm/loader.h"
 #include "scheduler/finetune/job_service.h"
 #include "server/grpc_server.h"
@@ -14,6 +16,13 @@
 #endif
 
 namespace kiln {
+namespace {
+
+tls::Files TlsFiles(const config::TlsConfig& c) {
+  return tls::Files{c.cert_file, c.key_file, c.client_ca_file, "server.tls"};
+}
+
+}  // namespace
 
 std::string_view ServerVersion() { return KILN_VERSION; }
 
@@ -93,6 +102,19 @@ Status Server::Start() {
     fine_tuning_ = *std::move(ft);
     core_.fine_tuning = fine_tuning_.get();
   }
+  // TLS files are checked once, for every front end, before anything binds.
+  std::optional<tls::Pem> tls_pem;
+  if (config_.server.tls.enabled()) {
+    StatusOr<tls::Pem> pem = tls::LoadFiles(TlsFiles(config_.server.tls));
+    if (!pem.ok()) return pem.status();
+    StatusOr<std::shared_ptr<tls::ServerContext>> context = tls::ServerContext::Create(*pem);
+    if (!context.ok()) return Annotate(context.status(), "server.tls");
+    tls_context_ = *std::move(context);
+    tls_pem = *std::move(pem);
+    spdlog::info(
+        "TLS on ({}{}): {}", config_.server.tls.metrics ? "gRPC, HTTP, metrics" : "gRPC, HTTP",
+        tls_pem->client_ca.empty() ? "" : "; client certificates required", tls_pem->summary);
+  }
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
   repository_->SetStateListener([this](const std::string& name, ModelState state) {
@@ -100,14 +122,14 @@ Status Server::Start() {
   });
   // Bind first: a port conflict should fail fast, before minutes of model loading.
   if (config_.server.grpc.enabled) {
-    Status s = grpc_->Start();
+    Status s = grpc_->Start(tls_pem ? &*tls_pem : nullptr);
     if (!s.ok()) {
       grpc_.reset();
       http_.reset();
       return s;
     }
   }
-  Status s = http_->Start();
+  Status s = http_->Start(tls_context_);
   if (!s.ok()) {
     if (grpc_) grpc_->Shutdown(SteadyClock::now());
     grpc_.reset();
@@ -171,6 +193,18 @@ bool Server::Shutdown() {
                   config_.server.shutdown_grace_seconds, cut + http_cut);
   }
   return clean;
+}
+
+Status Server::ReloadSecrets() {
+  if (tls_context_) {
+    KILN_ASSIGN_OR_RETURN(tls::Pem pem, tls::LoadFiles(TlsFiles(config_.server.tls)));
+    KILN_RETURN_IF_ERROR(Annotate(tls_context_->Update(pem), "server.tls"));
+    if (grpc_ && config_.server.grpc.enabled) {
+      KILN_RETURN_IF_ERROR(Annotate(grpc_->ReloadTls(pem), "server.tls (gRPC)"));
+    }
+    spdlog::info("TLS certificates reloaded: {}", pem.summary);
+  }
+  return OkStatus();
 }
 
 int Server::grpc_port() const { return grpc_ ? grpc_->port() : 0; }

@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "engine/base/metrics.h"
 #include "server/core.h"
+#include "server/tls/tls.h"
 
 namespace kiln {
 
@@ -41,6 +42,12 @@ class Server {
   // grace period.
   bool Shutdown();
 
+  // Re-reads the secrets kept in files (SIGHUP, see main.cc): the TLS certificate, key and
+  // client CA of server.tls, checked as at start-up. New connections use the new ones; open
+  // connections keep theirs. On error (the message names the key and the file) everything
+  // stays as it was. Call from the thread that called Start, between Start and Shutdown.
+  Status ReloadSecrets();
+
   int grpc_port() const;
   int http_port() const;
   int metrics_port() const;
@@ -59,6 +66,7 @@ class Server {
   std::unique_ptr<InflightLimiter> limiter_;
   ServerCore core_;
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
+  std::shared_ptr<tls::ServerContext> tls_context_;           // null without server.tls
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
 };
