@@ -243,6 +243,12 @@ StatusOr<std::unique_ptr<MemoryFiles>> MemoryFiles::Create(const Pem& pem) {
     files->ca_fd_ = NewMemFd("kiln-tls-ca", pem.client_ca, &error);
   }
   if (!error.empty()) return Internal("TLS: ", error);  // the destructor closes what opened
+  // The readers open the files by path: check that /proc lets this process do that.
+  std::string text;
+  if (Status s = ReadFile("TLS", files->cert_path(), &text); !s.ok() || text != pem.cert_chain) {
+    return Internal("TLS: cannot read back ", files->cert_path(),
+                    " (gRPC reads the certificates there; is /proc mounted?)");
+  }
   return files;
 }
 
