@@ -51,6 +51,7 @@ constexpr size_t kReadChunk = 16 << 10;                // bytes per socket read
 constexpr size_t kMaxPipelinedBytes = 1 << 20;         // buffered while a response is pending
 constexpr size_t kMaxWriteBatch = 64;                  // strings gathered into one write
 constexpr auto kLingerTime = std::chrono::seconds(2);  // drain after closing our side
+constexpr size_t kMaxTlsGather = 64 << 10;             // bytes copied to gather a TLS write
 
 bool IEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -313,9 +314,11 @@ class Transport {
       asio::async_write(*plain_, buffers, std::move(handler));
       return;
     }
-    // A TLS stream encrypts one buffer per record: gather them first, so that a response
-    // header and body leave as one record, not several small ones.
-    if (buffers.size() == 1) {
+    // A TLS stream encrypts one buffer per record: gather small ones first, so that a response
+    // header and body (or a batch of stream chunks) leave as one record, not several.
+    size_t total = 0;
+    for (const auto& b : buffers) total += b.size();
+    if (buffers.size() == 1 || total > kMaxTlsGather) {
       asio::async_write(*tls_, buffers, std::move(handler));
       return;
     }

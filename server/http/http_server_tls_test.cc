@@ -147,7 +147,7 @@ class HttpServerTlsTest : public ::testing::Test {
     o.tls = context_;
     server_ = std::make_unique<Server>(o, [](Request req, std::shared_ptr<Responder> r) {
       Response resp;
-      resp.body = "hello " + req.path;
+      resp.body = req.path == "/big" ? std::string(3 << 20, 'x') : "hello " + req.path;
       r->Send(std::move(resp));
     });
     ASSERT_TRUE(server_->Start().ok());
@@ -174,6 +174,16 @@ TEST_F(HttpServerTlsTest, KeepAliveRequestsOverTls) {
   ASSERT_FALSE(c.handshake_error()) << c.handshake_error().message();
   EXPECT_EQ(c.PeerSerial(), 0x1001);
   for (int i = 0; i < 3; ++i) ExpectGetWorks(c, "/r" + std::to_string(i));
+}
+
+TEST_F(HttpServerTlsTest, LargeResponseThenSmallOnes) {
+  Start();
+  TlsClient c(server_->port(), ca_pem_);
+  boost::system::error_code ec;
+  auto res = c.Get("/big", &ec);
+  ASSERT_TRUE(res) << ec.message();
+  EXPECT_EQ(res->body(), std::string(3 << 20, 'x'));
+  ExpectGetWorks(c);
 }
 
 TEST_F(HttpServerTlsTest, ConnectionCloseEndsWithCloseNotifyAtOnce) {
