@@ -1,7 +1,9 @@
 #include "server/tls/tls.h"
 
+#include <openssl/ssl.h>
 #include <unistd.h>
 
+#include <boost/asio/ssl/context.hpp>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -55,7 +57,12 @@ TEST_F(TlsFilesTest, GoodFilesLoad) {
   EXPECT_THAT(pem->summary, HasSubstr("serial 1234"));
   EXPECT_THAT(pem->private_key, HasSubstr("PRIVATE KEY"));
   EXPECT_THAT(pem->client_ca, HasSubstr("BEGIN CERTIFICATE"));
-  EXPECT_TRUE(ServerContext::Create(*pem).ok());
+  StatusOr<std::shared_ptr<ServerContext>> context = ServerContext::Create(*pem);
+  ASSERT_TRUE(context.ok()) << context.status();
+  SSL_CTX* native = (*context)->Current()->native_handle();
+  EXPECT_EQ(SSL_CTX_get_min_proto_version(native), TLS1_2_VERSION);
+  // The client CA is set: client certificates are required.
+  EXPECT_EQ(SSL_CTX_get_verify_mode(native), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT);
 }
 
 TEST_F(TlsFilesTest, ExpiredCertificateNamesTheDate) {
