@@ -39,6 +39,9 @@ def free_port():
 
 
 class Kilnd:
+    # Extra arguments of the readiness check's requests.get (TLS: `verify`, `cert`).
+    requests_kwargs = {}
+
     def __init__(self, config_path=None, overrides=(), args=(), env=None):
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="kilnd-", suffix=".log", delete=False)
@@ -82,7 +85,8 @@ class Kilnd:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if requests.get(f"{self.base}/v2/health/ready", timeout=1).status_code == 200:
+                if requests.get(f"{self.base}/v2/health/ready", timeout=1,
+                                **self.requests_kwargs).status_code == 200:
                     return self
             except requests.RequestException:
                 pass
@@ -162,12 +166,13 @@ models:
 def start_kilnd(request, tmp_path):
     started = []
 
-    def start(config_text=None, overrides=(), args=(), wait=True, env=None):
+    def start(config_text=None, overrides=(), args=(), wait=True, env=None, cls=None, **kwargs):
+        """`cls` (a Kilnd subclass) and `kwargs` (its own arguments) for special daemons."""
         path = None
         if config_text is not None:
             path = tmp_path / f"kiln-{len(started)}.yaml"
             path.write_text(config_text)
-        k = Kilnd(path, overrides, args, env)
+        k = (cls or Kilnd)(path, overrides, args, env, **kwargs)
         started.append(k)
         if wait:
             k.wait_ready()

@@ -93,9 +93,10 @@ def served_fingerprint(port, certs, client_cert=False):
 class TlsKilnd(Kilnd):
     """kilnd whose HTTP port serves TLS: `base` is https and readiness is checked over it."""
 
-    def __init__(self, certs, *args, client_cert=False, **kwargs):
+    def __init__(self, *args, certs, client_cert=False, **kwargs):
         self.verify = certs.ca
         self.cert = certs.client if client_cert else None
+        self.requests_kwargs = {"verify": self.verify, "cert": self.cert}
         super().__init__(*args, **kwargs)
 
     @property
@@ -103,21 +104,8 @@ class TlsKilnd(Kilnd):
         return f"https://127.0.0.1:{self.http_port}"
 
     def get(self, path, **kwargs):
-        return requests.get(f"{self.base}{path}", verify=self.verify, cert=self.cert,
-                            timeout=kwargs.pop("timeout", 5), **kwargs)
-
-    def wait_ready(self, timeout=60):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"kilnd exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if self.get("/v2/health/ready", timeout=1).status_code == 200:
-                    return self
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"kilnd not ready after {timeout}s:\n{self.output()}")
+        return requests.get(f"{self.base}{path}", timeout=kwargs.pop("timeout", 5),
+                            **self.requests_kwargs, **kwargs)
 
 
 def tls_overrides(certs, cert="server", key="server", mtls=False, metrics=False):
@@ -131,25 +119,11 @@ def tls_overrides(certs, cert="server", key="server", mtls=False, metrics=False)
 
 
 @pytest.fixture
-def start_tls(request, tmp_path, certs):
-    started = []
-
+def start_tls(start_kilnd, certs):
     def start(overrides, client_cert=False, wait=True):
-        config = tmp_path / f"kiln-{len(started)}.yaml"
-        config.write_text(TENSOR_MODELS)
-        k = TlsKilnd(certs, config, overrides, client_cert=client_cert)
-        started.append(k)
-        if wait:
-            k.wait_ready()
-        return k
-
-    yield start
-    failed = request.node.rep_call.failed if hasattr(request.node, "rep_call") else True
-    for k in started:
-        code = k.stop()
-        if failed or code != k.expected_exit:
-            print(f"---- kilnd log ({' '.join(k.cmd)}) ----\n{k.output()}")
-        assert code == k.expected_exit, f"kilnd exited with {code}, expected {k.expected_exit}"
+        return start_kilnd(TENSOR_MODELS, overrides, wait=wait, cls=TlsKilnd, certs=certs,
+                           client_cert=client_cert)
+    return start
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +140,7 @@ server:
     context_length: 2048
     scheduler: {{max_num_seqs: 4, max_queue_size: 16}}
 """)
-    k = TlsKilnd(certs, config, tls_overrides(certs))
+    k = TlsKilnd(config, tls_overrides(certs), certs=certs)
     try:
         k.wait_ready(timeout=300)
         yield k
