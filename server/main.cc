@@ -4,6 +4,8 @@
 //   kilnd --check-config [--config FILE]     validate, exit 0 (valid) or 1
 //   kilnd --print-default-config             print the embedded default configuration
 //
+// Signals: SIGTERM/SIGINT shut down gracefully (server.h); SIGHUP re-reads the API key files.
+//
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.
 #include <signal.h>
@@ -19,13 +21,14 @@
 
 namespace {
 
-// Blocks SIGTERM/SIGINT in every thread (call before creating any) so that only the main
-// thread's sigwait receives them.
+// Blocks SIGTERM/SIGINT (shutdown) and SIGHUP (reload secrets) in every thread (call before
+// creating any) so that only the main thread's sigwait receives them.
 sigset_t BlockShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -95,7 +98,16 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGHUP) break;
+    // SIGHUP: re-read the API key files; on error the old ones stay in force.
+    if (auto s = server.ReloadSecrets(); !s.ok()) {
+      spdlog::error("SIGHUP: reload failed, keeping what was in force: {}", kiln::StatusMessage(s));
+    } else {
+      spdlog::info("SIGHUP: secrets reloaded");
+    }
+  }
   spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   const bool clean = server.Shutdown();
   spdlog::default_logger()->flush();

@@ -1,7 +1,9 @@
 #include "server/server.h"
 
+#include "absl/strings/str_join.h"
 #include "models/llm/loader.h"
 #include "scheduler/finetune/job_service.h"
+#include "server/auth.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -86,6 +88,17 @@ void Server::RegisterServerMetrics() {
 
 Status Server::Start() {
   RegisterServerMetrics();
+  // Key files first: a missing one fails start-up before anything listens.
+  StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(config_.server.auth, &registry_);
+  if (!auth.ok()) return auth.status();  // names the config line and the file
+  auth_ = *std::move(auth);
+  core_.auth = auth_.get();
+  if (auth_->enabled()) {
+    spdlog::info("auth: {} API key(s); open without a key: {}", config_.server.auth.api_keys.size(),
+                 config_.server.auth.open.empty() ? std::string("nothing")
+                                                  : absl::StrJoin(config_.server.auth.open, ", "));
+  }
   if (config_.fine_tuning.enabled) {
     StatusOr<std::unique_ptr<finetune::FineTuningService>> ft =
         finetune::FineTuningService::Create(config_, repository_.get(), &registry_);
@@ -171,6 +184,11 @@ bool Server::Shutdown() {
                   config_.server.shutdown_grace_seconds, cut + http_cut);
   }
   return clean;
+}
+
+Status Server::ReloadSecrets() {
+  if (auth_) KILN_RETURN_IF_ERROR(auth_->ReloadKeyFiles());
+  return OkStatus();
 }
 
 int Server::grpc_port() const { return grpc_ ? grpc_->port() : 0; }
