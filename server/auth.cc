@@ -13,13 +13,6 @@
 namespace kiln {
 namespace {
 
-// TODO(merge): engine/base/status.h's factory; kept here until then so that this change does
-// not rebuild every file that includes status.h.
-template <typename... A>
-Status Unauthenticated(const A&... a) {
-  return absl::UnauthenticatedError(StrCat(a...));
-}
-
 constexpr uint32_t Bit(RouteClass c) { return 1u << static_cast<int>(c); }
 
 // The scope a class needs, or nullopt when any valid key will do (health, metrics, openapi).
