@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -49,7 +50,8 @@ std::string Where(const config::ApiKeyConfig& k) {
   return StrCat(k.location.ToString(), ": server.auth.api_keys `", k.name, "`");
 }
 
-// The key held by `path`: its content less trailing newlines. Errors name `k` and the path.
+// The key in `k.key_file`: its content less trailing newlines. Errors name the entry and the
+// path, never the content.
 StatusOr<std::string> ReadKeyFile(const config::ApiKeyConfig& k) {
   std::ifstream in(k.key_file, std::ios::binary);
   if (!in) {
