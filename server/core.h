@@ -10,6 +10,7 @@
 #include "scheduler/model_repository.h"
 
 namespace kiln {
+class Authenticator;
 namespace finetune {
 class FineTuningService;
 }
@@ -20,6 +21,9 @@ struct ServerCore {
   InflightLimiter* limiter = nullptr;
   metrics::Registry* registry = nullptr;
   finetune::FineTuningService* fine_tuning = nullptr;  // null: fine_tuning.enabled is false
+  // API keys (server/auth.h); every front end asks it before any work. Null: no checks (unit
+  // tests that build a core by hand).
+  const Authenticator* auth = nullptr;
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

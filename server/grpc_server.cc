@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "server/finetune/finetune_grpc.h"
+#include "server/grpc_auth.h"
 #include "server/kserve_codec.h"
 #include "server/llm/generation_service.h"
 #include "server/llm/kserve_llm.h"
@@ -290,12 +291,14 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
 
   ServerUnaryReactor* ServerLive(CallbackServerContext* ctx, const inference::ServerLiveRequest*,
                                  inference::ServerLiveResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kHealth)) return refused;
     resp->set_live(core_->live());
     return FinishNow(ctx, OkStatus());
   }
 
   ServerUnaryReactor* ServerReady(CallbackServerContext* ctx, const inference::ServerReadyRequest*,
                                   inference::ServerReadyResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kHealth)) return refused;
     resp->set_ready(core_->ready());
     return FinishNow(ctx, OkStatus());
   }
@@ -303,6 +306,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ModelReady(CallbackServerContext* ctx,
                                  const inference::ModelReadyRequest* req,
                                  inference::ModelReadyResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kHealth)) return refused;
     std::string adapter;
     auto model = core_->repository->GetReady(req->name(), req->version(), &adapter);
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
@@ -315,6 +319,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ServerMetadata(CallbackServerContext* ctx,
                                      const inference::ServerMetadataRequest*,
                                      inference::ServerMetadataResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     resp->set_name(std::string(kServerName));
     resp->set_version(std::string(ServerVersion()));
     for (const auto& e : ServerExtensions()) resp->add_extensions(e);
@@ -324,6 +329,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ModelMetadata(CallbackServerContext* ctx,
                                     const inference::ModelMetadataRequest* req,
                                     inference::ModelMetadataResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     std::string adapter;
     auto model = core_->repository->GetReady(req->name(), req->version(), &adapter);
     if (!model.ok()) return FinishNow(ctx, model.status());
@@ -335,6 +341,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* ModelConfig(CallbackServerContext* ctx,
                                   const inference::ModelConfigRequest* req,
                                   inference::ModelConfigResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     auto model = core_->repository->GetReady(req->name(), req->version());
     if (!model.ok()) return FinishNow(ctx, model.status());
     FillModelConfig(**model, resp->mutable_config());
@@ -344,19 +351,26 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     return FinishNow(ctx, OkStatus());
   }
 
-  ServerUnaryReactor* ModelInfer(CallbackServerContext*, const inference::ModelInferRequest* req,
+  ServerUnaryReactor* ModelInfer(CallbackServerContext* ctx,
+                                 const inference::ModelInferRequest* req,
                                  inference::ModelInferResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return new InferReactor(core_, req, resp);
   }
 
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*
-  ModelStreamInfer(CallbackServerContext*) override {
+  ModelStreamInfer(CallbackServerContext* ctx) override {
+    if (Status s = AuthorizeGrpc(*core_, *ctx, RouteClass::kInference); !s.ok()) {
+      return new RefusedBidiReactor<inference::ModelInferRequest,
+                                    inference::ModelStreamInferResponse>(s);
+    }
     return new StreamInferReactor(core_);
   }
 
   ServerUnaryReactor* ModelStatistics(CallbackServerContext* ctx,
                                       const inference::ModelStatisticsRequest* req,
                                       inference::ModelStatisticsResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     if (!req->name().empty()) {
       auto model = core_->repository->GetReady(req->name(), req->version());
       if (!model.ok()) return FinishNow(ctx, model.status());
@@ -372,6 +386,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* RepositoryIndex(CallbackServerContext* ctx,
                                       const inference::RepositoryIndexRequest* req,
                                       inference::RepositoryIndexResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     for (const auto& e : core_->repository->Index(req->ready(), /*with_adapters=*/true)) {
       auto* m = resp->add_models();
       m->set_name(e.name);
@@ -387,6 +402,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* RepositoryModelLoad(CallbackServerContext* ctx,
                                           const inference::RepositoryModelLoadRequest* req,
                                           inference::RepositoryModelLoadResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     std::optional<config::ModelConfig> inline_config;
     for (const auto& [key, value] : req->parameters()) {
       if (key == "config") {
@@ -414,6 +430,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* RepositoryModelUnload(CallbackServerContext* ctx,
                                             const inference::RepositoryModelUnloadRequest* req,
                                             inference::RepositoryModelUnloadResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     ServerUnaryReactor* reactor = ctx->DefaultReactor();
     const auto deadline =
         SteadyClock::now() +
@@ -429,36 +446,45 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* SystemSharedMemoryStatus(
       CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest*,
       inference::SystemSharedMemoryStatusResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return FinishNow(ctx, Unsupported("system shared memory"));
   }
   ServerUnaryReactor* SystemSharedMemoryRegister(
       CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest*,
       inference::SystemSharedMemoryRegisterResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     return FinishNow(ctx, Unsupported("system shared memory"));
   }
   ServerUnaryReactor* SystemSharedMemoryUnregister(
       CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest*,
       inference::SystemSharedMemoryUnregisterResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     return FinishNow(ctx, Unsupported("system shared memory"));
   }
   ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
                                              const inference::CudaSharedMemoryStatusRequest*,
                                              inference::CudaSharedMemoryStatusResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return FinishNow(ctx, Unsupported("CUDA shared memory"));
   }
   ServerUnaryReactor* CudaSharedMemoryRegister(
       CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest*,
       inference::CudaSharedMemoryRegisterResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     return FinishNow(ctx, Unsupported("CUDA shared memory"));
   }
   ServerUnaryReactor* CudaSharedMemoryUnregister(
       CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest*,
       inference::CudaSharedMemoryUnregisterResponse*) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
     return FinishNow(ctx, Unsupported("CUDA shared memory"));
   }
   ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx,
-                                   const inference::TraceSettingRequest*,
+                                   const inference::TraceSettingRequest* req,
                                    inference::TraceSettingResponse*) override {
+    // Reading settings is an inference client's business; changing them an operator's.
+    const RouteClass c = req->settings().empty() ? RouteClass::kInference : RouteClass::kAdmin;
+    if (auto* refused = RefuseUnary(*core_, ctx, c)) return refused;
     return FinishNow(ctx, Unimplemented("trace settings are not supported by Kiln"));
   }
 
@@ -467,6 +493,8 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
   ServerUnaryReactor* LogSettings(CallbackServerContext* ctx,
                                   const inference::LogSettingsRequest* req,
                                   inference::LogSettingsResponse* resp) override {
+    const RouteClass c = req->settings().empty() ? RouteClass::kInference : RouteClass::kAdmin;
+    if (auto* refused = RefuseUnary(*core_, ctx, c)) return refused;
     for (const auto& [key, value] : req->settings()) {
       Status s = ApplyLogSetting(key, value);
       if (!s.ok()) return FinishNow(ctx, s);

@@ -5,8 +5,10 @@
 
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "server/auth.h"
 #include "server/finetune/finetune_http.h"
 #include "server/http/http_server.h"
+#include "server/http_routes.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
@@ -30,6 +32,44 @@ void SendJson(const Responder& r, int status, const json& body) {
 
 void SendError(const Responder& r, const Status& status) {
   SendJson(r, ToHttpStatus(status), json{{"error", std::string(StatusMessage(status))}});
+}
+
+// An error answered before dispatch (no such route, no key, wrong scope), in the shape of
+// the API the path belongs to: OpenAI's error object under /v1, KServe's {"error": "..."}
+// elsewhere. A 401 names the scheme it wants (RFC 6750).
+void SendRouteError(const Responder& r, std::string_view path, const Status& status) {
+  const bool openai = path == "/v1" || path.starts_with("/v1/");
+  const json body =
+      openai ? llm::OpenAiError(status) : json{{"error", std::string(StatusMessage(status))}};
+  http::Response resp;
+  resp.status = ToHttpStatus(status);
+  resp.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (status.code() == StatusCode::kUnauthenticated) {
+    resp.headers.emplace_back("WWW-Authenticate", "Bearer");
+  }
+  r->Send(std::move(resp));
+}
+
+// Looks `req` up in the route table (server/http_routes.h) and checks its API key for the
+// route's class. A path no route matches is answered 404 here, so the table is the authority
+// on what is served; a wrong method takes the class of the path's first route (the handler
+// then answers the method error). Returns false when it answered the request itself.
+bool Admit(const ServerCore& core, RoutePort port, const http::Request& req, const Responder& r) {
+  const HttpRoute* route = FindHttpRoute(port, req.method, req.path);
+  if (route == nullptr) route = FindHttpRoutePath(port, req.path);
+  if (route == nullptr) {
+    SendRouteError(r, req.path, NotFound("no route for ", req.method, " ", req.path));
+    return false;
+  }
+  if (core.auth == nullptr) return true;
+  StatusOr<std::string> key =
+      core.auth->Check(AuthProtocol::kHttp, req.Header("Authorization"), route->access, req.remote,
+                       StrCat(req.method, " ", req.path));
+  if (!key.ok()) {
+    SendRouteError(r, req.path, key.status());
+    return false;
+  }
+  return true;
 }
 
 void SendEmpty(const Responder& r, int status) {
@@ -69,6 +109,7 @@ class KServeHttpHandler {
       : core_(core), openai_(core), fine_tuning_(fine_tuning) {}
 
   void operator()(http::Request req, Responder r) {
+    if (!Admit(*core_, RoutePort::kHttp, req, r)) return;
     if (fine_tuning_->Handle(req, r)) return;  // /v1/files, /v1/fine_tuning (before openai_)
     if (openai_.Handle(req, r)) return;        // /v1/...: the OpenAI-compatible API
     const auto seg = Segments(req.path);
@@ -311,15 +352,15 @@ Status HttpFrontEnds::Start(std::shared_ptr<tls::ServerContext> tls) {
     opts.max_body_bytes = 1 << 16;
     opts.name = "metrics";
     if (cfg.tls.metrics) opts.tls = tls;
-    metrics::Registry* registry = core_->registry;
-    metrics_ = std::make_unique<http::Server>(opts, [registry](http::Request req, Responder r) {
-      if (req.path != "/metrics") return SendError(r, NotFound("no route for ", req.path));
+    const ServerCore* core = core_;
+    metrics_ = std::make_unique<http::Server>(opts, [core](http::Request req, Responder r) {
+      if (!Admit(*core, RoutePort::kMetrics, req, r)) return;
       if (req.method != "GET" && req.method != "HEAD") {
         return SendError(r, InvalidArgument("/metrics takes GET"));
       }
       http::Response resp;
       resp.content_type = "text/plain; version=0.0.4; charset=utf-8";
-      resp.body = registry->Serialize();
+      resp.body = core->registry->Serialize();
       r->Send(std::move(resp));
     });
     KILN_RETURN_IF_ERROR(Annotate(metrics_->Start(), "server.metrics.address"));

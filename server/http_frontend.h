@@ -11,6 +11,11 @@
 //   POST /v2/models/{m}[/versions/{v}]/infer         JSON, or JSON + binary tensor data
 //   POST /v2/repository/index, /v2/repository/models/{m}/load, .../unload
 // Errors are {"error": "<message>"} with the status from server/status_mapping.h.
+//
+// Before any handler runs, both listeners look the request up in server/http_routes.h (a path
+// no route matches is 404 there) and check its API key for the route's class (server/auth.h):
+// 401 (with `WWW-Authenticate: Bearer`) or 403, in OpenAI's error shape under /v1 and in the
+// one above elsewhere.
 #pragma once
 
 #include <memory>

@@ -5,7 +5,7 @@
 //   kilnd --print-default-config             print the embedded default configuration
 //
 // Signals: SIGTERM/SIGINT shut down (server/server.h); SIGHUP re-reads the secrets kept in
-// files (TLS certificates) without dropping connections, and logs the outcome.
+// files (TLS certificates, API key files) without dropping connections, and logs the outcome.
 //
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.

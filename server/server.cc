@@ -2,8 +2,10 @@
 
 #include <optional>
 
+#include "absl/strings/str_join.h"
 #include "models/llm/loader.h"
 #include "scheduler/finetune/job_service.h"
+#include "server/auth.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -95,6 +97,17 @@ void Server::RegisterServerMetrics() {
 
 Status Server::Start() {
   RegisterServerMetrics();
+  // Key files first: a missing one fails start-up before anything listens.
+  StatusOr<std::unique_ptr<Authenticator>> auth =
+      Authenticator::Create(config_.server.auth, &registry_);
+  if (!auth.ok()) return auth.status();  // names the config line and the file
+  auth_ = *std::move(auth);
+  core_.auth = auth_.get();
+  if (auth_->enabled()) {
+    spdlog::info("auth: {} API key(s); open without a key: {}", config_.server.auth.api_keys.size(),
+                 config_.server.auth.open.empty() ? std::string("nothing")
+                                                  : absl::StrJoin(config_.server.auth.open, ", "));
+  }
   if (config_.fine_tuning.enabled) {
     StatusOr<std::unique_ptr<finetune::FineTuningService>> ft =
         finetune::FineTuningService::Create(config_, repository_.get(), &registry_);
@@ -196,14 +209,28 @@ bool Server::Shutdown() {
 }
 
 Status Server::ReloadSecrets() {
+  // Both reloads run; each keeps what was in force when it fails.
+  std::vector<std::string> errors;
   if (tls_context_) {
-    KILN_ASSIGN_OR_RETURN(tls::Pem pem, tls::LoadFiles(TlsFiles(config_.server.tls)));
-    KILN_RETURN_IF_ERROR(Annotate(tls_context_->Update(pem), "server.tls"));
-    if (grpc_ && config_.server.grpc.enabled) {
-      KILN_RETURN_IF_ERROR(Annotate(grpc_->ReloadTls(pem), "server.tls (gRPC)"));
-    }
-    spdlog::info("TLS certificates reloaded: {}", pem.summary);
+    Status s = [&]() -> Status {
+      KILN_ASSIGN_OR_RETURN(tls::Pem pem, tls::LoadFiles(TlsFiles(config_.server.tls)));
+      KILN_RETURN_IF_ERROR(Annotate(tls_context_->Update(pem), "server.tls"));
+      if (grpc_ && config_.server.grpc.enabled) {
+        KILN_RETURN_IF_ERROR(Annotate(grpc_->ReloadTls(pem), "server.tls (gRPC)"));
+      }
+      spdlog::info("TLS certificates reloaded: {}", pem.summary);
+      return OkStatus();
+    }();
+    if (!s.ok()) errors.emplace_back(StatusMessage(s));
   }
+  if (auth_) {
+    if (Status s = auth_->ReloadKeyFiles(); !s.ok()) {
+      errors.emplace_back(StatusMessage(s));
+    } else {
+      spdlog::info("API key files reloaded");
+    }
+  }
+  if (!errors.empty()) return InvalidArgument(absl::StrJoin(errors, "; "));
   return OkStatus();
 }
 

@@ -21,6 +21,7 @@
 
 namespace kiln {
 
+class Authenticator;
 class GrpcFrontEnd;
 class HttpFrontEnds;
 namespace finetune {
@@ -37,6 +38,11 @@ class Server {
   // Registers metrics, loads the start-up models, binds every front end. On error nothing is
   // left listening.
   Status Start();
+
+  // Re-reads what the server keeps outside its configuration: the API key files
+  // (server.auth.api_keys[].key_file). On error what was in force stays so, and the error is
+  // returned (SIGHUP in main.cc logs it).
+  Status ReloadSecrets();
 
   // The shutdown sequence above. Returns true if all in-flight work finished within the
   // grace period.
@@ -65,6 +71,7 @@ class Server {
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InflightLimiter> limiter_;
   ServerCore core_;
+  std::unique_ptr<Authenticator> auth_;                       // set by Start
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
   std::shared_ptr<tls::ServerContext> tls_context_;           // null without server.tls
   std::unique_ptr<GrpcFrontEnd> grpc_;

@@ -69,6 +69,7 @@ KILN_STATUS_FACTORY_(Cancelled, CancelledError)
 KILN_STATUS_FACTORY_(DeadlineExceeded, DeadlineExceededError)
 KILN_STATUS_FACTORY_(DataLoss, DataLossError)
 KILN_STATUS_FACTORY_(PermissionDenied, PermissionDeniedError)
+KILN_STATUS_FACTORY_(Unauthenticated, UnauthenticatedError)
 #undef KILN_STATUS_FACTORY_
 
 // Returns `status` with `prefix: ` in front of its message (same code).

@@ -15,6 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "proto/kiln/v1/fine_tuning.grpc.pb.h"
 #include "scheduler/finetune/job_service.h"
+#include "server/grpc_auth.h"
 #include "server/status_mapping.h"
 
 namespace kiln::finetune {
@@ -475,14 +476,20 @@ class FineTuningGrpc final : public v1::FineTuning::CallbackService {
   }
 
   grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(
-      CallbackServerContext*, const v1::WatchJobRequest* req) override {
+      CallbackServerContext* ctx, const v1::WatchJobRequest* req) override {
+    if (Status s = AuthorizeGrpc(*core_, *ctx, RouteClass::kFineTuning); !s.ok()) {
+      return new RefusedWriteReactor<v1::WatchJobResponse>(s);
+    }
     return new WatchReactor(core_, &watches_, *req);
   }
 
  private:
-  // Runs `fn(service)` on the workers and finishes the RPC with its Status.
+  // Checks the caller's key, runs `fn(service)` on the workers and finishes the RPC with its
+  // Status. Every unary RPC of the service goes through here; `method` names it in logs.
   template <typename Fn>
-  ServerUnaryReactor* Run(CallbackServerContext* ctx, Fn fn) {
+  ServerUnaryReactor* Run(CallbackServerContext* ctx, Fn fn,
+                          std::string_view method = __builtin_FUNCTION()) {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kFineTuning, method)) return refused;
     ServerUnaryReactor* reactor = ctx->DefaultReactor();
     FineTuningService* ft = core_->fine_tuning;
     if (ft == nullptr) {
@@ -496,12 +503,16 @@ class FineTuningGrpc final : public v1::FineTuning::CallbackService {
   }
 
   template <typename Fn>
-  ServerUnaryReactor* JobCall(CallbackServerContext* ctx, v1::Job* resp, Fn fn) {
-    return Run(ctx, [resp, fn = std::move(fn)](FineTuningService* ft) -> Status {
-      KILN_ASSIGN_OR_RETURN(JobRecord job, fn(ft));
-      ToProto(job, resp);
-      return OkStatus();
-    });
+  ServerUnaryReactor* JobCall(CallbackServerContext* ctx, v1::Job* resp, Fn fn,
+                              std::string_view method = __builtin_FUNCTION()) {
+    return Run(
+        ctx,
+        [resp, fn = std::move(fn)](FineTuningService* ft) -> Status {
+          KILN_ASSIGN_OR_RETURN(JobRecord job, fn(ft));
+          ToProto(job, resp);
+          return OkStatus();
+        },
+        method);
   }
 
   ServerCore* const core_;

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "scheduler/generation.h"
+#include "server/grpc_auth.h"
 #include "server/status_mapping.h"
 
 namespace kiln::llm {
@@ -268,26 +269,33 @@ class GenerationService final : public v1::Generation::CallbackService {
 
   ServerUnaryReactor* Generate(CallbackServerContext* ctx, const v1::GenerateRequest* req,
                                v1::GenerateResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return new GenerateReactor(core_, ctx, req, resp);
   }
 
   grpc::ServerWriteReactor<v1::GenerateStreamResponse>* GenerateStream(
       CallbackServerContext* ctx, const v1::GenerateRequest* req) override {
+    if (Status s = AuthorizeGrpc(*core_, *ctx, RouteClass::kInference); !s.ok()) {
+      return new RefusedWriteReactor<v1::GenerateStreamResponse>(s);
+    }
     return new StreamReactor(core_, ctx, req);
   }
 
   ServerUnaryReactor* Tokenize(CallbackServerContext* ctx, const v1::TokenizeRequest* req,
                                v1::TokenizeResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return FinishNow(ctx, DoTokenize(*req, resp));
   }
 
   ServerUnaryReactor* Detokenize(CallbackServerContext* ctx, const v1::DetokenizeRequest* req,
                                  v1::DetokenizeResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     return FinishNow(ctx, DoDetokenize(*req, resp));
   }
 
   ServerUnaryReactor* ListModels(CallbackServerContext* ctx, const v1::ListModelsRequest*,
                                  v1::ListModelsResponse* resp) override {
+    if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
     std::map<std::string, std::shared_ptr<Model>> ready;
     for (auto& m : core_->repository->ReadyModels()) ready[m->name()] = m;
     for (const auto& e : core_->repository->Index()) {

@@ -467,6 +467,14 @@ json OpenAiError(const Status& status) {
     case 400:
       type = "invalid_request_error";
       break;
+    case 401:  // as OpenAI answers a missing or wrong key
+      type = "invalid_request_error";
+      code = "invalid_api_key";
+      break;
+    case 403:
+      type = "invalid_request_error";
+      code = "insufficient_permissions";
+      break;
     case 404:
       type = "invalid_request_error";
       if (param == "model") code = "model_not_found";

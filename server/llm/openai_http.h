@@ -12,7 +12,8 @@
 // extensions vLLM users expect (top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 // stop_token_ids, priority) are accepted. Errors use OpenAI's shape,
 //   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
-// with 400 (bad input, naming the field in `param`), 404 (unknown model or route), 429
+// with 400 (bad input, naming the field in `param`), 401 (no or wrong API key, code
+// `invalid_api_key`), 403 (the key lacks the route's scope), 404 (unknown model or route), 429
 // (queue full or server.max_inflight_requests reached), 503 (not ready, shutting down).
 //
 // A client that disconnects (mid-stream or while waiting) cancels its request: it leaves the
