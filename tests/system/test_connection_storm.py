@@ -1,8 +1,9 @@
 """10,000 TCP connections opened and dropped (issue 13, fault tests): connect and close, a
 request cut off in its headers or its body (HTTP and metrics ports), garbage or half an HTTP/2
-preface on the gRPC port, some closed with a reset (SO_LINGER 0), 64 at a time. Afterwards kilnd still answers HTTP and gRPC health and an
-inference on both ports, its descriptors come back to the baseline and its threads stayed
-bounded throughout (sampled from /proc/<pid>/status while the storm runs).
+preface on the gRPC port, some closed with a reset (SO_LINGER 0), 64 at a time. Afterwards
+kilnd still answers HTTP and gRPC health and an inference on both ports, its descriptors come
+back to the baseline and its threads stayed bounded throughout (sampled from
+/proc/<pid>/status while the storm runs).
 
 Then the same with kilnd's descriptor limit lowered to 128 (RLIMIT_NOFILE, as a container or
 a unit with a low `LimitNOFILE` would have): connections held open until accept fails with
