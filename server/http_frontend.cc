@@ -11,6 +11,7 @@
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
 #include "server/llm/openai_http.h"
+#include "server/openapi.h"
 #include "server/proto_json.h"
 #include "server/status_mapping.h"
 #include "spdlog/spdlog.h"
@@ -69,6 +70,11 @@ class KServeHttpHandler {
       : core_(core), openai_(core), fine_tuning_(fine_tuning) {}
 
   void operator()(http::Request req, Responder r) {
+    if (req.path == "/openapi.json" && req.method == "GET") {
+      http::Response doc;
+      doc.body = std::string(OpenApiJson());
+      return r->Send(std::move(doc));
+    }
     if (fine_tuning_->Handle(req, r)) return;  // /v1/files, /v1/fine_tuning (before openai_)
     if (openai_.Handle(req, r)) return;        // /v1/...: the OpenAI-compatible API
     const auto seg = Segments(req.path);
