@@ -175,7 +175,13 @@ class KServeHttpHandler {
       }
     }
     if (seg.size() == 3 && seg[2] == "index") {
-      const bool ready_only = body.value("ready", false);
+      bool ready_only = false;
+      if (auto it = body.find("ready"); it != body.end() && !it->is_null()) {
+        if (!it->is_boolean()) {
+          return SendError(r, InvalidArgument("`ready` must be true or false, got ", it->dump()));
+        }
+        ready_only = it->get<bool>();
+      }
       json out = json::array();
       for (const auto& e : core_->repository->Index(ready_only, /*with_adapters=*/true)) {
         json entry = {{"name", e.name},

@@ -196,3 +196,10 @@ def test_fuzz_metrics(server, tmp_path):
                                  ["--include-path", "/metrics"], tmp_path, 10)
     assert code == 0, out
 
+
+# ---- What the fuzzer found (each was a 500: an exception escaped the handler) --------------
+
+def test_repository_index_with_a_non_boolean_ready_is_400(server):
+    r = requests.post(f"{server.base}/v2/repository/index", json={"ready": {}}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "`ready` must be true or false" in r.json()["error"]
