@@ -203,3 +203,11 @@ def test_repository_index_with_a_non_boolean_ready_is_400(server):
     r = requests.post(f"{server.base}/v2/repository/index", json={"ready": {}}, timeout=10)
     assert r.status_code == 400, r.text
     assert "`ready` must be true or false" in r.json()["error"]
+
+
+def test_chat_response_format_with_a_non_string_type_is_400(server):
+    r = requests.post(f"{server.base}/v1/chat/completions", timeout=30, json={
+        "model": LLM_NAME, "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": 5}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format"
