@@ -171,7 +171,10 @@ def run_schemathesis(url, extra, report_dir, seconds):
            "--report", "junit", "--report-dir", str(report_dir), *extra]
     start = time.monotonic()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+        # In the report folder: schemathesis keeps its example database under the working
+        # directory (.schemathesis/), which must not land in the repository.
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120,
+                           cwd=report_dir)
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace")
         pytest.fail(f"schemathesis did not finish {seconds + 120} s after its {seconds} s "
