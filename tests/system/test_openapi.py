@@ -48,8 +48,10 @@ EXCLUDED_CHECKS = {
     "ignored_auth",
     # "Schema-valid request rejected": validity depends on state the document cannot express:
     # which inputs a model's signature has, a prompt's length in tokens against the model's
-    # context, whether a file id or a LoRA folder exists, a JSONL file's content, a job's
-    # status. The server answers 400 for those, naming the field, which is right.
+    # context, whether a file id, a list's `after` cursor or a LoRA folder exists, a JSONL
+    # file's content, a job's status. The server answers 400 for those, naming the field, which
+    # is right. (Per-operation settings cannot turn it on for some operations only: the
+    # command line's --checks wins over them.)
     "positive_data_acceptance",
     # Methods outside the table: the front end answers them from the route table (405 with
     # Allow for a known path) in the auth work (server/http_routes.h); until it lands, the
