@@ -7,6 +7,7 @@
 #include "nlohmann/json.hpp"
 #include "server/finetune/finetune_http.h"
 #include "server/http/http_server.h"
+#include "server/http_routes.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
@@ -31,6 +32,17 @@ void SendJson(const Responder& r, int status, const json& body) {
 
 void SendError(const Responder& r, const Status& status) {
   SendJson(r, ToHttpStatus(status), json{{"error", std::string(StatusMessage(status))}});
+}
+
+// A method none of the path's routes takes: 405 with the methods they do take (RFC 9110).
+void SendMethodNotAllowed(const Responder& r, const http::Request& req, const std::string& allow) {
+  http::Response resp;
+  resp.status = 405;
+  resp.body = json{{"error", StrCat("method ", req.method, " is not allowed on ", req.path,
+                                    "; use ", allow)}}
+                  .dump(-1, ' ', false, json::error_handler_t::replace);
+  resp.headers.emplace_back("Allow", allow);
+  r->Send(std::move(resp));
 }
 
 void SendEmpty(const Responder& r, int status) {
@@ -77,6 +89,11 @@ class KServeHttpHandler {
     }
     if (fine_tuning_->Handle(req, r)) return;  // /v1/files, /v1/fine_tuning (before openai_)
     if (openai_.Handle(req, r)) return;        // /v1/...: the OpenAI-compatible API
+    if (FindHttpRoute(RoutePort::kHttp, req.method, req.path) == nullptr) {
+      if (std::string allow = AllowedMethods(RoutePort::kHttp, req.path); !allow.empty()) {
+        return SendMethodNotAllowed(r, req, allow);
+      }
+    }
     const auto seg = Segments(req.path);
     const bool get = req.method == "GET" || req.method == "HEAD";
     const bool post = req.method == "POST";
@@ -325,7 +342,7 @@ Status HttpFrontEnds::Start() {
     metrics_ = std::make_unique<http::Server>(opts, [registry](http::Request req, Responder r) {
       if (req.path != "/metrics") return SendError(r, NotFound("no route for ", req.path));
       if (req.method != "GET" && req.method != "HEAD") {
-        return SendError(r, InvalidArgument("/metrics takes GET"));
+        return SendMethodNotAllowed(r, req, AllowedMethods(RoutePort::kMetrics, req.path));
       }
       http::Response resp;
       resp.content_type = "text/plain; version=0.0.4; charset=utf-8";

@@ -53,11 +53,6 @@ EXCLUDED_CHECKS = {
     # is right. (Per-operation settings cannot turn it on for some operations only: the
     # command line's --checks wins over them.)
     "positive_data_acceptance",
-    # Methods outside the table: the front end answers them from the route table (405 with
-    # Allow for a known path) in the auth work (server/http_routes.h); until it lands, the
-    # KServe routes answer 400/404. TODO: enable both once it has.
-    "unsupported_method",
-    "allow_header_conformance",
 }
 
 # At most this many generated cases per operation and phase; the whole run takes FUZZ_SECONDS
@@ -216,3 +211,17 @@ def test_chat_response_format_with_a_non_string_type_is_400(server):
         "response_format": {"type": 5}})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "response_format"
+
+
+def test_a_method_a_route_does_not_take_is_405_with_allow(server):
+    """Was 404 (TRACE /v2) or 400 (GET .../infer, POST /metrics): the fuzzer's unsupported_method
+    check wants 405 and the methods the path takes."""
+    for method, url, allow in (
+            ("TRACE", f"{server.base}/v2", "GET, HEAD"),
+            ("GET", f"{server.base}/v2/models/simple/infer", "POST"),
+            ("OPTIONS", f"{server.base}/openapi.json", "GET, HEAD"),
+            ("POST", f"http://127.0.0.1:{server.metrics_port}/metrics", "GET, HEAD")):
+        r = requests.request(method, url, timeout=10)
+        assert r.status_code == 405, (method, url, r.text)
+        assert r.headers["Allow"] == allow
+        assert "is not allowed" in r.json()["error"]
