@@ -13,6 +13,7 @@
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
 #include "server/llm/openai_http.h"
+#include "server/openapi.h"
 #include "server/proto_json.h"
 #include "server/status_mapping.h"
 #include "spdlog/spdlog.h"
@@ -72,6 +73,17 @@ bool Admit(const ServerCore& core, RoutePort port, const http::Request& req, con
   return true;
 }
 
+// A method none of the path's routes takes: 405 with the methods they do take (RFC 9110).
+void SendMethodNotAllowed(const Responder& r, const http::Request& req, const std::string& allow) {
+  http::Response resp;
+  resp.status = 405;
+  resp.body = json{{"error", StrCat("method ", req.method, " is not allowed on ", req.path,
+                                    "; use ", allow)}}
+                  .dump(-1, ' ', false, json::error_handler_t::replace);
+  resp.headers.emplace_back("Allow", allow);
+  r->Send(std::move(resp));
+}
+
 void SendEmpty(const Responder& r, int status) {
   http::Response resp;
   resp.status = status;
@@ -110,8 +122,18 @@ class KServeHttpHandler {
 
   void operator()(http::Request req, Responder r) {
     if (!Admit(*core_, RoutePort::kHttp, req, r)) return;
+    if (req.path == "/openapi.json" && req.method == "GET") {
+      http::Response doc;
+      doc.body = std::string(OpenApiJson());
+      return r->Send(std::move(doc));
+    }
     if (fine_tuning_->Handle(req, r)) return;  // /v1/files, /v1/fine_tuning (before openai_)
     if (openai_.Handle(req, r)) return;        // /v1/...: the OpenAI-compatible API
+    if (FindHttpRoute(RoutePort::kHttp, req.method, req.path) == nullptr) {
+      if (std::string allow = AllowedMethods(RoutePort::kHttp, req.path); !allow.empty()) {
+        return SendMethodNotAllowed(r, req, allow);
+      }
+    }
     const auto seg = Segments(req.path);
     const bool get = req.method == "GET" || req.method == "HEAD";
     const bool post = req.method == "POST";
@@ -210,7 +232,13 @@ class KServeHttpHandler {
       }
     }
     if (seg.size() == 3 && seg[2] == "index") {
-      const bool ready_only = body.value("ready", false);
+      bool ready_only = false;
+      if (auto it = body.find("ready"); it != body.end() && !it->is_null()) {
+        if (!it->is_boolean()) {
+          return SendError(r, InvalidArgument("`ready` must be true or false, got ", it->dump()));
+        }
+        ready_only = it->get<bool>();
+      }
       json out = json::array();
       for (const auto& e : core_->repository->Index(ready_only, /*with_adapters=*/true)) {
         json entry = {{"name", e.name},
@@ -356,7 +384,7 @@ Status HttpFrontEnds::Start(std::shared_ptr<tls::ServerContext> tls) {
     metrics_ = std::make_unique<http::Server>(opts, [core](http::Request req, Responder r) {
       if (!Admit(*core, RoutePort::kMetrics, req, r)) return;
       if (req.method != "GET" && req.method != "HEAD") {
-        return SendError(r, InvalidArgument("/metrics takes GET"));
+        return SendMethodNotAllowed(r, req, AllowedMethods(RoutePort::kMetrics, req.path));
       }
       http::Response resp;
       resp.content_type = "text/plain; version=0.0.4; charset=utf-8";

@@ -111,6 +111,20 @@ const HttpRoute* FindHttpRoute(RoutePort port, std::string_view method, std::str
   return nullptr;
 }
 
+std::string AllowedMethods(RoutePort port, std::string_view path) {
+  std::string allow;
+  bool get = false;
+  for (const HttpRoute& r : kRoutes) {
+    if (r.port != port || !MatchRoutePath(r.path, path)) continue;
+    if (allow.find(r.method) != std::string::npos) continue;  // {model} and a literal alike
+    if (!allow.empty()) allow += ", ";
+    allow += r.method;
+    get = get || r.method == "GET";
+  }
+  if (get) allow += ", HEAD";
+  return allow;
+}
+
 const HttpRoute* FindHttpRoutePath(RoutePort port, std::string_view path) {
   for (const HttpRoute& r : kRoutes) {
     if (r.port == port && MatchRoutePath(r.path, path)) return &r;

@@ -12,13 +12,14 @@
 #pragma once
 
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace kiln {
 
-// Who may call a route (config/config.h: server.auth). kHealth, kMetrics and kOpenApi are
-// open by default (server.auth.open); the others need a key with the scope of the same name
-// ("inference", "fine_tuning", "admin") unless the operator opened them.
+// Who may call a route (config/config.h: server.auth). kHealth and kMetrics are open by
+// default (server.auth.open); kOpenApi needs any valid key unless opened; the others need a
+// key with the scope of the same name ("inference", "fine_tuning", "admin") unless opened.
 enum class RouteClass { kHealth, kMetrics, kOpenApi, kInference, kFineTuning, kAdmin };
 
 // "health", "metrics", "openapi", "inference", "fine_tuning", "admin": the spelling of
@@ -43,6 +44,11 @@ bool MatchRoutePath(std::string_view templ, std::string_view path);
 
 // The route of `method` (HEAD counts as GET) and `path` on `port`; nullptr if none.
 const HttpRoute* FindHttpRoute(RoutePort port, std::string_view method, std::string_view path);
+
+// The methods the routes of `path` on `port` take, as a 405's Allow header lists them
+// ("GET, HEAD", "POST", "GET, DELETE, HEAD": HEAD wherever GET is); empty if no route has
+// this path.
+std::string AllowedMethods(RoutePort port, std::string_view path);
 
 // Whether any route on `port` has this path, whatever its method (for 405 vs 404 and for the
 // access class of a request with a wrong method: the path's first route).

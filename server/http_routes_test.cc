@@ -42,6 +42,18 @@ TEST(HttpRoutesTest, FindsTheRouteAndItsClass) {
   EXPECT_EQ(FindHttpRoute(RoutePort::kHttp, "GET", "/debug/trace")->access, RouteClass::kAdmin);
 }
 
+TEST(HttpRoutesTest, AllowedMethodsListWhatThePathTakes) {
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/v2/models/m/infer"), "POST");
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/v2"), "GET, HEAD");
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/v1/files"), "POST, GET, HEAD");
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/v1/files/f"), "GET, DELETE, HEAD");
+  // The literal `stats` and the `{model}` route share a path and a method: listed once.
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/v2/models/stats"), "GET, HEAD");
+  EXPECT_EQ(AllowedMethods(RoutePort::kMetrics, "/metrics"), "GET, HEAD");
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/metrics"), "");
+  EXPECT_EQ(AllowedMethods(RoutePort::kHttp, "/nope"), "");
+}
+
 TEST(HttpRoutesTest, EntriesAreUniqueAndWellFormed) {
   std::set<std::string> seen;
   for (const HttpRoute& r : HttpRoutes()) {

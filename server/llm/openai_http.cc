@@ -67,7 +67,8 @@ Status CheckUnsupported(const JsonFields& f, bool chat) {
   }
   if (f.Has("functions")) return Unsupported("functions", "function calling");
   if (const json* v = f.Get("response_format")) {
-    if (!v->is_object() || v->value("type", "") != "text") {
+    // Compared as JSON: `type` may be anything a client sends, not only a string.
+    if (!v->is_object() || !v->contains("type") || (*v)["type"] != "text") {
       return Unsupported("response_format", "structured output (json_object, json_schema)");
     }
   }
