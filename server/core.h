@@ -13,6 +13,7 @@ namespace kiln {
 namespace finetune {
 class FineTuningService;
 }
+class FlightService;
 
 struct ServerCore {
   const config::Config* config = nullptr;
@@ -20,6 +21,7 @@ struct ServerCore {
   InflightLimiter* limiter = nullptr;
   metrics::Registry* registry = nullptr;
   finetune::FineTuningService* fine_tuning = nullptr;  // null: fine_tuning.enabled is false
+  FlightService* flight = nullptr;  // flight recorder dumps (server/flight_service.h)
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

@@ -4,6 +4,9 @@
 //   kilnd --check-config [--config FILE]     validate, exit 0 (valid) or 1
 //   kilnd --print-default-config             print the embedded default configuration
 //
+// Signals: SIGTERM/SIGINT shut down (server.h); SIGUSR1 dumps the flight recorder to
+// <storage_dir>/flight/ (server/flight_service.h).
+//
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.
 #include <signal.h>
@@ -19,13 +22,14 @@
 
 namespace {
 
-// Blocks SIGTERM/SIGINT in every thread (call before creating any) so that only the main
-// thread's sigwait receives them.
+// Blocks SIGTERM/SIGINT (shutdown) and SIGUSR1 (flight recorder dump) in every thread (call
+// before creating any) so that only the main thread's sigwait receives them.
 sigset_t BlockShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -95,7 +99,11 @@ int main(int argc, char** argv) {
   }
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  for (;;) {
+    sigwait(&signals, &sig);
+    if (sig != SIGUSR1) break;
+    server.DumpFlightRecorder("sigusr1");  // returns at once; a storm coalesces
+  }
   spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   const bool clean = server.Shutdown();
   spdlog::default_logger()->flush();

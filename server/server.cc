@@ -2,6 +2,7 @@
 
 #include "models/llm/loader.h"
 #include "scheduler/finetune/job_service.h"
+#include "server/flight_service.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -35,6 +36,9 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
   deps.llm_loader = std::move(llm_loader);
+  if (config_.observability.flight_recorder.enabled) {
+    deps.flight_recorder_entries = config_.observability.flight_recorder.entries;
+  }
   if (!deps.llm_loader) {
     deps.llm_loader = [this](const config::ModelConfig& c) {
       models::LlmLoadOptions options;
@@ -93,6 +97,9 @@ Status Server::Start() {
     fine_tuning_ = *std::move(ft);
     core_.fine_tuning = fine_tuning_.get();
   }
+  flight_ = std::make_unique<FlightService>(config_, repository_.get(), &registry_);
+  flight_->Start();
+  core_.flight = flight_.get();
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
   repository_->SetStateListener([this](const std::string& name, ModelState state) {
@@ -163,6 +170,7 @@ bool Server::Shutdown() {
   if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now() + kReplyFlush));
   grpc_.reset();
   http_.reset();
+  if (flight_) flight_->Stop();
   const bool clean = idle && cut == 0 && http_cut == 0;
   if (clean) {
     spdlog::info("shutdown complete");
@@ -171,6 +179,10 @@ bool Server::Shutdown() {
                   config_.server.shutdown_grace_seconds, cut + http_cut);
   }
   return clean;
+}
+
+void Server::DumpFlightRecorder(std::string_view reason) {
+  if (flight_) flight_->RequestDump(reason);
 }
 
 int Server::grpc_port() const { return grpc_ ? grpc_->port() : 0; }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "config/config.h"
 #include "engine/base/metrics.h"
@@ -20,6 +21,7 @@
 
 namespace kiln {
 
+class FlightService;
 class GrpcFrontEnd;
 class HttpFrontEnds;
 namespace finetune {
@@ -41,6 +43,10 @@ class Server {
   // grace period.
   bool Shutdown();
 
+  // Asks for a flight recorder dump of every model to <storage_dir>/flight/ (SIGUSR1, see
+  // server/flight_service.h); returns at once, dumps requested meanwhile coalesce.
+  void DumpFlightRecorder(std::string_view reason);
+
   int grpc_port() const;
   int http_port() const;
   int metrics_port() const;
@@ -59,6 +65,7 @@ class Server {
   std::unique_ptr<InflightLimiter> limiter_;
   ServerCore core_;
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
+  std::unique_ptr<FlightService> flight_;                     // likewise
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
 };
