@@ -173,6 +173,24 @@ TEST(FlightRecorder, RecordCost) {
               text.size());
   EXPECT_EQ(j["events"].size(), 4096u);
   EXPECT_LT(ns, 20000) << "recording should cost well under a microsecond";
+
+  // What an LLM step of 64 decoding sequences costs the loop: BeginWork, SetWorkRequests with
+  // 64 ids and the step_begin event, EndWork with step_end (ContinuousBatcher's hooks).
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back(StrCat("chatcmpl-", 1000000 + i));
+  constexpr int kSteps = 20000;
+  const auto s0 = SteadyClock::now();
+  for (int i = 0; i < kSteps; ++i) {
+    rec.BeginWork(0, FlightRecorder::WorkKind::kStep, i + 1, SteadyClock::now());
+    rec.SetWorkRequests(
+        0, 64, [&](int k) { return std::string_view(ids[k]); },
+        Step(FlightEventKind::kStepBegin, 64));
+    rec.EndWork(0, Step(FlightEventKind::kStepEnd, 64));
+  }
+  const double step_ns =
+      std::chrono::duration<double, std::nano>(SteadyClock::now() - s0).count() / kSteps;
+  std::printf("hooks of a 64-sequence step: %.0f ns\n", step_ns);
+  EXPECT_LT(step_ns, 200000) << "the hooks of one step should cost a few microseconds";
 }
 
 }  // namespace
