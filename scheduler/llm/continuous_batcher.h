@@ -142,7 +142,7 @@ class ContinuousBatcher {
   void UpdateGauges();
   // Flight recorder hooks (recorder_ set): the step's composition after Schedule, its end.
   struct FlightStepTimes {
-    SteadyClock::time_point begin, scheduled, built, ran, processed;
+    SteadyClock::time_point begin, scheduled, built, ran;
   };
   void FlightStepBegin(FlightStepTimes& t);
   void FlightStepEnd(const FlightStepTimes& t, const StepOutput& out, bool ok);
