@@ -185,6 +185,16 @@ void FlightRecorder::EndWork(int slot, FlightEvent end, bool record) {
   RecordLocked(end);
 }
 
+void FlightRecorder::ReportStuckRequest(std::string_view id, double seconds) {
+  FlightStuckWork s;
+  s.model = model_;
+  s.kind = "request";
+  s.seconds = seconds;
+  s.requests.emplace_back(id);
+  absl::MutexLock lock(&mu_);
+  stuck_requests_.push_back(std::move(s));
+}
+
 std::vector<FlightStuckWork> FlightRecorder::FindStuck(SteadyClock::time_point now,
                                                        SteadyClock::duration limit) {
   std::vector<FlightStuckWork> out;
@@ -201,6 +211,8 @@ std::vector<FlightStuckWork> FlightRecorder::FindStuck(SteadyClock::time_point n
     for (int i = 0; i < kept; ++i) s.requests.emplace_back(w.requests[i].id);
     out.push_back(std::move(s));
   }
+  for (FlightStuckWork& s : stuck_requests_) out.push_back(std::move(s));
+  stuck_requests_.clear();
   return out;
 }
 

@@ -100,8 +100,8 @@ void SetFlightField(char (&field)[N], std::string_view s) {
 // What the watchdog reports: work in progress longer than the limit.
 struct FlightStuckWork {
   std::string model;
-  std::string kind;  // "step" or "batch"
-  uint64_t id = 0;
+  std::string kind;    // "step", "batch", or "request" (a running request without progress)
+  uint64_t id = 0;     // the step or batch; 0 for a request
   double seconds = 0;  // in progress this long
   std::vector<std::string> requests;
 };
@@ -113,6 +113,9 @@ class FlightRecorder {
     int entries = 4096;         // ring size, >= 1
     int work_slots = 1;         // units of work in progress at once (LLM 1, tensor: instances)
     int max_work_requests = 0;  // request ids kept per unit of work (more are counted only)
+    // The watchdog's limit, for a batcher that watches its running requests (LLMs: a running
+    // sequence that no step included for this long); 0: not watched.
+    double watchdog_seconds = 0;
   };
   FlightRecorder(std::string model, std::string model_kind, Options options);
 
@@ -149,8 +152,13 @@ class FlightRecorder {
   // turned out empty, e.g. a step that scheduled nothing).
   void EndWork(int slot, FlightEvent end, bool record = true) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A request its batcher found running without progress for `seconds` (the batcher reports
+  // each once); FindStuck hands it to the watchdog as kind "request".
+  void ReportStuckRequest(std::string_view id, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Work in progress since before `now - limit` not yet reported by FindStuck; each is
-  // reported once per BeginWork.
+  // reported once per BeginWork. Then the requests ReportStuckRequest reported since the last
+  // call.
   std::vector<FlightStuckWork> FindStuck(SteadyClock::time_point now, SteadyClock::duration limit)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -186,6 +194,7 @@ class FlightRecorder {
   std::vector<FlightEvent> ring_ ABSL_GUARDED_BY(mu_);  // `entries` slots
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;              // events ever recorded
   std::vector<Work> work_ ABSL_GUARDED_BY(mu_);
+  std::vector<FlightStuckWork> stuck_requests_ ABSL_GUARDED_BY(mu_);
 };
 
 // Unix time now, ns.

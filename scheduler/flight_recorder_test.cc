@@ -124,6 +124,15 @@ TEST(FlightRecorder, FindStuckReportsOncePerWork) {
   rec.EndWork(1, Step(FlightEventKind::kBatchEnd, 1));
   rec.BeginWork(1, FlightRecorder::WorkKind::kBatch, 6, t0);
   EXPECT_EQ(rec.FindStuck(t0 + std::chrono::seconds(3), std::chrono::seconds(2)).size(), 1u);
+  // Requests a batcher reports come out once, after the work.
+  rec.ReportStuckRequest("req-2", 4.5);
+  stuck = rec.FindStuck(t0, std::chrono::seconds(2));
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].kind, "request");
+  EXPECT_EQ(stuck[0].id, 0u);
+  EXPECT_EQ(stuck[0].requests, std::vector<std::string>{"req-2"});
+  EXPECT_EQ(stuck[0].seconds, 4.5);
+  EXPECT_TRUE(rec.FindStuck(t0, std::chrono::seconds(2)).empty());
 }
 
 // Writers on several threads and a reader: every event lands exactly once, and each dump is a

@@ -180,7 +180,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     if (deps.flight_recorder_entries > 0) {
       model->recorder_ = std::make_unique<FlightRecorder>(
           config.name, "llm",
-          FlightRecorder::Options{deps.flight_recorder_entries, 1, config.scheduler.max_num_seqs});
+          FlightRecorder::Options{deps.flight_recorder_entries, 1, config.scheduler.max_num_seqs,
+                                  deps.watchdog_seconds});
       model->llm_->set_flight_recorder(model->recorder_.get());
     }
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));

@@ -52,6 +52,7 @@ struct ModelDeps {
   LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
   // Events each model's flight recorder keeps (observability.flight_recorder); 0: none.
   int flight_recorder_entries = 0;
+  double watchdog_seconds = 0;  // observability.watchdog_seconds (LLMs watch running requests)
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]

@@ -51,8 +51,8 @@ FlightService::FlightService(const config::Config& config, ModelRepository* repo
       dir_(fs::path(config.server.storage_dir) / "flight"),
       recording_(config.observability.flight_recorder.enabled) {
   fires_ = &registry->AddCounter("kiln_watchdog_fires_total",
-                                 "Steps or batches the watchdog found in progress for longer than "
-                                 "observability.watchdog_seconds.",
+                                 "Steps or batches in progress, or running LLM requests left out "
+                                 "of steps, for longer than observability.watchdog_seconds.",
                                  {"model"});
   dumps_ = registry
                ->AddCounter("kiln_flight_dumps_total",
@@ -154,11 +154,18 @@ void FlightService::Watch() {
     for (FlightStuckWork& s : rec->FindStuck(SteadyClock::now(), limit)) {
       std::string requests;
       for (const std::string& r : s.requests) requests += (requests.empty() ? "" : ", ") + r;
-      spdlog::error(
-          "watchdog: model '{}': {} {} has been in progress for {:.1f} s (watchdog_seconds {}) "
-          "with {} request(s): {}",
-          s.model, s.kind, s.id, s.seconds, config_.observability.watchdog_seconds,
-          s.requests.size(), requests.empty() ? "(none)" : requests);
+      if (s.kind == "request") {
+        spdlog::error(
+            "watchdog: model '{}': running request {} was left out of every step for {:.1f} s "
+            "(watchdog_seconds {})",
+            s.model, requests, s.seconds, config_.observability.watchdog_seconds);
+      } else {
+        spdlog::error(
+            "watchdog: model '{}': {} {} has been in progress for {:.1f} s (watchdog_seconds {}) "
+            "with {} request(s): {}",
+            s.model, s.kind, s.id, s.seconds, config_.observability.watchdog_seconds,
+            s.requests.size(), requests.empty() ? "(none)" : requests);
+      }
       fires_->WithLabels({s.model})->Increment();
       stuck.push_back(std::move(s));
     }

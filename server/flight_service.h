@@ -10,15 +10,18 @@
 //
 // The watchdog (observability.watchdog_seconds > 0, needs the flight recorder): the same
 // thread looks, every min(watchdog_seconds / 4, 1 s), for a step (LLM) or batch (tensor
-// model) in progress for longer than watchdog_seconds. A request makes no progress when the
-// step or batch it is in does not complete: every running sequence of an LLM is in every step
-// (a preempted one goes back to waiting) and a tensor model's request runs in one batch, so
-// a stuck request is always inside stuck work, which the watchdog names with its requests.
+// model) in progress for longer than watchdog_seconds, and for the requests the LLM loops
+// reported (FlightRecorder::ReportStuckRequest). A request makes no progress when
+//   - the step or batch it is in does not complete (it is named with that work), or
+//   - LLM: it is running (admitted, holding KV blocks) but no step has included it for
+//     watchdog_seconds while steps go on — the token budget went to sequences ahead of it
+//     (e.g. a higher-priority prompt's prefill). The loop checks this at each step.
 // Queued requests are not watched: waiting behind a busy, healthy model is not a hang (queue
 // timeouts and deadlines bound it), and when the model is stuck its stuck step is reported,
 // with the queued requests' events in the dump. A fire logs an error naming the model, the
-// step or batch and its requests, increments kiln_watchdog_fires_total{model} and writes a
-// dump (reason "watchdog") whose "stuck" array names them; once per stuck step or batch.
+// step or batch and its requests (or the request), increments
+// kiln_watchdog_fires_total{model} and writes a dump (reason "watchdog") whose "stuck" array
+// names them; once per stuck step, batch or request.
 //
 // Thread-safety: every method is thread-safe.
 #pragma once

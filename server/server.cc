@@ -38,6 +38,7 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   deps.llm_loader = std::move(llm_loader);
   if (config_.observability.flight_recorder.enabled) {
     deps.flight_recorder_entries = config_.observability.flight_recorder.entries;
+    deps.watchdog_seconds = config_.observability.watchdog_seconds;
   }
   if (!deps.llm_loader) {
     deps.llm_loader = [this](const config::ModelConfig& c) {

@@ -615,6 +615,17 @@ void ContinuousBatcher::FlightStepBegin(FlightStepTimes& t) {
     if (seq->adapter_slot >= 0) adapter_slots |= uint64_t{1} << (seq->adapter_slot % 64);
   }
   e.adapters = std::popcount(adapter_slots);
+  // Requests: a running sequence that no step included for the watchdog's limit (the token
+  // budget went to those ahead of it) is reported once.
+  for (const SchedulerOutput::Entry& entry : sched_.seqs) entry.seq->flight_progress = t.scheduled;
+  if (const double limit = recorder_->options().watchdog_seconds; limit > 0) {
+    scheduler_->ForEachRunning([&](Sequence* seq) {
+      const double idle = std::chrono::duration<double>(t.scheduled - seq->flight_progress).count();
+      if (seq->flight_reported || idle < limit) return;
+      seq->flight_reported = true;
+      recorder_->ReportStuckRequest(seq->req->id, idle);
+    });
+  }
   e.admitted = sched_.admitted;
   e.preempted = sched_.preempted;
   e.kv_blocks_used = kv_->num_used();

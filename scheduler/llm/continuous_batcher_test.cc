@@ -398,6 +398,37 @@ TEST(ContinuousBatcherTest, FlightRecorderNamesTheStuckStepAndItsRequests) {
   EXPECT_TRUE(rec.FindStuck(later + 10s, 5s).empty()) << "nothing in progress any more";
 }
 
+// A running sequence that steps leave out (a higher-priority prompt takes the whole token
+// budget for many steps) is reported once as making no progress, and then finishes normally.
+TEST(ContinuousBatcherTest, FlightRecorderReportsARunningRequestLeftOutOfSteps) {
+  FlightRecorder rec(
+      "fake", "llm",
+      {.entries = 4096, .work_slots = 1, .max_work_requests = 8, .watchdog_seconds = 0.05});
+  config::LlmSchedulerConfig o;
+  o.max_num_batched_tokens = 8;
+  o.max_prefill_tokens_with_decodes = 0;  // a prefill may take the whole budget
+  o.priority_levels = 2;
+  o.default_priority_level = 2;
+  Fixture f(WithBlocks(o, 4096), 512, false, 0, &rec);
+  *f.delay_us = 2000;  // >= 60 steps of the long prompt: >= 120 ms without the starved one
+  auto low = MakeRequest(Prompt(4, 1), 200, /*priority=*/2);
+  low.req->id = "low";
+  auto low_done = f.Submit(low);
+  ASSERT_TRUE(f.Await([](const auto& s) { return s.running == 1; }));
+  auto high = MakeRequest(Prompt(480, 2), 2, /*priority=*/1);
+  high.req->id = "high";
+  auto high_done = f.Submit(high);
+  EXPECT_EQ(high_done.get().last.finish, FinishReason::kLength);
+  std::vector<FlightStuckWork> stuck = rec.FindStuck(SteadyClock::now(), 1h);
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].kind, "request");
+  EXPECT_EQ(stuck[0].requests, std::vector<std::string>{"low"});
+  EXPECT_GE(stuck[0].seconds, 0.05);
+  *f.delay_us = 0;
+  EXPECT_EQ(low_done.get().last.finish, FinishReason::kLength);
+  EXPECT_TRUE(rec.FindStuck(SteadyClock::now(), 1h).empty()) << "reported once";
+}
+
 TEST(ContinuousBatcherTest, CancelEndsTheRequestAndFreesItsBlocks) {
   Fixture f;
   auto c = MakeRequest(Prompt(20, 3), 400);

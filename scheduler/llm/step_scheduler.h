@@ -90,6 +90,11 @@ class StepScheduler {
     }
   }
 
+  // Calls f(Sequence*) for every running sequence.
+  template <typename F>
+  void ForEachRunning(F&& f) {
+    for (auto& s : running_) f(s.get());
+  }
   bool has_work() const { return num_running() > 0 || num_waiting() > 0; }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const;
