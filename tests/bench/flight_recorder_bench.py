@@ -16,6 +16,7 @@ machine CPU per token is steadier than tokens/s.
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -73,7 +74,7 @@ models:
         try:
             with urllib.request.urlopen(url + "/v2/health/ready", timeout=1) as r:
                 if r.status == 200:
-                    return proc, url, f"http://127.0.0.1:{metrics}/metrics"
+                    return proc, url, f"http://127.0.0.1:{metrics}/metrics", storage
         except OSError:
             pass
         time.sleep(0.2)
@@ -103,12 +104,13 @@ def main():
         "off": ["observability.flight_recorder.enabled=false",
                 "observability.tracing.enabled=false"],
     }
-    procs, servers, metrics = [], {}, {}
+    procs, servers, metrics, storages = [], {}, {}, []
     log = tempfile.NamedTemporaryFile(prefix="kilnd-flight-bench-", suffix=".log", delete=False)
     try:
         for name, settings in configs.items():
-            proc, url, metrics[name] = start(args.kilnd, model_path, settings, log)
+            proc, url, metrics[name], storage = start(args.kilnd, model_path, settings, log)
             procs.append(proc)
+            storages.append(storage)
             servers[name] = llm_loadgen.Server(name, url, "smollm2")
         totals = {name: [0, 0.0, 0.0] for name in configs}  # tokens, seconds, CPU seconds
         ratios = []  # per round: on / off tokens/s
@@ -150,6 +152,8 @@ def main():
             p.terminate()
         for p in procs:
             p.wait(timeout=120)
+        for d in storages:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 if __name__ == "__main__":
