@@ -6,6 +6,7 @@ StatusOr<std::unique_ptr<CapturedProgram>> CapturedProgram::Capture(Program& pro
                                                                     backend::Stream& stream) {
   KILN_RETURN_IF_ERROR(program.Prepare());
   std::unique_ptr<CapturedProgram> c(new CapturedProgram());
+  c->num_launches_ = static_cast<int>(program.launches().size());
   if (stream.SupportsCapture()) {
     KILN_RETURN_IF_ERROR(stream.BeginCapture());
     const Status run = stream.Run(program.launches());

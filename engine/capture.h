@@ -38,10 +38,12 @@ class CapturedProgram {
 
   Status Replay(backend::Stream& stream);
   bool native() const { return native_ != nullptr; }
-  int num_launches() const { return static_cast<int>(launches_.size()); }
+  // Launches recorded (native graphs too: the program's launches at capture).
+  int num_launches() const { return num_launches_; }
 
  private:
   CapturedProgram() = default;
+  int num_launches_ = 0;
   std::unique_ptr<backend::ExecGraph> native_;
   // Fallback: deep copies of the resolved launches.
   std::vector<TensorArg> args_;

@@ -66,17 +66,19 @@ struct DynamicBatcher::Instance {
   std::vector<std::unique_ptr<InferenceRequest>> batch ABSL_GUARDED_BY(mu);
   bool quit ABSL_GUARDED_BY(mu) = false;
   bool busy = false;  // guarded by the batcher's mu_ (not expressible as an annotation here)
+  int index = 0;      // the flight recorder's work slot
   std::thread thread;
 };
 
 DynamicBatcher::DynamicBatcher(BatchQueue::Options options,
                                std::vector<std::unique_ptr<TensorModel>> instances,
-                               ModelStats* stats)
-    : stats_(stats), queue_(std::move(options)) {
+                               ModelStats* stats, FlightRecorder* recorder)
+    : stats_(stats), recorder_(recorder), queue_(std::move(options)) {
   KILN_CHECK(!instances.empty(), "a batcher needs at least one model instance");
   for (auto& m : instances) {
     auto inst = std::make_unique<Instance>();
     inst->model = std::move(m);
+    inst->index = static_cast<int>(instances_.size());
     instances_.push_back(std::move(inst));
   }
   for (auto& inst : instances_) {
@@ -106,7 +108,9 @@ Status DynamicBatcher::Enqueue(std::unique_ptr<InferenceRequest>& request) {
   if (!accepting_) {
     return Unavailable("model '", request->model_name, "' is shutting down");
   }
+  const InferenceRequest* queued = request.get();  // the queue owns it on success
   KILN_RETURN_IF_ERROR(queue_.Enqueue(request, SteadyClock::now()));
+  if (recorder_) recorder_->RecordRequest(queued->id, FlightRequestState::kQueued);
   if (stats_) stats_->RequestQueued();
   wake_ = true;
   return OkStatus();
@@ -228,6 +232,21 @@ void DynamicBatcher::Execute(Instance* inst,
     rows.push_back(r->batch_size);
   }
   const bool batched = batch.size() > 1;
+  FlightEvent flight;  // flight recorder
+  if (recorder_) {
+    flight.work_id = ++batch_id_;
+    flight.seqs = static_cast<int32_t>(batch.size());
+    flight.rows = static_cast<int32_t>(total_rows);
+    recorder_->BeginWork(inst->index, FlightRecorder::WorkKind::kBatch, flight.work_id,
+                         timing.start);
+    for (const auto& r : batch) {
+      recorder_->RecordRequest(r->id, FlightRequestState::kRunning, flight.work_id);
+    }
+    flight.kind = FlightEventKind::kBatchBegin;
+    recorder_->SetWorkRequests(
+        inst->index, flight.seqs, [&batch](int i) -> std::string_view { return batch[i]->id; },
+        flight);
+  }
 
   std::vector<HostTensor> inputs = GatherInputs(batch);
   const auto t_input = SteadyClock::now();
@@ -278,6 +297,13 @@ void DynamicBatcher::Execute(Instance* inst,
   timing.input = t_input - timing.start;
   timing.infer = t_infer - t_input;
   timing.output = t_output - t_infer;
+  if (recorder_) {
+    flight.kind = FlightEventKind::kBatchEnd;
+    flight.ok = status.ok();
+    flight.run_ns = timing.infer.count();
+    flight.total_ns = std::chrono::nanoseconds(t_output - timing.start).count();
+    recorder_->EndWork(inst->index, flight);
+  }
   if (stats_ && status.ok()) {
     stats_->BatchExecuted(static_cast<uint64_t>(total_rows), timing.input, timing.infer,
                           timing.output);
@@ -295,6 +321,15 @@ void DynamicBatcher::Execute(Instance* inst,
 void DynamicBatcher::Complete(std::unique_ptr<InferenceRequest> r, InferenceResponse&& resp,
                               const Timing& timing) {
   if (r->answered.exchange(true)) return;  // cut off by Drain already
+  if (recorder_) {
+    const StatusCode code = resp.status.code();
+    recorder_->RecordRequest(r->id,
+                             code == StatusCode::kOk          ? FlightRequestState::kFinished
+                             : code == StatusCode::kCancelled ? FlightRequestState::kCancelled
+                             : code == StatusCode::kDeadlineExceeded ? FlightRequestState::kTimedOut
+                                                                     : FlightRequestState::kFailed,
+                             0, code == StatusCode::kOk ? "" : absl::StatusCodeToString(code));
+  }
   const auto now = SteadyClock::now();
   if (stats_) {
     if (resp.status.ok()) {

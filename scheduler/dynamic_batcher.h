@@ -15,15 +15,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "scheduler/batch_queue.h"
+#include "scheduler/flight_recorder.h"
 #include "scheduler/model_stats.h"
 
 namespace kiln {
 
 class DynamicBatcher {
  public:
-  // REQUIRES: instances non-empty; `stats` outlives the batcher.
+  // REQUIRES: instances non-empty; `stats` outlives the batcher. `recorder` (null: none)
+  // records batches (work slot i: instance i) and request state changes; it must outlive the
+  // batcher and have a work slot per instance.
   DynamicBatcher(BatchQueue::Options options, std::vector<std::unique_ptr<TensorModel>> instances,
-                 ModelStats* stats);
+                 ModelStats* stats, FlightRecorder* recorder = nullptr);
   // Drains with an immediate deadline and joins the threads.
   ~DynamicBatcher();
 
@@ -66,6 +69,8 @@ class DynamicBatcher {
                 const Timing& timing);
 
   ModelStats* const stats_;
+  FlightRecorder* const recorder_;
+  std::atomic<uint64_t> batch_id_{0};  // the flight recorder's batch ids
   mutable absl::Mutex mu_;
   BatchQueue queue_ ABSL_GUARDED_BY(mu_);
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;

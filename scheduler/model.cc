@@ -177,6 +177,13 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
     model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm), config.scheduler,
                                                       LlmPrefixSeed(config), std::move(metrics));
+    if (deps.flight_recorder_entries > 0) {
+      model->recorder_ = std::make_unique<FlightRecorder>(
+          config.name, "llm",
+          FlightRecorder::Options{deps.flight_recorder_entries, 1, config.scheduler.max_num_seqs,
+                                  deps.watchdog_seconds});
+      model->llm_->set_flight_recorder(model->recorder_.get());
+    }
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
     for (const config::LoraAdapterConfig& a : config.adapters) {
       StatusOr<std::shared_ptr<const models::LoraAdapter>> adapter =
@@ -214,8 +221,14 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
   model->platform_ = std::string(first.platform());
   model->signature_ = {config.name, config.max_batch_size, first.inputs(), first.outputs()};
   BatchQueue::Options options{config.max_batch_size, config.dynamic_batching};
-  model->batcher_ =
-      std::make_unique<DynamicBatcher>(std::move(options), std::move(instances), &model->stats_);
+  if (deps.flight_recorder_entries > 0) {
+    model->recorder_ = std::make_unique<FlightRecorder>(
+        config.name, "tensor",
+        FlightRecorder::Options{deps.flight_recorder_entries, config.instance_count,
+                                std::max(1, config.max_batch_size)});
+  }
+  model->batcher_ = std::make_unique<DynamicBatcher>(std::move(options), std::move(instances),
+                                                     &model->stats_, model->recorder_.get());
   return model;
 }
 

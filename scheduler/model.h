@@ -11,6 +11,7 @@
 
 #include "config/config.h"
 #include "scheduler/dynamic_batcher.h"
+#include "scheduler/flight_recorder.h"
 #include "scheduler/inference_request.h"
 #include "scheduler/llm/llm_metrics.h"
 #include "scheduler/model_stats.h"
@@ -49,6 +50,9 @@ struct ModelDeps {
   InferenceMetricFamilies* tensor_metrics = nullptr;
   LlmMetricFamilies* llm_metrics = nullptr;
   LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
+  // Events each model's flight recorder keeps (observability.flight_recorder); 0: none.
+  int flight_recorder_entries = 0;
+  double watchdog_seconds = 0;  // observability.watchdog_seconds (LLMs watch running requests)
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]
@@ -95,6 +99,10 @@ class Model {
   // For front ends that complete LLM requests on the KServe path (Triton's statistics).
   ModelStats& stats() { return stats_; }
 
+  // The model's flight recorder (steps or batches, request state changes); nullptr when
+  // observability.flight_recorder is off. Lives as long as the model.
+  FlightRecorder* flight_recorder() const { return recorder_.get(); }
+
   // Stops accepting, finishes queued work until `deadline`, cuts off the rest (see
   // DynamicBatcher::Drain, ContinuousBatcher::Drain). Returns the number cut off.
   int Drain(SteadyClock::time_point deadline);
@@ -106,8 +114,9 @@ class Model {
   std::string platform_;
   ModelSignature signature_;
   ModelStats stats_;
-  std::unique_ptr<DynamicBatcher> batcher_;  // tensor models
-  std::unique_ptr<ContinuousBatcher> llm_;   // LLMs
+  std::unique_ptr<FlightRecorder> recorder_;  // before the batchers, which record into it
+  std::unique_ptr<DynamicBatcher> batcher_;   // tensor models
+  std::unique_ptr<ContinuousBatcher> llm_;    // LLMs
 };
 
 }  // namespace kiln

@@ -14,6 +14,7 @@ class Authenticator;
 namespace finetune {
 class FineTuningService;
 }
+class FlightService;
 
 struct ServerCore {
   const config::Config* config = nullptr;
@@ -24,6 +25,7 @@ struct ServerCore {
   // API keys (server/auth.h); every front end asks it before any work. Null: no checks (unit
   // tests that build a core by hand).
   const Authenticator* auth = nullptr;
+  FlightService* flight = nullptr;  // flight recorder dumps (server/flight_service.h)
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

@@ -5,7 +5,8 @@
 //   kilnd --print-default-config             print the embedded default configuration
 //
 // Signals: SIGTERM/SIGINT shut down (server/server.h); SIGHUP re-reads the secrets kept in
-// files (TLS certificates, API key files) without dropping connections, and logs the outcome.
+// files (TLS certificates, API key files) without dropping connections, and logs the outcome;
+// SIGUSR1 dumps the flight recorder to <storage_dir>/flight/ (server/flight_service.h).
 //
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.
@@ -22,14 +23,16 @@
 
 namespace {
 
-// Blocks SIGTERM/SIGINT (shutdown) and SIGHUP (reload secrets) in every thread (call before
-// creating any) so that only the main thread's sigwait receives them.
+// Blocks SIGTERM/SIGINT (shutdown), SIGHUP (reload secrets) and SIGUSR1 (flight recorder
+// dump) in every thread (call before creating any) so that only the main thread's sigwait
+// receives them.
 sigset_t BlockSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGHUP);
+  sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -101,6 +104,10 @@ int main(int argc, char** argv) {
   int sig = 0;
   for (;;) {
     sigwait(&signals, &sig);
+    if (sig == SIGUSR1) {
+      server.DumpFlightRecorder("sigusr1");  // returns at once; a storm coalesces
+      continue;
+    }
     if (sig != SIGHUP) break;
     spdlog::info("received SIGHUP: reloading secrets");
     if (auto s = server.ReloadSecrets(); !s.ok()) {

@@ -6,6 +6,7 @@
 #include "models/llm/loader.h"
 #include "scheduler/finetune/job_service.h"
 #include "server/auth.h"
+#include "server/flight_service.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "spdlog/spdlog.h"
@@ -46,6 +47,10 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
   deps.llm_loader = std::move(llm_loader);
+  if (config_.observability.flight_recorder.enabled) {
+    deps.flight_recorder_entries = config_.observability.flight_recorder.entries;
+    deps.watchdog_seconds = config_.observability.watchdog_seconds;
+  }
   if (!deps.llm_loader) {
     deps.llm_loader = [this](const config::ModelConfig& c) {
       models::LlmLoadOptions options;
@@ -128,6 +133,9 @@ Status Server::Start() {
         "TLS on ({}{}): {}", config_.server.tls.metrics ? "gRPC, HTTP, metrics" : "gRPC, HTTP",
         tls_pem->client_ca.empty() ? "" : "; client certificates required", tls_pem->summary);
   }
+  flight_ = std::make_unique<FlightService>(config_, repository_.get(), &registry_);
+  flight_->Start();
+  core_.flight = flight_.get();
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
   repository_->SetStateListener([this](const std::string& name, ModelState state) {
@@ -198,6 +206,7 @@ bool Server::Shutdown() {
   if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now() + kReplyFlush));
   grpc_.reset();
   http_.reset();
+  if (flight_) flight_->Stop();
   const bool clean = idle && cut == 0 && http_cut == 0;
   if (clean) {
     spdlog::info("shutdown complete");
@@ -232,6 +241,8 @@ Status Server::ReloadSecrets() {
   }
   if (!errors.empty()) return InvalidArgument(absl::StrJoin(errors, "; "));
   return OkStatus();
+void Server::DumpFlightRecorder(std::string_view reason) {
+  if (flight_) flight_->RequestDump(reason);
 }
 
 int Server::grpc_port() const { return grpc_ ? grpc_->port() : 0; }

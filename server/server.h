@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "config/config.h"
 #include "engine/base/metrics.h"
@@ -22,6 +23,7 @@
 namespace kiln {
 
 class Authenticator;
+class FlightService;
 class GrpcFrontEnd;
 class HttpFrontEnds;
 namespace finetune {
@@ -49,10 +51,13 @@ class Server {
   bool Shutdown();
 
   // Re-reads the secrets kept in files (SIGHUP, see main.cc): the TLS certificate, key and
-  // client CA of server.tls, checked as at start-up. New connections use the new ones; open
-  // connections keep theirs. On error (the message names the key and the file) everything
-  // stays as it was. Call from the thread that called Start, between Start and Shutdown.
+  // client CA of server.tls, checked as at start-up, and the API key files of server.auth.
+  // New connections use the new certificates; open connections keep theirs. Each reload
+  // that fails (the message names the key and the file) leaves its part as it was. Call from the thread that called Start, between Start and Shutdown.
   Status ReloadSecrets();
+  // Asks for a flight recorder dump of every model to <storage_dir>/flight/ (SIGUSR1, see
+  // server/flight_service.h); returns at once, dumps requested meanwhile coalesce.
+  void DumpFlightRecorder(std::string_view reason);
 
   int grpc_port() const;
   int http_port() const;
@@ -74,6 +79,7 @@ class Server {
   std::unique_ptr<Authenticator> auth_;                       // set by Start
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
   std::shared_ptr<tls::ServerContext> tls_context_;           // null without server.tls
+  std::unique_ptr<FlightService> flight_;                     // likewise
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
 };

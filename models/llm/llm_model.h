@@ -59,6 +59,7 @@ struct StepBatch {
 struct StepStats {
   bool replayed = false;    // a captured program ran (graph replay)
   int32_t padded_seqs = 0;  // batch size the step was padded to (== S when not padded)
+  int32_t launches = -1;    // kernel launches the step ran (or replayed); -1: not counted
 };
 
 class LlmModel {

@@ -650,6 +650,7 @@ Status PagedLlm::RunDirect(const StepBatch& batch, const StepResult& result, Ste
   if (stats != nullptr) {
     stats->replayed = false;
     stats->padded_seqs = S;
+    stats->launches = run_->num_launches();
   }
   return OkStatus();
 }
@@ -707,6 +708,7 @@ Status PagedLlm::RunCaptured(const StepBatch& batch, int32_t padded, const StepR
   if (stats != nullptr) {
     stats->replayed = true;
     stats->padded_seqs = padded;
+    stats->launches = c.graph->num_launches();
   }
   return OkStatus();
 }

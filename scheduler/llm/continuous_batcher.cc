@@ -1,6 +1,7 @@
 #include "scheduler/llm/continuous_batcher.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <random>
 
@@ -28,6 +29,14 @@ size_t StopHoldback(std::string_view text, const std::vector<std::string>& stops
     }
   }
   return best;
+}
+
+// The flight recorder's state of a request that ended so.
+FlightRequestState FlightStateOf(FinishReason reason, const Status& status) {
+  if (reason == FinishReason::kCancelled) return FlightRequestState::kCancelled;
+  if (reason != FinishReason::kError) return FlightRequestState::kFinished;
+  return absl::IsDeadlineExceeded(status) ? FlightRequestState::kTimedOut
+                                          : FlightRequestState::kFailed;
 }
 
 }  // namespace
@@ -269,6 +278,7 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
                              " waiting requests, scheduler.max_queue_size); retry later");
   }
   ++queued_;
+  if (recorder_) recorder_->RecordRequest(r.id, FlightRequestState::kQueued);
   inbox_.push_back(std::move(seq));
   wake_ = true;
   return OkStatus();
@@ -356,6 +366,12 @@ void ContinuousBatcher::Finish(Sequence* seq, FinishReason reason, Status status
                                std::string stop) {
   if (seq->done) return;
   seq->done = true;
+  if (recorder_) {
+    recorder_->RecordRequest(seq->req->id, FlightStateOf(reason, status), step_id_,
+                             reason == FinishReason::kError
+                                 ? std::string_view(absl::StatusCodeToString(status.code()))
+                                 : FinishReasonName(reason));
+  }
   scheduler_->Free(seq);
   if (seq->adapter_slot >= 0) {
     adapter_slots_->Release(seq->adapter_slot);
@@ -406,13 +422,23 @@ void ContinuousBatcher::DropCancelledAndExpired() {
 }
 
 void ContinuousBatcher::StepOnce() {
+  FlightStepTimes flight;  // flight recorder
+  if (recorder_) {
+    flight.begin = SteadyClock::now();
+    recorder_->BeginWork(0, FlightRecorder::WorkKind::kStep, ++step_id_, flight.begin);
+  }
   DropCancelledAndExpired();
   const auto step_start = SteadyClock::now();
   Schedule();
+  if (recorder_) FlightStepBegin(flight);
   if (sched_.empty()) return;
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
+  if (recorder_) flight.built = SteadyClock::now();
   StepOutput out;
-  if (Run(batch, &out)) ProcessOutputs(sched_, out);
+  const bool ran = Run(batch, &out);
+  if (recorder_) flight.ran = SteadyClock::now();
+  if (ran) ProcessOutputs(sched_, out);
+  if (recorder_) FlightStepEnd(flight, out, ran);
   if (const int32_t dropped = scheduler_->EraseDone(); dropped > 0) {  // e.g. a failed upload
     absl::MutexLock lock(&mu_);
     queued_ -= dropped;
@@ -558,6 +584,77 @@ void ContinuousBatcher::UpdateGauges() {
   snapshot_.waiting = waiting;
   snapshot_.kv_blocks_total = kv_->num_blocks();
   snapshot_.kv_blocks_used = used;
+}
+
+// ---- Flight recorder (scheduler/flight_recorder.h) ----
+
+void ContinuousBatcher::FlightStepBegin(FlightStepTimes& t) {
+  t.scheduled = SteadyClock::now();
+  for (const Sequence* seq : sched_.preempted_seqs) {
+    recorder_->RecordRequest(seq->req->id, FlightRequestState::kPreempted, step_id_);
+  }
+  FlightEvent e;
+  e.kind = FlightEventKind::kStepBegin;
+  e.seqs = static_cast<int32_t>(sched_.seqs.size());
+  uint64_t adapter_slots = 0;  // exact for up to 64 slots
+  // Running sequences come first, then the `admitted` ones (step_scheduler.h).
+  const size_t first_admitted = sched_.seqs.size() - static_cast<size_t>(sched_.admitted);
+  for (size_t i = 0; i < sched_.seqs.size(); ++i) {
+    const SchedulerOutput::Entry& entry = sched_.seqs[i];
+    const Sequence* seq = entry.seq;
+    if (i >= first_admitted) {
+      recorder_->RecordRequest(
+          seq->req->id,
+          entry.first_time ? FlightRequestState::kAdmitted : FlightRequestState::kResumed,
+          step_id_);
+    }
+    // A decode computes the one token it sampled last step; anything else is prompt.
+    (entry.num_tokens == 1 && seq->uncomputed() == 1 && seq->generated() > 0 ? e.decode_tokens
+                                                                             : e.prefill_tokens) +=
+        entry.num_tokens;
+    if (seq->adapter_slot >= 0) adapter_slots |= uint64_t{1} << (seq->adapter_slot % 64);
+  }
+  e.adapters = std::popcount(adapter_slots);
+  // Requests: a running sequence that no step included for the watchdog's limit (the token
+  // budget went to those ahead of it) is reported once.
+  for (const SchedulerOutput::Entry& entry : sched_.seqs) entry.seq->flight_progress = t.scheduled;
+  if (const double limit = recorder_->options().watchdog_seconds; limit > 0) {
+    scheduler_->ForEachRunning([&](Sequence* seq) {
+      const double idle = std::chrono::duration<double>(t.scheduled - seq->flight_progress).count();
+      if (seq->flight_reported || idle < limit) return;
+      seq->flight_reported = true;
+      recorder_->ReportStuckRequest(seq->req->id, idle);
+    });
+  }
+  e.admitted = sched_.admitted;
+  e.preempted = sched_.preempted;
+  e.kv_blocks_used = kv_->num_used();
+  e.kv_blocks_total = kv_->num_blocks();
+  e.schedule_ns = std::chrono::nanoseconds(t.scheduled - t.begin).count();
+  if (sched_.empty()) {
+    recorder_->EndWork(0, {}, /*record=*/false);  // nothing ran: no step to show
+    return;
+  }
+  recorder_->SetWorkRequests(
+      0, e.seqs, [this](int i) -> std::string_view { return sched_.seqs[i].seq->req->id; }, e);
+}
+
+void ContinuousBatcher::FlightStepEnd(const FlightStepTimes& t, const StepOutput& out, bool ok) {
+  const SteadyClock::time_point processed = SteadyClock::now();
+  FlightEvent e;
+  e.kind = FlightEventKind::kStepEnd;
+  e.ok = ok;
+  e.seqs = static_cast<int32_t>(sched_.seqs.size());
+  e.replayed = out.stats.replayed;
+  e.padded_seqs = out.stats.padded_seqs;
+  e.launches = out.stats.launches;
+  e.kv_blocks_used = kv_->num_used();
+  e.kv_blocks_total = kv_->num_blocks();
+  e.build_ns = std::chrono::nanoseconds(t.built - t.scheduled).count();
+  e.run_ns = std::chrono::nanoseconds(t.ran - t.built).count();
+  e.process_ns = std::chrono::nanoseconds(processed - t.ran).count();
+  e.total_ns = std::chrono::nanoseconds(processed - t.begin).count();
+  recorder_->EndWork(0, e);
 }
 
 }  // namespace kiln

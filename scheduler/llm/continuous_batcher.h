@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "config/config.h"
 #include "models/llm/llm_model.h"
+#include "scheduler/flight_recorder.h"
 #include "scheduler/llm/adapter_slots.h"
 #include "scheduler/llm/generate_request.h"
 #include "scheduler/llm/kv_block_manager.h"
@@ -66,6 +67,10 @@ class ContinuousBatcher {
                     std::unique_ptr<LlmMetrics> metrics);
   // Drains with an immediate deadline and stops the loop.
   ~ContinuousBatcher();
+
+  // Records steps and request state changes into `recorder` (null: none), which must outlive
+  // the batcher; work slot 0 is the step in progress. REQUIRES: before Start.
+  void set_flight_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
   // Sizes and allocates the KV cache, starts the loop thread.
   Status Start();
@@ -135,6 +140,12 @@ class ContinuousBatcher {
   void Emit(Sequence* seq, std::vector<int32_t> ids, std::vector<models::SampledToken> lps,
             std::string text);
   void UpdateGauges();
+  // Flight recorder hooks (recorder_ set): the step's composition after Schedule, its end.
+  struct FlightStepTimes {
+    SteadyClock::time_point begin, scheduled, built, ran;
+  };
+  void FlightStepBegin(FlightStepTimes& t);
+  void FlightStepEnd(const FlightStepTimes& t, const StepOutput& out, bool ok);
   // The scheduler's admission check: pins (and uploads if needed) the adapter slot of `seq`;
   // false when every slot is pinned by others (or the upload failed: `seq` is ended).
   bool AcquireAdapterSlot(Sequence* seq);
@@ -174,6 +185,8 @@ class ContinuousBatcher {
   StepSamplingBuilder sampling_;                 // device sampling: the step's table
   std::vector<models::SampledToken> sampled_;    // device sampling: [S]
   std::unique_ptr<AdapterSlots> adapter_slots_;  // set by Start when the model has slots
+  FlightRecorder* recorder_ = nullptr;           // set before Start; null: none
+  uint64_t step_id_ = 0;                         // the flight recorder's step ids
   std::thread thread_;
 };
 

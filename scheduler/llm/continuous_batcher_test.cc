@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/llm/testing/fake_llm.h"
 
 namespace kiln {
@@ -78,7 +79,8 @@ config::LlmSchedulerConfig WithBlocks(config::LlmSchedulerConfig c, int64_t bloc
 
 struct Fixture {
   explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512,
-                   bool sample_on_device = false, int32_t max_adapters = 0)
+                   bool sample_on_device = false, int32_t max_adapters = 0,
+                   FlightRecorder* recorder = nullptr)
       : registry(std::make_unique<metrics::Registry>()),
         families(std::make_unique<LlmMetricFamilies>(*registry)) {
     FakeLlmOptions opts;
@@ -93,6 +95,7 @@ struct Fixture {
     model = m.get();
     batcher = std::make_unique<ContinuousBatcher>("fake", std::move(m), config, /*prefix_seed=*/7,
                                                   std::make_unique<LlmMetrics>(*families, "fake"));
+    batcher->set_flight_recorder(recorder);
     Status s = batcher->Start();
     KILN_CHECK(s.ok(), "batcher failed to start");
   }
@@ -298,6 +301,132 @@ TEST(ContinuousBatcherTest, PreemptionWithPrefixCacheRecomputesFromTheCache) {
   f.gate->Open();
   for (int i = 0; i < 6; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 30)) << i;
   EXPECT_GT(f.batcher->snapshot().preemptions, 0u);
+}
+
+// ---- The flight recorder's hooks (scheduler/flight_recorder.h) ----
+
+// The request events of `id`, as "state" or "state:detail".
+std::vector<std::string> RequestStates(const nlohmann::json& ring, const std::string& id) {
+  std::vector<std::string> out;
+  for (const auto& e : ring["events"]) {
+    if (e["kind"] != "request" || e["request"] != id) continue;
+    out.push_back(e["state"].get<std::string>() +
+                  (e.contains("detail") ? ":" + e["detail"].get<std::string>() : ""));
+  }
+  return out;
+}
+
+TEST(ContinuousBatcherTest, FlightRecorderSeesStepsAndRequestStates) {
+  FlightRecorder rec("fake", "llm", {.entries = 256, .work_slots = 1, .max_work_requests = 64});
+  Fixture f(WithBlocks({}, 4096), 512, false, 0, &rec);
+  auto c = MakeRequest(Prompt(20, 5), 3);
+  c.req->id = "req-a";
+  EXPECT_EQ(f.Submit(c).get().ids.size(), 3u);
+  EXPECT_TRUE(f.Await(NoBlocksUsed));
+  const nlohmann::json ring = rec.ToJson();
+  EXPECT_THAT(RequestStates(ring, "req-a"),
+              ::testing::ElementsAre("queued", "admitted", "finished:length"));
+  std::vector<nlohmann::json> begins, ends;
+  for (const auto& e : ring["events"]) {
+    if (e["kind"] == "step_begin") begins.push_back(e);
+    if (e["kind"] == "step_end") ends.push_back(e);
+  }
+  // A prefill of the 20-token prompt, then two decodes (the third token ends it).
+  ASSERT_EQ(begins.size(), 3u);
+  ASSERT_EQ(ends.size(), 3u);
+  EXPECT_EQ(begins[0]["prefill_tokens"], 20);
+  EXPECT_EQ(begins[0]["decode_tokens"], 0);
+  EXPECT_EQ(begins[0]["admitted"], 1);
+  EXPECT_EQ(begins[1]["prefill_tokens"], 0);
+  EXPECT_EQ(begins[1]["decode_tokens"], 1);
+  EXPECT_GT(begins[0]["kv_blocks_used"].get<int>(), 0);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(begins[i]["id"], ends[i]["id"]);
+    EXPECT_TRUE(ends[i]["ok"].get<bool>());
+    EXPECT_EQ(ends[i]["seqs"], 1);
+  }
+  EXPECT_TRUE(ring["in_progress"].empty());
+}
+
+TEST(ContinuousBatcherTest, FlightRecorderSeesPreemptions) {
+  FlightRecorder rec("fake", "llm", {.entries = 4096, .work_slots = 1, .max_work_requests = 6});
+  config::LlmSchedulerConfig o;
+  o.block_size = 4;
+  o.max_num_seqs = 6;
+  o.enable_prefix_caching = false;
+  Fixture f(WithBlocks(o, 24), 512, false, 0, &rec);
+  std::vector<std::future<Result>> futures;
+  f.gate->Close();
+  for (int i = 0; i < 6; ++i) {
+    auto c = MakeRequest(Prompt(10, 100 + i), 30);
+    c.req->id = StrCat("p", i);
+    futures.push_back(f.Submit(c));
+  }
+  f.gate->Open();
+  for (auto& fut : futures) fut.get();
+  ASSERT_GT(f.batcher->snapshot().preemptions, 0u);
+  const nlohmann::json ring = rec.ToJson();
+  int preempted = 0;
+  for (int i = 0; i < 6; ++i) {
+    const std::vector<std::string> states = RequestStates(ring, StrCat("p", i));
+    // Every preemption is followed by a resumption; the request ends normally.
+    const auto n = std::count(states.begin(), states.end(), "preempted");
+    EXPECT_EQ(n, std::count(states.begin(), states.end(), "resumed")) << i;
+    EXPECT_EQ(states.back(), "finished:length") << i;
+    preempted += static_cast<int>(n);
+  }
+  EXPECT_EQ(preempted, static_cast<int>(f.batcher->snapshot().preemptions));
+}
+
+TEST(ContinuousBatcherTest, FlightRecorderNamesTheStuckStepAndItsRequests) {
+  FlightRecorder rec("fake", "llm", {.entries = 64, .work_slots = 1, .max_work_requests = 8});
+  Fixture f(WithBlocks({}, 4096), 512, false, 0, &rec);
+  f.gate->Close();
+  auto c = MakeRequest(Prompt(8, 9), 4);
+  c.req->id = "held";
+  auto fut = f.Submit(c);
+  f.gate->AwaitArrivals(1);  // the step is inside the model, held
+  const auto later = SteadyClock::now() + 10s;
+  std::vector<FlightStuckWork> stuck = rec.FindStuck(later, 5s);
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].kind, "step");
+  EXPECT_EQ(stuck[0].requests, std::vector<std::string>{"held"});
+  EXPECT_TRUE(rec.FindStuck(later, 5s).empty()) << "reported once per step";
+  f.gate->Open();
+  EXPECT_EQ(fut.get().last.finish, FinishReason::kLength);
+  EXPECT_TRUE(f.Await(NoBlocksUsed));
+  EXPECT_TRUE(rec.FindStuck(later + 10s, 5s).empty()) << "nothing in progress any more";
+}
+
+// A running sequence that steps leave out (a higher-priority prompt takes the whole token
+// budget for many steps) is reported once as making no progress, and then finishes normally.
+TEST(ContinuousBatcherTest, FlightRecorderReportsARunningRequestLeftOutOfSteps) {
+  FlightRecorder rec(
+      "fake", "llm",
+      {.entries = 4096, .work_slots = 1, .max_work_requests = 8, .watchdog_seconds = 0.05});
+  config::LlmSchedulerConfig o;
+  o.max_num_batched_tokens = 8;
+  o.max_prefill_tokens_with_decodes = 0;  // a prefill may take the whole budget
+  o.priority_levels = 2;
+  o.default_priority_level = 2;
+  Fixture f(WithBlocks(o, 4096), 512, false, 0, &rec);
+  *f.delay_us = 2000;  // >= 60 steps of the long prompt: >= 120 ms without the starved one
+  auto low = MakeRequest(Prompt(4, 1), 200, /*priority=*/2);
+  low.req->id = "low";
+  auto low_done = f.Submit(low);
+  ASSERT_TRUE(f.Await([](const auto& s) { return s.running == 1; }));
+  auto high = MakeRequest(Prompt(480, 2), 2, /*priority=*/1);
+  high.req->id = "high";
+  auto high_done = f.Submit(high);
+  EXPECT_EQ(high_done.get().last.finish, FinishReason::kLength);
+  std::vector<FlightStuckWork> stuck = rec.FindStuck(SteadyClock::now(), 1h);
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].kind, "request");
+  EXPECT_EQ(stuck[0].requests, std::vector<std::string>{"low"});
+  EXPECT_GE(stuck[0].seconds, 0.05);
+  *f.delay_us = 0;
+  EXPECT_EQ(low_done.get().last.finish, FinishReason::kLength);
+  EXPECT_TRUE(rec.FindStuck(SteadyClock::now(), 1h).empty()) << "reported once";
 }
 
 TEST(ContinuousBatcherTest, CancelEndsTheRequestAndFreesItsBlocks) {

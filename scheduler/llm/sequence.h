@@ -59,6 +59,10 @@ struct Sequence {
   std::vector<int32_t> end_ids;  // EOS (unless ignore_eos) and stop_token_ids
   std::string held;              // text not yet sent: may be the start of a stop string
   SteadyClock::time_point enqueued, first_scheduled, first_token, last_token;
+
+  // ---- Flight recorder (ContinuousBatcher::FlightStepBegin) ----
+  SteadyClock::time_point flight_progress;  // the last step that included it
+  bool flight_reported = false;             // reported to the watchdog as making no progress
 };
 
 }  // namespace kiln

@@ -12,6 +12,7 @@ void SchedulerOutput::Clear() {
   decode_only = true;
   preempted = 0;
   admitted = 0;
+  preempted_seqs.clear();
 }
 
 StepScheduler::StepScheduler(const config::LlmSchedulerConfig& config, KvBlockManager* kv)
@@ -125,6 +126,7 @@ void StepScheduler::Schedule(SchedulerOutput* out) {
       Sequence* victim = running_.back().get();
       Preempt(victim);
       ++out->preempted;
+      out->preempted_seqs.push_back(victim);
       if (victim == s) {
         self_preempted = true;
         break;

@@ -48,6 +48,8 @@ struct SchedulerOutput {
   bool decode_only = true;  // every sequence has exactly one new token
   int32_t preempted = 0;    // running sequences sent back to their queue by this step
   int32_t admitted = 0;     // sequences taken from the waiting queues by this step
+  // The `preempted` sequences, now waiting again (owned by the scheduler).
+  std::vector<Sequence*> preempted_seqs;
 
   bool empty() const { return seqs.empty(); }
   void Clear();  // keeps the capacity (no allocation per step)
@@ -88,6 +90,11 @@ class StepScheduler {
     }
   }
 
+  // Calls f(Sequence*) for every running sequence.
+  template <typename F>
+  void ForEachRunning(F&& f) {
+    for (auto& s : running_) f(s.get());
+  }
   bool has_work() const { return num_running() > 0 || num_waiting() > 0; }
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const;
