@@ -24,7 +24,7 @@ ST = Path(ROOT / ".venv" / "bin" / "st")
 # Routes of the table that other work serves (they land separately): until then the server
 # answers "no route" for them. test_every_documented_route_is_served fails once one is served,
 # so this list cannot go stale.
-NOT_YET_SERVED = {("GET", "/debug/flight_recorder"), ("GET", "/debug/trace")}
+NOT_YET_SERVED = {("GET", "/debug/trace")}
 
 # Operations the fuzzer leaves alone, and why.
 FUZZ_EXCLUDED_PATHS = {
@@ -35,7 +35,6 @@ FUZZ_EXCLUDED_PATHS = {
     "/v2/repository/models/{model}/unload": "unloads/reloads the served models",
     # Answers after `seconds` (up to 60) by design.
     "/debug/trace": "blocks for ?seconds=N by design",
-    "/debug/flight_recorder": "not served yet (NOT_YET_SERVED)",
     # On the metrics port: fuzzed in a run of its own (test_fuzz_metrics).
     "/metrics": "another listener",
 }
