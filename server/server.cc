@@ -241,6 +241,8 @@ Status Server::ReloadSecrets() {
   }
   if (!errors.empty()) return InvalidArgument(absl::StrJoin(errors, "; "));
   return OkStatus();
+}
+
 void Server::DumpFlightRecorder(std::string_view reason) {
   if (flight_) flight_->RequestDump(reason);
 }
