@@ -177,6 +177,7 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
     model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm), config.scheduler,
                                                       LlmPrefixSeed(config), std::move(metrics));
+    model->llm_->set_trace_sink(deps.tracer);
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
     for (const config::LoraAdapterConfig& a : config.adapters) {
       StatusOr<std::shared_ptr<const models::LoraAdapter>> adapter =

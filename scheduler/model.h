@@ -21,6 +21,7 @@ namespace models {
 class LlmModel;
 }
 class ContinuousBatcher;
+class TraceSink;
 
 // What a client must send and gets back.
 struct ModelSignature {
@@ -49,6 +50,7 @@ struct ModelDeps {
   InferenceMetricFamilies* tensor_metrics = nullptr;
   LlmMetricFamilies* llm_metrics = nullptr;
   LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
+  TraceSink* tracer = nullptr;  // the server's trace sink (step spans); null: none
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]
