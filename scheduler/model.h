@@ -50,7 +50,8 @@ struct ModelDeps {
   InferenceMetricFamilies* tensor_metrics = nullptr;
   LlmMetricFamilies* llm_metrics = nullptr;
   LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
-  TraceSink* tracer = nullptr;  // the server's trace sink (step spans); null: none
+  // The server's trace sink (the LLM step loops' spans); null: none.
+  TraceSink* tracer = nullptr;
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]

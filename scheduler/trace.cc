@@ -262,6 +262,11 @@ void TraceSink::CloseExport() {
   export_closed_ = true;
 }
 
+bool TraceSink::export_closed() {
+  absl::MutexLock lock(&export_mu_);
+  return export_closed_;
+}
+
 void TraceSink::CountExportFailed(size_t n) {
   if (dropped_export_) dropped_export_->Increment(static_cast<double>(n));
 }

@@ -141,6 +141,7 @@ class TraceSink {
   bool PopExport(std::vector<SpanRecord>* out, size_t max, absl::Duration wait);
   // Wakes PopExport for good (shutdown).
   void CloseExport();
+  bool export_closed();
   // Counts spans the exporter gave up on (kiln_trace_spans_dropped_total{reason="export_failed"}).
   void CountExportFailed(size_t n);
 
@@ -188,6 +189,7 @@ class RequestTrace {
   const std::string& tracestate() const { return tracestate_; }
   const TraceContext& root() const { return root_; }
   bool recording() const { return sink_->recording(); }
+  SteadyClock::time_point start() const { return start_; }  // the request's arrival
   TraceSink* sink() const { return sink_; }
 
   // Records a child span of the root, [start, end). Does nothing unless recording().

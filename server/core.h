@@ -8,6 +8,7 @@
 #include "engine/base/metrics.h"
 #include "scheduler/inflight.h"
 #include "scheduler/model_repository.h"
+#include "scheduler/trace.h"
 
 namespace kiln {
 namespace finetune {
@@ -20,6 +21,7 @@ struct ServerCore {
   InflightLimiter* limiter = nullptr;
   metrics::Registry* registry = nullptr;
   finetune::FineTuningService* fine_tuning = nullptr;  // null: fine_tuning.enabled is false
+  TraceSink* tracer = nullptr;  // per-request traces (scheduler/trace.h); null: none
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

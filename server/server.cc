@@ -29,11 +29,17 @@ const std::vector<std::string>& ServerExtensions() {
 }
 
 Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(config)) {
+  const config::ObservabilityConfig& obs = config_.observability;
+  tracer_ = std::make_unique<TraceSink>(
+      TraceSink::Options{.enabled = obs.tracing.enabled,
+                         .export_spans = false},
+      &registry_);
   families_ = std::make_unique<InferenceMetricFamilies>(registry_);
   llm_families_ = std::make_unique<LlmMetricFamilies>(registry_);
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
+  deps.tracer = tracer_.get();
   deps.llm_loader = std::move(llm_loader);
   if (!deps.llm_loader) {
     deps.llm_loader = [this](const config::ModelConfig& c) {
@@ -48,6 +54,7 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   core_.repository = repository_.get();
   core_.limiter = limiter_.get();
   core_.registry = &registry_;
+  core_.tracer = tracer_.get();
 }
 
 Server::~Server() {

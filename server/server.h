@@ -21,6 +21,7 @@
 namespace kiln {
 
 class GrpcFrontEnd;
+class TraceSink;
 class HttpFrontEnds;
 namespace finetune {
 class FineTuningService;
@@ -53,6 +54,7 @@ class Server {
 
   config::Config config_;
   metrics::Registry registry_;
+  std::unique_ptr<TraceSink> tracer_;  // before the repository: its batchers record into it
   std::unique_ptr<InferenceMetricFamilies> families_;
   std::unique_ptr<LlmMetricFamilies> llm_families_;
   std::unique_ptr<ModelRepository> repository_;

@@ -415,7 +415,7 @@ void ContinuousBatcher::StepOnce() {
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
   StepOutput out;
   if (Run(batch, &out)) ProcessOutputs(sched_, out);
-  trace_.Stepped(sched_, step_start, out);  // tracing
+  trace_.Stepped(sched_, step_start, out);
   if (const int32_t dropped = scheduler_->EraseDone(); dropped > 0) {  // e.g. a failed upload
     absl::MutexLock lock(&mu_);
     queued_ -= dropped;
