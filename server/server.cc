@@ -4,6 +4,7 @@
 #include "scheduler/finetune/job_service.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
+#include "server/otlp_exporter.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KILN_VERSION
@@ -32,7 +33,7 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   const config::ObservabilityConfig& obs = config_.observability;
   tracer_ = std::make_unique<TraceSink>(
       TraceSink::Options{.enabled = obs.tracing.enabled,
-                         .export_spans = false},
+                         .export_spans = obs.tracing.enabled && !obs.otlp.endpoint.empty()},
       &registry_);
   families_ = std::make_unique<InferenceMetricFamilies>(registry_);
   llm_families_ = std::make_unique<LlmMetricFamilies>(registry_);
@@ -99,6 +100,12 @@ Status Server::Start() {
     if (!ft.ok()) return Annotate(ft.status(), "fine-tuning");
     fine_tuning_ = *std::move(ft);
     core_.fine_tuning = fine_tuning_.get();
+  }
+  if (config_.observability.tracing.enabled && !config_.observability.otlp.endpoint.empty()) {
+    StatusOr<std::unique_ptr<OtlpExporter>> otlp =
+        OtlpExporter::Create(config_.observability, tracer_.get(), &registry_);
+    if (!otlp.ok()) return otlp.status();
+    otlp_ = *std::move(otlp);
   }
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
@@ -170,6 +177,7 @@ bool Server::Shutdown() {
   if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now() + kReplyFlush));
   grpc_.reset();
   http_.reset();
+  otlp_.reset();  // sends the spans still queued
   const bool clean = idle && cut == 0 && http_cut == 0;
   if (clean) {
     spdlog::info("shutdown complete");

@@ -21,6 +21,7 @@
 namespace kiln {
 
 class GrpcFrontEnd;
+class OtlpExporter;
 class TraceSink;
 class HttpFrontEnds;
 namespace finetune {
@@ -63,6 +64,7 @@ class Server {
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
+  std::unique_ptr<OtlpExporter> otlp_;  // observability.otlp.endpoint set
 };
 
 }  // namespace kiln
