@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "scheduler/trace.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -294,6 +295,14 @@ void DynamicBatcher::Execute(Instance* inst,
     row += rows[i];
   }
   const auto t_output = SteadyClock::now();
+  for (const auto& r : batch) {  // tracing
+    if (r->trace == nullptr || !r->trace->recording()) continue;
+    r->trace->Span("queue", r->enqueued_at, timing.start);
+    r->trace->Span("execute", timing.start, t_output,
+                   {{"kiln.batch_requests", static_cast<int64_t>(batch.size())},
+                    {"kiln.batch_rows", total_rows},
+                    {"kiln.ok", int64_t{status.ok()}}});
+  }
   timing.input = t_input - timing.start;
   timing.infer = t_infer - t_input;
   timing.output = t_output - t_infer;

@@ -107,7 +107,12 @@ Status LlmEndpoint::Submit(PreparedGeneration prepared, InflightLimiter::Ticket 
     sink(std::move(ev));
     if (final) held->Release();
   };
-  return model_->llm()->Enqueue(prepared.request_);
+  const std::shared_ptr<RequestTrace> trace = prepared.request_->trace;
+  Status s = model_->llm()->Enqueue(prepared.request_);
+  // Admission: from the request's arrival (parsing, the prompt, the checks) until queued.
+  if (trace)
+    trace->Span("admission", trace->start(), SteadyClock::now(), {{"kiln.ok", int64_t{s.ok()}}});
+  return s;
 }
 
 void GenerationResult::Add(GenerateEvent&& ev) {

@@ -48,7 +48,8 @@ class ModelStats;
 struct GenerationInput {
   PromptInput prompt;
   // Everything else, as the batcher takes it (sampling, max_tokens, priority, adapter,
-  // deadline, cancel flag, the client's field names). Prepare fills in model_name, prompt
+  // deadline, cancel flag, the client's field names, the trace: Submit records its admission
+  // span, the batcher the rest up to detokenisation). Prepare fills in model_name, prompt
   // (the token ids), fields.prompt (= prompt.field) and, when `id` is empty, a fresh id;
   // Submit sets on_event.
   GenerateRequest request;

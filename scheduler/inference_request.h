@@ -23,6 +23,8 @@ namespace kiln {
 
 using SteadyClock = std::chrono::steady_clock;
 
+class RequestTrace;  // scheduler/trace.h
+
 struct InferenceResponse {
   Status status;
   std::vector<HostTensor> outputs;  // the requested outputs, in the order requested
@@ -59,6 +61,9 @@ struct InferenceRequest {
   std::function<void(InferenceResponse&&)> on_complete;
 
   SteadyClock::time_point received_at = SteadyClock::now();
+  // The request's trace (scheduler/trace.h): the scheduler adds its queue and execute spans.
+  // Null: not traced.
+  std::shared_ptr<RequestTrace> trace;
 
   // ---- Filled by the scheduler ----
   int64_t batch_size = 1;       // rows along dimension 0; 1 when the model does not batch

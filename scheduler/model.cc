@@ -184,6 +184,7 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
                                   deps.watchdog_seconds});
       model->llm_->set_flight_recorder(model->recorder_.get());
     }
+    model->llm_->set_trace_sink(deps.tracer);
     KILN_RETURN_IF_ERROR(Annotate(model->llm_->Start(), StrCat("model '", config.name, "'")));
     for (const config::LoraAdapterConfig& a : config.adapters) {
       StatusOr<std::shared_ptr<const models::LoraAdapter>> adapter =

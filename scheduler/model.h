@@ -22,6 +22,7 @@ namespace models {
 class LlmModel;
 }
 class ContinuousBatcher;
+class TraceSink;
 
 // What a client must send and gets back.
 struct ModelSignature {
@@ -53,6 +54,8 @@ struct ModelDeps {
   // Events each model's flight recorder keeps (observability.flight_recorder); 0: none.
   int flight_recorder_entries = 0;
   double watchdog_seconds = 0;  // observability.watchdog_seconds (LLMs watch running requests)
+  // The server's trace sink (the LLM step loops' spans); null: none.
+  TraceSink* tracer = nullptr;
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]

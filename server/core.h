@@ -8,6 +8,7 @@
 #include "engine/base/metrics.h"
 #include "scheduler/inflight.h"
 #include "scheduler/model_repository.h"
+#include "scheduler/trace.h"
 
 namespace kiln {
 class Authenticator;
@@ -26,6 +27,7 @@ struct ServerCore {
   // tests that build a core by hand).
   const Authenticator* auth = nullptr;
   FlightService* flight = nullptr;  // flight recorder dumps (server/flight_service.h)
+  TraceSink* tracer = nullptr;      // per-request traces (scheduler/trace.h); null: none
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

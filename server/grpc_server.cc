@@ -19,6 +19,7 @@
 #include "server/llm/kserve_llm.h"
 #include "server/net_util.h"
 #include "server/status_mapping.h"
+#include "server/tracing.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -39,11 +40,15 @@ ServerUnaryReactor* FinishNow(CallbackServerContext* ctx, const Status& status) 
 // queue at the batcher's next step.
 class InferReactor final : public ServerUnaryReactor {
  public:
-  InferReactor(ServerCore* core, const inference::ModelInferRequest* request,
-               inference::ModelInferResponse* response)
+  InferReactor(ServerCore* core, CallbackServerContext* ctx,
+               const inference::ModelInferRequest* request, inference::ModelInferResponse* response)
       : response_(response) {
+    trace_ = BeginGrpcTrace(*core, *ctx, "inference.GRPCInferenceService/ModelInfer");
+    AddTraceMetadata(trace_.get(), ctx);
     Status s = Start(core, const_cast<inference::ModelInferRequest*>(request));
-    if (!s.ok()) Finish(ToGrpcStatus(s));
+    if (s.ok()) return;
+    if (trace_) trace_->End(s);
+    Finish(ToGrpcStatus(s));
   }
 
   void OnCancel() override {
@@ -63,33 +68,48 @@ class InferReactor final : public ServerUnaryReactor {
     model_ = model;
     cancel_ = request->cancel;
     const std::string name = request->model_name, id = request->id;
+    // The response span and the root end before Finish: the reactor may be gone after it.
+    auto end_trace = [trace = trace_](SteadyClock::time_point start, const Status& s) {
+      if (!trace) return;
+      trace->Span("response", start, SteadyClock::now());
+      trace->End(s);
+    };
     if (model->is_llm()) {
       KILN_ASSIGN_OR_RETURN(auto text,
                             llm::ReadKServeRequest(*model, *request, llm::ParametersJson(*wire)));
+      text.trace = trace_;
       return llm::SubmitText(model, std::move(text), std::move(ticket_), /*may_stream=*/false,
-                             [this, name, id](std::string out, bool, const Status& s) {
+                             [this, name, id, end_trace](std::string out, bool, const Status& s) {
+                               const auto start = SteadyClock::now();
                                if (s.ok()) {
                                  EncodeInferResponse(name, id, llm::TextResponse(out), response_);
                                }
+                               end_trace(start, s);
                                Finish(ToGrpcStatus(s));
                              });
     }
-    request->on_complete = [this, name, id](InferenceResponse&& resp) {
+    request->trace = trace_;
+    request->on_complete = [this, name, id, end_trace](InferenceResponse&& resp) {
       ticket_.Release();
-      if (resp.status.ok()) {
-        EncodeInferResponse(name, id, std::move(resp), response_);
-        Finish(grpc::Status::OK);
-      } else {
-        Finish(ToGrpcStatus(resp.status));
-      }
+      const auto start = SteadyClock::now();
+      const Status status = resp.status;
+      if (status.ok()) EncodeInferResponse(name, id, std::move(resp), response_);
+      end_trace(start, status);
+      Finish(ToGrpcStatus(status));
     };
-    return model->Infer(request);
+    Status s = model->Infer(request);
+    if (trace_) {
+      trace_->Span("admission", trace_->start(), SteadyClock::now(),
+                   {{"kiln.ok", int64_t{s.ok()}}});
+    }
+    return s;
   }
 
   inference::ModelInferResponse* response_;
   InflightLimiter::Ticket ticket_;
   std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
   std::weak_ptr<Model> model_;
+  std::shared_ptr<RequestTrace> trace_;  // null: not traced
 };
 
 // ModelStreamInfer: each request on the stream is independent; responses (or per-request
@@ -355,7 +375,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
                                  const inference::ModelInferRequest* req,
                                  inference::ModelInferResponse* resp) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
-    return new InferReactor(core_, req, resp);
+    return new InferReactor(core_, ctx, req, resp);
   }
 
   grpc::ServerBidiReactor<inference::ModelInferRequest, inference::ModelStreamInferResponse>*

@@ -1,6 +1,7 @@
 #include "server/http_frontend.h"
 
 #include <charconv>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_split.h"
@@ -17,6 +18,7 @@
 #include "server/openapi.h"
 #include "server/proto_json.h"
 #include "server/status_mapping.h"
+#include "server/tracing.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -133,6 +135,25 @@ StatusOr<json> FlightRecorderJson(const ServerCore& core, std::string_view query
   return core.flight->Dump(model, "http");
 }
 
+// The `seconds` of GET /debug/trace?seconds=N: (0, 60], default 5.
+StatusOr<double> CaptureSeconds(std::string_view query) {
+  double seconds = 5;
+  for (absl::string_view kv : absl::StrSplit(ToAbsl(query), '&', absl::SkipEmpty())) {
+    const size_t eq = kv.find('=');
+    if (kv.substr(0, eq) != "seconds") continue;
+    const std::string v(eq == absl::string_view::npos ? "" : kv.substr(eq + 1));
+    char* end = nullptr;
+    seconds = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !(seconds > 0 && seconds <= 60)) {
+      return WithParam(InvalidArgument("`seconds` is `", v,
+                                       "`; give the capture's length in seconds, more than 0 "
+                                       "and at most 60 (e.g. /debug/trace?seconds=5)"),
+                       "seconds");
+    }
+  }
+  return seconds;
+}
+
 class KServeHttpHandler {
  public:
   KServeHttpHandler(ServerCore* core, finetune::FineTuningHttp* fine_tuning)
@@ -140,6 +161,7 @@ class KServeHttpHandler {
 
   void operator()(http::Request req, Responder r) {
     if (!Admit(*core_, RoutePort::kHttp, req, r)) return;
+    if (req.path == "/debug/trace") return DebugTrace(req, r);
     if (req.path == "/openapi.json" && req.method == "GET") {
       http::Response doc;
       doc.body = std::string(OpenApiJson());
@@ -193,6 +215,30 @@ class KServeHttpHandler {
     StatusOr<json> doc = FlightRecorderJson(*core_, req.query);
     if (!doc.ok()) return SendError(r, doc.status());
     SendJson(r, 200, *doc);
+  }
+
+  // GET /debug/trace?seconds=N: a Chrome trace (Perfetto, chrome://tracing) of every step and
+  // request span that ends in the next N seconds. Answered from the sink's timer thread.
+  void DebugTrace(const http::Request& req, const Responder& r) {
+    if (req.method != "GET") return SendMethodNotAllowed(r, req, "GET");
+    StatusOr<double> seconds = CaptureSeconds(req.query);
+    if (!seconds.ok()) return SendError(r, seconds.status());
+    if (core_->tracer == nullptr || !core_->tracer->enabled()) {
+      return SendJson(r, 409,
+                      json{{"error",
+                            "tracing is off (observability.tracing.enabled is false); "
+                            "there is nothing to capture"}});
+    }
+    Status s = core_->tracer->Capture(absl::Seconds(*seconds), [r](std::string doc) {
+      http::Response resp;
+      resp.body = std::move(doc);
+      resp.headers.emplace_back("Content-Disposition", "attachment; filename=\"kiln-trace.json\"");
+      r->Send(std::move(resp));
+    });
+    if (s.code() == StatusCode::kAlreadyExists) {
+      return SendJson(r, 409, json{{"error", std::string(StatusMessage(s))}});
+    }
+    if (!s.ok()) SendError(r, s);
   }
 
   void ServerMetadata(const Responder& r) {
@@ -311,6 +357,7 @@ class KServeHttpHandler {
 
   void Infer(http::Request req, const std::string& name, const std::string& version,
              const Responder& r) {
+    const auto received = SteadyClock::now();
     auto ticket = core_->Admit();
     if (!ticket.ok()) return SendError(r, ticket.status());
     std::optional<size_t> header_length;
@@ -343,23 +390,45 @@ class KServeHttpHandler {
       return llm::HandleJsonInfer(*model, std::move(request), std::move(*ticket), r,
                                   std::move(decoded->binary_outputs), decoded->all_binary);
     }
+    // Traced from here on (LLMs through KServe JSON are not yet), its admission from arrival.
+    std::shared_ptr<RequestTrace> trace = BeginHttpTrace(*core_, req, "", received);
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(*ticket));
+    request->trace = trace;
     request->on_complete = [r, name, id = request->id, bin = std::move(decoded->binary_outputs),
-                            all = decoded->all_binary, shared_ticket](InferenceResponse&& resp) {
+                            all = decoded->all_binary, shared_ticket,
+                            trace](InferenceResponse&& resp) {
       shared_ticket->Release();
-      if (!resp.status.ok()) return SendError(r, resp.status);
-      JsonInferResponse out = EncodeJsonInferResponse(name, id, std::move(resp), bin, all);
+      const auto start = SteadyClock::now();
+      const Status status = resp.status;
       http::Response hr;
-      hr.body = std::move(out.body);
-      if (out.header_length) {
-        hr.content_type = "application/octet-stream";
-        hr.headers.emplace_back("Inference-Header-Content-Length",
-                                std::to_string(*out.header_length));
+      hr.headers = TraceHeaders(trace.get());
+      if (resp.status.ok()) {
+        JsonInferResponse out = EncodeJsonInferResponse(name, id, std::move(resp), bin, all);
+        hr.body = std::move(out.body);
+        if (out.header_length) {
+          hr.content_type = "application/octet-stream";
+          hr.headers.emplace_back("Inference-Header-Content-Length",
+                                  std::to_string(*out.header_length));
+        }
+      } else {
+        hr.status = ToHttpStatus(resp.status);
+        hr.body = json{{"error", std::string(StatusMessage(resp.status))}}.dump(
+            -1, ' ', false, json::error_handler_t::replace);
       }
       r->Send(std::move(hr));
+      if (trace) {
+        trace->Span("response", start, SteadyClock::now());
+        trace->End(status);
+      }
     };
     Status s = (*model)->Infer(request);
-    if (!s.ok()) SendError(r, s);
+    if (trace) {
+      trace->Span("admission", trace->start(), SteadyClock::now(), {{"kiln.ok", int64_t{s.ok()}}});
+    }
+    if (!s.ok()) {
+      if (trace) trace->End(s);
+      SendError(r, s);
+    }
   }
 
   // Triton's generate extension (LLMs only).

@@ -9,6 +9,7 @@
 #include "server/flight_service.h"
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
+#include "server/otlp_exporter.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KILN_VERSION
@@ -41,11 +42,17 @@ const std::vector<std::string>& ServerExtensions() {
 }
 
 Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(config)) {
+  const config::ObservabilityConfig& obs = config_.observability;
+  tracer_ = std::make_unique<TraceSink>(
+      TraceSink::Options{.enabled = obs.tracing.enabled,
+                         .export_spans = obs.tracing.enabled && !obs.otlp.endpoint.empty()},
+      &registry_);
   families_ = std::make_unique<InferenceMetricFamilies>(registry_);
   llm_families_ = std::make_unique<LlmMetricFamilies>(registry_);
   ModelDeps deps;
   deps.tensor_metrics = families_.get();
   deps.llm_metrics = llm_families_.get();
+  deps.tracer = tracer_.get();
   deps.llm_loader = std::move(llm_loader);
   if (config_.observability.flight_recorder.enabled) {
     deps.flight_recorder_entries = config_.observability.flight_recorder.entries;
@@ -64,6 +71,7 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   core_.repository = repository_.get();
   core_.limiter = limiter_.get();
   core_.registry = &registry_;
+  core_.tracer = tracer_.get();
 }
 
 Server::~Server() {
@@ -136,6 +144,12 @@ Status Server::Start() {
   flight_ = std::make_unique<FlightService>(config_, repository_.get(), &registry_);
   flight_->Start();
   core_.flight = flight_.get();
+  if (config_.observability.tracing.enabled && !config_.observability.otlp.endpoint.empty()) {
+    StatusOr<std::unique_ptr<OtlpExporter>> otlp =
+        OtlpExporter::Create(config_.observability, tracer_.get(), &registry_);
+    if (!otlp.ok()) return otlp.status();
+    otlp_ = *std::move(otlp);
+  }
   grpc_ = std::make_unique<GrpcFrontEnd>(&core_);
   http_ = std::make_unique<HttpFrontEnds>(&core_);
   repository_->SetStateListener([this](const std::string& name, ModelState state) {
@@ -207,6 +221,7 @@ bool Server::Shutdown() {
   grpc_.reset();
   http_.reset();
   if (flight_) flight_->Stop();
+  otlp_.reset();  // sends the spans still queued
   const bool clean = idle && cut == 0 && http_cut == 0;
   if (clean) {
     spdlog::info("shutdown complete");

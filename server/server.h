@@ -25,6 +25,8 @@ namespace kiln {
 class Authenticator;
 class FlightService;
 class GrpcFrontEnd;
+class OtlpExporter;
+class TraceSink;
 class HttpFrontEnds;
 namespace finetune {
 class FineTuningService;
@@ -67,6 +69,7 @@ class Server {
 
   config::Config config_;
   metrics::Registry registry_;
+  std::unique_ptr<TraceSink> tracer_;  // before the repository: its batchers record into it
   std::unique_ptr<InferenceMetricFamilies> families_;
   std::unique_ptr<LlmMetricFamilies> llm_families_;
   std::unique_ptr<ModelRepository> repository_;
@@ -78,6 +81,7 @@ class Server {
   std::unique_ptr<FlightService> flight_;                     // likewise
   std::unique_ptr<GrpcFrontEnd> grpc_;
   std::unique_ptr<HttpFrontEnds> http_;
+  std::unique_ptr<OtlpExporter> otlp_;  // observability.otlp.endpoint set
 };
 
 }  // namespace kiln

@@ -377,6 +377,7 @@ void ContinuousBatcher::Finish(Sequence* seq, FinishReason reason, Status status
     adapter_slots_->Release(seq->adapter_slot);
     seq->adapter_slot = -1;
   }
+  StepTrace::Finished(*seq, reason);  // tracing
   GenerateEvent ev;
   ev.finish = reason;
   ev.status = std::move(status);
@@ -432,6 +433,7 @@ void ContinuousBatcher::StepOnce() {
   Schedule();
   if (recorder_) FlightStepBegin(flight);
   if (sched_.empty()) return;
+  trace_.Scheduled(sched_, step_start);  // tracing
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
   if (recorder_) flight.built = SteadyClock::now();
   StepOutput out;
@@ -439,6 +441,7 @@ void ContinuousBatcher::StepOnce() {
   if (recorder_) flight.ran = SteadyClock::now();
   if (ran) ProcessOutputs(sched_, out);
   if (recorder_) FlightStepEnd(flight, out, ran);
+  trace_.Stepped(sched_, step_start, out);
   if (const int32_t dropped = scheduler_->EraseDone(); dropped > 0) {  // e.g. a failed upload
     absl::MutexLock lock(&mu_);
     queued_ -= dropped;
@@ -535,6 +538,7 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     if (s->req->sampling.logprobs >= 0) lps.push_back(t);
     const bool is_end =
         std::find(s->end_ids.begin(), s->end_ids.end(), t.token) != s->end_ids.end();
+    const auto detok_start = StepTrace::DetokenizeStart(*s);  // tracing
     if (!is_end) s->held += s->detok.Add(t.token);
     const auto& stops = s->req->sampling.stop;
     // A stop string ends the text before it.
@@ -547,6 +551,7 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
         stop_hit = stop;
       }
     }
+    StepTrace::DetokenizeEnd(*s, detok_start);  // tracing
     if (stop_at != std::string::npos) {
       Emit(s, {t.token}, std::move(lps), s->held.substr(0, stop_at));
       Finish(s, FinishReason::kStop, OkStatus(), stop_hit);

@@ -54,6 +54,7 @@
 #include "scheduler/llm/llm_metrics.h"
 #include "scheduler/llm/model_step.h"
 #include "scheduler/llm/step_scheduler.h"
+#include "scheduler/llm/step_trace.h"
 
 namespace kiln {
 
@@ -74,6 +75,9 @@ class ContinuousBatcher {
 
   // Sizes and allocates the KV cache, starts the loop thread.
   Status Start();
+  // Per-request traces and, while a capture runs, step spans (llm/step_trace.h). `sink` may
+  // be null and must outlive the batcher. REQUIRES: before Start.
+  void set_trace_sink(TraceSink* sink) { trace_.set_sink(sink, name_); }
 
   // Checks the request against the model and resolves sampling.max_tokens: the adapter
   // (NotFound: not in the adapter table), the prompt (non-empty, in the vocabulary, leaving
@@ -187,6 +191,7 @@ class ContinuousBatcher {
   std::unique_ptr<AdapterSlots> adapter_slots_;  // set by Start when the model has slots
   FlightRecorder* recorder_ = nullptr;           // set before Start; null: none
   uint64_t step_id_ = 0;                         // the flight recorder's step ids
+  StepTrace trace_;                              // tracing hooks (set_trace_sink)
   std::thread thread_;
 };
 

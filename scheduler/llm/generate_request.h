@@ -21,6 +21,7 @@
 #include "models/sampling/sampler.h"
 #include "models/sampling/sampling_params.h"
 #include "scheduler/inference_request.h"
+#include "scheduler/trace.h"
 
 namespace kiln {
 
@@ -72,6 +73,9 @@ struct GenerateRequest {
   std::shared_ptr<CancelFlag> cancel = std::make_shared<CancelFlag>();
   std::function<void(GenerateEvent&&)> on_event;
   SteadyClock::time_point received_at = SteadyClock::now();
+  // The request's trace: the batcher adds queue, prefill, decode and detokenize spans
+  // (llm/step_trace.h). Null: not traced.
+  std::shared_ptr<RequestTrace> trace;
 
   // What the client calls these fields, for error messages and OpenAI's `param`: kiln.v1
   // says "sampling.max_tokens", chat completions "max_completion_tokens", KServe "text_input".

@@ -11,6 +11,7 @@
 #include "scheduler/generation.h"
 #include "server/grpc_auth.h"
 #include "server/status_mapping.h"
+#include "server/tracing.h"
 
 namespace kiln::llm {
 namespace {
@@ -52,7 +53,7 @@ struct Prepared {
 };
 
 StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& req,
-                           const CallbackServerContext& ctx) {
+                           const CallbackServerContext& ctx, std::shared_ptr<RequestTrace> trace) {
   KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Find(*core.repository, req.model()));
   GenerationInput in;
   switch (req.input_case()) {
@@ -105,6 +106,7 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
                                             rpc_deadline - std::chrono::system_clock::now());
     if (!r.deadline || d < *r.deadline) r.deadline = d;
   }
+  in.request.trace = std::move(trace);
   KILN_ASSIGN_OR_RETURN(PreparedGeneration p, llm.Prepare(std::move(in)));
   return Prepared{std::move(llm), std::move(p)};
 }
@@ -137,24 +139,29 @@ class GenerateReactor final : public ServerUnaryReactor {
  public:
   GenerateReactor(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest* req,
                   v1::GenerateResponse* resp) {
-    Status s = Start(core, ctx, *req, resp);
-    if (!s.ok()) Finish(ToGrpcStatus(s));
+    auto trace = BeginGrpcTrace(*core, *ctx, "kiln.v1.Generation/Generate");
+    AddTraceMetadata(trace.get(), ctx);
+    Status s = Start(core, ctx, *req, resp, trace);
+    if (s.ok()) return;
+    if (trace) trace->End(s);
+    Finish(ToGrpcStatus(s));
   }
   void OnCancel() override { cancel_(); }
   void OnDone() override { delete this; }
 
  private:
   Status Start(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest& req,
-               v1::GenerateResponse* resp) {
+               v1::GenerateResponse* resp, std::shared_ptr<RequestTrace> trace) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
-    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
+    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx, trace));
     cancel_ = p.generation.Canceller();
     resp->set_request_id(p.generation.id());
     resp->set_model(req.model());
     auto result = std::make_shared<GenerationResult>();
-    auto on_event = [this, resp, tok = p.llm.tokens(), result](GenerateEvent&& ev) {
+    auto on_event = [this, resp, tok = p.llm.tokens(), result, trace](GenerateEvent&& ev) {
       result->Add(std::move(ev));
       if (!result->done()) return;
+      const auto start = SteadyClock::now();
       Status s = FinalStatus(result->finish, result->status);
       if (s.ok()) {
         resp->set_text(std::move(result->text));
@@ -163,6 +170,10 @@ class GenerateReactor final : public ServerUnaryReactor {
         resp->set_stop_reason(ValidUtf8(result->stop));
         FillUsage(result->usage, resp->mutable_usage());
         FillLogprobs(tok, result->logprobs, resp->mutable_logprobs());
+      }
+      if (trace) {
+        trace->Span("response", start, SteadyClock::now());
+        trace->End(s);
       }
       Finish(ToGrpcStatus(s));  // last: the reactor may be gone once it returns
     };
@@ -179,8 +190,12 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
   StreamReactor(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest* req)
       : state_(std::make_shared<State>()) {
     state_->reactor = this;
+    state_->trace = BeginGrpcTrace(*core, *ctx, "kiln.v1.Generation/GenerateStream");
+    AddTraceMetadata(state_->trace.get(), ctx);
     Status s = Start(core, ctx, *req);
-    if (!s.ok()) Finish(ToGrpcStatus(s));
+    if (s.ok()) return;
+    if (state_->trace) state_->trace->End(s);
+    Finish(ToGrpcStatus(s));
   }
 
   void OnWriteDone(bool ok) override {
@@ -213,8 +228,13 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
     bool final_seen ABSL_GUARDED_BY(mu) = false;
     bool finished ABSL_GUARDED_BY(mu) = false;
     grpc::Status status ABSL_GUARDED_BY(mu);
+    Status final_status ABSL_GUARDED_BY(mu);  // for the trace
+    std::shared_ptr<RequestTrace> trace;      // set once, before any event; may be null
+    // The first message queued: the response span's start.
+    SteadyClock::time_point first_push ABSL_GUARDED_BY(mu);
 
     void Push(v1::GenerateStreamResponse&& msg) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (trace && first_push == SteadyClock::time_point{}) first_push = SteadyClock::now();
       if (broken) return;
       queue.push_back(std::move(msg));
       if (!writing) {
@@ -225,13 +245,19 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
     void MaybeFinish() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       if (!final_seen || writing || finished) return;
       finished = true;
+      if (trace) {
+        const auto now = SteadyClock::now();
+        trace->Span("response", first_push == SteadyClock::time_point{} ? now : first_push, now,
+                    {{"kiln.stream", int64_t{1}}});
+        trace->End(final_status, now);
+      }
       reactor->Finish(status);
     }
   };
 
   Status Start(ServerCore* core, CallbackServerContext* ctx, const v1::GenerateRequest& req) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core->Admit());
-    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx));
+    KILN_ASSIGN_OR_RETURN(Prepared p, Prepare(*core, req, *ctx, state_->trace));
     cancel_ = p.generation.Canceller();
     auto on_event = [state = state_, tok = p.llm.tokens(),
                      id = p.generation.id()](GenerateEvent&& ev) {
@@ -253,6 +279,7 @@ class StreamReactor final : public grpc::ServerWriteReactor<v1::GenerateStreamRe
       }
       if (!final) return;
       state->final_seen = true;
+      state->final_status = s;
       state->status = ToGrpcStatus(s);
       state->MaybeFinish();
     };

@@ -149,6 +149,7 @@ Status SubmitText(const std::shared_ptr<Model>& model, TextRequest req,
   in.prompt.field = "text_input";
   in.prompt.text = std::move(req.text_input);
   GenerateRequest& r = in.request;
+  r.trace = std::move(req.trace);
   // A request that named one of the model's LoRA adapters (ModelRepository::GetReady with an
   // adapter) runs with it; the batcher refuses a name that is not one.
   if (!req.model_name.empty() && req.model_name != model->name()) r.adapter = req.model_name;

@@ -48,6 +48,7 @@ struct TextRequest {
   std::optional<uint64_t> timeout_us;
   std::shared_ptr<CancelFlag> cancel = std::make_shared<CancelFlag>();
   SteadyClock::time_point received_at = SteadyClock::now();
+  std::shared_ptr<RequestTrace> trace;  // null: not traced (the batcher adds its spans)
 };
 
 // Receives the responses of one TextRequest: `text` is new text when streaming (the prompt

@@ -8,6 +8,7 @@
 #include "server/llm/http_stream.h"
 #include "server/llm/params.h"
 #include "server/status_mapping.h"
+#include "server/tracing.h"
 
 namespace kiln::llm {
 namespace {
@@ -34,8 +35,8 @@ void SendJson(const Responder& r, int status, const json& body, http::Headers he
   r->Send(std::move(resp));
 }
 
-void SendError(const Responder& r, const Status& status) {
-  SendJson(r, ToHttpStatus(status), OpenAiError(status));
+void SendError(const Responder& r, const Status& status, http::Headers headers = {}) {
+  SendJson(r, ToHttpStatus(status), OpenAiError(status), std::move(headers));
 }
 
 // ---- Parsing -------------------------------------------------------------------------------
@@ -339,7 +340,8 @@ std::string Sse(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 // the batcher's thread, one at a time.
 class SseStream {
  public:
-  SseStream(Meta meta, const Responder& r) : meta_(std::move(meta)), gate_(r) {}
+  SseStream(Meta meta, const Responder& r, std::shared_ptr<RequestTrace> trace)
+      : meta_(std::move(meta)), gate_(r), trace_(std::move(trace)) {}
 
   // Sends the header and the first chunk: the assistant's turn (chat) or the echoed prompt.
   void Start() {
@@ -349,12 +351,18 @@ class SseStream {
     } else if (!meta_.echo.empty()) {
       first = Sse(Chunk(meta_.echo, nullptr, nullptr));
     }
-    gate_.Start(200, "text/event-stream",
-                {{"Cache-Control", "no-cache"}, {"X-Request-Id", meta_.id}}, std::move(first));
+    http::Headers headers = TraceHeaders(trace_.get());
+    headers.emplace_back("Cache-Control", "no-cache");
+    headers.emplace_back("X-Request-Id", meta_.id);
+    gate_.Start(200, "text/event-stream", std::move(headers), std::move(first));
   }
 
   void OnEvent(GenerateEvent&& ev) {
     const bool final = ev.finish != FinishReason::kNone;
+    // The response span: from the first chunk serialised to the stream's end.
+    if (trace_ && response_start_ == SteadyClock::time_point{}) {
+      response_start_ = SteadyClock::now();
+    }
     if (final && ev.finish != FinishReason::kStop && ev.finish != FinishReason::kLength) {
       // Cancelled: the client is gone. An error: say so in the stream, as OpenAI does.
       if (ev.finish == FinishReason::kError) {
@@ -362,6 +370,7 @@ class SseStream {
         gate_.Write("data: [DONE]\n\n");
       }
       gate_.Finish();
+      EndTrace(FinalStatus(ev.finish, ev.status));
       return;
     }
     json lps = nullptr;
@@ -383,9 +392,16 @@ class SseStream {
     }
     gate_.Write("data: [DONE]\n\n");
     gate_.Finish();
+    EndTrace(OkStatus());
   }
 
  private:
+  void EndTrace(const Status& status) {
+    if (!trace_) return;
+    trace_->Span("response", response_start_, SteadyClock::now(), {{"kiln.stream", int64_t{1}}});
+    trace_->End(status);
+  }
+
   // A chunk with one choice: `delta` (chat) or `text` (completions).
   json Chunk(json content, json logprobs, json finish) const {
     json choice = {
@@ -400,40 +416,58 @@ class SseStream {
   const Meta meta_;
   HttpStreamGate gate_;
   size_t offset_ = 0;  // completions logprobs: text offset of the next token
+  const std::shared_ptr<RequestTrace> trace_;  // null: not traced
+  SteadyClock::time_point response_start_{};   // the first event (batcher thread only)
 };
 
 void Generate(const ServerCore& core, const http::Request& req, const Responder& r, bool chat) {
+  std::shared_ptr<RequestTrace> trace = BeginHttpTrace(core, req);
+  auto fail = [&](const Status& s) {
+    if (trace) trace->End(s);
+    SendError(r, s, TraceHeaders(trace.get()));
+  };
   auto ticket = core.Admit();
-  if (!ticket.ok()) return SendError(r, ticket.status());
+  if (!ticket.ok()) return fail(ticket.status());
   auto body = ParseJsonObject(req.body, "the request body");
-  if (!body.ok()) return SendError(r, body.status());
+  if (!body.ok()) return fail(body.status());
   auto call = Parse(core, *body, chat);
-  if (!call.ok()) return SendError(r, call.status());
+  if (!call.ok()) return fail(call.status());
   const LlmEndpoint& llm = *call->llm;
+  call->input.request.trace = trace;
   auto prepared = llm.Prepare(std::move(call->input));
-  if (!prepared.ok()) return SendError(r, prepared.status());
+  if (!prepared.ok()) return fail(prepared.status());
   r->OnClientGone(prepared->Canceller());
   Meta meta(*call, *prepared, llm.tokens());
 
   if (call->stream) {
-    auto stream = std::make_shared<SseStream>(std::move(meta), r);
+    auto stream = std::make_shared<SseStream>(std::move(meta), r, trace);
     Status s = llm.Submit(std::move(*prepared), std::move(*ticket),
                           [stream](GenerateEvent&& ev) { stream->OnEvent(std::move(ev)); });
-    if (!s.ok()) return SendError(r, s);
+    if (!s.ok()) return fail(s);
     stream->Start();
     return;
   }
   auto result = std::make_shared<GenerationResult>();
-  Status s =
-      llm.Submit(std::move(*prepared), std::move(*ticket),
-                 [result, r, meta = std::move(meta)](GenerateEvent&& ev) {
-                   result->Add(std::move(ev));
-                   if (!result->done()) return;
-                   Status s = FinalStatus(result->finish, result->status);
-                   if (!s.ok()) return SendError(r, s);
-                   SendJson(r, 200, FullResponse(meta, *result), {{"X-Request-Id", meta.id}});
-                 });
-  if (!s.ok()) SendError(r, s);
+  Status s = llm.Submit(
+      std::move(*prepared), std::move(*ticket),
+      [result, r, meta = std::move(meta), trace](GenerateEvent&& ev) {
+        result->Add(std::move(ev));
+        if (!result->done()) return;
+        const auto start = SteadyClock::now();
+        Status s = FinalStatus(result->finish, result->status);
+        http::Headers headers = TraceHeaders(trace.get());
+        if (!s.ok()) {
+          SendError(r, s, std::move(headers));
+        } else {
+          headers.emplace_back("X-Request-Id", meta.id);
+          SendJson(r, 200, FullResponse(meta, *result), std::move(headers));
+        }
+        if (trace) {
+          trace->Span("response", start, SteadyClock::now(), {{"kiln.stream", int64_t{0}}});
+          trace->End(s);
+        }
+      });
+  if (!s.ok()) fail(s);
 }
 
 // A LoRA adapter is listed as vLLM does: its own id, `root` its folder, `parent` the base.
