@@ -38,10 +38,11 @@ std::string ErrorOf(const std::string& header, const std::string& data) {
 }
 
 TEST(SafetensorsTest, ParsesTensorsAndMetadata) {
-  // Padded header (the reference writer pads with spaces to 8 bytes).
+  // Padded header (the reference writer pads with spaces so the data starts 8-byte aligned:
+  // 8 + 152 bytes here).
   std::string header =
       R"({"__metadata__":{"format":"pt"},"b":{"dtype":"BF16","shape":[2],"data_offsets":[24,28]},)"
-      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}   )";
+      R"("a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}        )";
   std::string data = Floats({1, 2, 3, 4, 5, 6}) + std::string("\x80\x3f\x00\x40", 4);
   auto f = ParseBytes(Make(header, data));
   ASSERT_TRUE(f.ok()) << f.status();
