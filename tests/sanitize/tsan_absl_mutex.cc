@@ -52,6 +52,16 @@ F RealFn(const char* nested, const char* rest) {
   return reinterpret_cast<F>(Real(nested, rest));
 }
 
+// absl's entry points call one another (AwaitWithTimeout calls AwaitWithDeadline,
+// Notification's waits LockWhen): only the outermost call on a thread is annotated.
+thread_local int shim_depth = 0;
+struct ShimScope {
+  ShimScope() { ++shim_depth; }
+  ~ShimScope() { --shim_depth; }
+  ShimScope(const ShimScope&) = delete;
+  ShimScope& operator=(const ShimScope&) = delete;
+};
+
 // pre_unlock .. post_unlock of `mu` around `body`, then pre_lock .. post_lock: what a wait that
 // releases and reacquires the lock does.
 template <typename Body>
@@ -91,6 +101,8 @@ Mutex::~Mutex() {
 
 void Mutex::Lock() {
   KILN_REAL(void (*)(Mutex*), "N", "5Mutex4LockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   LockAround(this, 0, [&] {
     real(this);
     return true;
@@ -99,6 +111,8 @@ void Mutex::Lock() {
 
 void Mutex::ReaderLock() {
   KILN_REAL(void (*)(Mutex*), "N", "5Mutex10ReaderLockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   LockAround(this, __tsan_mutex_read_lock, [&] {
     real(this);
     return true;
@@ -107,6 +121,8 @@ void Mutex::ReaderLock() {
 
 bool Mutex::TryLock() {
   KILN_REAL(bool (*)(Mutex*), "N", "5Mutex7TryLockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool ok = real(this);
   __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed),
@@ -116,6 +132,8 @@ bool Mutex::TryLock() {
 
 bool Mutex::ReaderTryLock() {
   KILN_REAL(bool (*)(Mutex*), "N", "5Mutex13ReaderTryLockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   const unsigned flags = __tsan_mutex_read_lock | __tsan_mutex_try_lock;
   __tsan_mutex_pre_lock(this, flags);
   const bool ok = real(this);
@@ -125,6 +143,8 @@ bool Mutex::ReaderTryLock() {
 
 void Mutex::Unlock() {
   KILN_REAL(void (*)(Mutex*), "N", "5Mutex6UnlockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   __tsan_mutex_pre_unlock(this, 0);
   real(this);
   __tsan_mutex_post_unlock(this, 0);
@@ -132,6 +152,8 @@ void Mutex::Unlock() {
 
 void Mutex::ReaderUnlock() {
   KILN_REAL(void (*)(Mutex*), "N", "5Mutex12ReaderUnlockEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   __tsan_mutex_pre_unlock(this, __tsan_mutex_read_lock);
   real(this);
   __tsan_mutex_post_unlock(this, __tsan_mutex_read_lock);
@@ -139,6 +161,8 @@ void Mutex::ReaderUnlock() {
 
 void Mutex::LockWhen(const Condition& cond) {
   KILN_REAL(void (*)(Mutex*, const Condition&), "N", "5Mutex8LockWhenERKNS0_9ConditionE");
+  if (shim_depth > 0) return real(this, cond);
+  ShimScope scope;
   LockAround(this, 0, [&] {
     real(this, cond);
     return true;
@@ -148,17 +172,23 @@ void Mutex::LockWhen(const Condition& cond) {
 bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Duration), "N",
             "5Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  if (shim_depth > 0) return real(this, cond, timeout);
+  ShimScope scope;
   return LockAround(this, 0, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Time), "N",
             "5Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  if (shim_depth > 0) return real(this, cond, deadline);
+  ShimScope scope;
   return LockAround(this, 0, [&] { return real(this, cond, deadline); });
 }
 
 void Mutex::ReaderLockWhen(const Condition& cond) {
   KILN_REAL(void (*)(Mutex*, const Condition&), "N", "5Mutex14ReaderLockWhenERKNS0_9ConditionE");
+  if (shim_depth > 0) return real(this, cond);
+  ShimScope scope;
   LockAround(this, __tsan_mutex_read_lock, [&] {
     real(this, cond);
     return true;
@@ -168,12 +198,16 @@ void Mutex::ReaderLockWhen(const Condition& cond) {
 bool Mutex::ReaderLockWhenWithTimeout(const Condition& cond, Duration timeout) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Duration), "N",
             "5Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  if (shim_depth > 0) return real(this, cond, timeout);
+  ShimScope scope;
   return LockAround(this, __tsan_mutex_read_lock, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Time), "N",
             "5Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  if (shim_depth > 0) return real(this, cond, deadline);
+  ShimScope scope;
   return LockAround(this, __tsan_mutex_read_lock, [&] { return real(this, cond, deadline); });
 }
 
@@ -182,6 +216,8 @@ bool Mutex::ReaderLockWhenWithDeadline(const Condition& cond, Time deadline) {
 // read-held mutex and say so).
 void Mutex::Await(const Condition& cond) {
   KILN_REAL(void (*)(Mutex*, const Condition&), "N", "5Mutex5AwaitERKNS0_9ConditionE");
+  if (shim_depth > 0) return real(this, cond);
+  ShimScope scope;
   UnlockAroundRelock(this, 0, [&] {
     real(this, cond);
     return true;
@@ -191,17 +227,23 @@ void Mutex::Await(const Condition& cond) {
 bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Duration), "N",
             "5Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
+  if (shim_depth > 0) return real(this, cond, timeout);
+  ShimScope scope;
   return UnlockAroundRelock(this, 0, [&] { return real(this, cond, timeout); });
 }
 
 bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
   KILN_REAL(bool (*)(Mutex*, const Condition&, Time), "N",
             "5Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
+  if (shim_depth > 0) return real(this, cond, deadline);
+  ShimScope scope;
   return UnlockAroundRelock(this, 0, [&] { return real(this, cond, deadline); });
 }
 
 void CondVar::Wait(Mutex* mu) {
   KILN_REAL(void (*)(CondVar*, Mutex*), "N", "7CondVar4WaitEPNS0_5MutexE");
+  if (shim_depth > 0) return real(this, mu);
+  ShimScope scope;
   UnlockAroundRelock(mu, 0, [&] {
     real(this, mu);
     return true;
@@ -211,24 +253,32 @@ void CondVar::Wait(Mutex* mu) {
 bool CondVar::WaitWithTimeout(Mutex* mu, Duration timeout) {
   KILN_REAL(bool (*)(CondVar*, Mutex*, Duration), "N",
             "7CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE");
+  if (shim_depth > 0) return real(this, mu, timeout);
+  ShimScope scope;
   return UnlockAroundRelock(mu, 0, [&] { return real(this, mu, timeout); });
 }
 
 bool CondVar::WaitWithDeadline(Mutex* mu, Time deadline) {
   KILN_REAL(bool (*)(CondVar*, Mutex*, Time), "N",
             "7CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE");
+  if (shim_depth > 0) return real(this, mu, deadline);
+  ShimScope scope;
   return UnlockAroundRelock(mu, 0, [&] { return real(this, mu, deadline); });
 }
 
 // Notify happens before every wait that sees it.
 void Notification::Notify() {
   KILN_REAL(void (*)(Notification*), "N", "12Notification6NotifyEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   __tsan_release(this);
   real(this);
 }
 
 void Notification::WaitForNotification() const {
   KILN_REAL(void (*)(const Notification*), "NK", "12Notification19WaitForNotificationEv");
+  if (shim_depth > 0) return real(this);
+  ShimScope scope;
   real(this);
   __tsan_acquire(const_cast<Notification*>(this));
 }
@@ -236,6 +286,8 @@ void Notification::WaitForNotification() const {
 bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
   KILN_REAL(bool (*)(const Notification*, Duration), "NK",
             "12Notification30WaitForNotificationWithTimeoutENS0_8DurationE");
+  if (shim_depth > 0) return real(this, timeout);
+  ShimScope scope;
   const bool notified = real(this, timeout);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
@@ -244,6 +296,8 @@ bool Notification::WaitForNotificationWithTimeout(Duration timeout) const {
 bool Notification::WaitForNotificationWithDeadline(Time deadline) const {
   KILN_REAL(bool (*)(const Notification*, Time), "NK",
             "12Notification31WaitForNotificationWithDeadlineENS0_4TimeE");
+  if (shim_depth > 0) return real(this, deadline);
+  ShimScope scope;
   const bool notified = real(this, deadline);
   if (notified) __tsan_acquire(const_cast<Notification*>(this));
   return notified;
