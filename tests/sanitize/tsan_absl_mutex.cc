@@ -37,8 +37,8 @@ namespace {
 // the inline namespace + `rest`: _ZN4absl7debian35Mutex4LockEv for ("N", "5Mutex4LockEv").
 void* Real(const char* nested, const char* rest) {
   const char* ns = KILN_TSAN_STR(ABSL_OPTION_INLINE_NAMESPACE_NAME);
-  const std::string name = std::string("_Z") + nested + "4absl" +
-                           std::to_string(std::strlen(ns)) + ns + rest;
+  const std::string name =
+      std::string("_Z") + nested + "4absl" + std::to_string(std::strlen(ns)) + ns + rest;
   void* f = dlsym(RTLD_NEXT, name.c_str());
   if (f == nullptr) {
     std::fprintf(stderr, "tsan_absl_mutex: %s not found in absl (%s)\n", name.c_str(), dlerror());
@@ -90,8 +90,7 @@ auto LockAround(void* mu, unsigned flags, Body body) {
 namespace absl {
 ABSL_NAMESPACE_BEGIN
 
-#define KILN_REAL(type, nested, rest) \
-  static const auto real = RealFn<type>(nested, rest)
+#define KILN_REAL(type, nested, rest) static const auto real = RealFn<type>(nested, rest)
 
 Mutex::~Mutex() {
   KILN_REAL(void (*)(Mutex*), "N", "5MutexD2Ev");
@@ -125,8 +124,7 @@ bool Mutex::TryLock() {
   ShimScope scope;
   __tsan_mutex_pre_lock(this, __tsan_mutex_try_lock);
   const bool ok = real(this);
-  __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed),
-                         0);
+  __tsan_mutex_post_lock(this, __tsan_mutex_try_lock | (ok ? 0 : __tsan_mutex_try_lock_failed), 0);
   return ok;
 }
 
