@@ -18,6 +18,7 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev
   libclang-rt-14-dev libicu-dev
   clang
+  ccache
   prometheus
   hipcc
 )

@@ -1770,7 +1770,8 @@ class Evaluator {
         if (n.str == "+") return v;
         if (v.kind == Value::kFloat) return Value::Float(-v.f);
         const int64_t i = v.kind == Value::kBool ? v.b : v.i;
-        return Value::Int(Checked(n, i == INT64_MIN, -i));
+        Checked(n, i == INT64_MIN, 0);  // before negating: -INT64_MIN is undefined behaviour
+        return Value::Int(-i);
       }
       case Node::kBinary:
         return Binary(n, Eval(*n.a), Eval(*n.b));
