@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -186,37 +187,28 @@ std::string TraceSink::ChromeJson(const std::vector<SpanRecord>& spans, uint64_t
   std::map<std::string, int> step_lanes;
   std::map<std::pair<uint64_t, uint64_t>, int> trace_lanes;
   json events = json::array();
-  events.push_back(
-      {{"name", "process_name"}, {"ph", "M"}, {"pid", kStepsPid}, {"args", {{"name", "steps"}}}});
-  events.push_back({{"name", "process_name"},
-                    {"ph", "M"},
-                    {"pid", kRequestsPid},
-                    {"args", {{"name", "requests"}}}});
+  // The Chrome trace format's metadata events naming a process (pid) or a lane (tid).
+  auto name_event = [&events](const char* what, int pid, std::optional<int> tid, std::string name) {
+    json e = {{"name", what}, {"ph", "M"}, {"pid", pid}};
+    if (tid) e["tid"] = *tid;
+    e["args"] = {{"name", std::move(name)}};
+    events.push_back(std::move(e));
+  };
+  name_event("process_name", kStepsPid, std::nullopt, "steps");
+  name_event("process_name", kRequestsPid, std::nullopt, "requests");
   for (const SpanRecord& s : spans) {
     const bool step = (s.trace_hi | s.trace_lo) == 0;
     int pid = kStepsPid, tid = 0;
     if (step) {
       auto [it, added] = step_lanes.emplace(s.lane, static_cast<int>(step_lanes.size()) + 1);
       tid = it->second;
-      if (added) {
-        events.push_back({{"name", "thread_name"},
-                          {"ph", "M"},
-                          {"pid", pid},
-                          {"tid", tid},
-                          {"args", {{"name", s.lane}}}});
-      }
+      if (added) name_event("thread_name", pid, tid, s.lane);
     } else {
       pid = kRequestsPid;
       auto [it, added] = trace_lanes.emplace(std::make_pair(s.trace_hi, s.trace_lo),
                                              static_cast<int>(trace_lanes.size()) + 1);
       tid = it->second;
-      if (added) {
-        events.push_back({{"name", "thread_name"},
-                          {"ph", "M"},
-                          {"pid", pid},
-                          {"tid", tid},
-                          {"args", {{"name", "trace " + TraceIdHex(s.trace_hi, s.trace_lo)}}}});
-      }
+      if (added) name_event("thread_name", pid, tid, "trace " + TraceIdHex(s.trace_hi, s.trace_lo));
     }
     json args = json::object();
     if (!step) {

@@ -3,12 +3,12 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "engine/base/ascii.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -30,17 +30,6 @@ std::string_view ProtocolName(AuthProtocol p) { return p == AuthProtocol::kHttp 
 bool ValidKeyChars(std::string_view key) {
   for (unsigned char c : key) {
     if (c <= 0x20 || c >= 0x7f) return false;
-  }
-  return true;
-}
-
-bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
   }
   return true;
 }

@@ -3,20 +3,12 @@
 #include <algorithm>
 #include <charconv>
 
+#include "engine/base/ascii.h"
+
 namespace kiln::finetune {
 namespace {
 
 constexpr size_t kMaxPartHeaderBytes = 8 << 10;
-
-char Lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool IEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (Lower(a[i]) != Lower(b[i])) return false;
-  }
-  return true;
-}
 
 std::string_view TrimWs(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -77,7 +69,7 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> HeaderParams(std::str
     while (i < s.size() && TokenChar(s[i])) ++i;
     if (i == name_start) return InvalidArgument(what, ": a parameter has no name");
     std::string name(s.substr(name_start, i - name_start));
-    for (char& c : name) c = Lower(c);
+    for (char& c : name) c = AsciiLower(c);
     skip_ws();
     if (i == s.size() || s[i] != '=') {
       return InvalidArgument(what, ": parameter `", name, "` has no value");
@@ -123,7 +115,7 @@ StatusOr<std::string> ExtValue(std::string_view v) {
     return InvalidArgument("Content-Disposition: `filename*` is not charset'language'value");
   }
   const std::string_view charset = v.substr(0, q1);
-  if (!IEquals(charset, "utf-8") && !IEquals(charset, "us-ascii")) {
+  if (!EqualsIgnoreCase(charset, "utf-8") && !EqualsIgnoreCase(charset, "us-ascii")) {
     return InvalidArgument("Content-Disposition: `filename*` has charset `", charset,
                            "`; only UTF-8 is supported");
   }
@@ -154,12 +146,12 @@ Status ParsePartHeaders(std::string_view block, int index, MultipartPart* part) 
     }
     const std::string_view name = line.substr(0, colon);
     const std::string_view value = TrimWs(line.substr(colon + 1));
-    if (IEquals(name, "Content-Disposition")) {
+    if (EqualsIgnoreCase(name, "Content-Disposition")) {
       if (disposition) return InvalidArgument(where, ": Content-Disposition is repeated");
       disposition = true;
       const size_t semi = value.find(';');
       const std::string_view type = TrimWs(value.substr(0, semi));
-      if (!IEquals(type, "form-data")) {
+      if (!EqualsIgnoreCase(type, "form-data")) {
         return InvalidArgument(where, ": Content-Disposition is `", type,
                                "`; multipart/form-data parts must be `form-data`");
       }
@@ -181,7 +173,7 @@ Status ParsePartHeaders(std::string_view block, int index, MultipartPart* part) 
       }
       if (!has_name) return InvalidArgument(where, ": Content-Disposition has no `name`");
       if (ext_filename) part->filename = std::move(ext_filename);
-    } else if (IEquals(name, "Content-Type")) {
+    } else if (EqualsIgnoreCase(name, "Content-Type")) {
       part->content_type = std::string(value);
     }
     // Other headers (Content-Transfer-Encoding is deprecated by RFC 7578) are ignored.
@@ -195,7 +187,7 @@ Status ParsePartHeaders(std::string_view block, int index, MultipartPart* part) 
 StatusOr<std::string> MultipartBoundary(std::string_view content_type) {
   const size_t semi = content_type.find(';');
   const std::string_view type = TrimWs(content_type.substr(0, semi));
-  if (!IEquals(type, "multipart/form-data")) {
+  if (!EqualsIgnoreCase(type, "multipart/form-data")) {
     return InvalidArgument("Content-Type is `", type.empty() ? "(none)" : type,
                            "`; upload files as multipart/form-data");
   }

@@ -33,6 +33,7 @@
 #include <shared_mutex>
 #include <thread>
 
+#include "engine/base/ascii.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/spdlog.h"
 
@@ -52,17 +53,6 @@ constexpr size_t kMaxPipelinedBytes = 1 << 20;         // buffered while a respo
 constexpr size_t kMaxWriteBatch = 64;                  // strings gathered into one write
 constexpr auto kLingerTime = std::chrono::seconds(2);  // drain after closing our side
 constexpr size_t kMaxTlsGather = 64 << 10;             // bytes copied to gather a TLS write
-
-bool IEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
 
 std::string JsonError(std::string_view message) {
   return nlohmann::json{{"error", message}}.dump();
@@ -102,7 +92,8 @@ bool ParseTarget(std::string_view target, std::string& path, std::string& query,
   }
   // absolute-form ("http://host/x"), which proxies send: keep the path.
   for (std::string_view scheme : {"http://", "https://"}) {
-    if (target.size() >= scheme.size() && IEquals(target.substr(0, scheme.size()), scheme)) {
+    if (target.size() >= scheme.size() &&
+        EqualsIgnoreCase(target.substr(0, scheme.size()), scheme)) {
       size_t slash = target.find('/', scheme.size());
       target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
       break;
@@ -167,7 +158,7 @@ std::string LowerFirst(std::string s) {
 
 std::optional<std::string> Request::Header(std::string_view name) const {
   for (const auto& [k, v] : headers) {
-    if (IEquals(k, name)) return v;
+    if (EqualsIgnoreCase(k, name)) return v;
   }
   return std::nullopt;
 }
@@ -537,8 +528,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     auto expect = msg.find(bhttp::field::expect);
     if (expect != msg.end() && !parser_->is_done()) {
-      if (!IEquals(std::string_view(expect->value().data(), expect->value().size()),
-                   "100-continue")) {
+      if (!EqualsIgnoreCase(std::string_view(expect->value().data(), expect->value().size()),
+                            "100-continue")) {
         RejectWith(417, "unsupported Expect header (only 100-continue is accepted)");
         return false;
       }
@@ -642,15 +633,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
     const bool no_body = status == 204 || status == 304;
     bool extra_content_type = false;
     for (const auto& [k, v] : extra) {
-      if (IEquals(k, "Content-Length") || IEquals(k, "Transfer-Encoding") ||
-          IEquals(k, "Connection") || !ValidHeader(k, v)) {
+      if (EqualsIgnoreCase(k, "Content-Length") || EqualsIgnoreCase(k, "Transfer-Encoding") ||
+          EqualsIgnoreCase(k, "Connection") || !ValidHeader(k, v)) {
         spdlog::error(
             "{}: handler set header `{}`, which the server manages or which is invalid;"
             " dropped",
             core_->options.name, k);
         continue;
       }
-      if (IEquals(k, "Content-Type")) extra_content_type = true;
+      if (EqualsIgnoreCase(k, "Content-Type")) extra_content_type = true;
       h += k;
       h += ": ";
       h += v;

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,10 @@ import grpc
 import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+# The `simple` model (with the other built-in tensor models) as the system tests declare it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "system"))
+from conftest import TENSOR_MODELS, free_port  # noqa: E402
+
 CONFIG = """
 server:
   grpc: {{address: "127.0.0.1:{grpc}"}}
@@ -41,19 +44,7 @@ server:
   metrics: {{address: "127.0.0.1:{metrics}"}}
   storage_dir: "{storage}"
 {extra}
-models:
-  - name: simple
-    kind: builtin
-    builtin: simple
-    max_batch_size: 8
-    dynamic_batching: {{max_queue_delay_microseconds: 0}}
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_certs(d):
@@ -86,7 +77,7 @@ class Daemon:
         config = os.path.join(workdir, f"{name.replace('+', '-')}.yaml")
         with open(config, "w") as f:
             f.write(CONFIG.format(grpc=self.grpc_port, http=free_port(), metrics=free_port(),
-                                  storage=storage, extra="\n".join(extra)))
+                                  storage=storage, extra="\n".join(extra)) + TENSOR_MODELS)
         self.log = open(os.path.join(workdir, f"{name.replace('+', '-')}.log"), "w")
         self.proc = subprocess.Popen([kilnd, "--config", config], stdout=self.log,
                                      stderr=subprocess.STDOUT)

@@ -52,7 +52,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "system"))
-from conftest import Kilnd, default_model_path, wait_for  # noqa: E402
+from conftest import Kilnd, default_model_path, ready, wait_for  # noqa: E402
 
 LLM = "smollm2"
 WORDS = "kiln clay glaze fire oven potter wheel vase bowl plate cup handle blue green".split()
@@ -107,13 +107,7 @@ def start_daemon(tmp_dir, mmap_threshold=None):
     path = Path(tmp_dir) / "kiln-soak.yaml"
     path.write_text(config_text())
     env = {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold)} if mmap_threshold else None
-    k = Kilnd(path, env=env)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
-    return k
+    return ready(Kilnd(path, env=env))
 
 
 def parse_metrics(text):

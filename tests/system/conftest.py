@@ -4,6 +4,7 @@ Tests get `kilnd` (the default embedded config) or build their own with `start_k
 Every daemon is stopped with SIGTERM at teardown and must exit cleanly (code 0) unless the
 test said otherwise; its log is printed when a test fails.
 """
+import contextlib
 import os
 import shutil
 import signal
@@ -136,10 +137,36 @@ def default_model_path():
     return str((root / out.strip().splitlines()[-1]).resolve())
 
 
+def ready(k, timeout=300):
+    """`k` (a started Kilnd) once it is ready; if it never is, it is stopped and the error
+    raised. The caller stops it."""
+    try:
+        k.wait_ready(timeout=timeout)
+    except Exception:
+        k.stop()
+        raise
+    return k
+
+
+@contextlib.contextmanager
+def serving(k, timeout=300):
+    """For a module-scoped fixture: yields `k` (a started Kilnd) once ready, and stops it at
+    the end; it must exit 0 (its log is printed otherwise)."""
+    try:
+        k.wait_ready(timeout=timeout)
+        yield k
+    finally:
+        code = k.stop()
+        if code != 0:
+            print(f"---- kilnd log ({' '.join(k.cmd)}) ----\n{k.output()}")
+        assert code == 0, f"kilnd exited with {code}"
+
+
 def start_llm_kilnd(tmp_path_factory, name, server="",
-                    scheduler="max_num_seqs: 8, max_queue_size: 64", model=""):
+                    scheduler="max_num_seqs: 8, max_queue_size: 64", model="", overrides=()):
     """A ready kilnd serving the default model as LLM_NAME (context 2048); `server` is extra
-    YAML under `server:`, `model` extra keys of the model entry. The caller stops it."""
+    YAML under `server:`, `model` extra keys of the model entry, `overrides` --set arguments.
+    The caller stops it."""
     config = tmp_path_factory.mktemp(name) / "kiln.yaml"
     config.write_text(f"""
 server:
@@ -153,13 +180,7 @@ models:
     scheduler: {{{scheduler}}}
 {model}
 """)
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
-    return k
+    return ready(Kilnd(config, overrides))
 
 
 @pytest.fixture

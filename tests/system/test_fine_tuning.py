@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from openai import OpenAI
 
 from conftest import LLM_NAME as MODEL
-from conftest import TENSOR_MODELS, Kilnd, default_model_path, wait_for
+from conftest import TENSOR_MODELS, Kilnd, default_model_path, ready, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MAX_FILE_BYTES = 8192  # fine_tuning.max_file_bytes of the module's server
@@ -75,12 +75,7 @@ models:
 def start(path, *overrides):
     k = Kilnd(path, ["fine_tuning.enabled=true", "fine_tuning.max_concurrent_jobs=1",
                      "fine_tuning.checkpoint_every_steps=2", *overrides])
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
-    return k
+    return ready(k)
 
 
 @pytest.fixture(scope="module")

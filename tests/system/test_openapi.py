@@ -15,7 +15,7 @@ import pytest
 import requests
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
-from conftest import LLM_NAME, Kilnd, default_model_path
+from conftest import LLM_NAME, TENSOR_MODELS, Kilnd, default_model_path, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENT = ROOT / "docs" / "openapi.json"
@@ -62,47 +62,24 @@ FUZZ_SECONDS = 200
 # A response slower than this is a hang: the LLM's context (64) bounds every generation.
 MAX_RESPONSE_SECONDS = 20
 
-CONFIG = """
-server:
-  shutdown_grace_seconds: 10
-models:
-  - name: simple
-    kind: builtin
-    builtin: simple
-    max_batch_size: 8
-    dynamic_batching: {{max_queue_delay_microseconds: 0}}
-  - name: identity_fp32
-    kind: builtin
-    builtin: identity_fp32
-    max_batch_size: 0
-  - name: sleep_us
-    kind: builtin
-    builtin: sleep_us
-    max_batch_size: 16
-    dynamic_batching: {{max_queue_delay_microseconds: 1000}}
-  # A small context bounds every generation the fuzzer asks for (max_tokens defaults to the
-  # rest of the context).
-  - name: {llm}
-    kind: llm
-    path: {model}
-    context_length: 64
-    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
-"""
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     config = tmp_path_factory.mktemp("openapi") / "kiln.yaml"
-    config.write_text(CONFIG.format(llm=LLM_NAME, model=default_model_path()))
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
+    # A small context bounds every generation the fuzzer asks for (max_tokens defaults to the
+    # rest of the context).
+    config.write_text(f"""
+server:
+  shutdown_grace_seconds: 10
+{TENSOR_MODELS}
+  - name: {LLM_NAME}
+    kind: llm
+    path: {default_model_path()}
+    context_length: 64
+    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
+""")
+    with serving(Kilnd(config)) as k:
         yield k
-    finally:
-        code = k.stop()
-        if code != 0:
-            print(f"---- kilnd log ----\n{k.output()}")
-        assert code == 0, f"kilnd exited with {code} after the fuzzing"
 
 
 def document():

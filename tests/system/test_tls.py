@@ -22,7 +22,8 @@ import tritonclient.http as httpclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from conftest import LLM_NAME, TENSOR_MODELS, Kilnd, default_model_path, wait_for
+from conftest import (LLM_NAME, TENSOR_MODELS, Kilnd, default_model_path, serving,
+                      wait_for)
 
 
 # ---- certificates -------------------------------------------------------------------------
@@ -140,15 +141,8 @@ server:
     context_length: 2048
     scheduler: {{max_num_seqs: 4, max_queue_size: 16}}
 """)
-    k = TlsKilnd(config, tls_overrides(certs), certs=certs)
-    try:
-        k.wait_ready(timeout=300)
+    with serving(TlsKilnd(config, tls_overrides(certs), certs=certs)) as k:
         yield k
-    finally:
-        code = k.stop()
-        if code != 0:
-            print(f"---- kilnd log ----\n{k.output()}")
-        assert code == 0
 
 
 def simple_inputs(module):

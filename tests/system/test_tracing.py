@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from conftest import LLM_NAME as MODEL
-from conftest import TENSOR_MODELS, Kilnd, default_model_path, wait_for
+from conftest import TENSOR_MODELS, Kilnd, default_model_path, start_llm_kilnd, wait_for
 from test_generation_grpc import _stubs_dir
 
 LLM_SPANS = {"admission", "queue", "prefill", "decode", "detokenize", "response"}
@@ -70,27 +70,9 @@ def collector():
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory, collector):
-    config = tmp_path_factory.mktemp("tracing") / "kiln.yaml"
-    config.write_text(f"""
-server:
-  shutdown_grace_seconds: 60
-observability:
-  otlp:
-    endpoint: http://127.0.0.1:{collector.port}/v1/traces
-    service_name: kilnd-under-test
-models:
-  - name: {MODEL}
-    kind: llm
-    path: {default_model_path()}
-    context_length: 2048
-    scheduler: {{max_num_seqs: 8, max_queue_size: 64}}
-""")
-    k = Kilnd(config)
-    try:
-        k.wait_ready(timeout=300)
-    except Exception:
-        k.stop()
-        raise
+    k = start_llm_kilnd(tmp_path_factory, "tracing", overrides=[
+        f"observability.otlp.endpoint=http://127.0.0.1:{collector.port}/v1/traces",
+        "observability.otlp.service_name=kilnd-under-test"])
     yield k
     assert k.stop() == 0, k.output()
 
