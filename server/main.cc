@@ -11,6 +11,7 @@
 // Exit codes: 0 clean shutdown; 1 invalid configuration, start-up failure (port in use,
 // model failed to load) or in-flight work cut off at shutdown; 2 bad command line.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <iostream>
@@ -35,6 +36,19 @@ sigset_t BlockSignals() {
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
+}
+
+// Raises the soft limit on open descriptors to the hard one (what systemd's LimitNOFILE or a
+// container runtime allows): every connection holds one, and Debian's gRPC 1.51 stops
+// accepting for good after a single EMFILE (tests/system/test_connection_storm.py).
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  const rlim_t soft = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) == 0) {
+    spdlog::debug("open descriptor limit raised from {} to {}", soft, limit.rlim_max);
+  }
 }
 
 }  // namespace
@@ -93,6 +107,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::info("kilnd {} starting with configuration {}", kiln::ServerVersion(), config->source);
+  RaiseDescriptorLimit();
 
   kiln::Server server(std::move(*config));
   if (auto s = server.Start(); !s.ok()) {
