@@ -50,8 +50,9 @@ class Server {
   // Re-reads the secrets kept in files (SIGHUP, see main.cc): the TLS certificate, key and
   // client CA of server.tls, checked as at start-up, and the API key files of server.auth.
   // New connections use the new certificates; open connections keep theirs. Each reload
-  // that fails (the message names the key and the file) leaves its part as it was; the errors are returned together. Call from the thread that
-  // called Start, between Start and Shutdown.
+  // that fails (the message names the key and the file) leaves its part as it was; the
+  // errors are returned together. Call from the thread that called Start, between Start and
+  // Shutdown.
   Status ReloadSecrets();
   // Asks for a flight recorder dump of every model to <storage_dir>/flight/ (SIGUSR1, see
   // server/flight_service.h); returns at once, dumps requested meanwhile coalesce.
