@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/finetune/finetune_http.h"
+#include "server/finetune/forms.h"
 #include "server/flight_service.h"
 #include "server/http/http_server.h"
 #include "server/http_routes.h"
@@ -122,26 +123,24 @@ bool ParseModelPath(const std::vector<std::string>& seg, std::string* model, std
 // Building the JSON of a full default ring takes ~25 ms on a busy 2-core VM (flight_recorder_
 // test's RecordCost): acceptable on an I/O thread for an admin route that is rarely called.
 StatusOr<json> FlightRecorderJson(const ServerCore& core, std::string_view query) {
+  KILN_ASSIGN_OR_RETURN(auto params, finetune::ParseQuery(query));
   std::string model;
-  for (absl::string_view part : absl::StrSplit(ToAbsl(query), '&', absl::SkipEmpty())) {
-    const std::string kv(part);
-    if (kv.starts_with("model=")) {
-      model = kv.substr(6);
-    } else {
-      return InvalidArgument("unknown query parameter '", kv,
+  for (auto& [key, value] : params) {
+    if (key != "model") {
+      return InvalidArgument("unknown query parameter '", key,
                              "' for /debug/flight_recorder; it takes model=NAME");
     }
+    model = std::move(value);
   }
   return core.flight->Dump(model, "http");
 }
 
 // The `seconds` of GET /debug/trace?seconds=N: (0, 60], default 5.
 StatusOr<double> CaptureSeconds(std::string_view query) {
+  KILN_ASSIGN_OR_RETURN(auto params, finetune::ParseQuery(query));
   double seconds = 5;
-  for (absl::string_view kv : absl::StrSplit(ToAbsl(query), '&', absl::SkipEmpty())) {
-    const size_t eq = kv.find('=');
-    if (kv.substr(0, eq) != "seconds") continue;
-    const std::string v(eq == absl::string_view::npos ? "" : kv.substr(eq + 1));
+  for (const auto& [key, v] : params) {
+    if (key != "seconds") continue;
     char* end = nullptr;
     seconds = std::strtod(v.c_str(), &end);
     if (v.empty() || end != v.c_str() + v.size() || !(seconds > 0 && seconds <= 60)) {
