@@ -1,6 +1,6 @@
 // What GPU backends need from the interface, on every device this build has (ref, cpu and,
-// where an OpenCL device exists, xpu): memory info, pinned host buffers, asynchronous copies
-// with their stated semantics, and events across streams.
+// where an OpenCL device exists, xpu; where a CUDA device exists, cuda): memory info, pinned host
+// buffers, asynchronous copies with their stated semantics, and events across streams.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -20,6 +20,7 @@ std::vector<std::unique_ptr<Backend>> AllBackends() {
   out.push_back(MakeRefBackend());
   out.push_back(MakeCpuBackend(2));
   if (std::unique_ptr<Backend> xpu = MakeXpuBackend()) out.push_back(std::move(xpu));
+  if (std::unique_ptr<Backend> cuda = MakeCudaBackend()) out.push_back(std::move(cuda));
   return out;
 }
 

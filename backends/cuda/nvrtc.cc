@@ -22,6 +22,8 @@ struct Nvrtc::Api {
   int (*GetProgramLog)(Program, char*);
   int (*GetPTXSize)(Program, size_t*);
   int (*GetPTX)(Program, char*);
+  int (*GetCUBINSize)(Program, size_t*);
+  int (*GetCUBIN)(Program, char*);
 };
 
 StatusOr<const Nvrtc*> Nvrtc::Load() {
@@ -55,6 +57,8 @@ StatusOr<const Nvrtc*> Nvrtc::Load() {
       sym(api->GetProgramLog, "nvrtcGetProgramLog");
       sym(api->GetPTXSize, "nvrtcGetPTXSize");
       sym(api->GetPTX, "nvrtcGetPTX");
+      sym(api->GetCUBINSize, "nvrtcGetCUBINSize");
+      sym(api->GetCUBIN, "nvrtcGetCUBIN");
       if (!ok) {
         delete api;
         dlclose(h);
@@ -80,6 +84,18 @@ StatusOr<const Nvrtc*> Nvrtc::Load() {
 StatusOr<std::string> Nvrtc::CompileToPtx(const std::string& source, const std::string& name,
                                           const std::string& arch,
                                           const std::vector<std::string>& options) const {
+  return Compile(source, name, arch, options, /*cubin=*/false);
+}
+
+StatusOr<std::string> Nvrtc::CompileToCubin(const std::string& source, const std::string& name,
+                                            const std::string& arch,
+                                            const std::vector<std::string>& options) const {
+  return Compile(source, name, arch, options, /*cubin=*/true);
+}
+
+StatusOr<std::string> Nvrtc::Compile(const std::string& source, const std::string& name,
+                                     const std::string& arch,
+                                     const std::vector<std::string>& options, bool cubin) const {
   Api::Program prog = nullptr;
   int rc = api_->CreateProgram(&prog, source.c_str(), name.c_str(), 0, nullptr, nullptr);
   if (rc != 0) return Internal("nvrtcCreateProgram: ", api_->GetErrorString(rc));
@@ -98,12 +114,12 @@ StatusOr<std::string> Nvrtc::CompileToPtx(const std::string& source, const std::
     return InvalidArgument("NVRTC (", version_, ", ", arch, ") failed to compile ", name, ": ",
                            api_->GetErrorString(rc), "\n", log);
   }
-  size_t ptx_size = 0;
-  api_->GetPTXSize(prog, &ptx_size);
-  std::string ptx(ptx_size, '\0');
-  api_->GetPTX(prog, ptx.data());
+  size_t size = 0;
+  (cubin ? api_->GetCUBINSize : api_->GetPTXSize)(prog, &size);
+  std::string out(size, '\0');
+  (cubin ? api_->GetCUBIN : api_->GetPTX)(prog, out.data());
   api_->DestroyProgram(&prog);
-  return ptx;
+  return out;
 }
 
 }  // namespace kiln::cuda

@@ -1,5 +1,6 @@
 // NVRTC (the CUDA runtime compiler), loaded at run time: compiles generated CUDA C
-// (engine/compiler/codegen.h, Dialect::kCuda) to PTX. The CUDA backend's kernel compiler, and
+// (engine/compiler/codegen.h, Dialect::kCuda) to PTX or cubins. Functions without an execution
+// space compile as __device__ (-default-device). The CUDA backend's kernel compiler, and
 // what the codegen tests use to prove the CUDA printer's output compiles on machines without
 // a GPU. No CUDA toolkit is needed to build Kiln: libnvrtc is found when used.
 //
@@ -31,9 +32,16 @@ class Nvrtc {
   StatusOr<std::string> CompileToPtx(const std::string& source, const std::string& name,
                                      const std::string& arch,
                                      const std::vector<std::string>& options = {}) const;
+  // Compiles `source` for a real architecture (`arch` "sm_90"); returns the cubin.
+  StatusOr<std::string> CompileToCubin(const std::string& source, const std::string& name,
+                                       const std::string& arch,
+                                       const std::vector<std::string>& options = {}) const;
 
  private:
   Nvrtc() = default;
+  StatusOr<std::string> Compile(const std::string& source, const std::string& name,
+                                const std::string& arch, const std::vector<std::string>& options,
+                                bool cubin) const;
   std::string version_, path_;
   void* handle_ = nullptr;
   struct Api;

@@ -11,7 +11,8 @@ std::unique_ptr<backend::Backend> MakeTestBackend(std::string_view name, int thr
   if (name == "ref") return backend::MakeRefBackend();
   if (name == "cpu") return backend::MakeCpuBackend(threads);
   if (name == "xpu") return backend::MakeXpuBackend();
-  std::fprintf(stderr, "MakeTestBackend: unknown backend '%.*s' (ref, cpu or xpu)\n",
+  if (name == "cuda") return backend::MakeCudaBackend();
+  std::fprintf(stderr, "MakeTestBackend: unknown backend '%.*s' (ref, cpu, xpu or cuda)\n",
                static_cast<int>(name.size()), name.data());
   std::abort();
 }

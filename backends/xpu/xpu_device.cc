@@ -1,8 +1,11 @@
 #include "backends/xpu/xpu_device.h"
 
+#include <clblast.h>
+#include <clblast_half.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "backends/xpu/cl_sources.h"
+#include "backends/common/cl_sources.h"
 #include "engine/compiler/hash.h"
 #include "engine/ops.h"
 #include "spdlog/spdlog.h"
@@ -351,7 +354,7 @@ void XpuDevice::UnregisterMem(uint32_t id) {
   free_ids_.push_back(id);
 }
 
-bool XpuDevice::Resolve(const void* p, cl_mem* mem, size_t* offset) const {
+bool XpuDevice::ResolveMem(const void* p, cl_mem* mem, size_t* offset) const {
   const uint64_t a = reinterpret_cast<uint64_t>(p);
   if ((a & ~((1ull << 62) - 1)) != kAddressTag) return false;
   const uint64_t id = (a >> kOffsetBits) & (kMaxBuffers - 1);
@@ -360,6 +363,13 @@ bool XpuDevice::Resolve(const void* p, cl_mem* mem, size_t* offset) const {
   *mem = chunk[id & ((1u << kChunkBits) - 1)].load(std::memory_order_acquire);
   *offset = static_cast<size_t>(a & ((1ull << kOffsetBits) - 1));
   return *mem != nullptr;
+}
+
+bool XpuDevice::Resolve(const void* p, void** mem, size_t* offset) const {
+  cl_mem m = nullptr;
+  if (!ResolveMem(p, &m, offset)) return false;
+  *mem = m;
+  return true;
 }
 
 StatusOr<std::unique_ptr<backend::Buffer>> XpuDevice::Allocate(size_t bytes) {
@@ -424,36 +434,12 @@ void* XpuDevice::GetExtension(std::string_view name) {
 // ---- compiler::Target ---------------------------------------------------------------------------
 
 compiler::FusionCaps XpuDevice::caps() const {
-  compiler::FusionCaps c;
-  c.pointwise = c.reductions = true;
-  // A generated kernel of rank 8 with n inputs passes 18 + 9n + 1 meta values and n + 1
-  // buffers (compiler::DeviceLaunch): what fits the device's kernel-argument budget.
-  const int slots = static_cast<int>(info_.max_param_bytes / 8);
-  c.max_inputs =
-      std::clamp(std::min((slots - 19) / 10, (ClArgs::kMaxMeta - 19) / 9), 1, ClArgs::kMaxMems - 1);
-  return c;
+  return devk::DeviceFusionCaps(info_.max_param_bytes);
 }
 
 Status XpuDevice::Prepare(std::span<const backend::KernelRequest> requests) {
   tl_preparing = true;
-  Status status = OkStatus();
-  for (const backend::KernelRequest& req : requests) {
-    // Only requests that declare generated or templated kernels: library kernels all come
-    // from one program, and some of their GetKernel calls do work (rope uploads a table).
-    const OpDef& def = GetOpDef(req.op);
-    const bool declares = compiler::FusedGroupOf(req) != nullptr || def.pointwise != nullptr ||
-                          def.reduce != nullptr || req.op == OpKind::kLinear ||
-                          req.op == OpKind::kMatMul || req.op == OpKind::kAttention ||
-                          req.op == OpKind::kPagedAttention;
-    if (!declares) continue;
-    StatusOr<backend::Kernel> k = GetKernel(req);
-    // A fused group this device cannot run fails the fused program (compiled unfused then);
-    // other errors surface when the program is assigned, naming the node.
-    if (!k.ok() && compiler::FusedGroupOf(req) != nullptr) {
-      status = k.status();
-      break;
-    }
-  }
+  const Status status = devk::DeclareKernels(*this, requests);
   tl_preparing = false;
   KILN_RETURN_IF_ERROR(status);
   return BuildPending();
@@ -468,52 +454,6 @@ compiler::CompileCounters XpuDevice::counters() const {
   c.compiler_runs = s.programs_built_from_source;
   c.seconds = s.build_seconds;
   return c;
-}
-
-// ---- Kernel arguments ---------------------------------------------------------------------------
-
-int ClArgs::MetaSize(int n) {
-  for (int s : {8, 16, 24, 32, 48, 64, 96, 120}) {
-    if (n <= s) return s;
-  }
-  return -1;
-}
-
-int64_t ClArgs::Mem(const XpuDevice& dev, const void* p) {
-  cl_mem mem = nullptr;
-  size_t off = 0;
-  if (nmems_ >= kMaxMems || !dev.Resolve(p, &mem, &off)) {
-    ok_ = false;
-    return 0;
-  }
-  mems_[nmems_++] = mem;
-  return static_cast<int64_t>(off);
-}
-
-void ClArgs::Long(int64_t v) {
-  if (nmeta_ >= kMaxMeta) {
-    ok_ = false;
-    return;
-  }
-  meta_[nmeta_++] = v;
-}
-
-std::span<int64_t> ClArgs::Reserve(int n) {
-  if (n < 0 || nmeta_ + n > kMaxMeta) {
-    ok_ = false;
-    return {};
-  }
-  std::span<int64_t> r(meta_.data() + nmeta_, static_cast<size_t>(n));
-  std::fill(r.begin(), r.end(), 0);
-  nmeta_ += n;
-  return r;
-}
-
-void ClArgs::Desc(const TensorArg& t, int64_t byte_offset) {
-  Long(byte_offset);
-  Long(t.rank);
-  for (int d = 0; d < 8; ++d) Long(d < t.rank ? t.shape[d] : 1);
-  for (int d = 0; d < 8; ++d) Long(d < t.rank ? t.strides[d] : 0);
 }
 
 // ---- Streams, events, capture -------------------------------------------------------------------
@@ -599,8 +539,7 @@ class XpuEvent final : public backend::Event {
 
 class XpuStream final : public backend::Stream {
  public:
-  XpuStream(XpuDevice* dev, cl_command_queue q) : dev_(dev), queue_(q) {
-    exec_.device = dev;
+  XpuStream(XpuDevice* dev, cl_command_queue q) : dev_(dev), queue_(q), exec_(dev) {
     exec_.queue = q;
   }
   ~XpuStream() override {
@@ -751,10 +690,10 @@ Status Recording::Record(KernelSlot* k, const ClArgs& args, int dims, const size
     }
   }
   open_->kernels.push_back(kobj);  // owned by the segment from here on
-  for (int i = 0; i < args.nmems_; ++i) {
-    KILN_CL(clSetKernelArg(kobj, i, sizeof(cl_mem), &args.mems_[i]));
+  for (int i = 0; i < args.num_mems(); ++i) {
+    KILN_CL(clSetKernelArg(kobj, i, sizeof(cl_mem), &args.mems()[i]));
   }
-  KILN_CL(clSetKernelArg(kobj, args.nmems_, sizeof(int64_t) * meta_size, args.meta_.data()));
+  KILN_CL(clSetKernelArg(kobj, args.num_mems(), sizeof(int64_t) * meta_size, args.meta()));
   const CommandBufferApi& api = CbApi(dev_->platform());
   cl_sync_point_khr point = 0;
   // Commands of a command buffer run in any order unless chained: keep the stream's order.
@@ -833,8 +772,11 @@ Status XpuGraph::Replay(backend::Stream& stream) {
 
 // ---- Exec ---------------------------------------------------------------------------------------
 
-void Exec::Enqueue(KernelSlot* k, const ClArgs& args, int dims, const size_t* global,
+Exec::Exec(XpuDevice* dev) : devk::Queue(dev), device(dev) {}
+
+void Exec::Enqueue(devk::KernelSlot* slot, const ClArgs& args, int dims, const size_t* global,
                    const size_t* local, int meta_size) {
+  auto* k = static_cast<KernelSlot*>(slot);
   if (!status.ok()) return;
   if (!args.ok()) {
     Fail(Internal("xpu kernel ", k->name(),
@@ -844,9 +786,9 @@ void Exec::Enqueue(KernelSlot* k, const ClArgs& args, int dims, const size_t* gl
   for (int d = 0; d < dims; ++d) {
     if (global[d] == 0) return;  // nothing to do (OpenCL rejects empty ranges)
   }
-  if (meta_size == 0) meta_size = ClArgs::MetaSize(args.nmeta_);
-  if (meta_size < args.nmeta_) {
-    Fail(Internal("xpu kernel ", k->name(), ": ", args.nmeta_, " metadata values for meta",
+  if (meta_size == 0) meta_size = ClArgs::MetaSize(args.num_meta());
+  if (meta_size < args.num_meta()) {
+    Fail(Internal("xpu kernel ", k->name(), ": ", args.num_meta(), " metadata values for meta",
                   meta_size));
     return;
   }
@@ -865,11 +807,10 @@ void Exec::Enqueue(KernelSlot* k, const ClArgs& args, int dims, const size_t* gl
   }
   std::lock_guard<std::mutex> lock(k->mu_);
   auto run = [&]() -> Status {
-    for (int i = 0; i < args.nmems_; ++i) {
-      KILN_CL(clSetKernelArg(k->kernel_, i, sizeof(cl_mem), &args.mems_[i]));
+    for (int i = 0; i < args.num_mems(); ++i) {
+      KILN_CL(clSetKernelArg(k->kernel_, i, sizeof(cl_mem), &args.mems()[i]));
     }
-    KILN_CL(
-        clSetKernelArg(k->kernel_, args.nmems_, sizeof(int64_t) * meta_size, args.meta_.data()));
+    KILN_CL(clSetKernelArg(k->kernel_, args.num_mems(), sizeof(int64_t) * meta_size, args.meta()));
     KILN_CL(clEnqueueNDRangeKernel(queue, k->kernel_, dims, nullptr, global, local, 0, nullptr,
                                    nullptr));
     return OkStatus();
@@ -881,6 +822,64 @@ bool Exec::DeferWhileCapturing(KernelFn fn, const LaunchArgs& args) {
   if (capture == nullptr) return false;
   capture->RecordHost(fn, args);
   return true;
+}
+
+namespace {
+
+template <typename T>
+T Alpha(double v) {
+  return static_cast<T>(v);
+}
+template <>
+half Alpha<half>(double v) {
+  return FloatToHalf(static_cast<float>(v));
+}
+
+template <typename T>
+bool BlasGemm(cl_command_queue q, const devk::GemmCall& g) {
+  using clblast::Transpose;
+  const auto mem = [](void* m) { return static_cast<cl_mem>(m); };
+  const Transpose ta = g.a.trans ? Transpose::kYes : Transpose::kNo;
+  const Transpose tb = g.b.trans ? Transpose::kYes : Transpose::kNo;
+  clblast::StatusCode st;
+  if (g.batch == 1) {
+    st = clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, g.m, g.n, g.k, Alpha<T>(1),
+                          mem(g.a.mem), g.a.offset, g.a.ld, mem(g.b.mem), g.b.offset, g.b.ld,
+                          Alpha<T>(0), mem(g.c.mem), g.c.offset, g.c.ld, &q, nullptr);
+  } else {
+    st = clblast::GemmStridedBatched<T>(
+        clblast::Layout::kRowMajor, ta, tb, g.m, g.n, g.k, Alpha<T>(1), mem(g.a.mem), g.a.offset,
+        g.a.ld, g.a.batch_stride, mem(g.b.mem), g.b.offset, g.b.ld, g.b.batch_stride, Alpha<T>(0),
+        mem(g.c.mem), g.c.offset, g.c.ld, g.c.batch_stride, g.batch, &q, nullptr);
+  }
+  if (st != clblast::StatusCode::kSuccess) {
+    static std::atomic<int> logged{0};
+    if (logged.fetch_add(1) < 3) {
+      spdlog::debug("xpu: CLBlast GEMM declined ({}); using the generic kernel",
+                    static_cast<int>(st));
+    }
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool Exec::Gemm(const devk::GemmCall& call) {
+  switch (call.dtype) {
+    case DType::kF32:
+      return BlasGemm<float>(queue, call);
+    case DType::kF64:
+      return BlasGemm<double>(queue, call);
+    case DType::kF16:
+      return BlasGemm<half>(queue, call);
+    default:
+      return false;
+  }
+}
+
+bool XpuDevice::HasGemm(DType t) const {
+  return t == DType::kF32 || (t == DType::kF64 && fp64_) || (t == DType::kF16 && info_.fp16);
 }
 
 // ---- Device -------------------------------------------------------------------------------------
@@ -901,7 +900,6 @@ StatusOr<std::unique_ptr<XpuDevice>> XpuDevice::Create(const Candidate& c, int o
   const size_t want = (c.info.type & CL_DEVICE_TYPE_GPU) ? 256 : 64;
   size_t wg = 16;
   while (wg * 2 <= std::min(want, c.info.max_work_group_size)) wg *= 2;
-  d->wg_ = wg;
   d->codegen_.work_group_size = static_cast<int>(wg);
   cl_context_properties props[] = {CL_CONTEXT_PLATFORM,
                                    reinterpret_cast<cl_context_properties>(c.platform), 0};
@@ -949,7 +947,12 @@ StatusOr<std::unique_ptr<backend::Stream>> XpuDevice::CreateStream() {
   return std::unique_ptr<backend::Stream>(new XpuStream(this, q));
 }
 
-Status XpuDevice::Upload(cl_mem mem, size_t offset, const void* src, size_t bytes) {
+Status XpuDevice::Upload(const backend::Buffer& dst, const void* src, size_t bytes) {
+  cl_mem mem = nullptr;
+  size_t offset = 0;
+  if (!ResolveMem(dst.data(), &mem, &offset)) {
+    return InvalidArgument("Upload: the buffer is not on ", ToAbsl(name_));
+  }
   std::lock_guard<std::mutex> lock(upload_mu_);
   KILN_CL(
       clEnqueueWriteBuffer(upload_queue_, mem, CL_TRUE, offset, bytes, src, 0, nullptr, nullptr));
@@ -965,17 +968,7 @@ XpuDevice::Stats XpuDevice::stats() const {
 
 std::string XpuDevice::BuildOptions() const { return "-cl-std=CL1.2"; }
 
-std::string XpuDevice::Prelude() const {
-  std::string s = absl::StrCat("#define KILN_WG ", wg_, "\n");
-  // Without f64 the generated kernels print no double either (codegen.h).
-  s += fp64_ ? "#define KILN_FP64 1\n" : "#define KILN_NO_FP64 1\n";
-  for (int t = 1; t < kNumDTypes; ++t) {
-    std::string n = DTypeName(static_cast<DType>(t));
-    for (char& ch : n) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-    absl::StrAppend(&s, "#define DT_", n, " ", t, "\n");
-  }
-  return s + kClPrelude;
-}
+std::string XpuDevice::Prelude() const { return devk::ProgramPrelude(work_group(), fp64_); }
 
 std::string XpuDevice::CacheIdentity() const {
   return absl::StrCat("kiln-xpu-v2\n", info_.platform_name, "\n", info_.platform_version, "\n",
@@ -1141,7 +1134,7 @@ Status XpuDevice::BuildBatch(int group, std::vector<KernelSlot*> batch) {
   }
   std::string source = Prelude();
   if (group == kLibrary) {
-    source += kClLibrary;
+    source += devk::kClLibrary;
   } else {
     source += compiler::Preamble(compiler::Dialect::kOpenCL);
     for (KernelSlot* k : batch) absl::StrAppend(&source, "\n", k->source_, "\n");

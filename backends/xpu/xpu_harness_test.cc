@@ -13,8 +13,6 @@
 
 #include "backends/builtin.h"
 #include "backends/xpu/xpu_device.h"
-#include "engine/autograd.h"
-#include "engine/program.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::xpu {
@@ -54,37 +52,6 @@ std::string OnlyOp() {
   return v ? v : "";
 }
 
-// Builds a case's graph as the harness does (forward), or its loss + gradients.
-StatusOr<std::unique_ptr<Program>> CompileCase(const harness::OpCase& c, bool gradient,
-                                               backend::Device& dev) {
-  Graph g;
-  Builder b(&g);
-  std::vector<Value> in, wrt;
-  for (const harness::InputSpec& s : c.inputs) {
-    const SymShape shape(s.shape.begin(), s.shape.end());
-    if (gradient) {
-      in.push_back(b.Input(s.name, s.dtype, shape));
-      if (s.differentiable && IsFloat(s.dtype)) wrt.push_back(in.back());
-    } else if (s.source == OpKind::kWeight) {
-      in.push_back(b.Weight(s.name, s.dtype, shape));
-    } else if (s.source == OpKind::kState) {
-      in.push_back(b.State(s.name, s.dtype, shape));
-    } else {
-      in.push_back(b.Input(s.name, s.dtype, shape));
-    }
-  }
-  const Value out = c.build(b, in);
-  KILN_RETURN_IF_ERROR(b.status());
-  if (!gradient) return Compile(g, {out}, dev);
-  const Value r = b.Input("harness.r", b.dtype(out), b.shape(out));
-  std::vector<int> axes(b.rank(out));
-  for (int i = 0; i < b.rank(out); ++i) axes[i] = i;
-  const Value loss = b.Sum(b.Mul(out, r), axes);
-  KILN_RETURN_IF_ERROR(b.status());
-  KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, Gradients(b, loss, wrt));
-  return Compile(g, grads, dev);
-}
-
 void RunCases(bool gradient) {
   Devices& d = Get();
   if (!d.xpu) GTEST_SKIP() << "no OpenCL device: " << d.why_none;
@@ -97,7 +64,7 @@ void RunCases(bool gradient) {
     // Declare every case's kernels, then build them together.
     for (const harness::OpCase& c : cases) {
       if (!only.empty() && c.op != only) continue;
-      (void)CompileCase(c, gradient, *dev);  // only declares kernels; the run below checks
+      (void)harness::CompileCase(c, gradient, *dev);  // only declares kernels; the run below checks
     }
     const Status built = dev->BuildPending();
     ASSERT_TRUE(built.ok()) << built;

@@ -518,6 +518,36 @@ Result RunPerf(const OpCase& c, backend::Device& dev, int iterations) {
   return r;
 }
 
+StatusOr<std::unique_ptr<Program>> CompileCase(const OpCase& c, bool gradient,
+                                               backend::Device& dev) {
+  Graph g;
+  Builder b(&g);
+  std::vector<Value> in, wrt;
+  for (const InputSpec& s : c.inputs) {
+    const SymShape shape(s.shape.begin(), s.shape.end());
+    if (gradient) {
+      in.push_back(b.Input(s.name, s.dtype, shape));
+      if (s.differentiable && IsFloat(s.dtype)) wrt.push_back(in.back());
+    } else if (s.source == OpKind::kWeight) {
+      in.push_back(b.Weight(s.name, s.dtype, shape));
+    } else if (s.source == OpKind::kState) {
+      in.push_back(b.State(s.name, s.dtype, shape));
+    } else {
+      in.push_back(b.Input(s.name, s.dtype, shape));
+    }
+  }
+  const Value out = c.build(b, in);
+  KILN_RETURN_IF_ERROR(b.status());
+  if (!gradient) return Compile(g, {out}, dev);
+  const Value r = b.Input("harness.r", b.dtype(out), b.shape(out));
+  std::vector<int> axes(b.rank(out));
+  for (int i = 0; i < b.rank(out); ++i) axes[i] = i;
+  const Value loss = b.Sum(b.Mul(out, r), axes);
+  KILN_RETURN_IF_ERROR(b.status());
+  KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, Gradients(b, loss, wrt));
+  return Compile(g, grads, dev);
+}
+
 StatusOr<double> LaunchOverheadNs(backend::Device& dev, int launches, int iterations) {
   Graph g;
   Builder b(&g);

@@ -29,6 +29,7 @@
 
 #include "engine/backend/backend.h"
 #include "engine/builder.h"
+#include "engine/program.h"
 
 namespace kiln::harness {
 
@@ -87,6 +88,11 @@ double Tolerance(DType dtype);
 Result RunForward(const OpCase& c, backend::Device& ref, backend::Device& dev);
 Result RunGradient(const OpCase& c, backend::Device& ref, backend::Device& dev);
 Result RunPerf(const OpCase& c, backend::Device& dev, int iterations);
+// Compiles a case's graph for `dev` as RunForward (forward) or RunGradient (its loss and
+// gradients) do, without running it: backends that build kernels in batches declare every
+// case's kernels this way first.
+StatusOr<std::unique_ptr<Program>> CompileCase(const OpCase& c, bool gradient,
+                                               backend::Device& dev);
 // Executor overhead: nanoseconds per launch for a program of `launches` tiny launches.
 StatusOr<double> LaunchOverheadNs(backend::Device& dev, int launches, int iterations);
 

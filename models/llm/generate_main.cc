@@ -222,7 +222,7 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", a.top_k, "0: off");
   gen->add_option("--seed", a.seed, "sampling seed (default: random)");
   gen->add_option("--threads", a.threads, "CPU threads; 0: one per core");
-  gen->add_option("--backend", a.backend, "cpu (default), ref, or a registered device");
+  gen->add_option("--backend", a.backend, "cpu (default), ref, xpu, cuda");
   gen->add_option("--activations", a.activations,
                   "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
       ->check(CLI::IsMember({"f32", "q8"}));
@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
   ft->add_option("--save-steps", f.save_steps, "checkpoint every N steps (default: each epoch)");
   ft->add_option("--keep-checkpoints", f.keep_checkpoints, "newest checkpoints kept (default 2)");
   ft->add_option("--threads", f.threads, "CPU threads; 0: one per core");
-  ft->add_option("--backend", f.backend, "cpu (default), xpu, ref");
+  ft->add_option("--backend", f.backend, "cpu (default), ref, xpu, cuda");
   ft->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
 
   std::string export_model, export_adapter, export_out;

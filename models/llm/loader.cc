@@ -83,6 +83,12 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
       (void)registry.Register(std::move(xpu));  // AlreadyExists if another load won the race
     }
   }
+  // Likewise the CUDA backend (creating a context costs a GPU process hundreds of MB).
+  if ((name == "cuda" || name.rfind("cuda:", 0) == 0) && registry.Find("cuda") == nullptr) {
+    if (std::unique_ptr<backend::Backend> cuda = backend::MakeCudaBackend()) {
+      (void)registry.Register(std::move(cuda));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(parts.device, registry.GetDevice(name));
   return OkStatus();
 }

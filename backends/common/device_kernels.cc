@@ -1,18 +1,8 @@
-// XpuDevice::GetKernel: which kernel runs each op on an OpenCL device, and the launchers.
-//
-//   generated      pointwise/generator ops, reductions/row ops and fused groups: the engine's
-//                  printer (engine/compiler/codegen.h, OpenCL dialect) from the op table's
-//                  expression forms; attention and paged attention from a template with the
-//                  node's mask_mod/score_mod printed in (compiler::GenerateExprFunction)
-//   templated      Linear with quantized / f16 / bf16 weights (dequantize-in-register dot
-//                  products), MatMul and Linear fallbacks (tiled), per dtype combination
-//   library        dtype-generic data movement: contiguous, concat, gather, scatters,
-//                  take_along, top_k, kv_write, rope, dim_value (cl/library.cl)
-//   CLBlast        GEMM for MatMul and Linear with float operands of one dtype (f32; f64 with
-//                  cl_khr_fp64; f16 with cl_khr_fp16) when the strides fit BLAS
-#include <clblast.h>
-#include <clblast_half.h>
+// The device kernel layer (device_kernels.h): KernelHost::GetKernel and the launchers.
+#include "backends/common/device_kernels.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <numbers>
@@ -20,15 +10,12 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "backends/xpu/cl_sources.h"
-#include "backends/xpu/xpu_device.h"
+#include "backends/common/cl_sources.h"
 #include "engine/ops.h"
 #include "spdlog/spdlog.h"
 
-namespace kiln::xpu {
+namespace kiln::devk {
 namespace {
-
-Exec& ExOf(const ExecCtx& c) { return *static_cast<Exec*>(c.native_stream); }
 
 size_t Groups(int64_t items, size_t wg) {
   return std::min<size_t>((static_cast<size_t>(items) + wg - 1) / wg, 65536);
@@ -73,7 +60,7 @@ std::string StoreFrom(DType t, DType acc) {
 // ---- Generated: pointwise, reductions, fused groups ---------------------------------------------
 
 // A kernel from the engine's printer: typed buffers plus its KMeta (compiler::DeviceLaunch).
-// Tensors reach it as cl_mem + element offset; the opaque device addresses resolve to a byte
+// Tensors reach it as buffer + element offset; device addresses resolve to a byte
 // offset, which is a whole number of elements for every tensor the engine makes.
 struct GenData {
   KernelSlot* slot = nullptr;
@@ -83,17 +70,17 @@ struct GenData {
 
 void GenFn(const LaunchArgs& a, const ExecCtx& c) {
   const GenData& d = *static_cast<const GenData*>(a.kernel_data);
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   if (a.output.numel() == 0) return;
-  ClArgs args;
-  int64_t offsets[ClArgs::kMaxMems];
-  const int n = std::min(a.num_inputs + 1, ClArgs::kMaxMems);  // Generated() checked the count
+  Args args;
+  int64_t offsets[Args::kMaxMems];
+  const int n = std::min(a.num_inputs + 1, Args::kMaxMems);  // Generated() checked the count
   for (int i = 0; i < n; ++i) {
     const int64_t bytes = args.Mem(dev, i == 0 ? a.output.data : a.inputs[i - 1].data);
     if (bytes % d.elem_bytes[i] != 0) {
-      ex.Fail(Internal("xpu kernel ", d.slot->name(), ": tensor ", i, " starts at byte ", bytes,
-                       ", not at an element boundary"));
+      ex.Fail(Internal(ex.host->kernel_prefix(), " kernel ", d.slot->name(), ": tensor ", i,
+                       " starts at byte ", bytes, ", not at an element boundary"));
       return;
     }
     offsets[i] = bytes / d.elem_bytes[i];
@@ -106,21 +93,20 @@ void GenFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(d.slot, args, 1, &global, &local, d.launch.meta_size());
 }
 
-StatusOr<backend::Kernel> Generated(XpuDevice& dev, const compiler::KernelSpec& spec,
+StatusOr<backend::Kernel> Generated(KernelHost& dev, const compiler::KernelSpec& spec,
                                     std::string name) {
   if (!dev.fp64() && compiler::UsesF64(spec)) {
-    return Unimplemented(dev.name(), " has no f64 support (cl_khr_fp64)");
+    return Unimplemented(dev.name(), " has no f64 support (", dev.no_fp64_reason(), ")");
   }
   auto d = std::make_shared<GenData>();
   d->launch = compiler::DeviceLaunch(spec, dev.codegen_options());
   const size_t nargs = spec.args.size() + 1;
-  if (nargs > static_cast<size_t>(ClArgs::kMaxMems) || d->launch.meta_size() > ClArgs::kMaxMeta ||
-      (d->launch.meta_size() + nargs) * 8 > dev.info().max_param_bytes) {
+  if (nargs > static_cast<size_t>(Args::kMaxMems) || d->launch.meta_size() > Args::kMaxMeta ||
+      (d->launch.meta_size() + nargs) * 8 > dev.max_param_bytes()) {
     return Unimplemented("too many inputs for one OpenCL kernel (", spec.args.size(), ")");
   }
-  KILN_ASSIGN_OR_RETURN(
-      compiler::GeneratedKernel g,
-      compiler::GenerateKernel(spec, compiler::Dialect::kOpenCL, dev.codegen_options()));
+  KILN_ASSIGN_OR_RETURN(compiler::GeneratedKernel g,
+                        compiler::GenerateKernel(spec, dev.dialect(), dev.codegen_options()));
   d->slot = dev.DeclareGenerated(g);
   d->elem_bytes.push_back(DTypeBytes(spec.out_dtype, 1));
   for (const compiler::KernelArg& arg : spec.args)
@@ -145,22 +131,22 @@ struct LibData {
 const LibData& Lib(const LaunchArgs& a) { return *static_cast<const LibData*>(a.kernel_data); }
 
 void DimValueFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  ClArgs args;
-  args.Long(args.Mem(*ex.device, a.output.data));
+  Queue& ex = QueueOf(c);
+  Args args;
+  args.Long(args.Mem(*ex.host, a.output.data));
   args.Long(static_cast<int64_t>(a.output.dtype));
   args.Long(a.params[0]);
-  const size_t wg = ex.device->work_group();
+  const size_t wg = ex.host->work_group();
   ex.Enqueue(Lib(a).slot, args, 1, &wg, &wg, 8);
 }
 
 // out (a view) = x, elementwise with conversion.
-void EnqueueCopy(Exec& ex, KernelSlot* k, const TensorArg& out, int64_t out_byte_offset_delta,
+void EnqueueCopy(Queue& ex, KernelSlot* k, const TensorArg& out, int64_t out_byte_offset_delta,
                  const TensorArg& x) {
-  const XpuDevice& dev = *ex.device;
+  const KernelHost& dev = *ex.host;
   const int64_t n = x.numel();
   if (n == 0) return;
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, out.data) + out_byte_offset_delta;
   const int64_t xo = args.Mem(dev, x.data);
   TensorArg view = out;
@@ -175,14 +161,14 @@ void EnqueueCopy(Exec& ex, KernelSlot* k, const TensorArg& out, int64_t out_byte
 }
 
 void ContiguousFn(const LaunchArgs& a, const ExecCtx& c) {
-  EnqueueCopy(ExOf(c), Lib(a).slot, a.output, 0, a.inputs[0]);
+  EnqueueCopy(QueueOf(c), Lib(a).slot, a.output, 0, a.inputs[0]);
 }
 
 void ConcatFn(const LaunchArgs& a, const ExecCtx& c) {
   const int axis = static_cast<int>(Lib(a).extra);
   int64_t start = 0;
   for (int j = 0; j < a.num_inputs; ++j) {
-    EnqueueCopy(ExOf(c), Lib(a).slot, a.output,
+    EnqueueCopy(QueueOf(c), Lib(a).slot, a.output,
                 ByteOffset(a.output.dtype, start * a.output.strides[axis]), a.inputs[j]);
     start += a.inputs[j].shape[axis];
   }
@@ -195,11 +181,11 @@ int64_t RowElems(const TensorArg& t, int from) {
 }
 
 void GatherFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &table = a.inputs[0], &idx = a.inputs[1], &o = a.output;
   const int64_t row = RowElems(table, 1), count = idx.numel();
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), to = args.Mem(dev, table.data),
                 io = args.Mem(dev, idx.data);
   args.Desc(table, to);
@@ -213,11 +199,11 @@ void GatherFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void ScatterAddRowsFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &idx = a.inputs[0], &src = a.inputs[1], &o = a.output;
   const int64_t row = RowElems(o, 1), count = idx.numel();
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), io = args.Mem(dev, idx.data),
                 so = args.Mem(dev, src.data);
   args.Desc(idx, io);
@@ -231,11 +217,11 @@ void ScatterAddRowsFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void TakeAlongFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &x = a.inputs[0], &idx = a.inputs[1], &o = a.output;
   const int64_t n = o.numel();
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data),
                 io = args.Mem(dev, idx.data);
   args.Desc(x, xo);
@@ -248,12 +234,12 @@ void TakeAlongFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void ScatterAddAlongFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &idx = a.inputs[0], &src = a.inputs[1], &o = a.output;
   const int64_t K = src.shape[src.rank - 1], N = o.shape[o.rank - 1];
   const int64_t rows = K > 0 ? src.numel() / K : RowElems(o, 0) / std::max<int64_t>(N, 1);
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), io = args.Mem(dev, idx.data),
                 so = args.Mem(dev, src.data);
   args.Desc(idx, io);
@@ -268,12 +254,12 @@ void ScatterAddAlongFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void TopKFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &x = a.inputs[0], &o = a.output;
   const int64_t N = x.shape[x.rank - 1], K = o.shape[o.rank - 1];
   const int64_t rows = N > 0 ? x.numel() / N : 0;
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data);
   args.Desc(x, xo);
   args.Desc(o, oo);
@@ -287,10 +273,10 @@ void TopKFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void KvWriteFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &x = a.inputs[1], &slots = a.inputs[2], &cache = a.output;
-  ClArgs args;
+  Args args;
   const int64_t co = args.Mem(dev, cache.data), xo = args.Mem(dev, x.data),
                 so = args.Mem(dev, slots.data);
   args.Desc(cache, co);
@@ -314,13 +300,13 @@ struct RopeData {
 };
 
 void RopeFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const RopeData& d = *static_cast<const RopeData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &pos = a.inputs[1], &o = a.output;
   const int64_t H = x.shape[x.rank - 2], D = x.shape[x.rank - 1];
   const int64_t lead = D > 0 && H > 0 ? x.numel() / (H * D) : 0;
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data),
                 po = args.Mem(dev, pos.data);
   args.Mem(dev, d.freq->data());
@@ -339,7 +325,7 @@ void RopeFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(d.slot, args, 1, &global, &wg, 64);
 }
 
-StatusOr<backend::Kernel> MakeRope(XpuDevice& dev, const backend::KernelRequest& req) {
+StatusOr<backend::Kernel> MakeRope(KernelHost& dev, const backend::KernelRequest& req) {
   const Attrs& at = *req.attrs;
   auto d = std::make_shared<RopeData>();
   d->slot = dev.LibraryKernel("rope");
@@ -365,11 +351,8 @@ StatusOr<backend::Kernel> MakeRope(XpuDevice& dev, const backend::KernelRequest&
     std::memcpy(bytes.data(), f.data(), bytes.size());
   }
   KILN_ASSIGN_OR_RETURN(d->freq, dev.Allocate(bytes.size()));
-  cl_mem mem = nullptr;
-  size_t off = 0;
-  dev.Resolve(d->freq->data(), &mem, &off);
-  KILN_RETURN_IF_ERROR(dev.Upload(mem, off, bytes.data(), bytes.size()));
-  return backend::Kernel{RopeFn, std::move(d), "xpu.lib.rope"};
+  KILN_RETURN_IF_ERROR(dev.Upload(*d->freq, bytes.data(), bytes.size()));
+  return backend::Kernel{RopeFn, std::move(d), absl::StrCat(dev.kernel_prefix(), ".lib.rope")};
 }
 
 // ---- Linear and MatMul ------------------------------------------------------------------------
@@ -378,7 +361,7 @@ bool IsBlock32(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kMXFP4;
 }
 
-KernelSlot* LinearTemplate(XpuDevice& dev, DType xt, DType wt, DType ot, int mt) {
+KernelSlot* LinearTemplate(KernelHost& dev, DType xt, DType wt, DType ot, int mt) {
   const DType acc = xt == DType::kF64 ? DType::kF64 : DType::kF32;
   Defines d;
   d.Add("LINEAR", "1");
@@ -395,7 +378,7 @@ KernelSlot* LinearTemplate(XpuDevice& dev, DType xt, DType wt, DType ot, int mt)
                                                           Lower(wt), " -> ", Lower(ot), "\n")));
 }
 
-KernelSlot* MatMulTemplate(XpuDevice& dev, DType t) {
+KernelSlot* MatMulTemplate(KernelHost& dev, DType t) {
   const DType acc = t == DType::kF64 ? DType::kF64 : DType::kF32;
   int ts = 1;
   while ((ts * 2) * (ts * 2) <= static_cast<int>(dev.work_group())) ts *= 2;
@@ -409,7 +392,7 @@ KernelSlot* MatMulTemplate(XpuDevice& dev, DType t) {
   return dev.DeclareKernel(absl::StrCat("matmul_", Lower(t)), d.Wrap(kClLinear));
 }
 
-int MatMulTile(const XpuDevice& dev) {
+int MatMulTile(const KernelHost& dev) {
   int ts = 1;
   while ((ts * 2) * (ts * 2) <= static_cast<int>(dev.work_group())) ts *= 2;
   return ts;
@@ -456,87 +439,33 @@ int64_t CollapsedStride(const TensorArg& t, int from, int to) {
   return stride < 0 ? 0 : stride;
 }
 
-template <typename T>
-T Alpha(double v) {
-  return static_cast<T>(v);
-}
-template <>
-half Alpha<half>(double v) {
-  return FloatToHalf(static_cast<float>(v));
-}
-
-// C[batch] = A[batch] x B[batch] through CLBlast. False when the layout does not fit or
-// CLBlast declines (the caller falls back to its own kernel).
-template <typename T>
-bool BlasGemm(Exec& ex, bool a_trans, size_t lda, cl_mem a, size_t a_off, size_t a_stride,
-              bool b_trans, size_t ldb, cl_mem b, size_t b_off, size_t b_stride, cl_mem c,
-              size_t c_off, size_t ldc, size_t c_stride, size_t batch, size_t M, size_t N,
-              size_t K) {
-  using clblast::Transpose;
-  const Transpose ta = a_trans ? Transpose::kYes : Transpose::kNo;
-  const Transpose tb = b_trans ? Transpose::kYes : Transpose::kNo;
-  cl_command_queue q = ex.queue;
-  clblast::StatusCode st;
-  if (batch == 1) {
-    st = clblast::Gemm<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a, a_off, lda,
-                          b, b_off, ldb, Alpha<T>(0), c, c_off, ldc, &q, nullptr);
-  } else {
-    st = clblast::GemmStridedBatched<T>(clblast::Layout::kRowMajor, ta, tb, M, N, K, Alpha<T>(1), a,
-                                        a_off, lda, a_stride, b, b_off, ldb, b_stride, Alpha<T>(0),
-                                        c, c_off, ldc, c_stride, batch, &q, nullptr);
-  }
-  if (st != clblast::StatusCode::kSuccess) {
-    static std::atomic<int> logged{0};
-    if (logged.fetch_add(1) < 3) {
-      spdlog::debug("xpu: CLBlast GEMM declined ({}); using the generic kernel",
-                    static_cast<int>(st));
-    }
-    return false;
-  }
+// The operand of a BLAS call: the buffer behind `addr`, at element offset `byte_off / size`.
+// False when the offset is not a whole number of elements.
+bool BlasOperand(const KernelHost& dev, const void* addr, DType t, const BlasMat& m,
+                 size_t batch_stride, GemmOperand* out) {
+  size_t off = 0;
+  if (!dev.Resolve(addr, &out->mem, &off)) return false;
+  const size_t es = static_cast<size_t>(DTypeBlockBytes(t));
+  if (off % es != 0) return false;
+  out->offset = off / es;
+  out->ld = m.ld;
+  out->trans = m.trans;
+  out->batch_stride = batch_stride;
   return true;
 }
 
-bool BlasFor(Exec& ex, DType t, bool a_trans, size_t lda, cl_mem a, size_t a_off, size_t a_stride,
-             bool b_trans, size_t ldb, cl_mem b, size_t b_off, size_t b_stride, cl_mem c,
-             size_t c_off, size_t ldc, size_t c_stride, size_t batch, size_t M, size_t N,
-             size_t K) {
-  const size_t es = static_cast<size_t>(DTypeBlockBytes(t));
-  if (a_off % es || b_off % es || c_off % es) return false;
-  a_off /= es;
-  b_off /= es;
-  c_off /= es;
-  switch (t) {
-    case DType::kF32:
-      return BlasGemm<float>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off, b_stride,
-                             c, c_off, ldc, c_stride, batch, M, N, K);
-    case DType::kF64:
-      return BlasGemm<double>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off,
-                              b_stride, c, c_off, ldc, c_stride, batch, M, N, K);
-    case DType::kF16:
-      return BlasGemm<half>(ex, a_trans, lda, a, a_off, a_stride, b_trans, ldb, b, b_off, b_stride,
-                            c, c_off, ldc, c_stride, batch, M, N, K);
-    default:
-      return false;
-  }
-}
-
 struct GemmData {
-  bool blas = false;            // the dtype has a CLBlast GEMM on this device
+  bool blas = false;            // the host's BLAS has a GEMM for the dtype
   KernelSlot* small = nullptr;  // Linear: MT = 1 (decode); MatMul: the tiled kernel
   KernelSlot* large = nullptr;  // Linear: MT = 8
 };
-
-bool BlasDType(const XpuDevice& dev, DType t) {
-  return t == DType::kF32 || (t == DType::kF64 && dev.fp64()) ||
-         (t == DType::kF16 && dev.info().fp16);
-}
 
 void MatMulFn(const LaunchArgs& a, const ExecCtx& c);
 void LinearFn(const LaunchArgs& a, const ExecCtx& c);
 
 void MatMulFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &y = a.inputs[1], &o = a.output;
   const int r = o.rank;
@@ -553,19 +482,21 @@ void MatMulFn(const LaunchArgs& a, const ExecCtx& c) {
     if (am.ok && bm.ok && cm.ok && !cm.trans && sa >= 0 && sb >= 0 && sc >= 0 &&
         (batch == 1 || sc > 0)) {
       if (ex.DeferWhileCapturing(MatMulFn, a)) return;
-      cl_mem am_mem, bm_mem, cm_mem;
-      size_t ao, bo, co;
-      dev.Resolve(x.data, &am_mem, &ao);
-      dev.Resolve(y.data, &bm_mem, &bo);
-      dev.Resolve(o.data, &cm_mem, &co);
-      if (BlasFor(ex, o.dtype, am.trans, am.ld, am_mem, ao, static_cast<size_t>(sa), bm.trans,
-                  bm.ld, bm_mem, bo, static_cast<size_t>(sb), cm_mem, co, cm.ld,
-                  static_cast<size_t>(sc), static_cast<size_t>(batch), M, N, K)) {
+      GemmCall call;
+      call.dtype = o.dtype;
+      call.batch = static_cast<size_t>(batch);
+      call.m = static_cast<size_t>(M);
+      call.n = static_cast<size_t>(N);
+      call.k = static_cast<size_t>(K);
+      if (BlasOperand(dev, x.data, o.dtype, am, static_cast<size_t>(sa), &call.a) &&
+          BlasOperand(dev, y.data, o.dtype, bm, static_cast<size_t>(sb), &call.b) &&
+          BlasOperand(dev, o.data, o.dtype, cm, static_cast<size_t>(sc), &call.c) &&
+          ex.Gemm(call)) {
         return;
       }
     }
   }
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data), yo = args.Mem(dev, y.data);
   args.Desc(x, xo);
   args.Desc(y, yo);
@@ -583,8 +514,8 @@ void MatMulFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &w = a.inputs[1], &o = a.output;
   const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
@@ -598,18 +529,19 @@ void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
     const BlasMat cm = AsBlas(M, N, so, o.strides[o.rank - 1]);
     if (sx >= 0 && so >= 0 && am.ok && bm.ok && cm.ok && !cm.trans) {
       if (ex.DeferWhileCapturing(LinearFn, a)) return;
-      cl_mem xm, wm, om;
-      size_t xo, wo, oo;
-      dev.Resolve(x.data, &xm, &xo);
-      dev.Resolve(w.data, &wm, &wo);
-      dev.Resolve(o.data, &om, &oo);
-      if (BlasFor(ex, o.dtype, am.trans, am.ld, xm, xo, 0, bm.trans, bm.ld, wm, wo, 0, om, oo,
-                  cm.ld, 0, 1, M, N, K)) {
+      GemmCall call;
+      call.dtype = o.dtype;
+      call.m = static_cast<size_t>(M);
+      call.n = static_cast<size_t>(N);
+      call.k = static_cast<size_t>(K);
+      if (BlasOperand(dev, x.data, o.dtype, am, 0, &call.a) &&
+          BlasOperand(dev, w.data, o.dtype, bm, 0, &call.b) &&
+          BlasOperand(dev, o.data, o.dtype, cm, 0, &call.c) && ex.Gemm(call)) {
         return;
       }
     }
   }
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), xo = args.Mem(dev, x.data), wo = args.Mem(dev, w.data);
   args.Desc(x, xo);
   args.Long(wo);
@@ -638,12 +570,12 @@ struct AttnData {
 };
 
 void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
   const int fixed = d.paged ? 6 : 3;
-  ClArgs args;
+  Args args;
   const int64_t oo = args.Mem(dev, o.data), qo = args.Mem(dev, q.data), ko = args.Mem(dev, k.data),
                 vo = args.Mem(dev, v.data);
   int64_t bto = 0, slo = 0, qso = 0;
@@ -721,7 +653,7 @@ void KvRange(const Expr& mask, std::string* begin, std::string* end) {
   }
 }
 
-StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelRequest& req,
+StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRequest& req,
                                         bool paged) {
   const Attrs& at = *req.attrs;
   const TensorType &q = req.inputs[0], &k = req.inputs[1], &v = req.inputs[2];
@@ -732,10 +664,10 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   }
   auto hd = q.shape.back().TryConstant();
   auto hdv = v.shape.back().TryConstant();
-  if (!hd || !hdv) return Unimplemented("attention needs constant head dims on xpu");
+  if (!hd || !hdv) return Unimplemented("attention needs constant head dims on ", dev.name());
   const DType acc = ExprTypeOf(q.dtype);
   if (acc == DType::kF64 && !dev.fp64()) {
-    return Unimplemented("f64 attention needs cl_khr_fp64");
+    return Unimplemented("f64 attention needs f64 support (", dev.no_fp64_reason(), ")");
   }
   const int64_t wg = static_cast<int64_t>(dev.work_group());
   Defines d;
@@ -791,12 +723,10 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   for (const compiler::ExprFunction* f : {&mask, &score}) {
     if (!f->value) continue;
     if (!dev.fp64() && compiler::UsesF64(f->value)) {
-      return Unimplemented(
-          "the attention modifier computes in f64 but the device has no "
-          "cl_khr_fp64");
+      return Unimplemented("the attention modifier computes in f64 but the device has no f64 (",
+                           dev.no_fp64_reason(), ")");
     }
-    KILN_ASSIGN_OR_RETURN(std::string code,
-                          compiler::GenerateExprFunction(*f, compiler::Dialect::kOpenCL));
+    KILN_ASSIGN_OR_RETURN(std::string code, compiler::GenerateExprFunction(*f, dev.dialect()));
     absl::StrAppend(&helpers, code);
   }
   std::string begin, end;
@@ -811,8 +741,9 @@ StatusOr<backend::Kernel> MakeAttention(XpuDevice& dev, const backend::KernelReq
   data->slot =
       dev.DeclareKernel(paged ? "paged_attn" : "attn",
                         d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
-  return backend::Kernel{AttentionFn, std::move(data),
-                         paged ? "xpu.gen.paged_attention" : "xpu.gen.attention"};
+  return backend::Kernel{
+      AttentionFn, std::move(data),
+      absl::StrCat(dev.kernel_prefix(), paged ? ".gen.paged_attention" : ".gen.attention")};
 }
 
 // ---- Training (cl/training.cl) ---------------------------------------------------------------
@@ -825,11 +756,11 @@ KernelSlot* TrainSlot(const LaunchArgs& a) {
 }
 
 void FusedCrossEntropyFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &x = a.inputs[0], &t = a.inputs[1], &dl = a.inputs[2];
   const TensorArg &loss = a.output, &dx = a.extra_outputs[0];
-  ClArgs args;
+  Args args;
   const int64_t lo = args.Mem(dev, loss.data), dxo = args.Mem(dev, dx.data),
                 xo = args.Mem(dev, x.data), to = args.Mem(dev, t.data),
                 dlo = args.Mem(dev, dl.data);
@@ -845,8 +776,8 @@ void FusedCrossEntropyFn(const LaunchArgs& a, const ExecCtx& c) {
 }
 
 void OptimizerFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  const XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
   const TensorArg &g = a.inputs[1], &hyper = a.inputs[2];
   // The optional grad_scale input (the kernel ignores the buffer without it: SLD is 1).
   const TensorArg& scale =
@@ -856,7 +787,7 @@ void OptimizerFn(const LaunchArgs& a, const ExecCtx& c) {
   const TensorArg& p = a.output;
   const TensorArg& s0 = a.num_extra_outputs > 0 ? a.extra_outputs[0] : p;
   const TensorArg& s1 = a.num_extra_outputs > 1 ? a.extra_outputs[1] : p;
-  ClArgs args;
+  Args args;
   const int64_t po = args.Mem(dev, p.data), s0o = args.Mem(dev, s0.data),
                 s1o = args.Mem(dev, s1.data), go = args.Mem(dev, g.data),
                 ho = args.Mem(dev, hyper.data), so = args.Mem(dev, scale.data);
@@ -876,7 +807,7 @@ std::string AccLiteral(double v, DType acc) {
   return absl::StrFormat(acc == DType::kF64 ? "%.17e" : "%.9ef", v);
 }
 
-StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequest& req) {
+StatusOr<backend::Kernel> MakeTraining(KernelHost& dev, const backend::KernelRequest& req) {
   const Attrs& at = *req.attrs;
   const bool optimizer = req.op != OpKind::kFusedCrossEntropy;
   // Fused cross-entropy computes in the logits' compute type, the optimizers in the widest
@@ -915,7 +846,7 @@ StatusOr<backend::Kernel> MakeTraining(XpuDevice& dev, const backend::KernelRequ
   data->slot =
       dev.DeclareKernel(prefix, d.Wrap(kClTraining, absl::StrCat("// ", Label(req), "\n")));
   return backend::Kernel{optimizer ? OptimizerFn : FusedCrossEntropyFn, std::move(data),
-                         absl::StrCat("xpu.tmpl.", prefix)};
+                         absl::StrCat(dev.kernel_prefix(), ".tmpl.", prefix)};
 }
 
 // ---- Sampling (cl/sampling.cl) ---------------------------------------------------------------
@@ -929,8 +860,8 @@ struct SampleData {
 };
 
 void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
-  Exec& ex = ExOf(c);
-  XpuDevice& dev = *ex.device;
+  Queue& ex = QueueOf(c);
+  KernelHost& dev = *ex.host;
   auto& d = *static_cast<SampleData*>(const_cast<void*>(a.kernel_data));
   const TensorArg &logits = a.inputs[0], &params = a.inputs[1], &pen_t = a.inputs[3],
                   &pen_c = a.inputs[4], &banned = a.inputs[5];
@@ -938,7 +869,7 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
   if (S == 0) return;
   for (const TensorArg* t : {&logits, &params, &pen_t, &pen_c, &banned}) {
     if (t->shape[1] > 1 && t->strides[1] != 1) {
-      return ex.Fail(Unimplemented("xpu sample: rows must be contiguous"));
+      return ex.Fail(Unimplemented(dev.name(), " sample: rows must be contiguous"));
     }
   }
   const size_t region = static_cast<size_t>(S * V) * 8;  // 2V four-byte values per row
@@ -955,7 +886,7 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
     }
     scratch = d.scratch.back()->data();
   }
-  ClArgs args;
+  Args args;
   const void* ptrs[] = {a.output.data,
                         a.extra_outputs[0].data,
                         a.extra_outputs[1].data,
@@ -979,42 +910,126 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(d.slot, args, 1, &global, &wg, 24);
 }
 
-StatusOr<backend::Kernel> MakeSample(XpuDevice& dev, const backend::KernelRequest& req) {
+StatusOr<backend::Kernel> MakeSample(KernelHost& dev, const backend::KernelRequest& req) {
   if (!dev.fp64()) {
-    return Unimplemented(dev.name(),
-                         " has no cl_khr_fp64: sampling sums probability mass in "
+    return Unimplemented(dev.name(), " has no f64 support (", dev.no_fp64_reason(),
+                         "): sampling sums probability mass in "
                          "double (the host sampler runs instead)");
   }
   auto data = std::make_shared<SampleData>();
   data->slot = dev.DeclareKernel("sample", absl::StrCat("// ", Label(req), "\n", kClSampling));
-  return backend::Kernel{SampleFn, std::move(data), "xpu.tmpl.sample"};
+  return backend::Kernel{SampleFn, std::move(data),
+                         absl::StrCat(dev.kernel_prefix(), ".tmpl.sample")};
 }
 
-StatusOr<backend::Kernel> Library(XpuDevice& dev, KernelFn fn, const char* name,
+StatusOr<backend::Kernel> Library(KernelHost& dev, KernelFn fn, const char* name,
                                   int64_t extra = 0) {
   auto d = std::make_shared<LibData>();
   d->slot = dev.LibraryKernel(name);
   d->extra = extra;
-  return backend::Kernel{fn, std::move(d), absl::StrCat("xpu.lib.", name)};
+  return backend::Kernel{fn, std::move(d), absl::StrCat(dev.kernel_prefix(), ".lib.", name)};
 }
 
 }  // namespace
 
-StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req) {
+// ---- Kernel arguments ---------------------------------------------------------------------------
+
+int Args::MetaSize(int n) {
+  for (int s : {8, 16, 24, 32, 48, 64, 96, 120}) {
+    if (n <= s) return s;
+  }
+  return -1;
+}
+
+int64_t Args::Mem(const KernelHost& host, const void* p) {
+  void* mem = nullptr;
+  size_t off = 0;
+  if (nmems_ >= kMaxMems || !host.Resolve(p, &mem, &off)) {
+    ok_ = false;
+    return 0;
+  }
+  mems_[nmems_++] = mem;
+  return static_cast<int64_t>(off);
+}
+
+void Args::Long(int64_t v) {
+  if (nmeta_ >= kMaxMeta) {
+    ok_ = false;
+    return;
+  }
+  meta_[nmeta_++] = v;
+}
+
+std::span<int64_t> Args::Reserve(int n) {
+  if (n < 0 || nmeta_ + n > kMaxMeta) {
+    ok_ = false;
+    return {};
+  }
+  std::span<int64_t> r(meta_.data() + nmeta_, static_cast<size_t>(n));
+  std::fill(r.begin(), r.end(), 0);
+  nmeta_ += n;
+  return r;
+}
+
+void Args::Desc(const TensorArg& t, int64_t byte_offset) {
+  Long(byte_offset);
+  Long(t.rank);
+  for (int d = 0; d < 8; ++d) Long(d < t.rank ? t.shape[d] : 1);
+  for (int d = 0; d < 8; ++d) Long(d < t.rank ? t.strides[d] : 0);
+}
+
+compiler::FusionCaps DeviceFusionCaps(size_t max_param_bytes) {
+  compiler::FusionCaps c;
+  c.pointwise = c.reductions = true;
+  // A generated kernel of rank 8 with n inputs passes 18 + 9n + 1 meta values and n + 1
+  // buffers (compiler::DeviceLaunch).
+  const int slots = static_cast<int>(max_param_bytes / 8);
+  c.max_inputs =
+      std::clamp(std::min((slots - 19) / 10, (Args::kMaxMeta - 19) / 9), 1, Args::kMaxMems - 1);
+  return c;
+}
+
+Status DeclareKernels(KernelHost& host, std::span<const backend::KernelRequest> requests) {
+  for (const backend::KernelRequest& req : requests) {
+    const OpDef& def = GetOpDef(req.op);
+    const bool declares = compiler::FusedGroupOf(req) != nullptr || def.pointwise != nullptr ||
+                          def.reduce != nullptr || req.op == OpKind::kLinear ||
+                          req.op == OpKind::kMatMul || req.op == OpKind::kAttention ||
+                          req.op == OpKind::kPagedAttention;
+    if (!declares) continue;
+    StatusOr<backend::Kernel> k = host.GetKernel(req);
+    if (!k.ok() && compiler::FusedGroupOf(req) != nullptr) return k.status();
+  }
+  return OkStatus();
+}
+
+std::string ProgramPrelude(size_t work_group, bool fp64) {
+  std::string s = absl::StrCat("#define KILN_WG ", work_group, "\n");
+  // Without f64 the generated kernels print no double either (codegen.h).
+  s += fp64 ? "#define KILN_FP64 1\n" : "#define KILN_NO_FP64 1\n";
+  for (int t = 1; t < kNumDTypes; ++t) {
+    std::string n = DTypeName(static_cast<DType>(t));
+    for (char& ch : n) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    absl::StrAppend(&s, "#define DT_", n, " ", t, "\n");
+  }
+  return s + kClPrelude;
+}
+
+StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& req) {
   for (const TensorType& t : req.inputs) {
     if (!SupportsDType(t.dtype)) {
-      return Unimplemented(name_, " has no f64 support (cl_khr_fp64)");
+      return Unimplemented(name(), " has no f64 support (", no_fp64_reason(), ")");
     }
   }
   if (!SupportsDType(req.output.dtype)) {
-    return Unimplemented(name_, " has no f64 support (cl_khr_fp64)");
+    return Unimplemented(name(), " has no f64 support (", no_fp64_reason(), ")");
   }
   // Fused groups (compiler::Compile; caps() allows pointwise chains and reductions).
   if (const compiler::FusedGroup* g = compiler::FusedGroupOf(req)) {
     if (g->kind != compiler::FusedGroup::Kind::kReduce) {
-      return Unimplemented(name_, " has no GEMM epilogues");
+      return Unimplemented(name(), " has no GEMM epilogues");
     }
-    return Generated(*this, g->spec, absl::StrCat("xpu.fused.", g->label));
+    return Generated(*this, g->spec, absl::StrCat(kernel_prefix(), ".fused.", g->label));
   }
   const OpDef& def = GetOpDef(req.op);
   std::vector<DType> in;
@@ -1027,7 +1042,7 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
       return Library(*this, ContiguousFn, "copy_strided");
     }
     KILN_ASSIGN_OR_RETURN(compiler::KernelSpec spec, compiler::SpecFromRequest(req));
-    return Generated(*this, spec, absl::StrCat("xpu.gen.", def.name));
+    return Generated(*this, spec, absl::StrCat(kernel_prefix(), ".gen.", def.name));
   }
   switch (req.op) {
     case OpKind::kDimValue:
@@ -1064,24 +1079,26 @@ StatusOr<backend::Kernel> XpuDevice::GetKernel(const backend::KernelRequest& req
       return MakeSample(*this, req);
     case OpKind::kMatMul: {
       auto d = std::make_shared<GemmData>();
-      d->blas = BlasDType(*this, out);
+      d->blas = HasGemm(out);
       d->small = MatMulTemplate(*this, out);
-      const char* kname = d->blas ? "xpu.clblast.matmul" : "xpu.tmpl.matmul";
+      const std::string kname = d->blas ? absl::StrCat(kernel_prefix(), ".", blas_name(), ".matmul")
+                                        : absl::StrCat(kernel_prefix(), ".tmpl.matmul");
       return backend::Kernel{MatMulFn, std::move(d), kname};
     }
     case OpKind::kLinear: {
       auto d = std::make_shared<GemmData>();
-      d->blas = in[0] == in[1] && in[0] == out && BlasDType(*this, out);
+      d->blas = in[0] == in[1] && in[0] == out && HasGemm(out);
       d->small = LinearTemplate(*this, in[0], in[1], out, 1);
       d->large = LinearTemplate(*this, in[0], in[1], out, 8);
-      const std::string kname =
-          d->blas ? "xpu.clblast.linear" : absl::StrCat("xpu.tmpl.linear_", Lower(in[1]));
+      const std::string kname = d->blas
+                                    ? absl::StrCat(kernel_prefix(), ".", blas_name(), ".linear")
+                                    : absl::StrCat(kernel_prefix(), ".tmpl.linear_", Lower(in[1]));
       return backend::Kernel{LinearFn, std::move(d), kname};
     }
     default:
       break;
   }
-  return Unimplemented(name_, " has no kernel for ", def.name);
+  return Unimplemented(name(), " has no kernel for ", def.name);
 }
 
-}  // namespace kiln::xpu
+}  // namespace kiln::devk

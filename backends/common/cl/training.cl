@@ -1,4 +1,4 @@
-// Training kernels (templates, instantiated per node by the host, backends/xpu/xpu_kernels.cc, "Training"),
+// Training kernels (templates, instantiated per node by the host, backends/common/device_kernels.cc, "Training"),
 // with the semantics of the reference kernels (backends/ref/ref_kernels.cc).
 //
 // FUSED_CROSS_ENTROPY: loss and dlogits of each row in one kernel. One work-group per row:

@@ -1,0 +1,195 @@
+// The gpu backend ("cuda"): NVIDIA GPUs through the CUDA runtime, NVRTC and cuBLAS.
+//
+// Kernels are the device kernel layer's (backends/common/device_kernels.h): the engine's
+// generated kernels in the printer's CUDA dialect, and the kernel library (cl/*.cl, OpenCL C)
+// compiled as CUDA after cl/cuda_compat.h — the same sources the xpu backend runs. NVRTC
+// compiles them at run time for the device's architecture (sm_XY) to cubins, cached on disk by
+// source, architecture and NVRTC version (compiler::DiskCache namespace
+// `cuda-<hash of that identity>`), and loads them with cudaLibraryLoadData. Kernels are
+// declared and built lazily at their first launch, or as one batch when the compiler prepares
+// a program (compiler::Target::Prepare); the library is one more program.
+//
+// Linking: the CUDA runtime is linked statically and the driver is only reached through it, so
+// binaries start on machines without a driver; NVRTC and cuBLAS are opened at run time
+// (backends/cuda/nvrtc.h, gpu_blas.h). CreateGpuBackend says why there is no backend: no
+// driver, no device, no NVRTC.
+//
+// Memory: Allocate() is a caching allocator over cudaMalloc. Freed blocks are parked until
+// the device has finished the work enqueued before their release (one device synchronisation
+// makes every parked block reusable), so a block is never handed out while a kernel may still
+// use it; on out-of-memory the cache is emptied and the allocation retried, then the error
+// names the request and the numbers (AllocatorStats).
+//
+// Streams are CUDA streams (blocking copies synchronise the stream; launches, device-to-device
+// copies and the async copies do not). Graph capture is CUDA stream capture (relaxed mode),
+// replayed with cudaGraphLaunch; cuBLAS calls are captured too (each stream's handle has a
+// fixed workspace).
+//
+// Thread-safety: GpuDevice is thread-safe; a GpuStream is used by one thread at a time.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "backends/common/device_kernels.h"
+#include "engine/backend/backend.h"
+#include "engine/compiler/kernel_cache.h"
+#include "engine/compiler/target.h"
+
+namespace kiln::gpu {
+
+// What the backend knows of a device (queried once).
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+  uint64_t total_bytes = 0;
+  int driver_version = 0;        // 13000
+  int runtime_version = 0;       // 13000
+  std::string Arch() const;      // "sm_90"
+  std::string Describe() const;  // "NVIDIA H100 (sm_90, 132 SMs, 79.1 GiB, driver 13.0)"
+};
+
+struct AllocatorStats {
+  uint64_t reserved_bytes = 0;   // held from the driver (in use + cached)
+  uint64_t allocated_bytes = 0;  // in live buffers
+  uint64_t peak_allocated_bytes = 0;
+  int64_t segments = 0;      // cudaMalloc blocks held
+  int64_t cache_hits = 0;    // allocations served from the cache
+  int64_t device_syncs = 0;  // synchronisations made to reuse released blocks
+};
+
+struct GpuOptions {
+  // Kernel cache directory: empty = compiler::CacheDir(), "none" = no disk cache.
+  std::string cache_dir;
+};
+
+// The CUDA source of one program, as GpuDevice builds it: cl/cuda_compat.h, the prelude
+// (devk::ProgramPrelude), then the kernel library (`library`) or the printer's CUDA preamble
+// and each of `kernels` (the sources of declared kernels). Public for the compile test.
+std::string ProgramSource(bool library, size_t work_group, std::span<const std::string> kernels);
+// NVRTC's options for every program (besides the architecture and -default-device).
+std::vector<std::string> NvrtcOptions();
+
+class GpuKernelSlot;
+class GpuStream;
+
+class GpuDevice final : public devk::KernelHost, public compiler::Target {
+ public:
+  static StatusOr<std::unique_ptr<GpuDevice>> Create(int ordinal, const GpuOptions& options = {});
+  ~GpuDevice() override;
+
+  // ---- backend::Device ----
+  std::string_view name() const override { return name_; }
+  StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t bytes) override;
+  StatusOr<std::unique_ptr<backend::Buffer>> AllocatePinnedHost(size_t bytes) override;
+  StatusOr<backend::DeviceMemoryInfo> MemoryInfo() override;
+  StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
+  bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
+  // "gpu.device_info" -> const DeviceInfo*; compiler::kTargetExtension -> compiler::Target*;
+  // backend::kMatMulMixedRhsExtension is not offered (the compiler casts such operands).
+  void* GetExtension(std::string_view name) override;
+
+  // ---- compiler::Target ----
+  compiler::FusionCaps caps() const override;
+  Status Prepare(std::span<const backend::KernelRequest> requests) override;
+  compiler::CompileCounters counters() const override;
+
+  // ---- devk::KernelHost ----
+  const char* kernel_prefix() const override { return "cuda"; }
+  compiler::Dialect dialect() const override { return compiler::Dialect::kCuda; }
+  bool fp64() const override { return true; }
+  size_t max_param_bytes() const override { return 4096; }
+  bool HasGemm(DType t) const override;
+  const char* blas_name() const override { return "cublas"; }
+  devk::KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override;
+  devk::KernelSlot* DeclareGenerated(const compiler::GeneratedKernel& kernel) override;
+  devk::KernelSlot* LibraryKernel(std::string_view name) override;
+  bool Resolve(const void* p, void** mem, size_t* offset) const override;
+  Status Upload(const backend::Buffer& dst, const void* src, size_t bytes) override;
+
+  // ---- For streams and tests ----
+  const DeviceInfo& info() const { return info_; }
+  int ordinal() const { return info_.ordinal; }
+  // Builds `k`'s program (with every other pending kernel of its group) if not built yet.
+  Status EnsureBuilt(GpuKernelSlot* k);
+  Status BuildPending();
+  AllocatorStats allocator_stats() const;
+  struct BuildStats {
+    int programs_built = 0;
+    int programs_from_cache = 0;
+    int kernels_built = 0;
+    int kernels_from_cache = 0;
+    double build_seconds = 0;
+  };
+  BuildStats build_stats() const;
+
+  // Caching allocator (see the file comment).
+  StatusOr<void*> AllocateRaw(size_t bytes);
+  void Release(void* p, size_t bytes);
+  // Streams of this device that are capturing: the allocator must not synchronise the device
+  // then (it would invalidate the capture), so it allocates new blocks instead.
+  void CaptureBegan() { capturing_.fetch_add(1); }
+  void CaptureEnded() { capturing_.fetch_sub(1); }
+
+ private:
+  GpuDevice() = default;
+  enum Group { kGenerated = 0, kLibrary = 1 };
+  devk::KernelSlot* Declare(std::string name, std::string source, int group);
+  Status BuildBatch(int group, std::vector<GpuKernelSlot*> batch);
+  // The module's cubin: from the disk cache, or compiled by NVRTC (and stored).
+  StatusOr<std::string> Cubin(const std::string& source, bool* from_cache);
+
+  std::string name_;
+  DeviceInfo info_;
+  GpuOptions options_;
+  std::unique_ptr<compiler::DiskCache> cache_;
+  std::string cache_ns_;
+
+  // Allocator.
+  mutable std::mutex alloc_mu_;
+  std::multimap<size_t, void*> free_;             // reusable blocks by size
+  std::vector<std::pair<size_t, void*>> parked_;  // released, maybe still in use by the device
+  AllocatorStats astats_;
+  std::atomic<int> capturing_{0};
+
+  // Kernels and programs.
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<GpuKernelSlot>> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<GpuKernelSlot*> pending_[2] ABSL_GUARDED_BY(mu_);
+  std::vector<void*> libraries_ ABSL_GUARDED_BY(mu_);     // cudaLibrary_t, unloaded at the end
+  void* library_program_ ABSL_GUARDED_BY(mu_) = nullptr;  // the kernel library's module
+  BuildStats bstats_ ABSL_GUARDED_BY(mu_);
+  std::mutex build_mu_;
+  std::atomic<int64_t> reused_{0};
+};
+
+class GpuBackend final : public backend::Backend {
+ public:
+  explicit GpuBackend(std::vector<std::unique_ptr<GpuDevice>> devices)
+      : devices_(std::move(devices)) {}
+  std::string_view name() const override { return "cuda"; }
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  backend::Device* device(int index) override {
+    return index >= 0 && index < device_count() ? devices_[index].get() : nullptr;
+  }
+
+ private:
+  std::vector<std::unique_ptr<GpuDevice>> devices_;
+};
+
+// Every CUDA device (KILN_CUDA_DEVICES=none disables the backend). Unavailable with the reason
+// when there is no driver, no device or no NVRTC.
+StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& options = {});
+
+}  // namespace kiln::gpu

@@ -1,0 +1,126 @@
+// Every kernel the cuda backend would build for the op harness' cases — forward and gradient:
+// the kernel library, the templates (linear, matmul, attention, training, sampling) and the
+// generated kernels — compiles with NVRTC for sm_90 (H100; sm_80 too with KILN_HARNESS_FULL=1),
+// through the same
+// program sources GpuDevice builds (gpu::ProgramSource). No GPU needed: a compile-only
+// KernelHost collects what the device layer declares. Skipped (not passed) without NVRTC.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "backends/builtin.h"
+#include "backends/cuda/nvrtc.h"
+#include "backends/gpu/gpu_device.h"
+#include "engine/compiler/hash.h"
+#include "engine/testing/op_harness.h"
+
+namespace kiln::gpu {
+namespace {
+
+class CollectSlot final : public devk::KernelSlot {
+ public:
+  explicit CollectSlot(std::string name) { name_ = std::move(name); }
+};
+
+// Declares like GpuDevice (same names, same sources, same dialect) and keeps the sources.
+class CompileOnlyHost final : public devk::KernelHost {
+ public:
+  CompileOnlyHost() { codegen_.work_group_size = 256; }
+  std::string_view name() const override { return "cuda-compile:0"; }
+  StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t bytes) override {
+    std::unique_ptr<backend::Buffer> b = backend::HostMemoryBuffer::Make(this, bytes);
+    return b;
+  }
+  StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override {
+    return Unimplemented("compile only");
+  }
+  bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
+  const char* kernel_prefix() const override { return "cuda"; }
+  compiler::Dialect dialect() const override { return compiler::Dialect::kCuda; }
+  bool fp64() const override { return true; }
+  size_t max_param_bytes() const override { return 4096; }
+  bool HasGemm(DType) const override { return false; }  // compile the GEMM templates too
+  const char* blas_name() const override { return "cublas"; }
+  devk::KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override {
+    const std::string name = std::string(prefix) + "_" + compiler::Sha256Hex(source).substr(0, 16);
+    std::string src(source);
+    for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
+      src.replace(at, 5, name);
+      at += name.size();
+    }
+    return Add(name, std::move(src));
+  }
+  devk::KernelSlot* DeclareGenerated(const compiler::GeneratedKernel& k) override {
+    return Add(k.entry, k.code);
+  }
+  devk::KernelSlot* LibraryKernel(std::string_view name) override {
+    library_.insert(std::string(name));
+    return Add(std::string(name), "");
+  }
+  bool Resolve(const void* p, void** mem, size_t* offset) const override {
+    *mem = const_cast<void*>(p);
+    *offset = 0;
+    return p != nullptr;
+  }
+  Status Upload(const backend::Buffer& dst, const void* src, size_t bytes) override {
+    std::memcpy(dst.data(), src, bytes);
+    return OkStatus();
+  }
+
+  std::vector<std::string> kernels;  // sources of generated and templated kernels
+  std::set<std::string> entries;     // every declared entry (library ones included)
+  std::set<std::string> library_;
+
+ private:
+  devk::KernelSlot* Add(const std::string& name, std::string source) {
+    if (entries.insert(name).second && !source.empty()) kernels.push_back(std::move(source));
+    slots_.push_back(std::make_unique<CollectSlot>(name));
+    return slots_.back().get();
+  }
+  std::vector<std::unique_ptr<CollectSlot>> slots_;
+};
+
+TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
+  StatusOr<const cuda::Nvrtc*> nvrtc = cuda::Nvrtc::Load();
+  if (!nvrtc.ok()) GTEST_SKIP() << "NVRTC not installed: " << nvrtc.status().message();
+  CompileOnlyHost host;
+  int cases = 0;
+  for (bool gradient : {false, true}) {
+    for (const harness::OpCase& c :
+         gradient ? harness::GradientCases(false) : harness::ForwardCases(false)) {
+      (void)harness::CompileCase(c, gradient, host);  // declares; errors are the harness' to find
+      ++cases;
+    }
+  }
+  ASSERT_GT(host.kernels.size(), 100u);
+  ASSERT_FALSE(host.library_.empty());
+  const std::string lib = ProgramSource(true, host.work_group(), {});
+  const std::string gen = ProgramSource(false, host.work_group(), host.kernels);
+  // H100 by default (~30 s); A100 too with KILN_HARNESS_FULL=1.
+  std::vector<std::string> archs = {"sm_90"};
+  if (const char* full = std::getenv("KILN_HARNESS_FULL"); full && std::string(full) == "1") {
+    archs.push_back("sm_80");
+  }
+  for (const std::string& arch : archs) {
+    StatusOr<std::string> lib_bin =
+        (*nvrtc)->CompileToCubin(lib, "kiln_lib.cu", arch, NvrtcOptions());
+    ASSERT_TRUE(lib_bin.ok()) << arch << ": " << lib_bin.status();
+    StatusOr<std::string> gen_bin =
+        (*nvrtc)->CompileToCubin(gen, "kiln_gen.cu", arch, NvrtcOptions());
+    ASSERT_TRUE(gen_bin.ok()) << arch << ": " << gen_bin.status();
+    // Every declared entry point is a symbol of its program's cubin (its ELF string table).
+    for (const std::string& e : host.entries) {
+      const std::string& bin = host.library_.count(e) ? *lib_bin : *gen_bin;
+      EXPECT_NE(bin.find(e + std::string(1, '\0')), std::string::npos) << e << " not in the cubin";
+    }
+  }
+  std::printf(
+      "NVRTC %s: %zu kernels of %d harness cases (+%zu library kernels) compiled for %zu "
+      "architecture(s)\n",
+      (*nvrtc)->version().c_str(), host.kernels.size(), cases, host.library_.size(), archs.size());
+}
+
+}  // namespace
+}  // namespace kiln::gpu

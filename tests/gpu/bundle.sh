@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Packs what tests/gpu/device_check.sh runs on a GPU machine into one archive: the GPU test
+# binaries, the `kiln` CLI and every shared library they load from this machine (not glibc,
+# not the GPU driver; NVRTC and cuBLAS come from the GPU machine's CUDA toolkit). The archive
+# travels with the working tree to a lent GPU machine (see docs/gpu.md).
+#
+#   tests/gpu/bundle.sh BUILD_DIR OUT_DIR      -> OUT_DIR/kiln-gpu-bundle.tar.xz
+set -euo pipefail
+build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
+out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
+bins=(backends/gpu/gpu_harness_test backends/device_interface_test bin/kiln)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib" "$out"
+for b in "${bins[@]}"; do
+  cp "$build/$b" "$stage/bin/"
+  ldd "$build/$b" | awk '/=> \//{print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libcuda.so*) ;;
+      *) cp -Ln "$lib" "$stage/lib/" ;;
+    esac
+  done
+done
+tar -C "$stage" -cf - bin lib | xz -T0 -6 > "$out/kiln-gpu-bundle.tar.xz"
+ls -la "$out/kiln-gpu-bundle.tar.xz"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU checks, run on a machine with an NVIDIA GPU from the repository root, with the
+# archive tests/gpu/bundle.sh made:
+#
+#   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR
+#
+# 1. the cuda backend's tests (op harness forward and gradient against `ref`, capture,
+#    allocator) and the device interface tests with cuda included;
+# 2. the tiny random Llama (tests/fixtures/models/llama_gqa_f32): greedy generation on cuda
+#    equals ref's, text for text;
+# 3. two LoRA steps of `kiln finetune --backend cuda` give the losses the cpu run gives
+#    (28.43, 30.77, as the kiln_finetune_tiny test pins).
+# Logs go to OUT_DIR; the last line says how many checks passed.
+set -uo pipefail
+bundle=${1:?usage: device_check.sh BUNDLE OUT_DIR}
+out=${2:?usage: device_check.sh BUNDLE OUT_DIR}
+mkdir -p "$out"
+root=$(mktemp -d)
+tar -C "$root" -xJf "$bundle" || exit 1
+# NVRTC and cuBLAS from the machine's CUDA toolkit (or its Python wheels).
+libdirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib /usr/local/lib \
+            \( -name 'libnvrtc.so.1[23]' -o -name 'libcublas.so.1[23]' \) -printf '%h\n' \
+            2>/dev/null | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="$root/lib:${libdirs}${LD_LIBRARY_PATH:-}"
+export KILN_CACHE_DIR="$root/cache"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$out/gpu.txt"
+pass=0
+fail=0
+check() {  # check NAME COMMAND...: runs, logs to OUT/NAME.log, counts
+  local name=$1
+  shift
+  local t0=$SECONDS
+  if "$@" > "$out/$name.log" 2>&1; then
+    pass=$((pass + 1))
+    echo "PASS $name ($((SECONDS - t0)) s)"
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name ($((SECONDS - t0)) s): $(grep -m3 -E 'Failure|error|FAIL|Error' "$out/$name.log" | head -3)"
+  fi
+}
+bin=$root/bin
+check gpu_harness_test timeout 240 "$bin/gpu_harness_test" --gtest_brief=0
+grep -E "cases passed|sm_|SKIPPED" "$out/gpu_harness_test.log" | head -20
+check gpu_tests_ran bash -c "! grep -q SKIPPED '$out/gpu_harness_test.log'"
+check device_interface_test timeout 120 "$bin/device_interface_test"
+model=tests/fixtures/models/llama_gqa_f32
+for be in ref cuda; do
+  check "generate_$be" timeout 60 bash -c "'$bin/kiln' generate --model $model --max-tokens 24 \
+    --prompt 'The quick brown fox' --backend $be > '$out/text_$be.txt'"
+done
+check generate_equal cmp "$out/text_ref.txt" "$out/text_cuda.txt"
+check finetune_cuda timeout 120 "$bin/kiln" finetune --backend cuda --model $model \
+  --train tests/fixtures/train/tiny_prompt_completion.jsonl --out "$root/ft" --steps 2 \
+  --batch-size 2 --seq-len 32
+check finetune_losses grep -qzE "loss 28\.43.*loss 30\.77.*adapter in" "$out/finetune_cuda.log"
+echo "device checks: $pass passed, $fail failed"
