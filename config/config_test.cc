@@ -640,11 +640,11 @@ TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
               ElementsAre("f.yaml:4:14: `models[0].builtin`: unknown built-in model `sleep`; "
                           "expected one of simple, identity_fp32, sleep_us (did you mean "
                           "`sleep_us`?)"));
-  EXPECT_THAT(Errors("models:\n" + Model("a", "    path: /models/a\n    backend: cuda\n")),
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    path: /models/a\n    backend: cdua\n")),
               ElementsAre("f.yaml:5:11: `models[0].path`: not used by kind `builtin` (it loads "
                           "no weights)",
-                          "f.yaml:6:14: `models[0].backend`: unknown backend `cuda`; expected "
-                          "one of cpu"));
+                          "f.yaml:6:14: `models[0].backend`: unknown backend `cdua`; expected "
+                          "one of cpu, cuda, xpu, ref (did you mean `cuda`?)"));
 }
 
 TEST(CrossFieldTest, InstanceCountAndMaxBatchSizeBounds) {

@@ -458,6 +458,7 @@ struct GemmData {
   bool blas = false;            // the host's BLAS has a GEMM for the dtype
   KernelSlot* small = nullptr;  // Linear: MT = 1 (decode); MatMul: the tiled kernel
   KernelSlot* large = nullptr;  // Linear: MT = 8
+  KernelSlot* cast = nullptr;   // Linear: converts the weight for a BLAS GEMM (copy_strided)
 };
 
 void MatMulFn(const LaunchArgs& a, const ExecCtx& c);
@@ -513,6 +514,39 @@ void MatMulFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(d.small, args, 3, global, local, 64);
 }
 
+// Linear with a weight of another dtype than the activations: the weight converted into the
+// queue's scratch (f32, [N, K] row-major), then the BLAS GEMM. False when the host has no
+// scratch or the BLAS declines (the templates run instead).
+bool LinearThroughCast(Queue& ex, const GemmData& d, const TensorArg& x, const TensorArg& w,
+                       const TensorArg& o, int64_t M) {
+  const KernelHost& dev = *ex.host;
+  const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
+  const int64_t sx = CollapsedStride(x, 0, x.rank - 1), so = CollapsedStride(o, 0, o.rank - 1);
+  const BlasMat am = AsBlas(M, K, sx, x.strides[x.rank - 1]);
+  const BlasMat cm = AsBlas(M, N, so, o.strides[o.rank - 1]);
+  if (sx < 0 || so < 0 || !am.ok || !cm.ok || cm.trans) return false;
+  void* scratch = ex.Scratch(static_cast<size_t>(DTypeBytes(o.dtype, N * K)));
+  if (scratch == nullptr) return false;
+  TensorArg wf;
+  wf.data = scratch;
+  wf.dtype = o.dtype;
+  wf.rank = 2;
+  wf.shape[0] = N;
+  wf.shape[1] = K;
+  wf.strides[0] = K;
+  wf.strides[1] = 1;
+  EnqueueCopy(ex, d.cast, wf, 0, w);
+  GemmCall call;
+  call.dtype = o.dtype;
+  call.m = static_cast<size_t>(M);
+  call.n = static_cast<size_t>(N);
+  call.k = static_cast<size_t>(K);
+  const BlasMat bm = AsBlas(K, N, 1, K);  // w^T: (K x N), strides (1, K)
+  return BlasOperand(dev, x.data, o.dtype, am, 0, &call.a) &&
+         BlasOperand(dev, scratch, o.dtype, bm, 0, &call.b) &&
+         BlasOperand(dev, o.data, o.dtype, cm, 0, &call.c) && ex.Gemm(call);
+}
+
 void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
   Queue& ex = QueueOf(c);
   const KernelHost& dev = *ex.host;
@@ -521,6 +555,9 @@ void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t K = x.shape[x.rank - 1], N = w.shape[0];
   const int64_t M = K > 0 ? x.numel() / K : RowElems(o, 0) / std::max<int64_t>(N, 1);
   if (M == 0 || N == 0) return;
+  if (d.cast != nullptr && M >= kCastGemmRows && K > 0 && LinearThroughCast(ex, d, x, w, o, M)) {
+    return;
+  }
   if (d.blas && K > 0) {
     const int64_t sx = CollapsedStride(x, 0, x.rank - 1), so = CollapsedStride(o, 0, o.rank - 1);
     const BlasMat am = AsBlas(M, K, sx, x.strides[x.rank - 1]);
@@ -1088,6 +1125,11 @@ StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& re
     case OpKind::kLinear: {
       auto d = std::make_shared<GemmData>();
       d->blas = in[0] == in[1] && in[0] == out && HasGemm(out);
+      // f16/bf16/quantized weights with f32 activations: converted for the GEMM at prefill.
+      if (in[0] == out && out == DType::kF32 && in[1] != out && HasGemm(out) &&
+          (in[1] == DType::kF16 || in[1] == DType::kBF16 || IsQuantized(in[1]))) {
+        d->cast = LibraryKernel("copy_strided");
+      }
       d->small = LinearTemplate(*this, in[0], in[1], out, 1);
       d->large = LinearTemplate(*this, in[0], in[1], out, 8);
       const std::string kname = d->blas

@@ -12,7 +12,10 @@
 //   library     dtype-generic data movement: contiguous, concat, gather, scatters, take_along,
 //               top_k, kv_write, rope, dim_value (cl/library.cl)
 //   BLAS        GEMM for MatMul and Linear with float operands of one dtype, where the host
-//               has one (CLBlast, cuBLAS) and the strides fit BLAS
+//               has one (CLBlast, cuBLAS) and the strides fit BLAS; Linear with f16, bf16 or
+//               block-quantized weights and at least kCastGemmRows rows (prefill, training)
+//               converts the weight into the queue's scratch first (exactly: the same values
+//               the templates dequantize in registers), where the host offers scratch
 //
 // A device implements KernelHost (what kernels need: declaring and building kernel sources,
 // resolving device addresses, a BLAS GEMM) and hands its Stream's Queue to kernels as
@@ -136,7 +139,18 @@ class Queue {
     (void)call;
     return false;
   }
+  // The device address of at least `bytes` of scratch memory for temporaries between launches
+  // (a weight converted for a BLAS GEMM). Work enqueued on this queue may use it until the next
+  // Scratch call: the stream runs in order. Null when the host offers none (the caller takes
+  // another path) or cannot allocate.
+  virtual void* Scratch(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
 };
+
+// Rows of a Linear from which converting the weight for a BLAS GEMM beats the templates.
+inline constexpr int64_t kCastGemmRows = 32;
 
 inline Queue& QueueOf(const ExecCtx& c) { return *static_cast<Queue*>(c.native_stream); }
 

@@ -282,12 +282,24 @@ class GpuQueue final : public devk::Queue {
     return false;
   }
 
+  // Grow-only: a buffer stays alive until the stream goes (work in flight or captured in a
+  // graph may still use it).
+  void* Scratch(size_t bytes) override {
+    if (!scratch_.empty() && scratch_.back()->size() >= bytes) return scratch_.back()->data();
+    const size_t grow = scratch_.empty() ? bytes : std::max(bytes, 2 * scratch_.back()->size());
+    StatusOr<std::unique_ptr<backend::Buffer>> b = dev_->Allocate(grow);
+    if (!b.ok()) return nullptr;
+    scratch_.push_back(*std::move(b));
+    return scratch_.back()->data();
+  }
+
   void set_blas(BlasHandle* b) { blas_ = b; }
 
  private:
   GpuDevice* dev_;
   cudaStream_t stream_;
   BlasHandle* blas_ = nullptr;
+  std::vector<std::unique_ptr<backend::Buffer>> scratch_;
 };
 
 class GpuEvent final : public backend::Event {

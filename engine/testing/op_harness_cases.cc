@@ -520,6 +520,14 @@ void AddLinear(std::vector<OpCase>& out, bool full) {
                        {Normal("x", DType::kF32, {3, 64}), AsWeight(Normal("w", w, {5, 64}, 0.5))},
                        [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
   }
+  // Prefill-sized: devices with a BLAS convert such weights for a GEMM from 32 rows on
+  // (backends/common/device_kernels.h).
+  for (DType w : {DType::kF16, DType::kBF16, DType::kQ4_1, DType::kQ8_0}) {
+    out.push_back(
+        Make("linear", absl::StrCat("f32 x [40,64], ", DTypeName(w), " w [24,64]"),
+             {Normal("x", DType::kF32, {40, 64}), AsWeight(Normal("w", w, {24, 64}, 0.5))},
+             [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  }
   for (DType w : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     out.push_back(Make("linear", absl::StrCat("f32 x [2,256], ", DTypeName(w), " w [3,256]"),
                        {Normal("x", DType::kF32, {2, 256}), Blocks("w", w, {3, 256})},

@@ -2,7 +2,10 @@
 # The GPU checks, run on a machine with an NVIDIA GPU from the repository root, with the
 # archive tests/gpu/bundle.sh made:
 #
-#   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR
+#   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR [bench]
+#
+# With `bench`, runs tests/bench/gpu_decode_bench.py (kiln against PyTorch on the same GPU)
+# instead of the checks.
 #
 # 1. the cuda backend's tests (op harness forward and gradient against `ref`, capture,
 #    allocator) and the device interface tests with cuda included;
@@ -25,6 +28,12 @@ export LD_LIBRARY_PATH="$root/lib:${libdirs}${LD_LIBRARY_PATH:-}"
 export KILN_CACHE_DIR="$root/cache"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$out/gpu.txt"
+bin=$root/bin
+if [ "${3:-}" = bench ]; then
+  python3 tests/bench/gpu_decode_bench.py --kiln "$bin/kiln" --rounds "${ROUNDS:-3}" 2>&1 |
+    grep -v -E "Writing model shards|Loading weights" | tee "$out/bench.txt"
+  exit "${PIPESTATUS[0]}"
+fi
 pass=0
 fail=0
 check() {  # check NAME COMMAND...: runs, logs to OUT/NAME.log, counts
@@ -39,7 +48,6 @@ check() {  # check NAME COMMAND...: runs, logs to OUT/NAME.log, counts
     echo "FAIL $name ($((SECONDS - t0)) s): $(grep -m3 -E 'Failure|error|FAIL|Error' "$out/$name.log" | head -3)"
   fi
 }
-bin=$root/bin
 check gpu_harness_test timeout 240 "$bin/gpu_harness_test" --gtest_brief=0
 grep -E "cases passed|sm_|SKIPPED" "$out/gpu_harness_test.log" | head -20
 check gpu_tests_ran bash -c "! grep -q SKIPPED '$out/gpu_harness_test.log'"
