@@ -12,7 +12,9 @@
 # 2. the tiny random Llama (tests/fixtures/models/llama_gqa_f32): greedy generation on cuda
 #    equals ref's, text for text;
 # 3. two LoRA steps of `kiln finetune --backend cuda` give the losses the cpu run gives
-#    (28.43, 30.77, as the kiln_finetune_tiny test pins).
+#    (28.43, 30.77, as the kiln_finetune_tiny test pins);
+# 4. kilnd serving a SmolLM2-shaped model (f16 and f32) with `backend: cuda` answers what
+#    `kiln generate --backend ref` (exact arithmetic) continues (tests/gpu/serve_check.py).
 # Logs go to OUT_DIR; the last line says how many checks passed.
 set -uo pipefail
 bundle=${1:?usage: device_check.sh BUNDLE OUT_DIR}
@@ -62,4 +64,6 @@ check finetune_cuda timeout 120 "$bin/kiln" finetune --backend cuda --model $mod
   --train tests/fixtures/train/tiny_prompt_completion.jsonl --out "$root/ft" --steps 2 \
   --batch-size 2 --seq-len 32
 check finetune_losses grep -qzE "loss 28\.43.*loss 30\.77.*adapter in" "$out/finetune_cuda.log"
+check serve_cuda timeout 420 python3 tests/gpu/serve_check.py --kilnd "$bin/kilnd" --kiln "$bin/kiln"
+grep -E "^(OK|DIFF)|serve_check" "$out/serve_cuda.log"
 echo "device checks: $pass passed, $fail failed"
