@@ -7,10 +7,8 @@
 // KILN_GPU_HARNESS_OP=<op> limits the harness to one op (debugging).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <set>
 
 #include "backends/builtin.h"
 #include "backends/gpu/gpu_device.h"
@@ -55,50 +53,19 @@ const auto* const kTeardown = ::testing::AddGlobalTestEnvironment(new Teardown()
 void RunCases(bool gradient) {
   REQUIRE_GPU();
   Devices& d = Get();
-  const std::vector<harness::OpCase> cases =
-      gradient ? harness::GradientCases(false) : harness::ForwardCases(false);
-  const char* only_env = std::getenv("KILN_GPU_HARNESS_OP");
-  const std::string only = only_env ? only_env : "";
+  const char* only = std::getenv("KILN_GPU_HARNESS_OP");
   for (int i = 0; i < d.cuda->device_count(); ++i) {
     auto* dev = static_cast<GpuDevice*>(d.cuda->device(i));
     std::printf("%s: %s\n", std::string(dev->name()).c_str(), dev->info().Describe().c_str());
-    const auto t0 = std::chrono::steady_clock::now();
-    for (const harness::OpCase& c : cases) {
-      if (!only.empty() && c.op != only) continue;
-      (void)harness::CompileCase(c, gradient, *dev);  // only declares kernels
-    }
-    const Status built = dev->BuildPending();
-    ASSERT_TRUE(built.ok()) << built;
-    const auto t1 = std::chrono::steady_clock::now();
-    int ran = 0, passed = 0;
-    std::set<std::string> ops, failed_ops;
-    for (const harness::OpCase& c : cases) {
-      if (!only.empty() && c.op != only) continue;
-      const harness::Result r = gradient ? harness::RunGradient(c, *d.ref->device(0), *dev)
-                                         : harness::RunForward(c, *d.ref->device(0), *dev);
-      ++ran;
-      ops.insert(c.op);
-      if (r.outcome == harness::Result::Outcome::kPass) {
-        ++passed;
-      } else {
-        failed_ops.insert(c.op);
-      }
-      EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
-          << dev->name() << ": " << c.name << ": " << r.message;
-    }
-    const auto t2 = std::chrono::steady_clock::now();
+    const harness::SuiteResult r = harness::RunBatchBuilt(
+        gradient, *d.ref->device(0), *dev, [&] { return dev->BuildPending(); }, only ? only : "");
+    ASSERT_TRUE(r.build.ok()) << r.build;
+    for (const std::string& f : r.failures) ADD_FAILURE() << dev->name() << ": " << f;
     const GpuDevice::BuildStats st = dev->build_stats();
-    std::string failed;
-    for (const std::string& op : failed_ops) failed += " " + op;
-    std::printf(
-        "%s %s: %d/%d cases passed over %zu ops (failing ops:%s); declare+build %.1f s, run "
-        "%.1f s; programs: %d built, %d from the cache (%.1f s building)\n",
-        std::string(dev->name()).c_str(), gradient ? "gradient" : "forward", passed, ran,
-        ops.size(), failed.empty() ? " none" : failed.c_str(),
-        std::chrono::duration<double>(t1 - t0).count(),
-        std::chrono::duration<double>(t2 - t1).count(), st.programs_built, st.programs_from_cache,
-        st.build_seconds);
-    EXPECT_GT(ran, 0);
+    std::printf("%s %s: %s; programs: %d built, %d from the cache (%.1f s building)\n",
+                std::string(dev->name()).c_str(), gradient ? "gradient" : "forward",
+                r.Summary().c_str(), st.programs_built, st.programs_from_cache, st.build_seconds);
+    EXPECT_GT(r.ran, 0);
   }
 }
 

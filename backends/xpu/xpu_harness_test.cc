@@ -7,9 +7,7 @@
 // to one op (debugging).
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cstdlib>
-#include <set>
 
 #include "backends/builtin.h"
 #include "backends/xpu/xpu_device.h"
@@ -55,42 +53,18 @@ std::string OnlyOp() {
 void RunCases(bool gradient) {
   Devices& d = Get();
   if (!d.xpu) GTEST_SKIP() << "no OpenCL device: " << d.why_none;
-  const std::vector<harness::OpCase> cases =
-      gradient ? harness::GradientCases(false) : harness::ForwardCases(false);
-  const std::string only = OnlyOp();
   for (int i = 0; i < d.xpu->device_count(); ++i) {
     auto* dev = static_cast<XpuDevice*>(d.xpu->device(i));
-    const auto t0 = std::chrono::steady_clock::now();
-    // Declare every case's kernels, then build them together.
-    for (const harness::OpCase& c : cases) {
-      if (!only.empty() && c.op != only) continue;
-      (void)harness::CompileCase(c, gradient, *dev);  // only declares kernels; the run below checks
-    }
-    const Status built = dev->BuildPending();
-    ASSERT_TRUE(built.ok()) << built;
-    const auto t1 = std::chrono::steady_clock::now();
-    int ran = 0, passed = 0;
-    std::set<std::string> ops;
-    for (const harness::OpCase& c : cases) {
-      if (!only.empty() && c.op != only) continue;
-      const harness::Result r = gradient ? harness::RunGradient(c, *d.ref->device(0), *dev)
-                                         : harness::RunForward(c, *d.ref->device(0), *dev);
-      ++ran;
-      ops.insert(c.op);
-      if (r.outcome == harness::Result::Outcome::kPass) ++passed;
-      EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
-          << dev->name() << ": " << c.name << ": " << r.message;
-    }
-    const auto t2 = std::chrono::steady_clock::now();
+    const harness::SuiteResult r = harness::RunBatchBuilt(
+        gradient, *d.ref->device(0), *dev, [&] { return dev->BuildPending(); }, OnlyOp());
+    ASSERT_TRUE(r.build.ok()) << r.build;
+    for (const std::string& f : r.failures) ADD_FAILURE() << dev->name() << ": " << f;
     const XpuDevice::Stats st = dev->stats();
-    std::printf(
-        "%s %s: %d/%d cases passed over %zu ops; compile+build %.1f s, run %.1f s; programs: "
-        "%d built, %d from the cache (%.1f s building)\n",
-        std::string(dev->name()).c_str(), gradient ? "gradient" : "forward", passed, ran,
-        ops.size(), std::chrono::duration<double>(t1 - t0).count(),
-        std::chrono::duration<double>(t2 - t1).count(), st.programs_built_from_source,
-        st.programs_loaded_from_cache, st.build_seconds);
-    EXPECT_GT(ran, 0);
+    std::printf("%s %s: %s; programs: %d built, %d from the cache (%.1f s building)\n",
+                std::string(dev->name()).c_str(), gradient ? "gradient" : "forward",
+                r.Summary().c_str(), st.programs_built_from_source, st.programs_loaded_from_cache,
+                st.build_seconds);
+    EXPECT_GT(r.ran, 0);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -546,6 +547,47 @@ StatusOr<std::unique_ptr<Program>> CompileCase(const OpCase& c, bool gradient,
   KILN_RETURN_IF_ERROR(b.status());
   KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, Gradients(b, loss, wrt));
   return Compile(g, grads, dev);
+}
+
+std::string SuiteResult::Summary() const {
+  std::string failed;
+  for (const std::string& op : failed_ops) absl::StrAppend(&failed, " ", op);
+  return absl::StrFormat(
+      "%d/%d cases passed over %zu ops (failing ops:%s); declare+build %.1f s, run %.1f s", passed,
+      ran, ops.size(), failed.empty() ? " none" : failed, build_seconds, run_seconds);
+}
+
+SuiteResult RunBatchBuilt(bool gradient, backend::Device& ref, backend::Device& dev,
+                          const std::function<Status()>& build, const std::string& only_op) {
+  using Clock = std::chrono::steady_clock;
+  SuiteResult r;
+  const std::vector<OpCase> cases = gradient ? GradientCases(false) : ForwardCases(false);
+  const auto t0 = Clock::now();
+  for (const OpCase& c : cases) {
+    if (!only_op.empty() && c.op != only_op) continue;
+    (void)CompileCase(c, gradient, dev);  // only declares kernels; the runs below check
+  }
+  r.build = build();
+  const auto t1 = Clock::now();
+  r.build_seconds = std::chrono::duration<double>(t1 - t0).count();
+  if (!r.build.ok()) return r;
+  std::set<std::string> ops, failed;
+  for (const OpCase& c : cases) {
+    if (!only_op.empty() && c.op != only_op) continue;
+    const Result res = gradient ? RunGradient(c, ref, dev) : RunForward(c, ref, dev);
+    ++r.ran;
+    ops.insert(c.op);
+    if (res.outcome == Result::Outcome::kPass) {
+      ++r.passed;
+    } else {
+      failed.insert(c.op);
+      r.failures.push_back(absl::StrCat(c.name, ": ", res.message));
+    }
+  }
+  r.run_seconds = std::chrono::duration<double>(Clock::now() - t1).count();
+  r.ops.assign(ops.begin(), ops.end());
+  r.failed_ops.assign(failed.begin(), failed.end());
+  return r;
 }
 
 StatusOr<double> LaunchOverheadNs(backend::Device& dev, int launches, int iterations) {

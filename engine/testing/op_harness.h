@@ -93,6 +93,22 @@ Result RunPerf(const OpCase& c, backend::Device& dev, int iterations);
 // case's kernels this way first.
 StatusOr<std::unique_ptr<Program>> CompileCase(const OpCase& c, bool gradient,
                                                backend::Device& dev);
+// Every forward (or gradient) case on a device that builds kernels in batches: declares every
+// case's kernels (CompileCase), calls `build` once (the device's batch build), then runs and
+// compares each case against `ref`. `only_op` (non-empty) limits the run to one op. Cases that
+// do not pass are listed in `failures` ("<case>: <message>"); unsupported counts as failing.
+struct SuiteResult {
+  Status build;  // what `build` returned; nothing ran when it failed
+  int ran = 0, passed = 0;
+  std::vector<std::string> ops;         // distinct ops run
+  std::vector<std::string> failed_ops;  // distinct ops with a case that did not pass
+  std::vector<std::string> failures;
+  double build_seconds = 0, run_seconds = 0;
+  std::string Summary() const;  // "393/393 cases passed over 68 ops (failing ops: none); ..."
+};
+SuiteResult RunBatchBuilt(bool gradient, backend::Device& ref, backend::Device& dev,
+                          const std::function<Status()>& build, const std::string& only_op = "");
+
 // Executor overhead: nanoseconds per launch for a program of `launches` tiny launches.
 StatusOr<double> LaunchOverheadNs(backend::Device& dev, int launches, int iterations);
 
