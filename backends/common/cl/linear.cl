@@ -12,8 +12,9 @@
 
 #ifdef LINEAR
 // out[m, n] = sum_k x[m, k] * w[n, k]: dequantize-in-register dot products. A work-group
-// computes NR weight rows for MT rows of x; its work-items split K in 32-element chunks and
-// combine their partial sums in local memory. Weights are read once per MT rows of x.
+// computes NR weight rows for MT rows of x; its work-items split K (in 32-element blocks for
+// block types, element by element otherwise) and combine their partial sums in local memory.
+// Weights are read once per MT rows of x.
 // Meta: x TD (0), w off/stride_n/stride_k (18..20), out TD (21), M, N, K (39..41).
 #define NR 4
 __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
@@ -32,17 +33,14 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
   ACC acc[MT][NR];
   for (int i = 0; i < MT; ++i)
     for (int r = 0; r < NR; ++r) acc[i][r] = 0;
+#ifdef WDEQ32
+  // Block weights: each work-item dequantizes whole 32-element blocks.
   for (long k0 = (long)lid * 32; k0 < K; k0 += (long)KILN_WG * 32) {
     for (int r = 0; r < NR; ++r) {
       const long n = n0 + r;
       if (n >= N) break;
-#ifdef WDEQ32
       float wv[32];
       WDEQ32(wv, pw, n * wsn + k0);
-#else
-      ACC wv[32];
-      for (int j = 0; j < 32; ++j) wv[j] = k0 + j < K ? WLD(pw, n * wsn + (k0 + j) * wsk) : (ACC)0;
-#endif
       for (int i = 0; i < MT; ++i) {
         if (m0 + i >= M) break;
         ACC s = 0;
@@ -55,6 +53,22 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
       }
     }
   }
+#else
+  // Element weights (f16, bf16, f32, K-quants): work-items take elements KILN_WG apart, so
+  // neighbours read neighbouring weights (coalesced on GPUs) and every work-item has work
+  // however small K is.
+  for (long k = lid; k < K; k += KILN_WG) {
+    for (int r = 0; r < NR; ++r) {
+      const long n = n0 + r;
+      if (n >= N) break;
+      const ACC wv = WLD(pw, n * wsn + k * wsk);
+      for (int i = 0; i < MT; ++i) {
+        if (m0 + i >= M) break;
+        acc[i][r] += XLD(px, xrow[i] + k * xsk) * wv;
+      }
+    }
+  }
+#endif
   __local ACC red[KILN_WG];
   for (int i = 0; i < MT; ++i) {
     for (int r = 0; r < NR; ++r) {
