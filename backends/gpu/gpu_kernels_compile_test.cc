@@ -1,9 +1,9 @@
 // Every kernel the cuda backend would build for the op harness' cases — forward and gradient:
 // the kernel library, the templates (linear, matmul, attention, training, sampling) and the
-// generated kernels — compiles with NVRTC for sm_90 (H100; sm_80 too with KILN_HARNESS_FULL=1),
-// through the same
-// program sources GpuDevice builds (gpu::ProgramSource). No GPU needed: a compile-only
-// KernelHost collects what the device layer declares. Skipped (not passed) without NVRTC.
+// generated kernels — and for SmolLM2's fused step program (Q4_1 and f16 weights) compiles with
+// NVRTC for sm_90 (H100; sm_80 too with KILN_HARNESS_FULL=1), through the same program sources
+// GpuDevice builds (gpu::ProgramSource). No GPU needed: a compile-only KernelHost collects what the
+// device layer declares. Skipped (not passed) without NVRTC.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,7 +13,9 @@
 #include "backends/builtin.h"
 #include "backends/cuda/nvrtc.h"
 #include "backends/gpu/gpu_device.h"
+#include "engine/compiler/compile.h"
 #include "engine/compiler/hash.h"
+#include "engine/compiler/testing/llama_graph.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::gpu {
@@ -24,8 +26,9 @@ class CollectSlot final : public devk::KernelSlot {
   explicit CollectSlot(std::string name) { name_ = std::move(name); }
 };
 
-// Declares like GpuDevice (same names, same sources, same dialect) and keeps the sources.
-class CompileOnlyHost final : public devk::KernelHost {
+// Declares like GpuDevice (same names, same sources, same dialect, same fusion) and keeps the
+// sources.
+class CompileOnlyHost final : public devk::KernelHost, public compiler::Target {
  public:
   CompileOnlyHost() { codegen_.work_group_size = 256; }
   std::string_view name() const override { return "cuda-compile:0"; }
@@ -68,6 +71,14 @@ class CompileOnlyHost final : public devk::KernelHost {
     std::memcpy(dst.data(), src, bytes);
     return OkStatus();
   }
+  void* GetExtension(std::string_view name) override {
+    return name == compiler::kTargetExtension ? static_cast<compiler::Target*>(this) : nullptr;
+  }
+  compiler::FusionCaps caps() const override { return devk::DeviceFusionCaps(max_param_bytes()); }
+  Status Prepare(std::span<const backend::KernelRequest> requests) override {
+    return devk::DeclareKernels(*this, requests);
+  }
+  compiler::CompileCounters counters() const override { return {}; }
 
   std::vector<std::string> kernels;  // sources of generated and templated kernels
   std::set<std::string> entries;     // every declared entry (library ones included)
@@ -94,7 +105,27 @@ TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
       ++cases;
     }
   }
-  ASSERT_GT(host.kernels.size(), 100u);
+  const size_t harness_kernels = host.kernels.size();
+  // SmolLM2-135M's step program as serving compiles it (fused; 2 layers compile the kernels of
+  // 30), with Q4_1 (the default GGUF) and f16 weights.
+  for (DType w : {DType::kQ4_1, DType::kF16}) {
+    compiler::testing::LlamaConfig c;
+    c.layers = 2;
+    c.dim = 576;
+    c.heads = 9;
+    c.kv_heads = 3;
+    c.head_dim = 64;
+    c.ffn = 1536;
+    c.vocab = 49152;
+    c.weight_dtype = w;
+    StatusOr<compiler::testing::LlamaGraph> g = compiler::testing::BuildLlama(c);
+    ASSERT_TRUE(g.ok()) << g.status();
+    StatusOr<std::unique_ptr<Program>> p = compiler::Compile(g->graph, {g->logits}, host);
+    ASSERT_TRUE(p.ok()) << DTypeName(w) << ": " << p.status();
+  }
+  ASSERT_GT(harness_kernels, 100u);
+  EXPECT_GT(host.kernels.size(), harness_kernels)
+      << "the step program has fused kernels of its own";
   ASSERT_FALSE(host.library_.empty());
   const std::string lib = ProgramSource(true, host.work_group(), {});
   const std::string gen = ProgramSource(false, host.work_group(), host.kernels);
@@ -117,9 +148,10 @@ TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
     }
   }
   std::printf(
-      "NVRTC %s: %zu kernels of %d harness cases (+%zu library kernels) compiled for %zu "
-      "architecture(s)\n",
-      (*nvrtc)->version().c_str(), host.kernels.size(), cases, host.library_.size(), archs.size());
+      "NVRTC %s: %zu kernels of %d harness cases, %zu more of SmolLM2's step program (+%zu "
+      "library kernels) compiled for %zu architecture(s)\n",
+      (*nvrtc)->version().c_str(), harness_kernels, cases, host.kernels.size() - harness_kernels,
+      host.library_.size(), archs.size());
 }
 
 }  // namespace
