@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "config/config.h"
+#include "proto/grpc/health/v1/health.pb.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "server/finetune/finetune_grpc.h"
 #include "server/grpc_auth.h"
@@ -604,6 +605,11 @@ Status GrpcFrontEnd::Start(const tls::Pem* tls) {
     credentials = grpc::experimental::TlsServerCredentials(options);
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC 1.51's default health service carries no C++ descriptor: reflection would list
+  // grpc.health.v1.Health but answer "not found" for its file, and grpcurl could not call it.
+  // Touching our compiled health.proto links it in, so its descriptor is in the generated pool
+  // that reflection serves from.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, a second process could bind the same port and silently share traffic.

@@ -5,8 +5,11 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
@@ -166,6 +169,34 @@ def test_server_reflection_lists_services(kilnd):
         list_services="")]))
     names = {s.name for r in responses for s in r.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+def test_reflection_describes_every_service_it_lists_health_included(kilnd):
+    """What grpcurl does: resolve each listed service's file through reflection, then call
+    grpc.health.v1.Health/Check with messages built only from those descriptors (regression:
+    the health service was listed, but reflection could not return its file)."""
+    ch = grpc.insecure_channel(kilnd.grpc_url)
+    db = ProtoReflectionDescriptorDatabase(ch)
+    pool = descriptor_pool.DescriptorPool(db)
+    services = db.get_services()
+    assert {"inference.GRPCInferenceService", "kiln.v1.Generation",
+            "grpc.health.v1.Health"} <= set(services)
+    for name in services:
+        assert pool.FindServiceByName(name).methods, name
+    check = pool.FindServiceByName("grpc.health.v1.Health").methods_by_name["Check"]
+    assert check.containing_service.file.name == "grpc/health/v1/health.proto"
+    request_type = message_factory.GetMessageClass(check.input_type)
+    response_type = message_factory.GetMessageClass(check.output_type)
+    call = ch.unary_unary("/grpc.health.v1.Health/Check",
+                          request_serializer=request_type.SerializeToString,
+                          response_deserializer=response_type.FromString)
+    status_enum = check.output_type.fields_by_name["status"].enum_type
+    for service in ["", "simple"]:
+        r = call(request_type(service=service))
+        assert status_enum.values_by_number[r.status].name == "SERVING", service
+    with pytest.raises(grpc.RpcError) as e:
+        call(request_type(service="no_such_model"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_statistics_count_inferences(kilnd):
