@@ -70,6 +70,15 @@ Status ModelRepository::LoadStartupModels() {
   return OkStatus();
 }
 
+void ModelRepository::AwaitIdleLocked(std::string_view name, const Entry& e,
+                                      std::string_view what) {
+  if (e.operation == Operation::kNone) return;
+  spdlog::info("model '{}': {} waits for the {} under way", name, what,
+               e.operation == Operation::kLoad ? "load" : "unload");
+  auto idle = [&e] { return e.operation == Operation::kNone; };
+  mu_.Await(absl::Condition(&idle));
+}
+
 Status ModelRepository::Load(std::string_view name,
                              std::optional<config::ModelConfig> inline_config) {
   config::ModelConfig cfg;
@@ -83,11 +92,18 @@ Status ModelRepository::Load(std::string_view name,
     if (it == entries_.end()) {
       it = entries_.emplace(std::string(name), Entry{}).first;
     }
-    Entry& e = it->second;
-    if (e.state == ModelState::kLoading || e.state == ModelState::kUnloading) {
-      return FailedPrecondition("model '", ToAbsl(name), "' is ", ModelStateName(e.state),
-                                "; try again when it is done");
+    Entry& e = it->second;  // entries are never erased: the reference outlives the waits
+    if (e.operation == Operation::kLoad && !inline_config) {
+      // The same load is already under way (start-up's, or another client's): it loads the
+      // configuration this one would, so its outcome is this one's.
+      spdlog::info("model '{}': a load request joins the load under way", name);
+      const uint64_t joined = e.loads_finished + 1;
+      auto finished = [&e, joined] { return e.loads_finished >= joined; };
+      mu_.Await(absl::Condition(&finished));
+      return e.last_load;
     }
+    AwaitIdleLocked(name, e, "a load request");
+    e.operation = Operation::kLoad;
     if (inline_config) {
       e.config = std::move(*inline_config);
       e.config.name = std::string(name);
@@ -114,6 +130,9 @@ Status ModelRepository::Load(std::string_view name,
       e.state = ModelState::kReady;
       e.reason.clear();
     }
+    e.last_load = loaded.status();
+    ++e.loads_finished;
+    e.operation = Operation::kNone;  // wakes the loads and unloads waiting for this one
   }
   if (!loaded.ok()) {
     spdlog::error("model '{}' failed to load: {}", name, StatusMessage(loaded.status()));
@@ -140,15 +159,13 @@ Status ModelRepository::Unload(std::string_view name, SteadyClock::time_point de
       return NotFound("no model named '", ToAbsl(name), "'");
     }
     Entry& e = it->second;
-    if (e.state == ModelState::kLoading || e.state == ModelState::kUnloading) {
-      return FailedPrecondition("model '", ToAbsl(name), "' is ", ModelStateName(e.state),
-                                "; try again when it is done");
-    }
+    AwaitIdleLocked(name, e, "an unload request");
     if (!e.model) {
       return OkStatus();  // already unloaded: unloading is idempotent, as in Triton
     }
     model = std::move(e.model);
     e.state = ModelState::kUnloading;
+    e.operation = Operation::kUnload;
   }
   Notify(std::string(name), ModelState::kUnloading);
   const int cut = model->Drain(deadline);
@@ -157,6 +174,7 @@ Status ModelRepository::Unload(std::string_view name, SteadyClock::time_point de
     Entry& e = entries_.find(name)->second;
     e.state = ModelState::kUnavailable;
     e.reason = "unloaded";
+    e.operation = Operation::kNone;
   }
   spdlog::info("model '{}' unloaded{}", name,
                cut > 0 ? fmt::format(" ({} request(s) cut off)", cut) : std::string());
