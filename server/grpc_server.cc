@@ -333,7 +333,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return FinishNow(ctx, model.status());
     }
-    resp->set_ready(model.ok() && core_->ready());
+    resp->set_ready(core_->model_ready(model.ok()));
     return FinishNow(ctx, OkStatus());
   }
 

@@ -271,7 +271,7 @@ class KServeHttpHandler {
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return SendError(r, model.status());
     }
-    const bool ready = model.ok() && core_->ready();
+    const bool ready = core_->model_ready(model.ok());
     SendJson(r, ready ? 200 : 503, json{{"name", name}, {"ready", ready}});
   }
 

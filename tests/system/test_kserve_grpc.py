@@ -1,9 +1,13 @@
 """KServe v2 over gRPC with the stock Triton client, grpcio health checks and reflection."""
+import errno
+import os
 import queue
+import threading
 
 import grpc
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
 from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -12,6 +16,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from conftest import wait_for
 
 
 def simple_inputs(a, b, binary=True):
@@ -161,6 +167,80 @@ def test_load_with_inline_config_adds_a_model(kilnd):
     assert c.get_model_config("simple_b4").config.max_batch_size == 4
     with pytest.raises(InferenceServerException, match="unknown key"):
         c.load_model("broken", config='{"kind": "builtin", "max_batch": 4}')
+
+
+def test_models_are_served_during_startup_and_load_waits_for_the_startup_load(start_kilnd,
+                                                                              tmp_path):
+    """Triton's contract: a model is ready as soon as it is loaded, and a load returns once the
+    model is READY or failed (regression: during start-up ModelReady said false after a
+    successful load, and a load of the model start-up was loading failed with "try again").
+    Start-up is held on `slow`, whose weights are a FIFO that nothing writes yet."""
+    fifo = tmp_path / "slow.gguf"
+    os.mkfifo(fifo)
+    k = start_kilnd(f"""
+models:
+  - {{name: simple, kind: builtin, builtin: simple, max_batch_size: 8}}
+  - {{name: slow, kind: llm, path: {fifo}}}
+""", wait=False)
+    k.expected_exit = 1  # `slow` fails to load, so start-up fails
+    base = k.base
+
+    def state(name):
+        try:
+            index = requests.post(f"{base}/v2/repository/index", timeout=2).json()
+        except requests.RequestException:
+            return None
+        return {m["name"]: m["state"] for m in index}.get(name)
+
+    wait_for(lambda: state("slow") == "LOADING", "start-up to be loading `slow`")
+    c = grpcclient.InferenceServerClient(k.grpc_url)
+    r = requests.get(f"{base}/v2/health/ready", timeout=2)
+    assert (r.status_code, r.json()) == (503, {"ready": False})
+    assert not c.is_server_ready()
+    # `simple` was loaded first: it is ready and serves while start-up goes on.
+    assert c.is_model_ready("simple")
+    r = requests.get(f"{base}/v2/models/simple/ready", timeout=2)
+    assert (r.status_code, r.json()) == (200, {"name": "simple", "ready": True})
+    a = np.ones((1, 16), np.int32)
+    np.testing.assert_array_equal(c.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+    # A load (here over HTTP) returns with the model ready.
+    assert requests.post(f"{base}/v2/repository/models/simple/load", timeout=30).status_code == 200
+    assert c.is_model_ready("simple")
+
+    # A load of `slow` joins start-up's load of it and waits for its outcome.
+    outcome = {}
+
+    def load_slow():
+        try:
+            grpcclient.InferenceServerClient(k.grpc_url).load_model("slow")
+            outcome["error"] = None
+        except InferenceServerException as e:
+            outcome["error"] = e
+
+    loader = threading.Thread(target=load_slow)
+    loader.start()
+    wait_for(lambda: "model 'slow': a load request joins the load under way" in k.output(),
+             "the load of `slow` to join start-up's")
+    assert loader.is_alive(), "the load returned while `slow` was still loading"
+    assert state("slow") == "LOADING"
+
+    # Let start-up's load go on: an empty FIFO is no GGUF file, so it fails.
+    def open_writer():
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until kilnd reads
+            return True
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            return False
+
+    wait_for(open_writer, "kilnd to open the FIFO")
+    loader.join(timeout=30)
+    assert not loader.is_alive()
+    assert outcome["error"] is not None, "the load of `slow` succeeded"
+    assert "is neither a GGUF file" in outcome["error"].message(), outcome["error"]
+    assert k.proc.wait(timeout=60) == 1
+    assert "start-up failed" in k.output()
 
 
 def test_server_reflection_lists_services(kilnd):
