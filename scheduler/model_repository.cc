@@ -81,7 +81,7 @@ void ModelRepository::AwaitIdleLocked(std::string_view name, const Entry& e,
 
 Status ModelRepository::Load(std::string_view name,
                              std::optional<config::ModelConfig> inline_config) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg, previous;
   std::shared_ptr<Model> old;
   {
     absl::MutexLock lock(&mu_);
@@ -104,6 +104,7 @@ Status ModelRepository::Load(std::string_view name,
     }
     AwaitIdleLocked(name, e, "a load request");
     e.operation = Operation::kLoad;
+    previous = e.config;
     if (inline_config) {
       e.config = std::move(*inline_config);
       e.config.name = std::string(name);
@@ -124,6 +125,8 @@ Status ModelRepository::Load(std::string_view name,
       if (!old) {
         e.state = ModelState::kUnavailable;
         e.reason = std::string(StatusMessage(loaded.status()));
+      } else {
+        e.config = std::move(previous);  // the entry describes the model still served
       }
     } else {
       e.model = *loaded;
@@ -212,6 +215,13 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::GetReady(std::string_view name
   StatusOr<std::shared_ptr<Model>> base = GetReady(a->base_model, version);
   if (base.ok()) *adapter = a->name;
   return base;
+}
+
+std::optional<config::ModelConfig> ModelRepository::CurrentConfig(std::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.config;
 }
 
 std::vector<ModelIndexEntry> ModelRepository::Index(bool ready_only, bool with_adapters) const {

@@ -55,7 +55,8 @@ class ModelRepository {
 
   // Loads a configured model by name, or (re)loads it with `inline_config` replacing its
   // configuration — which may also add a model not in the configuration file. A READY model
-  // is reloaded: the new one serves new requests, the old one drains in the background.
+  // is reloaded: the new one serves new requests, the old one drains in the background; if
+  // the reload fails, the old one keeps serving with its configuration (CurrentConfig).
   // Returns once the model is READY (OK) or failed to load (the reason).
   // While a load of the same model is under way (start-up's, or another client's), a load
   // without `inline_config` waits for it and returns its outcome instead of loading again;
@@ -77,6 +78,10 @@ class ModelRepository {
   // base model, with `*adapter` set to the adapter's name (else cleared). REQUIRES: adapter.
   StatusOr<std::shared_ptr<Model>> GetReady(std::string_view name, std::string_view version,
                                             std::string* adapter) const;
+  // The configuration a load of `name` would use now (what a partial configuration in a load
+  // request is merged into), or nullopt for an unknown name.
+  std::optional<config::ModelConfig> CurrentConfig(std::string_view name) const;
+
   // The models by name; `with_adapters` (KServe's repository index) appends the LoRA adapters
   // by name, each in its base model's state.
   std::vector<ModelIndexEntry> Index(bool ready_only = false, bool with_adapters = false) const;

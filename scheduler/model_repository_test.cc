@@ -183,6 +183,20 @@ TEST_F(ModelRepositoryTest, UnloadWaitsForTheLoadUnderWay) {
   EXPECT_EQ(e.reason, "unloaded");
 }
 
+TEST_F(ModelRepositoryTest, AFailedReloadKeepsTheModelAndItsConfiguration) {
+  gate_->open.Notify();
+  ASSERT_TRUE(repository_->LoadStartupModels().ok());
+  gate_->failure = "fake: cannot load";
+  config::ModelConfig changed = LlmConfig("m");
+  changed.max_loaded_adapters = 2;
+  Status reload = repository_->Load("m", changed);
+  EXPECT_THAT(std::string(StatusMessage(reload)), HasSubstr("cannot load"));
+  EXPECT_TRUE(repository_->GetReady("m").ok()) << "the old model stops serving";
+  std::optional<config::ModelConfig> current = repository_->CurrentConfig("m");
+  ASSERT_TRUE(current.has_value());
+  EXPECT_EQ(*current, LlmConfig("m")) << "the entry no longer describes the model served";
+}
+
 TEST_F(ModelRepositoryTest, ModelIsServedBeforeStartupFinishes) {
   // A model loaded first is READY (and served) while start-up still loads the next one.
   ModelDeps deps;
