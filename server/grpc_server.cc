@@ -430,7 +430,9 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
         if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
           return FinishNow(ctx, InvalidArgument("parameter 'config' must be a string (JSON)"));
         }
-        auto parsed = ParseLoadConfig(req->model_name(), value.string_param());
+        const auto current = core_->repository->CurrentConfig(req->model_name());
+        auto parsed =
+            ParseLoadConfig(req->model_name(), value.string_param(), current ? &*current : nullptr);
         if (!parsed.ok()) return FinishNow(ctx, parsed.status());
         inline_config = std::move(*parsed);
       } else if (key.rfind("file:", 0) == 0) {

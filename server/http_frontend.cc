@@ -338,7 +338,8 @@ class KServeHttpHandler {
             body["parameters"].contains("config")) {
           const json& c = body["parameters"]["config"];
           const std::string text = c.is_string() ? c.get<std::string>() : c.dump();
-          auto parsed = ParseLoadConfig(name, text);
+          const auto current = core_->repository->CurrentConfig(name);
+          auto parsed = ParseLoadConfig(name, text, current ? &*current : nullptr);
           if (!parsed.ok()) return SendError(r, parsed.status());
           inline_config = std::move(*parsed);
         }

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -167,6 +168,30 @@ def test_load_with_inline_config_adds_a_model(kilnd):
     assert c.get_model_config("simple_b4").config.max_batch_size == 4
     with pytest.raises(InferenceServerException, match="unknown key"):
         c.load_model("broken", config='{"kind": "builtin", "max_batch": 4}')
+
+
+def test_load_with_a_partial_config_changes_only_its_keys(kilnd):
+    """tritonclient's load_model(name, config=...) with some keys: they change the model's entry
+    and the rest is kept (regression: refused with "`kind`: missing")."""
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    c.load_model("simple", config='{"max_batch_size": 16}')
+    cfg = c.get_model_config("simple").config
+    assert cfg.max_batch_size == 16
+    assert cfg.HasField("dynamic_batching")  # kept from the configuration file
+    a = np.ones((16, 16), np.int32)  # a batch the old limit (8) refused
+    np.testing.assert_array_equal(c.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+    # Over HTTP, a nested section merges key by key.
+    h = httpclient.InferenceServerClient(kilnd.http_url)
+    h.load_model("sleep_us", config='{"dynamic_batching": {"max_queue_delay_microseconds": 0}}')
+    cfg = c.get_model_config("sleep_us").config
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
+    assert cfg.dynamic_batching.priority_levels == 2 and cfg.max_batch_size == 16
+    # The merged entry is validated as a whole; the model keeps serving its last good config.
+    with pytest.raises(InferenceServerException,
+                       match=r"preferred_batch_size\[0\]`: expected a batch size in \[1, 2\]"):
+        c.load_model("simple", config='{"max_batch_size": 2, '
+                                      '"dynamic_batching": {"preferred_batch_size": [4]}}')
+    assert c.get_model_config("simple").config.max_batch_size == 16
 
 
 def test_models_are_served_during_startup_and_load_waits_for_the_startup_load(start_kilnd,
