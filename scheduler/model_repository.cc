@@ -133,19 +133,26 @@ Status ModelRepository::Load(std::string_view name,
       e.state = ModelState::kReady;
       e.reason.clear();
     }
-    e.last_load = loaded.status();
-    ++e.loads_finished;
-    e.operation = Operation::kNone;  // wakes the loads and unloads waiting for this one
   }
   if (!loaded.ok()) {
     spdlog::error("model '{}' failed to load: {}", name, StatusMessage(loaded.status()));
     if (!old) Notify(std::string(name), ModelState::kUnavailable);
-    return loaded.status();
+  } else {
+    spdlog::info("model '{}' loaded in {:.1f} ms ({}, {} instance(s), max_batch_size {})", name, ms,
+                 cfg.builtin.empty() ? cfg.kind : cfg.builtin, cfg.instance_count,
+                 cfg.max_batch_size);
+    Notify(std::string(name), ModelState::kReady);
   }
-  spdlog::info("model '{}' loaded in {:.1f} ms ({}, {} instance(s), max_batch_size {})", name, ms,
-               cfg.builtin.empty() ? cfg.kind : cfg.builtin, cfg.instance_count,
-               cfg.max_batch_size);
-  Notify(std::string(name), ModelState::kReady);
+  {
+    // Only now (the listener told: gRPC health agrees) are the loads that joined this one
+    // answered, and the loads and unloads waiting for it let in.
+    absl::MutexLock lock(&mu_);
+    Entry& e = entries_.find(name)->second;
+    e.last_load = loaded.status();
+    ++e.loads_finished;
+    e.operation = Operation::kNone;
+  }
+  if (!loaded.ok()) return loaded.status();
   if (old) {
     // The replaced model finishes what it queued; requests hold their own reference.
     old->Drain(SteadyClock::now() + std::chrono::seconds(30));
@@ -177,11 +184,15 @@ Status ModelRepository::Unload(std::string_view name, SteadyClock::time_point de
     Entry& e = entries_.find(name)->second;
     e.state = ModelState::kUnavailable;
     e.reason = "unloaded";
-    e.operation = Operation::kNone;
   }
   spdlog::info("model '{}' unloaded{}", name,
                cut > 0 ? fmt::format(" ({} request(s) cut off)", cut) : std::string());
   Notify(std::string(name), ModelState::kUnavailable);
+  {
+    // After the listener: a load waiting for this unload tells it READY only later.
+    absl::MutexLock lock(&mu_);
+    entries_.find(name)->second.operation = Operation::kNone;
+  }
   return OkStatus();
 }
 

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -75,6 +77,10 @@ class ModelRepositoryTest : public ::testing::Test {
     };
     repository_ = std::make_unique<ModelRepository>(
         std::vector<config::ModelConfig>{LlmConfig("m")}, std::move(deps));
+    repository_->SetStateListener([this](const std::string& name, ModelState state) {
+      absl::MutexLock lock(&notified_mu_);
+      notified_[name] = state;
+    });
   }
   void TearDown() override {
     if (!gate_->open.HasBeenNotified()) gate_->open.Notify();
@@ -105,8 +111,17 @@ class ModelRepositoryTest : public ::testing::Test {
   std::shared_ptr<GatedLoader> gate_ = std::make_shared<GatedLoader>();
   std::unique_ptr<ModelRepository> repository_;
   std::vector<std::thread> threads_;
+  // The state the listener was told last (what gRPC health would say).
+  std::optional<ModelState> Notified(const std::string& name) {
+    absl::MutexLock lock(&notified_mu_);
+    auto it = notified_.find(name);
+    return it == notified_.end() ? std::nullopt : std::optional<ModelState>(it->second);
+  }
+
   std::shared_ptr<LogWatch> watch_;
   Status startup_;
+  absl::Mutex notified_mu_;
+  std::map<std::string, ModelState> notified_ ABSL_GUARDED_BY(notified_mu_);
 };
 
 TEST_F(ModelRepositoryTest, LoadDuringStartupLoadReturnsOnceTheModelIsReady) {
@@ -115,9 +130,11 @@ TEST_F(ModelRepositoryTest, LoadDuringStartupLoadReturnsOnceTheModelIsReady) {
   LogWatch& joined = Watch("model 'm': a load request joins the load under way");
   Status load;
   bool ready_on_return = false;
+  std::optional<ModelState> notified_on_return;
   threads_.emplace_back([&] {
     load = repository_->Load("m");
     ready_on_return = repository_->GetReady("m").ok();
+    notified_on_return = Notified("m");
   });
   ASSERT_TRUE(joined.Wait()) << "never logged: " << joined.text();
   EXPECT_EQ(Entry("m").state, ModelState::kLoading);
@@ -126,6 +143,7 @@ TEST_F(ModelRepositoryTest, LoadDuringStartupLoadReturnsOnceTheModelIsReady) {
   threads_.clear();
   EXPECT_TRUE(load.ok()) << load;
   EXPECT_TRUE(ready_on_return) << "the load returned before the model was READY";
+  EXPECT_EQ(notified_on_return, ModelState::kReady) << "the load returned before health knew";
   EXPECT_TRUE(startup_.ok()) << startup_;
   EXPECT_EQ(gate_->calls, 1) << "the joined load must not load the model a second time";
 }
