@@ -1589,40 +1589,145 @@ Status ValidateModel(const ModelConfig& model, std::string_view where) {
   return d.ToStatus();
 }
 
-StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where) {
-  Diagnostics d(std::string(where), "in the model entry", nullptr);
-  Value root;
+namespace {
+
+// Reads one model entry's text (JSON or YAML) into `*root`, a mapping; false (the problem
+// added to `d`) if it is not one. `empty` says what an empty text should have held.
+bool ParseModelEntryText(std::string_view text, std::string_view empty, Diagnostics& d,
+                         Value* root) {
   Problem problem;
-  if (!internal::ParseYaml(text, 0, &root, &problem)) {
+  if (!internal::ParseYaml(text, 0, root, &problem)) {
     // JSON that yaml-cpp cannot read (surrogate pairs) still is JSON; and for text that is
     // meant as JSON, nlohmann's message is the relevant one.
     size_t first = text.find_first_not_of(" \t\r\n");
     if (first == std::string_view::npos || text[first] != '{') {
       d.Add(problem.mark, problem.message);
-      return d.ToStatus();
+      return false;
     }
-    if (!internal::ParseJson(text, &root, &problem)) {
+    if (!internal::ParseJson(text, root, &problem)) {
       d.Add(problem.mark, problem.message);
-      return d.ToStatus();
+      return false;
     }
   }
-  if (root.is_null()) {
-    d.Add(root.mark,
-          "empty model configuration; expected a mapping with at least `name` and "
-          "`kind`");
-    return d.ToStatus();
+  if (root->is_null()) {
+    d.Add(root->mark,
+          absl::StrCat("empty model configuration; expected a mapping with ", ToAbsl(empty)));
+    return false;
   }
+  d.Record("", root->mark);
+  if (!root->is_mapping()) {
+    d.AtPath(
+        "", "expected a model entry (a mapping with `name`, `kind`, ...), got " + root->Describe());
+    return false;
+  }
+  return true;
+}
+
+// Decodes and validates a model entry's tree.
+StatusOr<ModelConfig> DecodeModelEntry(const Value& root, Diagnostics& d) {
   Decoder dec(&d);
-  d.Record("", root.mark);
   ModelConfig model;
-  if (!root.is_mapping()) {
-    d.AtPath("",
-             "expected a model entry (a mapping with `name`, `kind`, ...), got " + root.Describe());
-    return d.ToStatus();
-  }
   DecodeModel(dec, root, "", &model);
   ValidateModelInto(d, model, "");
   if (!d.ok()) return d.ToStatus();
+  return model;
+}
+
+void ForgetMarks(Value* v) {
+  v->mark = Mark{};
+  for (Value& item : v->items) ForgetMarks(&item);
+  for (internal::Entry& e : v->entries) {
+    ForgetMarks(&e.key);
+    ForgetMarks(&e.value);
+  }
+}
+
+// `model` as the tree an entry of `models:` that sets every key would give, without positions
+// (an error about a value that came from here is named by its path alone).
+Value ModelTree(const ModelConfig& model) {
+  YamlWriter w;
+  w.Line(0, "models");
+  WriteModel(w, model);
+  Value root;
+  Problem problem;
+  KILN_CHECK(internal::ParseYaml(w.Take(), 0, &root, &problem),
+             "WriteModel wrote YAML that does not parse back");
+  Value entry = std::move(root.entries.at(0).value.items.at(0));
+  ForgetMarks(&entry);
+  // Capture sizes left at their default follow max_num_seqs (DecodeScheduler trims them), so
+  // that a change of max_num_seqs alone keeps the entry valid.
+  LlmSchedulerConfig defaults;
+  std::erase_if(defaults.capture_batch_sizes,
+                [&](int n) { return n > model.scheduler.max_num_seqs; });
+  if (model.scheduler.capture_batch_sizes == defaults.capture_batch_sizes) {
+    for (internal::Entry& e : entry.entries) {
+      if (e.key.scalar != "scheduler") continue;
+      std::erase_if(e.value.entries,
+                    [](const internal::Entry& s) { return s.key.scalar == "capture_batch_sizes"; });
+    }
+  }
+  return entry;
+}
+
+// JSON Merge Patch (RFC 7386) on the tree: a mapping in `patch` merges into a mapping in
+// `*target` key by key; null removes the key; anything else replaces. A key written twice in
+// one mapping of the patch is kept twice, so that decoding reports it as in a file.
+void MergePatch(const Value& patch, Value* target) {
+  if (!patch.is_mapping() || !target->is_mapping()) {
+    *target = patch;
+    if (target->is_mapping()) {  // into nothing: nulls (removals) have nothing to remove
+      std::erase_if(target->entries, [](const internal::Entry& e) { return e.value.is_null(); });
+    }
+    return;
+  }
+  target->mark = patch.mark;
+  std::set<std::string> seen;
+  for (const internal::Entry& p : patch.entries) {
+    const std::string& key = p.key.scalar;
+    auto it = std::find_if(target->entries.begin(), target->entries.end(),
+                           [&](const internal::Entry& e) { return e.key.scalar == key; });
+    if (!seen.insert(key).second) {
+      target->entries.push_back(p);  // a duplicate: decoding says so
+    } else if (p.value.is_null()) {
+      if (it != target->entries.end()) target->entries.erase(it);
+    } else if (it == target->entries.end()) {
+      internal::Entry& added = target->entries.emplace_back();
+      added.key = p.key;
+      MergePatch(p.value, &added.value);
+    } else {
+      it->key = p.key;  // where the key was written, for messages about it
+      MergePatch(p.value, &it->value);
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where) {
+  Diagnostics d(std::string(where), "in the model entry", nullptr);
+  Value root;
+  if (!ParseModelEntryText(text, "at least `name` and `kind`", d, &root)) return d.ToStatus();
+  return DecodeModelEntry(root, d);
+}
+
+StatusOr<ModelConfig> MergeModelConfig(const ModelConfig& base, std::string_view text,
+                                       std::string_view where) {
+  Diagnostics d(std::string(where), "in the model entry", nullptr);
+  Value patch;
+  if (!ParseModelEntryText(text, "the keys to change (`{}` for none)", d, &patch)) {
+    return d.ToStatus();
+  }
+  Value merged = ModelTree(base);
+  MergePatch(patch, &merged);
+  d.Record("", merged.mark);
+  StatusOr<ModelConfig> model = DecodeModelEntry(merged, d);
+  if (!model.ok()) return model;
+  // Adapters added while serving stay so (a reload that cannot read one drops it).
+  for (LoraAdapterConfig& a : model->adapters) {
+    for (const LoraAdapterConfig& b : base.adapters) {
+      if (a == b) a.runtime = b.runtime;
+    }
+  }
   return model;
 }
 

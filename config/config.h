@@ -313,6 +313,17 @@ Status ValidateModel(const ModelConfig& model, std::string_view where);
 // parameter) with the same schema and errors as an entry of `models:`.
 StatusOr<ModelConfig> ParseModelConfig(std::string_view text, std::string_view where);
 
+// Parses `text` (JSON or YAML, a mapping) as changes to the entry `base`, as JSON Merge Patch
+// (RFC 7386) has it: a key given replaces base's value, a mapping given (`scheduler`,
+// `dynamic_batching`, ...) merges key by key, a list replaces the list, and a key set to null
+// goes back to its default (`"dynamic_batching": null` turns dynamic batching off); every
+// other key keeps base's value. The result is validated as a whole, with the errors of an
+// entry of `models:`: a problem in `text` gives its line and column, one in a value kept from
+// `base` its key path alone (e.g. a new `max_batch_size` below base's preferred batch sizes).
+// `{"max_batch_size": 16}` changes only that.
+StatusOr<ModelConfig> MergeModelConfig(const ModelConfig& base, std::string_view text,
+                                       std::string_view where);
+
 // Serializes a config back to YAML (no comments), e.g. for logging the effective config.
 // Every key is written, defaults included. For a valid config, ParseConfig(ToYaml(c)) == c.
 std::string ToYaml(const Config& config);

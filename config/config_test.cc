@@ -962,6 +962,122 @@ TEST(ParseModelConfigTest, ErrorsHaveTheSameShapeAsInAFile) {
             "api:3:1: invalid YAML: end of sequence flow not found");
 }
 
+// A tensor model with every batching setting written.
+ModelConfig BatchingBase() {
+  ModelConfig m;
+  m.name = "m";
+  m.kind = "builtin";
+  m.builtin = "simple";
+  m.max_batch_size = 8;
+  m.instance_count = 2;
+  DynamicBatchingConfig& db = m.dynamic_batching.emplace();
+  db.preferred_batch_size = {4, 8};
+  db.max_queue_delay_microseconds = 100;
+  db.priority_levels = 2;
+  db.default_priority_level = 2;
+  db.default_queue_policy.max_queue_size = 16;
+  db.priority_queue_policy[1].timeout_action = QueuePolicy::TimeoutAction::kDelay;
+  return m;
+}
+
+ModelConfig LlmBase() {
+  ModelConfig m;
+  m.name = "llm";
+  m.kind = "llm";
+  m.path = "/models/m.gguf";
+  m.context_length = 1024;
+  m.scheduler.max_num_seqs = 16;
+  m.scheduler.capture_batch_sizes = {1, 2, 4, 8, 16};  // the defaults up to max_num_seqs
+  LoraAdapterConfig& a = m.adapters.emplace_back();
+  a.name = "sql";
+  a.path = "/adapters/sql";
+  a.runtime = true;
+  return m;
+}
+
+TEST(MergeModelConfigTest, AnEmptyPatchKeepsEverything) {
+  for (const ModelConfig& base : {BatchingBase(), LlmBase()}) {
+    StatusOr<ModelConfig> m = MergeModelConfig(base, "{}", "load");
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(*m, base) << base.name;
+  }
+}
+
+TEST(MergeModelConfigTest, KeysGivenReplaceTheRestIsKept) {
+  // Triton's load_model(name, config='{"max_batch_size": 16}'): regression, it was refused
+  // with "`kind`: missing".
+  StatusOr<ModelConfig> m = MergeModelConfig(BatchingBase(), R"({"max_batch_size": 16})", "load");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ModelConfig want = BatchingBase();
+  want.max_batch_size = 16;
+  EXPECT_EQ(*m, want);
+}
+
+TEST(MergeModelConfigTest, MappingsMergeListsReplaceNullResets) {
+  StatusOr<ModelConfig> m = MergeModelConfig(
+      BatchingBase(),
+      R"({"dynamic_batching": {"max_queue_delay_microseconds": 500, "preferred_batch_size": [2],
+                               "default_queue_policy": {"allow_timeout_override": true}},
+          "instance_count": null})",
+      "load");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ModelConfig want = BatchingBase();
+  want.instance_count = 1;  // the default
+  want.dynamic_batching->max_queue_delay_microseconds = 500;
+  want.dynamic_batching->preferred_batch_size = {2};
+  want.dynamic_batching->default_queue_policy.allow_timeout_override = true;
+  EXPECT_EQ(*m, want);
+
+  m = MergeModelConfig(BatchingBase(), "dynamic_batching: null\n", "load");  // YAML as well
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_FALSE(m->dynamic_batching.has_value());
+}
+
+TEST(MergeModelConfigTest, TheMergedEntryIsValidatedAsAWhole) {
+  auto message = [](const ModelConfig& base, std::string_view text) {
+    StatusOr<ModelConfig> m = MergeModelConfig(base, text, "load");
+    EXPECT_FALSE(m.ok()) << text;
+    return m.ok() ? std::string() : std::string(StatusMessage(m.status()));
+  };
+  // A value kept from the base conflicts with the new one: named by its path.
+  EXPECT_EQ(message(BatchingBase(), R"({"max_batch_size": 4})"),
+            "load: `dynamic_batching.preferred_batch_size[1]`: expected a batch size in [1, 4] "
+            "(max_batch_size), got `8`");
+  // Problems in the patch have its line and column.
+  EXPECT_EQ(message(BatchingBase(), "{\"max_batch\": 4}"),
+            "load:1:2: unknown key `max_batch` in the model entry (did you mean "
+            "`max_batch_size`?)");
+  EXPECT_EQ(message(BatchingBase(), R"({"instance_count": 3, "instance_count": 4})"),
+            "load:1:23: duplicate key `instance_count` in the model entry (first at load:1:2)");
+  EXPECT_EQ(message(BatchingBase(), ""),
+            "load:1:1: empty model configuration; expected a mapping with the keys to change "
+            "(`{}` for none)");
+  EXPECT_EQ(message(BatchingBase(), "[1]"),
+            "load:1:1: expected a model entry (a mapping with `name`, `kind`, ...), got a "
+            "sequence");
+}
+
+TEST(MergeModelConfigTest, DefaultCaptureSizesFollowANewMaxNumSeqs) {
+  StatusOr<ModelConfig> m =
+      MergeModelConfig(LlmBase(), R"({"scheduler": {"max_num_seqs": 4}})", "load");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->scheduler.max_num_seqs, 4);
+  EXPECT_EQ(m->scheduler.capture_batch_sizes, (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(m->context_length, 1024);
+  // Sizes that were written stay, and are checked against the new limit.
+  ModelConfig written = LlmBase();
+  written.scheduler.capture_batch_sizes = {1, 16};
+  EXPECT_FALSE(MergeModelConfig(written, R"({"scheduler": {"max_num_seqs": 4}})", "load").ok());
+}
+
+TEST(MergeModelConfigTest, AdaptersAddedWhileServingStaySo) {
+  StatusOr<ModelConfig> m = MergeModelConfig(LlmBase(), R"({"context_length": 512})", "load");
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->adapters.size(), 1u);
+  EXPECT_TRUE(m->adapters[0].runtime);
+  EXPECT_EQ(m->context_length, 512);
+}
+
 TEST(ValidateModelTest, ChecksStructsBuiltInCode) {
   ModelConfig m;
   m.name = "ok";

@@ -70,9 +70,18 @@ Status ModelRepository::LoadStartupModels() {
   return OkStatus();
 }
 
+void ModelRepository::AwaitIdleLocked(std::string_view name, const Entry& e,
+                                      std::string_view what) {
+  if (e.operation == Operation::kNone) return;
+  spdlog::info("model '{}': {} waits for the {} under way", name, what,
+               e.operation == Operation::kLoad ? "load" : "unload");
+  auto idle = [&e] { return e.operation == Operation::kNone; };
+  mu_.Await(absl::Condition(&idle));
+}
+
 Status ModelRepository::Load(std::string_view name,
                              std::optional<config::ModelConfig> inline_config) {
-  config::ModelConfig cfg;
+  config::ModelConfig cfg, previous;
   std::shared_ptr<Model> old;
   {
     absl::MutexLock lock(&mu_);
@@ -83,11 +92,19 @@ Status ModelRepository::Load(std::string_view name,
     if (it == entries_.end()) {
       it = entries_.emplace(std::string(name), Entry{}).first;
     }
-    Entry& e = it->second;
-    if (e.state == ModelState::kLoading || e.state == ModelState::kUnloading) {
-      return FailedPrecondition("model '", ToAbsl(name), "' is ", ModelStateName(e.state),
-                                "; try again when it is done");
+    Entry& e = it->second;  // entries are never erased: the reference outlives the waits
+    if (e.operation == Operation::kLoad && !inline_config) {
+      // The same load is already under way (start-up's, or another client's): it loads the
+      // configuration this one would, so its outcome is this one's.
+      spdlog::info("model '{}': a load request joins the load under way", name);
+      const uint64_t joined = e.loads_finished + 1;
+      auto finished = [&e, joined] { return e.loads_finished >= joined; };
+      mu_.Await(absl::Condition(&finished));
+      return e.last_load;
     }
+    AwaitIdleLocked(name, e, "a load request");
+    e.operation = Operation::kLoad;
+    previous = e.config;
     if (inline_config) {
       e.config = std::move(*inline_config);
       e.config.name = std::string(name);
@@ -108,6 +125,8 @@ Status ModelRepository::Load(std::string_view name,
       if (!old) {
         e.state = ModelState::kUnavailable;
         e.reason = std::string(StatusMessage(loaded.status()));
+      } else {
+        e.config = std::move(previous);  // the entry describes the model still served
       }
     } else {
       e.model = *loaded;
@@ -118,12 +137,22 @@ Status ModelRepository::Load(std::string_view name,
   if (!loaded.ok()) {
     spdlog::error("model '{}' failed to load: {}", name, StatusMessage(loaded.status()));
     if (!old) Notify(std::string(name), ModelState::kUnavailable);
-    return loaded.status();
+  } else {
+    spdlog::info("model '{}' loaded in {:.1f} ms ({}, {} instance(s), max_batch_size {})", name, ms,
+                 cfg.builtin.empty() ? cfg.kind : cfg.builtin, cfg.instance_count,
+                 cfg.max_batch_size);
+    Notify(std::string(name), ModelState::kReady);
   }
-  spdlog::info("model '{}' loaded in {:.1f} ms ({}, {} instance(s), max_batch_size {})", name, ms,
-               cfg.builtin.empty() ? cfg.kind : cfg.builtin, cfg.instance_count,
-               cfg.max_batch_size);
-  Notify(std::string(name), ModelState::kReady);
+  {
+    // Only now (the listener told: gRPC health agrees) are the loads that joined this one
+    // answered, and the loads and unloads waiting for it let in.
+    absl::MutexLock lock(&mu_);
+    Entry& e = entries_.find(name)->second;
+    e.last_load = loaded.status();
+    ++e.loads_finished;
+    e.operation = Operation::kNone;
+  }
+  if (!loaded.ok()) return loaded.status();
   if (old) {
     // The replaced model finishes what it queued; requests hold their own reference.
     old->Drain(SteadyClock::now() + std::chrono::seconds(30));
@@ -140,15 +169,13 @@ Status ModelRepository::Unload(std::string_view name, SteadyClock::time_point de
       return NotFound("no model named '", ToAbsl(name), "'");
     }
     Entry& e = it->second;
-    if (e.state == ModelState::kLoading || e.state == ModelState::kUnloading) {
-      return FailedPrecondition("model '", ToAbsl(name), "' is ", ModelStateName(e.state),
-                                "; try again when it is done");
-    }
+    AwaitIdleLocked(name, e, "an unload request");
     if (!e.model) {
       return OkStatus();  // already unloaded: unloading is idempotent, as in Triton
     }
     model = std::move(e.model);
     e.state = ModelState::kUnloading;
+    e.operation = Operation::kUnload;
   }
   Notify(std::string(name), ModelState::kUnloading);
   const int cut = model->Drain(deadline);
@@ -161,6 +188,11 @@ Status ModelRepository::Unload(std::string_view name, SteadyClock::time_point de
   spdlog::info("model '{}' unloaded{}", name,
                cut > 0 ? fmt::format(" ({} request(s) cut off)", cut) : std::string());
   Notify(std::string(name), ModelState::kUnavailable);
+  {
+    // After the listener: a load waiting for this unload tells it READY only later.
+    absl::MutexLock lock(&mu_);
+    entries_.find(name)->second.operation = Operation::kNone;
+  }
   return OkStatus();
 }
 
@@ -194,6 +226,13 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::GetReady(std::string_view name
   StatusOr<std::shared_ptr<Model>> base = GetReady(a->base_model, version);
   if (base.ok()) *adapter = a->name;
   return base;
+}
+
+std::optional<config::ModelConfig> ModelRepository::CurrentConfig(std::string_view name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.config;
 }
 
 std::vector<ModelIndexEntry> ModelRepository::Index(bool ready_only, bool with_adapters) const {

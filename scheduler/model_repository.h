@@ -5,7 +5,8 @@
 // to load, with a reason), LOADING, UNLOADING. Every model is served as version "1".
 //
 // Thread-safety: every method is thread-safe. Load and Unload block while the model loads or
-// drains; call them off I/O threads.
+// drains; call them off I/O threads. Loads and unloads of one model are serialized: each waits
+// for the one under way (as in Triton), so a load returns once the model is READY or failed.
 #pragma once
 
 #include <functional>
@@ -47,18 +48,25 @@ class ModelRepository {
   // Drains every model with an immediate deadline.
   ~ModelRepository();
 
-  // Loads every configured model with load_on_start. All are attempted; returns an error
-  // listing every model that failed (they stay UNAVAILABLE with the reason).
+  // Loads every configured model with load_on_start, one after the other; each is READY (and
+  // served) as soon as it is loaded. All are attempted; returns an error listing every model
+  // that failed (they stay UNAVAILABLE with the reason).
   Status LoadStartupModels();
 
   // Loads a configured model by name, or (re)loads it with `inline_config` replacing its
   // configuration — which may also add a model not in the configuration file. A READY model
-  // is reloaded: the new one serves new requests, the old one drains in the background.
-  // NotFound for an unknown name without inline config.
+  // is reloaded: the new one serves new requests, the old one drains in the background; if
+  // the reload fails, the old one keeps serving with its configuration (CurrentConfig).
+  // Returns once the model is READY (OK) or failed to load (the reason).
+  // While a load of the same model is under way (start-up's, or another client's), a load
+  // without `inline_config` waits for it and returns its outcome instead of loading again;
+  // one with `inline_config`, like one that finds the model unloading, waits for it and then
+  // loads. NotFound for an unknown name without inline config.
   Status Load(std::string_view name, std::optional<config::ModelConfig> inline_config = {});
 
   // Stops serving a model: new requests fail at once, queued and executing ones finish until
-  // `deadline`, then the model is released. NotFound for an unknown name.
+  // `deadline`, then the model is released. A load or unload under way is waited for first.
+  // NotFound for an unknown name.
   Status Unload(std::string_view name, SteadyClock::time_point deadline);
 
   // The ready model, or NotFound (unknown name or version) / Unavailable (known, not ready).
@@ -70,6 +78,10 @@ class ModelRepository {
   // base model, with `*adapter` set to the adapter's name (else cleared). REQUIRES: adapter.
   StatusOr<std::shared_ptr<Model>> GetReady(std::string_view name, std::string_view version,
                                             std::string* adapter) const;
+  // The configuration a load of `name` would use now (what a partial configuration in a load
+  // request is merged into), or nullopt for an unknown name.
+  std::optional<config::ModelConfig> CurrentConfig(std::string_view name) const;
+
   // The models by name; `with_adapters` (KServe's repository index) appends the LoRA adapters
   // by name, each in its base model's state.
   std::vector<ModelIndexEntry> Index(bool ready_only = false, bool with_adapters = false) const;
@@ -105,13 +117,24 @@ class ModelRepository {
   void SetStateListener(std::function<void(const std::string& name, ModelState state)> listener);
 
  private:
+  // What is being done to a model; one thing at a time.
+  enum class Operation { kNone, kLoad, kUnload };
   struct Entry {
     config::ModelConfig config;
     ModelState state = ModelState::kUnavailable;
     std::string reason;
     std::shared_ptr<Model> model;  // set when READY
+    Operation operation = Operation::kNone;
+    // Loads that join the one under way wait for `loads_finished` to pass it, then return
+    // `last_load`, the outcome of the latest.
+    uint64_t loads_finished = 0;
+    Status last_load;
   };
   void Notify(const std::string& name, ModelState state);
+  // Waits until no load or unload of `e` (named `name`) is under way; `what` ("a load
+  // request") says in the log what waits.
+  void AwaitIdleLocked(std::string_view name, const Entry& e, std::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry whose config lists adapter `name`, with the adapter's index; null if none.
   std::pair<const Entry*, size_t> FindAdapterLocked(std::string_view name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

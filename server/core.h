@@ -34,6 +34,12 @@ struct ServerCore {
 
   bool live() const { return true; }
   bool ready() const { return started.load() && !shutting_down.load(); }
+  // Whether a model the repository has READY answers ready (ModelReady, GET .../ready): yes
+  // until shutdown. Not tied to ready(): a model serves as soon as it is loaded, while
+  // start-up may still be loading others.
+  bool model_ready(bool repository_ready) const {
+    return repository_ready && !shutting_down.load();
+  }
 
   // Admits a new inference request: Unavailable while shutting down, ResourceExhausted past
   // server.max_inflight_requests.

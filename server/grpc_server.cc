@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "config/config.h"
+#include "proto/grpc/health/v1/health.pb.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "server/finetune/finetune_grpc.h"
 #include "server/grpc_auth.h"
@@ -332,7 +333,7 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return FinishNow(ctx, model.status());
     }
-    resp->set_ready(model.ok() && core_->ready());
+    resp->set_ready(core_->model_ready(model.ok()));
     return FinishNow(ctx, OkStatus());
   }
 
@@ -429,7 +430,9 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
         if (value.parameter_choice_case() != inference::ModelRepositoryParameter::kStringParam) {
           return FinishNow(ctx, InvalidArgument("parameter 'config' must be a string (JSON)"));
         }
-        auto parsed = ParseLoadConfig(req->model_name(), value.string_param());
+        const auto current = core_->repository->CurrentConfig(req->model_name());
+        auto parsed =
+            ParseLoadConfig(req->model_name(), value.string_param(), current ? &*current : nullptr);
         if (!parsed.ok()) return FinishNow(ctx, parsed.status());
         inline_config = std::move(*parsed);
       } else if (key.rfind("file:", 0) == 0) {
@@ -604,6 +607,11 @@ Status GrpcFrontEnd::Start(const tls::Pem* tls) {
     credentials = grpc::experimental::TlsServerCredentials(options);
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC 1.51's default health service carries no C++ descriptor: reflection would list
+  // grpc.health.v1.Health but answer "not found" for its file, and grpcurl could not call it.
+  // Touching our compiled health.proto links it in, so its descriptor is in the generated pool
+  // that reflection serves from.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Without this, a second process could bind the same port and silently share traffic.

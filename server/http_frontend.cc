@@ -176,9 +176,17 @@ class KServeHttpHandler {
     const auto seg = Segments(req.path);
     const bool get = req.method == "GET" || req.method == "HEAD";
     const bool post = req.method == "POST";
+    // Health answers in the status and, as the open inference protocol has it, in a JSON body:
+    // KServe's SDK reads `live` / `ready` from it.
     if (seg.size() == 3 && seg[0] == "v2" && seg[1] == "health" && get) {
-      if (seg[2] == "live") return SendEmpty(r, core_->live() ? 200 : 503);
-      if (seg[2] == "ready") return SendEmpty(r, core_->ready() ? 200 : 503);
+      if (seg[2] == "live") {
+        const bool live = core_->live();
+        return SendJson(r, live ? 200 : 503, json{{"live", live}});
+      }
+      if (seg[2] == "ready") {
+        const bool ready = core_->ready();
+        return SendJson(r, ready ? 200 : 503, json{{"ready", ready}});
+      }
     }
     if (seg.size() == 1 && seg[0] == "v2" && get) return ServerMetadata(r);
     if (seg.size() == 2 && seg[0] == "debug" && seg[1] == "flight_recorder" && get) {
@@ -263,7 +271,8 @@ class KServeHttpHandler {
     if (!model.ok() && model.status().code() == StatusCode::kNotFound) {
       return SendError(r, model.status());
     }
-    SendEmpty(r, model.ok() && core_->ready() ? 200 : 503);
+    const bool ready = core_->model_ready(model.ok());
+    SendJson(r, ready ? 200 : 503, json{{"name", name}, {"ready", ready}});
   }
 
   void ModelConfig(const std::string& name, const std::string& version, const Responder& r) {
@@ -329,7 +338,8 @@ class KServeHttpHandler {
             body["parameters"].contains("config")) {
           const json& c = body["parameters"]["config"];
           const std::string text = c.is_string() ? c.get<std::string>() : c.dump();
-          auto parsed = ParseLoadConfig(name, text);
+          const auto current = core_->repository->CurrentConfig(name);
+          auto parsed = ParseLoadConfig(name, text, current ? &*current : nullptr);
           if (!parsed.ok()) return SendError(r, parsed.status());
           inline_config = std::move(*parsed);
         }

@@ -306,19 +306,26 @@ void EncodeInferResponse(const std::string& model_name, const std::string& id,
   }
 }
 
-StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text) {
+StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text,
+                                              const config::ModelConfig* current) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument("parameter 'config' of the load request for '", name,
-                           "' must be a JSON object (one entry of `models:`)");
+    return InvalidArgument(
+        "parameter 'config' of the load request for '", name, "' must be a JSON object (",
+        current ? "the keys of its `models:` entry to change" : "an entry of `models:`", ")");
   }
-  if (!j.contains("name")) {
-    j["name"] = name;
-  } else if (j["name"] != name) {
-    return InvalidArgument("parameter 'config' names model ", j["name"].dump(),
+  if (auto it = j.find("name"); it != j.end() && *it != name) {
+    return InvalidArgument("parameter 'config' names model ", it->dump(),
                            " but the request loads '", name, "'");
   }
-  return config::ParseModelConfig(j.dump(), StrCat("<load ", name, ">"));
+  // The text itself is parsed (not j.dump()): error positions then point into what was sent.
+  const std::string where = StrCat("<load ", name, ">");
+  if (current) return config::MergeModelConfig(*current, text, where);
+  if (!j.contains("name")) {
+    j["name"] = name;
+    return config::ParseModelConfig(j.dump(), where);
+  }
+  return config::ParseModelConfig(text, where);
 }
 
 std::vector<int64_t> MetadataShape(const ModelSignature& sig, const TensorSpec& spec) {

@@ -43,9 +43,13 @@ void EncodeInferResponse(const std::string& model_name, const std::string& id,
 // Shape as reported in metadata: -1 for the batch dimension when the model batches.
 std::vector<int64_t> MetadataShape(const ModelSignature& signature, const TensorSpec& spec);
 
-// Parses RepositoryModelLoad's `config` parameter (JSON, one entry of `models:`) for model
-// `name`. The entry may omit `name`; if it gives one, it must be `name`.
-StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text);
+// Parses RepositoryModelLoad's `config` parameter (JSON) for model `name`. For a model the
+// repository has (`current`, its configuration), the keys given change that entry and the rest
+// is kept (config::MergeModelConfig: `{"max_batch_size": 16}` changes only that); for a new
+// model (`current` null) it is a whole entry of `models:`. It may omit `name`; if it gives
+// one, it must be `name`.
+StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text,
+                                              const config::ModelConfig* current);
 
 void FillModelMetadata(const Model& model, inference::ModelMetadataResponse* wire);
 void FillModelConfig(const Model& model, inference::ModelConfig* wire);

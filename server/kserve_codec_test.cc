@@ -180,5 +180,56 @@ TEST(KServeCodecTest, EncodeResponseUsesRawOutputs) {
   EXPECT_EQ(w.raw_output_contents(0), std::string(8, '\x07'));
 }
 
+config::ModelConfig SimpleEntry() {
+  config::ModelConfig c;
+  c.name = "simple";
+  c.kind = "builtin";
+  c.builtin = "simple";
+  c.max_batch_size = 8;
+  c.dynamic_batching.emplace().max_queue_delay_microseconds = 100;
+  return c;
+}
+
+TEST(ParseLoadConfigTest, APartialConfigChangesTheModelsEntry) {
+  // tritonclient's load_model("simple", config='{"max_batch_size": 16}'); regression: it was
+  // refused with "`kind`: missing".
+  const config::ModelConfig current = SimpleEntry();
+  auto c = ParseLoadConfig("simple", R"({"max_batch_size": 16})", &current);
+  ASSERT_TRUE(c.ok()) << c.status();
+  config::ModelConfig want = SimpleEntry();
+  want.max_batch_size = 16;
+  EXPECT_EQ(*c, want);
+  // Its errors point into what was sent.
+  c = ParseLoadConfig("simple", R"({"max_batch_size": -1})", &current);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(StatusMessage(c.status()),
+            "<load simple>:1:20: `max_batch_size`: expected an integer in [0, 1048576], got `-1`");
+}
+
+TEST(ParseLoadConfigTest, ANewModelNeedsAWholeEntry) {
+  auto c = ParseLoadConfig("b4", R"({"kind": "builtin", "builtin": "simple"})", nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->name, "b4");
+  c = ParseLoadConfig("b4", R"({"max_batch_size": 16})", nullptr);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(StatusMessage(c.status()).find("`kind`: missing"), std::string::npos) << c.status();
+}
+
+TEST(ParseLoadConfigTest, TheNameMustBeTheLoadedModels) {
+  const config::ModelConfig current = SimpleEntry();
+  for (const config::ModelConfig* cur :
+       {&current, static_cast<const config::ModelConfig*>(nullptr)}) {
+    auto c = ParseLoadConfig("simple", R"({"name": "other", "max_batch_size": 4})", cur);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(StatusMessage(c.status()),
+              "parameter 'config' names model \"other\" but the request loads 'simple'");
+  }
+  auto c = ParseLoadConfig("simple", "[1]", &current);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(StatusMessage(c.status()),
+            "parameter 'config' of the load request for 'simple' must be a JSON object (the "
+            "keys of its `models:` entry to change)");
+}
+
 }  // namespace
 }  // namespace kiln

@@ -1,14 +1,24 @@
 """KServe v2 over gRPC with the stock Triton client, grpcio health checks and reflection."""
+import errno
+import os
 import queue
+import threading
 
 import grpc
 import numpy as np
 import pytest
+import requests
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from conftest import wait_for
 
 
 def simple_inputs(a, b, binary=True):
@@ -160,12 +170,138 @@ def test_load_with_inline_config_adds_a_model(kilnd):
         c.load_model("broken", config='{"kind": "builtin", "max_batch": 4}')
 
 
+def test_load_with_a_partial_config_changes_only_its_keys(kilnd):
+    """tritonclient's load_model(name, config=...) with some keys: they change the model's entry
+    and the rest is kept (regression: refused with "`kind`: missing")."""
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    c.load_model("simple", config='{"max_batch_size": 16}')
+    cfg = c.get_model_config("simple").config
+    assert cfg.max_batch_size == 16
+    assert cfg.HasField("dynamic_batching")  # kept from the configuration file
+    a = np.ones((16, 16), np.int32)  # a batch the old limit (8) refused
+    np.testing.assert_array_equal(c.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+    # Over HTTP, a nested section merges key by key.
+    h = httpclient.InferenceServerClient(kilnd.http_url)
+    h.load_model("sleep_us", config='{"dynamic_batching": {"max_queue_delay_microseconds": 0}}')
+    cfg = c.get_model_config("sleep_us").config
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 0
+    assert cfg.dynamic_batching.priority_levels == 2 and cfg.max_batch_size == 16
+    # The merged entry is validated as a whole; the model keeps serving its last good config.
+    with pytest.raises(InferenceServerException,
+                       match=r"preferred_batch_size\[0\]`: expected a batch size in \[1, 2\]"):
+        c.load_model("simple", config='{"max_batch_size": 2, '
+                                      '"dynamic_batching": {"preferred_batch_size": [4]}}')
+    assert c.get_model_config("simple").config.max_batch_size == 16
+
+
+def test_models_are_served_during_startup_and_load_waits_for_the_startup_load(start_kilnd,
+                                                                              tmp_path):
+    """Triton's contract: a model is ready as soon as it is loaded, and a load returns once the
+    model is READY or failed (regression: during start-up ModelReady said false after a
+    successful load, and a load of the model start-up was loading failed with "try again").
+    Start-up is held on `slow`, whose weights are a FIFO that nothing writes yet."""
+    fifo = tmp_path / "slow.gguf"
+    os.mkfifo(fifo)
+    k = start_kilnd(f"""
+models:
+  - {{name: simple, kind: builtin, builtin: simple, max_batch_size: 8}}
+  - {{name: slow, kind: llm, path: {fifo}}}
+""", wait=False)
+    k.expected_exit = 1  # `slow` fails to load, so start-up fails
+    base = k.base
+
+    def state(name):
+        try:
+            index = requests.post(f"{base}/v2/repository/index", timeout=2).json()
+        except requests.RequestException:
+            return None
+        return {m["name"]: m["state"] for m in index}.get(name)
+
+    wait_for(lambda: state("slow") == "LOADING", "start-up to be loading `slow`")
+    c = grpcclient.InferenceServerClient(k.grpc_url)
+    r = requests.get(f"{base}/v2/health/ready", timeout=2)
+    assert (r.status_code, r.json()) == (503, {"ready": False})
+    assert not c.is_server_ready()
+    # `simple` was loaded first: it is ready and serves while start-up goes on.
+    assert c.is_model_ready("simple")
+    r = requests.get(f"{base}/v2/models/simple/ready", timeout=2)
+    assert (r.status_code, r.json()) == (200, {"name": "simple", "ready": True})
+    a = np.ones((1, 16), np.int32)
+    np.testing.assert_array_equal(c.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+    # A load (here over HTTP) returns with the model ready.
+    assert requests.post(f"{base}/v2/repository/models/simple/load", timeout=30).status_code == 200
+    assert c.is_model_ready("simple")
+
+    # A load of `slow` joins start-up's load of it and waits for its outcome.
+    outcome = {}
+
+    def load_slow():
+        try:
+            grpcclient.InferenceServerClient(k.grpc_url).load_model("slow")
+            outcome["error"] = None
+        except InferenceServerException as e:
+            outcome["error"] = e
+
+    loader = threading.Thread(target=load_slow)
+    loader.start()
+    wait_for(lambda: "model 'slow': a load request joins the load under way" in k.output(),
+             "the load of `slow` to join start-up's")
+    assert loader.is_alive(), "the load returned while `slow` was still loading"
+    assert state("slow") == "LOADING"
+
+    # Let start-up's load go on: an empty FIFO is no GGUF file, so it fails.
+    def open_writer():
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO until kilnd reads
+            return True
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            return False
+
+    wait_for(open_writer, "kilnd to open the FIFO")
+    loader.join(timeout=30)
+    assert not loader.is_alive()
+    assert outcome["error"] is not None, "the load of `slow` succeeded"
+    assert "is neither a GGUF file" in outcome["error"].message(), outcome["error"]
+    assert k.proc.wait(timeout=60) == 1
+    assert "start-up failed" in k.output()
+
+
 def test_server_reflection_lists_services(kilnd):
     stub = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(kilnd.grpc_url))
     responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
         list_services="")]))
     names = {s.name for r in responses for s in r.list_services_response.service}
     assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+
+
+def test_reflection_describes_every_service_it_lists_health_included(kilnd):
+    """What grpcurl does: resolve each listed service's file through reflection, then call
+    grpc.health.v1.Health/Check with messages built only from those descriptors (regression:
+    the health service was listed, but reflection could not return its file)."""
+    ch = grpc.insecure_channel(kilnd.grpc_url)
+    db = ProtoReflectionDescriptorDatabase(ch)
+    pool = descriptor_pool.DescriptorPool(db)
+    services = db.get_services()
+    assert {"inference.GRPCInferenceService", "kiln.v1.Generation",
+            "grpc.health.v1.Health"} <= set(services)
+    for name in services:
+        assert pool.FindServiceByName(name).methods, name
+    check = pool.FindServiceByName("grpc.health.v1.Health").methods_by_name["Check"]
+    assert check.containing_service.file.name == "grpc/health/v1/health.proto"
+    request_type = message_factory.GetMessageClass(check.input_type)
+    response_type = message_factory.GetMessageClass(check.output_type)
+    call = ch.unary_unary("/grpc.health.v1.Health/Check",
+                          request_serializer=request_type.SerializeToString,
+                          response_deserializer=response_type.FromString)
+    status_enum = check.output_type.fields_by_name["status"].enum_type
+    for service in ["", "simple"]:
+        r = call(request_type(service=service))
+        assert status_enum.values_by_number[r.status].name == "SERVING", service
+    with pytest.raises(grpc.RpcError) as e:
+        call(request_type(service="no_such_model"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
 
 
 def test_statistics_count_inferences(kilnd):

@@ -21,6 +21,29 @@ def test_health_and_metadata(kilnd):
     assert cfg["max_batch_size"] == 8 and cfg["input"][0]["dims"] == [16]
 
 
+def test_health_answers_with_the_open_inference_protocols_json(kilnd):
+    """KServe's SDK reads the answer from the body (InferenceRESTClient.is_server_live:
+    response.json().get("live")); regression: the bodies were empty, so it failed on a 200."""
+    expected = {"/v2/health/live": {"live": True},
+                "/v2/health/ready": {"ready": True},
+                "/v2/models/simple/ready": {"name": "simple", "ready": True},
+                "/v2/models/simple/versions/1/ready": {"name": "simple", "ready": True}}
+    for path, body in expected.items():
+        r = requests.get(f"{kilnd.base}{path}")
+        assert r.status_code == 200, path
+        assert r.headers["Content-Type"] == "application/json", path
+        assert r.json() == body, path
+    # A known model that is not ready: 503, and the body says so.
+    httpclient.InferenceServerClient(kilnd.http_url).unload_model("identity_fp32")
+    r = requests.get(f"{kilnd.base}/v2/models/identity_fp32/ready")
+    assert r.status_code == 503
+    assert r.headers["Content-Type"] == "application/json"
+    assert r.json() == {"name": "identity_fp32", "ready": False}
+    # An unknown one stays a KServe error.
+    r = requests.get(f"{kilnd.base}/v2/models/nope/ready")
+    assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]
+
+
 def test_unknown_routes_and_models(kilnd):
     r = requests.get(f"{kilnd.base}/v2/models/nope")
     assert r.status_code == 404 and "unknown model 'nope'" in r.json()["error"]

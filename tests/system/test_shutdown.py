@@ -43,7 +43,13 @@ def test_sigterm_finishes_in_flight_work_and_exits_0(start_kilnd):
     # Not ready once the signal is handled, still live.
     wait_for(lambda: requests.get(f"{k.base}/v2/health/ready", timeout=2).status_code == 503,
              "readiness to drop")
-    assert requests.get(f"{k.base}/v2/health/live", timeout=2).status_code == 200
+    # The bodies say the same as the statuses (the open inference protocol's JSON).
+    r = requests.get(f"{k.base}/v2/health/ready", timeout=2)
+    assert (r.status_code, r.json()) == (503, {"ready": False})
+    r = requests.get(f"{k.base}/v2/models/sleep/ready", timeout=2)
+    assert (r.status_code, r.json()) == (503, {"name": "sleep", "ready": False})
+    r = requests.get(f"{k.base}/v2/health/live", timeout=2)
+    assert (r.status_code, r.json()) == (200, {"live": True})
     # New work is refused while draining.
     try:
         stub.ModelInfer(sleep_request(1), timeout=5)

@@ -67,3 +67,17 @@ def test_model_config_subset_matches_triton():
     ours_enum = {v.name: v.number for v in mine.enum_type[0].value}
     ref_enum = {v.name: v.number for v in ref.enum_type[0].value}
     assert ours_enum.items() <= ref_enum.items()
+
+
+def test_health_matches_grpcio():
+    """grpc/health/v1/health.proto, compiled into kilnd so that reflection can describe gRPC's
+    health service, is the protocol every health client speaks (grpcio-health-checking's)."""
+    from grpc_health.v1 import health_pb2
+    mine = ours()["grpc/health/v1/health.proto"]
+    ref = theirs(health_pb2)
+    assert mine.package == ref.package == "grpc.health.v1"
+    assert compare_messages(mine.message_type, ref.message_type) == 2
+    assert {m.name for m in mine.message_type} == {m.name for m in ref.message_type}
+    assert [(m.name, m.input_type, m.output_type, m.server_streaming)
+            for m in mine.service[0].method] == [
+        (m.name, m.input_type, m.output_type, m.server_streaming) for m in ref.service[0].method]
