@@ -12,6 +12,7 @@
 #include "server/flight_service.h"
 #include "server/http/http_server.h"
 #include "server/http_routes.h"
+#include "server/json_body.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
@@ -158,7 +159,22 @@ class KServeHttpHandler {
   KServeHttpHandler(ServerCore* core, finetune::FineTuningHttp* fine_tuning)
       : core_(core), openai_(core), fine_tuning_(fine_tuning) {}
 
+  // Handlers answer with Status-based errors; an exception that still escapes one (a bug) is
+  // answered here, in the route's error shape, rather than by the HTTP server's bare 500.
   void operator()(http::Request req, Responder r) {
+    const std::string method = req.method, path = req.path;
+    try {
+      Dispatch(std::move(req), r);
+    } catch (const std::exception& e) {
+      spdlog::error("http: {} {} threw: {}", method, path, e.what());
+      SendRouteError(r, path,
+                     Internal("internal error while answering ", method, " ", path,
+                              "; the server's log has the details"));
+    }
+  }
+
+ private:
+  void Dispatch(http::Request req, const Responder& r) {
     if (!Admit(*core_, RoutePort::kHttp, req, r)) return;
     if (req.path == "/debug/trace") return DebugTrace(req, r);
     if (req.path == "/openapi.json" && req.method == "GET") {
@@ -209,7 +225,6 @@ class KServeHttpHandler {
     SendError(r, NotFound("no route for ", req.method, " ", req.path));
   }
 
- private:
   void FlightRecorderDump(const http::Request& req, const Responder& r) {
     StatusOr<json> doc = FlightRecorderJson(*core_, req.query);
     if (!doc.ok()) return SendError(r, doc.status());
@@ -298,10 +313,9 @@ class KServeHttpHandler {
     }
     json body = json::object();
     if (!req.body.empty()) {
-      body = json::parse(req.body, nullptr, false);
-      if (body.is_discarded() || !body.is_object()) {
-        return SendError(r, InvalidArgument("request body must be a JSON object"));
-      }
+      auto parsed = ParseJsonObject(req.body, "the request body");
+      if (!parsed.ok()) return SendError(r, parsed.status());
+      body = *std::move(parsed);
     }
     if (seg.size() == 3 && seg[2] == "index") {
       bool ready_only = false;

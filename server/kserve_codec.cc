@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "nlohmann/json.hpp"
+#include "server/json_body.h"
 
 namespace kiln {
 namespace {
@@ -307,11 +308,11 @@ void EncodeInferResponse(const std::string& model_name, const std::string& id,
 }
 
 StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument("parameter 'config' of the load request for '", name,
-                           "' must be a JSON object (one entry of `models:`)");
-  }
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j,
+                        ParseJsonObject(text,
+                                        StrCat("parameter 'config' of the load request for '", name,
+                                               "' (one entry of `models:`)"),
+                                        "config."));
   if (!j.contains("name")) {
     j["name"] = name;
   } else if (j["name"] != name) {

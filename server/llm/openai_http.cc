@@ -600,13 +600,11 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
 // plain-text message.
 void OpenAiApi::LoraAdapterRoute(const http::Request& req,
                                  const std::shared_ptr<http::Responder>& r, bool load) const {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object()) {
-    return SendError(r, InvalidArgument("the request body must be a JSON object"));
-  }
+  StatusOr<json> body = ParseJsonObject(req.body, "the request body");
+  if (!body.ok()) return SendError(r, body.status());
   auto field = [&](const char* key) -> std::string {
-    auto it = body.find(key);
-    return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
+    auto it = body->find(key);
+    return it != body->end() && it->is_string() ? it->get<std::string>() : std::string();
   };
   const std::string name = field("lora_name");
   if (name.empty()) {

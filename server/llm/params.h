@@ -13,6 +13,7 @@
 
 #include "nlohmann/json.hpp"
 #include "scheduler/generation.h"
+#include "server/json_body.h"  // ParseJsonObject, for the front ends
 
 namespace kiln::llm {
 
@@ -54,9 +55,5 @@ class JsonFields {
 // Type errors name the field; ranges are checked when the request is submitted.
 // max_tokens and logprobs differ between the APIs and are read by the caller.
 Status ReadSamplingFields(const JsonFields& fields, models::SamplingParams* params);
-
-// Parses a request body that must be a JSON object. InvalidArgument for malformed JSON or
-// invalid UTF-8 (with the parser's byte position) or for anything but an object.
-StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view what);
 
 }  // namespace kiln::llm

@@ -110,6 +110,31 @@ def test_temperature_nan_in_json_is_refused(kilnd):
     assert "the request body is not valid JSON" in r.json()["error"]["message"]
 
 
+# Issue 14: a number beyond a double's range answered a bare 500 on every JSON route.
+JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/load_lora_adapter",
+               "/v1/fine_tuning/jobs", f"/v2/models/{MODEL}/generate",
+               f"/v2/models/{MODEL}/generate_stream", f"/v2/models/{MODEL}/infer",
+               "/v2/repository/index"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "2e308"])
+@pytest.mark.parametrize("path", JSON_ROUTES)
+def test_number_beyond_double_range_is_400_naming_the_field(kilnd, path, number):
+    r = post(kilnd, path, '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], '
+                          f'"prompt": "Hi", "temperature": {number}}}')
+    assert r.status_code == 400, r.text
+    want = f"`temperature`: number out of range: {number}"
+    if path.startswith("/v1/"):
+        err = r.json()["error"]
+        assert err["message"].startswith(want), err
+        assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+    else:
+        assert r.json()["error"].startswith(want), r.text
+    # The daemon serves on.
+    r = post(kilnd, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
 def test_invalid_utf8_in_the_body_is_refused(kilnd):
     body = b'{"model": "smollm2", "messages": [{"role": "user", "content": "caf\xe9"}]}'
     r = post(kilnd, "/v1/chat/completions", body)
