@@ -163,12 +163,15 @@ StatusOr<ojson> NormalizeMessages(const ojson& messages, std::string_view field)
     norm["role"] = r == "developer" ? "system" : r;
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
-      // Only an assistant turn that calls tools may come without content.
+      // Only an assistant turn may come without content: agent frameworks send
+      // {"role": "assistant", "content": null, "tool_calls": [...]} after a tool call. OpenAI
+      // reads it as empty; so does Kiln (templates that concatenate content would otherwise
+      // fail on null). Its other keys (tool_calls) stay for the template.
       if (r != "assistant") {
         return Bad(StrCat(at, ".content"), InvalidArgument("`", at, ".content` is missing; a ", r,
                                                            " message needs content"));
       }
-      norm["content"] = nullptr;
+      norm["content"] = "";
     } else if (content->is_string()) {
       // as is
     } else if (content->is_array()) {

@@ -56,6 +56,32 @@ def test_chat_completion(client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
 
+# Issue 14: agent frameworks send the assistant's tool-call turn with "content": null; it was
+# refused with the chat template's error and the model file's path on the server.
+def test_assistant_turn_with_null_content_after_a_tool_call(client, kilnd):
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"},
+                {"role": "user", "content": "So, shorts?"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens >= 1
+    # Missing content reads the same as null: the same prompt.
+    messages[1] = {"role": "assistant", "tool_calls": [call]}
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                           temperature=0)
+    assert again.usage.prompt_tokens == r.usage.prompt_tokens
+    assert again.choices[0].message.content == r.choices[0].message.content
+    # Other roles still need content, and no error shows where the server keeps its models.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_tokens=4,
+                                       messages=[{"role": "user", "content": None}])
+    assert e.value.body["param"] == "messages[0].content"
+    assert ".gguf" not in e.value.body["message"] and "/" not in e.value.body["message"]
+
+
 def test_chat_stream_is_identical_to_the_non_streamed_answer(client):
     kwargs = dict(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, seed=11)
     full = client.chat.completions.create(**kwargs)
