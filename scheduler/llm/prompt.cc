@@ -124,8 +124,8 @@ StatusOr<Prompt> BuildChat(const models::LlmModel& model, std::string_view model
     return Bad(StrCat(req.field, "[", *tainted, "].content"),
                InvalidArgument("`", req.field, "[", *tainted,
                                "].content` contains the control token text `", tok.Piece(*token),
-                               "`, which model '", model_name,
-                               "''s chat template cannot keep apart from its own markup; remove "
+                               "`, which the chat template of model '", model_name,
+                               "' cannot keep apart from its own markup; remove "
                                "it from the message"));
   }
   out.ids = std::move(ids);
@@ -220,9 +220,10 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
   }
   const int64_t context = model.info().context_length;
   if (static_cast<int64_t>(bytes) > kMaxPromptBytesPerToken * context) {
-    return Bad(req.field,
-               InvalidArgument("the prompt is ", bytes, " bytes, far more than model '", model_name,
-                               "''s context of ", context, " tokens can hold; shorten it"));
+    return Bad(
+        req.field,
+        InvalidArgument("the prompt is ", bytes, " bytes, far more than the context of model '",
+                        model_name, "' (", context, " tokens) can hold; shorten it"));
   }
   Prompt out;
   switch (req.kind) {

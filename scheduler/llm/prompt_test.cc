@@ -207,8 +207,8 @@ TEST(BuildPromptTest, TextFarBeyondTheContextIsRefusedBeforeTokenizing) {
   auto p = BuildPrompt(model, "fake", Text(std::string(20000, 'a')));
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(StatusMessage(p.status()),
-              HasSubstr("the prompt is 20000 bytes, far more than model 'fake''s context of 256 "
-                        "tokens can hold"));
+              HasSubstr("the prompt is 20000 bytes, far more than the context of model 'fake' (256 "
+                        "tokens) can hold"));
   auto chat = BuildPrompt(model, "fake",
                           Chat(ordered_json::parse("[{\"role\": \"user\", \"content\": \"" +
                                                    std::string(20000, 'b') + "\"}]")));

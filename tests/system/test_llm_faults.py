@@ -52,7 +52,7 @@ BAD = [
      "max_tokens", "`max_tokens` is -5"),
     ("max_tokens_huge", "/v1/completions",
      {"model": MODEL, "prompt": "a", "max_tokens": 10**9}, "max_tokens",
-     "leaves room for at most"),
+     "leaves room for at most 2047 in the context of model 'smollm2' (2048 tokens)"),
     ("max_tokens_beyond_int64", "/v1/completions",
      {"model": MODEL, "prompt": "a", "max_tokens": 2**70}, "max_tokens", "too large"),
     ("max_completion_tokens_zero", "/v1/chat/completions",
@@ -90,6 +90,7 @@ def test_bad_input_is_400_naming_the_field(kilnd, path, body, param, message):
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
     assert message in err["message"], err["message"]
+    assert "''" not in err["message"], "issue 14: doubled quotes such as model 'smollm2''s"
 
 
 def test_prompt_longer_than_the_context_names_both_numbers(kilnd):
