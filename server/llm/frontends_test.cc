@@ -184,6 +184,8 @@ TEST_F(FrontEndsTest, ChatCompletionMatchesTheModelAndStopsAtEos) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], Text(ExpectedIds(prompt, 100)));
+  ASSERT_TRUE(j["choices"][0]["message"].contains("refusal")) << "issue 14: OpenAI's shape";
+  EXPECT_TRUE(j["choices"][0]["message"]["refusal"].is_null());
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(j["usage"]["completion_tokens"], 6) << "five tokens and EOS";
@@ -208,6 +210,7 @@ TEST_F(FrontEndsTest, StreamedChatDeliversTheSameTextAsNonStreamed) {
   json first = json::parse(events[0]);
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["delta"].contains("refusal"));
   std::string text;
   std::string finish;
   for (size_t i = 0; i + 2 < events.size(); ++i) {
@@ -399,6 +402,24 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        "prompt",
        "has a context of 256 tokens"},
       {"missing model", "/v1/completions", {{"prompt", "a"}}, 400, "model", "`model` is missing"},
+      {"missing prompt",
+       "/v1/completions",
+       {{"model", "fake"}},
+       400,
+       "prompt",
+       "`prompt` is missing; it must be a string or a list of token ids"},
+      {"null prompt (issue 14: reported as missing)",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", nullptr}},
+       400,
+       "prompt",
+       "`prompt` is null; it must be a string or a list of token ids"},
+      {"null messages",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", nullptr}},
+       400,
+       "messages",
+       "`messages` is null; it must be a list of messages"},
       {"unknown model",
        "/v1/completions",
        {{"model", "nope"}, {"prompt", "a"}},
@@ -536,7 +557,11 @@ TEST_F(FrontEndsTest, WrongMethodsAndRoutes) {
   EXPECT_THAT(json::parse(get.body)["error"]["message"].get<std::string>(), HasSubstr("POST"));
   auto unknown = HttpCall(server_.http_port(), "POST", "/v1/embeddings", "{}");
   EXPECT_EQ(unknown.status, 404);
-  EXPECT_TRUE(json::parse(unknown.body)["error"].contains("type"));
+  EXPECT_EQ(json::parse(unknown.body)["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(json::parse(unknown.body)["error"]["code"], "not_found") << "issue 14: was null";
+  auto unknown_get = HttpCall(server_.http_port(), "GET", "/v1/nope");
+  EXPECT_EQ(unknown_get.status, 404);
+  EXPECT_EQ(json::parse(unknown_get.body)["error"]["code"], "not_found");
   EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v2/health/live").status, 200)
       << "KServe routes are untouched";
 }

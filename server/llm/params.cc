@@ -37,6 +37,10 @@ const json* JsonFields::Get(std::string_view key) const {
 
 bool JsonFields::Has(std::string_view key) const { return Get(key) != nullptr; }
 
+bool JsonFields::Present(std::string_view key) const {
+  return object_.find(std::string(key)) != object_.end();
+}
+
 StatusOr<std::optional<int64_t>> JsonFields::Int(std::string_view key) const {
   const json* v = Get(key);
   if (!v) return std::nullopt;

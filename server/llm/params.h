@@ -28,6 +28,8 @@ class JsonFields {
   JsonFields(const nlohmann::json& object, std::string prefix = "", bool lenient = false);
 
   bool Has(std::string_view key) const;
+  // Whether the member is there at all, null included (to tell "null" from "missing").
+  bool Present(std::string_view key) const;
   std::string Name(std::string_view key) const { return prefix_ + std::string(key); }
 
   // Whole numbers only (2.0 is accepted, 2.5 is not), in the int64 range.

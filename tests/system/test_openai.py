@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests
 from openai import OpenAI
 
 from conftest import LLM_NAME as MODEL
@@ -187,6 +188,31 @@ def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert e.value.body["code"] == "model_not_found"
+
+
+# Issue 14: OpenAI's shapes in detail.
+def test_unknown_route_is_not_found_with_a_code(client, kilnd):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model=MODEL, input="kiln")
+    assert e.value.code == "not_found" and e.value.type == "invalid_request_error"
+    r = requests.get(f"{kilnd.base}/v1/nope", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+
+
+def test_chat_message_carries_refusal_null(kilnd):
+    r = requests.post(f"{kilnd.base}/v1/chat/completions", timeout=120,
+                      json={"model": MODEL, "messages": QUESTION, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert "refusal" in message and message["refusal"] is None, message
+
+
+def test_null_prompt_says_what_prompt_must_be(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=None, max_tokens=2)
+    assert e.value.body["param"] == "prompt"
+    assert e.value.body["message"] == (
+        "`prompt` is null; it must be a string or a list of token ids"), e.value.body
 
 
 def test_llm_and_compiler_metrics_are_exposed_as_documented(kilnd, client):
