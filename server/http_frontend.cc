@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/finetune/finetune_http.h"
@@ -12,7 +13,6 @@
 #include "server/flight_service.h"
 #include "server/http/http_server.h"
 #include "server/http_routes.h"
-#include "server/json_body.h"
 #include "server/kserve_codec.h"
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"

@@ -3,8 +3,8 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
-#include "server/json_body.h"
 
 namespace kiln {
 namespace {

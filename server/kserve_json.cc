@@ -4,9 +4,9 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/model.h"
-#include "server/json_body.h"
 #include "server/kserve_codec.h"
 
 namespace kiln {

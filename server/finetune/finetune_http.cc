@@ -7,10 +7,10 @@
 #include "absl/strings/str_split.h"
 #include "boost/asio/post.hpp"
 #include "boost/asio/thread_pool.hpp"
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/finetune/job_service.h"
 #include "server/finetune/forms.h"
-#include "server/json_body.h"
 #include "server/llm/openai_http.h"
 #include "server/status_mapping.h"
 

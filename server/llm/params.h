@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/base/json_parse.h"  // ParseJsonObject, for the front ends
 #include "nlohmann/json.hpp"
 #include "scheduler/generation.h"
-#include "server/json_body.h"  // ParseJsonObject, for the front ends
 
 namespace kiln::llm {
 

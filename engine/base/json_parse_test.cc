@@ -1,4 +1,4 @@
-#include "server/json_body.h"
+#include "engine/base/json_parse.h"
 
 #include <string>
 
@@ -103,6 +103,22 @@ TEST(ParseJsonObjectTest, AnythingButAnObjectIsRefused) {
               HasSubstr("body must be a JSON object, got a list"));
   EXPECT_THAT(Message(ParseJsonObject("null", "body")), HasSubstr("got null"));
   EXPECT_THAT(Message(ParseJsonObject(R"("x")", "body")), HasSubstr("got a string"));
+}
+
+TEST(ParseJsonObjectTest, WithoutWhatMessagesStartWithTheProblem) {
+  EXPECT_THAT(Message(ParseJsonObject(R"({"a": [)", "")),
+              ::testing::StartsWith("not valid JSON: `a[0]`: parse error at line 1"));
+  EXPECT_EQ(Message(ParseJsonObject("[1]", "")), "expected a JSON object, got a list");
+  EXPECT_EQ(Message(ParseJsonObject("1e400", "")),
+            "number out of range: 1e400 is beyond a double's ±1.8e308");
+}
+
+TEST(ParseOrderedJsonObjectTest, KeepsDocumentOrderAndFindsTheSameErrors) {
+  auto r = ParseOrderedJsonObject(R"({"z": 1, "a": {"y": [1, 2], "b": null}, "m": "x"})", "doc");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->dump(), R"({"z":1,"a":{"y":[1,2],"b":null},"m":"x"})");
+  auto bad = ParseOrderedJsonObject(R"({"z": 1, "a": {"y": [1, 2e308]}})", "doc");
+  EXPECT_THAT(Message(bad), HasSubstr("`a.y[1]`: number out of range: 2e308"));
 }
 
 // Arbitrarily deep documents are parsed without recursion (no stack overflow).

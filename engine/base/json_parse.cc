@@ -1,4 +1,4 @@
-#include "server/json_body.h"
+#include "engine/base/json_parse.h"
 
 #include <string>
 #include <vector>
@@ -31,21 +31,25 @@ std::string ParserMessage(std::string_view what) {
 
 // Builds the document as nlohmann's own DOM parser would (a repeated key: the last wins) and
 // keeps the path of the value being read, so that an error can name its field. Events arrive
-// in document order; only the open containers are on the stack.
+// in document order; only the open containers are on the stack. `Json` is nlohmann::json or
+// ordered_json.
+template <typename Json>
 class PathSax {
  public:
-  explicit PathSax(json* root) : root_(root) {}
+  explicit PathSax(Json* root) : root_(root) {}
 
   bool null() { return Add(nullptr); }
   bool boolean(bool v) { return Add(v); }
-  bool number_integer(json::number_integer_t v) { return Add(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return Add(v); }
-  bool number_float(json::number_float_t v, const json::string_t&) { return Add(v); }
-  bool string(json::string_t& v) { return Add(std::move(v)); }
-  bool binary(json::binary_t& v) { return Add(json::binary(std::move(v))); }
-  bool start_object(size_t) { return Open(json::object()); }
-  bool start_array(size_t) { return Open(json::array()); }
-  bool key(json::string_t& k) {
+  bool number_integer(typename Json::number_integer_t v) { return Add(v); }
+  bool number_unsigned(typename Json::number_unsigned_t v) { return Add(v); }
+  bool number_float(typename Json::number_float_t v, const typename Json::string_t&) {
+    return Add(v);
+  }
+  bool string(typename Json::string_t& v) { return Add(std::move(v)); }
+  bool binary(typename Json::binary_t& v) { return Add(Json::binary(std::move(v))); }
+  bool start_object(size_t) { return Open(Json::object()); }
+  bool start_array(size_t) { return Open(Json::array()); }
+  bool key(typename Json::string_t& k) {
     Frame& f = open_.back();
     f.key = std::move(k);
     f.awaiting_value = true;
@@ -54,7 +58,7 @@ class PathSax {
   bool end_object() { return Close(); }
   bool end_array() { return Close(); }
 
-  bool parse_error(size_t, const std::string& last_token, const json::exception& e) {
+  bool parse_error(size_t, const std::string& last_token, const nlohmann::json::exception& e) {
     error_ = true;
     overflow_ = e.id == 406;  // out_of_range.406: "number overflow parsing '1e400'"
     token_ = Clip(last_token);
@@ -72,14 +76,14 @@ class PathSax {
 
  private:
   struct Frame {
-    json* value;
+    Json* value;
     std::string key;              // objects: the member being read
     size_t next = 0;              // arrays: the index of the next element
     bool awaiting_value = false;  // objects: a key was read, its value not yet
   };
 
   // Where a new value goes: the root, the end of the open array or the open object's key.
-  json* Slot() {
+  Json* Slot() {
     if (open_.empty()) return root_;
     Frame& f = open_.back();
     if (f.value->is_array()) {
@@ -90,13 +94,13 @@ class PathSax {
     f.awaiting_value = false;
     return &(*f.value)[f.key];
   }
-  bool Add(json v) {
+  bool Add(Json v) {
     *Slot() = std::move(v);
     return true;
   }
   // A container stays put while open: its parent only grows after it is closed.
-  bool Open(json v) {
-    json* slot = Slot();
+  bool Open(Json v) {
+    Json* slot = Slot();
     *slot = std::move(v);
     open_.push_back(Frame{.value = slot, .key = {}});
     return true;
@@ -123,36 +127,51 @@ class PathSax {
     return path.size() > 2 * kMaxQuoted ? StrCat(path.substr(0, 2 * kMaxQuoted), "...") : path;
   }
 
-  json* const root_;
+  Json* const root_;
   std::vector<Frame> open_;
   bool error_ = false;
   bool overflow_ = false;
   std::string token_, message_, path_;
 };
 
-}  // namespace
-
-StatusOr<json> ParseJsonObject(std::string_view text, std::string_view what,
-                               std::string_view field_prefix) {
-  json doc;
-  PathSax sax(&doc);
-  json::sax_parse(text.begin(), text.end(), &sax, json::input_format_t::json, /*strict=*/true);
+template <typename Json>
+StatusOr<Json> ParseObject(std::string_view text, std::string_view what,
+                           std::string_view field_prefix) {
+  Json doc;
+  PathSax<Json> sax(&doc);
+  Json::sax_parse(text.begin(), text.end(), &sax, nlohmann::json::input_format_t::json,
+                  /*strict=*/true);
   if (sax.error()) {
     const std::string field = sax.path().empty() ? "" : StrCat(field_prefix, sax.path());
     if (sax.overflow()) {
       const std::string range =
           StrCat("number out of range: ", sax.token(), " is beyond a double's ±1.8e308");
-      if (field.empty()) return InvalidArgument(what, ": ", range);
+      if (field.empty()) return InvalidArgument(what, what.empty() ? "" : ": ", range);
       return WithParam(InvalidArgument("`", field, "`: ", range), field);
     }
-    if (field.empty()) return InvalidArgument(what, " is not valid JSON: ", sax.message());
-    return WithParam(InvalidArgument(what, " is not valid JSON: `", field, "`: ", sax.message()),
-                     field);
+    const std::string invalid =
+        what.empty() ? "not valid JSON: " : StrCat(what, " is not valid JSON: ");
+    if (field.empty()) return InvalidArgument(invalid, sax.message());
+    return WithParam(InvalidArgument(invalid, "`", field, "`: ", sax.message()), field);
   }
   if (!doc.is_object()) {
-    return InvalidArgument(what, " must be a JSON object, got ", JsonTypeName(doc));
+    return InvalidArgument(what.empty() ? "expected" : StrCat(what, " must be"),
+                           " a JSON object, got ", JsonTypeName(nlohmann::json(doc.type())));
   }
   return doc;
+}
+
+}  // namespace
+
+StatusOr<json> ParseJsonObject(std::string_view text, std::string_view what,
+                               std::string_view field_prefix) {
+  return ParseObject<json>(text, what, field_prefix);
+}
+
+StatusOr<nlohmann::ordered_json> ParseOrderedJsonObject(std::string_view text,
+                                                        std::string_view what,
+                                                        std::string_view field_prefix) {
+  return ParseObject<nlohmann::ordered_json>(text, what, field_prefix);
 }
 
 std::string_view JsonTypeName(const json& v) {
