@@ -3,6 +3,7 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {
@@ -308,12 +309,14 @@ void EncodeInferResponse(const std::string& model_name, const std::string& id,
 
 StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std::string& text,
                                               const config::ModelConfig* current) {
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument(
-        "parameter 'config' of the load request for '", name, "' must be a JSON object (",
-        current ? "the keys of its `models:` entry to change" : "an entry of `models:`", ")");
-  }
+  KILN_ASSIGN_OR_RETURN(
+      nlohmann::json j,
+      ParseJsonObject(text,
+                      StrCat("parameter 'config' of the load request for '", name, "' (",
+                             current ? "the keys of its `models:` entry to change"
+                                     : "one entry of `models:`",
+                             ")"),
+                      "config."));
   if (auto it = j.find("name"); it != j.end() && *it != name) {
     return InvalidArgument("parameter 'config' names model ", it->dump(),
                            " but the request loads '", name, "'");

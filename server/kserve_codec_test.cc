@@ -227,8 +227,8 @@ TEST(ParseLoadConfigTest, TheNameMustBeTheLoadedModels) {
   auto c = ParseLoadConfig("simple", "[1]", &current);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(StatusMessage(c.status()),
-            "parameter 'config' of the load request for 'simple' must be a JSON object (the "
-            "keys of its `models:` entry to change)");
+            "parameter 'config' of the load request for 'simple' (the keys of its `models:` "
+            "entry to change) must be a JSON object, got a list");
 }
 
 }  // namespace

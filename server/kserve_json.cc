@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/model.h"
 #include "server/kserve_codec.h"
@@ -236,17 +237,9 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
     }
     json_size = *header_length;
   }
-  json doc = json::parse(body.begin(), body.begin() + json_size, nullptr, /*exceptions=*/false);
-  if (doc.is_discarded()) {
-    // Re-parse with exceptions only to learn where it broke.
-    try {
-      json ignored = json::parse(body.begin(), body.begin() + json_size);
-    } catch (const json::parse_error& e) {
-      return InvalidArgument("request body is not valid JSON: ", e.what());
-    }
-    return InvalidArgument("request body is not valid JSON");
-  }
-  if (!doc.is_object()) return InvalidArgument("request body must be a JSON object");
+  KILN_ASSIGN_OR_RETURN(
+      json doc, ParseJsonObject(std::string_view(body).substr(0, json_size),
+                                header_length ? "the request's JSON header" : "the request body"));
 
   JsonInferRequest out;
   out.request = std::make_unique<InferenceRequest>();

@@ -50,6 +50,9 @@ class ChatTemplate {
 
   // Validates `inputs.messages` (a list of objects with a string "role"), then renders.
   // Empty bos_token/eos_token in `inputs` fall back to the defaults from the model.
+  // Errors reach API clients, so they never name a file on the server: the template's name
+  // is its key (tokenizer.chat_template), and anything path-like in a message (from
+  // raise_exception, say) reads `<path>` (WithoutPaths).
   StatusOr<std::string> Apply(const Inputs& inputs) const;
 
   const std::string& source() const { return source_; }
@@ -62,5 +65,9 @@ class ChatTemplate {
   std::string bos_, eos_;
   std::unique_ptr<jinja::Template> template_;
 };
+
+// `message` with every file path in it ("/srv/models/x.gguf", "./m", "models/x/a.json")
+// replaced by `<path>`; markup such as "</s>" and arithmetic such as "1/2.5" are kept.
+std::string WithoutPaths(std::string_view message);
 
 }  // namespace kiln::models

@@ -76,5 +76,23 @@ TEST(ChatTemplateFixtureTest, SmolLM2TemplateFromGguf) {
             "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// Issue 14: rendering SmolLM2's template with a null content answered the client with the
+// GGUF file's path on the server.
+TEST(ChatTemplateFixtureTest, ErrorsOfATemplateFromGgufDoNotNameTheFile) {
+  auto gguf = GgufFile::Open(testing::DefaultModelPath());
+  ASSERT_TRUE(gguf.ok()) << gguf.status() << " (run scripts/fetch-default-model.sh)";
+  auto t = ChatTemplate::FromGguf(**gguf);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ChatTemplate::Inputs in;
+  in.messages = json::array(
+      {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", nullptr}}});
+  auto out = (*t)->Apply(in);
+  ASSERT_FALSE(out.ok()) << "SmolLM2's template concatenates content: null is a type error";
+  const std::string message(StatusMessage(out.status()));
+  EXPECT_THAT(message, ::testing::StartsWith("tokenizer.chat_template:"));
+  EXPECT_THAT(message, ::testing::Not(::testing::HasSubstr(".gguf")));
+  EXPECT_THAT(message, ::testing::Not(::testing::HasSubstr("/")));
+}
+
 }  // namespace
 }  // namespace kiln::models

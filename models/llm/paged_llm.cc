@@ -213,8 +213,8 @@ Status PagedLlm::CheckAdapter(const LoraAdapter& adapter) const {
     const std::vector<int64_t> shape = w->LoadedShape();  // (out, in)
     if (shape.size() != 2 || shape[0] != layer.out || shape[1] != layer.in) {
       return InvalidArgument("adapter layer ", name, " maps ", layer.in, " inputs to ", layer.out,
-                             " outputs but model '", model, "''s weight is ", ShapeString(shape),
-                             " (out, in)");
+                             " outputs but that weight of model '", model, "' is ",
+                             ShapeString(shape), " (out, in)");
     }
     const size_t r = static_cast<size_t>(adapter.config.r);
     if (layer.a.size() != r * layer.in || layer.b.size() != r * layer.out) {

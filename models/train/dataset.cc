@@ -9,6 +9,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_format.h"
+#include "engine/base/json_parse.h"
 #include "models/chat/chat_template.h"
 #include "models/io/errors.h"
 #include "models/tokenizer/tokenizer.h"
@@ -146,17 +147,11 @@ StatusOr<json> ParseExample(std::string_view line, std::string_view where) {
                      absl::StrFormat("%02X", static_cast<uint8_t>(line[bad])), " at column ",
                      bad + 1, ")");
   }
-  json obj;
-  try {
-    obj = json::parse(line);
-  } catch (const json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 3: ...".
-    std::string what = e.what();
-    size_t colon = what.find(": ");
-    return LineError(where, "not valid JSON at column ", e.byte, ": ",
-                     colon == std::string::npos ? what : what.substr(colon + 2));
-  }
-  if (!obj.is_object()) return LineError(where, "expected a JSON object, got ", TypeName(obj));
+  // The parser for client JSON: a number beyond a double's range ("x": 1e400) is an error
+  // naming the field here too, not an exception (which ended kilnd during an upload).
+  StatusOr<json> parsed = ParseOrderedJsonObject(line, "");
+  if (!parsed.ok()) return LineError(where, StatusMessage(parsed.status()));
+  json obj = *std::move(parsed);
   if (auto messages = obj.find("messages"); messages != obj.end()) {
     KILN_RETURN_IF_ERROR(CheckMessages(*messages, ToolsOf(obj), where));
     return obj;

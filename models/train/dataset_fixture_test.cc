@@ -273,8 +273,13 @@ TEST_F(SmolLM2DataTest, BadInputNamesFileLineAndField) {
     std::string line, expected;
   };
   const Case cases[] = {
-      {R"({"messages": [)", "train.jsonl:2: not valid JSON at column"},
-      {"[1, 2]", "train.jsonl:2: expected a JSON object, got array"},
+      {R"({"messages": [)",
+       "train.jsonl:2: not valid JSON: `messages[0]`: parse error at line 1, "
+       "column 15"},
+      {"[1, 2]", "train.jsonl:2: expected a JSON object, got a list"},
+      // Issue 14: a number beyond a double's range threw out of the parser and ended kilnd.
+      {R"({"messages": [{"role": "user", "content": "x", "n": 1e400}]})",
+       "train.jsonl:2: `messages[0].n`: number out of range: 1e400"},
       {R"({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]})",
        "train.jsonl:2: messages[0]: missing field `content`"},
       {R"({"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "x"}]})",

@@ -46,8 +46,11 @@ TEST(CheckFineTuneJsonlTest, EachErrorNamesLineAndKey) {
     std::string line, expected;
   };
   const Case cases[] = {
-      {R"({"messages": [)", "train.jsonl: line 3: not valid JSON at column"},
-      {"[1, 2]", "train.jsonl: line 3: expected a JSON object, got array"},
+      {R"({"messages": [)", "train.jsonl: line 3: not valid JSON: `messages[0]`: parse error"},
+      {"[1, 2]", "train.jsonl: line 3: expected a JSON object, got a list"},
+      // Issue 14: a number beyond a double's range threw out of the parser and ended kilnd.
+      {R"({"messages": [], "seed": 2e308})",
+       "train.jsonl: line 3: `seed`: number out of range: 2e308 is beyond a double's ±1.8e308"},
       {R"({"text": "x"})",
        "train.jsonl: line 3: expected field `messages` (chat) or `prompt` and `completion` "
        "(legacy)"},

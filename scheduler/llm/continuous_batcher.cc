@@ -125,10 +125,10 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
                      f.prompt);
   }
   if (prompt >= kv) {
-    return WithParam(InvalidArgument("the prompt is ", prompt, " tokens but model '", name_,
-                                     "''s KV cache holds ", kv,
-                                     " tokens (scheduler.kv_cache_bytes); shorten the prompt"),
-                     f.prompt);
+    return WithParam(
+        InvalidArgument("the prompt is ", prompt, " tokens but the KV cache of model '", name_,
+                        "' holds ", kv, " tokens (scheduler.kv_cache_bytes); shorten the prompt"),
+        f.prompt);
   }
   const int64_t room = std::min(context, kv) - prompt;
   const int64_t fallback = std::min<int64_t>(room, r.default_max_tokens);
@@ -141,9 +141,9 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
   if (r.max_tokens && *r.max_tokens > room) {
     return WithParam(
         InvalidArgument("`", f.max_tokens, "` is ", *r.max_tokens, " but the prompt (", prompt,
-                        " tokens) leaves room for at most ", room, " in model '", name_, "''s ",
-                        kv < context ? StrCat("KV cache of ", kv, " tokens")
-                                     : StrCat("context of ", context, " tokens")),
+                        prompt == 1 ? " token" : " tokens", ") leaves room for at most ", room,
+                        " in the ", kv < context ? "KV cache" : "context", " of model '", name_,
+                        "' (", std::min(kv, context), " tokens)"),
         f.max_tokens);
   }
   r.sampling.max_tokens = static_cast<int32_t>(r.max_tokens.value_or(fallback));

@@ -653,7 +653,7 @@ TEST(ContinuousBatcherCheckTest, MaxTokensZeroNegativeOrTooLarge) {
   GenerateRequest huge = Req(10, 1LL << 40);
   EXPECT_THAT(StatusMessage(f.batcher->Check(huge)),
               HasSubstr("`max_tokens` is 1099511627776 but the prompt (10 tokens) leaves room "
-                        "for at most 118 in model 'fake''s context of 128 tokens"));
+                        "for at most 118 in the context of model 'fake' (128 tokens)"));
   GenerateRequest fits = Req(10, 118);
   ASSERT_TRUE(f.batcher->Check(fits).ok());
   EXPECT_EQ(fits.sampling.max_tokens, 118);
@@ -681,9 +681,15 @@ TEST(ContinuousBatcherCheckTest, TheKvCacheBoundsOneSequence) {
   ASSERT_TRUE(f.batcher->Check(r).ok());
   EXPECT_EQ(r.sampling.max_tokens, 200);
   GenerateRequest big = Req(56, 1000);
-  EXPECT_THAT(StatusMessage(f.batcher->Check(big)), HasSubstr("KV cache of 256 tokens"));
+  EXPECT_THAT(StatusMessage(f.batcher->Check(big)),
+              HasSubstr("`max_tokens` is 1000 but the prompt (56 tokens) leaves room for at most "
+                        "200 in the KV cache of model 'fake' (256 tokens)"));
   GenerateRequest prompt = Req(300, 1);
-  EXPECT_THAT(StatusMessage(f.batcher->Check(prompt)), HasSubstr("KV cache holds 256 tokens"));
+  EXPECT_THAT(StatusMessage(f.batcher->Check(prompt)),
+              HasSubstr("the prompt is 300 tokens but the KV cache of model 'fake' holds 256 "
+                        "tokens"));
+  GenerateRequest one = Req(1, 5000);
+  EXPECT_THAT(StatusMessage(f.batcher->Check(one)), HasSubstr("the prompt (1 token) leaves"));
 }
 
 TEST(ContinuousBatcherCheckTest, SamplingErrorsNameTheFieldUnderTheClientsPrefix) {

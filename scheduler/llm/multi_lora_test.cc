@@ -167,7 +167,8 @@ TEST(MultiLoraTest, AdaptersThatDoNotFitAreRefused) {
   Status s = b->AddAdapter("wrong", std::make_shared<const models::LoraAdapter>(wrong));
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(StatusMessage(s), HasSubstr("adapter layer blk.0.attn_q.weight maps 32 inputs to "
-                                          "64 outputs but model 'llama_gqa_f32''s weight is"));
+                                          "64 outputs but that weight of model 'llama_gqa_f32' "
+                                          "is ["));
   models::LoraAdapter norm;
   norm.config.r = 2;
   norm.layers["blk.0.attn_norm.weight"] = {64, 64, std::vector<float>(128),

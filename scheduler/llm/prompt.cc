@@ -124,8 +124,8 @@ StatusOr<Prompt> BuildChat(const models::LlmModel& model, std::string_view model
     return Bad(StrCat(req.field, "[", *tainted, "].content"),
                InvalidArgument("`", req.field, "[", *tainted,
                                "].content` contains the control token text `", tok.Piece(*token),
-                               "`, which model '", model_name,
-                               "''s chat template cannot keep apart from its own markup; remove "
+                               "`, which the chat template of model '", model_name,
+                               "' cannot keep apart from its own markup; remove "
                                "it from the message"));
   }
   out.ids = std::move(ids);
@@ -163,12 +163,15 @@ StatusOr<ojson> NormalizeMessages(const ojson& messages, std::string_view field)
     norm["role"] = r == "developer" ? "system" : r;
     auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
-      // Only an assistant turn that calls tools may come without content.
+      // Only an assistant turn may come without content: agent frameworks send
+      // {"role": "assistant", "content": null, "tool_calls": [...]} after a tool call. OpenAI
+      // reads it as empty; so does Kiln (templates that concatenate content would otherwise
+      // fail on null). Its other keys (tool_calls) stay for the template.
       if (r != "assistant") {
         return Bad(StrCat(at, ".content"), InvalidArgument("`", at, ".content` is missing; a ", r,
                                                            " message needs content"));
       }
-      norm["content"] = nullptr;
+      norm["content"] = "";
     } else if (content->is_string()) {
       // as is
     } else if (content->is_array()) {
@@ -217,9 +220,10 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
   }
   const int64_t context = model.info().context_length;
   if (static_cast<int64_t>(bytes) > kMaxPromptBytesPerToken * context) {
-    return Bad(req.field,
-               InvalidArgument("the prompt is ", bytes, " bytes, far more than model '", model_name,
-                               "''s context of ", context, " tokens can hold; shorten it"));
+    return Bad(
+        req.field,
+        InvalidArgument("the prompt is ", bytes, " bytes, far more than the context of model '",
+                        model_name, "' (", context, " tokens) can hold; shorten it"));
   }
   Prompt out;
   switch (req.kind) {

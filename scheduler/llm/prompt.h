@@ -72,8 +72,9 @@ StatusOr<Prompt> BuildPrompt(const models::LlmModel& model, std::string_view mod
                              const PromptInput& request);
 
 // The messages as the template sees them: each an object with a string role (developer ->
-// system) and string content (text parts joined with "\n"; null stays null). Errors as
-// above, naming `field`[i].
+// system) and string content (text parts joined with "\n"; an assistant's null or missing
+// content reads as "", as OpenAI takes it; other keys such as tool_calls are kept). Errors
+// as above, naming `field`[i].
 StatusOr<nlohmann::ordered_json> NormalizeMessages(const nlohmann::ordered_json& messages,
                                                    std::string_view field);
 

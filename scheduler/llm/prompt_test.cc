@@ -128,6 +128,37 @@ TEST(BuildPromptTest, UnknownRolesAreRefusedNamingTheMessage) {
   EXPECT_EQ(ParamOf(not_object.status()), "messages[0]");
 }
 
+// Issue 14: agent frameworks send {"role": "assistant", "content": null, "tool_calls": [...]}
+// after a tool call; it was refused with the template's type error (and the model's path).
+TEST(BuildPromptTest, AssistantWithNullOrMissingContentReadsAsEmpty) {
+  FakeLlm model;
+  for (const char* assistant :
+       {R"({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+            "type": "function", "function": {"name": "f", "arguments": "{}"}}]})",
+        R"({"role": "assistant"})"}) {
+    SCOPED_TRACE(assistant);
+    auto p = BuildPrompt(model, "fake",
+                         Chat(ordered_json::parse(StrCat(R"([
+        {"role": "user", "content": "What is the weather?"}, )",
+                                                         assistant, R"(,
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        {"role": "user", "content": "And so?"}])"))));
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_THAT(p->text, HasSubstr("<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\nsunny"));
+  }
+  auto messages = NormalizeMessages(ordered_json::parse(R"([{"role": "assistant", "content": null,
+      "tool_calls": [{"id": "call_1"}]}])"),
+                                    "messages");
+  ASSERT_TRUE(messages.ok()) << messages.status();
+  EXPECT_EQ((*messages)[0]["content"], "");
+  EXPECT_EQ((*messages)[0]["tool_calls"][0]["id"], "call_1") << "tool_calls are kept";
+
+  auto user = BuildPrompt(model, "fake",
+                          Chat(ordered_json::parse(R"([{"role": "user", "content": null}])")));
+  ASSERT_FALSE(user.ok()) << "other roles need content";
+  EXPECT_THAT(StatusMessage(user.status()), HasSubstr("`messages[0].content` is missing"));
+}
+
 TEST(BuildPromptTest, ContentPartsAndDeveloperRole) {
   FakeLlm model;
   auto p = BuildPrompt(model, "fake", Chat(ordered_json::parse(R"([
@@ -176,8 +207,8 @@ TEST(BuildPromptTest, TextFarBeyondTheContextIsRefusedBeforeTokenizing) {
   auto p = BuildPrompt(model, "fake", Text(std::string(20000, 'a')));
   ASSERT_FALSE(p.ok());
   EXPECT_THAT(StatusMessage(p.status()),
-              HasSubstr("the prompt is 20000 bytes, far more than model 'fake''s context of 256 "
-                        "tokens can hold"));
+              HasSubstr("the prompt is 20000 bytes, far more than the context of model 'fake' (256 "
+                        "tokens) can hold"));
   auto chat = BuildPrompt(model, "fake",
                           Chat(ordered_json::parse("[{\"role\": \"user\", \"content\": \"" +
                                                    std::string(20000, 'b') + "\"}]")));

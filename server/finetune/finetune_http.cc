@@ -7,6 +7,7 @@
 #include "absl/strings/str_split.h"
 #include "boost/asio/post.hpp"
 #include "boost/asio/thread_pool.hpp"
+#include "engine/base/json_parse.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/finetune/job_service.h"
 #include "server/finetune/forms.h"
@@ -173,11 +174,9 @@ void Jobs(FineTuningService* ft, const std::vector<std::string>& seg, const http
   };
   if (seg.size() == 3) {
     if (post) {
-      const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-      if (body.is_discarded()) {
-        return SendError(r, InvalidArgument("the request body is not valid JSON"));
-      }
-      return send_job(ft->CreateJob(body));
+      StatusOr<json> body = ParseJsonObject(req.body, "the request body");
+      if (!body.ok()) return SendError(r, body.status());
+      return send_job(ft->CreateJob(*body));
     }
     if (!get) return SendMethodNotAllowed(r, req, "GET, POST");
     StatusOr<ListQuery> q = ParseListQuery(req.query, {.metadata = true});

@@ -184,6 +184,8 @@ TEST_F(FrontEndsTest, ChatCompletionMatchesTheModelAndStopsAtEos) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
   EXPECT_EQ(j["choices"][0]["message"]["content"], Text(ExpectedIds(prompt, 100)));
+  ASSERT_TRUE(j["choices"][0]["message"].contains("refusal")) << "issue 14: OpenAI's shape";
+  EXPECT_TRUE(j["choices"][0]["message"]["refusal"].is_null());
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt.size());
   EXPECT_EQ(j["usage"]["completion_tokens"], 6) << "five tokens and EOS";
@@ -208,6 +210,7 @@ TEST_F(FrontEndsTest, StreamedChatDeliversTheSameTextAsNonStreamed) {
   json first = json::parse(events[0]);
   EXPECT_EQ(first["object"], "chat.completion.chunk");
   EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["delta"].contains("refusal"));
   std::string text;
   std::string finish;
   for (size_t i = 0; i + 2 < events.size(); ++i) {
@@ -399,6 +402,24 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        "prompt",
        "has a context of 256 tokens"},
       {"missing model", "/v1/completions", {{"prompt", "a"}}, 400, "model", "`model` is missing"},
+      {"missing prompt",
+       "/v1/completions",
+       {{"model", "fake"}},
+       400,
+       "prompt",
+       "`prompt` is missing; it must be a string or a list of token ids"},
+      {"null prompt (issue 14: reported as missing)",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", nullptr}},
+       400,
+       "prompt",
+       "`prompt` is null; it must be a string or a list of token ids"},
+      {"null messages",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", nullptr}},
+       400,
+       "messages",
+       "`messages` is null; it must be a list of messages"},
       {"unknown model",
        "/v1/completions",
        {{"model", "nope"}, {"prompt", "a"}},
@@ -485,13 +506,62 @@ TEST_F(FrontEndsTest, MalformedBodiesAreRefused) {
   EXPECT_EQ(reply.status, 400);
 }
 
+// Issue 14: a number beyond a double's range made json::out_of_range escape the handlers, and
+// every JSON route answered a bare 500. Now: 400 naming the field, in the route's error shape
+// (OpenAI's object under /v1, KServe's {"error": "..."} elsewhere), and the server serves on.
+TEST_F(FrontEndsTest, NumberBeyondDoubleRangeIsA400NamingTheFieldOnEveryJsonRoute) {
+  const int port = server_.http_port();
+  for (const std::string path :
+       {"/v1/chat/completions", "/v1/completions", "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter", "/v1/fine_tuning/jobs", "/v2/models/fake/generate",
+        "/v2/models/fake/generate_stream", "/v2/models/fake/infer", "/v2/models/simple/infer",
+        "/v2/repository/index", "/v2/repository/models/simple/load"}) {
+    for (const std::string number : {"1e400", "2e308", "-1e400"}) {
+      SCOPED_TRACE(path + " " + number);
+      auto reply = HttpCall(port, "POST", path,
+                            R"({"model": "fake", "prompt": "a", "temperature": )" + number + "}");
+      EXPECT_EQ(reply.status, 400) << reply.body;
+      const json j = json::parse(reply.body, nullptr, false);
+      ASSERT_TRUE(j.is_object() && j.contains("error")) << reply.body;
+      const std::string want = "`temperature`: number out of range: " + number;
+      if (path.starts_with("/v1/")) {
+        const json& e = j["error"];
+        ASSERT_TRUE(e.is_object()) << reply.body;
+        EXPECT_THAT(e["message"].get<std::string>(), StartsWith(want));
+        EXPECT_EQ(e["type"], "invalid_request_error");
+        EXPECT_EQ(e["param"], "temperature");
+        EXPECT_TRUE(e.contains("code"));
+      } else {
+        ASSERT_TRUE(j["error"].is_string()) << reply.body;
+        EXPECT_THAT(j["error"].get<std::string>(), StartsWith(want));
+      }
+    }
+  }
+  // JSON inside JSON: generate's `sampling_parameters` string and a load's inline `config`.
+  auto nested = HttpCall(port, "POST", "/v2/models/fake/generate",
+                         R"({"text_input": "a", "sampling_parameters": "{\"top_k\": 5e999}"})");
+  EXPECT_EQ(nested.status, 400);
+  EXPECT_THAT(nested.body, HasSubstr("`sampling_parameters.top_k`: number out of range"));
+  auto config = HttpCall(port, "POST", "/v2/repository/models/simple/load",
+                         R"({"parameters": {"config": "{\"max_batch_size\": 1e400}"}})");
+  EXPECT_EQ(config.status, 400);
+  EXPECT_THAT(config.body, HasSubstr("`config.max_batch_size`: number out of range"));
+
+  auto good = Post("/v1/completions", {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 2}});
+  EXPECT_EQ(good.first, 200) << good.second;
+}
+
 TEST_F(FrontEndsTest, WrongMethodsAndRoutes) {
   auto get = HttpCall(server_.http_port(), "GET", "/v1/chat/completions");
   EXPECT_EQ(get.status, 405);
   EXPECT_THAT(json::parse(get.body)["error"]["message"].get<std::string>(), HasSubstr("POST"));
   auto unknown = HttpCall(server_.http_port(), "POST", "/v1/embeddings", "{}");
   EXPECT_EQ(unknown.status, 404);
-  EXPECT_TRUE(json::parse(unknown.body)["error"].contains("type"));
+  EXPECT_EQ(json::parse(unknown.body)["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(json::parse(unknown.body)["error"]["code"], "not_found") << "issue 14: was null";
+  auto unknown_get = HttpCall(server_.http_port(), "GET", "/v1/nope");
+  EXPECT_EQ(unknown_get.status, 404);
+  EXPECT_EQ(json::parse(unknown_get.body)["error"]["code"], "not_found");
   EXPECT_EQ(HttpCall(server_.http_port(), "GET", "/v2/health/live").status, 200)
       << "KServe routes are untouched";
 }
@@ -933,6 +1003,11 @@ TEST_F(KServeLlmTest, ModelInferRefusesStreamingAndBadSamplingParameters) {
   s = stub_->ModelInfer(&ctx4, Request("bad \xff utf8", ""), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("UTF-8"));
+  grpc::ClientContext ctx5;
+  s = stub_->ModelInfer(&ctx5, Request("a", R"({"temperature": 1e400})"), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(),
+              HasSubstr("`sampling_parameters.temperature`: number out of range: 1e400"));
 }
 
 // Runs one request on ModelStreamInfer; returns every response.

@@ -64,7 +64,8 @@ StatusOr<TextRequest> ReadKServeRequest(const Model& model, InferenceRequest& re
     } else if (in.name == "sampling_parameters") {
       const std::string text = FirstBytes(in.data);
       if (!text.empty()) {
-        KILN_ASSIGN_OR_RETURN(t.sampling, ParseJsonObject(text, "input 'sampling_parameters'"));
+        KILN_ASSIGN_OR_RETURN(t.sampling, ParseJsonObject(text, "input 'sampling_parameters'",
+                                                          "sampling_parameters."));
         have_sampling = true;
       }
     }
@@ -264,7 +265,8 @@ void HandleGenerate(const ServerCore& core, const std::shared_ptr<Model>& model,
     if (const json* sp = f.Get("sampling_parameters")) {
       if (sp->is_string()) {
         KILN_ASSIGN_OR_RETURN(t.sampling,
-                              ParseJsonObject(sp->get<std::string>(), "`sampling_parameters`"));
+                              ParseJsonObject(sp->get<std::string>(), "`sampling_parameters`",
+                                              "sampling_parameters."));
       } else if (sp->is_object()) {
         t.sampling = *sp;
       } else {

@@ -94,7 +94,10 @@ StatusOr<PromptInput> ReadPrompt(const JsonFields& f, bool chat) {
     pr.field = "messages";
     const json* messages = f.Get("messages");
     if (!messages) {
-      return WithParam(InvalidArgument("`messages` is missing: send the conversation"), "messages");
+      return WithParam(InvalidArgument(f.Present("messages")
+                                           ? "`messages` is null; it must be a list of messages"
+                                           : "`messages` is missing: send the conversation"),
+                       "messages");
     }
     pr.messages = nlohmann::ordered_json(*messages);
     KILN_ASSIGN_OR_RETURN(auto agp, f.Bool("add_generation_prompt"));
@@ -102,7 +105,11 @@ StatusOr<PromptInput> ReadPrompt(const JsonFields& f, bool chat) {
     return pr;
   }
   const json* p = f.Get("prompt");
-  if (!p) return WithParam(InvalidArgument("`prompt` is missing"), "prompt");
+  if (!p) {
+    return WithParam(InvalidArgument("`prompt` ", f.Present("prompt") ? "is null" : "is missing",
+                                     "; it must be a string or a list of token ids"),
+                     "prompt");
+  }
   auto ids_of = [&](const json& list) -> StatusOr<std::vector<int64_t>> {
     std::vector<int64_t> ids;
     for (const json& e : list) {
@@ -321,7 +328,8 @@ json FullResponse(const Meta& m, GenerationResult& res) {
   json out;
   if (m.chat) {
     out = m.Envelope("chat.completion");
-    choice["message"] = {{"role", "assistant"}, {"content", res.text}};
+    // OpenAI's message always carries `refusal` (null unless the model refused).
+    choice["message"] = {{"role", "assistant"}, {"content", res.text}, {"refusal", nullptr}};
     if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
   } else {
     out = m.Envelope("text_completion");
@@ -347,7 +355,8 @@ class SseStream {
   void Start() {
     std::string first;
     if (meta_.chat) {
-      first = Sse(Chunk({{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+      first = Sse(
+          Chunk({{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, nullptr, nullptr));
     } else if (!meta_.echo.empty()) {
       first = Sse(Chunk(meta_.echo, nullptr, nullptr));
     }
@@ -510,9 +519,9 @@ json OpenAiError(const Status& status) {
       type = "invalid_request_error";
       code = "insufficient_permissions";
       break;
-    case 404:
+    case 404:  // an unknown model, or an unknown route, file or job
       type = "invalid_request_error";
-      if (param == "model") code = "model_not_found";
+      code = param == "model" ? "model_not_found" : "not_found";
       break;
     case 429:
       type = "rate_limit_error";
@@ -600,13 +609,11 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
 // plain-text message.
 void OpenAiApi::LoraAdapterRoute(const http::Request& req,
                                  const std::shared_ptr<http::Responder>& r, bool load) const {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object()) {
-    return SendError(r, InvalidArgument("the request body must be a JSON object"));
-  }
+  StatusOr<json> body = ParseJsonObject(req.body, "the request body");
+  if (!body.ok()) return SendError(r, body.status());
   auto field = [&](const char* key) -> std::string {
-    auto it = body.find(key);
-    return it != body.end() && it->is_string() ? it->get<std::string>() : std::string();
+    auto it = body->find(key);
+    return it != body->end() && it->is_string() ? it->get<std::string>() : std::string();
   };
   const std::string name = field("lora_name");
   if (name.empty()) {

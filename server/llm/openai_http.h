@@ -13,8 +13,9 @@
 // stop_token_ids, priority) are accepted. Errors use OpenAI's shape,
 //   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 // with 400 (bad input, naming the field in `param`), 401 (no or wrong API key, code
-// `invalid_api_key`), 403 (the key lacks the route's scope), 404 (unknown model or route), 429
-// (queue full or server.max_inflight_requests reached), 503 (not ready, shutting down).
+// `invalid_api_key`), 403 (the key lacks the route's scope), 404 (unknown model, code
+// `model_not_found`; unknown route, code `not_found`), 429 (queue full or
+// server.max_inflight_requests reached), 503 (not ready, shutting down).
 //
 // A client that disconnects (mid-stream or while waiting) cancels its request: it leaves the
 // batch within one step and its KV blocks return to the pool.

@@ -9,28 +9,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string_view TypeName(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::array:
-      return "a list";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-      return "an integer";
-    case json::value_t::number_float:
-      return "a number";
-    default:
-      return "an unsupported value";
-  }
-}
-
 std::string Trimmed(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t");
   if (b == std::string::npos) return "";
@@ -59,11 +37,15 @@ const json* JsonFields::Get(std::string_view key) const {
 
 bool JsonFields::Has(std::string_view key) const { return Get(key) != nullptr; }
 
+bool JsonFields::Present(std::string_view key) const {
+  return object_.find(std::string(key)) != object_.end();
+}
+
 StatusOr<std::optional<int64_t>> JsonFields::Int(std::string_view key) const {
   const json* v = Get(key);
   if (!v) return std::nullopt;
   auto bad = [&] {
-    return WithParam(InvalidArgument("`", Name(key), "` must be an integer, got ", TypeName(*v),
+    return WithParam(InvalidArgument("`", Name(key), "` must be an integer, got ", JsonTypeName(*v),
                                      v->is_primitive() ? StrCat(" ", v->dump()) : std::string()),
                      Name(key));
   };
@@ -96,7 +78,7 @@ StatusOr<std::optional<double>> JsonFields::Number(std::string_view key) const {
   if (lenient_ && v->is_string()) {
     if (auto d = ParseDouble(v->get<std::string>())) return *d;
   }
-  return WithParam(InvalidArgument("`", Name(key), "` must be a number, got ", TypeName(*v),
+  return WithParam(InvalidArgument("`", Name(key), "` must be a number, got ", JsonTypeName(*v),
                                    v->is_string() ? StrCat(" ", v->dump()) : std::string()),
                    Name(key));
 }
@@ -110,15 +92,16 @@ StatusOr<std::optional<bool>> JsonFields::Bool(std::string_view key) const {
     if (s == "true" || s == "True" || s == "1") return true;
     if (s == "false" || s == "False" || s == "0") return false;
   }
-  return WithParam(InvalidArgument("`", Name(key), "` must be true or false, got ", TypeName(*v)),
-                   Name(key));
+  return WithParam(
+      InvalidArgument("`", Name(key), "` must be true or false, got ", JsonTypeName(*v)),
+      Name(key));
 }
 
 StatusOr<std::optional<std::string>> JsonFields::String(std::string_view key) const {
   const json* v = Get(key);
   if (!v) return std::nullopt;
   if (v->is_string()) return v->get<std::string>();
-  return WithParam(InvalidArgument("`", Name(key), "` must be a string, got ", TypeName(*v)),
+  return WithParam(InvalidArgument("`", Name(key), "` must be a string, got ", JsonTypeName(*v)),
                    Name(key));
 }
 
@@ -130,16 +113,16 @@ StatusOr<std::optional<std::vector<std::string>>> JsonFields::Strings(std::strin
     std::vector<std::string> out;
     for (size_t i = 0; i < v->size(); ++i) {
       if (!(*v)[i].is_string()) {
-        return WithParam(
-            InvalidArgument("`", Name(key), "[", i, "]` must be a string, got ", TypeName((*v)[i])),
-            Name(key));
+        return WithParam(InvalidArgument("`", Name(key), "[", i, "]` must be a string, got ",
+                                         JsonTypeName((*v)[i])),
+                         Name(key));
       }
       out.push_back((*v)[i].get<std::string>());
     }
     return out;
   }
   return WithParam(InvalidArgument("`", Name(key), "` must be a string or a list of strings, got ",
-                                   TypeName(*v)),
+                                   JsonTypeName(*v)),
                    Name(key));
 }
 
@@ -148,7 +131,7 @@ StatusOr<std::optional<std::vector<int64_t>>> JsonFields::Ints(std::string_view 
   if (!v) return std::nullopt;
   if (!v->is_array()) {
     return WithParam(
-        InvalidArgument("`", Name(key), "` must be a list of integers, got ", TypeName(*v)),
+        InvalidArgument("`", Name(key), "` must be a list of integers, got ", JsonTypeName(*v)),
         Name(key));
   }
   std::vector<int64_t> out;
@@ -161,7 +144,7 @@ StatusOr<std::optional<std::vector<int64_t>>> JsonFields::Ints(std::string_view 
       out.push_back(e.get<int64_t>());
     } else {
       return WithParam(
-          InvalidArgument("`", Name(key), "[", i, "]` must be an integer, got ", TypeName(e)),
+          InvalidArgument("`", Name(key), "[", i, "]` must be an integer, got ", JsonTypeName(e)),
           Name(key));
     }
   }
@@ -219,23 +202,6 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p) {
     p->min_tokens = static_cast<int32_t>(*min_tokens);
   }
   return OkStatus();
-}
-
-StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view what) {
-  json parsed;
-  try {
-    parsed = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 9: ...";
-    // keep the part after the id.
-    std::string_view msg = e.what();
-    if (size_t p = msg.find("] "); p != std::string_view::npos) msg.remove_prefix(p + 2);
-    return InvalidArgument(what, " is not valid JSON: ", msg);
-  }
-  if (!parsed.is_object()) {
-    return InvalidArgument(what, " must be a JSON object, got ", TypeName(parsed));
-  }
-  return parsed;
 }
 
 }  // namespace kiln::llm

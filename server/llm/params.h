@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "engine/base/json_parse.h"  // ParseJsonObject, for the front ends
 #include "nlohmann/json.hpp"
 #include "scheduler/generation.h"
 
@@ -27,6 +28,8 @@ class JsonFields {
   JsonFields(const nlohmann::json& object, std::string prefix = "", bool lenient = false);
 
   bool Has(std::string_view key) const;
+  // Whether the member is there at all, null included (to tell "null" from "missing").
+  bool Present(std::string_view key) const;
   std::string Name(std::string_view key) const { return prefix_ + std::string(key); }
 
   // Whole numbers only (2.0 is accepted, 2.5 is not), in the int64 range.
@@ -54,9 +57,5 @@ class JsonFields {
 // Type errors name the field; ranges are checked when the request is submitted.
 // max_tokens and logprobs differ between the APIs and are read by the caller.
 Status ReadSamplingFields(const JsonFields& fields, models::SamplingParams* params);
-
-// Parses a request body that must be a JSON object. InvalidArgument for malformed JSON or
-// invalid UTF-8 (with the parser's byte position) or for anything but an object.
-StatusOr<nlohmann::json> ParseJsonObject(std::string_view body, std::string_view what);
 
 }  // namespace kiln::llm

@@ -105,21 +105,6 @@ TEST(ParamOfTest, PayloadWinsOverTheMessage) {
   EXPECT_EQ(ParamOf(OkStatus()), "");
 }
 
-TEST(ParseJsonObjectTest, RejectsMalformedJsonInvalidUtf8AndNonObjects) {
-  EXPECT_TRUE(ParseJsonObject(R"({"a": 1})", "body").ok());
-  auto bad_utf8 = ParseJsonObject("{\"a\": \"\xff\xfe\"}", "the body");
-  ASSERT_FALSE(bad_utf8.ok());
-  EXPECT_THAT(StatusMessage(bad_utf8.status()), HasSubstr("the body is not valid JSON"));
-  EXPECT_THAT(StatusMessage(bad_utf8.status()), HasSubstr("UTF-8"));
-  auto nan = ParseJsonObject(R"({"temperature": NaN})", "body");
-  EXPECT_FALSE(nan.ok()) << "NaN is not JSON";
-  auto lone_surrogate = ParseJsonObject(R"({"a": "\ud800"})", "body");
-  EXPECT_FALSE(lone_surrogate.ok());
-  auto list = ParseJsonObject("[1, 2]", "body");
-  ASSERT_FALSE(list.ok());
-  EXPECT_THAT(StatusMessage(list.status()), HasSubstr("must be a JSON object, got a list"));
-}
-
 TEST(ValidUtf8Test, ReplacesInvalidSequencesOnly) {
   EXPECT_EQ(ValidUtf8("héllo €𝄞"), "héllo €𝄞");
   EXPECT_EQ(ValidUtf8("a\xffz"), "a\xEF\xBF\xBDz");

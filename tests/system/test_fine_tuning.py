@@ -178,6 +178,19 @@ def test_malformed_jsonl_names_the_line(client):
     assert "line 2" in e.value.message, e.value.message
 
 
+# Issue 14: a line with a number beyond a double's range aborted kilnd (an uncaught
+# json::out_of_range on the upload's worker thread).
+def test_number_beyond_double_range_in_a_line_is_400_and_kilnd_serves_on(client):
+    bad = dataset(QUESTIONS[:1]) + (
+        b'{"messages": [{"role": "user", "content": "hi"}, '
+        b'{"role": "assistant", "content": "x", "weight": 1e400}]}\n')
+    with pytest.raises(openai.BadRequestError) as e:
+        client.files.create(file=("huge.jsonl", bad), purpose="fine-tune")
+    assert "line 2" in e.value.message, e.value.message
+    assert "`messages[1].weight`: number out of range: 1e400" in e.value.message
+    assert client.files.create(file=("ok.jsonl", dataset(QUESTIONS[:1])), purpose="fine-tune").id
+
+
 def test_wrong_purpose(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.files.create(file=("a.jsonl", dataset(QUESTIONS[:1])), purpose="assistants")
@@ -239,8 +252,9 @@ def test_unknown_ids_are_404(client, training_file):
                  lambda: client.fine_tuning.jobs.cancel("ftjob-nope"),
                  lambda: client.fine_tuning.jobs.list_events("ftjob-nope"),
                  lambda: client.fine_tuning.jobs.checkpoints.list("ftjob-nope")):
-        with pytest.raises(openai.NotFoundError):
+        with pytest.raises(openai.NotFoundError) as e:
             call()
+        assert e.value.code == "not_found", e.value.body
     with pytest.raises(openai.NotFoundError) as e:
         client.fine_tuning.jobs.create(model=MODEL, training_file="file-nope")
     assert e.value.param == "training_file"

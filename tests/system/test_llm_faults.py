@@ -52,7 +52,7 @@ BAD = [
      "max_tokens", "`max_tokens` is -5"),
     ("max_tokens_huge", "/v1/completions",
      {"model": MODEL, "prompt": "a", "max_tokens": 10**9}, "max_tokens",
-     "leaves room for at most"),
+     "leaves room for at most 2047 in the context of model 'smollm2' (2048 tokens)"),
     ("max_tokens_beyond_int64", "/v1/completions",
      {"model": MODEL, "prompt": "a", "max_tokens": 2**70}, "max_tokens", "too large"),
     ("max_completion_tokens_zero", "/v1/chat/completions",
@@ -90,6 +90,7 @@ def test_bad_input_is_400_naming_the_field(kilnd, path, body, param, message):
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
     assert message in err["message"], err["message"]
+    assert "''" not in err["message"], "issue 14: doubled quotes such as model 'smollm2''s"
 
 
 def test_prompt_longer_than_the_context_names_both_numbers(kilnd):
@@ -108,6 +109,31 @@ def test_temperature_nan_in_json_is_refused(kilnd):
              '"temperature": NaN}')
     assert r.status_code == 400
     assert "the request body is not valid JSON" in r.json()["error"]["message"]
+
+
+# Issue 14: a number beyond a double's range answered a bare 500 on every JSON route.
+JSON_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/load_lora_adapter",
+               "/v1/fine_tuning/jobs", f"/v2/models/{MODEL}/generate",
+               f"/v2/models/{MODEL}/generate_stream", f"/v2/models/{MODEL}/infer",
+               "/v2/repository/index"]
+
+
+@pytest.mark.parametrize("number", ["1e400", "2e308"])
+@pytest.mark.parametrize("path", JSON_ROUTES)
+def test_number_beyond_double_range_is_400_naming_the_field(kilnd, path, number):
+    r = post(kilnd, path, '{"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}], '
+                          f'"prompt": "Hi", "temperature": {number}}}')
+    assert r.status_code == 400, r.text
+    want = f"`temperature`: number out of range: {number}"
+    if path.startswith("/v1/"):
+        err = r.json()["error"]
+        assert err["message"].startswith(want), err
+        assert err["param"] == "temperature" and err["type"] == "invalid_request_error"
+    else:
+        assert r.json()["error"].startswith(want), r.text
+    # The daemon serves on.
+    r = post(kilnd, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200, r.text
 
 
 def test_invalid_utf8_in_the_body_is_refused(kilnd):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import openai
 import pytest
+import requests
 from openai import OpenAI
 
 from conftest import LLM_NAME as MODEL
@@ -54,6 +55,32 @@ def test_chat_completion(client):
     assert r.usage.prompt_tokens > 10
     assert 1 <= r.usage.completion_tokens <= 8
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+# Issue 14: agent frameworks send the assistant's tool-call turn with "content": null; it was
+# refused with the chat template's error and the model file's path on the server.
+def test_assistant_turn_with_null_content_after_a_tool_call(client, kilnd):
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 24 C"},
+                {"role": "user", "content": "So, shorts?"}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                       temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens >= 1
+    # Missing content reads the same as null: the same prompt.
+    messages[1] = {"role": "assistant", "tool_calls": [call]}
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4,
+                                           temperature=0)
+    assert again.usage.prompt_tokens == r.usage.prompt_tokens
+    assert again.choices[0].message.content == r.choices[0].message.content
+    # Other roles still need content, and no error shows where the server keeps its models.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_tokens=4,
+                                       messages=[{"role": "user", "content": None}])
+    assert e.value.body["param"] == "messages[0].content"
+    assert ".gguf" not in e.value.body["message"] and "/" not in e.value.body["message"]
 
 
 def test_chat_stream_is_identical_to_the_non_streamed_answer(client):
@@ -161,6 +188,31 @@ def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="gpt-4o", messages=QUESTION)
     assert e.value.body["code"] == "model_not_found"
+
+
+# Issue 14: OpenAI's shapes in detail.
+def test_unknown_route_is_not_found_with_a_code(client, kilnd):
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model=MODEL, input="kiln")
+    assert e.value.code == "not_found" and e.value.type == "invalid_request_error"
+    r = requests.get(f"{kilnd.base}/v1/nope", timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+
+
+def test_chat_message_carries_refusal_null(kilnd):
+    r = requests.post(f"{kilnd.base}/v1/chat/completions", timeout=120,
+                      json={"model": MODEL, "messages": QUESTION, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    message = r.json()["choices"][0]["message"]
+    assert "refusal" in message and message["refusal"] is None, message
+
+
+def test_null_prompt_says_what_prompt_must_be(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=None, max_tokens=2)
+    assert e.value.body["param"] == "prompt"
+    assert e.value.body["message"] == (
+        "`prompt` is null; it must be a string or a list of token ids"), e.value.body
 
 
 def test_llm_and_compiler_metrics_are_exposed_as_documented(kilnd, client):
