@@ -311,12 +311,12 @@ StatusOr<config::ModelConfig> ParseLoadConfig(const std::string& name, const std
                                               const config::ModelConfig* current) {
   KILN_ASSIGN_OR_RETURN(
       nlohmann::json j,
-      ParseJsonObject(text,
-                      StrCat("parameter 'config' of the load request for '", name, "' (",
-                             current ? "the keys of its `models:` entry to change"
-                                     : "one entry of `models:`",
-                             ")"),
-                      "config."));
+      ParseJsonObject(
+          text,
+          StrCat("parameter 'config' of the load request for '", name, "' (",
+                 current ? "the keys of its `models:` entry to change" : "one entry of `models:`",
+                 ")"),
+          "config."));
   if (auto it = j.find("name"); it != j.end() && *it != name) {
     return InvalidArgument("parameter 'config' names model ", it->dump(),
                            " but the request loads '", name, "'");
