@@ -71,12 +71,7 @@ struct Value {
     v.s = std::move(x);
     return v;
   }
-  static Value MakeList(List items = {}) {
-    Value v;
-    v.kind = kList;
-    v.list = std::make_shared<List>(std::move(items));
-    return v;
-  }
+  static Value MakeList(List items = {});
   static Value MakeDict();
 
   bool undefined() const { return kind == kUndefined; }
@@ -105,12 +100,63 @@ struct Dict {
   }
 };
 
+// Lists, dicts and namespaces have reference semantics, so a template can make a cycle
+// (`{% set ns.me = ns %}`, or two namespaces holding each other) that shared ownership alone
+// never frees.
+// While a Render runs, every container it makes is noted here; at its end the ones still alive
+// are emptied, which breaks any cycle (no value outlives a render: it returns a string).
+struct RenderContainers {
+  std::vector<std::weak_ptr<List>> lists;
+  std::vector<std::weak_ptr<Dict>> dicts;
+};
+thread_local RenderContainers* tl_containers = nullptr;
+
+Value Value::MakeList(List items) {
+  Value v;
+  v.kind = kList;
+  v.list = std::make_shared<List>(std::move(items));
+  if (tl_containers != nullptr) tl_containers->lists.push_back(v.list);
+  return v;
+}
+
 Value Value::MakeDict() {
   Value v;
   v.kind = kDict;
   v.dict = std::make_shared<Dict>();
+  if (tl_containers != nullptr) tl_containers->dicts.push_back(v.dict);
   return v;
 }
+
+// Notes the containers of one Render and empties the survivors when it ends.
+class ContainerScope {
+ public:
+  ContainerScope() : saved_(tl_containers) { tl_containers = &mine_; }
+  ~ContainerScope() {
+    tl_containers = saved_;
+    // Move the contents out before they are destroyed: destroying an element may release
+    // another container of the list being walked.
+    std::vector<List> lists;
+    std::vector<Dict> dicts;
+    for (auto& w : mine_.lists) {
+      if (std::shared_ptr<List> l = w.lock()) {
+        lists.push_back(std::move(*l));
+        l->clear();
+      }
+    }
+    for (auto& w : mine_.dicts) {
+      if (std::shared_ptr<Dict> d = w.lock()) {
+        dicts.push_back(std::move(*d));
+        d->items.clear();
+      }
+    }
+  }
+  ContainerScope(const ContainerScope&) = delete;
+  ContainerScope& operator=(const ContainerScope&) = delete;
+
+ private:
+  RenderContainers mine_;
+  RenderContainers* saved_;
+};
 
 std::string_view TypeName(const Value& v) {
   switch (v.kind) {
@@ -2374,6 +2420,7 @@ StatusOr<std::unique_ptr<Template>> Template::Parse(std::string_view source, std
 StatusOr<std::string> Template::Render(const nlohmann::ordered_json& context) const {
   if (!context.is_object()) return InvalidArgument(name_, ": render context must be an object");
   std::string out;
+  const ContainerScope containers;  // declared first: runs after the evaluator is gone
   Evaluator ev(name_, &out);
   ev.scopes.emplace_back();
   try {
