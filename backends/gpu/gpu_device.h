@@ -23,7 +23,8 @@
 // Streams are CUDA streams (blocking copies synchronise the stream; launches, device-to-device
 // copies and the async copies do not). Graph capture is CUDA stream capture (relaxed mode),
 // replayed with cudaGraphLaunch; cuBLAS calls are captured too (each stream's handle has a
-// fixed workspace).
+// fixed workspace). A graph refers to its stream's scratch memory (devk::Queue::Scratch), which
+// lives as long as the stream: replay a graph only while the stream it was captured on exists.
 //
 // Thread-safety: GpuDevice is thread-safe; a GpuStream is used by one thread at a time.
 #pragma once
