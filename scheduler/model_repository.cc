@@ -201,7 +201,9 @@ StatusOr<std::shared_ptr<Model>> ModelRepository::GetReady(std::string_view name
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    return NotFound("unknown model '", ToAbsl(name), "'");
+    // Triton's wording: tritonclient's examples (simple_http_infer_client.py, the aio and
+    // health/metadata ones) check that the message starts with "Request for unknown model".
+    return NotFound("Request for unknown model: '", ToAbsl(name), "' is not found");
   }
   if (!version.empty() && version != kModelVersion) {
     return NotFound("model '", ToAbsl(name), "' has no version '", ToAbsl(version),

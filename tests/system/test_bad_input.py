@@ -57,7 +57,7 @@ def test_missing_input(stub):
 
 def test_unknown_model(stub):
     assert_error(stub, simple_request(model="nope"), grpc.StatusCode.NOT_FOUND,
-                 "unknown model 'nope'")
+                 "Request for unknown model: 'nope' is not found")
 
 
 def test_unknown_version(stub):
