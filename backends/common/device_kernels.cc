@@ -103,7 +103,7 @@ StatusOr<backend::Kernel> Generated(KernelHost& dev, const compiler::KernelSpec&
   const size_t nargs = spec.args.size() + 1;
   if (nargs > static_cast<size_t>(Args::kMaxMems) || d->launch.meta_size() > Args::kMaxMeta ||
       (d->launch.meta_size() + nargs) * 8 > dev.max_param_bytes()) {
-    return Unimplemented("too many inputs for one OpenCL kernel (", spec.args.size(), ")");
+    return Unimplemented("too many inputs for one device kernel (", spec.args.size(), ")");
   }
   KILN_ASSIGN_OR_RETURN(compiler::GeneratedKernel g,
                         compiler::GenerateKernel(spec, dev.dialect(), dev.codegen_options()));
