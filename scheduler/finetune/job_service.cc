@@ -505,17 +505,18 @@ struct FineTuningService::Impl {
         not_before[job.id] = Clock::now() + kNotReadyRetry;
         StatusOr<JobRecord> cur = store->GetJob(job.id);
         if (cur.ok() && cur->status == JobStatus::kRunning) {
+          // The status first: a client that sees the warning then sees the job queued.
+          cur->status = cur->cancel_requested  ? JobStatus::kCancelled
+                        : cur->pause_requested ? JobStatus::kPaused
+                                               : JobStatus::kQueued;
+          if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
+          Save(*cur);
           if (first) {
             EventLocked(job.id, "warn",
                         StrCat("The base model is not ready (", model.status().message(),
                                "); the job waits queued and is retried every ",
                                kNotReadyRetry.count(), " s"));
           }
-          cur->status = cur->cancel_requested  ? JobStatus::kCancelled
-                        : cur->pause_requested ? JobStatus::kPaused
-                                               : JobStatus::kQueued;
-          if (cur->status == JobStatus::kCancelled) cur->finished_at = UnixNow();
-          Save(*cur);
         }
       }
       RefreshGauges();
