@@ -1040,6 +1040,15 @@ Status DeclareKernels(KernelHost& host, std::span<const backend::KernelRequest> 
   return OkStatus();
 }
 
+std::string NameKernel(std::string_view source, std::string_view name) {
+  std::string src(source);
+  for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
+    src.replace(at, 5, name);
+    at += name.size();
+  }
+  return src;
+}
+
 std::string ProgramPrelude(size_t work_group, bool fp64) {
   std::string s = absl::StrCat("#define KILN_WG ", work_group, "\n");
   // Without f64 the generated kernels print no double either (codegen.h).

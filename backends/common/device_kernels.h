@@ -207,6 +207,10 @@ class KernelHost : public backend::Device {
 compiler::FusionCaps DeviceFusionCaps(size_t max_param_bytes);
 Status DeclareKernels(KernelHost& host, std::span<const backend::KernelRequest> requests);
 
+// `source` (a template declared through KernelHost::DeclareKernel) with every KNAME token
+// replaced by `name`.
+std::string NameKernel(std::string_view source, std::string_view name);
+
 // The prelude of every program: KILN_WG, KILN_FP64 or KILN_NO_FP64, DT_<NAME> codes, then
 // cl/prelude.cl.
 std::string ProgramPrelude(size_t work_group, bool fp64);

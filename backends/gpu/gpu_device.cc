@@ -519,12 +519,8 @@ devk::KernelSlot* GpuDevice::Declare(std::string name, std::string source, int g
 }
 
 devk::KernelSlot* GpuDevice::DeclareKernel(std::string_view prefix, std::string_view source) {
-  std::string name = absl::StrCat(ToAbsl(prefix), "_", compiler::Sha256Hex(source).substr(0, 16));
-  std::string src(source);
-  for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
-    src.replace(at, 5, name);
-    at += name.size();
-  }
+  std::string name = TemplateKernelName(prefix, source);
+  std::string src = devk::NameKernel(source, name);
   return Declare(std::move(name), std::move(src), kGenerated);
 }
 
@@ -534,6 +530,10 @@ devk::KernelSlot* GpuDevice::DeclareGenerated(const compiler::GeneratedKernel& k
 
 devk::KernelSlot* GpuDevice::LibraryKernel(std::string_view name) {
   return Declare(std::string(name), "", kLibrary);
+}
+
+std::string TemplateKernelName(std::string_view prefix, std::string_view source) {
+  return absl::StrCat(ToAbsl(prefix), "_", compiler::Sha256Hex(source).substr(0, 16));
 }
 
 std::string ProgramSource(bool library, size_t work_group, std::span<const std::string> kernels) {

@@ -14,7 +14,6 @@
 #include "backends/cuda/nvrtc.h"
 #include "backends/gpu/gpu_device.h"
 #include "engine/compiler/compile.h"
-#include "engine/compiler/hash.h"
 #include "engine/compiler/testing/llama_graph.h"
 #include "engine/testing/op_harness.h"
 
@@ -47,19 +46,14 @@ class CompileOnlyHost final : public devk::KernelHost, public compiler::Target {
   bool HasGemm(DType) const override { return false; }  // compile the GEMM templates too
   const char* blas_name() const override { return "cublas"; }
   devk::KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override {
-    const std::string name = std::string(prefix) + "_" + compiler::Sha256Hex(source).substr(0, 16);
-    std::string src(source);
-    for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
-      src.replace(at, 5, name);
-      at += name.size();
-    }
-    return Add(name, std::move(src));
+    const std::string name = TemplateKernelName(prefix, source);
+    return Add(name, devk::NameKernel(source, name));
   }
   devk::KernelSlot* DeclareGenerated(const compiler::GeneratedKernel& k) override {
     return Add(k.entry, k.code);
   }
   devk::KernelSlot* LibraryKernel(std::string_view name) override {
-    library_.insert(std::string(name));
+    library.insert(std::string(name));
     return Add(std::string(name), "");
   }
   bool Resolve(const void* p, void** mem, size_t* offset) const override {
@@ -82,7 +76,7 @@ class CompileOnlyHost final : public devk::KernelHost, public compiler::Target {
 
   std::vector<std::string> kernels;  // sources of generated and templated kernels
   std::set<std::string> entries;     // every declared entry (library ones included)
-  std::set<std::string> library_;
+  std::set<std::string> library;
 
  private:
   devk::KernelSlot* Add(const std::string& name, std::string source) {
@@ -126,7 +120,7 @@ TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
   ASSERT_GT(harness_kernels, 100u);
   EXPECT_GT(host.kernels.size(), harness_kernels)
       << "the step program has fused kernels of its own";
-  ASSERT_FALSE(host.library_.empty());
+  ASSERT_FALSE(host.library.empty());
   const std::string lib = ProgramSource(true, host.work_group(), {});
   const std::string gen = ProgramSource(false, host.work_group(), host.kernels);
   // H100 by default (~30 s); A100 too with KILN_HARNESS_FULL=1.
@@ -143,7 +137,7 @@ TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
     ASSERT_TRUE(gen_bin.ok()) << arch << ": " << gen_bin.status();
     // Every declared entry point is a symbol of its program's cubin (its ELF string table).
     for (const std::string& e : host.entries) {
-      const std::string& bin = host.library_.count(e) ? *lib_bin : *gen_bin;
+      const std::string& bin = host.library.count(e) ? *lib_bin : *gen_bin;
       EXPECT_NE(bin.find(e + std::string(1, '\0')), std::string::npos) << e << " not in the cubin";
     }
   }
@@ -151,7 +145,7 @@ TEST(GpuKernelsCompileTest, EveryHarnessKernelCompilesForHopperAndAmpere) {
       "NVRTC %s: %zu kernels of %d harness cases, %zu more of SmolLM2's step program (+%zu "
       "library kernels) compiled for %zu architecture(s)\n",
       (*nvrtc)->version().c_str(), harness_kernels, cases, host.kernels.size() - harness_kernels,
-      host.library_.size(), archs.size());
+      host.library.size(), archs.size());
 }
 
 }  // namespace

@@ -978,12 +978,7 @@ std::string XpuDevice::CacheIdentity() const {
 
 KernelSlot* XpuDevice::DeclareKernel(std::string_view prefix, std::string_view source) {
   std::string name = absl::StrCat(ToAbsl(prefix), "_", Hex64(StableHash(source)));
-  // Every KNAME token becomes the final name.
-  std::string src(source);
-  for (size_t at = src.find("KNAME"); at != std::string::npos; at = src.find("KNAME", at)) {
-    src.replace(at, 5, name);
-    at += name.size();
-  }
+  std::string src = devk::NameKernel(source, name);
   return Declare(std::move(name), std::move(src));
 }
 

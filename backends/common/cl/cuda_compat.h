@@ -67,12 +67,12 @@ __device__ __forceinline__ void vstore_half_rte(float v, long i, half* p) {
 }
 
 // Saturating conversions toward zero; NaN gives 0.
-#define KILN_CL_SAT(NAME, T, LO, HI)                                     \
-  __device__ __forceinline__ T NAME(double v) {                         \
-    if (v != v) return 0;                                               \
-    const double t = trunc(v);                                          \
+#define KILN_CL_SAT(NAME, T, LO, HI)                                           \
+  __device__ __forceinline__ T NAME(double v) {                                \
+    if (v != v) return 0;                                                      \
+    const double t = trunc(v);                                                 \
     return t <= (double)(LO) ? (T)(LO) : (t >= (double)(HI) ? (T)(HI) : (T)t); \
-  }                                                                     \
+  }                                                                            \
   __device__ __forceinline__ T NAME(float v) { return NAME((double)v); }
 KILN_CL_SAT(convert_char_sat_rtz, signed char, -128, 127)
 KILN_CL_SAT(convert_uchar_sat_rtz, uchar, 0, 255)
