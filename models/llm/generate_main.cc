@@ -259,7 +259,9 @@ int main(int argc, char** argv) {
   ft->add_option("--max-grad-norm", f.max_grad_norm, "global-norm clipping; 0: off (default 1)");
   ft->add_option("--epochs", f.epochs, "passes over the data (default 1)");
   ft->add_option("--steps", f.steps, "optimizer steps instead of --epochs");
-  ft->add_option("--batch-size", f.batch_size, "rows per step (default 4)");
+  ft->add_option("--batch-size", f.batch_size, "rows per micro-batch (default 4)");
+  ft->add_option("--grad-accum", f.grad_accum,
+                 "micro-batches per optimizer step (gradient accumulation; default 1)");
   ft->add_option("--seq-len", f.seq_len, "tokens per row (default 1024)");
   ft->add_flag("!--no-pack", f.pack, "one example per row instead of packing");
   ft->add_flag("--recompute", f.recompute,

@@ -72,6 +72,8 @@ train::TrainBatch PadRows(train::TrainBatch b, int64_t rows) {
   return b;
 }
 
+constexpr int64_t kMaxGradAccum = 1024;
+
 Status CheckOptions(const FinetuneOptions& o) {
   if (o.model.empty()) return InvalidArgument("--model is required");
   if (o.train.empty()) return InvalidArgument("--train is required");
@@ -83,6 +85,10 @@ Status CheckOptions(const FinetuneOptions& o) {
   }
   if (o.epochs < 1 && o.steps < 1) return InvalidArgument("--epochs or --steps must be >= 1");
   if (o.batch_size < 1) return InvalidArgument("--batch-size must be >= 1, got ", o.batch_size);
+  if (o.grad_accum < 1 || o.grad_accum > kMaxGradAccum) {
+    return InvalidArgument("--grad-accum must be between 1 and ", kMaxGradAccum, ", got ",
+                           o.grad_accum);
+  }
   if (o.seq_len < 2) return InvalidArgument("--seq-len must be >= 2, got ", o.seq_len);
   if (o.warmup_steps < 0) return InvalidArgument("--warmup-steps must be >= 0");
   if (o.save_steps < 0) return InvalidArgument("--save-steps must be >= 0");
@@ -154,8 +160,9 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
 
   // Steps: --steps, or enough batches to cover --epochs.
   const int64_t rows_per_epoch = data->RowsInEpoch(0);
+  const int64_t rows_per_step = o.batch_size * o.grad_accum;
   const int64_t steps_per_epoch =
-      std::max<int64_t>(1, (rows_per_epoch + o.batch_size - 1) / o.batch_size);
+      std::max<int64_t>(1, (rows_per_epoch + rows_per_step - 1) / rows_per_step);
   const int64_t total_steps = o.steps > 0 ? o.steps : steps_per_epoch * o.epochs;
   schedule.lr = o.lr;
   schedule.warmup_steps = o.warmup_steps;
@@ -187,6 +194,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
                                        {"max_grad_norm", o.max_grad_norm},
                                        {"total_steps", total_steps},
                                        {"batch_size", o.batch_size},
+                                       {"grad_accum", o.grad_accum},
                                        {"seq_len", o.seq_len},
                                        {"pack", o.pack},
                                        {"seed", o.seed}};
@@ -194,7 +202,8 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   const bool full = o.method == "full";
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(std::move(parts), topt));
   say(Cat("training ", trainer->trainable_parameters(), " parameters (", o.method, ") for ",
-          total_steps, " steps of ", o.batch_size, " x ", o.seq_len, " tokens; ",
+          total_steps, " steps of ", o.batch_size, " x ", o.seq_len, " tokens",
+          o.grad_accum > 1 ? Cat(" x ", o.grad_accum, " micro-batches") : std::string(), "; ",
           data->example_count(), " examples, ", rows_per_epoch, " rows per epoch"));
 
   // Resume.
@@ -285,11 +294,16 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   };
 
   for (int64_t step = trainer->step() + 1; step <= total_steps; ++step) {
-    const train::TrainBatch batch = data->NextBatch(o.batch_size);
+    std::vector<train::TrainBatch> batches;
+    int64_t counted = 0;
+    for (int64_t i = 0; i < o.grad_accum; ++i) {
+      batches.push_back(data->NextBatch(o.batch_size));
+      counted += batches.back().target_count;
+    }
     const double lr = LearningRate(schedule, step);
     const auto t0 = Clock::now();
-    StatusOr<TrainStepResult> r = batch.target_count > 0
-                                      ? trainer->Step(batch, lr)
+    StatusOr<TrainStepResult> r = counted > 0
+                                      ? trainer->Step(batches, lr)
                                       : StatusOr<TrainStepResult>(InvalidArgument("empty batch"));
     if (!r.ok()) return Annotate(r.status(), Cat("step ", step));
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -47,6 +47,9 @@ struct FinetuneOptions {
   int64_t epochs = 1;
   int64_t steps = 0;  // > 0: this many optimizer steps instead of `epochs`
   int64_t batch_size = 4;
+  // Micro-batches of batch_size rows per optimizer step (Trainer::Step over micro-batches):
+  // the step of one batch of grad_accum * batch_size rows in the memory of batch_size rows.
+  int64_t grad_accum = 1;
   int64_t seq_len = 1024;
   bool pack = true;
   bool recompute = false;  // TrainerOptions::recompute: a smaller arena, ~1 more forward

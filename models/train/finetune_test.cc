@@ -226,6 +226,51 @@ TEST_F(FinetuneTest, ResumingFromACheckpointGivesTheUninterruptedLosses) {
   EXPECT_THAT(all, HasSubstr("checkpoint-000005"));
 }
 
+// --grad-accum 2 --batch-size 1 trains on the same rows as --batch-size 2, step for step:
+// the same losses (normalised by the step's tokens) and the same adapter, up to rounding.
+TEST_F(FinetuneTest, GradientAccumulationTrainsLikeTheLargerBatch) {
+  Recorder whole;
+  ASSERT_TRUE(RunFinetune(Options(), whole.fn()).ok());
+  FinetuneOptions o = Options();
+  o.out = (dir_ / "accum").string();
+  o.batch_size = 1;
+  o.grad_accum = 2;
+  Recorder accum;
+  std::vector<std::string> messages;
+  auto s = RunFinetune(o, [&](const FinetuneProgress& p) {
+    if (!p.message.empty()) messages.push_back(p.message);
+    return accum.fn()(p);
+  });
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->steps, 6);
+  ASSERT_EQ(accum.losses.size(), whole.losses.size());
+  for (const auto& [step, loss] : whole.losses) {
+    EXPECT_NEAR(accum.losses[step], loss, 1e-5 * loss) << "step " << step;
+  }
+  ASSERT_FALSE(messages.empty());
+  EXPECT_THAT(messages[0], HasSubstr("x 2 micro-batches"));
+  auto a = SafetensorsFile::Open(Options().out + "/adapter_model.safetensors");
+  auto b = SafetensorsFile::Open(o.out + "/adapter_model.safetensors");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ((*a)->tensors().size(), (*b)->tensors().size());
+  double worst = 0;
+  for (const SafetensorsTensor& t : (*a)->tensors()) {
+    const SafetensorsTensor* u = (*b)->Find(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    ASSERT_EQ(u->n_elements, t.n_elements) << t.name;
+    const auto* x = static_cast<const float*>(t.data);
+    const auto* y = static_cast<const float*>(u->data);
+    double diff = 0, norm = 0;
+    for (uint64_t i = 0; i < t.n_elements; ++i) {
+      diff += (x[i] - y[i]) * static_cast<double>(x[i] - y[i]);
+      norm += x[i] * static_cast<double>(x[i]);
+    }
+    worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
+  }
+  EXPECT_LE(worst, 1e-5);
+}
+
 TEST_F(FinetuneTest, BadOptionsAreRefusedBeforeAnythingIsWritten) {
   struct Bad {
     std::function<void(FinetuneOptions&)> set;
@@ -254,6 +299,7 @@ TEST_F(FinetuneTest, BadOptionsAreRefusedBeforeAnythingIsWritten) {
        },
        "bad.jsonl:2"},
       {[](FinetuneOptions& o) { o.seq_len = 100000; }, "context"},
+      {[](FinetuneOptions& o) { o.grad_accum = 0; }, "--grad-accum must be between 1"},
   };
   for (const Bad& c : cases) {
     FinetuneOptions o = Options();

@@ -53,8 +53,11 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(PagedLlmParts parts,
   return t;
 }
 
-// Builds the graph of one kind of program. Every kind starts with the same forward and loss,
-// so the trainable tensors and weights they name are the same.
+// The name of trainable tensor `name`'s gradient accumulator (Step over micro-batches).
+std::string AccumulatorName(const std::string& name) { return name + ".grad_sum"; }
+
+// Builds the graph of one kind of program. Every kind but kApply starts with the same
+// forward and loss, so the trainable tensors and weights they name are the same.
 StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
   auto& slot = compiled_[static_cast<size_t>(kind)];
   if (slot != nullptr) return slot.get();
@@ -62,83 +65,117 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
   const int64_t R = options_.batch_size, L = options_.seq_len, T = R * L;
   Graph graph;
   Builder b(&graph);
-  StepInputs in;
-  in.T = T;
-  in.S = R;
-  in.L = L;
-  in.tokens = b.Input("tokens", DType::kI32, {T});                // [T]
-  in.positions = b.Input("positions", DType::kI32, {T});          // [T]
-  in.doc_ids = b.Input("doc_ids", DType::kI32, {T});              // [T]
-  const Value targets = b.Input("targets", DType::kI32, {T});     // [T]
-  const Value inv_count = b.Input("inv_count", DType::kF32, {});  // 1 / counted tokens
-  TrainGraphOptions to;
-  to.lora = options_.method == TrainerOptions::Method::kLora ? &options_.lora : nullptr;
-  to.full = options_.method == TrainerOptions::Method::kFull;
-  ForwardContext ctx(b, *parts_.files, hp, in, to);
-  const Value logits = parts_.arch->build(ctx);  // [T, V]
-  KILN_RETURN_IF_ERROR(ctx.status());
-  KILN_RETURN_IF_ERROR(b.status());
   std::vector<Value> outputs;
-  CrossEntropyOutputs ce;
-  if (kind == Kind::kLogits) {
-    outputs.push_back(logits);
-  } else {
-    // The loss and d loss / d logits in one kernel (softmax is never materialised).
-    ce = b.FusedCrossEntropy(logits, targets, inv_count);
-    outputs.push_back(b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss"));  // rank 0
-  }
   auto compiled = std::make_unique<Compiled>();
-  if (kind == Kind::kGradients || kind == Kind::kStep) {
-    std::vector<Value> wrt;
-    for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
-    const Value seeds[] = {ce.dlogits};
-    const Value outs[] = {logits};
-    GradientOptions gopt;
-    if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
-    KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt, gopt));
-    if (kind == Kind::kGradients) {
-      compiled->first_grad_output = static_cast<int>(outputs.size());
-      outputs.insert(outputs.end(), grads.begin(), grads.end());
-    } else {
-      // torch.nn.utils.clip_grad_norm_'s norm and coefficient, in the graph; then one fused
-      // optimizer kernel per trainable tensor (engine/optimizer.h).
-      ClipGradNormOutputs clip = ClipGradNorm(
-          b, grads,
-          options_.max_grad_norm > 0 ? options_.max_grad_norm : std::numeric_limits<double>::max());
-      const Value hyper = b.Input("optim.hyper", DType::kF64, {3});  // {step, lr, grad_scale}
-      const std::vector<std::string> state_names = OptimizerStateNames(options_.optimizer);
-      for (size_t i = 0; i < grads.size(); ++i) {
-        const TrainableTensor& t = ctx.trainable()[i];
-        const SymShape shape(t.shape.begin(), t.shape.end());
-        std::vector<Value> states;
-        for (const std::string& n : state_names) {
-          states.push_back(b.State(t.name + "." + n, DType::kF32, shape));
-        }
-        const OptimizerOutputs o =
-            b.OptimizerStep(t.value, grads[i], states, hyper,
-                            options_.max_grad_norm > 0 ? clip.coef : Value{}, options_.optimizer);
-        outputs.push_back(o.param);
-        outputs.insert(outputs.end(), o.states.begin(), o.states.end());
+  // torch.nn.utils.clip_grad_norm_'s norm and coefficient, in the graph; then one fused
+  // optimizer kernel per trainable tensor (engine/optimizer.h).
+  auto optimize = [&](std::span<const Value> params, std::span<const Value> grads) {
+    ClipGradNormOutputs clip = ClipGradNorm(
+        b, grads,
+        options_.max_grad_norm > 0 ? options_.max_grad_norm : std::numeric_limits<double>::max());
+    const Value hyper = b.Input("optim.hyper", DType::kF64, {3});  // {step, lr, grad_scale}
+    const std::vector<std::string> state_names = OptimizerStateNames(options_.optimizer);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const TrainableTensor& t = trainable_[i];
+      const SymShape shape(t.shape.begin(), t.shape.end());
+      std::vector<Value> states;
+      for (const std::string& n : state_names) {
+        states.push_back(b.State(t.name + "." + n, DType::kF32, shape));
       }
-      const Value norm = clip.total_norm;
-      compiled->norm_output = static_cast<int>(outputs.size());
-      outputs.push_back(norm);
+      const OptimizerOutputs o =
+          b.OptimizerStep(params[i], grads[i], states, hyper,
+                          options_.max_grad_norm > 0 ? clip.coef : Value{}, options_.optimizer);
+      outputs.push_back(o.param);
+      outputs.insert(outputs.end(), o.states.begin(), o.states.end());
+    }
+    compiled->norm_output = static_cast<int>(outputs.size());
+    outputs.push_back(clip.total_norm);
+  };
+  if (kind == Kind::kApply) {
+    // The accumulated gradients are States; so are the parameters.
+    std::vector<Value> params, grads;
+    for (const TrainableTensor& t : trainable_) {
+      const SymShape shape(t.shape.begin(), t.shape.end());
+      params.push_back(b.State(t.name, DType::kF32, shape));
+      grads.push_back(b.State(AccumulatorName(t.name), DType::kF32, shape));
+    }
+    optimize(params, grads);
+  } else {
+    StepInputs in;
+    in.T = T;
+    in.S = R;
+    in.L = L;
+    in.tokens = b.Input("tokens", DType::kI32, {T});                // [T]
+    in.positions = b.Input("positions", DType::kI32, {T});          // [T]
+    in.doc_ids = b.Input("doc_ids", DType::kI32, {T});              // [T]
+    const Value targets = b.Input("targets", DType::kI32, {T});     // [T]
+    const Value inv_count = b.Input("inv_count", DType::kF32, {});  // 1 / counted tokens
+    TrainGraphOptions to;
+    to.lora = options_.method == TrainerOptions::Method::kLora ? &options_.lora : nullptr;
+    to.full = options_.method == TrainerOptions::Method::kFull;
+    ForwardContext ctx(b, *parts_.files, hp, in, to);
+    const Value logits = parts_.arch->build(ctx);  // [T, V]
+    KILN_RETURN_IF_ERROR(ctx.status());
+    KILN_RETURN_IF_ERROR(b.status());
+    if (trainable_.empty()) trainable_ = ctx.trainable();
+    CrossEntropyOutputs ce;
+    if (kind == Kind::kLogits) {
+      outputs.push_back(logits);
+    } else {
+      // The loss and d loss / d logits in one kernel (softmax is never materialised).
+      ce = b.FusedCrossEntropy(logits, targets, inv_count);
+      outputs.push_back(b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss"));  // rank 0
+    }
+    if (kind == Kind::kGradients || kind == Kind::kStep || kind == Kind::kAccumulate) {
+      std::vector<Value> wrt;
+      for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
+      const Value seeds[] = {ce.dlogits};
+      const Value outs[] = {logits};
+      GradientOptions gopt;
+      if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
+      KILN_ASSIGN_OR_RETURN(std::vector<Value> grads,
+                            kiln::Gradients(b, outs, seeds, wrt, gopt));
+      if (kind == Kind::kGradients) {
+        compiled->first_grad_output = static_cast<int>(outputs.size());
+        outputs.insert(outputs.end(), grads.begin(), grads.end());
+      } else if (kind == Kind::kStep) {
+        optimize(wrt, grads);
+      } else {
+        // sum += grad, in place: torch's SGD update p - lr * g with lr = -1 (no momentum, no
+        // weight decay) is exactly that addition, one fused kernel per tensor.
+        OptimizerParams add = DefaultOptimizerParams(OptimizerKind::kSgd);
+        const Value hyper = b.Input("accumulate.hyper", DType::kF64, {3});  // {1, -1, 1}
+        for (size_t i = 0; i < grads.size(); ++i) {
+          const TrainableTensor& t = trainable_[i];
+          const Value sum =
+              b.State(AccumulatorName(t.name), DType::kF32, SymShape(t.shape.begin(), t.shape.end()));
+          outputs.push_back(b.OptimizerStep(sum, grads[i], {}, hyper, Value{}, add).param);
+        }
+      }
     }
   }
   KILN_RETURN_IF_ERROR(b.status());
+  static constexpr const char* kLabels[] = {" (loss)",          " (gradients)", " (training step)",
+                                            " (logits)",        " (accumulate gradients)",
+                                            " (optimizer step)"};
   compiler::CompilerOptions copts;
-  copts.label = Cat(parts_.info.name, kind == Kind::kLoss        ? " (loss)"
-                                      : kind == Kind::kGradients ? " (gradients)"
-                                      : kind == Kind::kLogits    ? " (logits)"
-                                                                 : " (training step)");
+  copts.label = Cat(parts_.info.name, kLabels[static_cast<size_t>(kind)]);
   compiler::CompileReport report;
   KILN_ASSIGN_OR_RETURN(compiled->program,
                         compiler::Compile(graph, outputs, *parts_.device, copts, &report));
   spdlog::debug("{}: {}", copts.label, report.ToString());
-  if (trainable_.empty()) trainable_ = ctx.trainable();
-  // Bind what the program names: frozen weights (loaded once), trainable tensors and moments
-  // (allocated once), inputs (allocated once, rewritten per step).
-  Program& p = *compiled->program;
+  KILN_RETURN_IF_ERROR(BindExternals(*compiled->program));
+  if (kind == Kind::kAccumulate) {
+    const double add[3] = {1, -1, 1};
+    KILN_RETURN_IF_ERROR(Upload(inputs_.at("accumulate.hyper"), add, sizeof(add)));
+  }
+  slot = std::move(compiled);
+  return slot.get();
+}
+
+// Binds what the program names: frozen weights (loaded once), trainable tensors, moments and
+// accumulators (allocated once, zeroed), inputs (allocated once, rewritten per step).
+Status Trainer::BindExternals(Program& p) {
   auto keepalive = std::const_pointer_cast<ModelFiles>(parts_.files);
   for (const ExternalInfo& e : p.externals()) {
     Tensor* bound = nullptr;
@@ -158,23 +195,21 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
         std::vector<int64_t> shape;
         for (const Dim& d : e.shape) shape.push_back(d.constant());
         KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*parts_.device, e.dtype, shape));
-        const std::vector<uint8_t> zeros(static_cast<size_t>(t.nbytes()));
-        KILN_RETURN_IF_ERROR(Upload(t, zeros.data(), zeros.size()));
+        KILN_RETURN_IF_ERROR(Zero(t));
         it = pool.emplace(e.name, std::move(t)).first;
       }
       bound = &it->second;
     }
     KILN_RETURN_IF_ERROR(p.Bind(e.name, *bound));
   }
-  slot = std::move(compiled);
-  return slot.get();
+  return OkStatus();
 }
 
 // Compiles the gradient-free program first (it creates every trainable tensor), then sets
 // their initial values: PEFT's LoRA init, or the model's weights as f32 master copies.
 Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(stream_, parts_.device->CreateStream());
-  compiled_.resize(4);
+  compiled_.resize(static_cast<size_t>(Kind::kCount));
   KILN_RETURN_IF_ERROR(Get(Kind::kLoss).status());
   if (trainable_.empty()) return InvalidArgument("the training graph has no trainable tensor");
   if (options_.method == TrainerOptions::Method::kLora) {
@@ -345,8 +380,7 @@ size_t Trainer::step_arena_bytes() const {
   return c != nullptr ? c->program->arena_bytes() : 0;
 }
 
-StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, double lr,
-                                       std::map<std::string, std::vector<float>>* out) {
+StatusOr<int64_t> Trainer::CheckBatch(const TrainBatch& batch) const {
   const int64_t T = options_.batch_size * options_.seq_len;
   if (batch.rows != options_.batch_size || batch.seq_len != options_.seq_len ||
       static_cast<int64_t>(batch.tokens.size()) != T ||
@@ -366,8 +400,35 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
                              " tokens)");
     }
   }
-  const int64_t count = std::count_if(batch.targets.begin(), batch.targets.end(),
-                                      [](int32_t t) { return t != train::kIgnoreIndex; });
+  return std::count_if(batch.targets.begin(), batch.targets.end(),
+                       [](int32_t t) { return t != train::kIgnoreIndex; });
+}
+
+Status Trainer::Zero(const Tensor& t) {
+  if (parts_.device->host_visible() && t.IsContiguous()) {
+    std::memset(t.data(), 0, static_cast<size_t>(t.nbytes()));
+    return OkStatus();
+  }
+  const std::vector<uint8_t> zeros(static_cast<size_t>(t.nbytes()));
+  return Upload(t, zeros.data(), zeros.size());
+}
+
+Status Trainer::PutHyper(double lr) {
+  const double hyper[3] = {static_cast<double>(step_ + 1), lr, 1.0};
+  return Upload(inputs_.at("optim.hyper"), hyper, sizeof(hyper));
+}
+
+StatusOr<double> Trainer::ReadScalar(const Program& p, int output) const {
+  KILN_ASSIGN_OR_RETURN(Tensor t, p.Output(output));
+  KILN_ASSIGN_OR_RETURN(std::vector<float> v, Download(t));
+  return v.at(0);
+}
+
+StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, double lr,
+                                       std::map<std::string, std::vector<float>>* out,
+                                       int64_t count) {
+  KILN_ASSIGN_OR_RETURN(const int64_t own, CheckBatch(batch));
+  if (count == 0) count = own;
   if (count == 0 && kind != Kind::kLogits) {
     return InvalidArgument("the batch has no counted (target) token");
   }
@@ -377,21 +438,18 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
     if (it == inputs_.end()) return OkStatus();
     return Upload(it->second, src, bytes);
   };
-  const size_t bytes = static_cast<size_t>(T) * sizeof(int32_t);
+  const size_t bytes = batch.tokens.size() * sizeof(int32_t);
   KILN_RETURN_IF_ERROR(put("tokens", batch.tokens.data(), bytes));
   KILN_RETURN_IF_ERROR(put("targets", batch.targets.data(), bytes));
   KILN_RETURN_IF_ERROR(put("positions", batch.positions.data(), bytes));
   KILN_RETURN_IF_ERROR(put("doc_ids", batch.doc_ids.data(), bytes));
   const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   KILN_RETURN_IF_ERROR(put("inv_count", &inv, sizeof(inv)));
-  if (kind == Kind::kStep) {
-    const double hyper[3] = {static_cast<double>(step_ + 1), lr, 1.0};
-    KILN_RETURN_IF_ERROR(put("optim.hyper", hyper, sizeof(hyper)));
-  }
+  if (kind == Kind::kStep) KILN_RETURN_IF_ERROR(PutHyper(lr));
   KILN_RETURN_IF_ERROR(c->program->Run(*stream_));
   KILN_RETURN_IF_ERROR(stream_->Synchronize());
   TrainStepResult r;
-  r.tokens = count;
+  r.tokens = own;
   KILN_ASSIGN_OR_RETURN(Tensor first, c->program->Output(0));
   KILN_ASSIGN_OR_RETURN(std::vector<float> fv, Download(first));
   if (kind == Kind::kLogits) {
@@ -400,9 +458,7 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   }
   r.loss = fv[0];
   if (kind == Kind::kStep) {
-    KILN_ASSIGN_OR_RETURN(Tensor norm, c->program->Output(c->norm_output));
-    KILN_ASSIGN_OR_RETURN(std::vector<float> nv, Download(norm));
-    r.grad_norm = nv[0];
+    KILN_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(*c->program, c->norm_output));
     ++step_;
   }
   if (kind == Kind::kGradients && out != nullptr) {
@@ -419,6 +475,41 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
 StatusOr<TrainStepResult> Trainer::Step(const TrainBatch& batch, double lr) {
   if (!(lr > 0)) return InvalidArgument("the learning rate must be positive, got ", lr);
   return Run(Kind::kStep, batch, lr, nullptr);
+}
+
+StatusOr<TrainStepResult> Trainer::Step(std::span<const TrainBatch> micro_batches, double lr) {
+  if (micro_batches.size() == 1) return Step(micro_batches[0], lr);
+  if (!(lr > 0)) return InvalidArgument("the learning rate must be positive, got ", lr);
+  if (micro_batches.empty()) return InvalidArgument("a training step needs a batch");
+  int64_t total = 0;
+  std::vector<int64_t> counts;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    StatusOr<int64_t> n = CheckBatch(micro_batches[i]);
+    if (!n.ok()) return Annotate(n.status(), Cat("micro-batch ", i + 1));
+    counts.push_back(*n);
+    total += *n;
+  }
+  if (total == 0) return InvalidArgument("the step's micro-batches have no counted token");
+  KILN_ASSIGN_OR_RETURN(Compiled * apply, Get(Kind::kApply));
+  KILN_RETURN_IF_ERROR(Get(Kind::kAccumulate).status());
+  // The sums start at zero each step (an earlier step that failed half way leaves nothing).
+  for (const TrainableTensor& t : trainable_) {
+    KILN_RETURN_IF_ERROR(Zero(states_.at(AccumulatorName(t.name))));
+  }
+  TrainStepResult r;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    if (counts[i] == 0) continue;  // adds nothing
+    KILN_ASSIGN_OR_RETURN(TrainStepResult part,
+                          Run(Kind::kAccumulate, micro_batches[i], lr, nullptr, total));
+    r.loss += part.loss;  // each part is its tokens' loss sum / total
+    r.tokens += part.tokens;
+  }
+  KILN_RETURN_IF_ERROR(PutHyper(lr));
+  KILN_RETURN_IF_ERROR(apply->program->Run(*stream_));
+  KILN_RETURN_IF_ERROR(stream_->Synchronize());
+  KILN_ASSIGN_OR_RETURN(r.grad_norm, ReadScalar(*apply->program, apply->norm_output));
+  ++step_;
+  return r;
 }
 
 StatusOr<TrainStepResult> Trainer::Evaluate(const TrainBatch& batch) {

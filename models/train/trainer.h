@@ -80,6 +80,16 @@ class Trainer {
   // One optimizer step on `batch` at learning rate `lr`. REQUIRES: batch has
   // options().batch_size rows of options().seq_len tokens.
   StatusOr<TrainStepResult> Step(const TrainBatch& batch, double lr);
+  // Gradient accumulation: one optimizer step on the gradient of the loss over every
+  // counted token of `micro_batches` (each options().batch_size rows of options().seq_len
+  // tokens) — what one batch of all their rows gives, as transformers' Trainer computes it
+  // with gradient_accumulation_steps (the loss is normalised by the tokens of the whole
+  // step, not averaged per micro-batch). Each micro-batch runs forward and backward and adds
+  // its gradients into f32 accumulators (one per trainable tensor, allocated on first use);
+  // then clipping and the optimizer run once on the sums. One micro-batch is Step(batch).
+  // The result's loss is the step's mean, tokens its counted tokens. A micro-batch without
+  // counted tokens is skipped; all of them without: InvalidArgument.
+  StatusOr<TrainStepResult> Step(std::span<const TrainBatch> micro_batches, double lr);
   // The loss without a step (validation).
   StatusOr<TrainStepResult> Evaluate(const TrainBatch& batch);
   // The logits of every token of `batch` with the current trainable tensors (no loss, no
@@ -107,15 +117,27 @@ class Trainer {
   size_t step_arena_bytes() const;
 
  private:
-  enum class Kind { kLoss, kGradients, kStep, kLogits };
+  // kAccumulate: forward and backward of one micro-batch, gradients added into the
+  // accumulators; kApply: clipping and the optimizer on the accumulators (no forward).
+  enum class Kind { kLoss, kGradients, kStep, kLogits, kAccumulate, kApply, kCount };
   struct Compiled;
   Trainer(PagedLlmParts parts, const TrainerOptions& options);
   Status Init();
   StatusOr<Compiled*> Get(Kind kind);
-  // `out`: kGradients' gradients by name, or kLogits' logits under "logits".
+  // `out`: kGradients' gradients by name, or kLogits' logits under "logits". `count`: the
+  // counted tokens the loss is normalised by (0: the batch's own).
   StatusOr<TrainStepResult> Run(Kind kind, const TrainBatch& batch, double lr,
-                                std::map<std::string, std::vector<float>>* out);
+                                std::map<std::string, std::vector<float>>* out,
+                                int64_t count = 0);
+  // Checks a batch's shape and token ids; returns its counted tokens.
+  StatusOr<int64_t> CheckBatch(const TrainBatch& batch) const;
+  // Binds what a compiled program names (weights, States, inputs), allocating on first use.
+  Status BindExternals(Program& p);
+  // The step's optimizer hyper-parameters {step, lr, grad_scale} into "optim.hyper".
+  Status PutHyper(double lr);
+  StatusOr<double> ReadScalar(const Program& p, int output) const;
   Status Upload(const Tensor& t, const void* src, size_t bytes);
+  Status Zero(const Tensor& t);
   StatusOr<std::vector<float>> Download(const Tensor& t) const;
 
   PagedLlmParts parts_;

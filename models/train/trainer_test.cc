@@ -10,6 +10,7 @@
 //   - an adapter written as PEFT files and read back gives PEFT's logits (1e-4).
 #include "models/train/trainer.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -486,6 +487,106 @@ TEST(TrainerResumeTest, CheckpointAfterStep20ResumesBitForBit) {
   EXPECT_EQ(c->step(), steps);
   std::filesystem::remove_all(out);
 }
+
+// Row `row` of `batch` as a batch of one row.
+TrainBatch RowOf(const TrainBatch& batch, int64_t row) {
+  TrainBatch one;
+  one.rows = 1;
+  one.seq_len = batch.seq_len;
+  const auto at = static_cast<size_t>(row * batch.seq_len);
+  auto slice = [&](const std::vector<int32_t>& v) {
+    return std::vector<int32_t>(v.begin() + at, v.begin() + at + batch.seq_len);
+  };
+  one.tokens = slice(batch.tokens);
+  one.targets = slice(batch.targets);
+  one.positions = slice(batch.positions);
+  one.doc_ids = slice(batch.doc_ids);
+  one.target_count = std::count_if(one.targets.begin(), one.targets.end(),
+                                   [](int32_t t) { return t != train::kIgnoreIndex; });
+  return one;
+}
+
+// Gradient accumulation: 10 AdamW steps (clipping at 1.0), each over the fixture batch's rows
+// as one-row micro-batches (plus one that counts no token), give the losses, gradient norms
+// and parameters of the same steps on the whole batch (which TrainerAdamWTest checks against
+// PyTorch + PEFT): the loss is normalised by the step's tokens, as transformers does. LoRA
+// and full fine-tuning.
+class TrainerAccumulationTest : public ::testing::TestWithParam<TrainerOptions::Method> {};
+
+TEST_P(TrainerAccumulationTest, MicroBatchesGiveTheWholeBatchStep) {
+  auto fixture = OpenFixture(kLlama.name, "adamw_steps.safetensors");
+  const SafetensorsFile& f = *fixture;
+  const double lr = std::stod(f.metadata().at("lr"));
+  const bool full = GetParam() == TrainerOptions::Method::kFull;
+  auto make = [&](int64_t rows) {
+    TrainerOptions opts = LoraOptions(f);
+    opts.method = GetParam();
+    opts.batch_size = rows;
+    opts.optimizer = DefaultOptimizerParams(OptimizerKind::kAdamW);
+    opts.max_grad_norm = 1.0;
+    auto parts = OpenModel(kLlama.model_path);
+    KILN_CHECK(parts.ok(), "the fixture model opens");
+    auto t = Trainer::Create(*std::move(parts), opts);
+    KILN_CHECK(t.ok(), "the trainer builds");
+    if (!full) {
+      KILN_CHECK((*t)->ImportAdapter(FormulaAdapter(**t, false, true)).ok(), "import");
+    }
+    return *std::move(t);
+  };
+  auto whole = make(std::stoll(f.metadata().at("rows")));
+  auto micro = make(1);
+  double worst_loss = 0, worst_norm = 0;
+  for (int64_t i = 0; i < 10; ++i) {
+    const TrainBatch batch = BatchOf(f, i);
+    std::vector<TrainBatch> parts;
+    for (int64_t row = 0; row < batch.rows; ++row) parts.push_back(RowOf(batch, row));
+    TrainBatch nothing = parts.back();
+    std::fill(nothing.targets.begin(), nothing.targets.end(), train::kIgnoreIndex);
+    nothing.target_count = 0;
+    parts.push_back(nothing);
+    auto a = whole->Step(batch, lr);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = micro->Step(parts, lr);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->tokens, a->tokens);
+    worst_loss = std::max(worst_loss, std::fabs(b->loss - a->loss) / a->loss);
+    worst_norm = std::max(worst_norm, std::fabs(b->grad_norm - a->grad_norm) / a->grad_norm);
+  }
+  EXPECT_LE(worst_loss, 1e-5);
+  EXPECT_LE(worst_norm, 1e-4);
+  EXPECT_EQ(micro->step(), 10);
+  double worst_param = 0;
+  for (const TrainableTensor& t : whole->trainable()) {
+    worst_param = std::max(worst_param, RelativeError(*micro->Read(t.name), *whole->Read(t.name)));
+  }
+  // Adam's steps are about lr * sign(g): rounding differences in tiny gradients amplify.
+  EXPECT_LE(worst_param, 1e-5);
+  std::printf("%s, 10 steps over 3 micro-batches vs the whole batch: worst relative difference "
+              "%.2e (loss), %.2e (grad norm), %.2e (parameters)\n",
+              full ? "full" : "lora", worst_loss, worst_norm, worst_param);
+
+  // Bad micro-batches: the step is refused, nothing changes.
+  const std::vector<float> before = *micro->Read(micro->trainable()[0].name);
+  TrainBatch empty = RowOf(BatchOf(f, 0), 0);
+  std::fill(empty.targets.begin(), empty.targets.end(), train::kIgnoreIndex);
+  const TrainBatch empties[] = {empty, empty};
+  auto r = micro->Step(empties, lr);
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("no counted token"));
+  const TrainBatch wrong[] = {RowOf(BatchOf(f, 0), 0), BatchOf(f, 0)};
+  r = micro->Step(wrong, lr);
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("micro-batch 2"));
+  EXPECT_EQ(*micro->Read(micro->trainable()[0].name), before);
+  EXPECT_EQ(micro->step(), 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, TrainerAccumulationTest,
+                         ::testing::Values(TrainerOptions::Method::kLora,
+                                           TrainerOptions::Method::kFull),
+                         [](const auto& info) {
+                           return info.param == TrainerOptions::Method::kFull ? "full" : "lora";
+                         });
 
 // The fixture's adapter written as PEFT files (WritePeftAdapter: q/k rows to Hugging Face's
 // order), read back (ReadPeftAdapter) and imported: Kiln's logits equal those of Python PEFT
