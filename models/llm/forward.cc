@@ -1,9 +1,12 @@
 #include "models/llm/forward.h"
 
+#include "models/lora/lora_dropout.h"
+
 #include <algorithm>
 #include <cmath>
 
 #include "models/io/errors.h"
+#include "models/lora/lora_dropout.h"
 
 namespace kiln::models {
 
@@ -132,7 +135,21 @@ Value ForwardContext::Linear(Value x, Value w, Value bias) {
   trainable_.push_back({stem + ".lora_A", a, {r, in}});
   trainable_.push_back({stem + ".lora_B", bb, {out, r}});
   b.SetNameScope(scope);
-  const Value xa = b.Named(b.Linear(x, a), stem + ".lora_a");   // [..., r]
+  Value xin = x;
+  if (lora->dropout > 0 && train_.dropout_seed.valid()) {
+    // dropout(x): x times a keep mask / (1 - p) hashed from (step seed, module, element).
+    const SymShape xs = b.shape(x);
+    Expr flat = Expr::Index(0);
+    for (size_t axis = 1; axis < xs.size(); ++axis) {
+      flat = flat * Expr::Int(xs[axis].constant()) + Expr::Index(static_cast<int>(axis));
+    }
+    const Expr mask =
+        LoraDropoutMaskExpr(Expr::Load(0, Expr::Int(0), DType::kI64), LoraDropoutModuleId(stem),
+                            flat, lora->dropout);
+    const Value aux[] = {train_.dropout_seed};
+    xin = b.Mul(x, b.Named(b.MapIndices(mask, xs, DType::kF32, aux), stem + ".lora_dropout"));
+  }
+  const Value xa = b.Named(b.Linear(xin, a), stem + ".lora_a");  // [..., r]
   const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]
   return b.Add(y, b.MulScalar(d, lora->scale()));
 }

@@ -54,6 +54,10 @@ struct TrainGraphOptions {
   const LoraConfig* lora = nullptr;  // not owned; null: no adapter
   // Full fine-tuning: every weight is an f32 State under its own name (master weights).
   bool full = false;
+  // LoRA with lora->dropout > 0: an i64 [1] graph input holding the step's
+  // LoraDropoutStepSeed (models/lora/lora_dropout.h); each adapted layer's branch input is
+  // multiplied by its mask. Invalid: no dropout (evaluation, as PEFT in eval mode).
+  Value dropout_seed;
 };
 
 // A trainable tensor of the training graph.

@@ -247,6 +247,8 @@ int main(int argc, char** argv) {
   ft->add_option("--rank", f.lora.r, "LoRA rank r (default 8)");
   ft->add_option("--alpha", f.lora.alpha, "LoRA alpha (default 16)");
   ft->add_flag("--rslora", f.lora.use_rslora, "scale by alpha / sqrt(r) (rsLoRA)");
+  ft->add_option("--dropout", f.lora.dropout,
+                 "LoRA dropout on each adapted layer's branch input, in [0, 1) (default 0)");
   ft->add_option("--targets", f.lora.target_modules,
                  "modules: all-linear (default) or q_proj k_proj v_proj o_proj gate_proj "
                  "up_proj down_proj")

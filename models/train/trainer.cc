@@ -11,6 +11,7 @@
 #include "engine/compiler/compile.h"
 #include "models/arch/arch.h"
 #include "models/io/errors.h"
+#include "models/lora/lora_dropout.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::models {
@@ -43,10 +44,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(PagedLlmParts parts,
   }
   if (options.method == TrainerOptions::Method::kLora) {
     KILN_RETURN_IF_ERROR(options.lora.Validate());
-    if (options.lora.dropout != 0) {
-      return Unimplemented("lora_dropout ", options.lora.dropout,
-                           " is not supported yet; use 0 (PEFT's default)");
-    }
   }
   std::unique_ptr<Trainer> t(new Trainer(std::move(parts), options));
   KILN_RETURN_IF_ERROR(t->Init());
@@ -113,6 +110,10 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
     TrainGraphOptions to;
     to.lora = options_.method == TrainerOptions::Method::kLora ? &options_.lora : nullptr;
     to.full = options_.method == TrainerOptions::Method::kFull;
+    if (to.lora != nullptr && to.lora->dropout > 0 && kind != Kind::kLoss &&
+        kind != Kind::kLogits) {
+      to.dropout_seed = b.Input("lora.dropout_seed", DType::kI64, {1});
+    }
     ForwardContext ctx(b, *parts_.files, hp, in, to);
     const Value logits = parts_.arch->build(ctx);  // [T, V]
     KILN_RETURN_IF_ERROR(ctx.status());
@@ -426,7 +427,7 @@ StatusOr<double> Trainer::ReadScalar(const Program& p, int output) const {
 
 StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, double lr,
                                        std::map<std::string, std::vector<float>>* out,
-                                       int64_t count) {
+                                       int64_t count, int64_t micro_batch) {
   KILN_ASSIGN_OR_RETURN(const int64_t own, CheckBatch(batch));
   if (count == 0) count = own;
   if (count == 0 && kind != Kind::kLogits) {
@@ -445,6 +446,8 @@ StatusOr<TrainStepResult> Trainer::Run(Kind kind, const TrainBatch& batch, doubl
   KILN_RETURN_IF_ERROR(put("doc_ids", batch.doc_ids.data(), bytes));
   const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
   KILN_RETURN_IF_ERROR(put("inv_count", &inv, sizeof(inv)));
+  const int64_t dropout_seed = LoraDropoutStepSeed(options_.seed, step_ + 1, micro_batch);
+  KILN_RETURN_IF_ERROR(put("lora.dropout_seed", &dropout_seed, sizeof(dropout_seed)));
   if (kind == Kind::kStep) KILN_RETURN_IF_ERROR(PutHyper(lr));
   KILN_RETURN_IF_ERROR(c->program->Run(*stream_));
   KILN_RETURN_IF_ERROR(stream_->Synchronize());
@@ -500,7 +503,8 @@ StatusOr<TrainStepResult> Trainer::Step(std::span<const TrainBatch> micro_batche
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     if (counts[i] == 0) continue;  // adds nothing
     KILN_ASSIGN_OR_RETURN(TrainStepResult part,
-                          Run(Kind::kAccumulate, micro_batches[i], lr, nullptr, total));
+                          Run(Kind::kAccumulate, micro_batches[i], lr, nullptr, total,
+                              static_cast<int64_t>(i)));
     r.loss += part.loss;  // each part is its tokens' loss sum / total
     r.tokens += part.tokens;
   }

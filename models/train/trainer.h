@@ -49,7 +49,9 @@ struct TrainerOptions {
   // Step's argument, read at run time (the step program is compiled once).
   OptimizerParams optimizer;
   double max_grad_norm = 1.0;  // global-norm clipping (torch.nn.utils.clip_grad_norm_); 0: off
-  uint64_t seed = 42;          // adapter initialisation
+  // Adapter initialisation, and LoRA dropout's masks (lora.dropout > 0: PEFT's lora_dropout,
+  // applied in Step and Gradients, not in Evaluate or Logits; models/lora/lora_dropout.h).
+  uint64_t seed = 42;
   // Activation recomputation per transformer block (GradientOptions::recompute): the backward
   // recomputes each block's activations from its input instead of keeping them from the
   // forward; a smaller step arena for about one more forward of compute. Same results.
@@ -125,10 +127,11 @@ class Trainer {
   Status Init();
   StatusOr<Compiled*> Get(Kind kind);
   // `out`: kGradients' gradients by name, or kLogits' logits under "logits". `count`: the
-  // counted tokens the loss is normalised by (0: the batch's own).
+  // counted tokens the loss is normalised by (0: the batch's own). `micro_batch`: its index
+  // within the step (LoRA dropout's masks differ per micro-batch).
   StatusOr<TrainStepResult> Run(Kind kind, const TrainBatch& batch, double lr,
                                 std::map<std::string, std::vector<float>>* out,
-                                int64_t count = 0);
+                                int64_t count = 0, int64_t micro_batch = 0);
   // Checks a batch's shape and token ids; returns its counted tokens.
   StatusOr<int64_t> CheckBatch(const TrainBatch& batch) const;
   // Binds what a compiled program names (weights, States, inputs), allocating on first use.

@@ -176,7 +176,13 @@ struct Case {
   std::string model_path;  // relative to the source dir
   int64_t steps = 0;       // TrainerAdamWTest: the fixture's first `steps` steps; 0: all
   bool recompute = false;  // TrainerOptions::recompute
-  std::string label() const { return recompute ? name + "_recompute" : name; }
+  // TrainerGradientTest: the fixture file (lora_dropout_grads: PEFT's lora_dropout with
+  // Kiln's masks, models/lora/lora_dropout.h).
+  std::string file = "lora_grads.safetensors";
+  std::string label() const {
+    return name + (file == "lora_grads.safetensors" ? "" : "_dropout") +
+           (recompute ? "_recompute" : "");
+  }
 };
 const Case kLlama{"llama_gqa_f32", "tests/fixtures/models/llama_gqa_f32"};
 const Case kQwen2{"qwen2_bias_f32", "tests/fixtures/models/qwen2_bias_f32"};
@@ -186,13 +192,19 @@ const Case kGpt2{"gpt2_f32", "tests/fixtures/models/gpt2_f32"};
 const Case kSmolLm2{"smollm2", ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf", 10};
 const Case kLlamaRecompute{"llama_gqa_f32", "tests/fixtures/models/llama_gqa_f32", 0, true};
 const Case kSmolLm2Recompute{"smollm2", ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf", 0, true};
+const Case kLlamaDropout{kLlama.name, kLlama.model_path, 0, false,
+                         "lora_dropout_grads.safetensors"};
+const Case kQwen2Dropout{kQwen2.name, kQwen2.model_path, 0, false,
+                         "lora_dropout_grads.safetensors"};
+const Case kLlamaDropoutRecompute{kLlama.name, kLlama.model_path, 0, true,
+                                  "lora_dropout_grads.safetensors"};
 auto CaseName = [](const auto& info) { return info.param.label(); };
 
 class TrainerGradientTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
   const Case& c = GetParam();
-  auto fixture = OpenFixture(c.name, "lora_grads.safetensors");
+  auto fixture = OpenFixture(c.name, c.file);
   const SafetensorsFile& f = *fixture;
   const double want_loss = std::stod(f.metadata().at("loss"));
   auto parts = OpenModel(c.model_path);
@@ -201,6 +213,10 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
   const bool gguf_qk = GgufQkRows(*parts);
   TrainerOptions opts = LoraOptions(f);
   opts.recompute = c.recompute;
+  if (f.metadata().contains("dropout")) {
+    opts.lora.dropout = std::stod(f.metadata().at("dropout"));
+    opts.seed = std::stoull(f.metadata().at("seed"));
+  }
   const int64_t r = opts.lora.r;
   auto trainer = Trainer::Create(*std::move(parts), opts);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
@@ -238,8 +254,49 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainerGradientTest,
                          ::testing::Values(kLlama, kQwen2, kGpt2, kSmolLm2, kLlamaRecompute,
-                                           kSmolLm2Recompute),
+                                           kSmolLm2Recompute, kLlamaDropout, kQwen2Dropout,
+                                           kLlamaDropoutRecompute),
                          CaseName);
+
+// Dropout is training only: Evaluate and Logits run the adapter as PEFT's eval mode does (no
+// mask), so they equal those of a trainer without dropout; Gradients and Step apply it.
+TEST(TrainerDropoutTest, OnlyTrainingStepsDropOut) {
+  auto fixture = OpenFixture(kLlama.name, "lora_dropout_grads.safetensors");
+  const SafetensorsFile& f = *fixture;
+  const TrainBatch batch = BatchOf(f);
+  std::unique_ptr<Trainer> t[2];
+  for (int i = 0; i < 2; ++i) {
+    auto parts = OpenModel(kLlama.model_path);
+    ASSERT_TRUE(parts.ok()) << parts.status();
+    TrainerOptions opts = LoraOptions(f);
+    opts.lora.dropout = i == 0 ? 0.0 : 0.25;
+    auto trainer = Trainer::Create(*std::move(parts), opts);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    t[i] = *std::move(trainer);
+    ASSERT_TRUE(t[i]->ImportAdapter(FormulaAdapter(*t[i], false, /*zero_b=*/false)).ok());
+  }
+  auto e0 = t[0]->Evaluate(batch), e1 = t[1]->Evaluate(batch);
+  ASSERT_TRUE(e0.ok() && e1.ok());
+  EXPECT_EQ(e1->loss, e0->loss);
+  auto l0 = t[0]->Logits(batch), l1 = t[1]->Logits(batch);
+  ASSERT_TRUE(l0.ok() && l1.ok());
+  EXPECT_EQ(*l1, *l0);
+  std::map<std::string, std::vector<float>> g0, g1;
+  auto r0 = t[0]->Gradients(batch, &g0), r1 = t[1]->Gradients(batch, &g1);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_NE(r1->loss, r0->loss);
+  EXPECT_NEAR(r1->loss, std::stod(f.metadata().at("loss")), 1e-4 * r1->loss);
+  // Each step draws new masks: two steps on the same batch from the same adapter differ from
+  // two steps of a run with another seed only through the masks.
+  auto s1 = t[1]->Step(batch, 1e-3);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  EXPECT_NEAR(s1->loss, r1->loss, 1e-6 * r1->loss);  // step 1's masks are Gradients' masks
+  auto s2 = t[1]->Step(batch, 1e-3);
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  auto e2 = t[1]->Evaluate(batch);
+  ASSERT_TRUE(e2.ok());
+  EXPECT_NE(s2->loss, e2->loss);
+}
 
 // Recomputation changes where activations come from, not what they are: the same loss,
 // gradients and optimizer step from a smaller step arena. Bit for bit without fusion; with it,

@@ -115,6 +115,8 @@ struct Hyper {
   std::string method = "lora";  // lora | full
   int64_t lora_r = 8;
   double lora_alpha = 16;
+  double lora_dropout = 0;
+  int64_t gradient_accumulation_steps = 1;
   bool use_rslora = false;
   std::vector<std::string> target_modules = {"all-linear"};
   int64_t max_seq_len = kDefaultMaxSeqLen;
@@ -129,7 +131,8 @@ struct Hyper {
             {"method", method},
             {"lora_r", lora_r},
             {"lora_alpha", lora_alpha},
-            {"lora_dropout", 0.0},
+            {"lora_dropout", lora_dropout},
+            {"gradient_accumulation_steps", gradient_accumulation_steps},
             {"use_rslora", use_rslora},
             {"target_modules", target_modules},
             {"max_seq_len", max_seq_len},
@@ -146,6 +149,9 @@ struct Hyper {
     h.method = j.value("method", h.method);
     h.lora_r = j.value("lora_r", h.lora_r);
     h.lora_alpha = j.value("lora_alpha", h.lora_alpha);
+    h.lora_dropout = j.value("lora_dropout", h.lora_dropout);
+    h.gradient_accumulation_steps =
+        j.value("gradient_accumulation_steps", h.gradient_accumulation_steps);
     h.use_rslora = j.value("use_rslora", h.use_rslora);
     h.target_modules = j.value("target_modules", h.target_modules);
     h.max_seq_len = j.value("max_seq_len", h.max_seq_len);
@@ -189,11 +195,13 @@ Status ParseHyper(const json& h, const std::string& where, int64_t examples, int
       } else if (key == "lora_alpha") {
         KILN_ASSIGN_OR_RETURN(out->lora_alpha, PositiveNumber(v, path, 1e6));
       } else if (key == "lora_dropout") {
-        if (!v.is_number() || v.get<double>() != 0) {
-          return Bad(path, StrCat("`", path, "` is ", v.dump(),
-                                  "; only 0 is supported (dropout in the LoRA branch is not "
-                                  "implemented yet)"));
+        if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() < 1)) {
+          return Bad(path, StrCat("`", path, "` is ", v.dump(), "; allowed: 0 <= p < 1"));
         }
+        out->lora_dropout = v.get<double>();
+      } else if (key == "gradient_accumulation_steps") {
+        KILN_ASSIGN_OR_RETURN(std::optional<int64_t> n, AutoInt(v, path, 1, 64));
+        if (n) out->gradient_accumulation_steps = *n;
       } else if (key == "use_rslora") {
         if (!v.is_boolean()) return Bad(path, StrCat("`", path, "` must be true or false"));
         out->use_rslora = v.get<bool>();
@@ -226,7 +234,7 @@ Status ParseHyper(const json& h, const std::string& where, int64_t examples, int
                                 "`; allowed: n_epochs, batch_size, learning_rate_multiplier, "
                                 "learning_rate, method, lora_r, lora_alpha, lora_dropout, "
                                 "use_rslora, target_modules, max_seq_len, lr_scheduler, "
-                                "warmup_steps"));
+                                "warmup_steps, gradient_accumulation_steps"));
       }
     }
   }
@@ -243,6 +251,7 @@ Status ParseHyper(const json& h, const std::string& where, int64_t examples, int
   models::LoraConfig lc;
   lc.r = out->lora_r;
   lc.alpha = out->lora_alpha;
+  lc.dropout = out->lora_dropout;
   lc.target_modules = out->target_modules;
   if (Status s = lc.Validate(); !s.ok()) return WithParam(s, where + ".target_modules");
   return OkStatus();
@@ -545,6 +554,8 @@ struct FineTuningService::Impl {
     o.lora.r = h.lora_r;
     o.lora.alpha = h.lora_alpha;
     o.lora.use_rslora = h.use_rslora;
+    o.lora.dropout = h.lora_dropout;
+    o.grad_accum = h.gradient_accumulation_steps;
     o.lora.target_modules = h.target_modules;
     o.lr = h.learning_rate;
     o.schedule = h.lr_scheduler;

@@ -160,6 +160,21 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
   EXPECT_EQ(service_->ResumeJob(job->id).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Kiln's lora_dropout and gradient_accumulation_steps reach the run: the job trains with
+// them, and reports them resolved.
+TEST_F(JobServiceTest, DropoutAndGradientAccumulationTrain) {
+  const std::string file = Upload();
+  StatusOr<JobRecord> job = service_->CreateJob(Request(
+      file, {{"n_epochs", 1}, {"lora_dropout", 0.1}, {"gradient_accumulation_steps", 2}}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->hyperparameters["lora_dropout"], 0.1);
+  EXPECT_EQ(job->hyperparameters["gradient_accumulation_steps"], 2);
+  const JobRecord done = AwaitJob(job->id, [](const JobRecord& j) { return IsTerminal(j.status); });
+  ASSERT_EQ(done.status, JobStatus::kSucceeded) << done.error.dump();
+  EXPECT_GT(done.trained_tokens, 0);
+  EXPECT_EQ(done.last_step, done.total_steps);
+}
+
 TEST_F(JobServiceTest, PauseCheckpointsAndResumeContinuesFromIt) {
   const std::string file = Upload();
   StatusOr<JobRecord> job = service_->CreateJob(Request(file, {{"n_epochs", 6}}));
@@ -247,7 +262,10 @@ TEST_F(JobServiceTest, BadRequestsNameTheField) {
   EXPECT_THAT(param(Request(file, {{"n_epochs", 1000}})), HasSubstr("allowed: 1 to 50"));
   EXPECT_THAT(param(Request(file, {{"learning_rate_multiplier", -1}})),
               HasSubstr("learning_rate_multiplier"));
-  EXPECT_THAT(param(Request(file, {{"lora_dropout", 0.1}})), HasSubstr("only 0 is supported"));
+  EXPECT_THAT(param(Request(file, {{"lora_dropout", 1.0}})), HasSubstr("allowed: 0 <= p < 1"));
+  EXPECT_THAT(param(Request(file, {{"lora_dropout", "a"}})), HasSubstr("allowed: 0 <= p < 1"));
+  EXPECT_THAT(param(Request(file, {{"gradient_accumulation_steps", 0}})),
+              HasSubstr("gradient_accumulation_steps"));
   EXPECT_THAT(param(Request(file, {{"batch_sz", 2}})), HasSubstr("unknown hyper-parameter"));
   EXPECT_THAT(param(Request(file, {{"lora_r", 32}})),
               HasSubstr("lora_r: `method.supervised.hyperparameters.lora_r` is 32 but model "

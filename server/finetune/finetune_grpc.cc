@@ -91,6 +91,7 @@ void ToProto(const json& h, v1::Hyperparameters* out) {
   if (auto v = integer("lora_r")) out->set_lora_r(*v);
   if (auto v = number("lora_alpha")) out->set_lora_alpha(*v);
   if (auto v = number("lora_dropout")) out->set_lora_dropout(*v);
+  if (auto v = integer("gradient_accumulation_steps")) out->set_gradient_accumulation_steps(*v);
   if (auto it = h.find("target_modules"); it != h.end()) {
     if (it->is_string()) out->add_target_modules(it->get<std::string>());
     if (it->is_array()) {
@@ -172,6 +173,9 @@ json HyperJson(const v1::Hyperparameters& h) {
   if (h.has_lora_r()) out["lora_r"] = h.lora_r();
   if (h.has_lora_alpha()) out["lora_alpha"] = h.lora_alpha();
   if (h.has_lora_dropout()) out["lora_dropout"] = h.lora_dropout();
+  if (h.has_gradient_accumulation_steps()) {
+    out["gradient_accumulation_steps"] = h.gradient_accumulation_steps();
+  }
   if (h.target_modules_size() > 0) {
     out["target_modules"] =
         std::vector<std::string>(h.target_modules().begin(), h.target_modules().end());
