@@ -377,8 +377,12 @@ Status Trainer::ImportAdapter(const LoraAdapter& adapter) {
 }
 
 size_t Trainer::step_arena_bytes() const {
-  const auto& c = compiled_[static_cast<size_t>(Kind::kStep)];
-  return c != nullptr ? c->program->arena_bytes() : 0;
+  size_t bytes = 0;
+  for (const Kind kind : {Kind::kStep, Kind::kAccumulate, Kind::kApply}) {
+    const auto& c = compiled_[static_cast<size_t>(kind)];
+    if (c != nullptr) bytes = std::max(bytes, c->program->arena_bytes());
+  }
+  return bytes;
 }
 
 StatusOr<int64_t> Trainer::CheckBatch(const TrainBatch& batch) const {

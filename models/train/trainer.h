@@ -115,7 +115,8 @@ class Trainer {
   StatusOr<LoraAdapter> ExportAdapter() const;
   Status ImportAdapter(const LoraAdapter& adapter);
 
-  // Peak arena bytes of the step program (activations and gradients; weights excluded).
+  // Peak arena bytes of the step program, or of the largest of the gradient accumulation
+  // programs (activations and gradients; weights excluded).
   size_t step_arena_bytes() const;
 
  private:
