@@ -105,7 +105,10 @@ constexpr ModelKind kModelKinds[] = {
     {"builtin", /*uses_builtin=*/true, /*uses_path=*/false},
     {"llm", /*uses_builtin=*/false, /*uses_path=*/true},
 };
-constexpr std::string_view kBuiltinModels[] = {"simple", "identity_fp32", "sleep_us"};
+// models/tensor's BuiltinModelNames (config/ depends on nothing, so the list is repeated).
+constexpr std::string_view kBuiltinModels[] = {
+    "simple",          "identity_fp32",         "sleep_us",    "simple_string", "simple_int8",
+    "simple_identity", "custom_identity_int32", "repeat_int32"};
 constexpr std::string_view kActivations[] = {"f32", "q8"};
 constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
 constexpr std::string_view kSamplingPlaces[] = {"device", "host"};

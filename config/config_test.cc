@@ -635,11 +635,13 @@ TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
                           "of builtin, llm (did you mean `llm`?)"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n"),
               ElementsAre("f.yaml:2:5: `models[0].builtin`: missing; expected one of simple, "
-                          "identity_fp32, sleep_us"));
+                          "identity_fp32, sleep_us, simple_string, simple_int8, simple_identity, "
+                          "custom_identity_int32, repeat_int32"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n    builtin: sleep\n"),
               ElementsAre("f.yaml:4:14: `models[0].builtin`: unknown built-in model `sleep`; "
-                          "expected one of simple, identity_fp32, sleep_us (did you mean "
-                          "`sleep_us`?)"));
+                          "expected one of simple, identity_fp32, sleep_us, simple_string, "
+                          "simple_int8, simple_identity, custom_identity_int32, repeat_int32 "
+                          "(did you mean `sleep_us`?)"));
   EXPECT_THAT(Errors("models:\n" + Model("a", "    path: /models/a\n    backend: cdua\n")),
               ElementsAre("f.yaml:5:11: `models[0].path`: not used by kind `builtin` (it loads "
                           "no weights)",

@@ -105,6 +105,8 @@ DynamicBatcher::~DynamicBatcher() {
 }
 
 Status DynamicBatcher::Enqueue(std::unique_ptr<InferenceRequest>& request) {
+  // Values the model cannot take fail this request alone, before it joins a batch.
+  KILN_RETURN_IF_ERROR(instances_.front()->model->CheckRequest(request->inputs));
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
     return Unavailable("model '", request->model_name, "' is shutting down");
@@ -252,9 +254,12 @@ void DynamicBatcher::Execute(Instance* inst,
   std::vector<HostTensor> inputs = GatherInputs(batch);
   const auto t_input = SteadyClock::now();
   std::vector<HostTensor> outputs;
-  Status status = inst->model->Execute(inputs, &outputs);
+  // A decoupled model (one request per batch: it does not batch) sends its responses as it
+  // goes; its outputs stay empty and the request's final answer only ends it.
+  Status status = inst->model->decoupled() ? ExecuteDecoupled(*inst->model, *batch.front(), inputs)
+                                           : inst->model->Execute(inputs, &outputs);
   const auto t_infer = SteadyClock::now();
-  if (status.ok() && outputs.size() != inst->model->outputs().size()) {
+  if (status.ok() && !inst->model->decoupled() && outputs.size() != inst->model->outputs().size()) {
     status = Internal("model '", model_name, "' produced ", outputs.size(), " outputs, expected ",
                       inst->model->outputs().size());
   }
@@ -327,6 +332,62 @@ void DynamicBatcher::Execute(Instance* inst,
   }
 }
 
+// The ResponseSender a decoupled model gets: filters each response to the requested outputs
+// and hands it to the request's on_response, unless the request was answered already.
+class DynamicBatcher::Sender final : public ResponseSender {
+ public:
+  Sender(DynamicBatcher* batcher, InferenceRequest* request, size_t declared_outputs)
+      : batcher_(batcher), request_(request), declared_outputs_(declared_outputs) {}
+
+  Status Send(std::vector<HostTensor> outputs, bool final) override {
+    if (final_sent_) {
+      return FailedPrecondition("model '", request_->model_name,
+                                "' sent a response after its final one");
+    }
+    if (outputs.size() != declared_outputs_) {
+      return Internal("model '", request_->model_name, "' sent ", outputs.size(),
+                      " outputs, expected ", declared_outputs_);
+    }
+    InferenceResponse resp;
+    resp.final = final;
+    if (request_->requested_outputs.empty()) {
+      resp.outputs = std::move(outputs);
+    } else {
+      for (const std::string& name : request_->requested_outputs) {
+        auto it = std::find_if(outputs.begin(), outputs.end(),
+                               [&](const HostTensor& o) { return o.name == name; });
+        if (it != outputs.end()) resp.outputs.push_back(std::move(*it));
+      }
+    }
+    absl::MutexLock lock(&batcher_->respond_mu_);
+    if (request_->answered.load() || request_->cancel->cancelled()) {
+      return Cancelled("request cancelled");
+    }
+    final_sent_ = final;
+    request_->on_response(std::move(resp));
+    return OkStatus();
+  }
+
+  bool cancelled() const override {
+    return request_->cancel->cancelled() || request_->answered.load();
+  }
+
+ private:
+  DynamicBatcher* const batcher_;
+  InferenceRequest* const request_;
+  const size_t declared_outputs_;
+  bool final_sent_ = false;
+};
+
+Status DynamicBatcher::ExecuteDecoupled(TensorModel& model, InferenceRequest& request,
+                                        std::span<const HostTensor> inputs) {
+  if (!request.on_response) {
+    return FailedPrecondition("model '", request.model_name, "' is decoupled: no response sink");
+  }
+  Sender sender(this, &request, model.outputs().size());
+  return model.ExecuteDecoupled(inputs, sender);
+}
+
 void DynamicBatcher::Complete(std::unique_ptr<InferenceRequest> r, InferenceResponse&& resp,
                               const Timing& timing) {
   if (r->answered.exchange(true)) return;  // cut off by Drain already
@@ -365,7 +426,10 @@ int DynamicBatcher::Drain(SteadyClock::time_point deadline) {
     mu_.AwaitWithDeadline(absl::Condition(&idle), AbslDeadline(deadline));
     queued = queue_.TakeAll();
     // Answer executing requests now; their workers find them answered and drop the result.
+    // respond_mu_: a decoupled model's response in flight finishes first, and none follows.
+    absl::MutexLock respond_lock(&respond_mu_);
     for (InferenceRequest* r : executing_) {
+      r->cancel->Cancel();  // a decoupled model stops at its next response or wait
       if (r->answered.exchange(true)) continue;
       executing.emplace_back(std::move(r->on_complete), r->model_name);
       executing_received.push_back(r->received_at);

@@ -1,6 +1,7 @@
 // Runs a tensor model's requests: a scheduling thread forms batches from a BatchQueue (see
 // batch_queue.h for the rules) and hands each to an idle model instance, each instance on
-// its own worker thread. Requests are completed exactly once through their on_complete.
+// its own worker thread. Requests are completed exactly once through their on_complete; a
+// decoupled model's responses go out before that through on_response (inference_request.h).
 //
 // Thread-safety: Enqueue, WakeUp, pending, AwaitExecuting and Drain may be called from any
 // thread.
@@ -33,7 +34,8 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
 
-  // Queues a validated request (see BatchQueue::Enqueue). On success the batcher owns it
+  // Queues a validated request (see BatchQueue::Enqueue) after the model's CheckRequest. On success
+  // the batcher owns it
   // (`request` becomes null); on error the caller keeps it. After Drain began: Unavailable.
   Status Enqueue(std::unique_ptr<InferenceRequest>& request);
 
@@ -56,6 +58,7 @@ class DynamicBatcher {
  private:
   struct Instance;
   struct InFlight;
+  class Sender;
 
   void SchedulerLoop();
   void WorkerLoop(Instance* instance);
@@ -64,6 +67,9 @@ class DynamicBatcher {
     std::chrono::nanoseconds input{0}, infer{0}, output{0};
   };
   void Execute(Instance* instance, std::vector<std::unique_ptr<InferenceRequest>>& batch);
+  // Runs one request of a decoupled model, its responses through request.on_response.
+  Status ExecuteDecoupled(TensorModel& model, InferenceRequest& request,
+                          std::span<const HostTensor> inputs);
   // Answers a request unless it was answered already (see InferenceRequest::answered).
   void Complete(std::unique_ptr<InferenceRequest> request, InferenceResponse&& response,
                 const Timing& timing);
@@ -79,6 +85,10 @@ class DynamicBatcher {
   // Requests handed to instances and not yet answered by them; Drain may answer these
   // early. Pointers stay valid while listed (workers unlist before completing).
   std::vector<InferenceRequest*> executing_ ABSL_GUARDED_BY(mu_);
+  // Held while a decoupled model's response goes to on_response, and by Drain while it
+  // answers executing requests, so no response is delivered during or after their answer.
+  // Order: mu_ before respond_mu_.
+  absl::Mutex respond_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::vector<std::unique_ptr<Instance>> instances_;
   std::thread scheduler_thread_;
 };

@@ -28,6 +28,8 @@ class RequestTrace;  // scheduler/trace.h
 struct InferenceResponse {
   Status status;
   std::vector<HostTensor> outputs;  // the requested outputs, in the order requested
+  // Decoupled models (on_response below): the model marked this response its last.
+  bool final = false;
 };
 
 // Set by a front end when its client goes away (RPC cancelled, HTTP connection closed).
@@ -59,6 +61,12 @@ struct InferenceRequest {
 
   std::shared_ptr<CancelFlag> cancel = std::make_shared<CancelFlag>();
   std::function<void(InferenceResponse&&)> on_complete;
+  // Decoupled models (TensorModel::decoupled) only, and required for them: called once per
+  // response the model sends (outputs filtered and ordered as requested; `final` set when the
+  // model marked it its last), in order, from a scheduler thread, never concurrently and
+  // never after on_complete began. on_complete then ends the request: its status is the
+  // model's, its outputs empty.
+  std::function<void(InferenceResponse&&)> on_response;
 
   SteadyClock::time_point received_at = SteadyClock::now();
   // The request's trace (scheduler/trace.h): the scheduler adds its queue and execute spans.

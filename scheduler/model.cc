@@ -220,7 +220,13 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
   }
   const TensorModel& first = *instances.front();
   model->platform_ = std::string(first.platform());
-  model->signature_ = {config.name, config.max_batch_size, first.inputs(), first.outputs()};
+  model->signature_ = {config.name, config.max_batch_size, first.inputs(), first.outputs(),
+                       first.decoupled()};
+  if (first.decoupled() && config.max_batch_size > 0) {
+    return InvalidArgument("model '", config.name, "': built-in '", config.builtin,
+                           "' is decoupled (it answers a request with zero, one or many "
+                           "responses) and does not batch; set max_batch_size: 0");
+  }
   BatchQueue::Options options{config.max_batch_size, config.dynamic_batching};
   if (deps.flight_recorder_entries > 0) {
     model->recorder_ = std::make_unique<FlightRecorder>(
@@ -238,6 +244,11 @@ Status Model::Infer(std::unique_ptr<InferenceRequest>& request) {
                            : FailedPrecondition("model '", name(),
                                                 "' is an LLM: send text_input (KServe) or use "
                                                 "the generation APIs");
+  if (status.ok() && signature_.decoupled && !request->on_response) {
+    status = FailedPrecondition("model '", name(),
+                                "' is decoupled (zero, one or many responses per request); send "
+                                "its requests over a streaming RPC (gRPC ModelStreamInfer)");
+  }
   if (status.ok()) status = batcher_->Enqueue(request);
   // Refused requests count as failures too (the caller answers them).
   if (!status.ok()) stats_.RequestFailed(status, SteadyClock::now() - request->received_at);

@@ -30,6 +30,9 @@ struct ModelSignature {
   int max_batch_size = 0;  // 0: no batch dimension
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
+  // Triton's `model_transaction_policy { decoupled: true }`: zero, one or many responses per
+  // request, served over streaming RPCs only (see InferenceRequest::on_response).
+  bool decoupled = false;
 };
 
 // The version every Kiln model is served as.
@@ -86,7 +89,8 @@ class Model {
   bool is_llm() const { return llm_ != nullptr; }
 
   // Tensor models: PrepareRequest, then queue. On success the model owns the request and
-  // answers it through on_complete; on error the caller keeps it. LLMs take generation
+  // answers it through on_complete (and on_response, which a decoupled model requires:
+  // FailedPrecondition without it); on error the caller keeps it. LLMs take generation
   // requests through llm() instead (FailedPrecondition here).
   Status Infer(std::unique_ptr<InferenceRequest>& request);
 

@@ -8,6 +8,7 @@
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "config/config.h"
@@ -89,6 +90,14 @@ class InferReactor final : public ServerUnaryReactor {
                                Finish(ToGrpcStatus(s));
                              });
     }
+    if (model->signature().decoupled) {
+      return Unimplemented(
+          "ModelInfer RPC doesn't support models with decoupled transaction "
+          "policy: model '",
+          name,
+          "' sends zero, one or many responses per request; use the "
+          "ModelStreamInfer RPC");
+    }
     request->trace = trace_;
     request->on_complete = [this, name, id, end_trace](InferenceResponse&& resp) {
       ticket_.Release();
@@ -114,8 +123,9 @@ class InferReactor final : public ServerUnaryReactor {
 };
 
 // ModelStreamInfer: each request on the stream is independent; responses (or per-request
-// errors, in error_message) are written in completion order. The stream finishes once the
-// client half-closed and every request was answered.
+// errors, in error_message) are written in completion order. Decoupled models and streaming
+// LLMs answer a request with any number of responses, each with triton_final_response. The stream
+// finishes once the client half-closed and every request was answered.
 class StreamInferReactor final
     : public grpc::ServerBidiReactor<inference::ModelInferRequest,
                                      inference::ModelStreamInferResponse> {
@@ -186,20 +196,43 @@ class StreamInferReactor final
     const std::string name = request->model_name, id = request->id;
     if (model->is_llm()) return SubmitLlm(wire, model, std::move(request), std::move(ticket));
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(ticket));
-    request->on_complete = [this, name, id, flag, shared_ticket](InferenceResponse&& resp) {
-      shared_ticket->Release();
-      inference::ModelStreamInferResponse out;
-      if (resp.status.ok()) {
+    // A decoupled model (Triton's convention): each response as it comes, marked with
+    // triton_final_response; the end of the request is an empty final response only when
+    // the client asked for one (triton_enable_empty_final_response) and the model did not
+    // mark a response final itself.
+    const bool decoupled = model->signature().decoupled;
+    const bool empty_final = decoupled && llm::EmptyFinalResponseRequested(wire);
+    auto final_sent = std::make_shared<bool>(false);  // guarded by mu_
+    if (decoupled) {
+      request->on_response = [this, name, id, final_sent](InferenceResponse&& resp) {
+        inference::ModelStreamInferResponse out;
+        const bool final = resp.final;
         EncodeInferResponse(name, id, std::move(resp), out.mutable_infer_response());
-      } else {
-        out.set_error_message(std::string(StatusMessage(resp.status)));
-        out.mutable_infer_response()->set_id(id);
-        out.mutable_infer_response()->set_model_name(name);
+        llm::MarkFinal(out.mutable_infer_response(), final);
+        absl::MutexLock lock(&mu_);
+        *final_sent = *final_sent || final;
+        WriteLocked(std::move(out));
+      };
+    }
+    request->on_complete = [this, name, id, flag, shared_ticket, decoupled, empty_final,
+                            final_sent](InferenceResponse&& resp) {
+      shared_ticket->Release();
+      std::optional<inference::ModelStreamInferResponse> out;
+      if (!resp.status.ok()) {
+        out.emplace().set_error_message(std::string(StatusMessage(resp.status)));
+        out->mutable_infer_response()->set_id(id);
+        out->mutable_infer_response()->set_model_name(name);
+      } else if (!decoupled) {
+        EncodeInferResponse(name, id, std::move(resp), out.emplace().mutable_infer_response());
       }
       absl::MutexLock lock(&mu_);
+      if (decoupled && resp.status.ok() && empty_final && !*final_sent) {
+        EncodeInferResponse(name, id, InferenceResponse{}, out.emplace().mutable_infer_response());
+        llm::MarkFinal(out->mutable_infer_response(), true);
+      }
       std::erase_if(pending_cancels_, [&](const auto& p) { return p.first == flag; });
       --pending_;
-      WriteLocked(std::move(out));
+      if (out) WriteLocked(*std::move(out));
       MaybeFinishLocked();
     };
     {
@@ -366,9 +399,6 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     auto model = core_->repository->GetReady(req->name(), req->version());
     if (!model.ok()) return FinishNow(ctx, model.status());
     FillModelConfig(**model, resp->mutable_config());
-    if ((*model)->is_llm()) {
-      resp->mutable_config()->mutable_model_transaction_policy()->set_decoupled(true);
-    }
     return FinishNow(ctx, OkStatus());
   }
 

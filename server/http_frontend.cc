@@ -295,7 +295,6 @@ class KServeHttpHandler {
     if (!model.ok()) return SendError(r, model.status());
     inference::ModelConfig cfg;
     FillModelConfig(**model, &cfg);
-    if ((*model)->is_llm()) cfg.mutable_model_transaction_policy()->set_decoupled(true);
     SendJson(r, 200, ProtoToJson(cfg));
   }
 
@@ -412,6 +411,13 @@ class KServeHttpHandler {
     if ((*model)->is_llm()) {
       return llm::HandleJsonInfer(*model, std::move(request), std::move(*ticket), r,
                                   std::move(decoded->binary_outputs), decoded->all_binary);
+    }
+    if ((*model)->signature().decoupled) {
+      return SendError(r, InvalidArgument("HTTP end point doesn't support models with decoupled "
+                                          "transaction policy: model '",
+                                          name,
+                                          "' sends zero, one or many responses per request; use "
+                                          "gRPC ModelStreamInfer"));
     }
     // Traced from here on (LLMs through KServe JSON are not yet), its admission from arrival.
     std::shared_ptr<RequestTrace> trace = BeginHttpTrace(*core_, req, "", received);

@@ -363,6 +363,10 @@ void FillModelConfig(const Model& model, inference::ModelConfig* wire) {
   wire->set_platform(model.platform());
   wire->set_backend("kiln");
   wire->set_max_batch_size(sig.max_batch_size);
+  // LLMs follow Triton's decoupled convention too (streamed text).
+  if (sig.decoupled || model.is_llm()) {
+    wire->mutable_model_transaction_policy()->set_decoupled(true);
+  }
   for (const auto& s : sig.inputs) {
     auto* in = wire->add_input();
     in->set_name(s.name);

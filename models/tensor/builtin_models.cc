@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_join.h"
 #include "models/tensor/tensor_model.h"
+#include "models/tensor/triton_qa_models.h"
 
 namespace kiln {
 namespace {
@@ -95,7 +96,10 @@ class SleepUsModel final : public TensorModel {
   std::vector<TensorSpec> inputs_, outputs_;
 };
 
-constexpr std::array<std::string_view, 3> kNames = {"simple", "identity_fp32", "sleep_us"};
+// Then Triton's QA models (triton_qa_models.h), in TritonQaModelNames' order.
+constexpr std::array<std::string_view, 8> kNames = {
+    "simple",          "identity_fp32",         "sleep_us",    "simple_string", "simple_int8",
+    "simple_identity", "custom_identity_int32", "repeat_int32"};
 
 }  // namespace
 
@@ -105,6 +109,9 @@ StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name)
   if (name == "simple") return std::unique_ptr<TensorModel>(new SimpleModel());
   if (name == "identity_fp32") return std::unique_ptr<TensorModel>(new IdentityFp32Model());
   if (name == "sleep_us") return std::unique_ptr<TensorModel>(new SleepUsModel());
+  if (std::ranges::find(TritonQaModelNames(), name) != TritonQaModelNames().end()) {
+    return CreateTritonQaModel(name);
+  }
   std::vector<std::string> names(kNames.begin(), kNames.end());
   return NotFound("unknown built-in model `", ToAbsl(name),
                   "`; built-in models are: ", absl::StrJoin(names, ", "));

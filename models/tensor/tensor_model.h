@@ -35,6 +35,24 @@ struct HostTensor {
   std::string data;            // raw bytes
 };
 
+// Where a decoupled model sends its responses (see TensorModel::decoupled). Owned by the
+// caller of ExecuteDecoupled and valid only during that call.
+// Thread-safety: called from the thread running ExecuteDecoupled.
+class ResponseSender {
+ public:
+  virtual ~ResponseSender() = default;
+
+  // Sends one response holding `outputs` (one tensor per declared output, in declaration
+  // order; the caller keeps those the client asked for). `final`: this is the request's last
+  // response. Returns Cancelled once the client is gone or the server cut the request off:
+  // the model should then stop and return. FailedPrecondition after a final response.
+  virtual Status Send(std::vector<HostTensor> outputs, bool final) = 0;
+
+  // Whether the client went away (or the server is shutting down); a model that waits between
+  // responses polls this so that a closed stream stops it promptly.
+  virtual bool cancelled() const = 0;
+};
+
 class TensorModel {
  public:
   virtual ~TensorModel() = default;
@@ -51,6 +69,32 @@ class TensorModel {
   // Thread-safety: each instance is called from one thread at a time; the batcher creates
   // one instance per configured `instance_count`.
   virtual Status Execute(std::span<const HostTensor> inputs, std::vector<HostTensor>* outputs) = 0;
+
+  // Checks one request's contents beyond what the signature states (values the model cannot
+  // take) before it is queued, so that a bad request fails alone, with an InvalidArgument
+  // naming the input, rather than failing the batch it would have joined. `inputs` as for
+  // Execute, for one request. Default: every value is fine.
+  // Thread-safety: may be called from any thread, concurrently with Execute.
+  virtual Status CheckRequest(std::span<const HostTensor> inputs) const {
+    (void)inputs;
+    return OkStatus();
+  }
+
+  // Decoupled models (Triton's `model_transaction_policy { decoupled: true }`) answer a
+  // request with zero, one or many responses, sent through ExecuteDecoupled as they are
+  // ready, rather than one response from Execute. Such a model is served only over streaming
+  // RPCs (gRPC ModelStreamInfer) and does not batch (max_batch_size 0).
+  virtual bool decoupled() const { return false; }
+
+  // REQUIRES: decoupled(). Runs one request: `inputs` as for Execute, without a batch
+  // dimension. Sends each response through `sender`; returning ends the request (the front
+  // end then tells the client no more responses follow, if it asked to be told). An error
+  // ends it too, after the responses already sent.
+  virtual Status ExecuteDecoupled(std::span<const HostTensor> inputs, ResponseSender& sender) {
+    (void)inputs;
+    (void)sender;
+    return Unimplemented("this model is not decoupled");
+  }
 };
 
 // Names accepted by CreateBuiltinModel, in a stable order.
@@ -62,6 +106,8 @@ std::span<const std::string_view> BuiltinModelNames();
 //   identity_fp32  FP32 INPUT0 (any shape) -> OUTPUT0 = INPUT0
 //   sleep_us       INT32 SLEEP_US[1] -> sleeps the largest value in the batch (microseconds,
 //                  clamped to [0, 10 s]), returns OUTPUT0 = SLEEP_US
+// and Triton's QA and example models (triton_qa_models.h):
+//   simple_string, simple_int8, simple_identity, custom_identity_int32, repeat_int32
 // NotFound for other names.
 StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name);
 
