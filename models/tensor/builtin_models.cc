@@ -95,7 +95,8 @@ class SleepUsModel final : public TensorModel {
   std::vector<TensorSpec> inputs_, outputs_;
 };
 
-constexpr std::array<std::string_view, 3> kNames = {"simple", "identity_fp32", "sleep_us"};
+constexpr std::array<std::string_view, 4> kNames = {"simple", "identity_fp32", "sleep_us",
+                                                    "simple_sequence"};
 
 }  // namespace
 
@@ -105,6 +106,7 @@ StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name)
   if (name == "simple") return std::unique_ptr<TensorModel>(new SimpleModel());
   if (name == "identity_fp32") return std::unique_ptr<TensorModel>(new IdentityFp32Model());
   if (name == "sleep_us") return std::unique_ptr<TensorModel>(new SleepUsModel());
+  if (name == "simple_sequence") return CreateSimpleSequenceModel();
   std::vector<std::string> names(kNames.begin(), kNames.end());
   return NotFound("unknown built-in model `", ToAbsl(name),
                   "`; built-in models are: ", absl::StrJoin(names, ", "));
