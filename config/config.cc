@@ -105,10 +105,11 @@ constexpr ModelKind kModelKinds[] = {
     {"builtin", /*uses_builtin=*/true, /*uses_path=*/false},
     {"llm", /*uses_builtin=*/false, /*uses_path=*/true},
 };
-// models/tensor's BuiltinModelNames (config/ depends on nothing, so the list is repeated).
+// models/tensor's BuiltinModelNames (config/ depends on nothing, so the list is repeated;
+// builtin_models_test checks the two agree).
 constexpr std::string_view kBuiltinModels[] = {
-    "simple",          "identity_fp32",         "sleep_us",    "simple_string", "simple_int8",
-    "simple_identity", "custom_identity_int32", "repeat_int32"};
+    "simple",          "identity_fp32",         "sleep_us",     "simple_string",  "simple_int8",
+    "simple_identity", "custom_identity_int32", "repeat_int32", "simple_sequence"};
 constexpr std::string_view kActivations[] = {"f32", "q8"};
 constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
 constexpr std::string_view kSamplingPlaces[] = {"device", "host"};
@@ -152,11 +153,11 @@ constexpr std::string_view kFineTuningKeys[] = {"enabled",
                                                 "threads",
                                                 "backend"};
 constexpr std::string_view kModelKeys[] = {
-    "name",          "kind",           "builtin",        "path",
-    "backend",       "instance_count", "max_batch_size", "dynamic_batching",
-    "load_on_start", "scheduler",      "threads",        "context_length",
-    "activations",   "kv_cache_dtype", "sampling",       "max_loaded_adapters",
-    "max_lora_rank", "adapters"};
+    "name",          "kind",           "builtin",          "path",
+    "backend",       "instance_count", "max_batch_size",   "dynamic_batching",
+    "load_on_start", "scheduler",      "threads",          "context_length",
+    "activations",   "kv_cache_dtype", "sampling",         "max_loaded_adapters",
+    "max_lora_rank", "adapters",       "sequence_batching"};
 constexpr std::string_view kAdapterKeys[] = {"name", "path"};
 constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_num_batched_tokens",
@@ -172,6 +173,22 @@ constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
     "priority_levels",      "default_priority_level",       "default_queue_policy",
     "priority_queue_policy"};
+constexpr std::string_view kSequenceBatchingKeys[] = {"max_sequence_idle_microseconds", "direct",
+                                                      "oldest", "control_input"};
+constexpr std::string_view kSequenceDirectKeys[] = {"max_queue_delay_microseconds",
+                                                    "minimum_slot_utilization"};
+constexpr std::string_view kSequenceOldestKeys[] = {
+    "max_candidate_sequences", "preferred_batch_size", "max_queue_delay_microseconds",
+    "preserve_ordering"};
+constexpr std::string_view kControlInputKeys[] = {"name", "control"};
+constexpr std::string_view kControlKeys[] = {"kind", "int32_false_true", "fp32_false_true",
+                                             "bool_false_true", "data_type"};
+constexpr std::string_view kControlKinds[] = {"CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY",
+                                              "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_CORRID"};
+constexpr std::string_view kCorridTypes[] = {"TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32",
+                                             "TYPE_INT32", "TYPE_STRING"};
+constexpr IntRange kIdleMicrosecondsRange{0, 86'400'000'000, "at most 24 hours; 0: 1 s"};
+constexpr IntRange kMaxCandidateSequencesRange{1, 1 << 16};
 constexpr std::string_view kQueuePolicyKeys[] = {"timeout_action", "default_timeout_microseconds",
                                                  "allow_timeout_override", "max_queue_size"};
 
@@ -712,6 +729,129 @@ void DecodeDynamicBatching(Decoder& dec, const Value* v, const std::string& path
   }
 }
 
+// One `control` entry of a control input: its kind and its values.
+void DecodeControl(Decoder& dec, const Value& v, const std::string& path,
+                   SequenceControlConfig* c) {
+  Diagnostics& d = dec.diagnostics();
+  Fields f = dec.Mapping(&v, path, kControlKeys);
+  std::string kind;
+  dec.Enum(f, "kind", path, kControlKinds, /*ignore_case=*/false, &kind);
+  if (kind.empty() && f.Get("kind") == nullptr) {
+    d.AtPath(path, absl::StrCat("missing `kind` (one of ", ListNames(kControlKinds), ")"));
+  }
+  for (size_t i = 0; i < std::size(kControlKinds); ++i) {
+    if (kind == kControlKinds[i]) c->kind = static_cast<SequenceControlConfig::Kind>(i);
+  }
+  dec.Enum(f, "data_type", path, kCorridTypes, /*ignore_case=*/false, &c->data_type);
+  // The three value lists; each element is checked on its own.
+  auto list = [&](std::string_view key, auto parse) {
+    const Value* l = f.Get(key);
+    if (l == nullptr || l->is_null()) return;
+    const std::string list_path = Join(path, key);
+    if (!l->is_sequence()) {
+      d.AtPath(list_path, "expected a list of two values [false, true], got " + l->Describe());
+      return;
+    }
+    for (size_t i = 0; i < l->items.size(); ++i) {
+      d.Record(Index(list_path, i), l->items[i].mark);
+      parse(l->items[i], Index(list_path, i));
+    }
+  };
+  list("int32_false_true", [&](const Value& item, const std::string& item_path) {
+    int32_t x = 0;
+    dec.IntValue(item, item_path, IntRange{-kInt32Max - 1, kInt32Max}, &x);
+    c->int32_false_true.push_back(x);
+  });
+  list("fp32_false_true", [&](const Value& item, const std::string& item_path) {
+    double x = 0;
+    if (!item.is_scalar() || !ParseFiniteDouble(item.scalar, &x)) {
+      d.AtPath(item_path, "expected a number, got " + item.Describe());
+    }
+    c->fp32_false_true.push_back(static_cast<float>(x));
+  });
+  list("bool_false_true", [&](const Value& item, const std::string& item_path) {
+    const std::string lower = item.is_scalar() ? Lower(item.scalar) : "";
+    if (lower != "true" && lower != "false") {
+      d.AtPath(item_path, "expected true or false, got " + item.Describe());
+    }
+    c->bool_false_true.push_back(lower == "true");
+  });
+}
+
+void DecodeSequenceBatching(Decoder& dec, const Value* v, const std::string& path,
+                            SequenceBatchingConfig* sb) {
+  Diagnostics& d = dec.diagnostics();
+  std::vector<std::string> nested = Prefixed("direct", kSequenceDirectKeys);
+  for (std::string& n : Prefixed("oldest", kSequenceOldestKeys)) nested.push_back(std::move(n));
+  Fields f = dec.Mapping(v, path, kSequenceBatchingKeys, nested);
+  dec.Int(f, "max_sequence_idle_microseconds", path, kIdleMicrosecondsRange,
+          &sb->max_sequence_idle_microseconds);
+  if (sb->max_sequence_idle_microseconds == 0) sb->max_sequence_idle_microseconds = 1'000'000;
+  const Value* direct = f.Get("direct");
+  const Value* oldest = f.Get("oldest");
+  if (direct != nullptr && oldest != nullptr && !direct->is_null() && !oldest->is_null()) {
+    d.AtPath(Join(path, "oldest"), "`direct` and `oldest` exclude each other: pick one strategy");
+  }
+  if (direct != nullptr && !direct->is_null()) {
+    const std::string p = Join(path, "direct");
+    Fields df = dec.Mapping(direct, p, kSequenceDirectKeys);
+    sb->strategy = SequenceBatchingConfig::Strategy::kDirect;
+    dec.Int(df, "max_queue_delay_microseconds", p, kMicrosecondsRange,
+            &sb->direct_max_queue_delay_microseconds);
+    dec.Double(df, "minimum_slot_utilization", p, 0, 1, &sb->direct_minimum_slot_utilization);
+  } else if (oldest != nullptr && !oldest->is_null()) {
+    const std::string p = Join(path, "oldest");
+    Fields of = dec.Mapping(oldest, p, kSequenceOldestKeys);
+    sb->strategy = SequenceBatchingConfig::Strategy::kOldest;
+    dec.Int(of, "max_candidate_sequences", p, kMaxCandidateSequencesRange,
+            &sb->oldest_max_candidate_sequences);
+    if (const Value* sizes = of.Get("preferred_batch_size");
+        sizes != nullptr && !sizes->is_null()) {
+      const std::string sizes_path = Join(p, "preferred_batch_size");
+      if (!sizes->is_sequence()) {
+        d.AtPath(sizes_path,
+                 "expected a list of batch sizes such as [4, 8], got " + sizes->Describe());
+      } else {
+        for (size_t i = 0; i < sizes->items.size(); ++i) {
+          d.Record(Index(sizes_path, i), sizes->items[i].mark);
+          int size = 0;
+          dec.IntValue(sizes->items[i], Index(sizes_path, i), kPreferredBatchSizeRange, &size);
+          sb->oldest_preferred_batch_size.push_back(size);
+        }
+      }
+    }
+    dec.Int(of, "max_queue_delay_microseconds", p, kMicrosecondsRange,
+            &sb->oldest_max_queue_delay_microseconds);
+    dec.Bool(of, "preserve_ordering", p, &sb->oldest_preserve_ordering);
+  }
+  const Value* inputs = f.Get("control_input");
+  if (inputs == nullptr || inputs->is_null()) return;
+  const std::string inputs_path = Join(path, "control_input");
+  if (!inputs->is_sequence()) {
+    d.AtPath(inputs_path, "expected a list of {name, control} entries, got " + inputs->Describe());
+    return;
+  }
+  for (size_t i = 0; i < inputs->items.size(); ++i) {
+    const std::string item_path = Index(inputs_path, i);
+    Fields cf = dec.Mapping(&inputs->items[i], item_path, kControlInputKeys,
+                            Prefixed("control", kControlKeys));
+    SequenceControlInput& in = sb->control_input.emplace_back();
+    dec.String(cf, "name", item_path, &in.name);
+    const Value* controls = cf.Get("control");
+    const std::string controls_path = Join(item_path, "control");
+    if (controls == nullptr || controls->is_null()) continue;  // reported by validation
+    if (!controls->is_sequence()) {
+      d.AtPath(controls_path,
+               "expected a list with one {kind, ...} entry, got " + controls->Describe());
+      continue;
+    }
+    for (size_t j = 0; j < controls->items.size(); ++j) {
+      d.Record(Index(controls_path, j), controls->items[j].mark);
+      DecodeControl(dec, controls->items[j], Index(controls_path, j), &in.control.emplace_back());
+    }
+  }
+}
+
 void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmSchedulerConfig* s) {
   Diagnostics& d = dec.diagnostics();
   Fields f = dec.Mapping(v, path, kSchedulerKeys);
@@ -750,6 +890,9 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   m->location = dec.diagnostics().Location(v.mark);
   std::vector<std::string> nested = Prefixed("dynamic_batching", kDynamicBatchingKeys);
   for (std::string& n : Prefixed("scheduler", kSchedulerKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("sequence_batching", kSequenceBatchingKeys)) {
+    nested.push_back(std::move(n));
+  }
   Fields f = dec.Mapping(&v, path, kModelKeys, nested);
   dec.String(f, "name", path, &m->name);
   dec.String(f, "kind", path, &m->kind);
@@ -762,6 +905,10 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   // `dynamic_batching {}`).
   if (const Value* db = f.Get("dynamic_batching")) {
     DecodeDynamicBatching(dec, db, Join(path, "dynamic_batching"), &m->dynamic_batching.emplace());
+  }
+  if (const Value* sb = f.Get("sequence_batching"); sb != nullptr && !sb->is_null()) {
+    DecodeSequenceBatching(dec, sb, Join(path, "sequence_batching"),
+                           &m->sequence_batching.emplace());
   }
   dec.Bool(f, "load_on_start", path, &m->load_on_start);
   if (const Value* sched = f.Get("scheduler")) {
@@ -909,6 +1056,103 @@ void ValidateDynamicBatching(Diagnostics& d, const DynamicBatchingConfig& db, co
   }
 }
 
+void ValidateSequenceBatching(Diagnostics& d, const SequenceBatchingConfig& sb,
+                              const ModelConfig& m, const std::string& model_path) {
+  const std::string path = Join(model_path, "sequence_batching");
+  if (m.dynamic_batching.has_value()) {
+    d.AtPath(path,
+             "excludes `dynamic_batching` (a model has one scheduler, as in Triton): "
+             "remove one of them");
+  }
+  if (sb.strategy == SequenceBatchingConfig::Strategy::kOldest) {
+    const std::string sizes_path = Join(Join(path, "oldest"), "preferred_batch_size");
+    int previous = 0;
+    for (size_t i = 0; i < sb.oldest_preferred_batch_size.size(); ++i) {
+      const int size = sb.oldest_preferred_batch_size[i];
+      const std::string item_path = Index(sizes_path, i);
+      if (d.Failed(item_path)) continue;
+      if (m.max_batch_size == 0) {
+        d.AtPath(sizes_path,
+                 "needs max_batch_size > 0, but max_batch_size is 0 (the model does not batch)");
+        break;
+      }
+      if (size < 1 || size > m.max_batch_size) {
+        d.AtPath(item_path, absl::StrCat("expected a batch size in [1, ", m.max_batch_size,
+                                         "] (max_batch_size), got `", size, "`"));
+      } else if (size <= previous) {
+        d.AtPath(item_path, absl::StrCat("expected sizes in ascending order without repeats, "
+                                         "got `",
+                                         size, "` after `", previous, "`"));
+      } else {
+        previous = size;
+      }
+    }
+  }
+  const std::string inputs_path = Join(path, "control_input");
+  std::map<std::string, size_t> names;
+  std::map<SequenceControlConfig::Kind, size_t> kinds;
+  for (size_t i = 0; i < sb.control_input.size(); ++i) {
+    const SequenceControlInput& in = sb.control_input[i];
+    const std::string item_path = Index(inputs_path, i);
+    if (in.name.empty()) {
+      d.AtPath(Join(item_path, "name"), "missing: the model input that receives the control");
+    } else if (auto [it, fresh] = names.emplace(in.name, i); !fresh) {
+      d.AtPath(Join(item_path, "name"),
+               absl::StrCat("input `", in.name, "` is already a control input (control_input[",
+                            it->second, "])"));
+    }
+    const std::string controls_path = Join(item_path, "control");
+    if (in.control.size() != 1) {
+      if (!d.Failed(controls_path)) {
+        d.AtPath(controls_path,
+                 absl::StrCat("expected exactly one control, got ", in.control.size()));
+      }
+      continue;
+    }
+    const SequenceControlConfig& c = in.control[0];
+    const std::string c_path = Index(controls_path, 0);
+    if (d.Failed(c_path) || d.Failed(Join(c_path, "kind"))) continue;
+    const std::string_view kind = SequenceControlKindName(c.kind);
+    if (auto [it, fresh] = kinds.emplace(c.kind, i); !fresh) {
+      d.AtPath(Join(c_path, "kind"), absl::StrCat("`", ToAbsl(kind),
+                                                  "` is already given by "
+                                                  "control_input[",
+                                                  it->second, "]"));
+    }
+    const int lists = int{!c.int32_false_true.empty()} + int{!c.fp32_false_true.empty()} +
+                      int{!c.bool_false_true.empty()};
+    if (c.kind == SequenceControlConfig::Kind::kCorrid) {
+      if (c.data_type.empty()) {
+        d.AtPath(Join(c_path, "data_type"),
+                 absl::StrCat("missing; CONTROL_SEQUENCE_CORRID needs the input's type, one of ",
+                              ListNames(kCorridTypes)));
+      }
+      if (lists != 0) {
+        d.AtPath(c_path, "CONTROL_SEQUENCE_CORRID takes `data_type`, not *_false_true values");
+      }
+      continue;
+    }
+    if (!c.data_type.empty()) {
+      d.AtPath(Join(c_path, "data_type"),
+               absl::StrCat("only used by CONTROL_SEQUENCE_CORRID, not `", ToAbsl(kind), "`"));
+    }
+    if (lists != 1) {
+      d.AtPath(c_path, absl::StrCat("`", ToAbsl(kind),
+                                    "` needs exactly one of "
+                                    "int32_false_true, fp32_false_true, bool_false_true"));
+      continue;
+    }
+    const size_t n =
+        c.int32_false_true.size() + c.fp32_false_true.size() + c.bool_false_true.size();
+    if (n != 2) {
+      const std::string_view key = !c.int32_false_true.empty()  ? "int32_false_true"
+                                   : !c.fp32_false_true.empty() ? "fp32_false_true"
+                                                                : "bool_false_true";
+      d.AtPath(Join(c_path, key), absl::StrCat("expected two values [false, true], got ", n));
+    }
+  }
+}
+
 void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::string& path) {
   CheckInt(d, Join(path, "max_num_seqs"), kMaxNumSeqsRange, s.max_num_seqs);
   CheckInt(d, Join(path, "max_num_batched_tokens"), kMaxNumBatchedTokensRange,
@@ -1002,6 +1246,9 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
       d.AtPath(Join(path, "dynamic_batching"),
                "not used by kind `llm` (the continuous batcher is configured under `scheduler`)");
     }
+    if (m.sequence_batching.has_value()) {
+      d.AtPath(Join(path, "sequence_batching"), "not used by kind `llm` (tensor models only)");
+    }
     if (m.instance_count != 1) {
       d.AtPath(Join(path, "instance_count"),
                "must be 1 for kind `llm` (scale LLMs out with replicas)");
@@ -1036,6 +1283,9 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     if (m.sampling != "device") d.AtPath(Join(path, "sampling"), "only used by kind `llm`");
     if (!m.adapters.empty()) d.AtPath(Join(path, "adapters"), "only used by kind `llm`");
     if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
+    if (m.sequence_batching.has_value()) {
+      ValidateSequenceBatching(d, *m.sequence_batching, m, path);
+    }
   }
 }
 
@@ -1410,6 +1660,55 @@ std::string YamlList(const std::vector<std::string>& items) {
   return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 
+template <typename T>
+std::string YamlNumbers(const std::vector<T>& values) {
+  std::vector<std::string> items;
+  for (const T& v : values) {
+    if constexpr (std::is_same_v<T, bool>) {
+      items.push_back(YamlBool(v));
+    } else {
+      items.push_back(fmt::format("{}", v));
+    }
+  }
+  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+}
+
+void WriteSequenceBatching(YamlWriter& w, const SequenceBatchingConfig& sb) {
+  w.Line(4, "sequence_batching");
+  w.Line(6, "max_sequence_idle_microseconds", std::to_string(sb.max_sequence_idle_microseconds));
+  if (sb.strategy == SequenceBatchingConfig::Strategy::kDirect) {
+    w.Line(6, "direct");
+    w.Line(8, "max_queue_delay_microseconds",
+           std::to_string(sb.direct_max_queue_delay_microseconds));
+    w.Line(8, "minimum_slot_utilization", fmt::format("{}", sb.direct_minimum_slot_utilization));
+  } else {
+    w.Line(6, "oldest");
+    w.Line(8, "max_candidate_sequences", std::to_string(sb.oldest_max_candidate_sequences));
+    w.Line(8, "preferred_batch_size", YamlNumbers(sb.oldest_preferred_batch_size));
+    w.Line(8, "max_queue_delay_microseconds",
+           std::to_string(sb.oldest_max_queue_delay_microseconds));
+    w.Line(8, "preserve_ordering", YamlBool(sb.oldest_preserve_ordering));
+  }
+  if (sb.control_input.empty()) {
+    w.Line(6, "control_input", "[]");
+    return;
+  }
+  w.Line(6, "control_input");
+  for (const SequenceControlInput& in : sb.control_input) {
+    w.ItemLine(8, "name", YamlString(in.name));
+    w.Line(10, "control");
+    for (const SequenceControlConfig& c : in.control) {
+      w.ItemLine(12, "kind", SequenceControlKindName(c.kind));
+      if (!c.int32_false_true.empty()) {
+        w.Line(14, "int32_false_true", YamlNumbers(c.int32_false_true));
+      }
+      if (!c.fp32_false_true.empty()) w.Line(14, "fp32_false_true", YamlNumbers(c.fp32_false_true));
+      if (!c.bool_false_true.empty()) w.Line(14, "bool_false_true", YamlNumbers(c.bool_false_true));
+      if (!c.data_type.empty()) w.Line(14, "data_type", c.data_type);
+    }
+  }
+}
+
 void WriteQueuePolicy(YamlWriter& w, int indent, const QueuePolicy& q) {
   w.Line(indent, "timeout_action", TimeoutActionName(q.timeout_action));
   w.Line(indent, "default_timeout_microseconds", std::to_string(q.default_timeout_microseconds));
@@ -1478,6 +1777,7 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
       }
     }
   }
+  if (m.sequence_batching.has_value()) WriteSequenceBatching(w, *m.sequence_batching);
 }
 
 }  // namespace
@@ -1489,6 +1789,10 @@ std::string SourceLocation::ToString() const {
   return absl::StrCat(file, ":", line, ":", column);
 }
 
+std::string_view SequenceControlKindName(SequenceControlConfig::Kind kind) {
+  return kControlKinds[static_cast<size_t>(kind)];
+}
+
 std::string_view TimeoutActionName(QueuePolicy::TimeoutAction action) {
   return action == QueuePolicy::TimeoutAction::kDelay ? "DELAY" : "REJECT";
 }
@@ -1498,11 +1802,11 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
   return name == o.name && kind == o.kind && builtin == o.builtin && path == o.path &&
          backend == o.backend && instance_count == o.instance_count &&
          max_batch_size == o.max_batch_size && dynamic_batching == o.dynamic_batching &&
-         load_on_start == o.load_on_start && scheduler == o.scheduler && threads == o.threads &&
-         context_length == o.context_length && activations == o.activations &&
-         kv_cache_dtype == o.kv_cache_dtype && sampling == o.sampling &&
-         max_loaded_adapters == o.max_loaded_adapters && max_lora_rank == o.max_lora_rank &&
-         adapters == o.adapters;
+         sequence_batching == o.sequence_batching && load_on_start == o.load_on_start &&
+         scheduler == o.scheduler && threads == o.threads && context_length == o.context_length &&
+         activations == o.activations && kv_cache_dtype == o.kv_cache_dtype &&
+         sampling == o.sampling && max_loaded_adapters == o.max_loaded_adapters &&
+         max_lora_rank == o.max_lora_rank && adapters == o.adapters;
 }
 
 bool Config::operator==(const Config& o) const {

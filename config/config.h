@@ -177,6 +177,56 @@ struct DynamicBatchingConfig {
   bool operator==(const DynamicBatchingConfig&) const = default;
 };
 
+// Triton's ModelSequenceBatching (same names and meaning): stateful models whose requests
+// carry a sequence id. Requests of one sequence run in order, one at a time, on the instance
+// (and, with `direct`, the batch slot) the sequence was given at its START; the batcher adds
+// the control inputs below to every request it runs.
+struct SequenceControlConfig {
+  // Triton's ModelSequenceBatching.Control.Kind.
+  enum class Kind { kStart, kReady, kEnd, kCorrid };
+  Kind kind = Kind::kStart;
+  // START, READY, END: the input's [false, true] values; exactly one list, of two values.
+  std::vector<int32_t> int32_false_true;
+  std::vector<float> fp32_false_true;
+  std::vector<bool> bool_false_true;
+  // CORRID: the input's type: "TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32" or
+  // "TYPE_STRING" (string ids need TYPE_STRING; integer ids fit any integer type in range).
+  std::string data_type;
+  bool operator==(const SequenceControlConfig&) const = default;
+};
+
+// "CONTROL_SEQUENCE_START", ... as written in the config.
+std::string_view SequenceControlKindName(SequenceControlConfig::Kind kind);
+
+struct SequenceControlInput {
+  std::string name;                            // one of the model's inputs; clients do not send it
+  std::vector<SequenceControlConfig> control;  // exactly one
+  bool operator==(const SequenceControlInput&) const = default;
+};
+
+struct SequenceBatchingConfig {
+  enum class Strategy { kDirect, kOldest };
+  // direct: every sequence holds a batch slot (max_batch_size slots per instance, 1 without
+  // batching) from START to END; sequences beyond the slots wait for one. oldest: each
+  // instance keeps max_candidate_sequences sequences and batches the oldest requests among
+  // them like the dynamic batcher (at most one request per sequence in a batch).
+  Strategy strategy = Strategy::kDirect;
+  // A sequence with no request for this long is released (0: Triton's default, 1 s); a later
+  // request for it without START is refused.
+  uint64_t max_sequence_idle_microseconds = 1'000'000;
+  std::vector<SequenceControlInput> control_input;
+  // direct: wait up to max_queue_delay_microseconds for at least minimum_slot_utilization of
+  // an instance's slots to have a request ready.
+  uint64_t direct_max_queue_delay_microseconds = 0;
+  double direct_minimum_slot_utilization = 0;
+  // oldest:
+  int oldest_max_candidate_sequences = 1;        // >= 1
+  std::vector<int> oldest_preferred_batch_size;  // each in [1, max_batch_size]
+  uint64_t oldest_max_queue_delay_microseconds = 0;
+  bool oldest_preserve_ordering = false;
+  bool operator==(const SequenceBatchingConfig&) const = default;
+};
+
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
   int max_num_seqs = 64;             // sequences in one step, [1, 4096]
@@ -217,6 +267,8 @@ struct ModelConfig {
   int instance_count = 1;  // model instances executing batches in parallel, >= 1
   int max_batch_size = 0;  // 0: the model does not batch (inputs have no batch dimension)
   std::optional<DynamicBatchingConfig> dynamic_batching;  // absent: no dynamic batching
+  // Absent: not a sequence model. Excludes dynamic_batching (Triton's scheduling_choice).
+  std::optional<SequenceBatchingConfig> sequence_batching;
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   // kind llm only:
   LlmSchedulerConfig scheduler;

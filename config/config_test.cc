@@ -636,11 +636,12 @@ TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n"),
               ElementsAre("f.yaml:2:5: `models[0].builtin`: missing; expected one of simple, "
                           "identity_fp32, sleep_us, simple_string, simple_int8, simple_identity, "
-                          "custom_identity_int32, repeat_int32"));
+                          "custom_identity_int32, repeat_int32, simple_sequence"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n    builtin: sleep\n"),
               ElementsAre("f.yaml:4:14: `models[0].builtin`: unknown built-in model `sleep`; "
                           "expected one of simple, identity_fp32, sleep_us, simple_string, "
-                          "simple_int8, simple_identity, custom_identity_int32, repeat_int32 "
+                          "simple_int8, simple_identity, custom_identity_int32, repeat_int32, "
+                          "simple_sequence "
                           "(did you mean `sleep_us`?)"));
   EXPECT_THAT(Errors("models:\n" + Model("a", "    path: /models/a\n    backend: cdua\n")),
               ElementsAre("f.yaml:5:11: `models[0].path`: not used by kind `builtin` (it loads "
@@ -887,6 +888,108 @@ TEST(ToYamlTest, RoundTripsEveryFieldAndAwkwardStrings) {
   EXPECT_EQ(*back, c) << yaml;
   EXPECT_EQ(back->server.storage_dir, c.server.storage_dir);
   EXPECT_EQ(back->models[0].name, "null");
+}
+
+// ---- sequence_batching ----------------------------------------------------------------------
+
+std::string SequenceModel(std::string_view section) {
+  return absl::StrCat(
+      "  - name: s\n    kind: builtin\n    builtin: simple_sequence\n"
+      "    max_batch_size: 8\n    sequence_batching:\n",
+      ToAbsl(section));
+}
+
+TEST(SequenceBatchingConfigTest, TritonShapeParsesAndRoundTrips) {
+  Config c = Parse("models:\n" + SequenceModel(R"(      max_sequence_idle_microseconds: 5000000
+      oldest: {max_candidate_sequences: 4, preferred_batch_size: [2, 4],
+               max_queue_delay_microseconds: 100, preserve_ordering: true}
+      control_input:
+        - name: START
+          control: [{kind: CONTROL_SEQUENCE_START, int32_false_true: [0, 1]}]
+        - name: READY
+          control: [{kind: CONTROL_SEQUENCE_READY, fp32_false_true: [0, 1.5]}]
+        - name: END
+          control: [{kind: CONTROL_SEQUENCE_END, bool_false_true: [false, true]}]
+        - name: CORRID
+          control: [{kind: CONTROL_SEQUENCE_CORRID, data_type: TYPE_STRING}]
+)"));
+  ASSERT_EQ(c.models.size(), 1u);
+  const SequenceBatchingConfig& sb = *c.models[0].sequence_batching;
+  EXPECT_EQ(sb.strategy, SequenceBatchingConfig::Strategy::kOldest);
+  EXPECT_EQ(sb.max_sequence_idle_microseconds, 5000000u);
+  EXPECT_EQ(sb.oldest_max_candidate_sequences, 4);
+  EXPECT_THAT(sb.oldest_preferred_batch_size, ElementsAre(2, 4));
+  EXPECT_TRUE(sb.oldest_preserve_ordering);
+  ASSERT_EQ(sb.control_input.size(), 4u);
+  EXPECT_EQ(sb.control_input[1].control[0].kind, SequenceControlConfig::Kind::kReady);
+  EXPECT_THAT(sb.control_input[1].control[0].fp32_false_true, ElementsAre(0.0f, 1.5f));
+  EXPECT_THAT(sb.control_input[2].control[0].bool_false_true, ElementsAre(false, true));
+  EXPECT_EQ(sb.control_input[3].control[0].data_type, "TYPE_STRING");
+  StatusOr<Config> back = ParseConfig(ToYaml(c), "round-trip");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << ToYaml(c);
+  EXPECT_EQ(*back, c) << ToYaml(c);
+
+  // Defaults: direct, 1 s idle; `direct: {}` and nothing at all are the same.
+  Config d = Parse("models:\n" + SequenceModel("      direct: {}\n"));
+  EXPECT_EQ(*d.models[0].sequence_batching, SequenceBatchingConfig());
+  StatusOr<Config> d_back = ParseConfig(ToYaml(d), "round-trip");
+  ASSERT_TRUE(d_back.ok()) << d_back.status();
+  EXPECT_EQ(*d_back, d);
+}
+
+TEST(SequenceBatchingConfigTest, JsonAsTritonWritesIt) {
+  StatusOr<ModelConfig> m = ParseModelConfig(
+      R"({"name": "s", "kind": "builtin", "builtin": "simple_sequence", "max_batch_size": 8,
+          "sequence_batching": {"max_sequence_idle_microseconds": "5000000", "direct": {},
+            "control_input": [{"name": "START", "control": [
+              {"kind": "CONTROL_SEQUENCE_START", "int32_false_true": [0, 1]}]}]}})",
+      "api");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->sequence_batching->max_sequence_idle_microseconds, 5000000u);
+  EXPECT_EQ(m->sequence_batching->control_input[0].name, "START");
+}
+
+TEST(SequenceBatchingConfigTest, ErrorsNameTheField) {
+  EXPECT_THAT(
+      Errors("models:\n" + SequenceModel(R"(      direct: {}
+      oldest: {max_candidate_sequences: 0, preferred_batch_size: [16]}
+      control_input:
+        - name: START
+          control: [{kind: CONTROL_SEQUENCE_BEGIN, int32_false_true: [0, 1]}]
+        - name: START
+          control: [{kind: CONTROL_SEQUENCE_READY, int32_false_true: [0, 1, 2]}]
+        - name: C
+          control: [{kind: CONTROL_SEQUENCE_CORRID}]
+        - name: E
+          control: [{kind: CONTROL_SEQUENCE_END, int32_false_true: [0, 1],
+                     bool_false_true: [false, true]}]
+        - name: R
+          control: []
+)")),
+      ElementsAre(HasSubstr("`models[0].sequence_batching.oldest`: `direct` and `oldest` exclude "
+                            "each other"),
+                  HasSubstr("`models[0].sequence_batching.control_input[0].control[0].kind`: "
+                            "expected one of CONTROL_SEQUENCE_START"),
+                  HasSubstr("`models[0].sequence_batching.control_input[1].name`: input `START` "
+                            "is already a control input (control_input[0])"),
+                  HasSubstr("`models[0].sequence_batching.control_input[1].control[0]."
+                            "int32_false_true`: expected two values [false, true], got 3"),
+                  HasSubstr("`models[0].sequence_batching.control_input[2].control[0]."
+                            "data_type`: missing; CONTROL_SEQUENCE_CORRID needs"),
+                  HasSubstr("`models[0].sequence_batching.control_input[3].control[0]`: "
+                            "`CONTROL_SEQUENCE_END` needs exactly one of"),
+                  HasSubstr("`models[0].sequence_batching.control_input[4].control`: expected "
+                            "exactly one control, got 0")));
+  EXPECT_THAT(Errors("models:\n" + SequenceModel("      oldest: {max_candidate_sequences: 0, "
+                                                 "preferred_batch_size: [16]}\n")),
+              ElementsAre(HasSubstr("`models[0].sequence_batching.oldest.max_candidate_"
+                                    "sequences`: expected an integer in [1, 65536]"),
+                          HasSubstr("`models[0].sequence_batching.oldest.preferred_batch_size[0]`"
+                                    ": expected a batch size in [1, 8] (max_batch_size), got "
+                                    "`16`")));
+  EXPECT_THAT(
+      Errors("models:\n" + SequenceModel("      direct: {}\n") + "    dynamic_batching: {}\n"),
+      ElementsAre(HasSubstr("`models[0].sequence_batching`: excludes `dynamic_batching`")));
 }
 
 TEST(ToYamlTest, EqualityIgnoresWhereTheConfigCameFrom) {

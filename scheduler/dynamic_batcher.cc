@@ -59,6 +59,30 @@ absl::Time AbslDeadline(SteadyClock::time_point t) {
   return absl::Now() + absl::FromChrono(t - SteadyClock::now());
 }
 
+// BatchQueue (the dynamic batcher's rules) as a RequestQueue: one queue for every instance.
+class DynamicQueue final : public RequestQueue {
+ public:
+  explicit DynamicQueue(BatchQueue::Options options) : queue_(std::move(options)) {}
+  Status Enqueue(std::unique_ptr<InferenceRequest>& r, SteadyClock::time_point now) override {
+    return queue_.Enqueue(r, now);
+  }
+  std::vector<Completion> Expire(SteadyClock::time_point now) override {
+    return queue_.Expire(now);
+  }
+  Decision Next(SteadyClock::time_point now, int /*instance*/) override {
+    BatchQueue::Decision d = queue_.Next(now);
+    return {std::move(d.batch), d.retry_at};
+  }
+  std::optional<SteadyClock::time_point> NextDeadline() const override {
+    return queue_.NextDeadline();
+  }
+  size_t size() const override { return queue_.size(); }
+  std::vector<std::unique_ptr<InferenceRequest>> TakeAll() override { return queue_.TakeAll(); }
+
+ private:
+  BatchQueue queue_;
+};
+
 }  // namespace
 
 struct DynamicBatcher::Instance {
@@ -74,7 +98,13 @@ struct DynamicBatcher::Instance {
 DynamicBatcher::DynamicBatcher(BatchQueue::Options options,
                                std::vector<std::unique_ptr<TensorModel>> instances,
                                ModelStats* stats, FlightRecorder* recorder)
-    : stats_(stats), recorder_(recorder), queue_(std::move(options)) {
+    : DynamicBatcher(std::make_unique<DynamicQueue>(std::move(options)), std::move(instances),
+                     stats, recorder) {}
+
+DynamicBatcher::DynamicBatcher(std::unique_ptr<RequestQueue> queue,
+                               std::vector<std::unique_ptr<TensorModel>> instances,
+                               ModelStats* stats, FlightRecorder* recorder)
+    : stats_(stats), recorder_(recorder), queue_(std::move(queue)) {
   KILN_CHECK(!instances.empty(), "a batcher needs at least one model instance");
   for (auto& m : instances) {
     auto inst = std::make_unique<Instance>();
@@ -112,7 +142,7 @@ Status DynamicBatcher::Enqueue(std::unique_ptr<InferenceRequest>& request) {
     return Unavailable("model '", request->model_name, "' is shutting down");
   }
   const InferenceRequest* queued = request.get();  // the queue owns it on success
-  KILN_RETURN_IF_ERROR(queue_.Enqueue(request, SteadyClock::now()));
+  KILN_RETURN_IF_ERROR(queue_->Enqueue(request, SteadyClock::now()));
   if (recorder_) recorder_->RecordRequest(queued->id, FlightRequestState::kQueued);
   if (stats_) stats_->RequestQueued();
   wake_ = true;
@@ -126,7 +156,7 @@ void DynamicBatcher::WakeUp() {
 
 size_t DynamicBatcher::pending() const {
   absl::MutexLock lock(&mu_);
-  return queue_.size() + executing_.size();
+  return queue_->size() + executing_.size();
 }
 
 bool DynamicBatcher::AwaitExecuting(size_t n, absl::Duration timeout) const {
@@ -140,14 +170,14 @@ void DynamicBatcher::SchedulerLoop() {
   while (!stop_) {
     wake_ = false;
     const auto now = SteadyClock::now();
-    std::vector<BatchQueue::Completion> expired = queue_.Expire(now);
-    std::optional<SteadyClock::time_point> wait_until = queue_.NextDeadline();
+    std::vector<RequestQueue::Completion> expired = queue_->Expire(now);
+    std::optional<SteadyClock::time_point> wait_until = queue_->NextDeadline();
     for (auto& inst : instances_) {
-      if (inst->busy || queue_.empty()) continue;
-      BatchQueue::Decision d = queue_.Next(now);
+      if (inst->busy || queue_->size() == 0) continue;
+      RequestQueue::Decision d = queue_->Next(now, inst->index);
       if (d.batch.empty()) {
         if (d.retry_at && (!wait_until || *d.retry_at < *wait_until)) wait_until = d.retry_at;
-        break;
+        continue;  // a sequence queue may have work for another instance
       }
       inst->busy = true;
       for (const auto& r : d.batch) executing_.push_back(r.get());
@@ -187,6 +217,7 @@ void DynamicBatcher::WorkerLoop(Instance* inst) {
     }
     Execute(inst, batch);
     absl::MutexLock lock(&mu_);
+    queue_->Finished(inst->index, SteadyClock::now());
     inst->busy = false;
     wake_ = true;
   }
@@ -421,10 +452,10 @@ int DynamicBatcher::Drain(SteadyClock::time_point deadline) {
     accepting_ = false;
     wake_ = true;
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return queue_.empty() && executing_.empty();
+      return queue_->size() == 0 && executing_.empty();
     };
     mu_.AwaitWithDeadline(absl::Condition(&idle), AbslDeadline(deadline));
-    queued = queue_.TakeAll();
+    queued = queue_->TakeAll();
     // Answer executing requests now; their workers find them answered and drop the result.
     // respond_mu_: a decoupled model's response in flight finishes first, and none follows.
     absl::MutexLock respond_lock(&respond_mu_);

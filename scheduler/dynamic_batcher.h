@@ -18,6 +18,7 @@
 #include "scheduler/batch_queue.h"
 #include "scheduler/flight_recorder.h"
 #include "scheduler/model_stats.h"
+#include "scheduler/request_queue.h"
 
 namespace kiln {
 
@@ -28,6 +29,11 @@ class DynamicBatcher {
   // batcher and have a work slot per instance.
   DynamicBatcher(BatchQueue::Options options, std::vector<std::unique_ptr<TensorModel>> instances,
                  ModelStats* stats, FlightRecorder* recorder = nullptr);
+  // The same with another queue (e.g. sequence_batcher.h's SequenceQueue), which is told of
+  // each finished batch (RequestQueue::Finished) before its instance takes the next.
+  DynamicBatcher(std::unique_ptr<RequestQueue> queue,
+                 std::vector<std::unique_ptr<TensorModel>> instances, ModelStats* stats,
+                 FlightRecorder* recorder = nullptr);
   // Drains with an immediate deadline and joins the threads.
   ~DynamicBatcher();
 
@@ -78,7 +84,7 @@ class DynamicBatcher {
   FlightRecorder* const recorder_;
   std::atomic<uint64_t> batch_id_{0};  // the flight recorder's batch ids
   mutable absl::Mutex mu_;
-  BatchQueue queue_ ABSL_GUARDED_BY(mu_);
+  const std::unique_ptr<RequestQueue> queue_ ABSL_PT_GUARDED_BY(mu_);
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;

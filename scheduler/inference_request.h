@@ -59,6 +59,16 @@ struct InferenceRequest {
   // override, else the policy's default applies.
   std::optional<uint64_t> timeout_us;
 
+  // Sequence batching (Triton's `sequence_id`, `sequence_start`, `sequence_end` parameters):
+  // the id is an unsigned integer or a string; 0 and "" mean "not part of a sequence".
+  struct Sequence {
+    uint64_t id = 0;
+    std::string string_id;  // set instead of `id` for a string sequence id
+    bool start = false;
+    bool end = false;
+    bool has_id() const { return id != 0 || !string_id.empty(); }
+  } sequence;
+
   std::shared_ptr<CancelFlag> cancel = std::make_shared<CancelFlag>();
   std::function<void(InferenceResponse&&)> on_complete;
   // Decoupled models (TensorModel::decoupled) only, and required for them: called once per

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_join.h"
 #include "scheduler/llm/continuous_batcher.h"
+#include "scheduler/sequence_batcher.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln {
@@ -227,13 +228,25 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
                            "' is decoupled (it answers a request with zero, one or many "
                            "responses) and does not batch; set max_batch_size: 0");
   }
-  BatchQueue::Options options{config.max_batch_size, config.dynamic_batching};
   if (deps.flight_recorder_entries > 0) {
     model->recorder_ = std::make_unique<FlightRecorder>(
         config.name, "tensor",
         FlightRecorder::Options{deps.flight_recorder_entries, config.instance_count,
                                 std::max(1, config.max_batch_size)});
   }
+  if (config.sequence_batching) {
+    // Clients send the model's inputs less the control inputs the sequence batcher adds.
+    model->signature_.inputs =
+        SequenceQueue::ClientInputs(*config.sequence_batching, first.inputs());
+    auto queue =
+        SequenceQueue::Create({config.name, *config.sequence_batching, config.max_batch_size,
+                               config.instance_count, first.inputs(), &model->stats_});
+    if (!queue.ok()) return Annotate(queue.status(), StrCat("model '", config.name, "'"));
+    model->batcher_ = std::make_unique<DynamicBatcher>(*std::move(queue), std::move(instances),
+                                                       &model->stats_, model->recorder_.get());
+    return model;
+  }
+  BatchQueue::Options options{config.max_batch_size, config.dynamic_batching};
   model->batcher_ = std::make_unique<DynamicBatcher>(std::move(options), std::move(instances),
                                                      &model->stats_, model->recorder_.get());
   return model;

@@ -45,7 +45,11 @@ InferenceMetricFamilies::InferenceMetricFamilies(metrics::Registry& r)
                                      "Time from receiving a request to its response.", {"model"},
                                      LatencyBuckets())),
       batch_size(r.AddHistogram("kiln_inference_batch_size", "Batch elements per model execution.",
-                                {"model"}, BatchBuckets())) {}
+                                {"model"}, BatchBuckets())),
+      sequences_active(r.AddGauge("kiln_inference_sequences_active",
+                                  "Sequences (sequence batching) started and not yet ended or "
+                                  "released as idle.",
+                                  {"model"})) {}
 
 std::string_view FailureReason(const Status& status) {
   switch (status.code()) {
@@ -97,6 +101,14 @@ ModelStats::ModelStats(std::string model_name, InferenceMetricFamilies* families
 ModelStats::~ModelStats() {
   if (m_pending_) m_pending_->Set(0);
   if (m_executing_) m_executing_->Set(0);
+  if (m_sequences_) m_sequences_->Set(0);
+}
+
+void ModelStats::SetSequencesActive(uint64_t n) {
+  sequences_active_.store(n, std::memory_order_relaxed);
+  // Only sequence models get the series (REQUIRES: calls are serialized, as the batcher does).
+  if (!m_sequences_ && families_) m_sequences_ = families_->sequences_active.WithLabels({name_});
+  if (m_sequences_) m_sequences_->Set(static_cast<double>(n));
 }
 
 void ModelStats::RequestQueued() {

@@ -14,6 +14,8 @@
 //   kiln_inference_compute_duration_seconds{model}   histogram, per execution
 //   kiln_inference_request_duration_seconds{model}   histogram, received -> response
 //   kiln_inference_batch_size{model}                 histogram of batch elements per execution
+//   kiln_inference_sequences_active{model}           sequence models: sequences started and
+//                                                    not yet ended or timed out
 #pragma once
 
 #include <atomic>
@@ -59,6 +61,7 @@ struct InferenceMetricFamilies {
   metrics::Family<metrics::Histogram>& compute_seconds;
   metrics::Family<metrics::Histogram>& request_seconds;
   metrics::Family<metrics::Histogram>& batch_size;
+  metrics::Family<metrics::Gauge>& sequences_active;
 };
 
 // The `reason` label for a failed request's status.
@@ -80,6 +83,9 @@ class ModelStats {
                         std::chrono::nanoseconds input, std::chrono::nanoseconds infer,
                         std::chrono::nanoseconds output);
   void RequestFailed(const Status& status, std::chrono::nanoseconds total);
+  // Sequence batching: the number of sequences started and not yet ended or timed out.
+  void SetSequencesActive(uint64_t n);
+  uint64_t sequences_active() const { return sequences_active_.load(std::memory_order_relaxed); }
   void BatchExecuted(uint64_t batch_size, std::chrono::nanoseconds input,
                      std::chrono::nanoseconds infer, std::chrono::nanoseconds output);
 
@@ -95,7 +101,8 @@ class ModelStats {
   InferenceMetricFamilies* families_;
   metrics::Counter *m_success_ = nullptr, *m_failure_ = nullptr, *m_count_ = nullptr,
                    *m_exec_ = nullptr;
-  metrics::Gauge *m_pending_ = nullptr, *m_executing_ = nullptr;
+  metrics::Gauge *m_pending_ = nullptr, *m_executing_ = nullptr, *m_sequences_ = nullptr;
+  std::atomic<uint64_t> sequences_active_{0};
   metrics::Histogram *m_queue_ = nullptr, *m_compute_ = nullptr, *m_request_ = nullptr,
                      *m_batch_ = nullptr;
 

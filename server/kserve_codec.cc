@@ -204,6 +204,39 @@ void FillDuration(const DurationStat& d, inference::StatisticDuration* wire) {
   wire->set_ns(d.ns);
 }
 
+void FillSequenceBatching(const config::SequenceBatchingConfig& sb, inference::ModelConfig* wire) {
+  using Wire = inference::ModelSequenceBatching;
+  auto* w = wire->mutable_sequence_batching();
+  w->set_max_sequence_idle_microseconds(sb.max_sequence_idle_microseconds);
+  if (sb.strategy == config::SequenceBatchingConfig::Strategy::kDirect) {
+    w->mutable_direct()->set_max_queue_delay_microseconds(sb.direct_max_queue_delay_microseconds);
+    w->mutable_direct()->set_minimum_slot_utilization(
+        static_cast<float>(sb.direct_minimum_slot_utilization));
+  } else {
+    auto* o = w->mutable_oldest();
+    o->set_max_candidate_sequences(sb.oldest_max_candidate_sequences);
+    for (int p : sb.oldest_preferred_batch_size) o->add_preferred_batch_size(p);
+    o->set_max_queue_delay_microseconds(sb.oldest_max_queue_delay_microseconds);
+    o->set_preserve_ordering(sb.oldest_preserve_ordering);
+  }
+  for (const config::SequenceControlInput& in : sb.control_input) {
+    auto* wi = w->add_control_input();
+    wi->set_name(in.name);
+    for (const config::SequenceControlConfig& c : in.control) {
+      auto* wc = wi->add_control();
+      wc->set_kind(static_cast<Wire::Control::Kind>(c.kind));  // same order as Triton's enum
+      for (int32_t v : c.int32_false_true) wc->add_int32_false_true(v);
+      for (float v : c.fp32_false_true) wc->add_fp32_false_true(v);
+      for (bool v : c.bool_false_true) wc->add_bool_false_true(v);
+      if (!c.data_type.empty()) {
+        inference::DataType t = inference::TYPE_INVALID;
+        inference::DataType_Parse(c.data_type, &t);
+        wc->set_data_type(t);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Status ApplyRequestParameter(std::string_view key, const ParamValue& value,
@@ -217,9 +250,19 @@ Status ApplyRequestParameter(std::string_view key, const ParamValue& value,
                              kMaxRequestTimeoutUs, " (one hour)");
     }
     request.timeout_us = us;
-  } else if (key == "sequence_id" || key == "sequence_start" || key == "sequence_end") {
-    return InvalidArgument("parameter '", ToAbsl(key),
-                           "': sequence batching is not supported by Kiln");
+  } else if (key == "sequence_id") {
+    // tritonclient sends an integer id as int64 and a string id as a string.
+    if (const auto* str = std::get_if<std::string>(&value)) {
+      request.sequence.string_id = *str;
+      request.sequence.id = 0;
+    } else {
+      KILN_ASSIGN_OR_RETURN(request.sequence.id, NonNegativeInteger(key, value));
+      request.sequence.string_id.clear();
+    }
+  } else if (key == "sequence_start" || key == "sequence_end") {
+    const auto* flag = std::get_if<bool>(&value);
+    if (flag == nullptr) return InvalidArgument("parameter '", ToAbsl(key), "' must be a boolean");
+    (key == "sequence_start" ? request.sequence.start : request.sequence.end) = *flag;
   }
   return OkStatus();
 }
@@ -413,6 +456,7 @@ void FillModelConfig(const Model& model, inference::ModelConfig* wire) {
       fill_policy(policy, &(*db->mutable_priority_queue_policy())[level]);
     }
   }
+  if (cfg.sequence_batching) FillSequenceBatching(*cfg.sequence_batching, wire);
   (*wire->mutable_parameters())["kind"].set_string_value(cfg.kind);
   if (!cfg.builtin.empty()) (*wire->mutable_parameters())["builtin"].set_string_value(cfg.builtin);
 }

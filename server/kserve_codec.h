@@ -22,9 +22,9 @@ inline constexpr uint64_t kMaxRequestTimeoutUs = 3'600'000'000ull;
 using ParamValue = std::variant<bool, int64_t, uint64_t, double, std::string>;
 
 // Applies one request-level parameter: `priority` (a non-negative integer), `timeout`
-// (microseconds, 0 to kMaxRequestTimeoutUs). Sequence-batching parameters (`sequence_id`,
-// `sequence_start`, `sequence_end`) are refused as unsupported; other keys are ignored, as
-// Triton passes unknown parameters through to backends that may not read them.
+// (microseconds, 0 to kMaxRequestTimeoutUs), and sequence batching's `sequence_id` (a
+// non-negative integer or a string), `sequence_start`, `sequence_end` (booleans). Other keys
+// are ignored, as Triton passes unknown parameters through to backends that may not read them.
 Status ApplyRequestParameter(std::string_view key, const ParamValue& value,
                              InferenceRequest& request);
 

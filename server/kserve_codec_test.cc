@@ -162,9 +162,35 @@ TEST(KServeCodecTest, NegativeOrAbsurdParametersAreRejected) {
   (*w.mutable_parameters())["priority"].set_string_param("high");
   EXPECT_NE(Message(DecodeInferRequest(w)).find("must be an integer"), std::string::npos);
   w = TypedInt32Request();
-  (*w.mutable_parameters())["sequence_id"].set_int64_param(3);
-  EXPECT_NE(Message(DecodeInferRequest(w)).find("sequence batching is not supported"),
+  (*w.mutable_parameters())["sequence_id"].set_int64_param(-3);
+  EXPECT_NE(Message(DecodeInferRequest(w)).find("'sequence_id' is -3"), std::string::npos);
+  w = TypedInt32Request();
+  (*w.mutable_parameters())["sequence_start"].set_int64_param(1);
+  EXPECT_NE(Message(DecodeInferRequest(w)).find("'sequence_start' must be a boolean"),
             std::string::npos);
+}
+
+TEST(KServeCodecTest, SequenceParametersAsTritonclientSendsThem) {
+  auto w = TypedInt32Request();
+  (*w.mutable_parameters())["sequence_id"].set_int64_param(1001);
+  (*w.mutable_parameters())["sequence_start"].set_bool_param(true);
+  (*w.mutable_parameters())["sequence_end"].set_bool_param(false);
+  auto r = DecodeInferRequest(w);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->sequence.id, 1001u);
+  EXPECT_TRUE((*r)->sequence.string_id.empty());
+  EXPECT_TRUE((*r)->sequence.start);
+  EXPECT_FALSE((*r)->sequence.end);
+
+  w = TypedInt32Request();
+  (*w.mutable_parameters())["sequence_id"].set_string_param("6f1c-uuid");
+  (*w.mutable_parameters())["sequence_end"].set_bool_param(true);
+  r = DecodeInferRequest(w);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->sequence.string_id, "6f1c-uuid");
+  EXPECT_TRUE((*r)->sequence.has_id());
+  EXPECT_FALSE((*r)->sequence.start);
+  EXPECT_TRUE((*r)->sequence.end);
 }
 
 TEST(KServeCodecTest, EncodeResponseUsesRawOutputs) {

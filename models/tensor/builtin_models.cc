@@ -96,10 +96,11 @@ class SleepUsModel final : public TensorModel {
   std::vector<TensorSpec> inputs_, outputs_;
 };
 
-// Then Triton's QA models (triton_qa_models.h), in TritonQaModelNames' order.
-constexpr std::array<std::string_view, 8> kNames = {
-    "simple",          "identity_fp32",         "sleep_us",    "simple_string", "simple_int8",
-    "simple_identity", "custom_identity_int32", "repeat_int32"};
+// Then Triton's QA models (triton_qa_models.h), in TritonQaModelNames' order, and its
+// sequence model (sequence_models.cc).
+constexpr std::array<std::string_view, 9> kNames = {
+    "simple",          "identity_fp32",         "sleep_us",     "simple_string",  "simple_int8",
+    "simple_identity", "custom_identity_int32", "repeat_int32", "simple_sequence"};
 
 }  // namespace
 
@@ -112,6 +113,7 @@ StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name)
   if (std::ranges::find(TritonQaModelNames(), name) != TritonQaModelNames().end()) {
     return CreateTritonQaModel(name);
   }
+  if (name == "simple_sequence") return CreateSimpleSequenceModel();
   std::vector<std::string> names(kNames.begin(), kNames.end());
   return NotFound("unknown built-in model `", ToAbsl(name),
                   "`; built-in models are: ", absl::StrJoin(names, ", "));

@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
+#include "config/config.h"
 #include "gtest/gtest.h"
 #include "models/tensor/tensor_model.h"
 
@@ -97,6 +99,25 @@ TEST(BuiltinModelsTest, UnknownNameListsTheKnownOnes) {
   EXPECT_EQ(model.status().code(), StatusCode::kNotFound);
   EXPECT_NE(StatusMessage(model.status()).find("simple, identity_fp32, sleep_us"),
             std::string_view::npos);
+}
+
+// config/ keeps its own copy of the names (it depends on nothing): every built-in must be
+// accepted there, and config/examples/triton_qa.yaml must load (it serves Triton's QA models).
+TEST(BuiltinModelsTest, TheConfigAcceptsEveryBuiltin) {
+  for (std::string_view name : BuiltinModelNames()) {
+    const std::string yaml = std::string("models:\n  - name: m\n    kind: builtin\n    builtin: ") +
+                             std::string(name) + "\n";
+    auto config = config::ParseConfig(yaml, "t.yaml");
+    EXPECT_TRUE(config.ok()) << name << ": " << config.status();
+  }
+  auto qa = config::LoadConfigFile(std::string(KILN_SOURCE_DIR) + "/config/examples/triton_qa.yaml");
+  ASSERT_TRUE(qa.ok()) << qa.status();
+  std::vector<std::string> served;
+  for (const config::ModelConfig& m : qa->models) served.push_back(m.builtin);
+  for (std::string_view name : BuiltinModelNames()) {
+    if (name == "identity_fp32" || name == "sleep_us") continue;  // Kiln's own test models
+    EXPECT_NE(std::find(served.begin(), served.end(), name), served.end()) << name;
+  }
 }
 
 }  // namespace

@@ -106,9 +106,15 @@ std::span<const std::string_view> BuiltinModelNames();
 //   identity_fp32  FP32 INPUT0 (any shape) -> OUTPUT0 = INPUT0
 //   sleep_us       INT32 SLEEP_US[1] -> sleeps the largest value in the batch (microseconds,
 //                  clamped to [0, 10 s]), returns OUTPUT0 = SLEEP_US
+//   simple_sequence  INT32 INPUT[1] with control inputs START[1], READY[1] -> OUTPUT =
+//                  READY ? INPUT + START : 0 (Triton's QA sequence model; serve it with
+//                  sequence_batching, see sequence_models.cc)
 // and Triton's QA and example models (triton_qa_models.h):
 //   simple_string, simple_int8, simple_identity, custom_identity_int32, repeat_int32
 // NotFound for other names.
 StatusOr<std::unique_ptr<TensorModel>> CreateBuiltinModel(std::string_view name);
+
+// The built-in `simple_sequence` (sequence_models.cc).
+std::unique_ptr<TensorModel> CreateSimpleSequenceModel();
 
 }  // namespace kiln
