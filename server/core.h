@@ -16,6 +16,7 @@ namespace finetune {
 class FineTuningService;
 }
 class FlightService;
+class SharedMemoryManager;
 
 struct ServerCore {
   const config::Config* config = nullptr;
@@ -28,6 +29,9 @@ struct ServerCore {
   const Authenticator* auth = nullptr;
   FlightService* flight = nullptr;  // flight recorder dumps (server/flight_service.h)
   TraceSink* tracer = nullptr;      // per-request traces (scheduler/trace.h); null: none
+  // Registered system shared memory regions (server/shared_memory.h). Null: none can be
+  // registered (unit tests that build a core by hand).
+  SharedMemoryManager* shared_memory = nullptr;
 
   std::atomic<bool> started{false};        // start-up finished (models loaded)
   std::atomic<bool> shutting_down{false};  // SIGTERM received: not ready, refuse new work

@@ -19,7 +19,9 @@
 #include "server/kserve_codec.h"
 #include "server/llm/generation_service.h"
 #include "server/llm/kserve_llm.h"
+#include "server/logging.h"
 #include "server/net_util.h"
+#include "server/shared_memory.h"
 #include "server/status_mapping.h"
 #include "server/tracing.h"
 #include "spdlog/spdlog.h"
@@ -63,7 +65,8 @@ class InferReactor final : public ServerUnaryReactor {
   // The request message stays ours until Finish; the codec moves raw contents out of it.
   Status Start(ServerCore* core, inference::ModelInferRequest* wire) {
     KILN_ASSIGN_OR_RETURN(ticket_, core->Admit());
-    KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(*wire));
+    KILN_ASSIGN_OR_RETURN(auto request,
+                          DecodeInferRequest(*wire, core->shared_memory, &shm_outputs_));
     std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
     KILN_ASSIGN_OR_RETURN(auto model, core->repository->GetReady(request->model_name,
                                                                  request->model_version, &adapter));
@@ -77,6 +80,7 @@ class InferReactor final : public ServerUnaryReactor {
       trace->End(s);
     };
     if (model->is_llm()) {
+      KILN_RETURN_IF_ERROR(RefuseShmOutputs(shm_outputs_, name));
       KILN_ASSIGN_OR_RETURN(auto text,
                             llm::ReadKServeRequest(*model, *request, llm::ParametersJson(*wire)));
       text.trace = trace_;
@@ -102,8 +106,9 @@ class InferReactor final : public ServerUnaryReactor {
     request->on_complete = [this, name, id, end_trace](InferenceResponse&& resp) {
       ticket_.Release();
       const auto start = SteadyClock::now();
-      const Status status = resp.status;
-      if (status.ok()) EncodeInferResponse(name, id, std::move(resp), response_);
+      Status status = resp.status;
+      if (status.ok()) status = WriteShmOutputs(shm_outputs_, resp.outputs);
+      if (status.ok()) EncodeInferResponse(name, id, std::move(resp), response_, &shm_outputs_);
       end_trace(start, status);
       Finish(ToGrpcStatus(status));
     };
@@ -116,6 +121,7 @@ class InferReactor final : public ServerUnaryReactor {
   }
 
   inference::ModelInferResponse* response_;
+  ShmOutputs shm_outputs_;  // outputs to write into shared memory
   InflightLimiter::Ticket ticket_;
   std::shared_ptr<CancelFlag> cancel_ = std::make_shared<CancelFlag>();
   std::weak_ptr<Model> model_;
@@ -188,42 +194,60 @@ class StreamInferReactor final
 
   Status Submit(inference::ModelInferRequest& wire) {
     KILN_ASSIGN_OR_RETURN(auto ticket, core_->Admit());
-    KILN_ASSIGN_OR_RETURN(auto request, DecodeInferRequest(wire));
+    ShmOutputs shm_outputs;
+    KILN_ASSIGN_OR_RETURN(auto request,
+                          DecodeInferRequest(wire, core_->shared_memory, &shm_outputs));
     std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
     KILN_ASSIGN_OR_RETURN(auto model, core_->repository->GetReady(
                                           request->model_name, request->model_version, &adapter));
     auto flag = request->cancel;
     const std::string name = request->model_name, id = request->id;
-    if (model->is_llm()) return SubmitLlm(wire, model, std::move(request), std::move(ticket));
+    if (model->is_llm()) {
+      KILN_RETURN_IF_ERROR(RefuseShmOutputs(shm_outputs, name));
+      return SubmitLlm(wire, model, std::move(request), std::move(ticket));
+    }
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(ticket));
     // A decoupled model (Triton's convention): each response as it comes, marked with
     // triton_final_response; the end of the request is an empty final response only when
     // the client asked for one (triton_enable_empty_final_response) and the model did not
-    // mark a response final itself.
+    // mark a response final itself. Outputs in shared memory are written for every response.
     const bool decoupled = model->signature().decoupled;
     const bool empty_final = decoupled && llm::EmptyFinalResponseRequested(wire);
     auto final_sent = std::make_shared<bool>(false);  // guarded by mu_
+    auto shm = std::make_shared<const ShmOutputs>(std::move(shm_outputs));
+    auto error = [name, id](const Status& status) {
+      inference::ModelStreamInferResponse out;
+      out.set_error_message(std::string(StatusMessage(status)));
+      out.mutable_infer_response()->set_id(id);
+      out.mutable_infer_response()->set_model_name(name);
+      return out;
+    };
     if (decoupled) {
-      request->on_response = [this, name, id, final_sent](InferenceResponse&& resp) {
+      request->on_response = [this, name, id, final_sent, shm, error](InferenceResponse&& resp) {
         inference::ModelStreamInferResponse out;
         const bool final = resp.final;
-        EncodeInferResponse(name, id, std::move(resp), out.mutable_infer_response());
-        llm::MarkFinal(out.mutable_infer_response(), final);
+        if (Status status = WriteShmOutputs(*shm, resp.outputs); !status.ok()) {
+          out = error(status);
+        } else {
+          EncodeInferResponse(name, id, std::move(resp), out.mutable_infer_response(), shm.get());
+          llm::MarkFinal(out.mutable_infer_response(), final);
+        }
         absl::MutexLock lock(&mu_);
         *final_sent = *final_sent || final;
         WriteLocked(std::move(out));
       };
     }
     request->on_complete = [this, name, id, flag, shared_ticket, decoupled, empty_final,
-                            final_sent](InferenceResponse&& resp) {
+                            final_sent, shm, error](InferenceResponse&& resp) {
       shared_ticket->Release();
       std::optional<inference::ModelStreamInferResponse> out;
-      if (!resp.status.ok()) {
-        out.emplace().set_error_message(std::string(StatusMessage(resp.status)));
-        out->mutable_infer_response()->set_id(id);
-        out->mutable_infer_response()->set_model_name(name);
+      Status status = resp.status;
+      if (status.ok() && !decoupled) status = WriteShmOutputs(*shm, resp.outputs);
+      if (!status.ok()) {
+        out = error(status);
       } else if (!decoupled) {
-        EncodeInferResponse(name, id, std::move(resp), out.emplace().mutable_infer_response());
+        EncodeInferResponse(name, id, std::move(resp), out.emplace().mutable_infer_response(),
+                            shm.get());
       }
       absl::MutexLock lock(&mu_);
       if (decoupled && resp.status.ok() && empty_final && !*final_sent) {
@@ -325,10 +349,6 @@ class StreamInferReactor final
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
-
-Status Unsupported(std::string_view feature) {
-  return Unimplemented(ToAbsl(feature), " is not supported by Kiln; send tensors in the request");
-}
 
 }  // namespace
 
@@ -495,42 +515,60 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     return reactor;
   }
 
-  // ---- Extensions Kiln does not implement: a clear UNIMPLEMENTED each. ----
+  // ---- Triton's shared memory extensions (server/shared_memory.h). ----
   ServerUnaryReactor* SystemSharedMemoryStatus(
-      CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest*,
-      inference::SystemSharedMemoryStatusResponse*) override {
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryStatusRequest* req,
+      inference::SystemSharedMemoryStatusResponse* resp) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
-    return FinishNow(ctx, Unsupported("system shared memory"));
+    auto regions = core_->shared_memory->GetStatus(req->name());
+    if (!regions.ok()) return FinishNow(ctx, regions.status());
+    for (const auto& r : *regions) {
+      auto& out = (*resp->mutable_regions())[r.name];
+      out.set_name(r.name);
+      out.set_key(r.key);
+      out.set_offset(r.offset);
+      out.set_byte_size(r.byte_size);
+    }
+    return FinishNow(ctx, OkStatus());
   }
   ServerUnaryReactor* SystemSharedMemoryRegister(
-      CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest*,
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryRegisterRequest* req,
       inference::SystemSharedMemoryRegisterResponse*) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
-    return FinishNow(ctx, Unsupported("system shared memory"));
+    return FinishNow(ctx, core_->shared_memory->Register(req->name(), req->key(), req->offset(),
+                                                         req->byte_size()));
   }
   ServerUnaryReactor* SystemSharedMemoryUnregister(
-      CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest*,
+      CallbackServerContext* ctx, const inference::SystemSharedMemoryUnregisterRequest* req,
       inference::SystemSharedMemoryUnregisterResponse*) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
-    return FinishNow(ctx, Unsupported("system shared memory"));
+    if (req->name().empty()) {
+      core_->shared_memory->UnregisterAll();
+    } else {
+      core_->shared_memory->Unregister(req->name());
+    }
+    return FinishNow(ctx, OkStatus());
   }
   ServerUnaryReactor* CudaSharedMemoryStatus(CallbackServerContext* ctx,
-                                             const inference::CudaSharedMemoryStatusRequest*,
+                                             const inference::CudaSharedMemoryStatusRequest* req,
                                              inference::CudaSharedMemoryStatusResponse*) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kInference)) return refused;
-    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+    // None can be registered: every region is unknown, the list of all is empty.
+    return FinishNow(ctx, kiln::CudaSharedMemoryStatus(req->name()));
   }
   ServerUnaryReactor* CudaSharedMemoryRegister(
       CallbackServerContext* ctx, const inference::CudaSharedMemoryRegisterRequest*,
       inference::CudaSharedMemoryRegisterResponse*) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
-    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+    return FinishNow(ctx, CudaSharedMemoryUnsupported());
   }
   ServerUnaryReactor* CudaSharedMemoryUnregister(
       CallbackServerContext* ctx, const inference::CudaSharedMemoryUnregisterRequest*,
       inference::CudaSharedMemoryUnregisterResponse*) override {
     if (auto* refused = RefuseUnary(*core_, ctx, RouteClass::kAdmin)) return refused;
-    return FinishNow(ctx, Unsupported("CUDA shared memory"));
+    // Nothing to unregister, which is not an error: Triton's simple_*_shm_client.py examples
+    // unregister all CUDA regions first.
+    return FinishNow(ctx, OkStatus());
   }
   ServerUnaryReactor* TraceSetting(CallbackServerContext* ctx,
                                    const inference::TraceSettingRequest* req,
@@ -541,60 +579,43 @@ class KServeGrpcService final : public inference::GRPCInferenceService::Callback
     return FinishNow(ctx, Unimplemented("trace settings are not supported by Kiln"));
   }
 
-  // LogSettings: reads and sets the log level (Triton's keys log_info, log_warning,
-  // log_error, log_verbose_level; log_format is read-only).
+  // LogSettings: Triton's logging extension (server/logging.h).
   ServerUnaryReactor* LogSettings(CallbackServerContext* ctx,
                                   const inference::LogSettingsRequest* req,
                                   inference::LogSettingsResponse* resp) override {
     const RouteClass c = req->settings().empty() ? RouteClass::kInference : RouteClass::kAdmin;
     if (auto* refused = RefuseUnary(*core_, ctx, c)) return refused;
-    for (const auto& [key, value] : req->settings()) {
-      Status s = ApplyLogSetting(key, value);
-      if (!s.ok()) return FinishNow(ctx, s);
+    const std::string& format = core_->config->logging.format;
+    using Choice = inference::LogSettingsRequest::SettingValue;
+    for (const auto& [key, v] : req->settings()) {
+      LogSettingValue value;
+      switch (v.parameter_choice_case()) {
+        case Choice::kBoolParam:
+          value = v.bool_param();
+          break;
+        case Choice::kUint32Param:
+          value = uint64_t{v.uint32_param()};
+          break;
+        case Choice::kStringParam:
+          value = v.string_param();
+          break;
+        default:
+          return FinishNow(ctx, InvalidArgument("log setting '", key, "' has no value"));
+      }
+      if (Status s = ApplyLogSetting(key, value, format); !s.ok()) return FinishNow(ctx, s);
     }
-    const auto level = spdlog::get_level();
+    const kiln::LogSettings now = CurrentLogSettings(format);
     auto& out = *resp->mutable_settings();
-    out["log_info"].set_bool_param(level <= spdlog::level::info);
-    out["log_warning"].set_bool_param(level <= spdlog::level::warn);
-    out["log_error"].set_bool_param(level <= spdlog::level::err);
-    out["log_verbose_level"].set_uint32_param(level <= spdlog::level::trace   ? 2
-                                              : level <= spdlog::level::debug ? 1
-                                                                              : 0);
-    out["log_format"].set_string_param(core_->config->logging.format);
+    out["log_info"].set_bool_param(now.log_info);
+    out["log_warning"].set_bool_param(now.log_warning);
+    out["log_error"].set_bool_param(now.log_error);
+    out["log_verbose_level"].set_uint32_param(now.log_verbose_level);
+    out["log_format"].set_string_param(now.log_format);
+    out["log_file"].set_string_param(now.log_file);
     return FinishNow(ctx, OkStatus());
   }
 
  private:
-  static Status ApplyLogSetting(const std::string& key,
-                                const inference::LogSettingsRequest::SettingValue& v) {
-    using Choice = inference::LogSettingsRequest::SettingValue;
-    if (key == "log_verbose_level") {
-      if (v.parameter_choice_case() != Choice::kUint32Param) {
-        return InvalidArgument("log setting 'log_verbose_level' must be an unsigned integer");
-      }
-      spdlog::set_level(v.uint32_param() >= 2   ? spdlog::level::trace
-                        : v.uint32_param() == 1 ? spdlog::level::debug
-                                                : spdlog::level::info);
-      return OkStatus();
-    }
-    if (key == "log_info" || key == "log_warning" || key == "log_error") {
-      if (v.parameter_choice_case() != Choice::kBoolParam) {
-        return InvalidArgument("log setting '", key, "' must be a boolean");
-      }
-      const auto level = key == "log_info"      ? spdlog::level::info
-                         : key == "log_warning" ? spdlog::level::warn
-                                                : spdlog::level::err;
-      if (v.bool_param()) {
-        if (spdlog::get_level() > level) spdlog::set_level(level);
-      } else if (spdlog::get_level() <= level) {
-        spdlog::set_level(static_cast<spdlog::level::level_enum>(level + 1));
-      }
-      return OkStatus();
-    }
-    return InvalidArgument("unknown log setting '", key,
-                           "'; known: log_info, log_warning, log_error, log_verbose_level");
-  }
-
   ServerCore* const core_;
   std::unique_ptr<grpc::Service> generation_;
   std::unique_ptr<grpc::Service> fine_tuning_;

@@ -17,8 +17,10 @@
 #include "server/kserve_json.h"
 #include "server/llm/kserve_llm.h"
 #include "server/llm/openai_http.h"
+#include "server/logging.h"
 #include "server/openapi.h"
 #include "server/proto_json.h"
+#include "server/shared_memory.h"
 #include "server/status_mapping.h"
 #include "server/tracing.h"
 #include "spdlog/spdlog.h"
@@ -205,6 +207,7 @@ class KServeHttpHandler {
       }
     }
     if (seg.size() == 1 && seg[0] == "v2" && get) return ServerMetadata(r);
+    if (seg.size() == 2 && seg[0] == "v2" && seg[1] == "logging") return Logging(req, r);
     if (seg.size() == 2 && seg[0] == "debug" && seg[1] == "flight_recorder" && get) {
       return FlightRecorderDump(req, r);
     }
@@ -213,6 +216,18 @@ class KServeHttpHandler {
     }
     if (seg.size() >= 2 && seg[0] == "v2" && seg[1] == "repository") {
       return Repository(seg, req, r);
+    }
+    // Admit only let through the routes of http_routes.cc, with their methods.
+    if (seg.size() >= 2 && seg[0] == "v2" && seg[1] == "systemsharedmemory") {
+      return SystemSharedMemory(seg, req, r);
+    }
+    if (seg.size() >= 2 && seg[0] == "v2" && seg[1] == "cudasharedmemory") {
+      if (seg.back() == "unregister") return SendEmpty(r, 200);  // none can be registered
+      if (seg.back() == "status") {
+        Status s = CudaSharedMemoryStatus(seg.size() == 5 ? seg[3] : "");
+        return s.ok() ? SendJson(r, 200, json::array()) : SendError(r, s);
+      }
+      return SendError(r, CudaSharedMemoryUnsupported());
     }
     std::string model, version, action;
     if (ParseModelPath(seg, &model, &version, &action)) {
@@ -270,6 +285,39 @@ class KServeHttpHandler {
                   {"extensions", ServerExtensions()}});
   }
 
+  // GET /v2/logging, POST /v2/logging {"log_verbose_level": 1, ...}: Triton's logging
+  // extension (server/logging.h); both answer the settings now in force.
+  void Logging(const http::Request& req, const Responder& r) {
+    const std::string& format = core_->config->logging.format;
+    if (req.method == "POST") {
+      auto body = ParseJsonObject(req.body, "the log settings");
+      if (!body.ok()) return SendError(r, body.status());
+      for (const auto& [key, v] : body->items()) {
+        LogSettingValue value;
+        if (v.is_boolean()) {
+          value = v.get<bool>();
+        } else if (v.is_number_unsigned()) {
+          value = v.get<uint64_t>();
+        } else if (v.is_string()) {
+          value = v.get<std::string>();
+        } else {
+          return SendError(r, InvalidArgument("log setting '", key, "' is ", v.dump(),
+                                              "; expected a boolean, an unsigned integer or a "
+                                              "string"));
+        }
+        if (Status s = ApplyLogSetting(key, value, format); !s.ok()) return SendError(r, s);
+      }
+    }
+    const LogSettings now = CurrentLogSettings(format);
+    SendJson(r, 200,
+             json{{"log_file", now.log_file},
+                  {"log_info", now.log_info},
+                  {"log_warning", now.log_warning},
+                  {"log_error", now.log_error},
+                  {"log_verbose_level", now.log_verbose_level},
+                  {"log_format", now.log_format}});
+  }
+
   void ModelMetadata(const std::string& name, const std::string& version, const Responder& r) {
     std::string adapter;
     auto model = core_->repository->GetReady(name, version, &adapter);
@@ -312,6 +360,57 @@ class KServeHttpHandler {
     json out = ProtoToJson(stats);
     if (!out.contains("model_stats")) out["model_stats"] = json::array();
     SendJson(r, 200, out);
+  }
+
+  // /v2/systemsharedmemory[/region/{name}]/status|register|unregister (Triton's shapes).
+  void SystemSharedMemory(const std::vector<std::string>& seg, const http::Request& req,
+                          const Responder& r) {
+    SharedMemoryManager& shm = *core_->shared_memory;
+    const std::string name = seg.size() == 5 ? seg[3] : "";
+    const std::string& action = seg.back();
+    if (action == "status") {
+      auto regions = shm.GetStatus(name);
+      if (!regions.ok()) return SendError(r, regions.status());
+      json out = json::array();
+      for (const auto& region : *regions) {
+        out.push_back({{"name", region.name},
+                       {"key", region.key},
+                       {"offset", region.offset},
+                       {"byte_size", region.byte_size}});
+      }
+      return SendJson(r, 200, out);
+    }
+    if (action == "unregister") {
+      name.empty() ? shm.UnregisterAll() : shm.Unregister(name);
+      return SendEmpty(r, 200);
+    }
+    auto body = ParseJsonObject(req.body, "the register request's body");
+    if (!body.ok()) return SendError(r, body.status());
+    auto field = [&](const char* key, bool required) -> StatusOr<const json*> {
+      auto it = body->find(key);
+      if (it == body->end()) {
+        if (!required) return nullptr;
+        return InvalidArgument("shared memory region '", name, "': the body needs `", key, "`");
+      }
+      const bool ok = std::string_view(key) == "key" ? it->is_string() : it->is_number_unsigned();
+      if (!ok) {
+        return InvalidArgument(
+            "shared memory region '", name, "': `", key, "` must be ",
+            std::string_view(key) == "key" ? "a string" : "a non-negative integer", ", got ",
+            it->dump());
+      }
+      return &*it;
+    };
+    auto key = field("key", true);
+    auto offset = field("offset", false);
+    auto byte_size = field("byte_size", true);
+    for (const auto* f : {&key, &offset, &byte_size}) {
+      if (!f->ok()) return SendError(r, f->status());
+    }
+    Status s =
+        shm.Register(name, (*key)->get<std::string>(), *offset ? (*offset)->get<uint64_t>() : 0,
+                     (*byte_size)->get<uint64_t>());
+    s.ok() ? SendEmpty(r, 200) : SendError(r, s);
   }
 
   void Repository(const std::vector<std::string>& seg, const http::Request& req,
@@ -396,11 +495,15 @@ class KServeHttpHandler {
       return SendError(r, Unimplemented("Content-Encoding `", *enc,
                                         "` is not supported; send the body uncompressed"));
     }
-    auto decoded = DecodeJsonInferRequest(std::move(req.body), header_length, name, version);
+    auto decoded = DecodeJsonInferRequest(std::move(req.body), header_length, name, version,
+                                          core_->shared_memory);
     if (!decoded.ok()) return SendError(r, decoded.status());
     std::string adapter;  // a LoRA adapter's name reaches SubmitText as the model name
     auto model = core_->repository->GetReady(name, version, &adapter);
     if (!model.ok()) return SendError(r, model.status());
+    if ((*model)->is_llm()) {
+      if (Status s = RefuseShmOutputs(decoded->shm_outputs, name); !s.ok()) return SendError(r, s);
+    }
     std::unique_ptr<InferenceRequest> request = std::move(decoded->request);
     auto flag = request->cancel;
     std::weak_ptr<Model> weak = *model;
@@ -424,15 +527,16 @@ class KServeHttpHandler {
     auto shared_ticket = std::make_shared<InflightLimiter::Ticket>(std::move(*ticket));
     request->trace = trace;
     request->on_complete = [r, name, id = request->id, bin = std::move(decoded->binary_outputs),
-                            all = decoded->all_binary, shared_ticket,
-                            trace](InferenceResponse&& resp) {
+                            all = decoded->all_binary, shm = std::move(decoded->shm_outputs),
+                            shared_ticket, trace](InferenceResponse&& resp) {
       shared_ticket->Release();
       const auto start = SteadyClock::now();
-      const Status status = resp.status;
+      Status status = resp.status;
+      if (status.ok()) status = WriteShmOutputs(shm, resp.outputs);
       http::Response hr;
       hr.headers = TraceHeaders(trace.get());
-      if (resp.status.ok()) {
-        JsonInferResponse out = EncodeJsonInferResponse(name, id, std::move(resp), bin, all);
+      if (status.ok()) {
+        JsonInferResponse out = EncodeJsonInferResponse(name, id, std::move(resp), bin, all, &shm);
         hr.body = std::move(out.body);
         if (out.header_length) {
           hr.content_type = "application/octet-stream";
@@ -440,8 +544,8 @@ class KServeHttpHandler {
                                   std::to_string(*out.header_length));
         }
       } else {
-        hr.status = ToHttpStatus(resp.status);
-        hr.body = json{{"error", std::string(StatusMessage(resp.status))}}.dump(
+        hr.status = ToHttpStatus(status);
+        hr.body = json{{"error", std::string(StatusMessage(status))}}.dump(
             -1, ' ', false, json::error_handler_t::replace);
       }
       r->Send(std::move(hr));

@@ -267,7 +267,98 @@ Status ApplyRequestParameter(std::string_view key, const ParamValue& value,
   return OkStatus();
 }
 
-StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelInferRequest& wire) {
+StatusOr<bool> TakeShmParam(std::string_view what, std::string_view key, const ParamValue& value,
+                            ShmParams& p) {
+  if (key == "shared_memory_region") {
+    const auto* s = std::get_if<std::string>(&value);
+    if (s == nullptr) {
+      return InvalidArgument(what, ": parameter 'shared_memory_region' must be a string");
+    }
+    p.region = *s;
+    return true;
+  }
+  if (key != "shared_memory_byte_size" && key != "shared_memory_offset") return false;
+  auto v = NonNegativeInteger(key, value);
+  if (!v.ok()) return Annotate(v.status(), what);
+  (key == "shared_memory_offset" ? p.offset : p.byte_size) = *v;
+  return true;
+}
+
+StatusOr<std::optional<SharedMemoryBlock>> ResolveShm(const SharedMemoryManager* shm,
+                                                      std::string_view what, const ShmParams& p) {
+  if (!p.any()) return std::optional<SharedMemoryBlock>();
+  if (!p.region || !p.byte_size) {
+    return InvalidArgument(what,
+                           ": shared memory needs both parameters shared_memory_region and "
+                           "shared_memory_byte_size (shared_memory_offset is optional)");
+  }
+  if (shm == nullptr) {
+    return InvalidArgument(what, ": shared memory region '", *p.region, "' is not registered");
+  }
+  KILN_ASSIGN_OR_RETURN(SharedMemoryBlock b,
+                        shm->Block(*p.region, p.offset.value_or(0), *p.byte_size, what));
+  return std::optional<SharedMemoryBlock>(std::move(b));
+}
+
+Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t) {
+  const int64_t elem = DataTypeSize(t.datatype);
+  const auto elements = ElementCount(t.shape);
+  if (elem > 0 && elements &&
+      (*elements > std::numeric_limits<int64_t>::max() / elem ||
+       block.size != static_cast<uint64_t>(*elements * elem))) {
+    return InvalidArgument("input '", t.name, "': shared_memory_byte_size is ", block.size,
+                           " (shared memory region '", block.region, "') but shape ",
+                           ShapeToString(t.shape), " of ", DataTypeName(t.datatype), " has ",
+                           *elements, " x ", elem, " bytes");
+  }
+  t.data.assign(block.data, block.size);
+  return OkStatus();
+}
+
+Status CheckShmOutputsDisjoint(const ShmOutputs& outputs) {
+  if (outputs.size() < 2) return OkStatus();
+  std::vector<SharedMemoryBlock> blocks;
+  std::vector<std::string> what;
+  for (const auto& o : outputs) {
+    blocks.push_back(o.block);
+    what.push_back(StrCat("output '", o.name, "'"));
+  }
+  return CheckDisjoint(blocks, what);
+}
+
+const ShmOutput* FindShmOutput(const ShmOutputs* targets, std::string_view name) {
+  if (targets == nullptr) return nullptr;
+  for (const auto& t : *targets) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Status WriteShmOutputs(const ShmOutputs& targets, const std::vector<HostTensor>& outputs) {
+  for (const HostTensor& t : outputs) {
+    const ShmOutput* target = FindShmOutput(&targets, t.name);
+    if (target == nullptr) continue;
+    if (t.data.size() > target->block.size) {
+      return InvalidArgument("output '", t.name, "' has ", t.data.size(),
+                             " bytes but shared_memory_byte_size is ", target->block.size,
+                             " (shared memory region '", target->block.region,
+                             "'); give the output at least ", t.data.size(), " bytes");
+    }
+    std::memcpy(target->block.data, t.data.data(), t.data.size());
+  }
+  return OkStatus();
+}
+
+Status RefuseShmOutputs(const ShmOutputs& outputs, const std::string& model) {
+  if (outputs.empty()) return OkStatus();
+  return InvalidArgument("output '", outputs.front().name, "': model '", model,
+                         "' is an LLM, whose outputs cannot be written to shared memory (region '",
+                         outputs.front().block.region, "'); request them without shared memory");
+}
+
+StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelInferRequest& wire,
+                                                               const SharedMemoryManager* shm,
+                                                               ShmOutputs* shm_outputs) {
   auto req = std::make_unique<InferenceRequest>();
   req->model_name = wire.model_name();
   req->model_version = wire.model_version();
@@ -276,23 +367,36 @@ StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelI
     KILN_ASSIGN_OR_RETURN(ParamValue v, FromWire(param));
     KILN_RETURN_IF_ERROR(ApplyRequestParameter(key, v, *req));
   }
+  // Shared-memory inputs first: they have no raw_input_contents entry.
+  std::vector<std::optional<SharedMemoryBlock>> in_shm(wire.inputs_size());
+  int raw_expected = 0;
+  for (int i = 0; i < wire.inputs_size(); ++i) {
+    const auto& in = wire.inputs(i);
+    const std::string what = StrCat("input '", in.name(), "'");
+    ShmParams p;
+    for (const auto& [key, param] : in.parameters()) {
+      KILN_ASSIGN_OR_RETURN(ParamValue v, FromWire(param));
+      KILN_RETURN_IF_ERROR(TakeShmParam(what, key, v, p).status());
+    }
+    KILN_ASSIGN_OR_RETURN(in_shm[i], ResolveShm(shm, what, p));
+    if (in_shm[i] && TotalTypedElements(in.contents()) > 0) {
+      return InvalidArgument(what, " is in shared memory region '", in_shm[i]->region,
+                             "' but also has contents; send one or the other");
+    }
+    if (!in_shm[i]) ++raw_expected;
+  }
   const bool raw = wire.raw_input_contents_size() > 0;
-  if (raw && wire.raw_input_contents_size() != wire.inputs_size()) {
-    return InvalidArgument("the request has ", wire.inputs_size(), " inputs but ",
-                           wire.raw_input_contents_size(),
-                           " raw_input_contents entries; there must be one per input");
+  if (raw && wire.raw_input_contents_size() != raw_expected) {
+    const bool all_raw = raw_expected == wire.inputs_size();
+    return InvalidArgument(
+        "the request has ", raw_expected, " inputs", all_raw ? "" : " not in shared memory",
+        " but ", wire.raw_input_contents_size(),
+        " raw_input_contents entries; there must be one per ", all_raw ? "input" : "such input");
   }
   req->inputs.reserve(wire.inputs_size());
+  int raw_index = 0;
   for (int i = 0; i < wire.inputs_size(); ++i) {
     auto& in = *wire.mutable_inputs(i);
-    for (const auto& [key, param] : in.parameters()) {
-      if (key == "shared_memory_region" || key == "shared_memory_byte_size" ||
-          key == "shared_memory_offset") {
-        return InvalidArgument("input '", in.name(),
-                               "': shared memory is not supported by Kiln; send the tensor in "
-                               "the request");
-      }
-    }
     auto type = ParseDataType(in.datatype());
     if (!type) {
       return InvalidArgument("input '", in.name(), "' has unknown datatype '", in.datatype(),
@@ -308,36 +412,45 @@ StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelI
                              ": dimensions must be non-negative and the element count must "
                              "fit in 64 bits");
     }
-    if (raw) {
+    if (in_shm[i]) {
+      KILN_RETURN_IF_ERROR(ReadShmInput(*in_shm[i], t));
+    } else if (raw) {
       if (TotalTypedElements(in.contents()) > 0) {
         return InvalidArgument("input '", in.name(),
                                "' has typed contents but the request also uses "
                                "raw_input_contents; use one or the other for all inputs");
       }
       // The request message is ours until the RPC finishes: take its bytes without a copy.
-      t.data.swap(*wire.mutable_raw_input_contents(i));
+      t.data.swap(*wire.mutable_raw_input_contents(raw_index++));
     } else {
       KILN_RETURN_IF_ERROR(TypedToRaw(in, *type, *elements, t.data));
     }
     req->inputs.push_back(std::move(t));
   }
   for (const auto& out : wire.outputs()) {
+    const std::string what = StrCat("output '", out.name(), "'");
+    ShmParams p;
     for (const auto& [key, param] : out.parameters()) {
       if (key == "classification") {
-        return InvalidArgument("output '", out.name(),
-                               "': the classification extension is not supported by Kiln");
+        return InvalidArgument(what, ": the classification extension is not supported by Kiln");
       }
-      if (key.rfind("shared_memory", 0) == 0) {
-        return InvalidArgument("output '", out.name(), "': shared memory is not supported by Kiln");
-      }
+      KILN_ASSIGN_OR_RETURN(ParamValue v, FromWire(param));
+      KILN_RETURN_IF_ERROR(TakeShmParam(what, key, v, p).status());
+    }
+    KILN_ASSIGN_OR_RETURN(auto block, ResolveShm(shm, what, p));
+    if (block) {
+      KILN_CHECK(shm_outputs != nullptr, "DecodeInferRequest: shm given without shm_outputs");
+      shm_outputs->push_back({out.name(), *std::move(block)});
     }
     req->requested_outputs.push_back(out.name());
   }
+  if (shm_outputs != nullptr) KILN_RETURN_IF_ERROR(CheckShmOutputsDisjoint(*shm_outputs));
   return req;
 }
 
 void EncodeInferResponse(const std::string& model_name, const std::string& id,
-                         InferenceResponse&& response, inference::ModelInferResponse* wire) {
+                         InferenceResponse&& response, inference::ModelInferResponse* wire,
+                         const ShmOutputs* shm_outputs) {
   wire->set_model_name(model_name);
   wire->set_model_version(std::string(kModelVersion));
   wire->set_id(id);
@@ -346,6 +459,14 @@ void EncodeInferResponse(const std::string& model_name, const std::string& id,
     out->set_name(t.name);
     out->set_datatype(std::string(DataTypeName(ToWireOrder(t.datatype))));
     for (int64_t d : t.shape) out->add_shape(d);
+    if (const ShmOutput* shm = FindShmOutput(shm_outputs, t.name)) {
+      auto& params = *out->mutable_parameters();
+      params["shared_memory_region"].set_string_param(shm->block.region);
+      params["shared_memory_byte_size"].set_int64_param(static_cast<int64_t>(t.data.size()));
+      params["shared_memory_offset"].set_int64_param(static_cast<int64_t>(shm->block.offset));
+      wire->add_raw_output_contents();
+      continue;
+    }
     wire->add_raw_output_contents(std::move(t.data));
   }
 }

@@ -228,7 +228,8 @@ json DataToJson(const HostTensor& t) {
 
 StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
                                                   std::optional<size_t> header_length,
-                                                  std::string model_name, std::string version) {
+                                                  std::string model_name, std::string version,
+                                                  const SharedMemoryManager* shm) {
   size_t json_size = body.size();
   if (header_length) {
     if (*header_length > body.size()) {
@@ -303,12 +304,17 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
                              "fit in 64 bits");
     }
     std::optional<uint64_t> binary_size;
+    const std::string what = StrCat("input '", t.name, "'");
+    ShmParams shm_params;
     if (auto params = in.find("parameters"); params != in.end()) {
       if (!params->is_object()) {
         return InvalidArgument("input '", t.name, "': `parameters` must be an object");
       }
       for (const auto& [key, value] : params->items()) {
-        if (key == "binary_data_size") {
+        if (key.starts_with("shared_memory_")) {
+          KILN_ASSIGN_OR_RETURN(ParamValue v, JsonParam(key, value));
+          KILN_RETURN_IF_ERROR(TakeShmParam(what, key, v, shm_params).status());
+        } else if (key == "binary_data_size") {
           if (!value.is_number_unsigned() && !value.is_number_integer()) {
             return InvalidArgument("input '", t.name, "': binary_data_size must be an integer");
           }
@@ -316,15 +322,19 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
             return InvalidArgument("input '", t.name, "': binary_data_size must not be negative");
           }
           binary_size = value.get<uint64_t>();
-        } else if (key.rfind("shared_memory", 0) == 0) {
-          return InvalidArgument("input '", t.name,
-                                 "': shared memory is not supported by Kiln; send the tensor "
-                                 "in the request");
         }
       }
     }
     auto data = in.find("data");
-    if (binary_size) {
+    KILN_ASSIGN_OR_RETURN(auto block, ResolveShm(shm, what, shm_params));
+    if (block) {
+      if (binary_size || data != in.end()) {
+        return InvalidArgument(what, " is in shared memory region '", block->region,
+                               "' but also has ", binary_size ? "binary_data_size" : "`data`",
+                               "; send one or the other");
+      }
+      KILN_RETURN_IF_ERROR(ReadShmInput(*block, t));
+    } else if (binary_size) {
       if (data != in.end()) {
         return InvalidArgument("input '", t.name,
                                "' has both `data` and binary_data_size; use one");
@@ -361,28 +371,33 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
         return InvalidArgument("outputs[", i, "] must be an object with a string `name`");
       }
       std::string oname = o["name"].get<std::string>();
+      const std::string what = StrCat("output '", oname, "'");
+      ShmParams shm_params;
       if (auto params = o.find("parameters"); params != o.end() && params->is_object()) {
         for (const auto& [key, value] : params->items()) {
           if (key == "binary_data" && value.is_boolean() && value.get<bool>()) {
             out.binary_outputs.push_back(oname);
           } else if (key == "classification") {
-            return InvalidArgument("output '", oname,
-                                   "': the classification extension is not supported by Kiln");
-          } else if (key.rfind("shared_memory", 0) == 0) {
-            return InvalidArgument("output '", oname, "': shared memory is not supported by Kiln");
+            return InvalidArgument(what, ": the classification extension is not supported by Kiln");
+          } else if (key.starts_with("shared_memory_")) {
+            KILN_ASSIGN_OR_RETURN(ParamValue v, JsonParam(key, value));
+            KILN_RETURN_IF_ERROR(TakeShmParam(what, key, v, shm_params).status());
           }
         }
       }
+      KILN_ASSIGN_OR_RETURN(auto block, ResolveShm(shm, what, shm_params));
+      if (block) out.shm_outputs.push_back({oname, *std::move(block)});
       req.requested_outputs.push_back(std::move(oname));
     }
   }
+  KILN_RETURN_IF_ERROR(CheckShmOutputsDisjoint(out.shm_outputs));
   return out;
 }
 
 JsonInferResponse EncodeJsonInferResponse(const std::string& model_name, const std::string& id,
                                           InferenceResponse&& response,
                                           const std::vector<std::string>& binary_outputs,
-                                          bool all_binary) {
+                                          bool all_binary, const ShmOutputs* shm_outputs) {
   json doc = {{"model_name", model_name}, {"model_version", std::string(kModelVersion)}};
   if (!id.empty()) doc["id"] = id;
   json outputs = json::array();
@@ -392,7 +407,11 @@ JsonInferResponse EncodeJsonInferResponse(const std::string& model_name, const s
         {"name", t.name}, {"datatype", std::string(DataTypeName(t.datatype))}, {"shape", t.shape}};
     const bool as_binary = all_binary || std::find(binary_outputs.begin(), binary_outputs.end(),
                                                    t.name) != binary_outputs.end();
-    if (as_binary) {
+    if (const ShmOutput* shm = FindShmOutput(shm_outputs, t.name)) {
+      o["parameters"] = {{"shared_memory_region", shm->block.region},
+                         {"shared_memory_byte_size", t.data.size()},
+                         {"shared_memory_offset", shm->block.offset}};
+    } else if (as_binary) {
       o["parameters"] = {{"binary_data_size", t.data.size()}};
       binary += t.data;
     } else {

@@ -91,4 +91,52 @@ Status SetUpLogging(std::string_view level, std::string_view format) {
   return OkStatus();
 }
 
+LogSettings CurrentLogSettings(std::string_view format) {
+  const auto level = spdlog::get_level();
+  LogSettings out;
+  out.log_info = level <= spdlog::level::info;
+  out.log_warning = level <= spdlog::level::warn;
+  out.log_error = level <= spdlog::level::err;
+  out.log_verbose_level = level <= spdlog::level::trace ? 2 : level <= spdlog::level::debug ? 1 : 0;
+  out.log_format = std::string(format);
+  return out;
+}
+
+Status ApplyLogSetting(std::string_view key, const LogSettingValue& value,
+                       std::string_view format) {
+  if (key == "log_verbose_level") {
+    const auto* v = std::get_if<uint64_t>(&value);
+    if (v == nullptr) {
+      return InvalidArgument("log setting 'log_verbose_level' must be an unsigned integer");
+    }
+    spdlog::set_level(*v >= 2   ? spdlog::level::trace
+                      : *v == 1 ? spdlog::level::debug
+                                : spdlog::level::info);
+    return OkStatus();
+  }
+  if (key == "log_info" || key == "log_warning" || key == "log_error") {
+    const auto* on = std::get_if<bool>(&value);
+    if (on == nullptr) return InvalidArgument("log setting '", key, "' must be a boolean");
+    const auto level = key == "log_info"      ? spdlog::level::info
+                       : key == "log_warning" ? spdlog::level::warn
+                                              : spdlog::level::err;
+    if (*on) {
+      if (spdlog::get_level() > level) spdlog::set_level(level);
+    } else if (spdlog::get_level() <= level) {
+      spdlog::set_level(static_cast<spdlog::level::level_enum>(level + 1));
+    }
+    return OkStatus();
+  }
+  if (key == "log_format" || key == "log_file") {
+    const auto* s = std::get_if<std::string>(&value);
+    const std::string_view current = key == "log_format" ? format : "";
+    if (s != nullptr && *s == current) return OkStatus();
+    return InvalidArgument("log setting '", key, "' cannot be changed while kilnd runs (it is \"",
+                           current, "\"", key == "log_format" ? "; set logging.format" : "", ")");
+  }
+  return InvalidArgument("unknown log setting '", key,
+                         "'; known: log_info, log_warning, log_error, log_verbose_level, "
+                         "log_format, log_file");
+}
+
 }  // namespace kiln

@@ -10,6 +10,7 @@
 #include "server/grpc_server.h"
 #include "server/http_frontend.h"
 #include "server/otlp_exporter.h"
+#include "server/shared_memory.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KILN_VERSION
@@ -31,13 +32,9 @@ tls::Files TlsFiles(const config::TlsConfig& c) {
 std::string_view ServerVersion() { return KILN_VERSION; }
 
 const std::vector<std::string>& ServerExtensions() {
-  static const std::vector<std::string> extensions = {"model_repository",
-                                                      "schedule_policy",
-                                                      "model_configuration",
-                                                      "binary_tensor_data",
-                                                      "statistics",
-                                                      "parameters",
-                                                      "logging"};
+  static const std::vector<std::string> extensions = {
+      "model_repository", "schedule_policy", "model_configuration",  "binary_tensor_data",
+      "statistics",       "parameters",      "system_shared_memory", "logging"};
   return extensions;
 }
 
@@ -72,6 +69,8 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   core_.limiter = limiter_.get();
   core_.registry = &registry_;
   core_.tracer = tracer_.get();
+  shared_memory_ = std::make_unique<SharedMemoryManager>();
+  core_.shared_memory = shared_memory_.get();
 }
 
 Server::~Server() {
@@ -220,6 +219,7 @@ bool Server::Shutdown() {
   if (grpc_) grpc_->Shutdown(std::max(deadline, SteadyClock::now() + kReplyFlush));
   grpc_.reset();
   http_.reset();
+  shared_memory_->UnregisterAll();  // no front end can use a region any more
   if (flight_) flight_->Stop();
   otlp_.reset();  // sends the spans still queued
   const bool clean = idle && cut == 0 && http_cut == 0;

@@ -26,6 +26,7 @@ class Authenticator;
 class FlightService;
 class GrpcFrontEnd;
 class OtlpExporter;
+class SharedMemoryManager;
 class TraceSink;
 class HttpFrontEnds;
 namespace finetune {
@@ -75,6 +76,7 @@ class Server {
   std::unique_ptr<LlmMetricFamilies> llm_families_;
   std::unique_ptr<ModelRepository> repository_;
   std::unique_ptr<InflightLimiter> limiter_;
+  std::unique_ptr<SharedMemoryManager> shared_memory_;
   ServerCore core_;
   std::unique_ptr<Authenticator> auth_;                       // set by Start
   std::unique_ptr<finetune::FineTuningService> fine_tuning_;  // after the repository it uses

@@ -33,6 +33,9 @@ FUZZ_EXCLUDED_PATHS = {
     # makes the rest of the run answer 503. test_every_documented_route_is_served calls them.
     "/v2/repository/models/{model}/load": "unloads/reloads the served models",
     "/v2/repository/models/{model}/unload": "unloads/reloads the served models",
+    # Sets the process-wide log level: at log_verbose_level 2 every request logs at trace level
+    # and the rest of the run crawls. test_shared_memory.py's test_logging_extension covers it.
+    "/v2/logging": "changes the server's log level",
     # Answers after `seconds` (up to 60) by design.
     "/debug/trace": "blocks for ?seconds=N by design",
     # On the metrics port: fuzzed in a run of its own (test_fuzz_metrics).
@@ -112,7 +115,7 @@ def test_every_documented_route_is_served(server):
     """Each operation, with its path parameters filled in, reaches its route: whatever it
     answers (400 for an empty body, 404 for an unknown model), it is not "no route"."""
     concrete = {"model": "no-such-model", "version": "1", "file_id": "file-none",
-                "fine_tuning_job_id": "ftjob-none"}
+                "fine_tuning_job_id": "ftjob-none", "region": "no-such-region"}
     for method, path in operations():
         url = re.sub(r"\{(\w+)\}", lambda m: concrete[m.group(1)], path)
         base = (f"http://127.0.0.1:{server.metrics_port}" if path == "/metrics" else server.base)

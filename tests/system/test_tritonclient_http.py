@@ -47,11 +47,13 @@ def test_sync_client_is_reused_after_an_unknown_model_and_an_unknown_route(kilnd
         assert e.value.status() == "404"
         assert e.value.message().startswith("Request for unknown model"), e.value.message()
         assert "'wrong_model_name'" in e.value.message()
-        # A route kilnd does not serve (system shared memory), POST with a JSON body.
-        with pytest.raises(InferenceServerException, match="no route for POST"):
-            c.register_system_shared_memory("input0_data", "/input0_simple", 64)
-        with pytest.raises(InferenceServerException, match="no route for POST"):
-            c.unregister_system_shared_memory()
+        # Errors answered to a POST with a JSON body: a shared-memory key that does not exist,
+        # CUDA shared memory (not supported).
+        with pytest.raises(InferenceServerException, match="cannot open key"):
+            c.register_system_shared_memory("input0_data", "/kiln_no_such_key_simple", 64)
+        with pytest.raises(InferenceServerException, match="CUDA shared memory is not supported"):
+            c.register_cuda_shared_memory("input0_data", "AA==", 0, 64)
+        c.unregister_system_shared_memory()
         # The same InferInput / InferRequestedOutput objects, reused.
         assert_simple(c.infer("simple", inputs, outputs=outputs))
         assert c.is_server_live() and c.is_model_ready("simple")
@@ -117,7 +119,7 @@ def test_raw_keep_alive_survives_unknown_routes_with_bodies(kilnd):
         b"POST /v2/nope HTTP/1.1\r\nHost: k\r\nContent-Type: application/json\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body) +
         b"GET /v2/health/live HTTP/1.1\r\nHost: k\r\n\r\n" +
-        b"POST /v2/systemsharedmemory/unregister HTTP/1.1\r\nHost: k\r\n"
+        b"POST /v2/nosuchextension/unregister HTTP/1.1\r\nHost: k\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n" + chunked +
         b"HEAD /v2/nope HTTP/1.1\r\nHost: k\r\n\r\n" +
         b"DELETE /v2/health/live HTTP/1.1\r\nHost: k\r\nContent-Length: 3\r\n\r\nabc" +
