@@ -69,6 +69,7 @@ class PathSax {
 
   bool error() const { return error_; }
   bool overflow() const { return overflow_; }
+  bool too_deep() const { return too_deep_; }
   const std::string& token() const { return token_; }
   const std::string& message() const { return message_; }
   // The field the error is in, "" when it is not inside an object's member.
@@ -100,6 +101,11 @@ class PathSax {
   }
   // A container stays put while open: its parent only grows after it is closed.
   bool Open(Json v) {
+    if (open_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
+      error_ = too_deep_ = true;
+      path_ = Path();
+      return false;  // stops the parser
+    }
     Json* slot = Slot();
     *slot = std::move(v);
     open_.push_back(Frame{.value = slot, .key = {}});
@@ -131,6 +137,7 @@ class PathSax {
   std::vector<Frame> open_;
   bool error_ = false;
   bool overflow_ = false;
+  bool too_deep_ = false;
   std::string token_, message_, path_;
 };
 
@@ -143,6 +150,14 @@ StatusOr<Json> ParseObject(std::string_view text, std::string_view what,
                   /*strict=*/true);
   if (sax.error()) {
     const std::string field = sax.path().empty() ? "" : StrCat(field_prefix, sax.path());
+    if (sax.too_deep()) {
+      const std::string deep =
+          StrCat("nests arrays and objects deeper than ", kMaxJsonDepth, " levels");
+      if (field.empty()) {
+        return InvalidArgument(what.empty() ? "the document" : what, " ", deep);
+      }
+      return WithParam(InvalidArgument("`", field, "` ", deep), field);
+    }
     if (sax.overflow()) {
       const std::string range =
           StrCat("number out of range: ", sax.token(), " is beyond a double's ±1.8e308");

@@ -9,6 +9,10 @@
 // invalid UTF-8 gives the parser's line and column, and the field when it sits in a value:
 //   "the request body is not valid JSON: `messages[0].content`: parse error at line 1, ..."
 //
+// Nesting is bounded (kMaxJsonDepth): code that walks a document recursively — dump(), copies,
+// the chat template's conversion of messages — must not overflow the stack on a request
+// such as 100,000 nested arrays; deeper documents are refused, naming the field.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -18,6 +22,10 @@
 #include "nlohmann/json.hpp"
 
 namespace kiln {
+
+// The deepest nesting of arrays and objects ParseJsonObject accepts (the root object is
+// level 1). JSON schemas and tool definitions rarely pass 20.
+inline constexpr int kMaxJsonDepth = 256;
 
 // Parses `text`, which must hold one JSON object. `what` names the document in errors ("the
 // request body", "input 'sampling_parameters'"); empty, the messages start with what is wrong

@@ -121,14 +121,27 @@ TEST(ParseOrderedJsonObjectTest, KeepsDocumentOrderAndFindsTheSameErrors) {
   EXPECT_THAT(Message(bad), HasSubstr("`a.y[1]`: number out of range: 2e308"));
 }
 
-// Arbitrarily deep documents are parsed without recursion (no stack overflow).
-TEST(ParseJsonObjectTest, DeepNestingParses) {
-  const int depth = 100000;
-  std::string text = R"({"a": )" + std::string(depth, '[') + std::string(depth, ']') + "}";
-  EXPECT_TRUE(ParseJsonObject(text, "body").ok());
-  text = R"({"a": )" + std::string(depth, '[') + "1e400" + std::string(depth, ']') + "}";
-  auto r = ParseJsonObject(text, "body");
-  EXPECT_THAT(Message(r), HasSubstr("number out of range"));
+// Nesting up to kMaxJsonDepth parses; deeper is refused naming the field, without recursion
+// (no stack overflow) — and so nothing downstream walks a deeper document.
+TEST(ParseJsonObjectTest, NestingIsBounded) {
+  auto nested = [](int depth, std::string_view inner = "") {
+    return StrCat(R"({"a": )", std::string(depth, '['), inner, std::string(depth, ']'), "}");
+  };
+  EXPECT_TRUE(ParseJsonObject(nested(kMaxJsonDepth - 1), "body").ok());
+  auto r = ParseJsonObject(nested(kMaxJsonDepth), "body");
+  EXPECT_THAT(Message(r), HasSubstr("`a[0][0]"));
+  EXPECT_THAT(Message(r), HasSubstr("nests arrays and objects deeper than 256 levels"));
+  EXPECT_EQ(ParamOf(r.status()), Message(r).substr(1, Message(r).find('`', 1) - 1));
+  for (const int depth : {100000, 1000000}) {
+    EXPECT_THAT(Message(ParseJsonObject(nested(depth), "body")), HasSubstr("deeper than 256"));
+    EXPECT_THAT(Message(ParseJsonObject(nested(depth, "1e400"), "body")),
+                HasSubstr("deeper than 256"));
+    const std::string top = std::string(depth, '[') + std::string(depth, ']');
+    EXPECT_THAT(Message(ParseJsonObject(top, "the request body")),
+                HasSubstr("the request body nests arrays and objects deeper than 256 levels"));
+    EXPECT_THAT(Message(ParseOrderedJsonObject(nested(depth), "line 3")),
+                HasSubstr("deeper than 256"));
+  }
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 serving Triton's QA models as built-ins (config/examples/triton_qa.yaml): the examples' calls,
 reimplemented with tritonclient, and the outputs they check. Plus the decoupled transaction
 policy: repeat_int32 over a gRPC stream (with and without the empty final response), refused on
-unary gRPC and HTTP inference, and a closed stream stopping the model."""
+unary gRPC and HTTP inference, and a closed stream stopping the model; and the infer (sync and
+async), health/metadata and model-control examples on `simple`."""
 import queue
 import time
 from functools import partial
@@ -320,3 +321,114 @@ def test_bad_input_is_a_clear_400_naming_the_input(qa):
     assert "input 'DELAY' element 0 is 20000 ms" in str(got[0])
     assert "input 'DELAY' has 1 elements but input 'IN' has 2" in str(got[1])
     assert int(got[2].as_numpy("OUT")[0]) == 3
+
+
+def simple_inputs(mod):
+    in0 = np.expand_dims(np.arange(start=0, stop=16, dtype=np.int32), axis=0)
+    in1 = np.ones(shape=(1, 16), dtype=np.int32)
+    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(in0)
+    inputs[1].set_data_from_numpy(in1, **({"binary_data": False} if mod is httpclient else {}))
+    # (the HTTP examples send INPUT1 as JSON and INPUT0 binary)
+    return inputs, in0, in1
+
+
+def put_result(q, result, error):
+    q.put((result, error))
+
+
+# simple_{grpc,http}_infer_client.py and simple_{grpc,http}_async_infer_client.py: `simple`
+# synchronously, then asynchronously (gRPC: a callback; HTTP: an InferAsyncRequest).
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_infer_and_async_infer_clients(qa, protocol):
+    mod = grpcclient if protocol == "grpc" else httpclient
+    client = (grpcclient.InferenceServerClient(qa.grpc_url) if protocol == "grpc"
+              else httpclient.InferenceServerClient(qa.http_url, concurrency=4))
+    inputs, in0, in1 = simple_inputs(mod)
+    outputs = [mod.InferRequestedOutput("OUTPUT0"), mod.InferRequestedOutput("OUTPUT1")]
+    r = client.infer("simple", inputs, outputs=outputs, request_id="1")
+    assert np.array_equal(r.as_numpy("OUTPUT0"), in0 + in1)
+    assert np.array_equal(r.as_numpy("OUTPUT1"), in0 - in1)
+    if protocol == "grpc":
+        done = queue.Queue()
+        for i in range(4):
+            client.async_infer("simple", inputs, partial(put_result, done), request_id=str(i),
+                               outputs=outputs)
+        results = [done.get(timeout=30) for _ in range(4)]
+        assert all(err is None for _, err in results), results
+        assert sorted(res.get_response().id for res, _ in results) == ["0", "1", "2", "3"]
+        got = [res for res, _ in results]
+    else:
+        got = [a.get_result() for a in
+               [client.async_infer("simple", inputs, request_id=str(i), outputs=outputs)
+                for i in range(4)]]
+    for res in got:
+        assert np.array_equal(res.as_numpy("OUTPUT0"), in0 + in1)
+        assert np.array_equal(res.as_numpy("OUTPUT1"), in0 - in1)
+
+
+# simple_{grpc,http}_health_metadata.py: liveness, readiness, server and model metadata, model
+# config. One difference: the examples check that the server calls itself "triton"; kilnd
+# answers "kiln" (docs/api.md).
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_health_metadata_client(qa, protocol):
+    client = (grpcclient.InferenceServerClient(qa.grpc_url) if protocol == "grpc"
+              else httpclient.InferenceServerClient(qa.http_url))
+    assert client.is_server_live(headers={"test": "1", "dummy": "2"}) and client.is_server_ready()
+    assert client.is_model_ready("simple")
+    server = client.get_server_metadata()
+    model = client.get_model_metadata("simple")
+    if protocol == "grpc":
+        assert server.name == "kiln" and "system_shared_memory" in server.extensions
+        assert model.name == "simple" and [i.name for i in model.inputs] == ["INPUT0", "INPUT1"]
+        assert model.inputs[0].datatype == "INT32" and list(model.inputs[0].shape) == [-1, 16]
+    else:
+        assert server["name"] == "kiln" and "system_shared_memory" in server["extensions"]
+        assert model["name"] == "simple" and [i["name"] for i in model["inputs"]] == [
+            "INPUT0", "INPUT1"]
+        assert model["inputs"][0]["datatype"] == "INT32"
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("wrong_model_name")
+    assert "Request for unknown model" in e.value.message()
+    config = client.get_model_config("simple")
+    assert (config.config.name if protocol == "grpc" else config["name"]) == "simple"
+
+
+# simple_{grpc,http}_model_control.py: unload, not ready, load, ready again, and an unknown
+# model's load fails naming it.
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_model_control_client(qa, protocol):
+    client = (grpcclient.InferenceServerClient(qa.grpc_url) if protocol == "grpc"
+              else httpclient.InferenceServerClient(qa.http_url))
+    assert client.is_model_ready("simple")
+    client.unload_model("simple")
+    assert not client.is_model_ready("simple")
+    client.load_model("simple")
+    assert client.is_model_ready("simple")
+    inputs, in0, in1 = simple_inputs(grpcclient if protocol == "grpc" else httpclient)
+    assert np.array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), in0 + in1)
+    with pytest.raises(InferenceServerException) as e:
+        client.load_model("wrong_model_name")
+    assert "wrong_model_name" in str(e.value)
+
+
+# simple_grpc_aio_infer_client.py and simple_grpc_aio_sequence_stream_infer_client.py's
+# client: tritonclient.grpc.aio, health, metadata and inference on `simple`.
+def test_grpc_aio_infer_client(qa):
+    import asyncio
+
+    import tritonclient.grpc.aio as aioclient
+
+    async def run():
+        client = aioclient.InferenceServerClient(qa.grpc_url)
+        assert await client.is_server_live() and await client.is_model_ready("simple")
+        assert (await client.get_model_metadata("simple")).name == "simple"
+        inputs, in0, in1 = simple_inputs(aioclient)
+        results = await asyncio.gather(*[client.infer("simple", inputs, request_id=str(i))
+                                         for i in range(8)])
+        for r in results:
+            assert np.array_equal(r.as_numpy("OUTPUT0"), in0 + in1)
+            assert np.array_equal(r.as_numpy("OUTPUT1"), in0 - in1)
+        await client.close()
+
+    asyncio.run(run())
