@@ -135,8 +135,13 @@ DynamicBatcher::~DynamicBatcher() {
 }
 
 Status DynamicBatcher::Enqueue(std::unique_ptr<InferenceRequest>& request) {
-  // Values the model cannot take fail this request alone, before it joins a batch.
-  KILN_RETURN_IF_ERROR(instances_.front()->model->CheckRequest(request->inputs));
+  // Values the model cannot take fail this request alone, before it joins a batch. Models
+  // read their inputs by position: a request without all of them (a sequence model's client
+  // sends no control inputs; the sequence batcher adds them later) is not theirs to check.
+  const TensorModel& model = *instances_.front()->model;
+  if (request->inputs.size() == model.inputs().size()) {
+    KILN_RETURN_IF_ERROR(model.CheckRequest(request->inputs));
+  }
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
     return Unavailable("model '", request->model_name, "' is shutting down");

@@ -234,6 +234,11 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
         FlightRecorder::Options{deps.flight_recorder_entries, config.instance_count,
                                 std::max(1, config.max_batch_size)});
   }
+  if (config.sequence_batching && first.decoupled()) {
+    return InvalidArgument("model '", config.name, "': built-in '", config.builtin,
+                           "' is decoupled; sequence_batching is for models that answer each "
+                           "request once");
+  }
   if (config.sequence_batching) {
     // Clients send the model's inputs less the control inputs the sequence batcher adds.
     model->signature_.inputs =

@@ -225,9 +225,10 @@ class StreamInferReactor final
     if (decoupled) {
       request->on_response = [this, name, id, final_sent, shm, error](InferenceResponse&& resp) {
         inference::ModelStreamInferResponse out;
-        const bool final = resp.final;
+        bool final = resp.final;
         if (Status status = WriteShmOutputs(*shm, resp.outputs); !status.ok()) {
-          out = error(status);
+          out = error(status);  // the request goes on; its end is still to come
+          final = false;
         } else {
           EncodeInferResponse(name, id, std::move(resp), out.mutable_infer_response(), shm.get());
           llm::MarkFinal(out.mutable_infer_response(), final);
@@ -237,14 +238,16 @@ class StreamInferReactor final
         WriteLocked(std::move(out));
       };
     }
-    request->on_complete = [this, name, id, flag, shared_ticket, decoupled, empty_final,
-                            final_sent, shm, error](InferenceResponse&& resp) {
+    request->on_complete = [this, name, id, flag, shared_ticket, decoupled, empty_final, final_sent,
+                            shm, error](InferenceResponse&& resp) {
       shared_ticket->Release();
       std::optional<inference::ModelStreamInferResponse> out;
       Status status = resp.status;
       if (status.ok() && !decoupled) status = WriteShmOutputs(*shm, resp.outputs);
       if (!status.ok()) {
         out = error(status);
+        // An error ends a decoupled request: say so, as the LLM streams do.
+        if (decoupled) llm::MarkFinal(out->mutable_infer_response(), true);
       } else if (!decoupled) {
         EncodeInferResponse(name, id, std::move(resp), out.emplace().mutable_infer_response(),
                             shm.get());

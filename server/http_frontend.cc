@@ -445,9 +445,9 @@ class KServeHttpHandler {
     if (seg.size() == 5 && seg[2] == "models" && (seg[4] == "load" || seg[4] == "unload")) {
       const std::string name = seg[3];
       if (auto it = body.find("parameters"); it != body.end() && !it->is_object()) {
-        return SendError(r, WithParam(InvalidArgument("`parameters` must be an object, got ",
-                                                      JsonTypeName(*it)),
-                                      "parameters"));
+        return SendError(
+            r, WithParam(InvalidArgument("`parameters` must be an object, got ", JsonTypeName(*it)),
+                         "parameters"));
       }
       if (seg[4] == "load") {
         std::optional<config::ModelConfig> inline_config;

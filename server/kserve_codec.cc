@@ -300,7 +300,7 @@ StatusOr<std::optional<SharedMemoryBlock>> ResolveShm(const SharedMemoryManager*
   return std::optional<SharedMemoryBlock>(std::move(b));
 }
 
-Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t) {
+Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t, uint64_t* budget) {
   const int64_t elem = DataTypeSize(t.datatype);
   const auto elements = ElementCount(t.shape);
   if (elem > 0 && elements &&
@@ -311,7 +311,15 @@ Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t) {
                            ShapeToString(t.shape), " of ", DataTypeName(t.datatype), " has ",
                            *elements, " x ", elem, " bytes");
   }
-  t.data.assign(block.data, block.size);
+  if (block.size > *budget) {
+    return InvalidArgument("input '", t.name, "': ", block.size,
+                           " bytes from shared memory region '", block.region,
+                           "' are more than the request may read from shared memory (", *budget,
+                           " bytes left of the server's largest request, server.grpc."
+                           "max_message_bytes / server.http.max_body_bytes)");
+  }
+  *budget -= block.size;
+  KILN_ASSIGN_OR_RETURN(t.data, block.Read());
   return OkStatus();
 }
 
@@ -337,14 +345,17 @@ const ShmOutput* FindShmOutput(const ShmOutputs* targets, std::string_view name)
 Status WriteShmOutputs(const ShmOutputs& targets, const std::vector<HostTensor>& outputs) {
   for (const HostTensor& t : outputs) {
     const ShmOutput* target = FindShmOutput(&targets, t.name);
-    if (target == nullptr) continue;
-    if (t.data.size() > target->block.size) {
+    if (target != nullptr && t.data.size() > target->block.size) {
       return InvalidArgument("output '", t.name, "' has ", t.data.size(),
                              " bytes but shared_memory_byte_size is ", target->block.size,
                              " (shared memory region '", target->block.region,
                              "'); give the output at least ", t.data.size(), " bytes");
     }
-    std::memcpy(target->block.data, t.data.data(), t.data.size());
+  }
+  for (const HostTensor& t : outputs) {
+    if (const ShmOutput* target = FindShmOutput(&targets, t.name)) {
+      KILN_RETURN_IF_ERROR(target->block.Write(t.data));
+    }
   }
   return OkStatus();
 }
@@ -369,6 +380,7 @@ StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelI
   }
   // Shared-memory inputs first: they have no raw_input_contents entry.
   std::vector<std::optional<SharedMemoryBlock>> in_shm(wire.inputs_size());
+  uint64_t shm_budget = shm != nullptr ? shm->max_input_bytes() : 0;
   int raw_expected = 0;
   for (int i = 0; i < wire.inputs_size(); ++i) {
     const auto& in = wire.inputs(i);
@@ -413,7 +425,7 @@ StatusOr<std::unique_ptr<InferenceRequest>> DecodeInferRequest(inference::ModelI
                              "fit in 64 bits");
     }
     if (in_shm[i]) {
-      KILN_RETURN_IF_ERROR(ReadShmInput(*in_shm[i], t));
+      KILN_RETURN_IF_ERROR(ReadShmInput(*in_shm[i], t, &shm_budget));
     } else if (raw) {
       if (TotalTypedElements(in.contents()) > 0) {
         return InvalidArgument("input '", in.name(),

@@ -55,8 +55,10 @@ StatusOr<std::optional<SharedMemoryBlock>> ResolveShm(const SharedMemoryManager*
                                                       std::string_view what, const ShmParams& p);
 
 // Copies an input's bytes out of `block` into t.data (one copy: HostTensor owns its bytes).
-// For fixed-size datatypes the block must hold exactly the shape's bytes.
-Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t);
+// For fixed-size datatypes the block must hold exactly the shape's bytes. `budget`: the bytes
+// the request may still read from shared memory (start at SharedMemoryManager::
+// max_input_bytes()); InvalidArgument when the block is larger, else it is reduced.
+Status ReadShmInput(const SharedMemoryBlock& block, HostTensor& t, uint64_t* budget);
 
 // The outputs a request asked for in shared memory, in the order requested.
 struct ShmOutput {
@@ -72,7 +74,8 @@ Status CheckShmOutputsDisjoint(const ShmOutputs& outputs);
 const ShmOutput* FindShmOutput(const ShmOutputs* targets, std::string_view name);
 
 // Writes every response output that has an entry in `targets` into its block.
-// InvalidArgument naming the output and the region when the output does not fit.
+// InvalidArgument naming the output and the region when an output does not fit; then nothing
+// is written (every size is checked before the first write).
 Status WriteShmOutputs(const ShmOutputs& targets, const std::vector<HostTensor>& outputs);
 
 // InvalidArgument if `outputs` is not empty: LLMs (model `model`) answer with text built by

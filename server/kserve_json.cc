@@ -268,6 +268,7 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
     return InvalidArgument("`inputs` must be an array of tensors");
   }
   size_t binary_pos = json_size;
+  uint64_t shm_budget = shm != nullptr ? shm->max_input_bytes() : 0;
   for (size_t i = 0; i < inputs->size(); ++i) {
     const json& in = (*inputs)[i];
     if (!in.is_object()) return InvalidArgument("inputs[", i, "] must be an object");
@@ -333,7 +334,7 @@ StatusOr<JsonInferRequest> DecodeJsonInferRequest(std::string body,
                                "' but also has ", binary_size ? "binary_data_size" : "`data`",
                                "; send one or the other");
       }
-      KILN_RETURN_IF_ERROR(ReadShmInput(*block, t));
+      KILN_RETURN_IF_ERROR(ReadShmInput(*block, t, &shm_budget));
     } else if (binary_size) {
       if (data != in.end()) {
         return InvalidArgument("input '", t.name,

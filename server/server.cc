@@ -69,7 +69,9 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
   core_.limiter = limiter_.get();
   core_.registry = &registry_;
   core_.tracer = tracer_.get();
-  shared_memory_ = std::make_unique<SharedMemoryManager>();
+  // A request reads from shared memory at most what it could send inline.
+  shared_memory_ = std::make_unique<SharedMemoryManager>(static_cast<uint64_t>(
+      std::max(config_.server.grpc.max_message_bytes, config_.server.http.max_body_bytes)));
   core_.shared_memory = shared_memory_.get();
 }
 

@@ -30,14 +30,61 @@ struct SharedMemoryManager::Region {
   std::string key;
   uint64_t offset = 0;
   uint64_t byte_size = 0;
-  void* map_base = nullptr;  // mmap's address: `offset` rounded down to a page
-  size_t map_length = 0;
-  char* data = nullptr;  // the region's first byte
+  int fd = -1;
 
   ~Region() {
-    if (map_base != nullptr) munmap(map_base, map_length);
+    if (fd >= 0) close(fd);
   }
 };
+
+namespace {
+
+// shm_open ignores leading slashes ("/k", "k" and "//k" are one object): the form overlap
+// checks compare.
+std::string CanonicalKey(std::string_view key) {
+  while (key.starts_with('/')) key.remove_prefix(1);
+  return std::string(key);
+}
+
+}  // namespace
+
+StatusOr<std::string> SharedMemoryBlock::Read() const {
+  std::string out(size, '\0');
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n =
+        pread(fd, out.data() + done, size - done, static_cast<off_t>(key_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return InvalidArgument(
+          "shared memory region '", region, "': read ", done, " of ", size, " bytes at offset ",
+          key_offset, " of key '", key, "' (",
+          n < 0 ? std::strerror(errno) : "the object is smaller than when it was registered", ")");
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return out;
+}
+
+Status SharedMemoryBlock::Write(std::string_view bytes) const {
+  if (bytes.size() > size) {
+    return Internal("shared memory region '", region, "': ", bytes.size(),
+                    " bytes into a block of ", size);
+  }
+  uint64_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n =
+        pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(key_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return InvalidArgument("shared memory region '", region, "': wrote ", done, " of ",
+                             bytes.size(), " bytes to key '", key, "' (",
+                             n < 0 ? std::strerror(errno) : "no progress", ")");
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return OkStatus();
+}
 
 SharedMemoryManager::~SharedMemoryManager() { UnregisterAll(); }
 
@@ -58,7 +105,7 @@ Status SharedMemoryManager::Register(const std::string& name, const std::string&
                            "' is already registered; unregister it first");
     }
   }
-  // Opened and mapped outside the lock: other requests keep using the registry meanwhile.
+  // Opened outside the lock: other requests keep using the registry meanwhile.
   const int fd = shm_open(key.c_str(), O_RDWR, 0);
   if (fd < 0) {
     const int err = errno;
@@ -80,22 +127,9 @@ Status SharedMemoryManager::Register(const std::string& name, const std::string&
   region->key = key;
   region->offset = offset;
   region->byte_size = byte_size;
-  // mmap wants a page-aligned file offset; Triton passes `offset` as is and fails otherwise.
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t aligned = offset / page * page;
-  region->map_length = static_cast<size_t>(byte_size + (offset - aligned));
-  void* base = mmap(nullptr, region->map_length, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                    static_cast<off_t>(aligned));
-  const int err = errno;
-  close(fd);  // the mapping keeps the object alive
-  if (base == MAP_FAILED) {
-    return InvalidArgument("shared memory region '", name, "': cannot map ", byte_size,
-                           " bytes of key '", key, "' (mmap: ", std::strerror(err), ")");
-  }
-  region->map_base = base;
-  region->data = static_cast<char*>(base) + (offset - aligned);
+  region->fd = fd;  // closed with the region
   absl::MutexLock lock(&mu_);
-  // Another Register of the same name may have won meanwhile; `region` then unmaps itself.
+  // Another Register of the same name may have won meanwhile; `region` then closes itself.
   if (!regions_.emplace(name, std::move(region)).second) {
     return AlreadyExists("shared memory region '", name,
                          "' is already registered; unregister it first");
@@ -151,11 +185,11 @@ StatusOr<SharedMemoryBlock> SharedMemoryManager::Block(const std::string& name, 
                            "', which has ", region->byte_size, " bytes");
   }
   SharedMemoryBlock b;
-  b.data = region->data + offset;
+  b.fd = region->fd;
   b.size = byte_size;
   b.region = name;
   b.offset = offset;
-  b.key = region->key;
+  b.key = CanonicalKey(region->key);
   b.key_offset = region->offset + offset;
   b.mapping = std::move(region);
   return b;

@@ -5,10 +5,16 @@
 // /v2/systemsharedmemory/...).
 //
 // A region is `byte_size` bytes at `offset` of the shared-memory object `key` (the name a
-// client passed to shm_open, e.g. "/input_simple"). Register maps it (read-write, shared) at
-// once; the mapping lives until the region is unregistered AND no request still holds a
-// SharedMemoryBlock of it, so unregistering while a request is in flight is safe: that
-// request finishes with the old mapping.
+// client passed to shm_open, e.g. "/input_simple"). Register opens it read-write and keeps the
+// descriptor until the region is unregistered AND no request still holds a SharedMemoryBlock
+// of it, so unregistering while a request is in flight is safe: that request finishes with the
+// old descriptor. Blocks are read and written with pread/pwrite, not through a mapping: a
+// client that shrinks its object after registering gets an error on its next request instead
+// of killing the server with SIGBUS.
+//
+// Inputs read from shared memory count against a per-request budget (max_input_bytes: the
+// server's largest inline request), so a client cannot make the server copy tens of gigabytes
+// by registering a large sparse object.
 //
 // Errors name the region: InvalidArgument for bad arguments (empty name or key, zero size, a
 // key that does not exist or cannot be opened read-write, offset + byte_size past the end of
@@ -41,13 +47,19 @@ Status CudaSharedMemoryStatus(const std::string& name);
 
 // `size` bytes of a registered region, valid while this object (or a copy) lives.
 struct SharedMemoryBlock {
-  std::shared_ptr<const void> mapping;  // keeps the region mapped
-  char* data = nullptr;
+  std::shared_ptr<const void> mapping;  // keeps the region's descriptor open
+  int fd = -1;
   uint64_t size = 0;
   std::string region;       // the region's name
   uint64_t offset = 0;      // within the region
   std::string key;          // the shared-memory object and the block's position in it, for
   uint64_t key_offset = 0;  // overlap checks across regions that map the same object
+
+  // The block's bytes. InvalidArgument naming the region if the object shrank since it was
+  // registered (a short read).
+  StatusOr<std::string> Read() const;
+  // Writes `bytes` (at most `size`) at the block's start.
+  Status Write(std::string_view bytes) const;
 };
 
 // InvalidArgument naming both blocks if any two of `blocks` share a byte of the same
@@ -64,7 +76,10 @@ class SharedMemoryManager {
     uint64_t byte_size = 0;
   };
 
-  SharedMemoryManager() = default;
+  // `max_input_bytes`: the most bytes one request may read from shared memory, all its
+  // inputs together.
+  explicit SharedMemoryManager(uint64_t max_input_bytes = 64ull << 20)
+      : max_input_bytes_(max_input_bytes) {}
   // Unregisters everything (mappings still held by blocks stay until those go).
   ~SharedMemoryManager();
   SharedMemoryManager(const SharedMemoryManager&) = delete;
@@ -86,10 +101,12 @@ class SharedMemoryManager {
                                     std::string_view what) const;
 
   size_t size() const;
+  uint64_t max_input_bytes() const { return max_input_bytes_; }
 
  private:
   struct Region;
 
+  const uint64_t max_input_bytes_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const Region>> regions_ ABSL_GUARDED_BY(mu_);
 };

@@ -77,10 +77,55 @@ TEST(SharedMemoryManagerTest, BlocksSeeTheClientsBytesBothWays) {
   std::memcpy(obj.data() + 4096 + 8 + 4, "abcd", 4);
   auto b = m.Block("r", 4, 4, "input 'X'");
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(std::string(b->data, 4), "abcd");
-  std::memcpy(b->data, "wxyz", 4);
+  EXPECT_EQ(*b->Read(), "abcd");
+  ASSERT_TRUE(b->Write("wxyz").ok());
   EXPECT_EQ(std::string(obj.data() + 4096 + 12, 4), "wxyz");
   EXPECT_EQ(b->key_offset, 4096u + 12);
+  EXPECT_FALSE(b->Write("too long").ok());
+}
+
+// A client that shrinks its object after registering gets an error on its next request; the
+// server is not killed by SIGBUS (it reads with pread, not through a mapping).
+TEST(SharedMemoryManagerTest, AnObjectShrunkAfterRegisteringIsAnErrorNotACrash) {
+  ShmObject obj(8192);
+  SharedMemoryManager m;
+  ASSERT_TRUE(m.Register("r", obj.key(), 4096, 4096).ok());
+  const int fd = shm_open(obj.key().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 100), 0);
+  close(fd);
+  auto b = m.Block("r", 0, 64, "input 'X'");
+  ASSERT_TRUE(b.ok());
+  auto r = b->Read();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(Message(r.status()).find("smaller than when it was registered"), std::string::npos)
+      << r.status();
+}
+
+// Inputs read from shared memory count against the request's budget.
+TEST(SharedMemoryManagerTest, InputsAreBoundedByTheRequestBudget) {
+  ShmObject obj(4096);
+  SharedMemoryManager m(/*max_input_bytes=*/1000);
+  EXPECT_EQ(m.max_input_bytes(), 1000u);
+  ASSERT_TRUE(m.Register("r", obj.key(), 0, 4096).ok());
+  uint64_t budget = m.max_input_bytes();
+  HostTensor t{"X", DataType::kUint8, {600}, {}};
+  ASSERT_TRUE(ReadShmInput(*m.Block("r", 0, 600, "input 'X'"), t, &budget).ok());
+  EXPECT_EQ(budget, 400u);
+  Status s = ReadShmInput(*m.Block("r", 600, 600, "input 'Y'"), t, &budget);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(Message(s).find("more than the request may read"), std::string::npos) << s;
+}
+
+// shm_open ignores leading slashes: "/k" and "k" are one object, and overlap checks see that.
+TEST(SharedMemoryManagerTest, OverlapSeesOneObjectUnderTwoSpellings) {
+  ShmObject obj(256);
+  SharedMemoryManager m;
+  ASSERT_TRUE(m.Register("a", obj.key(), 0, 128).ok());
+  ASSERT_TRUE(m.Register("b", obj.key().substr(1), 0, 128).ok());
+  const std::string what[] = {"output 'O0'", "output 'O1'"};
+  SharedMemoryBlock both[] = {*m.Block("a", 0, 16, "x"), *m.Block("b", 8, 16, "x")};
+  EXPECT_EQ(CheckDisjoint(both, what).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(SharedMemoryManagerTest, RegisterErrorsNameTheRegion) {
@@ -124,15 +169,15 @@ TEST(SharedMemoryManagerTest, BlockBoundsAreChecked) {
   EXPECT_NE(Message(s).find("'nope' is not registered"), std::string::npos) << s;
 }
 
-TEST(SharedMemoryManagerTest, AnUnregisteredRegionStaysMappedWhileABlockHoldsIt) {
+TEST(SharedMemoryManagerTest, AnUnregisteredRegionStaysOpenWhileABlockHoldsIt) {
   ShmObject obj(64);
   SharedMemoryManager m;
   ASSERT_TRUE(m.Register("r", obj.key(), 0, 64).ok());
   auto b = m.Block("r", 0, 64, "x");
   ASSERT_TRUE(b.ok());
   m.UnregisterAll();
-  std::memcpy(b->data, "still mapped", 12);  // a use after unmap would fault here
-  EXPECT_EQ(std::string(obj.data(), 12), "still mapped");
+  ASSERT_TRUE(b->Write("still open").ok());  // a closed descriptor would fail here
+  EXPECT_EQ(std::string(obj.data(), 10), "still open");
   ASSERT_TRUE(m.Register("r", obj.key(), 0, 64).ok());  // the name is free again
 }
 

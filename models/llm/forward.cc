@@ -1,7 +1,5 @@
 #include "models/llm/forward.h"
 
-#include "models/lora/lora_dropout.h"
-
 #include <algorithm>
 #include <cmath>
 
@@ -143,14 +141,13 @@ Value ForwardContext::Linear(Value x, Value w, Value bias) {
     for (size_t axis = 1; axis < xs.size(); ++axis) {
       flat = flat * Expr::Int(xs[axis].constant()) + Expr::Index(static_cast<int>(axis));
     }
-    const Expr mask =
-        LoraDropoutMaskExpr(Expr::Load(0, Expr::Int(0), DType::kI64), LoraDropoutModuleId(stem),
-                            flat, lora->dropout);
+    const Expr mask = LoraDropoutMaskExpr(Expr::Load(0, Expr::Int(0), DType::kI64),
+                                          LoraDropoutModuleId(stem), flat, lora->dropout);
     const Value aux[] = {train_.dropout_seed};
     xin = b.Mul(x, b.Named(b.MapIndices(mask, xs, DType::kF32, aux), stem + ".lora_dropout"));
   }
   const Value xa = b.Named(b.Linear(xin, a), stem + ".lora_a");  // [..., r]
-  const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]
+  const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");   // [..., out]
   return b.Add(y, b.MulScalar(d, lora->scale()));
 }
 

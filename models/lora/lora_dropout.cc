@@ -47,8 +47,7 @@ Expr LoraDropoutMaskExpr(const Expr& step_seed, int64_t module_id, const Expr& n
   const Expr h2 = Mod(h1 * h1 + Expr::Int(kC1), P);
   const Expr h3 = Mod(h2 * Expr::Int(kA2) + s, P);
   const Expr h4 = Mod(h3 * h3 + Expr::Int(kC2), P);
-  return Select(Ge(h4, Expr::Int(Threshold(p))), Expr::Const(1.0 / (1.0 - p)),
-                Expr::Const(0.0));
+  return Select(Ge(h4, Expr::Int(Threshold(p))), Expr::Const(1.0 / (1.0 - p)), Expr::Const(0.0));
 }
 
 }  // namespace kiln::models

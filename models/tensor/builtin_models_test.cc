@@ -110,7 +110,8 @@ TEST(BuiltinModelsTest, TheConfigAcceptsEveryBuiltin) {
     auto config = config::ParseConfig(yaml, "t.yaml");
     EXPECT_TRUE(config.ok()) << name << ": " << config.status();
   }
-  auto qa = config::LoadConfigFile(std::string(KILN_SOURCE_DIR) + "/config/examples/triton_qa.yaml");
+  auto qa =
+      config::LoadConfigFile(std::string(KILN_SOURCE_DIR) + "/config/examples/triton_qa.yaml");
   ASSERT_TRUE(qa.ok()) << qa.status();
   std::vector<std::string> served;
   for (const config::ModelConfig& m : qa->models) served.push_back(m.builtin);

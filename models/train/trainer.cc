@@ -134,8 +134,7 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
       const Value outs[] = {logits};
       GradientOptions gopt;
       if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
-      KILN_ASSIGN_OR_RETURN(std::vector<Value> grads,
-                            kiln::Gradients(b, outs, seeds, wrt, gopt));
+      KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt, gopt));
       if (kind == Kind::kGradients) {
         compiled->first_grad_output = static_cast<int>(outputs.size());
         outputs.insert(outputs.end(), grads.begin(), grads.end());
@@ -148,16 +147,19 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
         const Value hyper = b.Input("accumulate.hyper", DType::kF64, {3});  // {1, -1, 1}
         for (size_t i = 0; i < grads.size(); ++i) {
           const TrainableTensor& t = trainable_[i];
-          const Value sum =
-              b.State(AccumulatorName(t.name), DType::kF32, SymShape(t.shape.begin(), t.shape.end()));
+          const Value sum = b.State(AccumulatorName(t.name), DType::kF32,
+                                    SymShape(t.shape.begin(), t.shape.end()));
           outputs.push_back(b.OptimizerStep(sum, grads[i], {}, hyper, Value{}, add).param);
         }
       }
     }
   }
   KILN_RETURN_IF_ERROR(b.status());
-  static constexpr const char* kLabels[] = {" (loss)",          " (gradients)", " (training step)",
-                                            " (logits)",        " (accumulate gradients)",
+  static constexpr const char* kLabels[] = {" (loss)",
+                                            " (gradients)",
+                                            " (training step)",
+                                            " (logits)",
+                                            " (accumulate gradients)",
                                             " (optimizer step)"};
   compiler::CompilerOptions copts;
   copts.label = Cat(parts_.info.name, kLabels[static_cast<size_t>(kind)]);
@@ -506,9 +508,8 @@ StatusOr<TrainStepResult> Trainer::Step(std::span<const TrainBatch> micro_batche
   TrainStepResult r;
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     if (counts[i] == 0) continue;  // adds nothing
-    KILN_ASSIGN_OR_RETURN(TrainStepResult part,
-                          Run(Kind::kAccumulate, micro_batches[i], lr, nullptr, total,
-                              static_cast<int64_t>(i)));
+    KILN_ASSIGN_OR_RETURN(TrainStepResult part, Run(Kind::kAccumulate, micro_batches[i], lr,
+                                                    nullptr, total, static_cast<int64_t>(i)));
     r.loss += part.loss;  // each part is its tokens' loss sum / total
     r.tokens += part.tokens;
   }

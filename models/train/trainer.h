@@ -131,8 +131,8 @@ class Trainer {
   // counted tokens the loss is normalised by (0: the batch's own). `micro_batch`: its index
   // within the step (LoRA dropout's masks differ per micro-batch).
   StatusOr<TrainStepResult> Run(Kind kind, const TrainBatch& batch, double lr,
-                                std::map<std::string, std::vector<float>>* out,
-                                int64_t count = 0, int64_t micro_batch = 0);
+                                std::map<std::string, std::vector<float>>* out, int64_t count = 0,
+                                int64_t micro_batch = 0);
   // Checks a batch's shape and token ids; returns its counted tokens.
   StatusOr<int64_t> CheckBatch(const TrainBatch& batch) const;
   // Binds what a compiled program names (weights, States, inputs), allocating on first use.

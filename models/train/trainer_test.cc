@@ -618,9 +618,10 @@ TEST_P(TrainerAccumulationTest, MicroBatchesGiveTheWholeBatchStep) {
   }
   // Adam's steps are about lr * sign(g): rounding differences in tiny gradients amplify.
   EXPECT_LE(worst_param, 1e-5);
-  std::printf("%s, 10 steps over 3 micro-batches vs the whole batch: worst relative difference "
-              "%.2e (loss), %.2e (grad norm), %.2e (parameters)\n",
-              full ? "full" : "lora", worst_loss, worst_norm, worst_param);
+  std::printf(
+      "%s, 10 steps over 3 micro-batches vs the whole batch: worst relative difference "
+      "%.2e (loss), %.2e (grad norm), %.2e (parameters)\n",
+      full ? "full" : "lora", worst_loss, worst_norm, worst_param);
 
   // Bad micro-batches: the step is refused, nothing changes.
   const std::vector<float> before = *micro->Read(micro->trainable()[0].name);

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "engine/base/json_parse.h"
 #include "scheduler/generation.h"
 #include "server/kserve_json.h"
 #include "server/llm/http_stream.h"
@@ -96,9 +97,13 @@ json ParametersJson(const inference::ModelInferRequest& wire) {
         break;
       case inference::InferParameter::kStringParam: {
         // A list (stop) arrives as a JSON string; anything else stays a (lenient) string.
+        // Parsed by the one client-JSON parser, so its nesting is bounded (json_parse.h).
         const std::string& s = value.string_param();
-        json parsed = json::parse(s, nullptr, /*allow_exceptions=*/false);
-        out[key] = !parsed.is_discarded() && parsed.is_array() ? parsed : json(s);
+        out[key] = s;
+        if (s.starts_with('[')) {
+          StatusOr<json> parsed = ParseJsonObject(StrCat("{\"v\":", s, "}"), "");
+          if (parsed.ok() && (*parsed)["v"].is_array()) out[key] = std::move((*parsed)["v"]);
+        }
         break;
       }
       default:

@@ -130,3 +130,23 @@ def test_the_daemon_serves_on_after_the_corpus(kilnd):
                    {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [2] * 16}]}))
     assert r.status_code == 200, r.text
     assert r.json()["outputs"][0]["data"] == [3] * 16
+
+
+def test_deep_json_in_a_grpc_parameter_does_not_crash(kilnd):
+    """A KServe LLM request's string parameters may hold JSON (a `stop` list): 100,000 levels
+    of nesting there is taken as a plain string, never walked recursively."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(kilnd.grpc_url))
+    req = service_pb2.ModelInferRequest(model_name=MODEL)
+    req.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text = b"Hi"
+    req.raw_input_contents.append(len(text).to_bytes(4, "little") + text)
+    req.parameters["stop"].string_param = "[" * DEEP + "]" * DEEP
+    req.parameters["max_tokens"].int64_param = 2
+    try:
+        stub.ModelInfer(req, timeout=60)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+    r = requests.get(f"{kilnd.base}/v2/health/ready", timeout=30)
+    assert r.status_code == 200
