@@ -335,7 +335,10 @@ class GpuQueue final : public devk::Queue {
                            c.lse != nullptr ? static_cast<float*>(c.lse->data) : nullptr},
                           [this](size_t bytes) { return Scratch(bytes); });
     }
-    if (st.ok()) return true;
+    if (st.ok()) {
+      dev_->CountSdpaCall();
+      return true;
+    }
     // Not retried on this stream: the template runs from now on.
     sdpa_failed_ = true;
     spdlog::warn("cuda: cuDNN SDPA for {}: {}; using Kiln's attention kernel", key.Describe(),
@@ -737,6 +740,7 @@ compiler::CompileCounters GpuDevice::counters() const {
 void* GpuDevice::GetExtension(std::string_view name) {
   if (name == compiler::kTargetExtension) return static_cast<compiler::Target*>(this);
   if (name == "gpu.device_info") return &info_;
+  if (name == "gpu.sdpa_calls") return &sdpa_calls_;
   return nullptr;
 }
 

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -150,6 +152,12 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
   REQUIRE_SDPA_BUILT();
   if (!GetGpu().backend) GTEST_SKIP() << "no CUDA device: " << GetGpu().why_none;
   backend::Device& dev = *GetGpu().backend->device(0);
+  // Before the first attention launch (the backend reads it once): the bf16/f16 programs below
+  // then run their attention through cuDNN; the f32 reference does not qualify.
+  setenv("KILN_CUDNN_SDPA", "1", 1);
+  const auto* sdpa_calls =
+      static_cast<const std::atomic<int64_t>*>(dev.GetExtension("gpu.sdpa_calls"));
+  ASSERT_NE(sdpa_calls, nullptr);
   for (DType t : {DType::kBF16, DType::kF16}) {
     SdpaKey key = SmolLm2(t);
     key.q_len = key.kv_len = 256;
@@ -226,6 +234,28 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
       EXPECT_LT(err, tolerance[i]) << names[i] << " " << key.Describe();
     }
     EXPECT_EQ((*runner)->graphs_built(), 2);
+
+    // The wired path: Kiln's attention op in the SDPA dtype, which the backend hands to cuDNN.
+    Graph wg;
+    Builder wb(&wg);
+    const AttentionOutputs watt =
+        wb.AttentionWithLse(wb.Input("q", t, Dims(q_shape)), wb.Input("k", t, Dims(kv_shape)),
+                            wb.Input("v", t, Dims(kv_shape)), {key.scale, attn::CausalMask(), {}});
+    auto wprog = Compile(wg, {watt.out, watt.lse}, dev);
+    ASSERT_TRUE(wprog.ok()) << wprog.status();
+    ASSERT_TRUE((*wprog)->Bind("q", q).ok());
+    ASSERT_TRUE((*wprog)->Bind("k", k).ok());
+    ASSERT_TRUE((*wprog)->Bind("v", v).ok());
+    const int64_t calls_before = sdpa_calls->load();
+    ASSERT_TRUE((*wprog)->Run(**stream).ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    EXPECT_EQ(sdpa_calls->load(), calls_before + 1) << "the attention op did not run cuDNN";
+    for (int i = 0; i < 2; ++i) {
+      const double err =
+          RelError(*(*wprog)->Output(i)->ToDoubles(), *(*prog)->Output(i)->ToDoubles());
+      std::printf("%s wired %s: max error / max |kiln| = %.3g\n", DTypeName(t), names[i], err);
+      EXPECT_LT(err, tolerance[i]) << "wired " << names[i] << " " << key.Describe();
+    }
     for (void* p : workspaces) cudaFree(p);
     cudaStreamDestroy(s);
   }
