@@ -51,3 +51,20 @@ if [ "${KILN_SKIP_PY:-0}" != 1 ]; then
     echo "$want" > "$stamp"
   fi
 fi
+
+# cudnn-frontend's C++ headers (header-only; cuDNN SDPA in backends/gpu/gpu_sdpa.cc), taken from
+# the `include/` folder of NVIDIA's PyPI wheel into a cache outside the repository. CMake looks
+# for them there (KILN_CUDNN_FRONTEND_INCLUDE); libcudnn itself is opened at run time.
+CUDNN_FE_VERSION=1.32.0
+deps_cache=${KILN_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kiln}
+fe_dir="$deps_cache/cudnn-frontend-$CUDNN_FE_VERSION"
+if [ "${KILN_SKIP_PY:-0}" != 1 ] && [ ! -f "$fe_dir/include/cudnn_frontend.h" ]; then
+  echo "install-deps: cudnn-frontend $CUDNN_FE_VERSION headers into $fe_dir"
+  tmp=$(mktemp -d)
+  .venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
+    "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" -d "$tmp"
+  .venv/bin/python -m zipfile -e "$tmp"/nvidia_cudnn_frontend-*.whl "$tmp/wheel"
+  rm -rf "$fe_dir.partial" && mv "$tmp/wheel/include" "$fe_dir.partial"
+  mkdir -p "$fe_dir" && rm -rf "$fe_dir/include" && mv "$fe_dir.partial" "$fe_dir/include"
+  rm -rf "$tmp"
+fi

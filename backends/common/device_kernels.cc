@@ -604,6 +604,7 @@ struct AttnData {
   bool lse = false;  // dense attention's second output, the log-sum-exp
   int num_aux = 0;
   double scale = 0;
+  bool library = false;  // causal, no score_mod, no aux: Queue::Attention may run it
 };
 
 void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
@@ -611,6 +612,9 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   const KernelHost& dev = *ex.host;
   const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
+  if (d.library && ex.Attention({&q, &k, &v, &o, d.lse ? &a.extra_outputs[0] : nullptr, d.scale})) {
+    return;
+  }
   const int fixed = d.paged ? 6 : 3;
   Args args;
   const int64_t oo = args.Mem(dev, o.data), qo = args.Mem(dev, q.data), ko = args.Mem(dev, k.data),
@@ -775,6 +779,7 @@ StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRe
   data->lse = lse;
   data->num_aux = num_aux;
   data->scale = at.floats[0];
+  data->library = !paged && num_aux == 0 && !at.expr[1] && at.expr[0] == attn::CausalMask();
   data->slot =
       dev.DeclareKernel(paged ? "paged_attn" : "attn",
                         d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));

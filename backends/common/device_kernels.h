@@ -109,6 +109,19 @@ struct GemmCall {
   size_t batch = 1, m = 0, n = 0, k = 0;
 };
 
+// Dense attention offered to a library (cuDNN SDPA) before the template runs: the launcher's
+// tensors, q [B,Hq,T,D], k/v [B,Hkv,S,D], out [B,Hq,T,D], lse [B,Hq,T] (null without it), as
+// the node has them (any dtype, any strides: the host checks what it handles). Offered only
+// when the node has no score_mod, no aux tensors, and its mask is attn::CausalMask().
+struct AttentionCall {
+  const TensorArg* q = nullptr;
+  const TensorArg* k = nullptr;
+  const TensorArg* v = nullptr;
+  const TensorArg* out = nullptr;
+  const TensorArg* lse = nullptr;
+  double scale = 0;
+};
+
 // What a device's Stream hands kernels as ExecCtx::native_stream while it runs launches.
 class Queue {
  public:
@@ -136,6 +149,12 @@ class Queue {
   // Runs `call` through the host's BLAS; false when the host has none for it or declines
   // (the caller falls back to its own kernel).
   virtual bool Gemm(const GemmCall& call) {
+    (void)call;
+    return false;
+  }
+  // Runs causal dense attention through the host's library; false when the host has none or
+  // declines (the caller runs the template).
+  virtual bool Attention(const AttentionCall& call) {
     (void)call;
     return false;
   }

@@ -13,6 +13,7 @@
 #include "backends/common/cl_sources.h"
 #include "backends/cuda/nvrtc.h"
 #include "backends/gpu/gpu_blas.h"
+#include "backends/gpu/gpu_sdpa.h"
 #include "engine/compiler/hash.h"
 #include "engine/ops.h"
 #include "spdlog/spdlog.h"
@@ -282,6 +283,69 @@ class GpuQueue final : public devk::Queue {
     return false;
   }
 
+  // Causal prefill attention through cuDNN SDPA, only with KILN_CUDNN_SDPA=1 (not yet checked on
+  // a GPU): f16/bf16, dense row-major tensors, head dim 64 or 128, not while capturing (building
+  // a graph is not capturable). Anything else, or any cuDNN error, runs Kiln's template.
+  bool Attention(const devk::AttentionCall& c) override {
+    static const bool enabled = [] {
+      const char* e = std::getenv("KILN_CUDNN_SDPA");
+      return e != nullptr && std::string_view(e) == "1";
+    }();
+    if (!enabled || !status.ok() || sdpa_failed_) return false;
+    const TensorArg &q = *c.q, &k = *c.k, &v = *c.v, &o = *c.out;
+    const auto dense = [](const TensorArg& t) {
+      int64_t stride = 1;
+      for (int i = t.rank - 1; i >= 0; --i) {
+        if (t.shape[i] != 1 && t.strides[i] != stride) return false;
+        stride *= t.shape[i];
+      }
+      return true;
+    };
+    if (q.rank != 4 || k.rank != 4 || v.rank != 4 || o.rank != 4 || k.dtype != q.dtype ||
+        v.dtype != q.dtype || o.dtype != q.dtype || v.shape[3] != q.shape[3] || !dense(q) ||
+        !dense(k) || !dense(v) || !dense(o) ||
+        (c.lse != nullptr && (c.lse->dtype != DType::kF32 || !dense(*c.lse)))) {
+      return false;
+    }
+    const SdpaKey key = {.batch = q.shape[0],
+                         .q_heads = q.shape[1],
+                         .kv_heads = k.shape[1],
+                         .q_len = q.shape[2],
+                         .kv_len = k.shape[2],
+                         .head_dim = q.shape[3],
+                         .dtype = q.dtype,
+                         .causal = true,
+                         .stats = c.lse != nullptr,
+                         .scale = static_cast<float>(c.scale)};
+    if (!SdpaSupports(key).ok()) return false;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      return false;
+    }
+    Status st = OkStatus();
+    if (sdpa_ == nullptr) {
+      StatusOr<std::unique_ptr<SdpaRunner>> r = SdpaRunner::Create(stream_);
+      if (r.ok()) sdpa_ = *std::move(r);
+      st = r.status();
+    }
+    if (st.ok()) {
+      st = sdpa_->Forward(key,
+                          {q.data, k.data, v.data, o.data,
+                           c.lse != nullptr ? static_cast<float*>(c.lse->data) : nullptr},
+                          [this](size_t bytes) { return Scratch(bytes); });
+    }
+    if (st.ok()) {
+      dev_->CountSdpaCall();
+      return true;
+    }
+    // Not retried on this stream: the template runs from now on.
+    sdpa_failed_ = true;
+    spdlog::warn("cuda: cuDNN SDPA for {}: {}; using Kiln's attention kernel", key.Describe(),
+                 StatusMessage(st));
+    return false;
+  }
+
   // Grow-only: a buffer stays alive until the stream goes (work in flight or captured in a
   // graph may still use it).
   void* Scratch(size_t bytes) override {
@@ -294,12 +358,15 @@ class GpuQueue final : public devk::Queue {
   }
 
   void set_blas(BlasHandle* b) { blas_ = b; }
+  void ReleaseSdpa() { sdpa_.reset(); }
 
  private:
   GpuDevice* dev_;
   cudaStream_t stream_;
   BlasHandle* blas_ = nullptr;
   std::vector<std::unique_ptr<backend::Buffer>> scratch_;
+  std::unique_ptr<SdpaRunner> sdpa_;  // created at the first SDPA call
+  bool sdpa_failed_ = false;
 };
 
 class GpuEvent final : public backend::Event {
@@ -349,6 +416,7 @@ class GpuStream final : public backend::Stream {
     }
     cudaStreamSynchronize(stream_);
     blas_.reset();
+    queue_.ReleaseSdpa();  // its cuDNN handle is bound to the stream
     cudaStreamDestroy(stream_);
   }
   backend::Device& device() override { return *dev_; }
@@ -672,6 +740,7 @@ compiler::CompileCounters GpuDevice::counters() const {
 void* GpuDevice::GetExtension(std::string_view name) {
   if (name == compiler::kTargetExtension) return static_cast<compiler::Target*>(this);
   if (name == "gpu.device_info") return &info_;
+  if (name == "gpu.sdpa_calls") return &sdpa_calls_;
   return nullptr;
 }
 

@@ -99,7 +99,9 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   StatusOr<backend::DeviceMemoryInfo> MemoryInfo() override;
   StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
   bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
-  // "gpu.device_info" -> const DeviceInfo*; compiler::kTargetExtension -> compiler::Target*;
+  // "gpu.device_info" -> const DeviceInfo*; "gpu.sdpa_calls" -> const std::atomic<int64_t>*
+  // (attention launches cuDNN SDPA ran, KILN_CUDNN_SDPA=1); compiler::kTargetExtension ->
+  // compiler::Target*;
   // backend::kMatMulMixedRhsExtension is not offered (the compiler casts such operands).
   void* GetExtension(std::string_view name) override;
 
@@ -144,6 +146,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   // then (it would invalidate the capture), so it allocates new blocks instead.
   void CaptureBegan() { capturing_.fetch_add(1); }
   void CaptureEnded() { capturing_.fetch_sub(1); }
+  void CountSdpaCall() { sdpa_calls_.fetch_add(1); }
 
  private:
   GpuDevice() = default;
@@ -165,6 +168,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   std::vector<std::pair<size_t, void*>> parked_;  // released, maybe still in use by the device
   AllocatorStats astats_;
   std::atomic<int> capturing_{0};
+  std::atomic<int64_t> sdpa_calls_{0};
 
   // Kernels and programs.
   mutable absl::Mutex mu_;

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Packs what tests/gpu/device_check.sh runs on a GPU machine into one archive: the GPU test
 # binaries, the `kiln` CLI, kilnd and every shared library they load from this machine (not glibc,
-# not the GPU driver; NVRTC and cuBLAS come from the GPU machine's CUDA toolkit). The archive
+# not the GPU driver; NVRTC, cuBLAS and cuDNN (hundreds of MB) come from the GPU machine's CUDA
+# toolkit). The archive
 # travels with the working tree to a lent GPU machine (see docs/gpu.md).
 #
 #   tests/gpu/bundle.sh BUILD_DIR OUT_DIR      -> OUT_DIR/kiln-gpu-bundle.tar.xz
 set -euo pipefail
 build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
-bins=(backends/gpu/gpu_harness_test backends/device_interface_test bin/kiln server/kilnd)
+bins=(backends/gpu/gpu_harness_test backends/gpu/gpu_sdpa_test backends/device_interface_test
+  bin/kiln server/kilnd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$out"

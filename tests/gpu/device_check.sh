@@ -54,6 +54,9 @@ check gpu_harness_test timeout 240 "$bin/gpu_harness_test" --gtest_brief=0
 grep -E "cases passed|sm_|SKIPPED" "$out/gpu_harness_test.log" | head -20
 check gpu_tests_ran bash -c "! grep -q SKIPPED '$out/gpu_harness_test.log'"
 check device_interface_test timeout 120 "$bin/device_interface_test"
+# cuDNN SDPA against Kiln's attention; skips (saying why) where the machine has no libcudnn.
+check gpu_sdpa_test timeout 240 "$bin/gpu_sdpa_test" --gtest_brief=0
+grep -E "max error|SKIPPED|Skipped|cuDNN" "$out/gpu_sdpa_test.log" | head -20
 model=tests/fixtures/models/llama_gqa_f32
 for be in ref cuda; do
   check "generate_$be" timeout 60 bash -c "'$bin/kiln' generate --model $model --max-tokens 24 \
