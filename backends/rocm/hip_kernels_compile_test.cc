@@ -28,7 +28,7 @@ TEST(HipKernelsCompileTest, EveryHarnessKernelAndStepProgramCompilesForGfx90a) {
   StatusOr<const Hiprtc*> rtc = Hiprtc::Load();
   std::string compiler;
   if (rtc.ok()) {
-    compiler = StrCat("hiprtc ", (*rtc)->version(), " (", (*rtc)->path(), ")");
+    compiler = StrCat("hiprtc (", (*rtc)->path(), ", hiprtcVersion ", (*rtc)->version(), ")");
   } else if (StatusOr<std::string> hipcc = FindHipcc(&compiler); !hipcc.ok()) {
     GTEST_SKIP() << "neither hiprtc nor hipcc installed: " << rtc.status().message() << "; "
                  << hipcc.status().message();

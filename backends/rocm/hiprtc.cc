@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <string_view>
 
 #include "absl/strings/str_join.h"
 
@@ -29,9 +30,12 @@ StatusOr<const Hiprtc*> Hiprtc::Load() {
   static StatusOr<const Hiprtc*>* result = nullptr;
   std::call_once(once, [] {
     std::vector<std::string> candidates;
-    if (const char* p = std::getenv("KILN_HIPRTC"); p != nullptr && *p != '\0') {
-      candidates.push_back(p);
+    const char* env = std::getenv("KILN_HIPRTC");
+    if (env != nullptr && std::string_view(env) == "none") {
+      result = new StatusOr<const Hiprtc*>(Unavailable("hiprtc disabled (KILN_HIPRTC=none)"));
+      return;
     }
+    if (env != nullptr && *env != '\0') candidates.push_back(env);
     for (const char* n : {"libhiprtc.so", "libhiprtc.so.6", "libamdhip64.so", "libamdhip64.so.5"}) {
       candidates.push_back(n);
     }

@@ -6,7 +6,7 @@
 //
 // Library search: $KILN_HIPRTC (a path), then the loader's path: libhiprtc.so (ROCm 6 and
 // later), libhiprtc.so.6, libamdhip64.so, libamdhip64.so.5 (ROCm 5 keeps hiprtc inside the HIP
-// runtime; Debian: apt install libamdhip64-dev).
+// runtime; Debian: apt install libamdhip64-dev). KILN_HIPRTC=none: not loaded.
 //
 // Thread-safety: Load() is thread-safe (once per process); Compile is thread-safe (programs
 // are independent).

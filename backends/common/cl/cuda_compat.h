@@ -33,6 +33,7 @@ typedef unsigned short half;  // storage only (OpenCL without cl_khr_fp16)
 
 #define __kernel extern "C" __global__
 #define __global
+#undef __local  // hipcc's device library headers define it (an address space)
 #define __local __shared__
 #define __constant __constant__
 #define CLK_LOCAL_MEM_FENCE 1
