@@ -12,9 +12,11 @@
 // are independent).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backends/host/rtc.h"
 #include "engine/base/status.h"
 
 namespace kiln::rocm {
@@ -37,8 +39,7 @@ class Hiprtc {
  private:
   Hiprtc() = default;
   std::string version_, path_;
-  struct Api;
-  Api* api_ = nullptr;
+  std::unique_ptr<host::RuntimeCompiler> rtc_;
 };
 
 }  // namespace kiln::rocm

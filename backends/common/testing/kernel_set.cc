@@ -119,6 +119,16 @@ StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host) {
   // Compiles the step program (SetOptimizerState compiles it first; no state, nothing runs).
   KILN_RETURN_IF_ERROR(trainer->SetOptimizerState({}, 0));
   n.training_kernels = host.kernels.size() - n.harness_kernels - n.step_kernels;
+  // What the compile tests rely on: a set that covers each source.
+  if (n.harness_kernels <= 100 || host.library.empty()) {
+    return Internal("the op harness declared ", n.harness_kernels, " kernels and ",
+                    host.library.size(), " of the library; expected more than 100 and some");
+  }
+  if (n.step_kernels == 0 || n.training_kernels == 0) {
+    return Internal("SmolLM2's step declared ", n.step_kernels, " kernels of its own and ",
+                    n.training_model, "'s training step ", n.training_kernels,
+                    "; expected fused kernels of their own");
+  }
   return n;
 }
 

@@ -73,7 +73,8 @@ struct KernelSetCounts {
 // declare the kernels of 30) with Q4_1 and f16 weights, and the training step (forward,
 // backward, AdamW; LoRA on every linear layer) of the default SmolLM2 GGUF
 // (.kiln/models, models/io/test_paths.h) or, without it, of the tiny fixture
-// tests/fixtures/models/llama_gqa_f32. Errors: a step program that does not compile.
+// tests/fixtures/models/llama_gqa_f32. Errors: a step program that does not compile; no more
+// than 100 harness kernels, no library kernel, or a step without fused kernels of its own.
 StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host);
 
 // The two programs a GPU device builds from what `host` declared: the kernel library and the
