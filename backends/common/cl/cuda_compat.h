@@ -5,8 +5,8 @@
 // backend builds, which NVRTC compiles with -default-device (functions without an execution
 // space are __device__); under HIP (__HIP__: hiprtc or hipcc) clang's force_cuda_host_device
 // pragma does that. So the library's sources are the xpu backend's, unchanged: one kernel
-// source for OpenCL, CUDA and HIP. The only other vendor branch is the half conversions
-// (PTX's cvt on CUDA, clang's _Float16 on HIP).
+// source for OpenCL, CUDA and HIP. The other vendor branches: the half conversions (PTX's cvt
+// on CUDA, clang's _Float16 on HIP) and two names HIP's headers take already (`half`, `__local`).
 //
 // Semantics kept: OpenCL's `long` is 64 bits (as CUDA's `long` on LP64 hosts); the
 // convert_*_sat_rtz conversions truncate, saturate and map NaN to 0; vload_half/vstore_half_rte
