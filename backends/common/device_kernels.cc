@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "backends/common/cl_sources.h"
+#include "engine/compiler/hash.h"
 #include "engine/ops.h"
 #include "spdlog/spdlog.h"
 
@@ -1064,6 +1065,19 @@ std::string ProgramPrelude(size_t work_group, bool fp64) {
     absl::StrAppend(&s, "#define DT_", n, " ", t, "\n");
   }
   return s + kClPrelude;
+}
+
+std::string GpuProgramSource(compiler::Dialect dialect, bool library, size_t work_group,
+                             std::span<const std::string> kernels) {
+  std::string s = absl::StrCat(kClCudaCompat, "\n", ProgramPrelude(work_group, true));
+  if (library) return s + kClLibrary;
+  s += compiler::Preamble(dialect);
+  for (const std::string& k : kernels) absl::StrAppend(&s, "\n", k, "\n");
+  return s;
+}
+
+std::string TemplateKernelName(std::string_view prefix, std::string_view source) {
+  return absl::StrCat(ToAbsl(prefix), "_", compiler::Sha256Hex(source).substr(0, 16));
 }
 
 StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& req) {

@@ -234,4 +234,14 @@ std::string NameKernel(std::string_view source, std::string_view name);
 // cl/prelude.cl.
 std::string ProgramPrelude(size_t work_group, bool fp64);
 
+// The source of one program of a CUDA or HIP device (`dialect` kCuda or kHip): cl/cuda_compat.h
+// (OpenCL C names on CUDA and HIP), the prelude (f64 on), then the kernel library (`library`)
+// or the printer's preamble in `dialect` and each of `kernels` (the sources of declared
+// kernels). What the gpu backend builds and the kernel compile tests compile.
+std::string GpuProgramSource(compiler::Dialect dialect, bool library, size_t work_group,
+                             std::span<const std::string> kernels);
+// The name a GPU device gives a template declared with `prefix` and `source`: the prefix and
+// the source's hash, so equal templates share one kernel.
+std::string TemplateKernelName(std::string_view prefix, std::string_view source);
+
 }  // namespace kiln::devk

@@ -11,9 +11,11 @@
 // (NVRTC programs are independent).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "backends/host/rtc.h"
 #include "engine/base/status.h"
 
 namespace kiln::cuda {
@@ -43,9 +45,7 @@ class Nvrtc {
                                 const std::string& arch, const std::vector<std::string>& options,
                                 bool cubin) const;
   std::string version_, path_;
-  void* handle_ = nullptr;
-  struct Api;
-  Api* api_ = nullptr;
+  std::unique_ptr<host::RuntimeCompiler> rtc_;
 };
 
 }  // namespace kiln::cuda

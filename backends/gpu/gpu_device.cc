@@ -10,7 +10,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "backends/common/cl_sources.h"
 #include "backends/cuda/nvrtc.h"
 #include "backends/gpu/gpu_blas.h"
 #include "backends/gpu/gpu_sdpa.h"
@@ -587,7 +586,7 @@ devk::KernelSlot* GpuDevice::Declare(std::string name, std::string source, int g
 }
 
 devk::KernelSlot* GpuDevice::DeclareKernel(std::string_view prefix, std::string_view source) {
-  std::string name = TemplateKernelName(prefix, source);
+  std::string name = devk::TemplateKernelName(prefix, source);
   std::string src = devk::NameKernel(source, name);
   return Declare(std::move(name), std::move(src), kGenerated);
 }
@@ -598,18 +597,6 @@ devk::KernelSlot* GpuDevice::DeclareGenerated(const compiler::GeneratedKernel& k
 
 devk::KernelSlot* GpuDevice::LibraryKernel(std::string_view name) {
   return Declare(std::string(name), "", kLibrary);
-}
-
-std::string TemplateKernelName(std::string_view prefix, std::string_view source) {
-  return absl::StrCat(ToAbsl(prefix), "_", compiler::Sha256Hex(source).substr(0, 16));
-}
-
-std::string ProgramSource(bool library, size_t work_group, std::span<const std::string> kernels) {
-  std::string s = absl::StrCat(devk::kClCudaCompat, "\n", devk::ProgramPrelude(work_group, true));
-  if (library) return s + devk::kClLibrary;
-  s += compiler::Preamble(compiler::Dialect::kCuda);
-  for (const std::string& k : kernels) absl::StrAppend(&s, "\n", k, "\n");
-  return s;
 }
 
 std::vector<std::string> NvrtcOptions() {
@@ -653,7 +640,8 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
   if (lib == nullptr) {
     std::vector<std::string> kernels;
     for (GpuKernelSlot* k : batch) kernels.push_back(k->source());
-    const std::string source = ProgramSource(group == kLibrary, work_group(), kernels);
+    const std::string source =
+        devk::GpuProgramSource(compiler::Dialect::kCuda, group == kLibrary, work_group(), kernels);
     if (const char* dump = std::getenv("KILN_GPU_DUMP_SOURCES"); dump != nullptr && *dump) {
       std::ofstream(absl::StrCat(dump, "/", compiler::Sha256Hex(source).substr(0, 16), ".cu"))
           << source;

@@ -75,12 +75,6 @@ struct GpuOptions {
   std::string cache_dir;
 };
 
-// The CUDA source of one program, as GpuDevice builds it: cl/cuda_compat.h, the prelude
-// (devk::ProgramPrelude), then the kernel library (`library`) or the printer's CUDA preamble
-// and each of `kernels` (the sources of declared kernels). Public for the compile test.
-std::string ProgramSource(bool library, size_t work_group, std::span<const std::string> kernels);
-// The name GpuDevice gives a template declared with `prefix` and `source`.
-std::string TemplateKernelName(std::string_view prefix, std::string_view source);
 // NVRTC's options for every program (besides the architecture and -default-device).
 std::vector<std::string> NvrtcOptions();
 

@@ -1,8 +1,12 @@
-// OpenCL C on CUDA (and HIP): the few OpenCL C names the device kernel library
+// OpenCL C on CUDA and HIP: the few OpenCL C names the device kernel library
 // (backends/common/cl/*.cl) and the printer's OpenCL-free device dialect rely on, mapped to
-// CUDA's. Prepended to every program the gpu backend builds, which NVRTC compiles with
-// -default-device (functions without an execution space are __device__), so the library's
-// sources are the xpu backend's, unchanged: one kernel source for OpenCL, CUDA and HIP.
+// CUDA's — which HIP spells the same (threadIdx, __shared__, __syncthreads, the bit-cast
+// intrinsics), as ggml's ggml-cuda/vendors/hip.h relies on. Prepended to every program the gpu
+// backend builds, which NVRTC compiles with -default-device (functions without an execution
+// space are __device__); under HIP (__HIP__: hiprtc or hipcc) clang's force_cuda_host_device
+// pragma does that. So the library's sources are the xpu backend's, unchanged: one kernel
+// source for OpenCL, CUDA and HIP. The other vendor branches: the half conversions (PTX's cvt
+// on CUDA, clang's _Float16 on HIP) and two names HIP's headers take already (`half`, `__local`).
 //
 // Semantics kept: OpenCL's `long` is 64 bits (as CUDA's `long` on LP64 hosts); the
 // convert_*_sat_rtz conversions truncate, saturate and map NaN to 0; vload_half/vstore_half_rte
@@ -10,14 +14,26 @@
 // local and group ids of dimensions 0..2 exist.
 #pragma once
 
+#if defined(__HIP__)
+#if !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>  // hiprtc includes it itself
+#endif
+// Functions without an execution space are __host__ __device__ to the end of the program.
+#pragma clang force_cuda_host_device begin
+#endif
+
 typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
+#if defined(__HIP__)
+#define half kiln_cl_half  // HIP's hip_fp16.h has a `half` of its own
+#endif
 typedef unsigned short half;  // storage only (OpenCL without cl_khr_fp16)
 
 #define __kernel extern "C" __global__
 #define __global
+#undef __local  // hipcc's device library headers define it (an address space)
 #define __local __shared__
 #define __constant __constant__
 #define CLK_LOCAL_MEM_FENCE 1
@@ -54,7 +70,15 @@ __device__ __forceinline__ double as_double(ulong x) { return __longlong_as_doub
 __device__ __forceinline__ long as_long(double x) { return __double_as_longlong(x); }
 __device__ __forceinline__ ulong as_ulong(double x) { return (ulong)__double_as_longlong(x); }
 
-// Half storage.
+// Half storage: exact widening, narrowing rounded to nearest even.
+#if defined(__HIP__)
+__device__ __forceinline__ float vload_half(long i, const half* p) {
+  return (float)__builtin_bit_cast(_Float16, p[i]);
+}
+__device__ __forceinline__ void vstore_half_rte(float v, long i, half* p) {
+  p[i] = __builtin_bit_cast(unsigned short, (_Float16)v);
+}
+#else
 __device__ __forceinline__ float vload_half(long i, const half* p) {
   float f;
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i]));
@@ -65,6 +89,7 @@ __device__ __forceinline__ void vstore_half_rte(float v, long i, half* p) {
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
   p[i] = h;
 }
+#endif
 
 // Saturating conversions toward zero; NaN gives 0.
 #define KILN_CL_SAT(NAME, T, LO, HI)                                           \
