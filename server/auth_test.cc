@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -21,8 +22,12 @@ constexpr std::string_view kInferenceKey = "sk-infer-0123456789";
 constexpr std::string_view kInferenceSha =
     "c595a4b63413fbdeaa7b0675c554527bdfc42c144750d56fd18f8fc09f2cd65b";
 
+// Per test and process: ctest runs the cases of this file in parallel, each in a process of
+// its own, and they must not rewrite each other's key files.
 std::string TempPath(std::string_view name) {
-  return StrCat(::testing::TempDir(), "kiln_auth_test_", name);
+  return StrCat(::testing::TempDir(), "kiln_auth_test_",
+                ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_", getpid(), "_",
+                name);
 }
 
 void WriteFile(const std::string& path, std::string_view content) {
