@@ -262,7 +262,11 @@ def test_tensor_model_spans_and_tracing_off(start_kilnd):
             "POST /v2/models/{model}/infer"} <= {s[0] for s in spans}
     roots = {s[1] for s in spans if s[0] == "POST /v2/models/{model}/infer"}
     assert all(s[2] == span_id for s in spans if s[1] in roots)
-    assert all(s[2] in roots for s in spans if s[1] not in roots)
+    # Every child hangs off a captured root, except possibly the children of the one request
+    # in flight when the capture window closed: they ended inside it, their root after it.
+    orphans = {s[2] for s in spans if s[1] not in roots and s[2] not in roots}
+    assert len(orphans) <= 1, orphans
+    assert sum(1 for s in spans if s[2] in roots) >= 4
 
     off = start_kilnd(TENSOR_MODELS, overrides=["observability.tracing.enabled=false"])
     r = requests.post(f"{off.base}/v2/models/simple/infer", json=body,
