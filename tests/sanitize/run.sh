@@ -38,7 +38,7 @@ fi
 
 # Test binaries by tree; ctest then runs what is registered under each folder.
 SCHEDULER_TESTS=(kiln_scheduler_test kiln_llm_scheduler_test kiln_finetune_store_test
-                 multi_lora_test kiln_finetune_test)
+                 multi_lora_test kiln_finetune_test kiln_sequence_batcher_test kiln_decoupled_test)
 SERVER_TESTS=(kiln_server_test kiln_llm_frontend_test kiln_finetune_frontend_test
               http_server_test)
 MODELS_TESTS=(gguf_test safetensors_test hf_folder_test tokenizer_test tokenizer_fixture_test
@@ -63,7 +63,8 @@ EXCLUDE='_xpu$'
 # (they need the whole ASan kilnd). Tests of the binaries a subset does not build show up as
 # <binary>_NOT_BUILT and are skipped; the full set builds everything under its folders, so
 # there they fail and flag a list here gone stale.
-CI_TESTS=(kiln_scheduler_test kiln_llm_scheduler_test kiln_finetune_store_test http_server_test)
+CI_TESTS=(kiln_scheduler_test kiln_llm_scheduler_test kiln_finetune_store_test http_server_test
+          kiln_sequence_batcher_test kiln_decoupled_test)
 if [ "$SET" = ci ]; then
   TSAN_TESTS=("${CI_TESTS[@]}")
   EXCLUDE='_xpu$|_NOT_BUILT$'
