@@ -50,8 +50,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(PagedLlmParts parts,
   return t;
 }
 
+namespace {
+
 // The name of trainable tensor `name`'s gradient accumulator (Step over micro-batches).
 std::string AccumulatorName(const std::string& name) { return name + ".grad_sum"; }
+
+}  // namespace
 
 // Builds the graph of one kind of program. Every kind but kApply starts with the same
 // forward and loss, so the trainable tensors and weights they name are the same.

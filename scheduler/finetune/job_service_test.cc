@@ -164,8 +164,8 @@ TEST_F(JobServiceTest, AJobTrainsCheckpointsAndSucceeds) {
 // them, and reports them resolved.
 TEST_F(JobServiceTest, DropoutAndGradientAccumulationTrain) {
   const std::string file = Upload();
-  StatusOr<JobRecord> job = service_->CreateJob(Request(
-      file, {{"n_epochs", 1}, {"lora_dropout", 0.1}, {"gradient_accumulation_steps", 2}}));
+  StatusOr<JobRecord> job = service_->CreateJob(
+      Request(file, {{"n_epochs", 1}, {"lora_dropout", 0.1}, {"gradient_accumulation_steps", 2}}));
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->hyperparameters["lora_dropout"], 0.1);
   EXPECT_EQ(job->hyperparameters["gradient_accumulation_steps"], 2);
