@@ -1,6 +1,7 @@
 #include "engine/program.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/planner.h"
+#include "engine/profile.h"
 
 namespace kiln {
 
@@ -454,8 +456,48 @@ Status Program::Run(backend::Stream& stream) {
                                                pattern.data(), pattern.size()));
     }
   }
-  KILN_RETURN_IF_ERROR(stream.Run(launches_));
+  if (LaunchProfile* profile = LaunchProfile::Get()) {
+    KILN_RETURN_IF_ERROR(RunProfiled(stream, *profile));
+  } else {
+    KILN_RETURN_IF_ERROR(stream.Run(launches_));
+  }
   if (!guards_.empty()) return CheckGuards(stream);
+  return OkStatus();
+}
+
+Status Program::RunProfiled(backend::Stream& stream, LaunchProfile& profile) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  };
+  const auto shape = [](const TensorArg& a) {
+    return absl::StrCat("[", absl::StrJoin(a.shape, a.shape + a.rank, ","), "]");
+  };
+  KILN_RETURN_IF_ERROR(stream.Synchronize());
+  const Clock::time_point start = Clock::now();
+  for (size_t k = 0; k < launches_.size(); ++k) {
+    const Node& node = graph_.node(launch_node_[k]);
+    const LaunchArgs& la = launch_args_[k];
+    std::string kernel;
+    for (const backend::Kernel& kn : kernels_) {
+      if (la.kernel_data == kn.data.get() && kn.fn == launches_[k].fn) kernel = kn.name;
+    }
+    std::string key = absl::StrCat(OpName(node.op), " ", kernel, " ", shape(la.output), " <-");
+    for (int i = 0; i < la.num_inputs; ++i) absl::StrAppend(&key, " ", shape(la.inputs[i]));
+    if (!node.name.empty()) absl::StrAppend(&key, "  ", FoldBlockIndex(node.name));
+    // FLOPs of the products: 2 * output elements * the reduced extent.
+    double flops = 0;
+    if ((node.op == OpKind::kMatMul || node.op == OpKind::kLinear) && la.num_inputs >= 1 &&
+        la.inputs[0].rank >= 1) {
+      flops = 2.0 * static_cast<double>(la.output.numel()) *
+              static_cast<double>(la.inputs[0].shape[la.inputs[0].rank - 1]);
+    }
+    const Clock::time_point t0 = Clock::now();
+    KILN_RETURN_IF_ERROR(stream.Run(std::span<const Launch>(&launches_[k], 1)));
+    KILN_RETURN_IF_ERROR(stream.Synchronize());
+    profile.Add(key, seconds(t0, Clock::now()), flops);
+  }
+  profile.AddRun(static_cast<int>(launches_.size()), seconds(start, Clock::now()));
   return OkStatus();
 }
 

@@ -43,6 +43,8 @@
 
 namespace kiln {
 
+class LaunchProfile;
+
 struct CompileOptions {
   // Passes to dump ("verify,plan" or "all"); empty: from KILN_DUMP.
   DumpConfig dump = DumpConfigFromEnv();
@@ -111,6 +113,8 @@ class Program {
   struct GuardRegion;
   int DimIndex(const Dim& d);
   Status CheckGuards(backend::Stream& stream);
+  // Run with KILN_PROFILE set: one launch at a time, each timed (engine/profile.h).
+  Status RunProfiled(backend::Stream& stream, LaunchProfile& profile);
 
   Graph graph_;
   backend::Device* device_ = nullptr;

@@ -701,6 +701,12 @@ void AddTraining(std::vector<OpCase>& out) {
            {Normal("logits", DType::kF32, {3, 300}, 3), Index("targets", DType::kI64, {3}, 0, 300),
             Uniform("dloss", DType::kF32, {3}, 0.5, 2)},
            fused_ce));
+  out.push_back(Make("fused_cross_entropy",
+                     "f32 [2,2,2500] (rows over several 1,024-element chunks), scalar dloss",
+                     {Normal("logits", DType::kF32, {2, 2, 2500}, 4),
+                      Custom("targets", DType::kI32, {2, 2}, {2499, -100, 0, 1500}),
+                      Custom("dloss", DType::kF32, {}, {0.5})},
+                     fused_ce));
   out.push_back(Make("fused_cross_entropy", "f32 [2,3,5] transposed logits, scalar dloss",
                      {Normal("logits", DType::kF32, {3, 2, 5}),
                       Custom("targets", DType::kI32, {2, 3}, {0, 4, -100, 2, 7, 1}),

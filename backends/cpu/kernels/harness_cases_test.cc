@@ -49,7 +49,7 @@ class VariantDevice final : public backend::HostDevice {
     KILN_ASSIGN_OR_RETURN(std::optional<backend::Kernel> k, SelectKernel(req, c));
     if (k) {
       if (req.op == OpKind::kLinear || req.op == OpKind::kMatMul ||
-          req.op == OpKind::kPagedAttention) {
+          req.op == OpKind::kPagedAttention || req.op == OpKind::kFusedCrossEntropy) {
         ++selected_;
       }
       return *std::move(k);
@@ -266,6 +266,10 @@ TEST_P(HarnessTest, HandTunedKernelsMatchReference) {
   std::vector<OpCase> cases = LinearCases();
   if (v.gemm == nullptr || std::string(v.gemm) == "gemm") {
     for (OpCase& c : AttentionCases()) cases.push_back(std::move(c));
+    // The training kernels (no GEMM inside): the op table's own cases.
+    for (OpCase& c : harness::ForwardCases(/*full=*/true)) {
+      if (c.op == "fused_cross_entropy") cases.push_back(std::move(c));
+    }
   }
   int run = 0;
   for (const OpCase& c : cases) {

@@ -122,6 +122,12 @@ struct IsaKernels {
   // Rows n in [n0, n1) of y from activations already quantized: `xq` holds M rows of
   // K / 32 blocks. REQUIRES: wtype q4_0, q4_1, q8_0 or mxfp4; w_k_stride == 1.
   void (*gemv_q8)(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1);
+  // Softmax statistics of one row of n floats: its maximum (NaN if any element is NaN) and
+  // sum(exp(x - max)), exponentials in f32 (about 2 ulp), summed in f32 over chunks of 1,024
+  // elements and the chunks in double.
+  void (*softmax_stats)(const float* x, int64_t n, float* max, double* sum);
+  // y[j] = exp(x[j] - shift) * scale for j in [0, n); y may alias x.
+  void (*scaled_exp)(const float* x, int64_t n, float shift, float scale, float* y);
 };
 
 // True for the weight types gemv_q8 takes.

@@ -633,12 +633,51 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
   }
 }
 
+// ---- Softmax rows (the fused cross-entropy) ------------------------------------------------
+
+// Elements per float partial sum of SoftmaxStats before it is added in double.
+constexpr int64_t kStatsChunk = 1024;
+
+void SoftmaxStats(const float* x, int64_t n, float* max_out, double* sum_out) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  F mv = Set1(ninf);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) mv = Max(Load(x + j), mv);  // NaN in x propagates
+  float lanes[kLanes];
+  Store(lanes, mv);
+  float m = ninf;
+  for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
+  for (; j < n; ++j) m = (std::isnan(m) || std::isnan(x[j])) ? NAN : std::max(m, x[j]);
+  const F neg_m = Set1(-m);
+  double total = 0;
+  for (int64_t c = 0; c < n; c += kStatsChunk) {
+    const int64_t e = std::min(n, c + kStatsChunk);
+    F acc = Zero();
+    int64_t k = c;
+    for (; k + kLanes <= e; k += kLanes) acc = Add(acc, Exp(Add(Load(x + k), neg_m)));
+    float part = HSum(acc);
+    for (; k < e; ++k) part += std::exp(x[k] - m);
+    total += part;
+  }
+  *max_out = m;
+  *sum_out = total;
+}
+
+void ScaledExp(const float* x, int64_t n, float shift, float scale, float* y) {
+  const F neg = Set1(-shift), c = Set1(scale);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) Store(y + j, Mul(Exp(Add(Load(x + j), neg)), c));
+  for (; j < n; ++j) y[j] = std::exp(x[j] - shift) * scale;
+}
+
 }  // namespace
 
 #if KILN_ISA_HAS_Q8
-const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend, QuantizeQ8, GemvQ8};
+const IsaKernels kTable = {kIsa,       Gemv,   Gemm,         Dequant,  Attend,
+                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp};
 #else
-const IsaKernels kTable = {kIsa, Gemv, Gemm, Dequant, Attend, nullptr, nullptr};
+const IsaKernels kTable = {kIsa,    Gemv,    Gemm,         Dequant,  Attend,
+                           nullptr, nullptr, SoftmaxStats, ScaledExp};
 #endif
 
 }  // namespace kiln::cpu::KILN_ISA_NS

@@ -5,6 +5,7 @@
 
 #include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/autotune.h"
+#include "backends/cpu/kernels/cross_entropy.h"
 #include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/kernels/token_ops.h"
 
@@ -38,6 +39,8 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeKvWriteKernel(req, ctx);
     case OpKind::kContiguous:
       return MakeContiguousKernel(req, ctx);
+    case OpKind::kFusedCrossEntropy:
+      return MakeCrossEntropyKernel(req, ctx);
     default:
       return std::optional<backend::Kernel>();
   }
