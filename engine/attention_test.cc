@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "engine/autograd.h"
 #include "engine/builder.h"
 #include "engine/program.h"
 #include "engine/testing/devices.h"
@@ -88,6 +89,77 @@ TEST_F(AttentionTest, FusedEqualsDecomposedForEveryModifier) {
     EXPECT_LT(MaxAbsDiff(out[0], out[1]), 1e-12) << v.name;
     EXPECT_EQ(out[2], out[0]) << v.name << ": asking for the lse changes the output";
     EXPECT_LT(MaxAbsDiff(out[3], out[4]), 1e-12) << v.name;
+  }
+}
+
+// The fused backward (one attention_backward node, flash-attention's recomputation from the
+// saved log-sum-exp) gives the gradients of differentiating the decomposition, for every mask
+// (document masks and fully masked rows included), GQA, Tq != Tk and Dv != D.
+TEST_F(AttentionTest, FusedBackwardEqualsDifferentiatingTheDecomposition) {
+  struct Variant {
+    const char* name;
+    Expr mask;
+    int aux;  // 0: none; 1: prefix lengths [B]; 2: document ids [B * Tk]
+  };
+  // Queries 0..3 see keys up to their index + 2; query 4 sees none.
+  const Expr partial =
+      And(Le(Expr::Index(3), Expr::Index(2) + Expr::Int(2)), Lt(Expr::Index(2), Expr::Int(4)));
+  const Variant variants[] = {
+      {"causal", attn::CausalMask(), 0},
+      {"unmasked", Expr(), 0},
+      {"sliding", attn::SlidingWindowMask(2), 0},
+      {"prefix_lm", attn::PrefixLmMask(0), 1},
+      {"documents", attn::DocumentMask(0, 5), 2},
+      {"documents window 2", attn::DocumentMask(0, 5, 2), 2},
+      {"fully masked row", partial, 0},
+  };
+  for (const Variant& v : variants) {
+    std::vector<std::vector<double>> grads[2];
+    for (bool fused : {false, true}) {
+      Graph g;
+      Builder b(&g);
+      const Value q = b.Input("q", DType::kF64, {2, 4, 5, 3});
+      const Value k = b.Input("k", DType::kF64, {2, 2, 5, 3});
+      const Value val = b.Input("v", DType::kF64, {2, 2, 5, 2});
+      const Value w = b.Input("w", DType::kF64, {2, 4, 5, 2});
+      std::vector<Value> aux;
+      if (v.aux == 1) aux.push_back(b.Input("prefix", DType::kI32, {2}));
+      if (v.aux == 2) aux.push_back(b.Input("docs", DType::kI32, {10}));
+      AttentionParams p{0, v.mask, {}};
+      p.fused_backward = fused;
+      const Value o = b.Attention(q, k, val, p, aux);
+      const Value loss = b.Sum(b.Mul(o, w), {0, 1, 2, 3});
+      const Value wrt[] = {q, k, val};
+      auto gr = Gradients(b, loss, wrt);
+      ASSERT_TRUE(gr.ok()) << gr.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      int backward_nodes = 0, softmaxes = 0;
+      for (int32_t i = 0; i < g.size(); ++i) {
+        backward_nodes += g.node(i).op == OpKind::kAttentionBackward;
+        softmaxes += g.node(i).op == OpKind::kSoftmax;
+      }
+      EXPECT_EQ(backward_nodes, fused ? 1 : 0) << v.name;
+      if (fused) {
+        EXPECT_EQ(softmaxes, 0) << v.name << ": the fused backward decomposed";
+      }
+      std::vector<std::pair<std::string, Tensor>> in = {{"q", Random({2, 4, 5, 3}, 1)},
+                                                        {"k", Random({2, 2, 5, 3}, 2)},
+                                                        {"v", Random({2, 2, 5, 2}, 3)},
+                                                        {"w", Random({2, 4, 5, 2}, 4)}};
+      if (v.aux == 1) in.push_back({"prefix", Ints({2}, {3, 0})});
+      // Row 0: documents of 2 and 3 tokens; row 1: 1, 1, 3 (a document of one token).
+      if (v.aux == 2) in.push_back({"docs", Ints({10}, {0, 0, 1, 1, 1, 0, 1, 2, 2, 2})});
+      grads[fused] = Run(g, *gr, in);
+    }
+    ASSERT_EQ(grads[0].size(), 3u);
+    ASSERT_EQ(grads[1].size(), 3u);
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LT(MaxAbsDiff(grads[1][i], grads[0][i]), 1e-12) << v.name << " " << names[i];
+      double norm = 0;
+      for (double x : grads[0][i]) norm += x * x;
+      EXPECT_GT(norm, 1e-6) << v.name << " " << names[i] << ": a zero gradient proves nothing";
+    }
   }
 }
 

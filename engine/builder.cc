@@ -640,7 +640,11 @@ std::vector<Value> AttentionNode(Builder& b, Value q, Value k, Value v, const At
   in.insert(in.end(), aux.begin(), aux.end());
   const Dim d = b.shape(q).empty() ? Dim(0) : b.shape(q).back();
   Attrs a = AttentionAttrs(p, d);
-  if (with_lse) a.ints = {1};
+  if (p.fused_backward) {
+    a.ints = {1, 1};
+  } else if (with_lse) {
+    a.ints = {1};
+  }
   return b.AddNodeOutputs(OpKind::kAttention, in, std::move(a));
 }
 
@@ -657,6 +661,20 @@ AttentionOutputs Builder::AttentionWithLse(Value q, Value k, Value v, const Atte
   const std::vector<Value> outs = AttentionNode(*this, q, k, v, p, aux, /*with_lse=*/true);
   if (outs.size() != 2) return {};
   return {outs[0], outs[1]};
+}
+
+AttentionGrads Builder::AttentionBackward(Value q, Value k, Value v, Value o, Value dout, Value lse,
+                                          const AttentionParams& p, std::span<const Value> aux) {
+  if (!q.valid()) return {};
+  std::vector<Value> in = {q, k, v, o, dout, lse};
+  in.insert(in.end(), aux.begin(), aux.end());
+  const Dim d = shape(q).empty() ? Dim(0) : shape(q).back();
+  AttentionParams fp = p;
+  fp.fused_backward = false;
+  const std::vector<Value> outs =
+      AddNodeOutputs(OpKind::kAttentionBackward, in, AttentionAttrs(fp, d));
+  if (outs.size() != 3) return {};
+  return {outs[0], outs[1], outs[2]};
 }
 
 Value Builder::PagedAttention(Value q, Value k_cache, Value v_cache, Value block_table,

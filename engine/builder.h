@@ -55,12 +55,24 @@ struct AttentionParams {
   double scale = 0;  // 0: 1/sqrt(head_dim)
   Expr mask_mod;     // null: attend everywhere; attn::CausalMask() for causal
   Expr score_mod;    // null: identity
+  // Training: differentiate through one attention_backward node (flash-attention's
+  // backward, from the saved log-sum-exp) instead of the decomposition. Adds the lse output
+  // (Attention still returns output 0 only); needs no score_mod. Only for devices with an
+  // attention_backward kernel (Device::GetKernel).
+  bool fused_backward = false;
 };
 
 // Dense attention with its log-sum-exp (what a flash-attention backward needs).
 struct AttentionOutputs {
   Value out;  // [B, Hq, Tq, Dv]
   Value lse;  // [B, Hq, Tq], the query's compute type (f32; f64 for f64 queries)
+};
+
+// attention_backward's outputs.
+struct AttentionGrads {
+  Value dq;  // q's shape
+  Value dk;  // k's
+  Value dv;  // v's
 };
 
 // The fused classifier step: per-row loss and the gradient of sum(loss * dloss) w.r.t. logits.
@@ -212,6 +224,10 @@ class Builder {
   // score_mod and mask_mod (-inf for fully masked rows).
   AttentionOutputs AttentionWithLse(Value q, Value k, Value v, const AttentionParams& p,
                                     std::span<const Value> aux = {});
+  // The gradients of Attention(q, k, v, p, aux) from its output `o`, the output's gradient
+  // `dout` and the log-sum-exp `lse` (OpKind::kAttentionBackward; p without score_mod).
+  AttentionGrads AttentionBackward(Value q, Value k, Value v, Value o, Value dout, Value lse,
+                                   const AttentionParams& p, std::span<const Value> aux = {});
   Value PagedAttention(Value q, Value k_cache, Value v_cache, Value block_table, Value seq_lens,
                        Value query_start, const AttentionParams& p,
                        std::span<const Value> aux = {});

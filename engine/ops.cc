@@ -526,10 +526,38 @@ StatusOr<TensorType> InferAttention(Types in, const Attrs& a) {
     if (in[i].shape.size() != 1) return Bad("aux tensors must have rank 1");
   }
   KILN_RETURN_IF_ERROR(CheckAttentionAttrs(a, static_cast<int>(in.size()) - 3, 4));
-  if (a.ints.size() > 1 || (a.ints.size() == 1 && a.ints[0] != 0 && a.ints[0] != 1)) {
-    return Bad("attention's ints are {} or {with_lse} (0 or 1)");
+  const bool flags_ok =
+      a.ints.size() <= 2 &&
+      std::all_of(a.ints.begin(), a.ints.end(), [](int64_t f) { return f == 0 || f == 1; });
+  if (!flags_ok)
+    return Bad("attention's ints are {}, {with_lse} or {with_lse, fused_backward} (0/1)");
+  if (a.ints.size() == 2 && a.ints[1] == 1) {
+    if (a.ints[0] != 1) return Bad("attention's fused_backward needs with_lse");
+    if (a.expr[1]) return Bad("attention's fused_backward takes no score_mod");
   }
   return TensorType{q.dtype, {q.shape[0], q.shape[1], q.shape[2], v.shape[3]}};
+}
+
+// attention_backward: attention's inputs, then its output, the output's gradient and lse.
+StatusOr<TensorType> InferAttentionBackward(Types in, const Attrs& a) {
+  std::vector<TensorType> fwd = {in[0], in[1], in[2]};
+  for (size_t i = 6; i < in.size(); ++i) fwd.push_back(in[i]);
+  Attrs fa = a;
+  fa.ints.clear();
+  KILN_ASSIGN_OR_RETURN(TensorType o, InferAttention(fwd, fa));
+  if (a.expr[1]) return Bad("attention_backward takes no score_mod");
+  if (!a.ints.empty()) return Bad("attention_backward takes no ints");
+  if (in[3].dtype != o.dtype || in[3].shape != o.shape) return Bad("o must be attention's output");
+  if (in[4].dtype != o.dtype || in[4].shape != o.shape) return Bad("do must have o's type");
+  const TensorType lse{ExprTypeOf(in[0].dtype), {o.shape[0], o.shape[1], o.shape[2]}};
+  if (in[5].dtype != lse.dtype || in[5].shape != lse.shape) {
+    return Bad("lse must be attention's log-sum-exp ([B, Hq, Tq] in the query's compute type)");
+  }
+  return in[0];  // dq
+}
+
+StatusOr<std::vector<TensorType>> InferAttentionBackwardExtra(Types in, const Attrs&) {
+  return std::vector<TensorType>{in[1], in[2]};  // dk, dv
 }
 
 bool AttentionWithLse(const Attrs& a) { return !a.ints.empty() && a.ints[0] == 1; }
@@ -1275,6 +1303,19 @@ Status BackwardAttention(BackwardArgs& a) {
   std::vector<Value> aux;
   for (size_t i = 3; i < a.node.inputs.size(); ++i) aux.push_back(In(a, static_cast<int>(i)));
   const Value q = In(a, 0), k = In(a, 1), v = In(a, 2);
+  const bool lse_grad = a.grads.size() > 1 && a.grads[1].valid();
+  if (attrs.ints.size() == 2 && attrs.ints[1] == 1 && !lse_grad && a.outs.size() > 1) {
+    Attrs ba;
+    ba.floats = attrs.floats;
+    ba.expr[0] = attrs.expr[0];
+    std::vector<Value> in = {q, k, v, a.out, a.grad, a.outs[1]};
+    in.insert(in.end(), aux.begin(), aux.end());
+    const std::vector<Value> g = b.AddNodeOutputs(OpKind::kAttentionBackward, in, std::move(ba));
+    KILN_RETURN_IF_ERROR(b.status());
+    if (g.size() != 3) return InvalidArgument("attention_backward must have 3 outputs");
+    for (int i = 0; i < 3; ++i) a.input_grads[i] = g[i];
+    return OkStatus();
+  }
   const Value s = MaskedScores(b, q, k, attrs, aux);
   std::vector<Value> outs, seeds;
   if (a.grad.valid()) {
@@ -1425,6 +1466,8 @@ Table BuildTable() {
   t.Set(K::kRope, "rope", C::kOther, 2, 2, InferRope, BackwardRope);
   t.Set(K::kAttention, "attention", C::kOther, 3, -1, InferAttention, BackwardAttention);
   t.SetOutputs(K::kAttention, InferAttentionExtra, {-1, -1, -1, -1});
+  t.Set(K::kAttentionBackward, "attention_backward", C::kOther, 6, -1, InferAttentionBackward);
+  t.SetOutputs(K::kAttentionBackward, InferAttentionBackwardExtra, {-1, -1, -1, -1});
   t.Set(K::kPagedAttention, "paged_attention", C::kOther, 6, -1, InferPagedAttention);
   t.Set(K::kKvWrite, "kv_write", C::kOther, 3, 3, InferKvWrite);
   t.SetOutputs(K::kKvWrite, nullptr, {0, -1, -1, -1});
@@ -1584,11 +1627,13 @@ std::string Attrs::ToString(OpKind op, std::span<const std::string> names) const
       return s;
     }
     case OpKind::kAttention:
+    case OpKind::kAttentionBackward:
     case OpKind::kPagedAttention: {
       std::string s = absl::StrCat(" scale=", floats[0]);
       if (expr[0]) absl::StrAppend(&s, " mask=", expr[0].ToString());
       if (expr[1]) absl::StrAppend(&s, " score=", expr[1].ToString());
       if (!ints.empty() && ints[0] == 1) s += " lse";
+      if (ints.size() > 1 && ints[1] == 1) s += " fused_backward";
       return s;
     }
     default:

@@ -107,9 +107,13 @@ enum class OpKind : uint16_t {
   kRope,  // (x [..., H, D], pos [...] int); see RopeParams in builder.h for ints/floats
   // ---- Attention ----
   kAttention,       // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], aux...) -> [B,Hq,Tq,Dv];
-                    // ints = {} or {with_lse}: with_lse = 1 adds output 1, lse [B,Hq,Tq] in the
-                    // query's compute type (f32; f64 for f64 queries): logsumexp of the scaled
-                    // scores after score_mod and mask_mod (-inf for fully masked rows)
+                    // ints = {} or {with_lse} or {with_lse, fused_backward}: with_lse = 1
+                    // adds output 1, lse [B,Hq,Tq] in the query's compute type (f32; f64 for
+                    // f64 queries): logsumexp of the scaled scores after score_mod and
+                    // mask_mod (-inf for fully masked rows). fused_backward = 1 (needs
+                    // with_lse, no score_mod): the backward rule emits one attention_backward
+                    // node instead of differentiating the decomposition (which keeps the
+                    // [B,Hq,Tq,Tk] probabilities alive from its forward to its backward)
   kPagedAttention,  // (q [T,Hq,D], k_cache [NB,BS,Hkv,D], v_cache [NB,BS,Hkv,Dv],
                     //  block_table [S,MB] i32, seq_lens [S] i32, query_start [S+1] i32,
                     //  aux...) -> [T,Hq,Dv]
@@ -148,6 +152,14 @@ enum class OpKind : uint16_t {
             // (-1 pads), then greedy or a draw with the row's uniform. logprob and the top-n
             // (n = the row's logprobs, at most kMaxLogprobs) are of the raw logits; rows that
             // ask for none get logprob 0, and unused top entries id -1, logprob 0. No attrs.
+  // ---- Training: attention ----
+  kAttentionBackward,  // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], o [B,Hq,Tq,Dv],
+                       //  do [B,Hq,Tq,Dv], lse [B,Hq,Tq], aux...) -> dq (q's type), dk, dv:
+                       // the gradients of dense attention (flash-attention's backward: the
+                       // probabilities exp(score - lse) recomputed, D_i = rowsum(do * o),
+                       // dS = P (dP - D_i); GQA heads summed into dk, dv); attrs as
+                       // kAttention's floats and expr[0] (mask_mod); no score_mod, ints = {}.
+                       // Built by kAttention's backward rule when its ints[1] asks for it.
   kNumOps,
 };
 

@@ -847,6 +847,78 @@ void Attention(const LaunchArgs& a, const ExecCtx& c) {
   }
 }
 
+// Flash-attention's backward, row by row in double: P = exp(s - lse) where kept, D_i =
+// rowsum(do * o), dS = P (dP - D_i), dq = scale dS k, dk += scale dS^T q, dv += P^T do (the
+// query heads of a kv head summed).
+void AttentionBackward(const LaunchArgs& a, const ExecCtx& c) {
+  if (c.thread_index) return;
+  const RefData& d = Data(a);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.inputs[3],
+                  &dout = a.inputs[4], &lse = a.inputs[5];
+  const TensorArg &dq = a.output, &dk = a.extra_outputs[0], &dv = a.extra_outputs[1];
+  const AuxCtx aux{a.inputs + 6, a.num_inputs - 6};
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const double scale = d.attrs.floats[0];
+  auto at4 = [](const TensorArg& t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    const int64_t idx[] = {i0, i1, i2, i3};
+    return LoadF(t, Off(t, idx));
+  };
+  std::vector<double> gk(static_cast<size_t>(B * Hkv * Tk * D), 0.0);
+  std::vector<double> gv(static_cast<size_t>(B * Hkv * Tk * Dv), 0.0);
+  std::vector<double> p(static_cast<size_t>(Tk)), gq(static_cast<size_t>(D));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t kh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Tq; ++i) {
+        const int64_t li[] = {b, h, i};
+        const double row_lse = LoadF(lse, Off(lse, li));
+        double di = 0;
+        for (int64_t e = 0; e < Dv; ++e) di += at4(dout, b, h, i, e) * at4(o, b, h, i, e);
+        std::fill(gq.begin(), gq.end(), 0.0);
+        for (int64_t j = 0; j < Tk; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < D; ++e) s += at4(q, b, h, i, e) * at4(k, b, kh, j, e);
+          const int64_t bhqk[] = {b, h, i, j};
+          bool keep = true;
+          s = ModScore(d, s * scale, bhqk, &aux, &keep);
+          p[j] = keep && row_lse != -kInf ? std::exp(s - row_lse) : 0.0;
+          if (p[j] == 0) continue;
+          double dp = 0;
+          for (int64_t e = 0; e < Dv; ++e) {
+            const double g = at4(dout, b, h, i, e);
+            dp += g * at4(v, b, kh, j, e);
+            gv[((b * Hkv + kh) * Tk + j) * Dv + e] += p[j] * g;
+          }
+          const double ds = p[j] * (dp - di) * scale;
+          for (int64_t e = 0; e < D; ++e) {
+            gq[e] += ds * at4(k, b, kh, j, e);
+            gk[((b * Hkv + kh) * Tk + j) * D + e] += ds * at4(q, b, h, i, e);
+          }
+        }
+        for (int64_t e = 0; e < D; ++e) {
+          const int64_t qi[] = {b, h, i, e};
+          StoreF(dq, Off(dq, qi), gq[e]);
+        }
+      }
+    }
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < Hkv; ++h) {
+      for (int64_t j = 0; j < Tk; ++j) {
+        for (int64_t e = 0; e < D; ++e) {
+          const int64_t ki[] = {b, h, j, e};
+          StoreF(dk, Off(dk, ki), gk[((b * Hkv + h) * Tk + j) * D + e]);
+        }
+        for (int64_t e = 0; e < Dv; ++e) {
+          const int64_t vi[] = {b, h, j, e};
+          StoreF(dv, Off(dv, vi), gv[((b * Hkv + h) * Tk + j) * Dv + e]);
+        }
+      }
+    }
+  }
+}
+
 void PagedAttention(const LaunchArgs& a, const ExecCtx& c) {
   if (c.thread_index) return;
   const RefData& d = Data(a);
@@ -984,6 +1056,8 @@ KernelFn FnFor(OpKind op) {
       return Rope;
     case OpKind::kAttention:
       return Attention;
+    case OpKind::kAttentionBackward:
+      return AttentionBackward;
     case OpKind::kPagedAttention:
       return PagedAttention;
     case OpKind::kKvWrite:
@@ -1156,7 +1230,8 @@ StatusOr<backend::Kernel> KernelFor(const backend::KernelRequest& req) {
   for (const TensorType& t : req.inputs) d->in.push_back(t.dtype);
   d->out = req.output.dtype;
   if (req.op == OpKind::kMap) d->expr[0] = ExprProgram(req.attrs->expr[0]);
-  if (req.op == OpKind::kAttention || req.op == OpKind::kPagedAttention) {
+  if (req.op == OpKind::kAttention || req.op == OpKind::kPagedAttention ||
+      req.op == OpKind::kAttentionBackward) {
     // Score mods run in the query's compute type (f64 stays f64 for gradient checks).
     const DType ct = ExprTypeOf(req.inputs[0].dtype);
     if (req.attrs->expr[0]) d->expr[0] = ExprProgram(req.attrs->expr[0]);

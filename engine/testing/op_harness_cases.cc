@@ -140,6 +140,50 @@ std::vector<AttnVariant> AttentionVariants() {
   return v;
 }
 
+// Shapes of the training attention cases (packed rows of L tokens; `docs`: document ids as
+// aux 0, the mask attn::DocumentMask).
+struct TrainAttnShape {
+  const char* name;
+  AttentionParams params;
+  int64_t B, hq, hkv, L, D;
+  bool docs;
+};
+std::vector<TrainAttnShape> TrainAttnShapes() {
+  // Queries 0..2 see keys up to their index + 3; later queries see none.
+  const Expr partial =
+      And(Le(Expr::Index(3), Expr::Index(2) + Expr::Int(3)), Lt(Expr::Index(2), Expr::Int(3)));
+  return {
+      {"causal GQA 3/1 [1,3,9,8]", {0, attn::CausalMask(), {}}, 1, 3, 1, 9, 8, false},
+      {"documents GQA 3/1 [2,3,70,64]", {0, attn::DocumentMask(0, 70), {}}, 2, 3, 1, 70, 64, true},
+      {"documents, window 20, MHA [1,2,130,16]",
+       {0, attn::DocumentMask(0, 130, 20), {}},
+       1,
+       2,
+       2,
+       130,
+       16,
+       true},
+      {"sliding window 5 [1,2,17,12]",
+       {0.3, attn::SlidingWindowMask(5), {}},
+       1,
+       2,
+       1,
+       17,
+       12,
+       false},
+      {"unmasked [1,2,6,5]", {0, {}, {}}, 1, 2, 2, 6, 5, false},
+      {"fully masked rows [1,2,7,4]", {0, partial, {}}, 1, 2, 1, 7, 4, false},
+  };
+}
+// Per row of L tokens: a one-token document, one of 24 tokens, then the rest.
+std::vector<double> DocIds(int64_t B, int64_t L) {
+  std::vector<double> ids;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t i = 0; i < L; ++i) ids.push_back(i < 1 ? 0 : (i < 25 ? 1 : 2));
+  }
+  return ids;
+}
+
 void AddPointwise(std::vector<OpCase>& out, bool full) {
   std::vector<DType> floats = {DType::kF32, DType::kF16, DType::kBF16};
   if (full) floats.push_back(DType::kF64);
@@ -635,6 +679,28 @@ void AddAttention(std::vector<OpCase>& out) {
              return b.AttentionWithLse(x[0], x[1], x[2], {0, mask, {}}).out;
            }));
 
+  // Training attention (ForwardContext::AttendTrain, small): the forward with its lse, and
+  // attention_backward from them, across the cpu kernels' 64-row tiles.
+  for (const TrainAttnShape& t : TrainAttnShapes()) {
+    for (bool backward : {false, true}) {
+      std::vector<InputSpec> in = {Normal("q", DType::kF32, {t.B, t.hq, t.L, t.D}),
+                                   Normal("k", DType::kF32, {t.B, t.hkv, t.L, t.D}),
+                                   Normal("v", DType::kF32, {t.B, t.hkv, t.L, t.D}),
+                                   Normal("do", DType::kF32, {t.B, t.hq, t.L, t.D})};
+      if (t.docs) in.push_back(Custom("docs", DType::kI32, {t.B * t.L}, DocIds(t.B, t.L)));
+      out.push_back(
+          Make(backward ? "attention_backward" : "attention",
+               absl::StrCat("training ", t.name, backward ? "" : " with lse"), in,
+               [p = t.params, docs = t.docs, backward](Builder& b, const V& x) {
+                 std::vector<Value> ax;
+                 if (docs) ax.push_back(x[4]);
+                 const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p, ax);
+                 if (!backward) return r.out;
+                 return b.AttentionBackward(x[0], x[1], x[2], r.out, x[3], r.lse, p, ax).dq;
+               }));
+    }
+  }
+
   struct Paged {
     const char* name;
     DType q, cache;
@@ -1005,6 +1071,31 @@ std::vector<OpCase> GradientCases(bool full) {
                          }));
     }
   }
+  // The fused backward (attention_backward) under the harness' gradient check.
+  for (const AttnVariant& v : AttentionVariants()) {
+    if (v.params.score_mod) continue;
+    std::vector<InputSpec> in = {Normal("q", d, {1, 4, 4, 3}), Normal("k", d, {1, 2, 4, 3}),
+                                 Normal("v", d, {1, 2, 4, 3})};
+    if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {1}, {2}));
+    out.push_back(Make("attention", absl::StrCat(v.name, " f64 GQA 4/2, fused backward"), in,
+                       [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
+                         std::vector<Value> ax;
+                         if (aux) ax.push_back(x[3]);
+                         AttentionParams fp = p;
+                         fp.fused_backward = true;
+                         return b.Attention(x[0], x[1], x[2], fp, ax);
+                       }));
+  }
+  out.push_back(Make(
+      "attention", "documents f64 [2,2,6,3], fused backward",
+      {Normal("q", d, {2, 2, 6, 3}), Normal("k", d, {2, 1, 6, 3}), Normal("v", d, {2, 1, 6, 3}),
+       Custom("docs", DType::kI32, {12}, {0, 0, 1, 1, 1, 2, 0, 1, 1, 1, 1, 1})},
+      [](Builder& b, const V& x) {
+        AttentionParams p{0, attn::DocumentMask(0, 6), {}};
+        p.fused_backward = true;
+        const Value aux[] = {x[3]};
+        return b.Attention(x[0], x[1], x[2], p, aux);
+      }));
   out.push_back(Make(
       "attention", "causal f64 lse only",
       {Normal("q", d, {1, 2, 4, 3}), Normal("k", d, {1, 2, 4, 3}), Normal("v", d, {1, 2, 4, 3})},
