@@ -181,15 +181,23 @@ Value ForwardContext::AttendTrain(int64_t layer, Value q, Value k, Value v) {
   auto rows = [&](Value x, int64_t heads) {  // [T, H, D] -> [S, H, L, D]
     return b.Permute(b.Reshape(x, {S, L, heads, hp_.head_dim}), {0, 2, 1, 3});
   };
-  // Written with matmul, softmax and a mask map (AttentionDecomposed) rather than the fused
-  // attention op: the backward keeps the probabilities instead of recomputing them, and the
-  // products run on the backend's GEMM (no backend has a fused dense attention backward yet).
+  // The fused op where the device has a native attention_backward kernel; otherwise matmul,
+  // softmax and a mask map (AttentionDecomposed), whose backward keeps the probabilities and
+  // whose products run on the backend's GEMM.
   Attrs attrs;
   attrs.floats = {1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
   attrs.expr[0] = attn::DocumentMask(0, L.constant(), hp_.window(layer));
   const Value aux[] = {in_.doc_ids};
-  const Value o = AttentionDecomposed(b, rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
-                                      rows(v, hp_.num_kv_heads), attrs, aux);  // [S, Hq, L, D]
+  Value o;  // [S, Hq, L, D]
+  if (train_.fused_attention) {
+    AttentionParams p{attrs.floats[0], attrs.expr[0], {}};
+    p.fused_backward = true;
+    o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads), rows(v, hp_.num_kv_heads),
+                    p, aux);
+  } else {
+    o = AttentionDecomposed(b, rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
+                            rows(v, hp_.num_kv_heads), attrs, aux);
+  }
   return b.Named(b.Reshape(b.Permute(o, {0, 2, 1, 3}), {T, hp_.num_heads, hp_.head_dim}),
                  Cat("blk.", layer, ".attn"));  // [T, Hq, D]
 }

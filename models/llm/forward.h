@@ -58,6 +58,11 @@ struct TrainGraphOptions {
   // LoraDropoutStepSeed (models/lora/lora_dropout.h); each adapted layer's branch input is
   // multiplied by its mask. Invalid: no dropout (evaluation, as PEFT in eval mode).
   Value dropout_seed;
+  // Attention as one fused op whose backward is attention_backward (flash-attention style:
+  // no [rows, heads, L, L] probabilities kept between forward and backward). Only where the
+  // device has a native attention_backward kernel (FusedTrainingAttention, trainer.h);
+  // otherwise matmul, mask and softmax whose backward keeps the probabilities.
+  bool fused_attention = false;
 };
 
 // A trainable tensor of the training graph.

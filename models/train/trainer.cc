@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "backends/registry.h"
 #include "engine/autograd.h"
@@ -56,6 +58,33 @@ namespace {
 std::string AccumulatorName(const std::string& name) { return name + ".grad_sum"; }
 
 }  // namespace
+
+bool NativeTrainingAttention(backend::Device& device, const LlmHParams& hp, int64_t rows,
+                             int64_t seq_len) {
+  if (const char* v = std::getenv("KILN_FUSED_ATTENTION"); v != nullptr && std::string(v) == "0") {
+    return false;
+  }
+  std::set<int64_t> windows;
+  for (int64_t l = 0; l < hp.num_layers; ++l) windows.insert(hp.window(l));
+  const int64_t Hq = hp.num_heads, Hkv = hp.num_kv_heads, D = hp.head_dim;
+  const TensorType q{DType::kF32, {rows, Hq, seq_len, D}}, kv{DType::kF32, {rows, Hkv, seq_len, D}};
+  const TensorType lse{DType::kF32, {rows, Hq, seq_len}}, ids{DType::kI32, {rows * seq_len}};
+  const std::vector<TensorType> in = {q, kv, kv, q, q, lse, ids};
+  for (int64_t w : windows) {
+    Attrs a;
+    a.floats = {1.0 / std::sqrt(static_cast<double>(D))};
+    a.expr[0] = attn::DocumentMask(0, seq_len, w);
+    backend::KernelRequest req;
+    req.op = OpKind::kAttentionBackward;
+    req.attrs = &a;
+    req.inputs = in;
+    req.output = q;
+    req.name = "training attention probe";
+    const StatusOr<backend::Kernel> k = device.GetKernel(req);
+    if (!k.ok() || k->name.rfind("ref.", 0) == 0) return false;
+  }
+  return true;
+}
 
 // Builds the graph of one kind of program. Every kind but kApply starts with the same
 // forward and loss, so the trainable tensors and weights they name are the same.
@@ -112,6 +141,7 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
     const Value targets = b.Input("targets", DType::kI32, {T});     // [T]
     const Value inv_count = b.Input("inv_count", DType::kF32, {});  // 1 / counted tokens
     TrainGraphOptions to;
+    to.fused_attention = fused_attention_;
     to.lora = options_.method == TrainerOptions::Method::kLora ? &options_.lora : nullptr;
     to.full = options_.method == TrainerOptions::Method::kFull;
     if (to.lora != nullptr && to.lora->dropout > 0 && kind != Kind::kLoss &&
@@ -217,6 +247,8 @@ Status Trainer::BindExternals(Program& p) {
 Status Trainer::Init() {
   KILN_ASSIGN_OR_RETURN(stream_, parts_.device->CreateStream());
   compiled_.resize(static_cast<size_t>(Kind::kCount));
+  fused_attention_ = NativeTrainingAttention(*parts_.device, parts_.hparams, options_.batch_size,
+                                             options_.seq_len);
   KILN_RETURN_IF_ERROR(Get(Kind::kLoss).status());
   if (trainable_.empty()) return InvalidArgument("the training graph has no trainable tensor");
   if (options_.method == TrainerOptions::Method::kLora) {

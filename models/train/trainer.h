@@ -64,6 +64,13 @@ struct TrainStepResult {
   double grad_norm = 0;  // before clipping
 };
 
+// Whether `device` has its own attention_backward kernel (not the reference's) for the
+// training attention of every layer of `hp` (f32, rows x seq_len, document masks with each
+// layer's window); the training graphs then use the fused attention op. KILN_FUSED_ATTENTION=0
+// says no (the decomposed attention, for comparisons).
+bool NativeTrainingAttention(backend::Device& device, const LlmHParams& hp, int64_t rows,
+                             int64_t seq_len);
+
 class Trainer {
  public:
   // Builds and compiles the training graphs on `parts.device`. Errors: a bad LoRA
@@ -74,6 +81,8 @@ class Trainer {
 
   const PagedLlmParts& parts() const { return parts_; }
   const TrainerOptions& options() const { return options_; }
+  // Whether attention runs fused (NativeTrainingAttention), decided once at Create.
+  bool fused_attention() const { return fused_attention_; }
   // The trainable tensors (LoRA "blk.3.attn_q.lora_A" (r, in) / ".lora_B" (out, r); full
   // fine-tuning: every weight), in graph order.
   const std::vector<TrainableTensor>& trainable() const { return trainable_; }
@@ -146,6 +155,7 @@ class Trainer {
 
   PagedLlmParts parts_;
   TrainerOptions options_;
+  bool fused_attention_ = false;
   std::unique_ptr<backend::Stream> stream_;
   std::vector<TrainableTensor> trainable_;
   std::map<std::string, Tensor> weights_;            // frozen weights, by GGUF name

@@ -221,6 +221,9 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
   auto trainer = Trainer::Create(*std::move(parts), opts);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   Trainer& t = **trainer;
+  // On cpu attention trains through the fused op and its attention_backward kernel, so these
+  // gradients check that path against PyTorch.
+  EXPECT_TRUE(t.fused_attention());
   ASSERT_TRUE(t.ImportAdapter(FormulaAdapter(t, gguf_qk, /*zero_b=*/false)).ok());
   const TrainBatch batch = BatchOf(f);
 

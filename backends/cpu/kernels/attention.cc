@@ -237,7 +237,8 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   }
 }
 
-// mask_mod -> MaskKind; nullopt if it is not one the kernel implements.
+}  // namespace
+
 std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
   if (!mask) return std::pair{MaskKind::kNone, int64_t{0}};
   if (mask == attn::CausalMask()) return std::pair{MaskKind::kCausal, int64_t{0}};
@@ -252,8 +253,6 @@ std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
   }
   return std::nullopt;
 }
-
-}  // namespace
 
 StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {

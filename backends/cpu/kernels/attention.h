@@ -12,10 +12,17 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/select.h"
+#include "engine/expr.h"
 
 namespace kiln::cpu {
+
+// mask_mod -> (kind, window) for the masks the kernels implement (null: kNone; CausalMask;
+// SlidingWindowMask(w)); nullopt otherwise.
+std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask);
 
 StatusOr<std::optional<backend::Kernel>> MakePagedAttentionKernel(const backend::KernelRequest& req,
                                                                   const SelectContext& ctx);

@@ -49,7 +49,8 @@ class VariantDevice final : public backend::HostDevice {
     KILN_ASSIGN_OR_RETURN(std::optional<backend::Kernel> k, SelectKernel(req, c));
     if (k) {
       if (req.op == OpKind::kLinear || req.op == OpKind::kMatMul ||
-          req.op == OpKind::kPagedAttention || req.op == OpKind::kFusedCrossEntropy) {
+          req.op == OpKind::kPagedAttention || req.op == OpKind::kFusedCrossEntropy ||
+          req.op == OpKind::kAttention || req.op == OpKind::kAttentionBackward) {
         ++selected_;
       }
       return *std::move(k);
@@ -268,7 +269,10 @@ TEST_P(HarnessTest, HandTunedKernelsMatchReference) {
     for (OpCase& c : AttentionCases()) cases.push_back(std::move(c));
     // The training kernels (no GEMM inside): the op table's own cases.
     for (OpCase& c : harness::ForwardCases(/*full=*/true)) {
-      if (c.op == "fused_cross_entropy") cases.push_back(std::move(c));
+      if (c.op == "fused_cross_entropy" || c.op == "attention_backward" ||
+          c.name.find("attention training") == 0) {
+        cases.push_back(std::move(c));
+      }
     }
   }
   int run = 0;

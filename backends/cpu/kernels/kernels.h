@@ -128,6 +128,12 @@ struct IsaKernels {
   void (*softmax_stats)(const float* x, int64_t n, float* max, double* sum);
   // y[j] = exp(x[j] - shift) * scale for j in [0, n); y may alias x.
   void (*scaled_exp)(const float* x, int64_t n, float shift, float scale, float* y);
+  // Small f32 products for the tiles of training attention: c[m, n] = alpha * A B (or
+  // c += alpha * A B with `accumulate`), A(r, k) = a[r * a_rs + k * a_cs] (any strides: A or
+  // A^T), B rows k of n contiguous floats `ldb` apart, c rows `ldc` apart. f32 accumulation.
+  void (*small_gemm)(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
+                     float* c, int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha,
+                     bool accumulate);
 };
 
 // True for the weight types gemv_q8 takes.

@@ -670,14 +670,77 @@ void ScaledExp(const float* x, int64_t n, float shift, float scale, float* y) {
   for (; j < n; ++j) y[j] = std::exp(x[j] - shift) * scale;
 }
 
+// ---- Small products (training attention) ---------------------------------------------------
+
+// Vectors of columns per register block: 4 x kSmallNV accumulators fit the register file
+// (AVX-512: 16 of 32 zmm; AVX2 and the portable layer: 8).
+constexpr int kSmallNV = kLanes >= 16 ? 4 : 2;
+
+// Rows [0, MR) x columns [j, j + NV * kLanes) of SmallGemm.
+template <int MR, int NV>
+void SmallBlock(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+                int64_t ldc, int64_t j, int64_t k, float alpha, bool accumulate) {
+  F s[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int u = 0; u < NV; ++u) s[r][u] = Zero();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* brow = b + kk * ldb + j;
+    F bv[NV];
+    for (int u = 0; u < NV; ++u) bv[u] = Load(brow + u * kLanes);
+    for (int r = 0; r < MR; ++r) {
+      const F av = Set1(a[r * a_rs + kk * a_cs]);
+      for (int u = 0; u < NV; ++u) s[r][u] = Fma(av, bv[u], s[r][u]);
+    }
+  }
+  const F al = Set1(alpha);
+  for (int r = 0; r < MR; ++r) {
+    float* crow = c + r * ldc + j;
+    for (int u = 0; u < NV; ++u) {
+      const F v = Mul(s[r][u], al);
+      Store(crow + u * kLanes, accumulate ? Add(Load(crow + u * kLanes), v) : v);
+    }
+  }
+}
+
+template <int MR>
+void SmallRows(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+               int64_t ldc, int64_t n, int64_t k, float alpha, bool accumulate) {
+  int64_t j = 0;
+  for (; j + kSmallNV * kLanes <= n; j += kSmallNV * kLanes) {
+    SmallBlock<MR, kSmallNV>(a, a_rs, a_cs, b, ldb, c, ldc, j, k, alpha, accumulate);
+  }
+  for (; j + kLanes <= n; j += kLanes) {
+    SmallBlock<MR, 1>(a, a_rs, a_cs, b, ldb, c, ldc, j, k, alpha, accumulate);
+  }
+  for (; j < n; ++j) {
+    for (int r = 0; r < MR; ++r) {
+      float acc = 0;
+      for (int64_t kk = 0; kk < k; ++kk) acc += a[r * a_rs + kk * a_cs] * b[kk * ldb + j];
+      c[r * ldc + j] = accumulate ? c[r * ldc + j] + alpha * acc : alpha * acc;
+    }
+  }
+}
+
+void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+               int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha, bool accumulate) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    SmallRows<4>(a + r * a_rs, a_rs, a_cs, b, ldb, c + r * ldc, ldc, n, k, alpha, accumulate);
+  }
+  for (; r < m; ++r) {
+    SmallRows<1>(a + r * a_rs, a_rs, a_cs, b, ldb, c + r * ldc, ldc, n, k, alpha, accumulate);
+  }
+}
+
 }  // namespace
 
 #if KILN_ISA_HAS_Q8
-const IsaKernels kTable = {kIsa,       Gemv,   Gemm,         Dequant,  Attend,
-                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp};
+const IsaKernels kTable = {kIsa,       Gemv,   Gemm,         Dequant,   Attend,
+                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp, SmallGemm};
 #else
-const IsaKernels kTable = {kIsa,    Gemv,    Gemm,         Dequant,  Attend,
-                           nullptr, nullptr, SoftmaxStats, ScaledExp};
+const IsaKernels kTable = {kIsa,    Gemv,    Gemm,         Dequant,   Attend,
+                           nullptr, nullptr, SoftmaxStats, ScaledExp, SmallGemm};
 #endif
 
 }  // namespace kiln::cpu::KILN_ISA_NS

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/attention_train.h"
 #include "backends/cpu/kernels/autotune.h"
 #include "backends/cpu/kernels/cross_entropy.h"
 #include "backends/cpu/kernels/linear.h"
@@ -33,6 +34,10 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeGemmKernel(req, ctx);
     case OpKind::kPagedAttention:
       return MakePagedAttentionKernel(req, ctx);
+    case OpKind::kAttention:
+      return MakeDenseAttentionKernel(req, ctx);
+    case OpKind::kAttentionBackward:
+      return MakeAttentionBackwardKernel(req, ctx);
     case OpKind::kRope:
       return MakeRopeKernel(req, ctx);
     case OpKind::kKvWrite:

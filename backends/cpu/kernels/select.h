@@ -10,6 +10,8 @@
 //               f16/bf16/q4_0/q4_1/q8_0/mxfp4 right operand (a frozen weight: dx = g w) —
 //               its column panels decoded to f32 per thread, then oneDNN or the packed GEMM.
 //   rope, kv_write, contiguous  threaded direct loops (token_ops.h).
+//   attention, attention_backward  dense f32 training attention with causal, window or
+//               document masks (attention_train.h).
 //   fused_cross_entropy  f32 logits, contiguous rows — vectorised, threads over rows
 //               (cross_entropy.h).
 //   paged_attention  q f32, K/V caches both f32, f16 or bf16, no score_mod, mask none,

@@ -1,0 +1,299 @@
+#include "backends/cpu/kernels/attention_train.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+using backend::Kernel;
+using backend::KernelRequest;
+
+constexpr int64_t kTileRows = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Which keys a query row may see: kv <= q when causal, q - kv < window when window > 0, and
+// the same document id (aux 0, row-major over rows of row_len tokens) when docs.
+struct TrainMask {
+  bool causal = false;
+  int64_t window = 0;
+  bool docs = false;
+  int64_t row_len = 0;
+};
+
+std::optional<TrainMask> ClassifyTrainMask(const Expr& mask, const KernelRequest& req,
+                                           int num_fixed) {
+  const int num_aux = static_cast<int>(req.inputs.size()) - num_fixed;
+  TrainMask m;
+  if (const auto simple = ClassifyMask(mask)) {
+    m.causal = simple->first != MaskKind::kNone;
+    m.window = simple->second;
+    return num_aux == 0 ? std::optional<TrainMask>(m) : std::nullopt;
+  }
+  // DocumentMask(0, Tk, w) = And(causal or window, same document).
+  const ExprNode& n = mask.node();
+  const auto tk = req.inputs[1].shape[2].TryConstant();
+  if (n.op != ExprOp::kAnd || n.args.size() != 2 || num_aux != 1 || !tk) return std::nullopt;
+  const auto first = ClassifyMask(n.args[0]);
+  if (!first || first->first == MaskKind::kNone) return std::nullopt;
+  const DType ids = req.inputs[num_fixed].dtype;
+  if (ids != DType::kI32 && ids != DType::kI64) return std::nullopt;
+  if (mask != attn::DocumentMask(0, *tk, first->second)) return std::nullopt;
+  m.causal = true;
+  m.window = first->second;
+  m.docs = true;
+  m.row_len = *tk;
+  return m;
+}
+
+struct TrainAttnData {
+  const IsaKernels* k = nullptr;
+  TrainMask mask;
+  float scale = 1;
+  Kernel fallback;
+};
+
+float* Row(const TensorArg& t, int64_t b, int64_t h, int64_t i) {
+  return static_cast<float*>(t.data) + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
+}
+
+bool LastAxisDense(const TensorArg& t) {
+  return t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1;
+}
+
+void RunFallback(const TrainAttnData& d, const LaunchArgs& a, const ExecCtx& c) {
+  LaunchArgs b = a;
+  b.kernel_data = d.fallback.data.get();
+  d.fallback.fn(b, c);
+}
+
+// Keys [lo, hi) that query rows [r0, r1) may see before per-element masking.
+std::pair<int64_t, int64_t> KeyRange(const TrainMask& m, int64_t r0, int64_t r1, int64_t tk) {
+  const int64_t hi = m.causal ? std::min(tk, r1) : tk;
+  const int64_t lo = m.window > 0 ? std::max<int64_t>(0, r0 - m.window + 1) : 0;
+  return {lo, std::max(lo, hi)};
+}
+
+int64_t DocId(const TensorArg& ids, int64_t i) {
+  const int64_t off = i * (ids.rank > 0 ? ids.strides[0] : 0);
+  return ids.dtype == DType::kI64 ? static_cast<const int64_t*>(ids.data)[off]
+                                  : static_cast<const int32_t*>(ids.data)[off];
+}
+
+// Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf.
+void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, int64_t rows,
+               int64_t lo, int64_t n, float* s) {
+  if (!m.causal && !m.docs) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t q = r0 + i;
+    float* row = s + i * n;
+    const int64_t doc = m.docs ? DocId(*ids, b * m.row_len + q) : 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t kv = lo + j;
+      const bool keep = (!m.causal || kv <= q) && (m.window <= 0 || q - kv < m.window) &&
+                        (!m.docs || DocId(*ids, b * m.row_len + kv) == doc);
+      if (!keep) row[j] = kNegInf;
+    }
+  }
+}
+
+// kt[d * ld + j] = x[rows j, element d] for rows [0, n) of one head (a transposed copy).
+void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t n, int64_t dim, float* kt,
+               int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* row = Row(x, b, h, j);
+    for (int64_t e = 0; e < dim; ++e) kt[e * ld + j] = row[e];
+  }
+}
+
+struct Scratch {
+  std::vector<float> s, dp, kt, vt;
+};
+Scratch& ThreadScratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
+  const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
+  const TensorArg* lse = a.num_extra_outputs > 0 ? &a.extra_outputs[0] : nullptr;
+  const TensorArg* ids = d.mask.docs ? &a.inputs[3] : nullptr;
+  if (!LastAxisDense(q) || !LastAxisDense(k) || !LastAxisDense(v) || !LastAxisDense(o) ||
+      (lse != nullptr && lse->dtype != DType::kF32)) {
+    RunFallback(d, a, c);
+    return;
+  }
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
+  Scratch& sc = ThreadScratch();
+  sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
+  for (int64_t item = c.thread_index; item < B * Hq * tiles; item += c.thread_count) {
+    const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
+    const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
+    const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
+    const int64_t n = hi - lo;
+    float* s = sc.s.data();
+    if (n > 0) {
+      // The tile's keys of kv head g, transposed, then S = scale Q K^T, masked.
+      for (int64_t j = 0; j < n; ++j) {
+        const float* row = Row(k, b, g, lo + j);
+        for (int64_t e = 0; e < D; ++e) sc.kt[e * n + j] = row[e];
+      }
+      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
+                      false);
+      ApplyMask(d.mask, ids, b, r0, rows, lo, n, s);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      float* p = s + i * n;
+      float m = kNegInf;
+      double sum = 0;
+      if (n > 0) d.k->softmax_stats(p, n, &m, &sum);
+      float row_lse = kNegInf;
+      if (m == kNegInf) {
+        std::fill(p, p + n, 0.0f);
+      } else {
+        d.k->scaled_exp(p, n, m, static_cast<float>(1.0 / sum), p);
+        row_lse = static_cast<float>(static_cast<double>(m) + std::log(sum));
+      }
+      if (lse != nullptr) {
+        static_cast<float*>(
+            lse->data)[b * lse->strides[0] + h * lse->strides[1] + (r0 + i) * lse->strides[2]] =
+            row_lse;
+      }
+    }
+    if (n > 0) {
+      d.k->small_gemm(s, n, 1, Row(v, b, g, lo), v.strides[2], Row(o, b, h, r0), o.strides[2], rows,
+                      Dv, n, 1.0f, false);
+    } else {
+      for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(o, b, h, r0 + i), Dv, 0.0f);
+    }
+  }
+}
+
+void Backward(const LaunchArgs& a, const ExecCtx& c) {
+  const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.inputs[3],
+                  &dout = a.inputs[4], &lse = a.inputs[5];
+  const TensorArg &dq = a.output, &dk = a.extra_outputs[0], &dv = a.extra_outputs[1];
+  const TensorArg* ids = d.mask.docs ? &a.inputs[6] : nullptr;
+  for (const TensorArg* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) {
+    if (!LastAxisDense(*t)) {
+      RunFallback(d, a, c);
+      return;
+    }
+  }
+  if (lse.dtype != DType::kF32) {
+    RunFallback(d, a, c);
+    return;
+  }
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const int64_t group = Hq / Hkv;
+  Scratch& sc = ThreadScratch();
+  const size_t tile = static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1));
+  sc.s.resize(tile);
+  sc.dp.resize(tile);
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
+  sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * Tk, 1)));
+  for (int64_t item = c.thread_index; item < B * Hkv; item += c.thread_count) {
+    const int64_t b = item / Hkv, g = item % Hkv;
+    for (int64_t j = 0; j < Tk; ++j) {
+      std::fill_n(Row(dk, b, g, j), D, 0.0f);
+      std::fill_n(Row(dv, b, g, j), Dv, 0.0f);
+    }
+    Transpose(k, b, g, Tk, D, sc.kt.data(), Tk);
+    Transpose(v, b, g, Tk, Dv, sc.vt.data(), Tk);
+    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      for (int64_t r0 = 0; r0 < Tq; r0 += kTileRows) {
+        const int64_t rows = std::min(kTileRows, Tq - r0);
+        const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
+        const int64_t n = hi - lo;
+        if (n == 0) {
+          for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(dq, b, h, r0 + i), D, 0.0f);
+          continue;
+        }
+        float *p = sc.s.data(), *ds = sc.dp.data();
+        const float* qt = Row(q, b, h, r0);
+        const float* dot = Row(dout, b, h, r0);
+        // P = exp(scale Q K^T - lse), masked.
+        d.k->small_gemm(qt, q.strides[2], 1, sc.kt.data() + lo, Tk, p, n, rows, n, D, d.scale,
+                        false);
+        ApplyMask(d.mask, ids, b, r0, rows, lo, n, p);
+        // dP = dO V^T.
+        d.k->small_gemm(dot, dout.strides[2], 1, sc.vt.data() + lo, Tk, ds, n, rows, n, Dv, 1.0f,
+                        false);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* prow = p + i * n;
+          float* drow = ds + i * n;
+          const float l = static_cast<const float*>(
+              lse.data)[b * lse.strides[0] + h * lse.strides[1] + (r0 + i) * lse.strides[2]];
+          if (l == kNegInf) {
+            std::fill(prow, prow + n, 0.0f);
+          } else {
+            d.k->scaled_exp(prow, n, l, 1.0f, prow);
+          }
+          // dS = P (dP - D_i), D_i = rowsum(dO o).
+          const float* orow = Row(o, b, h, r0 + i);
+          const float* grow = Row(dout, b, h, r0 + i);
+          double di = 0;
+          for (int64_t e = 0; e < Dv; ++e) di += static_cast<double>(grow[e]) * orow[e];
+          const float fdi = static_cast<float>(di);
+          for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - fdi);
+        }
+        // dV += P^T dO; dK += scale dS^T Q; dQ = scale dS K.
+        d.k->small_gemm(p, 1, n, dot, dout.strides[2], Row(dv, b, g, lo), dv.strides[2], n, Dv,
+                        rows, 1.0f, true);
+        d.k->small_gemm(ds, 1, n, qt, q.strides[2], Row(dk, b, g, lo), dk.strides[2], n, D, rows,
+                        d.scale, true);
+        d.k->small_gemm(ds, n, 1, Row(k, b, g, lo), k.strides[2], Row(dq, b, h, r0), dq.strides[2],
+                        rows, D, n, d.scale, false);
+      }
+    }
+  }
+}
+
+StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectContext& ctx,
+                                     int num_fixed, KernelFn fn, const char* what) {
+  const Attrs& at = *req.attrs;
+  if (at.expr[1]) return std::optional<Kernel>();
+  for (int i = 0; i < num_fixed; ++i) {
+    if (req.inputs[i].dtype != DType::kF32) return std::optional<Kernel>();
+  }
+  const auto mask = ClassifyTrainMask(at.expr[0], req, num_fixed);
+  if (!mask) return std::optional<Kernel>();
+  auto d = std::make_shared<TrainAttnData>();
+  d->k = KernelsFor(ctx.isa);
+  if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
+  d->mask = *mask;
+  d->scale = static_cast<float>(at.floats[0]);
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  const char* kind = mask->docs ? "documents" : (mask->causal ? "causal" : "none");
+  std::string name =
+      absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind,
+                   mask->window > 0 ? absl::StrCat(" window ", mask->window) : "", "]");
+  return std::optional<Kernel>(Kernel{fn, std::move(d), std::move(name)});
+}
+
+}  // namespace
+
+StatusOr<std::optional<Kernel>> MakeDenseAttentionKernel(const KernelRequest& req,
+                                                         const SelectContext& ctx) {
+  return Make(req, ctx, 3, DenseForward, "attention");
+}
+
+StatusOr<std::optional<Kernel>> MakeAttentionBackwardKernel(const KernelRequest& req,
+                                                            const SelectContext& ctx) {
+  return Make(req, ctx, 6, Backward, "attention_backward");
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,28 @@
+// Dense attention for training on the cpu backend: the forward with its log-sum-exp
+// (OpKind::kAttention) and its backward (OpKind::kAttentionBackward), flash-attention style —
+// the [Tq, Tk] probabilities exist only per tile of 64 query rows, never for the whole head.
+//
+// Covered: f32 q/k/v/o, last axes contiguous (other strides free), no score_mod, mask_mod
+// none, CausalMask, SlidingWindowMask(w) or DocumentMask(0, Tk, w) (packed training rows,
+// document ids i32/i64 as aux 0). Keys a causal or window mask rules out for a whole tile are
+// never visited (about half the work of dense causal); the rest is masked per element.
+// Anything else (and layouts found at run time) runs the reference kernel.
+//
+// Work: the forward splits (batch, query head, query tile) over the pool; the backward
+// (batch, kv head), each item owning its dk/dv rows and the dq of its query heads, so no
+// two threads write one element. Numerics: f32 products and exponentials (kernels.h
+// small_gemm, scaled_exp), softmax sums in double per row.
+#pragma once
+
+#include <optional>
+
+#include "backends/cpu/kernels/select.h"
+
+namespace kiln::cpu {
+
+StatusOr<std::optional<backend::Kernel>> MakeDenseAttentionKernel(const backend::KernelRequest& req,
+                                                                  const SelectContext& ctx);
+StatusOr<std::optional<backend::Kernel>> MakeAttentionBackwardKernel(
+    const backend::KernelRequest& req, const SelectContext& ctx);
+
+}  // namespace kiln::cpu
