@@ -192,8 +192,8 @@ Value ForwardContext::AttendTrain(int64_t layer, Value q, Value k, Value v) {
   if (train_.fused_attention) {
     AttentionParams p{attrs.floats[0], attrs.expr[0], {}};
     p.fused_backward = true;
-    o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads), rows(v, hp_.num_kv_heads),
-                    p, aux);
+    o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads), rows(v, hp_.num_kv_heads), p,
+                    aux);
   } else {
     o = AttentionDecomposed(b, rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads),
                             rows(v, hp_.num_kv_heads), attrs, aux);

@@ -59,6 +59,50 @@ std::string AccumulatorName(const std::string& name) { return name + ".grad_sum"
 
 }  // namespace
 
+namespace {
+
+// Rows of the classifier head per chunk: logits and dlogits exist for this many rows at a
+// time (2 x 256 x vocabulary x 4 bytes; 100 MB for a 49,152-token vocabulary).
+constexpr int64_t kHeadChunkRows = 256;
+
+}  // namespace
+
+ClassifierOutputs ChunkedClassifier(Builder& b, Value logits, Value targets, Value dloss) {
+  const Node head = b.graph().node(logits.id);
+  const bool linear = head.op == OpKind::kLinear && head.inputs.size() == 2 &&
+                      b.shape(logits).size() == 2 && b.shape(logits)[0].TryConstant();
+  ClassifierOutputs out;
+  if (!linear) {  // any other head: one fused cross-entropy over all rows
+    const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, dloss);
+    out.loss = ce.loss;
+    out.input = logits;
+    out.dinput = ce.dlogits;
+    return out;
+  }
+  const Value x = Value{head.inputs[0]}, w = Value{head.inputs[1]};
+  const int64_t rows = *b.shape(logits)[0].TryConstant();
+  const bool trainable_head = b.graph().node(w.id).op == OpKind::kState;
+  std::vector<Value> losses, dxs;
+  for (int64_t r0 = 0; r0 < rows; r0 += kHeadChunkRows) {
+    const int64_t n = std::min(kHeadChunkRows, rows - r0);
+    const Value xc = b.Slice(x, 0, r0, n);
+    const Value lc = b.Named(b.Linear(xc, w), Cat("logits.rows_", r0));
+    const Value dl = b.shape(dloss).empty() ? dloss : b.Slice(dloss, 0, r0, n);
+    const CrossEntropyOutputs ce = b.FusedCrossEntropy(lc, b.Slice(targets, 0, r0, n), dl);
+    losses.push_back(ce.loss);
+    dxs.push_back(b.MatMul(ce.dlogits, w));  // d x = dlogits W
+    if (trainable_head) {
+      const Value dw = b.MatMul(b.Transpose(ce.dlogits, 0, 1), xc);  // d W = dlogits^T x
+      out.dweight = out.dweight.valid() ? b.Add(out.dweight, dw) : dw;
+    }
+  }
+  out.loss = losses.size() == 1 ? losses[0] : b.Concat(losses, 0);
+  out.input = x;
+  out.dinput = dxs.size() == 1 ? dxs[0] : b.Concat(dxs, 0);
+  out.weight = w;
+  return out;
+}
+
 bool NativeTrainingAttention(backend::Device& device, const LlmHParams& hp, int64_t rows,
                              int64_t seq_len) {
   if (const char* v = std::getenv("KILN_FUSED_ATTENTION"); v != nullptr && std::string(v) == "0") {
@@ -153,22 +197,25 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
     KILN_RETURN_IF_ERROR(ctx.status());
     KILN_RETURN_IF_ERROR(b.status());
     if (trainable_.empty()) trainable_ = ctx.trainable();
-    CrossEntropyOutputs ce;
+    ClassifierOutputs head;
     if (kind == Kind::kLogits) {
       outputs.push_back(logits);
     } else {
-      // The loss and d loss / d logits in one kernel (softmax is never materialised).
-      ce = b.FusedCrossEntropy(logits, targets, inv_count);
-      outputs.push_back(b.Named(b.Mul(b.Sum(ce.loss, {0}), inv_count), "loss"));  // rank 0
+      head = ChunkedClassifier(b, logits, targets, inv_count);
+      outputs.push_back(b.Named(b.Mul(b.Sum(head.loss, {0}), inv_count), "loss"));  // rank 0
     }
     if (kind == Kind::kGradients || kind == Kind::kStep || kind == Kind::kAccumulate) {
       std::vector<Value> wrt;
       for (const TrainableTensor& t : ctx.trainable()) wrt.push_back(t.value);
-      const Value seeds[] = {ce.dlogits};
-      const Value outs[] = {logits};
+      const Value seeds[] = {head.dinput};
+      const Value outs[] = {head.input};
       GradientOptions gopt;
       if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
       KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt, gopt));
+      // The head weight's own gradient (full fine-tuning: the tied embedding or output.weight).
+      for (size_t i = 0; i < wrt.size() && head.dweight.valid(); ++i) {
+        if (wrt[i].id == head.weight.id) grads[i] = b.Add(grads[i], head.dweight);
+      }
       if (kind == Kind::kGradients) {
         compiled->first_grad_output = static_cast<int>(outputs.size());
         outputs.insert(outputs.end(), grads.begin(), grads.end());

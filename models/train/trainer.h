@@ -64,6 +64,20 @@ struct TrainStepResult {
   double grad_norm = 0;  // before clipping
 };
 
+// The classifier and its loss for training: per-row cross-entropy of logits = x W^T (the
+// model's final Linear), the gradient of sum(loss * dloss) w.r.t. x, and W's own gradient when
+// W is trainable (a State). Computed in chunks of rows, each chunk's logits, loss, dlogits and
+// dlogits W in turn, so logits and dlogits never exist for all rows at once. A head that is
+// not a plain 2-D Linear runs one fused cross-entropy (input = logits, dinput = dlogits).
+struct ClassifierOutputs {
+  Value loss;     // [rows]
+  Value input;    // what dinput is the gradient of: x, or the logits
+  Value dinput;   // [rows, C] (or [rows, V])
+  Value weight;   // W (invalid when not chunked)
+  Value dweight;  // W's gradient; invalid unless W is a State
+};
+ClassifierOutputs ChunkedClassifier(Builder& b, Value logits, Value targets, Value dloss);
+
 // Whether `device` has its own attention_backward kernel (not the reference's) for the
 // training attention of every layer of `hp` (f32, rows x seq_len, document masks with each
 // layer's window); the training graphs then use the fused attention op. KILN_FUSED_ATTENTION=0

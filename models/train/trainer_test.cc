@@ -19,6 +19,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "backends/builtin.h"
+#include "engine/autograd.h"
+#include "engine/program.h"
 #include "models/io/errors.h"
 #include "models/io/test_paths.h"
 #include "models/llm/loader.h"
@@ -400,6 +403,65 @@ TEST(TrainerLoraModulesTest, Gpt2TargetsByNameAndPath) {
 
 // Full fine-tuning: every weight (embedding, norms, projections, LM head) is an f32 master
 // copy; its gradient by GGUF name equals PyTorch's of the Hugging Face parameter.
+// The chunked classifier (3 chunks of rows, the last one partial) against one fused
+// cross-entropy over all logits, differentiated by autograd: loss, d x and d W (a State, as
+// in full fine-tuning) agree.
+TEST(ChunkedClassifierTest, EqualsTheWholeHeadDifferentiated) {
+  std::unique_ptr<backend::Backend> cpu = backend::MakeCpuBackend(2);
+  backend::Device& dev = *cpu->device(0);
+  const int64_t rows = 600, C = 24, V = 97;
+  std::vector<double> xv(rows * C), wv(V * C), tv(rows);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37 * static_cast<double>(i));
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::cos(0.11 * static_cast<double>(i));
+  for (int64_t i = 0; i < rows; ++i) tv[i] = i % 7 == 3 ? -100 : (i * 31) % V;
+  std::vector<std::vector<double>> got[2];
+  for (int chunked = 0; chunked < 2; ++chunked) {
+    Graph g;
+    Builder b(&g);
+    const Value x = b.Input("x", DType::kF32, {rows, C});
+    const Value w = b.State("w", DType::kF32, {V, C});
+    const Value targets = b.Input("targets", DType::kI32, {rows});
+    const Value dloss = b.Full(0.25, DType::kF32, {});
+    const Value logits = b.Linear(x, w);
+    std::vector<Value> outs;
+    if (chunked) {
+      const ClassifierOutputs h = ChunkedClassifier(b, logits, targets, dloss);
+      ASSERT_EQ(h.input.id, x.id);
+      ASSERT_TRUE(h.dweight.valid());
+      outs = {h.loss, h.dinput, h.dweight};
+    } else {
+      const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, dloss);
+      const Value wrt[] = {x, w};
+      const Value seeds[] = {ce.dlogits};
+      const Value of[] = {logits};
+      auto gr = Gradients(b, of, seeds, wrt);
+      ASSERT_TRUE(gr.ok()) << gr.status();
+      outs = {ce.loss, (*gr)[0], (*gr)[1]};
+    }
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto p = Compile(g, outs, dev);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto stream = dev.CreateStream();
+    ASSERT_TRUE(stream.ok());
+    ASSERT_TRUE((*p)->Bind("x", *Tensor::FromDoubles(dev, DType::kF32, {rows, C}, xv)).ok());
+    ASSERT_TRUE((*p)->Bind("w", *Tensor::FromDoubles(dev, DType::kF32, {V, C}, wv)).ok());
+    ASSERT_TRUE((*p)->Bind("targets", *Tensor::FromDoubles(dev, DType::kI32, {rows}, tv)).ok());
+    ASSERT_TRUE((*p)->Run(**stream).ok());
+    for (int i = 0; i < 3; ++i) got[chunked].push_back(*(*p)->Output(i)->ToDoubles());
+  }
+  const char* names[] = {"loss", "dx", "dw"};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(got[0][i].size(), got[1][i].size()) << names[i];
+    double scale = 0, diff = 0;
+    for (size_t j = 0; j < got[0][i].size(); ++j) {
+      scale = std::max(scale, std::fabs(got[0][i][j]));
+      diff = std::max(diff, std::fabs(got[0][i][j] - got[1][i][j]));
+    }
+    EXPECT_GT(scale, 1e-3) << names[i];
+    EXPECT_LE(diff, 1e-5 * scale) << names[i];
+  }
+}
+
 TEST(TrainerFullTest, EveryWeightGradientEqualsPyTorch) {
   auto fixture = OpenFixture(kLlama.name, "full_grads.safetensors");
   const SafetensorsFile& f = *fixture;
