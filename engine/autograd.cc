@@ -20,9 +20,14 @@ class Recompute {
  public:
   Recompute(Builder& b, int32_t n) : b_(b), block_(n, -1), clone_(n, -1) {}
 
-  Status Init(std::span<const NodeRange> ranges) {
+  // `ranges` (GradientOptions::recompute), then `on_read` (recompute_on_read).
+  Status Init(std::span<const NodeRange> blocks, std::span<const NodeRange> on_read) {
     const Graph& g = b_.graph();
     const int32_t n = static_cast<int32_t>(block_.size());
+    std::vector<NodeRange> ranges(blocks.begin(), blocks.end());
+    ranges.insert(ranges.end(), on_read.begin(), on_read.end());
+    on_read_.assign(ranges.size(), 0);
+    std::fill(on_read_.begin() + static_cast<ptrdiff_t>(blocks.size()), on_read_.end(), 1);
     for (size_t r = 0; r < ranges.size(); ++r) {
       const NodeRange& range = ranges[r];
       if (range.begin < 0 || range.begin > range.end || range.end > g.size()) {
@@ -47,14 +52,23 @@ class Recompute {
 
   // The node whose backward rule runs next, with its inputs (and its outputs `outs`) replaced
   // by its block's clones; the block is cloned first if it has not been.
+  // Inputs in an on-read range are replaced by that range's clones (cloned first if needed),
+  // wherever the reading node is.
   Node Prepare(int32_t id, std::span<Value> outs) {
     const Graph& g = b_.graph();
     Node node = g.node(id);
+    const int32_t n = static_cast<int32_t>(block_.size());
     const int32_t blk = block_[id];
-    if (blk < 0) return node;
-    if (!done_[blk]) Clone(blk);
-    for (int32_t& in : node.inputs) in = Map(blk, in);
-    for (Value& o : outs) o = Value{Map(blk, o.id)};
+    if (blk >= 0 && !done_[blk]) Clone(blk);
+    for (int32_t& in : node.inputs) {
+      const int32_t ib = in < n ? block_[in] : -1;
+      if (ib < 0 || (ib != blk && !on_read_[ib])) continue;
+      if (!done_[ib]) Clone(ib);
+      in = Map(ib, in);
+    }
+    if (blk >= 0) {
+      for (Value& o : outs) o = Value{Map(blk, o.id)};
+    }
     return node;
   }
 
@@ -98,6 +112,7 @@ class Recompute {
   std::vector<int32_t> block_;  // per forward node: its range, or -1
   std::vector<int32_t> clone_;  // per forward node: its clone, or -1
   std::vector<char> done_;      // per range: cloned
+  std::vector<char> on_read_;   // per range: a recompute_on_read range
 };
 
 }  // namespace
@@ -127,6 +142,53 @@ std::vector<NodeRange> ScopeRanges(const Graph& g, std::string_view family) {
     int32_t j = i + 1;
     while (j < n && scope[j] == scope[i]) ++j;
     if (!scope[i].empty()) ranges.push_back({i, j});
+    i = j;
+  }
+  return ranges;
+}
+
+std::vector<NodeRange> ValueRanges(const Graph& g, std::span<const std::string_view> suffixes) {
+  const int32_t n = g.size();
+  // Each node's owner: the next named computing node at or after it.
+  std::vector<int32_t> owner(n, -1);
+  int32_t next = -1;
+  for (int32_t i = n - 1; i >= 0; --i) {
+    const Node& node = g.node(i);
+    if (GetOpDef(node.op).cls != OpClass::kSource && !node.name.empty()) next = i;
+    owner[i] = next;
+  }
+  auto wanted = [&](int32_t o) {
+    if (o < 0) return false;
+    const std::string_view name = g.node(o).name;
+    for (std::string_view s : suffixes) {
+      if (name.size() > s.size() && name.ends_with(s) && name[name.size() - s.size() - 1] == '.') {
+        return true;
+      }
+    }
+    return false;
+  };
+  // A helper whose value is also read outside its owner's run (an unnamed residual add before
+  // a norm) stays out: recomputing it would chain the clones through every block. The owner
+  // itself is what the backward reads, so it may escape.
+  std::vector<int32_t> last_reader(n, -1);
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t in : g.node(i).inputs) last_reader[in] = std::max(last_reader[in], i);
+  }
+  std::vector<NodeRange> ranges;
+  for (int32_t i = 0; i < n;) {
+    int32_t j = i + 1;
+    while (j < n && owner[j] == owner[i]) ++j;
+    if (wanted(owner[i])) {
+      int32_t begin = -1;
+      for (int32_t k = i; k <= j; ++k) {
+        const bool inside = k < j && (k == owner[i] || last_reader[k] < j);
+        if (inside && begin < 0) begin = k;
+        if (!inside && begin >= 0) {
+          ranges.push_back({begin, k});
+          begin = -1;
+        }
+      }
+    }
     i = j;
   }
   return ranges;
@@ -189,7 +251,7 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> output
   }
 
   Recompute recompute(b, n);
-  KILN_RETURN_IF_ERROR(recompute.Init(options.recompute));
+  KILN_RETURN_IF_ERROR(recompute.Init(options.recompute, options.recompute_on_read));
 
   std::vector<Value> grad(n);
   auto accumulate = [&](int32_t id, Value v) {

@@ -39,6 +39,13 @@ struct GradientOptions {
   // of each block. Results are the same ops on the same values: equal to no recomputation.
   // Ranges must not overlap; a node's output_of nodes count as its own.
   std::vector<NodeRange> recompute;
+  // Selective recomputation: ranges cloned when a backward rule first reads one of their
+  // values — any rule, inside the range or not — and every backward rule reads the clones.
+  // For values that are cheap to compute and large to keep (normalised inputs, activation
+  // products): they die in the forward and come back, one at a time, where the backward
+  // needs them. Clones read the originals of values outside their range. Must not overlap
+  // `recompute` or each other.
+  std::vector<NodeRange> recompute_on_read;
 };
 
 // Returns d(sum(output * seed)) / d(wrt[i]) for each i, with wrt[i]'s shape and dtype.
@@ -63,5 +70,13 @@ StatusOr<std::vector<Value>> Gradients(Builder& b, std::span<const Value> output
 // unnamed helpers belong to the named value they feed); a range is a maximal run of nodes of
 // one scope. Nodes named otherwise ("token_embd_rows", "logits") belong to no block.
 std::vector<NodeRange> ScopeRanges(const Graph& g, std::string_view family);
+
+// The nodes that compute each named value whose name ends with ".<suffix>" for one of
+// `suffixes` ("ffn_act" -> blk.0.ffn_act, blk.1.ffn_act, ...), as node ranges in graph order,
+// for GradientOptions::recompute_on_read. A node belongs to the next named computing node at
+// or after it (the rule of ScopeRanges, by full name instead of block); helpers whose value is
+// also read outside that run (an unnamed residual add) are left out, so a run may give
+// several ranges.
+std::vector<NodeRange> ValueRanges(const Graph& g, std::span<const std::string_view> suffixes);
 
 }  // namespace kiln

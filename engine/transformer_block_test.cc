@@ -187,8 +187,10 @@ TEST_P(TransformerBlockTest, ParameterGradientsMatchFiniteDifferences) {
   EXPECT_LT(total_num / total_den, 1e-10);
 }
 
-// Activation recomputation per block (GradientOptions::recompute): the same gradients, bit for
-// bit, from a smaller arena; the backward reads no block's inner forward values.
+// Activation recomputation per block (GradientOptions::recompute), and of the norms' outputs
+// where the backward reads them (recompute_on_read): the same gradients, bit for bit, from a
+// smaller arena; the backward reads no block's inner forward values, and no original norm
+// output.
 TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena) {
   auto dev_backend = kiln::MakeTestBackend(GetParam(), 2);
   backend::Device& dev = *dev_backend->device(0);
@@ -199,15 +201,17 @@ TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena
     int32_t forward_nodes = 0;
     std::vector<NodeRange> blocks;
   };
-  Run runs[2];
-  for (int recompute = 0; recompute < 2; ++recompute) {
+  Run runs[3];  // none, blocks, norms on read
+  for (int recompute = 0; recompute < 3; ++recompute) {
     Run& r = runs[recompute];
     r.m = BuildModel(kDeep);
     Builder b(&r.m.graph);
     r.forward_nodes = r.m.graph.size();
     GradientOptions options;
-    if (recompute) options.recompute = ScopeRanges(r.m.graph, "blk");
-    r.blocks = options.recompute;
+    static constexpr std::string_view kNorms[] = {"attn_norm", "ffn_norm"};
+    if (recompute == 1) options.recompute = ScopeRanges(r.m.graph, "blk");
+    if (recompute == 2) options.recompute_on_read = ValueRanges(r.m.graph, kNorms);
+    r.blocks = recompute == 1 ? options.recompute : options.recompute_on_read;
     auto grads = Gradients(b, r.m.loss, r.m.params, Value{}, options);
     ASSERT_TRUE(grads.ok()) << grads.status();
     std::vector<Value> outputs = {r.m.loss};
@@ -241,9 +245,24 @@ TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena
     }
   }
   EXPECT_GT(inner_values, kDeep * 10);
+  // Two norms per block; the backward reads only their clones.
+  const Run& rn = runs[2];
+  ASSERT_GE(rn.blocks.size(), static_cast<size_t>(2 * kDeep));
+  for (const NodeRange& r : rn.blocks) {
+    for (int32_t i = r.begin; i < r.end; ++i) {
+      if (GetOpDef(rn.m.graph.node(i).op).cls == OpClass::kSource) continue;
+      for (int32_t j = rn.forward_nodes; j < rn.m.graph.size(); ++j) {
+        for (int32_t in : rn.m.graph.node(j).inputs) {
+          EXPECT_NE(in, i) << "the backward reads " << OpName(rn.m.graph.node(i).op) << " %" << i;
+        }
+      }
+    }
+  }
   EXPECT_LT(runs[1].program->arena_bytes(), runs[0].program->arena_bytes());
+  EXPECT_LT(runs[2].program->arena_bytes(), runs[0].program->arena_bytes());
   std::cout << "arena bytes: " << runs[0].program->arena_bytes() << " without recomputation, "
-            << runs[1].program->arena_bytes() << " with\n";
+            << runs[1].program->arena_bytes() << " per block, " << runs[2].program->arena_bytes()
+            << " norms on read\n";
 
   const int64_t T = 16;
   std::mt19937_64 rng(7);
@@ -266,8 +285,8 @@ TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena
     }
   }
   auto stream = *dev.CreateStream();
-  std::vector<std::vector<double>> results[2];
-  for (int recompute = 0; recompute < 2; ++recompute) {
+  std::vector<std::vector<double>> results[3];
+  for (int recompute = 0; recompute < 3; ++recompute) {
     Run& r = runs[recompute];
     Program& p = *r.program;
     ASSERT_TRUE(p.SetSymbol("T", T).ok());
@@ -285,11 +304,13 @@ TEST_P(TransformerBlockTest, RecomputedBlocksGiveTheSameGradientsInASmallerArena
       results[recompute].push_back(*p.Output(static_cast<int>(i))->ToDoubles());
     }
   }
-  ASSERT_EQ(results[0].size(), results[1].size());
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    const std::string what =
-        i == 0 ? "the loss" : runs[0].m.graph.node(runs[0].m.params[i - 1].id).name;
-    EXPECT_EQ(results[0][i], results[1][i]) << what;
+  for (int mode = 1; mode < 3; ++mode) {
+    ASSERT_EQ(results[0].size(), results[mode].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      const std::string what =
+          i == 0 ? "the loss" : runs[0].m.graph.node(runs[0].m.params[i - 1].id).name;
+      EXPECT_EQ(results[0][i], results[mode][i]) << what << " (mode " << mode << ")";
+    }
   }
 }
 

@@ -268,6 +268,9 @@ int main(int argc, char** argv) {
   ft->add_flag("!--no-pack", f.pack, "one example per row instead of packing");
   ft->add_flag("--recompute", f.recompute,
                "recompute each block's activations in the backward: less memory, ~1/3 more time");
+  ft->add_flag("--keep-activations", f.keep_activations,
+               "keep the norms' outputs and the MLP's activation product from the forward "
+               "instead of recomputing them (more memory, a few pointwise passes less)");
   ft->add_option("--seed", f.seed, "data order and adapter init (default 42)");
   ft->add_option("--save-steps", f.save_steps, "checkpoint every N steps (default: each epoch)");
   ft->add_option("--keep-checkpoints", f.keep_checkpoints, "newest checkpoints kept (default 2)");

@@ -178,6 +178,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
   topt.max_grad_norm = o.max_grad_norm;
   topt.seed = o.seed;
   topt.recompute = o.recompute;
+  topt.recompute_cheap = !o.keep_activations;
   const nlohmann::json options_json = {{"model", o.model},
                                        {"train", o.train},
                                        {"valid", o.valid},

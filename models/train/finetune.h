@@ -52,7 +52,8 @@ struct FinetuneOptions {
   int64_t grad_accum = 1;
   int64_t seq_len = 1024;
   bool pack = true;
-  bool recompute = false;  // TrainerOptions::recompute: a smaller arena, ~1 more forward
+  bool recompute = false;         // TrainerOptions::recompute: a smaller arena, ~1 more forward
+  bool keep_activations = false;  // TrainerOptions::recompute_cheap off
   uint64_t seed = 42;
   int64_t save_steps = 0;  // 0: a checkpoint at the end of each epoch and at the end
   // > 0: also a checkpoint once this many seconds passed since the last one (or the start),

@@ -210,7 +210,12 @@ StatusOr<Trainer::Compiled*> Trainer::Get(Kind kind) {
       const Value seeds[] = {head.dinput};
       const Value outs[] = {head.input};
       GradientOptions gopt;
-      if (options_.recompute) gopt.recompute = ScopeRanges(graph, "blk");
+      if (options_.recompute) {
+        gopt.recompute = ScopeRanges(graph, "blk");
+      } else if (options_.recompute_cheap) {
+        static constexpr std::string_view kCheap[] = {"attn_norm", "ffn_norm", "ffn_act"};
+        gopt.recompute_on_read = ValueRanges(graph, kCheap);
+      }
       KILN_ASSIGN_OR_RETURN(std::vector<Value> grads, kiln::Gradients(b, outs, seeds, wrt, gopt));
       // The head weight's own gradient (full fine-tuning: the tied embedding or output.weight).
       for (size_t i = 0; i < wrt.size() && head.dweight.valid(); ++i) {
