@@ -50,7 +50,9 @@ class VariantDevice final : public backend::HostDevice {
     if (k) {
       if (req.op == OpKind::kLinear || req.op == OpKind::kMatMul ||
           req.op == OpKind::kPagedAttention || req.op == OpKind::kFusedCrossEntropy ||
-          req.op == OpKind::kAttention || req.op == OpKind::kAttentionBackward) {
+          req.op == OpKind::kAttention || req.op == OpKind::kAttentionBackward ||
+          req.op == OpKind::kAdamW || req.op == OpKind::kAdam || req.op == OpKind::kSgd ||
+          req.op == OpKind::kAdagrad) {
         ++selected_;
       }
       return *std::move(k);
@@ -269,7 +271,8 @@ TEST_P(HarnessTest, HandTunedKernelsMatchReference) {
     for (OpCase& c : AttentionCases()) cases.push_back(std::move(c));
     // The training kernels (no GEMM inside): the op table's own cases.
     for (OpCase& c : harness::ForwardCases(/*full=*/true)) {
-      if (c.op == "fused_cross_entropy" || c.op == "attention_backward" ||
+      if (c.op == "fused_cross_entropy" || c.op == "attention_backward" || c.op == "adamw" ||
+          c.op == "adam" || c.op == "sgd" || c.op == "adagrad" ||
           c.name.find("attention training") == 0) {
         cases.push_back(std::move(c));
       }

@@ -8,6 +8,7 @@
 #include "backends/cpu/kernels/autotune.h"
 #include "backends/cpu/kernels/cross_entropy.h"
 #include "backends/cpu/kernels/linear.h"
+#include "backends/cpu/kernels/optimizer.h"
 #include "backends/cpu/kernels/token_ops.h"
 
 namespace kiln::cpu {
@@ -46,6 +47,11 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeContiguousKernel(req, ctx);
     case OpKind::kFusedCrossEntropy:
       return MakeCrossEntropyKernel(req, ctx);
+    case OpKind::kAdamW:
+    case OpKind::kAdam:
+    case OpKind::kSgd:
+    case OpKind::kAdagrad:
+      return MakeOptimizerKernel(req, ctx);
     default:
       return std::optional<backend::Kernel>();
   }

@@ -12,6 +12,8 @@
 //   rope, kv_write, contiguous  threaded direct loops (token_ops.h).
 //   attention, attention_backward  dense f32 training attention with causal, window or
 //               document masks (attention_train.h).
+//   adamw, adam, sgd, adagrad  contiguous f32 tensors — one threaded pass, the reference's
+//               arithmetic (optimizer.h).
 //   fused_cross_entropy  f32 logits, contiguous rows — vectorised, threads over rows
 //               (cross_entropy.h).
 //   paged_attention  q f32, K/V caches both f32, f16 or bf16, no score_mod, mask none,
