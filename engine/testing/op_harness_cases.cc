@@ -155,7 +155,7 @@ std::vector<TrainAttnShape> TrainAttnShapes() {
   return {
       {"causal GQA 3/1 [1,3,9,8]", {0, attn::CausalMask(), {}}, 1, 3, 1, 9, 8, false},
       {"documents GQA 3/1 [2,3,70,64]", {0, attn::DocumentMask(0, 70), {}}, 2, 3, 1, 70, 64, true},
-      {"documents, window 20, MHA [1,2,130,16]",
+      {"documents (i64 ids), window 20, MHA [1,2,130,16]",
        {0, attn::DocumentMask(0, 130, 20), {}},
        1,
        2,
@@ -687,7 +687,9 @@ void AddAttention(std::vector<OpCase>& out) {
                                    Normal("k", DType::kF32, {t.B, t.hkv, t.L, t.D}),
                                    Normal("v", DType::kF32, {t.B, t.hkv, t.L, t.D}),
                                    Normal("do", DType::kF32, {t.B, t.hq, t.L, t.D})};
-      if (t.docs) in.push_back(Custom("docs", DType::kI32, {t.B * t.L}, DocIds(t.B, t.L)));
+      // i64 ids for one shape (kernels read both widths).
+      const DType ids = t.L == 130 ? DType::kI64 : DType::kI32;
+      if (t.docs) in.push_back(Custom("docs", ids, {t.B * t.L}, DocIds(t.B, t.L)));
       out.push_back(
           Make(backward ? "attention_backward" : "attention",
                absl::StrCat("training ", t.name, backward ? "" : " with lse"), in,

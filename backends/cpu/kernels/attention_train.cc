@@ -87,19 +87,35 @@ int64_t DocId(const TensorArg& ids, int64_t i) {
                                   : static_cast<const int32_t*>(ids.data)[off];
 }
 
-// Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf.
+// Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf:
+// the causal and window bounds as runs, documents by comparing ids.
 void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, int64_t rows,
                int64_t lo, int64_t n, float* s) {
   if (!m.causal && !m.docs) return;
+  const bool dense_i32 = m.docs && ids->dtype == DType::kI32 && ids->strides[0] == 1;
+  const int32_t* ids32 =
+      dense_i32 ? static_cast<const int32_t*>(ids->data) + b * m.row_len : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t q = r0 + i;
     float* row = s + i * n;
-    const int64_t doc = m.docs ? DocId(*ids, b * m.row_len + q) : 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t kv = lo + j;
-      const bool keep = (!m.causal || kv <= q) && (m.window <= 0 || q - kv < m.window) &&
-                        (!m.docs || DocId(*ids, b * m.row_len + kv) == doc);
-      if (!keep) row[j] = kNegInf;
+    // Visible keys before the document check: [first, last) of the tile's columns.
+    const int64_t last = m.causal ? std::clamp<int64_t>(q - lo + 1, 0, n) : n;
+    const int64_t first =
+        m.window > 0 ? std::clamp<int64_t>(q - m.window + 1 - lo, 0, last) : int64_t{0};
+    std::fill(row, row + first, kNegInf);
+    std::fill(row + last, row + n, kNegInf);
+    if (!m.docs) continue;
+    if (ids32 != nullptr) {
+      const int32_t doc = ids32[q];
+      const int32_t* kv = ids32 + lo;
+      for (int64_t j = first; j < last; ++j) {
+        if (kv[j] != doc) row[j] = kNegInf;
+      }
+      continue;
+    }
+    const int64_t doc = DocId(*ids, b * m.row_len + q);
+    for (int64_t j = first; j < last; ++j) {
+      if (DocId(*ids, b * m.row_len + lo + j) != doc) row[j] = kNegInf;
     }
   }
 }
