@@ -608,6 +608,33 @@ struct AttnData {
   bool library = false;  // causal, no score_mod, no aux: Queue::Attention may run it
 };
 
+// The aux tensors of an attention launch (inputs from `first`): their buffers (after the
+// fixed ones), then, last in the meta, their offset, length and stride (AUX_SETUP's).
+std::vector<int64_t> AttentionAuxMems(Args& args, const KernelHost& dev, const LaunchArgs& a,
+                                      int first, int num_aux) {
+  std::vector<int64_t> off;
+  for (int i = 0; i < num_aux; ++i) off.push_back(args.Mem(dev, a.inputs[first + i].data));
+  return off;
+}
+void AttentionAuxMeta(Args& args, const LaunchArgs& a, int first, std::span<const int64_t> off) {
+  for (size_t i = 0; i < off.size(); ++i) {
+    const TensorArg& t = a.inputs[first + static_cast<int>(i)];
+    args.Long(off[i]);
+    args.Long(t.rank > 0 ? t.shape[0] : 1);
+    args.Long(t.rank > 0 ? t.strides[0] : 0);
+  }
+}
+// The scale as the templates read it: double bits (f64 devices), then float bits.
+void AttentionScale(Args& args, double scale) {
+  int64_t dbits;
+  std::memcpy(&dbits, &scale, 8);
+  const float fscale = static_cast<float>(scale);
+  int32_t fbits;
+  std::memcpy(&fbits, &fscale, 4);
+  args.Long(dbits);
+  args.Long(fbits);
+}
+
 void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   Queue& ex = QueueOf(c);
   const KernelHost& dev = *ex.host;
@@ -627,8 +654,7 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
     slo = args.Mem(dev, a.inputs[4].data);
     qso = args.Mem(dev, a.inputs[5].data);
   }
-  std::vector<int64_t> aux_off;
-  for (int i = 0; i < d.num_aux; ++i) aux_off.push_back(args.Mem(dev, a.inputs[fixed + i].data));
+  const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, fixed, d.num_aux);
   args.Desc(q, qo);
   args.Desc(k, ko);
   args.Desc(v, vo);
@@ -649,27 +675,47 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   } else {
     rows = q.shape[0] * q.shape[1] * q.shape[2];
   }
-  int64_t dbits;
-  std::memcpy(&dbits, &d.scale, 8);
-  const float fscale = static_cast<float>(d.scale);
-  int32_t fbits;
-  std::memcpy(&fbits, &fscale, 4);
-  args.Long(dbits);
-  args.Long(fbits);
+  AttentionScale(args, d.scale);
   if (d.lse) {
     const TensorArg& l = a.extra_outputs[0];
     args.Long(lo);
     for (int i = 0; i < 3; ++i) args.Long(l.strides[i]);
   }
-  for (int i = 0; i < d.num_aux; ++i) {
-    const TensorArg& t = a.inputs[fixed + i];
-    args.Long(aux_off[i]);
-    args.Long(t.rank > 0 ? t.shape[0] : 1);
-    args.Long(t.rank > 0 ? t.strides[0] : 0);
-  }
+  AttentionAuxMeta(args, a, fixed, aux_off);
   if (rows == 0) return;
   const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
   ex.Enqueue(d.slot, args, 1, &global, &wg, d.lse ? 120 : 96);
+}
+
+// attention_backward (the template's BACKWARD): dq, dk, dv, then q, k, v, o, do, lse and the
+// aux tensors; rank-4 tensors as byte offset and strides (their shapes are q's and k's).
+void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
+  Queue& ex = QueueOf(c);
+  const KernelHost& dev = *ex.host;
+  const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &lse = a.inputs[5];
+  const TensorArg* rank4[] = {&q,           &k,        &a.inputs[2],        &a.inputs[3],
+                              &a.inputs[4], &a.output, &a.extra_outputs[0], &a.extra_outputs[1]};
+  Args args;
+  int64_t off[8];
+  for (int t : {5, 6, 7, 0, 1, 2, 3, 4}) off[t] = args.Mem(dev, rank4[t]->data);
+  const int64_t lo = args.Mem(dev, lse.data);
+  const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, 6, d.num_aux);
+  for (int i : {0, 1, 2}) args.Long(q.shape[i]);  // B, Hq, Tq
+  for (int i : {1, 2}) args.Long(k.shape[i]);     // Hkv, Tk
+  for (int t = 0; t < 8; ++t) {
+    args.Long(off[t]);
+    for (int i = 0; i < 4; ++i) args.Long(rank4[t]->strides[i]);
+  }
+  args.Long(lo);
+  for (int i = 0; i < 3; ++i) args.Long(lse.strides[i]);
+  AttentionScale(args, d.scale);
+  AttentionAuxMeta(args, a, 6, aux_off);
+  const int64_t groups =
+      q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2];
+  if (groups == 0) return;
+  const size_t wg = dev.work_group(), global = std::min<size_t>(groups, 65536) * wg;
+  ex.Enqueue(d.slot, args, 1, &global, &wg, 96);
 }
 
 // The key range a mask allows, from its structure: causal and sliding-window masks.
@@ -695,14 +741,17 @@ void KvRange(const Expr& mask, std::string* begin, std::string* end) {
   }
 }
 
-StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRequest& req,
-                                        bool paged) {
+// What the attention templates (dense, paged, backward) share in `d`: the q/k/v loaders,
+// the head dims, the aux tensors (inputs from `fixed`; their meta from `aux_meta`), the
+// mask_mod and score_mod functions (whose code it returns) and the key range. Unimplemented
+// for what the templates cannot run.
+StatusOr<std::string> AttentionDefines(KernelHost& dev, const backend::KernelRequest& req,
+                                       int fixed, int max_aux, int aux_meta, Defines& d) {
   const Attrs& at = *req.attrs;
   const TensorType &q = req.inputs[0], &k = req.inputs[1], &v = req.inputs[2];
-  const int fixed = paged ? 6 : 3;
   const int num_aux = static_cast<int>(req.inputs.size()) - fixed;
-  if (num_aux > (paged ? 4 : 7)) {
-    return Unimplemented("attention with more than ", paged ? 4 : 7, " aux tensors");
+  if (num_aux > max_aux) {
+    return Unimplemented(OpName(req.op), " with more than ", max_aux, " aux tensors");
   }
   auto hd = q.shape.back().TryConstant();
   auto hdv = v.shape.back().TryConstant();
@@ -712,29 +761,16 @@ StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRe
     return Unimplemented("f64 attention needs f64 support (", dev.no_fp64_reason(), ")");
   }
   const int64_t wg = static_cast<int64_t>(dev.work_group());
-  Defines d;
-  if (paged) {
-    d.Add("PAGED", "1");
-    d.Add("BT_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[3].dtype), "(p, i)"));
-    d.Add("SL_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[4].dtype), "(p, i)"));
-    d.Add("QS_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[5].dtype), "(p, i)"));
-  }
   d.Add("ACC", acc == DType::kF64 ? "double" : "float");
   d.Add("ACC_MAX(a, b)", acc == DType::kF64 ? "nmaxd(a, b)" : "nmaxf(a, b)");
   d.Add("QLD(p, i)", LoadAs(q.dtype, acc));
   d.Add("KLD(p, i)", LoadAs(k.dtype, acc));
   d.Add("VLD(p, i)", LoadAs(v.dtype, acc));
-  d.Add("OST(p, i, v)", StoreFrom(req.output.dtype, acc));
-  const bool lse = !paged && !at.ints.empty() && at.ints[0] == 1;
-  if (lse) {
-    d.Add("LSE", "1");
-    d.Add("LST(p, i, v)", StoreFrom(ExprTypeOf(q.dtype), acc));
-  }
   d.Add("HEAD_D", absl::StrCat(std::max<int64_t>(*hd, 1)));
   d.Add("HEAD_DV", absl::StrCat(*hdv));
+  d.Add("D_PER", absl::StrCat(std::max<int64_t>((*hd + wg - 1) / wg, 1)));
   d.Add("DV_PER", absl::StrCat(std::max<int64_t>((*hdv + wg - 1) / wg, 1)));
   std::string params, setup, fn_args;
-  const int aux_meta = paged ? 83 : (lse ? 78 : 74);
   compiler::ExprFunction mask, score;
   for (int i = 0; i < num_aux; ++i) {
     absl::StrAppend(&params, ", cgptr b_aux", i);
@@ -775,18 +811,65 @@ StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRe
   KvRange(at.expr[0], &begin, &end);
   d.Add("KV_BEGIN(q)", begin);
   d.Add("KV_END(q, len)", end);
+  return helpers;
+}
+
+StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRequest& req,
+                                        bool paged) {
+  const Attrs& at = *req.attrs;
+  const DType acc = ExprTypeOf(req.inputs[0].dtype);
+  const int fixed = paged ? 6 : 3;
+  const bool lse = !paged && !at.ints.empty() && at.ints[0] == 1;
+  Defines d;
+  if (paged) {
+    d.Add("PAGED", "1");
+    d.Add("BT_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[3].dtype), "(p, i)"));
+    d.Add("SL_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[4].dtype), "(p, i)"));
+    d.Add("QS_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[5].dtype), "(p, i)"));
+  }
+  d.Add("OST(p, i, v)", StoreFrom(req.output.dtype, acc));
+  if (lse) {
+    d.Add("LSE", "1");
+    d.Add("LST(p, i, v)", StoreFrom(acc, acc));
+  }
+  KILN_ASSIGN_OR_RETURN(
+      const std::string helpers,
+      AttentionDefines(dev, req, fixed, paged ? 4 : 7, paged ? 83 : (lse ? 78 : 74), d));
   auto data = std::make_shared<AttnData>();
   data->paged = paged;
   data->lse = lse;
-  data->num_aux = num_aux;
+  data->num_aux = static_cast<int>(req.inputs.size()) - fixed;
   data->scale = at.floats[0];
-  data->library = !paged && num_aux == 0 && !at.expr[1] && at.expr[0] == attn::CausalMask();
+  data->library = !paged && data->num_aux == 0 && !at.expr[1] && at.expr[0] == attn::CausalMask();
   data->slot =
       dev.DeclareKernel(paged ? "paged_attn" : "attn",
                         d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
   return backend::Kernel{
       AttentionFn, std::move(data),
       absl::StrCat(dev.kernel_prefix(), paged ? ".gen.paged_attention" : ".gen.attention")};
+}
+
+// attention_backward: the template's BACKWARD (dq, dk and dv in one launch).
+StatusOr<backend::Kernel> MakeAttentionBackward(KernelHost& dev,
+                                                const backend::KernelRequest& req) {
+  const DType acc = ExprTypeOf(req.inputs[0].dtype);
+  Defines d;
+  d.Add("BACKWARD", "1");
+  d.Add("OLD(p, i)", LoadAs(req.inputs[3].dtype, acc));
+  d.Add("DOLD(p, i)", LoadAs(req.inputs[4].dtype, acc));
+  d.Add("LSELD(p, i)", LoadAs(req.inputs[5].dtype, acc));
+  d.Add("DQST(p, i, v)", StoreFrom(req.output.dtype, acc));
+  d.Add("DKST(p, i, v)", StoreFrom(req.inputs[1].dtype, acc));
+  d.Add("DVST(p, i, v)", StoreFrom(req.inputs[2].dtype, acc));
+  KILN_ASSIGN_OR_RETURN(const std::string helpers,
+                        AttentionDefines(dev, req, /*fixed=*/6, /*max_aux=*/7, /*aux_meta=*/51, d));
+  auto data = std::make_shared<AttnData>();
+  data->num_aux = static_cast<int>(req.inputs.size()) - 6;
+  data->scale = req.attrs->floats[0];
+  data->slot = dev.DeclareKernel(
+      "attn_bwd", d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
+  return backend::Kernel{AttentionBackwardFn, std::move(data),
+                         absl::StrCat(dev.kernel_prefix(), ".gen.attention_backward")};
 }
 
 // ---- Training (cl/training.cl) ---------------------------------------------------------------
@@ -1038,7 +1121,7 @@ Status DeclareKernels(KernelHost& host, std::span<const backend::KernelRequest> 
     const bool declares = compiler::FusedGroupOf(req) != nullptr || def.pointwise != nullptr ||
                           def.reduce != nullptr || req.op == OpKind::kLinear ||
                           req.op == OpKind::kMatMul || req.op == OpKind::kAttention ||
-                          req.op == OpKind::kPagedAttention;
+                          req.op == OpKind::kPagedAttention || req.op == OpKind::kAttentionBackward;
     if (!declares) continue;
     StatusOr<backend::Kernel> k = host.GetKernel(req);
     if (!k.ok() && compiler::FusedGroupOf(req) != nullptr) return k.status();
@@ -1134,6 +1217,8 @@ StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& re
       return MakeAttention(*this, req, /*paged=*/false);
     case OpKind::kPagedAttention:
       return MakeAttention(*this, req, /*paged=*/true);
+    case OpKind::kAttentionBackward:
+      return MakeAttentionBackward(*this, req);
     case OpKind::kFusedCrossEntropy:
     case OpKind::kAdamW:
     case OpKind::kAdam:

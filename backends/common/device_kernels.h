@@ -5,8 +5,9 @@
 // once.
 //
 //   generated   pointwise/generator ops, reductions/row ops and fused groups: the engine's
-//               printer (engine/compiler/codegen.h) in the host's dialect; attention and paged
-//               attention from a template with the node's mask_mod/score_mod printed in
+//               printer (engine/compiler/codegen.h) in the host's dialect; attention, paged
+//               attention and attention_backward from a template (cl/attention.cl) with the
+//               node's mask_mod/score_mod printed in
 //   templated   Linear with quantized / f16 / bf16 weights (dequantize-in-register dot
 //               products), MatMul and Linear fallbacks (tiled), per dtype combination
 //   library     dtype-generic data movement: contiguous, concat, gather, scatters, take_along,

@@ -21,7 +21,17 @@
 // values. Semantics of the reference: fully masked rows give zeros, NaN scores propagate, a
 // paged query row that belongs to no sequence gives zeros, invalid block-table entries mask
 // their keys.
+//
+// BACKWARD instead instantiates attention's backward (flash attention's, from the forward's
+// log-sum-exp; no score_mod), with D_PER = ceil(HEAD_D / KILN_WG), loaders OLD, DOLD (o and
+// its gradient) and LSELD, and stores DQST, DKST, DVST. One launch without atomics over
+// B*Hq*Tq + B*Hkv*Tk rows, one work-group per row: a query row's dq (summing over its keys),
+// then a key row's dk and dv (summing over every query row of every query head of its kv
+// head). Both recompute P = exp(score - lse) and dS = P (dP - D_i), dP = do . v,
+// D_i = do . o; where P is 0 (masked, or the row fully masked) the pair adds nothing, as in
+// the reference.
 
+#ifndef BACKWARD
 #ifdef PAGED
 // Meta: q TD (0), k cache TD (18), v cache TD (36), out TD (54), block table off/s0/s1/S/MB
 // (72), seq_lens off/s0 (77), query_start off/s0 (79), scale as double bits (81) and float
@@ -189,3 +199,193 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
 }
 #undef SCALE_META
 #undef ATTN_META
+#else  // BACKWARD
+
+// Meta: B, Hq, Tq, Hkv, Tk (0..4); for q, k, v, o, do, dq, dk, dv (t = 0..7) the byte offset
+// and the 4 element strides (5 + 5t); lse's byte offset and 3 strides (45); scale as double
+// bits (49) and float bits (50); aux off/len/stride (51 + 3k).
+#define BW_OFF(t) m[5 + 5 * (t)]
+#define BW_S(t, d) m[6 + 5 * (t) + (d)]
+#define BW_ROW(t, b, h, r) ((b) * BW_S(t, 0) + (h) * BW_S(t, 1) + (r) * BW_S(t, 2))
+// P of the pair (query i of head h, key j) from its q . k: 0 where masked or the row fully
+// masked (lse -inf).
+#ifdef MASK
+#define BW_KEEP(b, h, i, j) MASK(b, h, i, j)
+#else
+#define BW_KEEP(b, h, i, j) 1
+#endif
+#define BW_P(dot, lse, b, h, i, j) \
+  ((lse) != -INFINITY && BW_KEEP(b, h, i, j) ? exp((dot) * scale - (lse)) : (ACC)0)
+// acc[dd] (dim d = lid + dd * KILN_WG < DIM) += w[n] * LD(p, rows[n] + d * s) over the
+// block's cnt pairs whose P (wp) is not 0.
+#define BW_ACCUMULATE(acc, PER, DIM, w, LD, p, rows, s)                   \
+  for (int dd = 0; dd < PER; ++dd) {                                      \
+    const long d = lid + (long)dd * KILN_WG;                              \
+    ACC a = acc[dd];                                                      \
+    if (d < DIM) {                                                        \
+      for (long n = 0; n < cnt; ++n) {                                    \
+        if (wp[n] != (ACC)0) a += w[n] * LD(p, rows[n] + d * (s));        \
+      }                                                                   \
+    }                                                                     \
+    acc[dd] = a;                                                          \
+  }
+
+__kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr b_v,
+                    cgptr b_o, cgptr b_do, cgptr b_lse KERNEL_AUX_PARAMS, const meta96 mt) {
+  const long* m = mt.v;
+  cgptr pq = b_q + BW_OFF(0);
+  cgptr pk = b_k + BW_OFF(1);
+  cgptr pv = b_v + BW_OFF(2);
+  cgptr po = b_o + BW_OFF(3);
+  cgptr pdo = b_do + BW_OFF(4);
+  gptr pdq = b_dq + BW_OFF(5);
+  gptr pdk = b_dk + BW_OFF(6);
+  gptr pdv = b_dv + BW_OFF(7);
+  cgptr plse = b_lse + m[45];
+  AUX_SETUP
+  const int lid = get_local_id(0);
+#ifdef KILN_FP64
+  const ACC scale = (ACC)as_double(m[49]);
+#else
+  const ACC scale = (ACC)as_float((int)m[50]);
+#endif
+  const long B = m[0], Hq = m[1], Tq = m[2], Hkv = m[3], Tk = m[4];
+  const long group = Hq / Hkv;
+  const long sqe = BW_S(0, 3), ske = BW_S(1, 3), sve = BW_S(2, 3), soe = BW_S(3, 3),
+             sdoe = BW_S(4, 3);
+  // The row this group holds: q and do (a dq group), or k and v (a dk/dv group). +1: the
+  // head dims may be 0.
+  __local ACC xrow[HEAD_D + 1];
+  __local ACC yrow[HEAD_DV + 1];
+  // Per work-item of a block: P and dS * scale of its pair, and the element offsets of the
+  // other side's rows (k, or q and do; -1: no pair).
+  __local ACC wp[KILN_WG];
+  __local ACC wds[KILN_WG];
+  __local long wrow[KILN_WG];
+  __local long wrow2[KILN_WG];
+  __local ACC red[KILN_WG];
+  const long qrows = B * Hq * Tq, krows = B * Hkv * Tk;
+  // The groups walk the rows [0, qrows + krows): dq rows, then dk/dv rows. One loop per kind,
+  // not one loop with a branch: PoCL 3.1 ran the barriers of such an if/else wrongly (work-
+  // items past HEAD_D stored dq).
+  const long ng = get_num_groups(0), g0 = get_group_id(0);
+  for (long g = g0; g < qrows; g += ng) {
+    // dq of query row i of head h: sum over keys j of dS_ij * scale * k_j.
+    const long i = g % Tq, h = (g / Tq) % Hq, b = g / (Tq * Hq);
+    const long kh = h / group;
+    const long qb = BW_ROW(0, b, h, i), ob = BW_ROW(3, b, h, i), dob = BW_ROW(4, b, h, i);
+    for (int e = lid; e < HEAD_D; e += KILN_WG) xrow[e] = QLD(pq, qb + e * sqe);
+    ACC part = 0;
+    for (int e = lid; e < HEAD_DV; e += KILN_WG) {
+      const ACC gd = DOLD(pdo, dob + e * sdoe);
+      yrow[e] = gd;
+      part += gd * OLD(po, ob + e * soe);
+    }
+    red[lid] = part;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = KILN_WG / 2; w > 0; w >>= 1) {
+      if (lid < w) red[lid] += red[lid + w];
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const ACC di = red[0];
+    const ACC lse = LSELD(plse, b * m[46] + h * m[47] + i * m[48]);
+    ACC acc[D_PER];
+    for (int d = 0; d < D_PER; ++d) acc[d] = 0;
+    const long jb = max(KV_BEGIN(i), 0L), je = min(KV_END(i, Tk), Tk);
+    for (long j0 = jb; j0 < je; j0 += KILN_WG) {
+      const long j = j0 + lid;
+      ACC p = 0, ds = 0;
+      long ko = -1;
+      if (j < je) {
+        ko = BW_ROW(1, b, kh, j);
+        ACC dot = 0;
+        for (int e = 0; e < HEAD_D; ++e) dot += xrow[e] * KLD(pk, ko + e * ske);
+        p = BW_P(dot, lse, b, h, i, j);
+        if (p != (ACC)0) {
+          const long vo = BW_ROW(2, b, kh, j);
+          ACC dp = 0;
+          for (int e = 0; e < HEAD_DV; ++e) dp += yrow[e] * VLD(pv, vo + e * sve);
+          ds = p * (dp - di) * scale;
+        }
+      }
+      wp[lid] = p;
+      wds[lid] = ds;
+      wrow[lid] = ko;
+      barrier(CLK_LOCAL_MEM_FENCE);
+      const long cnt = min((long)KILN_WG, je - j0);
+      BW_ACCUMULATE(acc, D_PER, HEAD_D, wds, KLD, pk, wrow, ske);
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const long dqb = BW_ROW(5, b, h, i);
+    for (int dd = 0; dd < D_PER; ++dd) {
+      const long d = lid + (long)dd * KILN_WG;
+      if (d < HEAD_D) DQST(pdq, dqb + d * BW_S(5, 3), acc[dd]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+  const long kfirst = g0 >= qrows ? g0 : g0 + (qrows - g0 + ng - 1) / ng * ng;
+  for (long g = kfirst; g < qrows + krows; g += ng) {
+    // dk and dv of key row j of kv head kh: sums over the query rows i of its query heads
+    // of dS_ij * scale * q_i and P_ij * do_i.
+    const long r = g - qrows;
+    const long j = r % Tk, kh = (r / Tk) % Hkv, b = r / (Tk * Hkv);
+    const long kb = BW_ROW(1, b, kh, j), vb = BW_ROW(2, b, kh, j);
+    for (int e = lid; e < HEAD_D; e += KILN_WG) xrow[e] = KLD(pk, kb + e * ske);
+    for (int e = lid; e < HEAD_DV; e += KILN_WG) yrow[e] = VLD(pv, vb + e * sve);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    ACC acck[D_PER], accv[DV_PER];
+    for (int d = 0; d < D_PER; ++d) acck[d] = 0;
+    for (int d = 0; d < DV_PER; ++d) accv[d] = 0;
+    for (long h = kh * group; h < (kh + 1) * group; ++h) {
+      for (long i0 = 0; i0 < Tq; i0 += KILN_WG) {
+        const long i = i0 + lid;
+        ACC p = 0, ds = 0;
+        long qo = -1, doo = -1;
+        // KV_BEGIN/KV_END only narrow what the mask allows.
+        if (i < Tq && j >= KV_BEGIN(i) && j < KV_END(i, Tk)) {
+          const ACC lse = LSELD(plse, b * m[46] + h * m[47] + i * m[48]);
+          qo = BW_ROW(0, b, h, i);
+          ACC dot = 0;
+          for (int e = 0; e < HEAD_D; ++e) dot += QLD(pq, qo + e * sqe) * xrow[e];
+          p = BW_P(dot, lse, b, h, i, j);
+          if (p != (ACC)0) {
+            doo = BW_ROW(4, b, h, i);
+            const long ob = BW_ROW(3, b, h, i);
+            // dP - D_i = do . (v - o)
+            ACC dpd = 0;
+            for (int e = 0; e < HEAD_DV; ++e) {
+              dpd += DOLD(pdo, doo + e * sdoe) * (yrow[e] - OLD(po, ob + e * soe));
+            }
+            ds = p * dpd * scale;
+          }
+        }
+        wp[lid] = p;
+        wds[lid] = ds;
+        wrow[lid] = qo;
+        wrow2[lid] = doo;
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const long cnt = min((long)KILN_WG, Tq - i0);
+        BW_ACCUMULATE(acck, D_PER, HEAD_D, wds, QLD, pq, wrow, sqe);
+        BW_ACCUMULATE(accv, DV_PER, HEAD_DV, wp, DOLD, pdo, wrow2, sdoe);
+        barrier(CLK_LOCAL_MEM_FENCE);
+      }
+    }
+    const long dkb = BW_ROW(6, b, kh, j), dvb = BW_ROW(7, b, kh, j);
+    for (int dd = 0; dd < D_PER; ++dd) {
+      const long d = lid + (long)dd * KILN_WG;
+      if (d < HEAD_D) DKST(pdk, dkb + d * BW_S(6, 3), acck[dd]);
+    }
+    for (int dd = 0; dd < DV_PER; ++dd) {
+      const long d = lid + (long)dd * KILN_WG;
+      if (d < HEAD_DV) DVST(pdv, dvb + d * BW_S(7, 3), accv[dd]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+#undef BW_OFF
+#undef BW_S
+#undef BW_ROW
+#undef BW_ACCUMULATE
+#undef BW_KEEP
+#undef BW_P
+#endif  // BACKWARD
