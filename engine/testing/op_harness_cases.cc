@@ -703,6 +703,19 @@ void AddAttention(std::vector<OpCase>& out) {
     }
   }
 
+  // attention_backward in half precisions (computed in f32, as the forward).
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    out.push_back(Make("attention_backward",
+                       absl::StrCat("causal GQA 3/1 ", DTypeName(t), " [1,3,9,8]"),
+                       {Normal("q", t, {1, 3, 9, 8}), Normal("k", t, {1, 1, 9, 8}),
+                        Normal("v", t, {1, 1, 9, 8}), Normal("do", t, {1, 3, 9, 8})},
+                       [](Builder& b, const V& x) {
+                         const AttentionParams p{0, attn::CausalMask(), {}};
+                         const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p);
+                         return b.AttentionBackward(x[0], x[1], x[2], r.out, x[3], r.lse, p).dq;
+                       }));
+  }
+
   struct Paged {
     const char* name;
     DType q, cache;
