@@ -153,8 +153,25 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   Scratch& sc = ThreadScratch();
   sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
-  for (int64_t item = c.thread_index; item < B * Hq * tiles; item += c.thread_count) {
+  // Items (batch, head, tile) in order, split into runs of equal cost (rows x visible keys:
+  // causal tiles differ up to Tk / 64-fold); each thread takes the items whose cost midpoint
+  // falls in its share.
+  auto cost = [&](int64_t t) {
+    const int64_t r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
+    const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
+    return static_cast<double>(rows * (hi - lo + 8));
+  };
+  double per_bh = 0;
+  for (int64_t t = 0; t < tiles; ++t) per_bh += cost(t);
+  const double total = per_bh * static_cast<double>(B * Hq);
+  const double lo_share = total * c.thread_index / c.thread_count;
+  const double hi_share = total * (c.thread_index + 1) / c.thread_count;
+  double before = 0;
+  for (int64_t item = 0; item < B * Hq * tiles; ++item) {
     const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
+    const double item_cost = cost(t), mid = before + item_cost / 2;
+    before += item_cost;
+    if (mid < lo_share || mid >= hi_share) continue;
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
     const int64_t n = hi - lo;

@@ -8,7 +8,7 @@
 // never visited (about half the work of dense causal); the rest is masked per element.
 // Anything else (and layouts found at run time) runs the reference kernel.
 //
-// Work: the forward splits (batch, query head, query tile) over the pool; the backward
+// Work: the forward splits (batch, query head, query tile) over the pool by cost; the backward
 // (batch, kv head), each item owning its dk/dv rows and the dq of its query heads, so no
 // two threads write one element. Numerics: f32 products and exponentials (kernels.h
 // small_gemm, scaled_exp), softmax sums in double per row.
