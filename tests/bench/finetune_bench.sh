@@ -12,6 +12,7 @@
 #               adds "LoRA on the f32 base" (Kiln; the peer computes in f32 either way)
 # STEPS         timed steps per run (default 4; each run adds one untimed warm-up step)
 # ROUNDS        alternating rounds (default 2)
+# CONFIGS       (environment) which configurations, e.g. "kiln_q4 peer_q4" (default: all)
 #
 # Every configuration: SmolLM2-135M-Instruct, 2 threads, batch 4 x 256 tokens, LoRA r 8 /
 # alpha 16 on all linear modules (or full fine-tuning, compared with the peer's), AdamW;
@@ -63,9 +64,11 @@ peer_run() {
     awk '{for (i = 1; i <= NF; ++i) {split($i, kv, "="); v[kv[1]] = kv[2]} print v["tokens_per_s"], v["peak_rss_mib"]}'
 }
 
+# CONFIGS (environment): the configurations to run, in this order (default: all of them).
+CONFIGS=${CONFIGS:-kiln_q4 peer_q4 kiln_q4_recompute ${F32:+kiln_f32} kiln_full peer_full}
 declare -A TPS RSS
 for round in $(seq "$ROUNDS"); do
-  for cfg in kiln_q4 peer_q4 kiln_q4_recompute ${F32:+kiln_f32} kiln_full peer_full; do
+  for cfg in $CONFIGS; do
     case $cfg in
       kiln_q4) out=$(kiln_run "$Q4") ;;
       kiln_q4_recompute) out=$(kiln_run "$Q4" --recompute) ;;
@@ -82,7 +85,7 @@ done
 m() { echo "$1" | tr ' ' '\n' | grep . | median; }
 echo
 echo "configuration          tokens/s   peak RSS MiB   vs PyTorch+PEFT (tokens/s, memory)"
-for cfg in peer_q4 kiln_q4 kiln_q4_recompute ${F32:+kiln_f32} peer_full kiln_full; do
+for cfg in $CONFIGS; do
   t=$(m "${TPS[$cfg]}")
   ref=peer_q4
   [[ $cfg == *full ]] && ref=peer_full
