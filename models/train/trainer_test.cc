@@ -403,9 +403,9 @@ TEST(TrainerLoraModulesTest, Gpt2TargetsByNameAndPath) {
 
 // Full fine-tuning: every weight (embedding, norms, projections, LM head) is an f32 master
 // copy; its gradient by GGUF name equals PyTorch's of the Hugging Face parameter.
-// The chunked classifier (3 chunks of rows, the last one partial) against one fused
-// cross-entropy over all logits, differentiated by autograd: loss, d x and d W (a State, as
-// in full fine-tuning) agree.
+// The chunked classifier against one fused cross-entropy over all logits, differentiated by
+// autograd: a frozen W (3 chunks of rows, the last one partial) gives the same loss and d x; a
+// trainable W (a State, as in full fine-tuning: one chunk) also the same d W.
 TEST(ChunkedClassifierTest, EqualsTheWholeHeadDifferentiated) {
   std::unique_ptr<backend::Backend> cpu = backend::MakeCpuBackend(2);
   backend::Device& dev = *cpu->device(0);
@@ -414,51 +414,62 @@ TEST(ChunkedClassifierTest, EqualsTheWholeHeadDifferentiated) {
   for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37 * static_cast<double>(i));
   for (size_t i = 0; i < wv.size(); ++i) wv[i] = std::cos(0.11 * static_cast<double>(i));
   for (int64_t i = 0; i < rows; ++i) tv[i] = i % 7 == 3 ? -100 : (i * 31) % V;
-  std::vector<std::vector<double>> got[2];
-  for (int chunked = 0; chunked < 2; ++chunked) {
-    Graph g;
-    Builder b(&g);
-    const Value x = b.Input("x", DType::kF32, {rows, C});
-    const Value w = b.State("w", DType::kF32, {V, C});
-    const Value targets = b.Input("targets", DType::kI32, {rows});
-    const Value dloss = b.Full(0.25, DType::kF32, {});
-    const Value logits = b.Linear(x, w);
-    std::vector<Value> outs;
-    if (chunked) {
-      const ClassifierOutputs h = ChunkedClassifier(b, logits, targets, dloss);
-      ASSERT_EQ(h.input.id, x.id);
-      ASSERT_TRUE(h.dweight.valid());
-      outs = {h.loss, h.dinput, h.dweight};
-    } else {
-      const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, dloss);
-      const Value wrt[] = {x, w};
-      const Value seeds[] = {ce.dlogits};
-      const Value of[] = {logits};
-      auto gr = Gradients(b, of, seeds, wrt);
-      ASSERT_TRUE(gr.ok()) << gr.status();
-      outs = {ce.loss, (*gr)[0], (*gr)[1]};
+  for (bool trainable : {false, true}) {
+    std::vector<std::vector<double>> got[2];
+    for (int chunked = 0; chunked < 2; ++chunked) {
+      Graph g;
+      Builder b(&g);
+      const Value x = b.Input("x", DType::kF32, {rows, C});
+      const Value w =
+          trainable ? b.State("w", DType::kF32, {V, C}) : b.Weight("w", DType::kF32, {V, C});
+      const Value targets = b.Input("targets", DType::kI32, {rows});
+      const Value dloss = b.Full(0.25, DType::kF32, {});
+      const Value logits = b.Linear(x, w);
+      std::vector<Value> outs;
+      if (chunked) {
+        const ClassifierOutputs h = ChunkedClassifier(b, logits, targets, dloss);
+        ASSERT_EQ(h.input.id, x.id);
+        ASSERT_EQ(h.dweight.valid(), trainable);
+        outs = {h.loss, h.dinput};
+        if (trainable) outs.push_back(h.dweight);
+        int heads = 0;
+        for (int32_t i = 0; i < g.size(); ++i) heads += g.node(i).op == OpKind::kFusedCrossEntropy;
+        EXPECT_EQ(heads, trainable ? 1 : 3);
+      } else {
+        const CrossEntropyOutputs ce = b.FusedCrossEntropy(logits, targets, dloss);
+        const Value wrt[] = {x, w};
+        const Value seeds[] = {ce.dlogits};
+        const Value of[] = {logits};
+        auto gr = Gradients(b, of, seeds, wrt);
+        ASSERT_TRUE(gr.ok()) << gr.status();
+        outs = {ce.loss, (*gr)[0]};
+        if (trainable) outs.push_back((*gr)[1]);
+      }
+      ASSERT_TRUE(b.ok()) << b.status();
+      auto p = Compile(g, outs, dev);
+      ASSERT_TRUE(p.ok()) << p.status();
+      auto stream = dev.CreateStream();
+      ASSERT_TRUE(stream.ok());
+      ASSERT_TRUE((*p)->Bind("x", *Tensor::FromDoubles(dev, DType::kF32, {rows, C}, xv)).ok());
+      ASSERT_TRUE((*p)->Bind("w", *Tensor::FromDoubles(dev, DType::kF32, {V, C}, wv)).ok());
+      ASSERT_TRUE((*p)->Bind("targets", *Tensor::FromDoubles(dev, DType::kI32, {rows}, tv)).ok());
+      ASSERT_TRUE((*p)->Run(**stream).ok());
+      for (size_t i = 0; i < outs.size(); ++i) {
+        got[chunked].push_back(*(*p)->Output(static_cast<int>(i))->ToDoubles());
+      }
     }
-    ASSERT_TRUE(b.ok()) << b.status();
-    auto p = Compile(g, outs, dev);
-    ASSERT_TRUE(p.ok()) << p.status();
-    auto stream = dev.CreateStream();
-    ASSERT_TRUE(stream.ok());
-    ASSERT_TRUE((*p)->Bind("x", *Tensor::FromDoubles(dev, DType::kF32, {rows, C}, xv)).ok());
-    ASSERT_TRUE((*p)->Bind("w", *Tensor::FromDoubles(dev, DType::kF32, {V, C}, wv)).ok());
-    ASSERT_TRUE((*p)->Bind("targets", *Tensor::FromDoubles(dev, DType::kI32, {rows}, tv)).ok());
-    ASSERT_TRUE((*p)->Run(**stream).ok());
-    for (int i = 0; i < 3; ++i) got[chunked].push_back(*(*p)->Output(i)->ToDoubles());
-  }
-  const char* names[] = {"loss", "dx", "dw"};
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(got[0][i].size(), got[1][i].size()) << names[i];
-    double scale = 0, diff = 0;
-    for (size_t j = 0; j < got[0][i].size(); ++j) {
-      scale = std::max(scale, std::fabs(got[0][i][j]));
-      diff = std::max(diff, std::fabs(got[0][i][j] - got[1][i][j]));
+    const char* names[] = {"loss", "dx", "dw"};
+    ASSERT_EQ(got[0].size(), got[1].size());
+    for (size_t i = 0; i < got[0].size(); ++i) {
+      ASSERT_EQ(got[0][i].size(), got[1][i].size()) << names[i];
+      double scale = 0, diff = 0;
+      for (size_t j = 0; j < got[0][i].size(); ++j) {
+        scale = std::max(scale, std::fabs(got[0][i][j]));
+        diff = std::max(diff, std::fabs(got[0][i][j] - got[1][i][j]));
+      }
+      EXPECT_GT(scale, 1e-3) << names[i];
+      EXPECT_LE(diff, 1e-5 * scale) << names[i] << (trainable ? " (trainable W)" : " (frozen W)");
     }
-    EXPECT_GT(scale, 1e-3) << names[i];
-    EXPECT_LE(diff, 1e-5 * scale) << names[i];
   }
 }
 
