@@ -72,8 +72,7 @@ struct TrainStepResult {
 // The classifier and its loss for training: per-row cross-entropy of logits = x W^T (the
 // model's final Linear), the gradient of sum(loss * dloss) w.r.t. x, and W's own gradient when
 // W is trainable (a State). Computed in chunks of rows, each chunk's logits, loss, dlogits and
-// dlogits W in turn, so logits and dlogits never exist for all rows at once — when W is frozen;
-// a trainable W takes all rows as one chunk (one GEMM for its gradient). A head that is
+// dlogits W in turn, so logits and dlogits never exist for all rows at once. A head that is
 // not a plain 2-D Linear runs one fused cross-entropy (input = logits, dinput = dlogits).
 struct ClassifierOutputs {
   Value loss;     // [rows]
