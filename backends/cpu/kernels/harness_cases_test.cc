@@ -127,6 +127,12 @@ std::vector<OpCase> LinearCases() {
                          linear));
     }
   }
+  // A column-major left operand (autograd's dW = g^T x): copied into rows, or read in place
+  // by oneDNN.
+  out.push_back(
+      Make("matmul", "f32 transposed a M=40 K=100 N=150",
+           {Normal("a", DType::kF32, {100, 40}), Normal("b", DType::kF32, {100, 150})},
+           [](Builder& b, const V& in) { return b.MatMul(b.Transpose(in[0], 0, 1), in[1]); }));
   // K-quants go through the dequantizer (random blocks: they cannot be quantized here).
   for (int64_t m : {1, 9}) {
     InputSpec w = Weight("w", DType::kQ6_K, {6, 512});

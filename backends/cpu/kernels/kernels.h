@@ -33,6 +33,9 @@ struct GemmArgs {
   float* y = nullptr;
   int64_t ldy = 0;
   int64_t M = 0, N = 0, K = 0;
+  // x column-major: element (m, k) at x[k * ldx + m] (autograd's dW = g^T x read in place).
+  // Only a OneDnnGemm created for it takes this; every other path requires false.
+  bool x_transposed = false;
 };
 
 // Weight types with register-level decoders (every variant): f32, f16, bf16, q4_0, q4_1,

@@ -42,8 +42,9 @@ struct GemmData {
   const IsaKernels* k = nullptr;
   const IsaKernels* q8 = nullptr;  // the variant with gemv_q8 (AVX-512 uses AVX2's); null: off
   Plan plan;
-  std::shared_ptr<const OneDnnGemm> onednn_k;  // W rows K-contiguous ([N, K])
-  std::shared_ptr<const OneDnnGemm> onednn_n;  // W N-contiguous ([K, N], matmul)
+  std::shared_ptr<const OneDnnGemm> onednn_k;   // W rows K-contiguous ([N, K])
+  std::shared_ptr<const OneDnnGemm> onednn_n;   // W N-contiguous ([K, N], matmul)
+  std::shared_ptr<const OneDnnGemm> onednn_nt;  // the same with x column-major (dW = g^T x)
   Kernel fallback;
 };
 
@@ -120,7 +121,10 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
       d.k->gemm(g, m0, m1, n0, n1);
       return;
     case GemmImpl::kOneDnn:
-      (g.w_k_stride == 1 ? d.onednn_k : d.onednn_n)->Run(g, m0, m1, n0, n1);
+      (g.x_transposed      ? d.onednn_nt
+       : g.w_k_stride == 1 ? d.onednn_k
+                           : d.onednn_n)
+          ->Run(g, m0, m1, n0, n1);
       return;
     case GemmImpl::kOneDnnDequant: {
       const auto [b, e] = Share((g.N + 15) / 16, t, nt);
@@ -246,6 +250,9 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     g.w_k_stride = b.strides[r - 2];
   }
   const GemmImpl impl = Resolve(d, d.plan.For(M), g);
+  // oneDNN reads a column-major `a` where it lies (the copy into rows costs dW GEMMs ~25%).
+  const bool transposed_in_place = transpose_a && impl == GemmImpl::kOneDnn && g.w_k_stride != 1 &&
+                                   d.onednn_nt != nullptr && (M <= 1 || a.strides[r - 2] == 1);
   int64_t batches = 1;
   for (int i = 0; i < r - 2; ++i) batches *= o.shape[i];
   // Many batches: whole batches per thread. Few: every thread takes part of each.
@@ -263,7 +270,10 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     }
     GemmArgs gb = g;
     gb.x = static_cast<const float*>(a.data) + ao;
-    if (transpose_a) {
+    if (transposed_in_place) {
+      gb.x_transposed = true;
+      gb.ldx = a.strides[r - 1];
+    } else if (transpose_a) {
       const auto [m0, m1] =
           my_rows(per_thread || (impl != GemmImpl::kGemm && impl != GemmImpl::kOneDnn));
       gb.x = rows_of(gb.x, m0, m1);
@@ -531,6 +541,12 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     if (matmul) {
       if (auto g = OneDnnGemm::Create(*K, /*w_k_contiguous=*/false); g.ok()) {
         d->onednn_n = *std::move(g);
+      }
+      if (w.dtype == DType::kF32) {
+        if (auto g = OneDnnGemm::Create(*K, /*w_k_contiguous=*/false, /*x_transposed=*/true);
+            g.ok()) {
+          d->onednn_nt = *std::move(g);
+        }
       }
     }
   }

@@ -26,17 +26,21 @@ struct OneDnnGemm::Impl {
   dnnl::matmul prim;
   int64_t K = 0;
   bool w_k_contiguous = true;
+  bool x_transposed = false;
   size_t scratch_bytes = 0;
 };
 
-StatusOr<std::unique_ptr<OneDnnGemm>> OneDnnGemm::Create(int64_t K, bool w_k_contiguous) {
+StatusOr<std::unique_ptr<OneDnnGemm>> OneDnnGemm::Create(int64_t K, bool w_k_contiguous,
+                                                         bool x_transposed) {
   using dnnl::memory;
   constexpr int64_t kRt = DNNL_RUNTIME_DIM_VAL;
   try {
     auto impl = std::make_unique<Impl>();
     impl->K = K;
     impl->w_k_contiguous = w_k_contiguous;
-    const memory::desc src({kRt, K}, memory::data_type::f32, {kRt, 1});
+    impl->x_transposed = x_transposed;
+    const memory::desc src({kRt, K}, memory::data_type::f32,
+                           x_transposed ? memory::dims{1, kRt} : memory::dims{kRt, 1});
     const memory::desc wei({K, kRt}, memory::data_type::f32,
                            w_k_contiguous ? memory::dims{1, kRt} : memory::dims{kRt, 1});
     const memory::desc dst({kRt, kRt}, memory::data_type::f32, {kRt, 1});
@@ -70,8 +74,11 @@ void OneDnnGemm::Run(const GemmArgs& a, int64_t m0, int64_t m1, int64_t n0, int6
   if (scratch.size() < d.scratch_bytes) scratch.resize(d.scratch_bytes);
   const int64_t M = m1 - m0, N = n1 - n0;
   const float* w = static_cast<const float*>(a.w);
-  const memory src(memory::desc({M, a.K}, memory::data_type::f32, {a.ldx, 1}), d.engine,
-                   const_cast<float*>(a.x + m0 * a.ldx));
+  const memory src = d.x_transposed
+                         ? memory(memory::desc({M, a.K}, memory::data_type::f32, {1, a.ldx}),
+                                  d.engine, const_cast<float*>(a.x + m0))
+                         : memory(memory::desc({M, a.K}, memory::data_type::f32, {a.ldx, 1}),
+                                  d.engine, const_cast<float*>(a.x + m0 * a.ldx));
   memory wei;
   if (d.w_k_contiguous) {
     const int64_t ldw = a.w_row_bytes / 4;

@@ -21,12 +21,14 @@ class OneDnnGemm {
  public:
   // `w_k_contiguous`: W's rows are K-contiguous ([N, K], Linear) rather than N-contiguous
   // ([K, N], MatMul). Unavailable (error) if oneDNN cannot build the primitive here.
-  static StatusOr<std::unique_ptr<OneDnnGemm>> Create(int64_t K, bool w_k_contiguous);
+  // `x_transposed`: x is column-major (GemmArgs::x_transposed).
+  static StatusOr<std::unique_ptr<OneDnnGemm>> Create(int64_t K, bool w_k_contiguous,
+                                                      bool x_transposed = false);
   ~OneDnnGemm();
 
   // The tile [m0, m1) x [n0, n1) of y. REQUIRES: a.wtype == f32, a.K == the K of Create, the
   // layout of Create (w_k_stride == 1 iff w_k_contiguous; N-contiguous W has
-  // w_row_bytes == 4).
+  // w_row_bytes == 4; a.x_transposed as created).
   void Run(const GemmArgs& a, int64_t m0, int64_t m1, int64_t n0, int64_t n1) const;
 
   // "gemm:jit" — oneDNN's name for the implementation it picked.
