@@ -62,22 +62,12 @@ struct SplitRow {
   size_t offset;  // into SplitScratch::partials
 };
 
-bool InnerContiguous(const TensorArg& t) {
-  return t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1;
-}
-
-void RunFallback(const AttnData& d, const LaunchArgs& a, const ExecCtx& c) {
-  LaunchArgs fa = a;
-  fa.kernel_data = d.fallback.data.get();
-  d.fallback.fn(fa, c);
-}
-
 void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &kc = a.inputs[1], &vc = a.inputs[2];
   const TensorArg &bt = a.inputs[3], &sl = a.inputs[4], &qs = a.inputs[5], &o = a.output;
   if (!InnerContiguous(q) || !InnerContiguous(kc) || !InnerContiguous(vc) || !InnerContiguous(o)) {
-    return RunFallback(d, a, c);
+    return RunFallback(d.fallback, a, c);
   }
   const int64_t T = q.shape[0], Hq = q.shape[1], D = q.shape[2];
   const int64_t NB = kc.shape[0], BS = kc.shape[1], Hkv = kc.shape[2], Dv = vc.shape[3];
@@ -92,7 +82,7 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
     q1[s] = std::clamp<int64_t>(LoadInt(qs.data, qs.dtype, (s + 1) * qs.strides[0]), q0[s], T);
     len[s] = std::max<int64_t>(LoadInt(sl.data, sl.dtype, s * sl.strides[0]), 0);
     if (q1[s] > q0[s]) {
-      if (q0[s] < prev_end) return RunFallback(d, a, c);
+      if (q0[s] < prev_end) return RunFallback(d.fallback, a, c);
       prev_end = q1[s];
     }
   }

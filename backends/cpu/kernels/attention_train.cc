@@ -64,14 +64,10 @@ float* Row(const TensorArg& t, int64_t b, int64_t h, int64_t i) {
   return static_cast<float*>(t.data) + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
 }
 
-bool LastAxisDense(const TensorArg& t) {
-  return t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1;
-}
-
-void RunFallback(const TrainAttnData& d, const LaunchArgs& a, const ExecCtx& c) {
-  LaunchArgs b = a;
-  b.kernel_data = d.fallback.data.get();
-  d.fallback.fn(b, c);
+// The log-sum-exp of row i of head (b, h).
+float* LseAt(const TensorArg& lse, int64_t b, int64_t h, int64_t i) {
+  return static_cast<float*>(lse.data) + b * lse.strides[0] + h * lse.strides[1] +
+         i * lse.strides[2];
 }
 
 // Keys [lo, hi) that query rows [r0, r1) may see before per-element masking.
@@ -79,12 +75,6 @@ std::pair<int64_t, int64_t> KeyRange(const TrainMask& m, int64_t r0, int64_t r1,
   const int64_t hi = m.causal ? std::min(tk, r1) : tk;
   const int64_t lo = m.window > 0 ? std::max<int64_t>(0, r0 - m.window + 1) : 0;
   return {lo, std::max(lo, hi)};
-}
-
-int64_t DocId(const TensorArg& ids, int64_t i) {
-  const int64_t off = i * (ids.rank > 0 ? ids.strides[0] : 0);
-  return ids.dtype == DType::kI64 ? static_cast<const int64_t*>(ids.data)[off]
-                                  : static_cast<const int32_t*>(ids.data)[off];
 }
 
 // Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf:
@@ -113,18 +103,18 @@ void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, 
       }
       continue;
     }
-    const int64_t doc = DocId(*ids, b * m.row_len + q);
+    const int64_t doc = LoadIndex(*ids, b * m.row_len + q);
     for (int64_t j = first; j < last; ++j) {
-      if (DocId(*ids, b * m.row_len + lo + j) != doc) row[j] = kNegInf;
+      if (LoadIndex(*ids, b * m.row_len + lo + j) != doc) row[j] = kNegInf;
     }
   }
 }
 
-// kt[d * ld + j] = x[rows j, element d] for rows [0, n) of one head (a transposed copy).
-void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t n, int64_t dim, float* kt,
-               int64_t ld) {
+// kt[d * ld + j] = x[row j0 + j, element d] for j in [0, n), of one head (a transposed copy).
+void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, int64_t dim,
+               float* kt, int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
-    const float* row = Row(x, b, h, j);
+    const float* row = Row(x, b, h, j0 + j);
     for (int64_t e = 0; e < dim; ++e) kt[e * ld + j] = row[e];
   }
 }
@@ -142,9 +132,9 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
   const TensorArg* lse = a.num_extra_outputs > 0 ? &a.extra_outputs[0] : nullptr;
   const TensorArg* ids = d.mask.docs ? &a.inputs[3] : nullptr;
-  if (!LastAxisDense(q) || !LastAxisDense(k) || !LastAxisDense(v) || !LastAxisDense(o) ||
+  if (!InnerContiguous(q) || !InnerContiguous(k) || !InnerContiguous(v) || !InnerContiguous(o) ||
       (lse != nullptr && lse->dtype != DType::kF32)) {
-    RunFallback(d, a, c);
+    RunFallback(d.fallback, a, c);
     return;
   }
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
@@ -178,10 +168,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     float* s = sc.s.data();
     if (n > 0) {
       // The tile's keys of kv head g, transposed, then S = scale Q K^T, masked.
-      for (int64_t j = 0; j < n; ++j) {
-        const float* row = Row(k, b, g, lo + j);
-        for (int64_t e = 0; e < D; ++e) sc.kt[e * n + j] = row[e];
-      }
+      Transpose(k, b, g, lo, n, D, sc.kt.data(), n);
       d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
                       false);
       ApplyMask(d.mask, ids, b, r0, rows, lo, n, s);
@@ -198,11 +185,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
         d.k->scaled_exp(p, n, m, static_cast<float>(1.0 / sum), p);
         row_lse = static_cast<float>(static_cast<double>(m) + std::log(sum));
       }
-      if (lse != nullptr) {
-        static_cast<float*>(
-            lse->data)[b * lse->strides[0] + h * lse->strides[1] + (r0 + i) * lse->strides[2]] =
-            row_lse;
-      }
+      if (lse != nullptr) *LseAt(*lse, b, h, r0 + i) = row_lse;
     }
     if (n > 0) {
       d.k->small_gemm(s, n, 1, Row(v, b, g, lo), v.strides[2], Row(o, b, h, r0), o.strides[2], rows,
@@ -220,13 +203,13 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
   const TensorArg &dq = a.output, &dk = a.extra_outputs[0], &dv = a.extra_outputs[1];
   const TensorArg* ids = d.mask.docs ? &a.inputs[6] : nullptr;
   for (const TensorArg* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) {
-    if (!LastAxisDense(*t)) {
-      RunFallback(d, a, c);
+    if (!InnerContiguous(*t)) {
+      RunFallback(d.fallback, a, c);
       return;
     }
   }
   if (lse.dtype != DType::kF32) {
-    RunFallback(d, a, c);
+    RunFallback(d.fallback, a, c);
     return;
   }
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
@@ -244,8 +227,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
       std::fill_n(Row(dk, b, g, j), D, 0.0f);
       std::fill_n(Row(dv, b, g, j), Dv, 0.0f);
     }
-    Transpose(k, b, g, Tk, D, sc.kt.data(), Tk);
-    Transpose(v, b, g, Tk, Dv, sc.vt.data(), Tk);
+    Transpose(k, b, g, 0, Tk, D, sc.kt.data(), Tk);
+    Transpose(v, b, g, 0, Tk, Dv, sc.vt.data(), Tk);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t r0 = 0; r0 < Tq; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, Tq - r0);
@@ -268,8 +251,7 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
         for (int64_t i = 0; i < rows; ++i) {
           float* prow = p + i * n;
           float* drow = ds + i * n;
-          const float l = static_cast<const float*>(
-              lse.data)[b * lse.strides[0] + h * lse.strides[1] + (r0 + i) * lse.strides[2]];
+          const float l = *LseAt(lse, b, h, r0 + i);
           if (l == kNegInf) {
             std::fill(prow, prow + n, 0.0f);
           } else {

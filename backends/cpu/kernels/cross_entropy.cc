@@ -30,20 +30,13 @@ int64_t RowOffset(const TensorArg& t, const TensorArg& x, int64_t i) {
   return off;
 }
 
-int64_t TargetAt(const TensorArg& t, int64_t off) {
-  return t.dtype == DType::kI64 ? static_cast<const int64_t*>(t.data)[off]
-                                : static_cast<const int32_t*>(t.data)[off];
-}
-
 void CrossEntropyKernel(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const CrossEntropyData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &targets = a.inputs[1], &dloss = a.inputs[2];
   const TensorArg &loss = a.output, &dx = a.extra_outputs[0];
   const int64_t n = x.shape[x.rank - 1];
   if (n == 0 || !x.IsContiguous() || !dx.IsContiguous()) {
-    LaunchArgs b = a;
-    b.kernel_data = d.fallback.data.get();
-    d.fallback.fn(b, c);
+    RunFallback(d.fallback, a, c);
     return;
   }
   const int64_t rows = x.numel() / n;
@@ -56,7 +49,7 @@ void CrossEntropyKernel(const LaunchArgs& a, const ExecCtx& c) {
   for (int64_t i = begin; i < end; ++i) {
     const float* row = xs + i * n;
     float* drow = dxs + i * n;
-    const int64_t target = TargetAt(targets, RowOffset(targets, x, i));
+    const int64_t target = IndexAt(targets, RowOffset(targets, x, i));
     float& row_loss = losses[RowOffset(loss, x, i)];
     const float gi = g[RowOffset(dloss, x, i)];
     if (target == d.ignore_index) {

@@ -53,12 +53,6 @@ std::pair<int64_t, int64_t> Share(int64_t units, int t, int n) {
   return {units * t / n, units * (t + 1) / n};
 }
 
-void RunFallback(const GemmData& d, const LaunchArgs& a, const ExecCtx& c) {
-  LaunchArgs fa = a;
-  fa.kernel_data = d.fallback.data.get();
-  d.fallback.fn(fa, c);
-}
-
 // The implementation to use for this layout (the plan's, or the packed GEMM where the
 // plan's cannot take it).
 GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
@@ -197,7 +191,7 @@ bool LinearProblem(const LaunchArgs& a, GemmArgs* g) {
 void LinearKernel(const LaunchArgs& a, const ExecCtx& c) {
   const GemmData& d = *static_cast<const GemmData*>(a.kernel_data);
   GemmArgs g;
-  if (!LinearProblem(a, &g)) return RunFallback(d, a, c);
+  if (!LinearProblem(a, &g)) return RunFallback(d.fallback, a, c);
   RunGemm(d, Resolve(d, d.plan.For(g.M), g), g, c.thread_index, c.thread_count);
 }
 
@@ -216,7 +210,7 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
   g.wtype = DType::kF32;
   const bool x_ok = K <= 1 || a.strides[r - 1] == 1;
   const bool y_ok = (N <= 1 || o.strides[r - 1] == 1) && (M <= 1 || g.ldy >= N);
-  if (!y_ok) return RunFallback(d, args, c);
+  if (!y_ok) return RunFallback(d.fallback, args, c);
   // A transposed `a` (autograd's dW = g^T x, attention's dK = dS^T Q) is copied into rows
   // first: M*K loads against the GEMM's M*N*K, instead of the reference loop.
   const bool transpose_a = !x_ok;
@@ -299,7 +293,7 @@ void MatMulDecodedKernel(const LaunchArgs& args, const ExecCtx& c) {
   const bool ok = K > 0 && (K <= 1 || a.strides[1] == 1) && (N <= 1 || o.strides[1] == 1) &&
                   (N <= 1 || b.strides[1] == 1) && (M <= 1 || o.strides[0] >= N) &&
                   (K <= 1 || b.strides[0] % DTypeBlockElems(b.dtype) == 0);
-  if (!ok) return RunFallback(d, args, c);
+  if (!ok) return RunFallback(d.fallback, args, c);
   if (M <= 0 || N <= 0) return;
   GemmArgs g;
   g.x = static_cast<const float*>(a.data);

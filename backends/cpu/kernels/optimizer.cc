@@ -41,9 +41,7 @@ void OptimizerKernel(const LaunchArgs& a, const ExecCtx& c) {
     dense = DenseF32(a.inputs[3 + k], n) && DenseF32(a.extra_outputs[k], n);
   }
   if (!dense) {
-    LaunchArgs b = a;
-    b.kernel_data = d.fallback.data.get();
-    d.fallback.fn(b, c);
+    RunFallback(d.fallback, a, c);
     return;
   }
   const double step = LoadScalar(hyper, 0), lr = LoadScalar(hyper, 1);

@@ -61,4 +61,29 @@ SelectContext DefaultSelectContext(
 StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelRequest& req,
                                                       const SelectContext& ctx);
 
+// ---- Helpers of the hand-tuned kernels ----
+
+// Runs `fallback` (the reference kernel, from SelectContext::reference) for a launch whose
+// layout a fast kernel finds it cannot take at run time.
+inline void RunFallback(const backend::Kernel& fallback, const LaunchArgs& a, const ExecCtx& c) {
+  LaunchArgs fa = a;
+  fa.kernel_data = fallback.data.get();
+  fallback.fn(fa, c);
+}
+
+// The last axis is contiguous (or has at most one element).
+inline bool InnerContiguous(const TensorArg& t) {
+  return t.shape[t.rank - 1] <= 1 || t.strides[t.rank - 1] == 1;
+}
+
+// The i32/i64 element at element offset `off` of an index tensor.
+inline int64_t IndexAt(const TensorArg& t, int64_t off) {
+  return t.dtype == DType::kI64 ? static_cast<const int64_t*>(t.data)[off]
+                                : static_cast<const int32_t*>(t.data)[off];
+}
+// Element i of a 1-D (possibly strided) index tensor.
+inline int64_t LoadIndex(const TensorArg& t, int64_t i) {
+  return IndexAt(t, i * (t.rank > 0 ? t.strides[0] : 0));
+}
+
 }  // namespace kiln::cpu

@@ -24,17 +24,6 @@ std::pair<int64_t, int64_t> Share(int64_t n, const ExecCtx& c) {
   return {b, std::min(n, b + per)};
 }
 
-void RunFallback(const Kernel& fallback, const LaunchArgs& a, const ExecCtx& c) {
-  LaunchArgs fa = a;
-  fa.kernel_data = fallback.data.get();
-  fallback.fn(fa, c);
-}
-
-int64_t LoadIndex(const TensorArg& t, int64_t i) {
-  return t.dtype == DType::kI64 ? static_cast<const int64_t*>(t.data)[i * t.strides[0]]
-                                : static_cast<const int32_t*>(t.data)[i * t.strides[0]];
-}
-
 // ---- RoPE -------------------------------------------------------------------------------------
 
 struct RopeData {
