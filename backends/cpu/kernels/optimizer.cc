@@ -1,11 +1,35 @@
 #include "backends/cpu/kernels/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 
+// The baseline variant of the loops (optimizer_impl.h).
+#define KILN_ISA_NS scalar
+#include "backends/cpu/kernels/optimizer_impl.h"
+#undef KILN_ISA_NS
+
 namespace kiln::cpu {
+
+void scalar::OptimizerRange(const OptimizerStep& s, int64_t begin, int64_t end) {
+  OptimizerRangeOf<Lane1>(s, begin, end);
+}
+
+void SetStepScalars(double step, OptimizerStep* s) {
+  // As OptimizerElements computes them.
+  s->first = step <= 1;
+  s->step_size = s->lr;
+  s->bias_correction2_sqrt = 1;
+  if (s->op == OpKind::kAdamW || s->op == OpKind::kAdam) {
+    s->step_size = s->lr / (1 - std::pow(s->floats[0], step));
+    s->bias_correction2_sqrt = std::sqrt(1 - std::pow(s->floats[1], step));
+  } else if (s->op == OpKind::kAdagrad) {
+    s->step_size = s->lr / (1 + (step - 1) * s->floats[0]);
+  }
+}
+
 namespace {
 
 using backend::Kernel;
@@ -14,6 +38,7 @@ using backend::KernelRequest;
 struct OptimizerData {
   OpKind op = OpKind::kAdamW;
   Attrs attrs;
+  void (*range)(const OptimizerStep&, int64_t, int64_t) = nullptr;  // the ISA's loops
   Kernel fallback;
 };
 
@@ -44,77 +69,26 @@ void OptimizerKernel(const LaunchArgs& a, const ExecCtx& c) {
     RunFallback(d.fallback, a, c);
     return;
   }
-  const double step = LoadScalar(hyper, 0), lr = LoadScalar(hyper, 1);
-  double scale = LoadScalar(hyper, 2);
-  if (graph_scale) scale *= LoadScalar(a.inputs[a.num_inputs - 1], 0);
-  const bool first = step <= 1;
-  const std::vector<double>& f = d.attrs.floats;
-  const int64_t begin = n * c.thread_index / c.thread_count;
-  const int64_t end = n * (c.thread_index + 1) / c.thread_count;
-  const float* g32 = static_cast<const float*>(grad.data);
-  const float* p_in = static_cast<const float*>(param.data);
-  float* p_out = static_cast<float*>(a.output.data);
-  const float* s_in[2] = {nullptr, nullptr};
-  float* s_out[2] = {nullptr, nullptr};
+  OptimizerStep s;
+  s.op = d.op;
+  s.floats = d.attrs.floats.data();
+  s.nesterov = d.op == OpKind::kSgd && d.attrs.ints[0] != 0;
+  s.lr = LoadScalar(hyper, 1);
+  s.scale = LoadScalar(hyper, 2);
+  if (graph_scale) s.scale *= LoadScalar(a.inputs[a.num_inputs - 1], 0);
+  SetStepScalars(LoadScalar(hyper, 0), &s);
+  s.param = static_cast<const float*>(param.data);
+  s.grad = static_cast<const float*>(grad.data);
+  s.param_out = static_cast<float*>(a.output.data);
   for (int k = 0; k < num_states && k < 2; ++k) {
-    s_in[k] = static_cast<const float*>(a.inputs[3 + k].data);
-    s_out[k] = static_cast<float*>(a.extra_outputs[k].data);
+    s.state_in[k] = static_cast<const float*>(a.inputs[3 + k].data);
+    s.state_out[k] = static_cast<float*>(a.extra_outputs[k].data);
   }
-  // The same per-element arithmetic as OptimizerElements (see there for torch's equations).
-  switch (d.op) {
-    case OpKind::kAdamW:
-    case OpKind::kAdam: {
-      const double beta1 = f[0], beta2 = f[1], eps = f[2], weight_decay = f[3];
-      const double step_size = lr / (1 - std::pow(beta1, step));
-      const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, step));
-      const bool adamw = d.op == OpKind::kAdamW;
-      for (int64_t e = begin; e < end; ++e) {
-        double g = g32[e] * scale;
-        double p = p_in[e];
-        if (adamw) {
-          p *= 1 - lr * weight_decay;
-        } else {
-          g += weight_decay * p;
-        }
-        const double m = beta1 * (first ? 0.0 : s_in[0][e]) + (1 - beta1) * g;
-        const double v = beta2 * (first ? 0.0 : s_in[1][e]) + (1 - beta2) * g * g;
-        s_out[0][e] = static_cast<float>(m);
-        s_out[1][e] = static_cast<float>(v);
-        p -= step_size * m / (std::sqrt(v) / bias_correction2_sqrt + eps);
-        p_out[e] = static_cast<float>(p);
-      }
-      break;
-    }
-    case OpKind::kSgd: {
-      const double momentum = f[0], dampening = f[1], weight_decay = f[2];
-      const bool nesterov = d.attrs.ints[0] != 0;
-      for (int64_t e = begin; e < end; ++e) {
-        double g = g32[e] * scale;
-        const double p = p_in[e];
-        g += weight_decay * p;
-        if (momentum != 0) {
-          const double buf = first ? g : momentum * s_in[0][e] + (1 - dampening) * g;
-          s_out[0][e] = static_cast<float>(buf);
-          g = nesterov ? g + momentum * buf : buf;
-        }
-        p_out[e] = static_cast<float>(p - lr * g);
-      }
-      break;
-    }
-    default: {  // adagrad
-      const double lr_decay = f[0], weight_decay = f[1], initial = f[2], eps = f[3];
-      const double clr = lr / (1 + (step - 1) * lr_decay);
-      for (int64_t e = begin; e < end; ++e) {
-        double g = g32[e] * scale;
-        const double p = p_in[e];
-        g += weight_decay * p;
-        const double sum = (first ? initial : s_in[0][e]) + g * g;
-        s_out[0][e] = static_cast<float>(sum);
-        p_out[e] = static_cast<float>(p - clr * g / (std::sqrt(sum) + eps));
-      }
-      break;
-    }
-  }
+  // Cache-line-aligned shares (16 floats), so that no two threads write one line.
+  const int64_t lines = (n + 15) / 16;
+  const int64_t begin = std::min(n, lines * c.thread_index / c.thread_count * 16);
+  const int64_t end = std::min(n, lines * (c.thread_index + 1) / c.thread_count * 16);
+  d.range(s, begin, end);
 }
 
 }  // namespace
@@ -124,6 +98,9 @@ StatusOr<std::optional<Kernel>> MakeOptimizerKernel(const KernelRequest& req,
   auto d = std::make_shared<OptimizerData>();
   d->op = req.op;
   d->attrs = *req.attrs;
+  d->range = ctx.isa == Isa::kAvx512 ? avx512::OptimizerRange
+             : ctx.isa == Isa::kAvx2 ? avx2::OptimizerRange
+                                     : scalar::OptimizerRange;
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   std::string name = absl::StrCat("cpu.", OpName(req.op), ".dense");
   return std::optional<Kernel>(Kernel{OptimizerKernel, std::move(d), std::move(name)});

@@ -1,0 +1,32 @@
+// The avx512 variant of the optimizer loops (optimizer_impl.h); CMake compiles this file with
+// the variant's target flags and -ffp-contract=off. Runs only where ActiveIsa() is avx512.
+#include <immintrin.h>
+
+#include "backends/cpu/kernels/optimizer.h"
+
+namespace kiln::cpu::avx512 {
+namespace {
+struct VecD {
+  static constexpr int kLanes = 8;
+  __m512d v;
+  static VecD Set1(double x) { return {_mm512_set1_pd(x)}; }
+  static VecD Load(const float* p) { return {_mm512_cvtps_pd(_mm256_loadu_ps(p))}; }
+  void Store(float* p) const { _mm256_storeu_ps(p, _mm512_cvtpd_ps(v)); }
+  friend VecD operator+(VecD a, VecD b) { return {_mm512_add_pd(a.v, b.v)}; }
+  friend VecD operator-(VecD a, VecD b) { return {_mm512_sub_pd(a.v, b.v)}; }
+  friend VecD operator*(VecD a, VecD b) { return {_mm512_mul_pd(a.v, b.v)}; }
+  friend VecD operator/(VecD a, VecD b) { return {_mm512_div_pd(a.v, b.v)}; }
+  friend VecD Sqrt(VecD a) { return {_mm512_sqrt_pd(a.v)}; }
+};
+}  // namespace
+}  // namespace kiln::cpu::avx512
+
+#define KILN_ISA_NS avx512
+#include "backends/cpu/kernels/optimizer_impl.h"
+#undef KILN_ISA_NS
+
+namespace kiln::cpu::avx512 {
+void OptimizerRange(const OptimizerStep& s, int64_t begin, int64_t end) {
+  OptimizerRangeOf<VecD>(s, begin, end);
+}
+}  // namespace kiln::cpu::avx512
