@@ -215,13 +215,19 @@ void Register() {
       }
     }
   }
-  // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against.
+  // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against; and
+  // the packed GEMM against it on f32 weights at training's M (4 x 256 tokens).
   for (const Shape& s : shapes) {
-    benchmark::RegisterBenchmark(
-        absl::StrCat("BM_Linear/f32/N:", s.n, "/K:", s.k, "/M:512/onednn").c_str(),
-        [=](benchmark::State& st) { BM_Linear(st, DType::kF32, s.n, s.k, 512, "onednn"); })
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
+    for (int64_t m : {512, 1024}) {
+      for (const char* impl : {"onednn", "gemm"}) {
+        if (m == 512 && std::string_view(impl) == "gemm") continue;
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_Linear/f32/N:", s.n, "/K:", s.k, "/M:", m, "/", impl).c_str(),
+            [=](benchmark::State& st) { BM_Linear(st, DType::kF32, s.n, s.k, m, impl); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
   }
 }
 

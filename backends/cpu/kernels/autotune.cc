@@ -15,7 +15,7 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr char kFileName[] = "cpu_gemm_tuning.v1.txt";
+constexpr char kFileName[] = "cpu_gemm_tuning.v2.txt";
 
 // Parses "key\tm=name m=name" lines into `out` (malformed lines are skipped).
 void ParseInto(std::istream& in,
@@ -147,21 +147,21 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
   Entry entry;
   std::vector<int> out;
   for (int64_t m : ms) {
-    // One warm-up run per candidate, then rounds that run every candidate once (so load
-    // from other processes hits all of them alike) until 5 rounds or ~30 ms; the minimum
-    // per candidate counts. A later candidate must beat the earlier best by 3%: the list is
-    // ordered from the default choice on, and a tie is noise.
+    // One warm-up run per candidate (not counted: it includes one-time costs such as
+    // oneDNN's primitive creation), then rounds that run every candidate once (so load from
+    // other processes hits all of them alike): at least 2, and up to 5 while they take less
+    // than ~30 ms; the minimum per candidate counts. A later candidate must beat the earlier
+    // best by 3%: the list is ordered from the default choice on, and a tie is noise.
     const int nc = static_cast<int>(names.size());
     std::vector<double> best_s(nc, 1e30);
+    double round_total = 0;
     for (int c = 0; c < nc; ++c) {
       const auto t0 = Clock::now();
       KILN_RETURN_IF_ERROR(run(c, m));
-      best_s[c] = std::chrono::duration<double>(Clock::now() - t0).count();
+      round_total += std::chrono::duration<double>(Clock::now() - t0).count();
       ++timed_runs_;
     }
-    double round_total = 0;
-    for (double v : best_s) round_total += v;
-    for (int round = 0; round < 5 && round_total * (round + 1) < 0.03; ++round) {
+    for (int round = 0; round < 5 && (round < 2 || round_total * (round + 1) < 0.03); ++round) {
       for (int c = 0; c < nc; ++c) {
         const auto t0 = Clock::now();
         KILN_RETURN_IF_ERROR(run(c, m));

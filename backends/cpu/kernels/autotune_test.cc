@@ -28,6 +28,29 @@ std::string TempDir() {
   return dir.string();
 }
 
+// A candidate whose first run pays a one-time cost (oneDNN creating its primitive) is judged
+// by its later runs: the warm-up is not counted.
+TEST(GemmTuner, WarmUpRunIsNotCounted) {
+  const std::string dir = TempDir();
+  const std::vector<std::string> names = {"steady", "slow_start"};
+  const std::vector<int64_t> ms = {1024};
+  int slow_start_runs = 0;
+  auto run = [&](int c, int64_t) -> Status {
+    if (c == 1 && slow_start_runs++ == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(c == 0 ? 4000 : 200));
+    }
+    return OkStatus();
+  };
+  GemmTuner t(dir);
+  auto choice = t.Choose("matmul warm-up N=1 K=2", names, ms, run);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_TRUE(choice->has_value());
+  EXPECT_EQ(**choice, (std::vector<int>{1}));
+  EXPECT_GE(slow_start_runs, 3) << "a warm-up and at least two timed runs";
+}
+
 TEST(GemmTuner, TimesOnceThenRemembersInMemoryAndOnDisk) {
   const std::string dir = TempDir();
   const std::vector<std::string> names = {"slow", "fast"};

@@ -42,6 +42,9 @@ struct GemmData {
   const IsaKernels* k = nullptr;
   const IsaKernels* q8 = nullptr;  // the variant with gemv_q8 (AVX-512 uses AVX2's); null: off
   Plan plan;
+  // MatMul with a column-major `a` (autograd's dW = g^T x), which oneDNN reads in place while
+  // the others copy it into rows first: timed apart. Equals `plan` where not tuned.
+  Plan plan_col;
   std::shared_ptr<const OneDnnGemm> onednn_k;   // W rows K-contiguous ([N, K])
   std::shared_ptr<const OneDnnGemm> onednn_n;   // W N-contiguous ([K, N], matmul)
   std::shared_ptr<const OneDnnGemm> onednn_nt;  // the same with x column-major (dW = g^T x)
@@ -243,7 +246,7 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     g.w_row_bytes = 4 * b.strides[r - 1];
     g.w_k_stride = b.strides[r - 2];
   }
-  const GemmImpl impl = Resolve(d, d.plan.For(M), g);
+  const GemmImpl impl = Resolve(d, (transpose_a ? d.plan_col : d.plan).For(M), g);
   // oneDNN reads a column-major `a` where it lies (the copy into rows costs dW GEMMs ~25%).
   const bool transposed_in_place = transpose_a && impl == GemmImpl::kOneDnn && g.w_k_stride != 1 &&
                                    d.onednn_nt != nullptr && (M <= 1 || a.strides[r - 2] == 1);
@@ -404,11 +407,14 @@ TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
 // Times candidate implementations of one shape through the device's own stream (its pool).
 class TimingBench {
  public:
+  // `x_col`: a matmul's left operand column-major (strides {1, M}).
   static StatusOr<std::unique_ptr<TimingBench>> Create(backend::Device& dev, bool matmul, DType wt,
-                                                       int64_t max_m, int64_t N, int64_t K) {
+                                                       int64_t max_m, int64_t N, int64_t K,
+                                                       bool x_col) {
     std::unique_ptr<TimingBench> b(new TimingBench());
     KILN_ASSIGN_OR_RETURN(b->stream_, dev.CreateStream());
     b->matmul_ = matmul;
+    b->x_col_ = x_col;
     b->wt_ = wt;
     b->N_ = N;
     b->K_ = K;
@@ -431,9 +437,14 @@ class TimingBench {
   Status Run(const GemmData& base, GemmImpl impl, int64_t m) {
     GemmData d = base;
     d.plan.upto = {{1, impl}};
+    d.plan_col = d.plan;
     TensorArg in[2] = {
         Arg2D(x_.get(), DType::kF32, m, K_),
         matmul_ ? Arg2D(w_.get(), DType::kF32, K_, N_) : Arg2D(w_.get(), wt_, N_, K_)};
+    if (x_col_) {
+      in[0].strides[0] = 1;
+      in[0].strides[1] = m;
+    }
     LaunchArgs args;
     args.kernel_data = &d;
     args.inputs = in;
@@ -447,7 +458,7 @@ class TimingBench {
  private:
   TimingBench() = default;
   std::unique_ptr<backend::Stream> stream_;
-  bool matmul_ = false;
+  bool matmul_ = false, x_col_ = false;
   DType wt_ = DType::kF32;
   int64_t N_ = 0, K_ = 0;
   std::unique_ptr<uint8_t, AlignedFree> x_, y_, w_;
@@ -560,10 +571,13 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     candidates.push_back(GemmImpl::kGemvQ8);
   } else {
     if (!matmul) candidates.push_back(GemmImpl::kGemv);
+    // On f32 weights oneDNN goes first, so that the packed GEMM must beat it by the tuner's
+    // margin: timed alone the two are within 2-3% on training's shapes (M = 1024; gemm_bench),
+    // but inside a training step oneDNN ran 10-15% faster (KILN_PROFILE, docs/performance.md).
+    const bool onednn_f32 = w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n);
+    if (onednn_f32) candidates.push_back(GemmImpl::kOneDnn);
     candidates.push_back(GemmImpl::kGemm);
-    if (w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n)) {
-      candidates.push_back(GemmImpl::kOneDnn);
-    } else if (!matmul && fast_decode && d->onednn_k) {
+    if (!onednn_f32 && !matmul && fast_decode && d->onednn_k) {
       candidates.push_back(GemmImpl::kOneDnnDequant);
     }
   }
@@ -604,22 +618,25 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     }
     std::vector<std::string> names;
     for (GemmImpl c : candidates) names.push_back(GemmImplName(c));
-    const std::string key =
-        absl::StrCat(OpName(req.op), " x=f32 w=", DTypeName(w.dtype), " N=", *N, " K=", *K, " ",
-                     IsaName(d->k->isa), d->q8 != nullptr ? " q8" : "", " threads=", ctx.threads,
-                     " cpu=", CpuDescription());
-    std::unique_ptr<TimingBench> bench;
-    const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
-      if (bench == nullptr) {
-        KILN_ASSIGN_OR_RETURN(bench,
-                              TimingBench::Create(*ctx.device, matmul, w.dtype,
-                                                  *std::max_element(ms.begin(), ms.end()), *N, *K));
-      }
-      return bench->Run(*d, candidates[c], m);
-    };
-    KILN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> choice,
-                          ctx.tuner->Choose(key, names, ms, run));
-    if (choice) {
+    // One timed plan per layout of `a` the kernel can meet: row-major, and for f32 matmuls
+    // (training's dW = g^T x) column-major, where oneDNN reads it in place.
+    auto tune = [&](bool x_col) -> StatusOr<std::optional<Plan>> {
+      const std::string key =
+          absl::StrCat(OpName(req.op), " x=f32", x_col ? " col" : "", " w=", DTypeName(w.dtype),
+                       " N=", *N, " K=", *K, " ", IsaName(d->k->isa), d->q8 != nullptr ? " q8" : "",
+                       " threads=", ctx.threads, " cpu=", CpuDescription());
+      std::unique_ptr<TimingBench> bench;
+      const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
+        if (bench == nullptr) {
+          KILN_ASSIGN_OR_RETURN(
+              bench, TimingBench::Create(*ctx.device, matmul, w.dtype,
+                                         *std::max_element(ms.begin(), ms.end()), *N, *K, x_col));
+        }
+        return bench->Run(*d, candidates[c], m);
+      };
+      KILN_ASSIGN_OR_RETURN(std::optional<std::vector<int>> choice,
+                            ctx.tuner->Choose(key, names, ms, run));
+      if (!choice) return std::optional<Plan>();
       std::vector<GemmImpl> impls;
       for (size_t i = 0; i < choice->size(); ++i) {
         GemmImpl impl = candidates[(*choice)[i]];
@@ -635,11 +652,22 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
         }
         impls.push_back(impl);
       }
-      d->plan = PlanFrom(ms, impls);
+      return std::optional<Plan>(PlanFrom(ms, impls));
+    };
+    KILN_ASSIGN_OR_RETURN(std::optional<Plan> rows, tune(false));
+    if (rows) d->plan = *std::move(rows);
+    d->plan_col = d->plan;
+    if (d->onednn_nt != nullptr) {
+      KILN_ASSIGN_OR_RETURN(std::optional<Plan> cols, tune(true));
+      if (cols) d->plan_col = *std::move(cols);
     }
+  } else {
+    d->plan_col = d->plan;
   }
+  std::string plan = PlanString(d->plan);
+  if (PlanString(d->plan_col) != plan) absl::StrAppend(&plan, " col ", PlanString(d->plan_col));
   const std::string name =
-      absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", PlanString(d->plan), "]");
+      absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", plan, "]");
   return std::optional<Kernel>(Kernel{matmul ? MatMulKernel : LinearKernel, std::move(d), name});
 }
 
