@@ -1,5 +1,7 @@
 #include "engine/optimizer.h"
 
+#include <optional>
+
 #include "engine/builder.h"
 
 namespace kiln {
@@ -45,16 +47,32 @@ std::vector<std::string> OptimizerStateNames(const OptimizerParams& p) {
 //   total_norm = torch.linalg.vector_norm(torch.stack(norms), 2)
 //   clip_coef = max_norm / (total_norm + 1e-6)
 //   clip_coef_clamped = torch.clamp(clip_coef, max=1.0)
+constexpr int64_t kMinNormRow = 4096;  // elements per row of a gradient's sum of squares
+
 ClipGradNormOutputs ClipGradNorm(Builder& b, std::span<const Value> grads, double max_norm) {
   KILN_CHECK(!grads.empty() && max_norm > 0, "ClipGradNorm needs gradients and max_norm > 0");
   Value sum_of_squares;  // of the per-tensor norms
   for (Value g : grads) {
     if (!g.valid()) return {};
-    const Value x = b.dtype(g) == DType::kF32 ? g : b.Cast(g, DType::kF32);
+    Value x = b.dtype(g) == DType::kF32 ? g : b.Cast(g, DType::kF32);
+    // A large gradient is summed as the rows of a [rows, n / rows] view: unit-stride rows
+    // that a backend spreads over its threads, then their sum (one long reduction to a
+    // scalar would run on one thread).
+    const std::optional<int64_t> n = NumElements(b.shape(x)).TryConstant();
+    int64_t rows = 1;
+    for (int64_t r : {64, 32, 16, 8, 4, 2}) {
+      if (n && *n % r == 0 && *n / r >= kMinNormRow) {
+        rows = r;
+        break;
+      }
+    }
+    if (rows > 1) x = b.Reshape(x, {rows, *n / rows});
     std::vector<int> axes(b.rank(x));
     for (int i = 0; i < b.rank(x); ++i) axes[i] = i;
     const Value sq = b.Mul(x, x);
-    const Value norm = b.Sqrt(axes.empty() ? sq : b.Sum(sq, axes));
+    const Value norm = b.Sqrt(axes.empty() ? sq
+                              : rows > 1   ? b.Sum(b.Sum(sq, {1}), {0})
+                                           : b.Sum(sq, axes));
     const Value norm_sq = b.Mul(norm, norm);
     sum_of_squares = sum_of_squares.valid() ? b.Add(sum_of_squares, norm_sq) : norm_sq;
   }
