@@ -215,15 +215,23 @@ void Register() {
       }
     }
   }
-  // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against; and
-  // the packed GEMM against it on f32 weights at training's M (4 x 256 tokens).
+  // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against.
   for (const Shape& s : shapes) {
-    for (int64_t m : {512, 1024}) {
-      for (const char* impl : {"onednn", "gemm"}) {
-        if (m == 512 && std::string_view(impl) == "gemm") continue;
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_Linear/f32/N:", s.n, "/K:", s.k, "/M:512/onednn").c_str(),
+        [=](benchmark::State& st) { BM_Linear(st, DType::kF32, s.n, s.k, 512, "onednn"); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+  // Training's M (4 x 256 tokens): the packed GEMM against oneDNN, on f32 weights and on
+  // q4_1 ones (decoded to f32 panels first).
+  for (const Shape& s : shapes) {
+    for (DType t : {DType::kF32, DType::kQ4_1}) {
+      for (const char* impl : {"gemm", t == DType::kF32 ? "onednn" : "onednn_dequant"}) {
         benchmark::RegisterBenchmark(
-            absl::StrCat("BM_Linear/f32/N:", s.n, "/K:", s.k, "/M:", m, "/", impl).c_str(),
-            [=](benchmark::State& st) { BM_Linear(st, DType::kF32, s.n, s.k, m, impl); })
+            absl::StrCat("BM_Linear/", DTypeName(t), "/N:", s.n, "/K:", s.k, "/M:1024/", impl)
+                .c_str(),
+            [=](benchmark::State& st) { BM_Linear(st, t, s.n, s.k, 1024, impl); })
             ->UseRealTime()
             ->Unit(benchmark::kMicrosecond);
       }

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,17 +56,25 @@ class VariantDevice final : public backend::HostDevice {
           req.op == OpKind::kAdagrad) {
         ++selected_;
       }
+      std::lock_guard<std::mutex> l(mu_);
+      last_kernel_ = k->name;
       return *std::move(k);
     }
     return ref::KernelFor(req);
   }
   int selected() const { return selected_; }
+  std::string last_kernel() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_kernel_;
+  }
 
  private:
   Isa isa_;
   const char* force_gemm_;
   bool q8_;
   std::atomic<int> selected_{0};
+  mutable std::mutex mu_;
+  std::string last_kernel_;  // the name of the last hand-tuned kernel selected
 };
 
 InputSpec Normal(std::string name, DType t, std::vector<int64_t> shape, double scale = 1) {
@@ -327,6 +336,23 @@ TEST(HarnessQ8, QuantizedActivationsStayWithinTheirTolerance) {
     }
   }
   EXPECT_GT(run, 20);
+}
+
+// A decoded matmul whose x exceeds 16 MiB with K >= 8192 (the classifier head's dx through a
+// quantized tied embedding) runs in blocks of K, accumulated by oneDNN; once, on the variant
+// this CPU runs (the reference product is large).
+TEST(HarnessLongK, DecodedMatMulInBlocksOfKMatchesReference) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  const Isa isa = ActiveIsa();
+  VariantDevice dev(isa, nullptr, 2);
+  const OpCase c =
+      Make("matmul", "f32 [513,8192]xq8_0 weight [8192,64] (blocks of K)",
+           {Normal("a", DType::kF32, {513, 8192}, 0.1), Weight("b", DType::kQ8_0, {8192, 64})},
+           [](Builder& b, const V& in) { return b.MatMul(in[0], in[1]); });
+  const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+  EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << IsaName(isa) << ": " << r.message;
+  EXPECT_GT(dev.selected(), 0);
+  EXPECT_NE(dev.last_kernel().find("k_blocks"), std::string::npos) << dev.last_kernel();
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),

@@ -18,12 +18,21 @@ namespace {
 using backend::Kernel;
 using backend::KernelRequest;
 
-// Shapes below this many weight elements are not worth timing (the heuristic is fine).
+// Shapes below this many weight elements are not worth timing (the heuristic is fine)...
 constexpr int64_t kMinTunedWeights = 1 << 16;
+// ...except products with a fixed M of at least kMinTunedSkinnyM rows (training's LoRA
+// products, N or K = the rank: the packed GEMM pads N = 8 to its register tile, and oneDNN
+// or GEMV ran them ~20% faster), from this many weight elements.
+constexpr int64_t kMinTunedSkinnyWeights = 1 << 12;
+constexpr int64_t kMinTunedSkinnyM = 256;
 // Heuristic: GEMV up to this M (each weight strip is decoded once per 4 rows of x).
 constexpr int64_t kGemvMaxM = 8;
 // Smallest M for which kOneDnnDequant may be chosen.
 constexpr int64_t kDequantMinM = 64;
+// Decoded matmuls: blocks of K (MatMulDecodedKernel) for K from this long, used when x has
+// more than this many bytes.
+constexpr int64_t kKBlockedMinK = 8192;
+constexpr int64_t kKBlockedMinXBytes = int64_t{16} << 20;
 // Rows of a weight panel decoded for oneDNN at a time (kOneDnnDequant).
 constexpr int64_t kDequantPanel = 64;
 
@@ -48,6 +57,10 @@ struct GemmData {
   std::shared_ptr<const OneDnnGemm> onednn_k;   // W rows K-contiguous ([N, K])
   std::shared_ptr<const OneDnnGemm> onednn_n;   // W N-contiguous ([K, N], matmul)
   std::shared_ptr<const OneDnnGemm> onednn_nt;  // the same with x column-major (dW = g^T x)
+  // Decoded matmuls with a long K: oneDNN over `kblock` rows of b at a time, the first block
+  // writing y and the others adding to it (MatMulDecodedKernel). kblock 0: none.
+  int64_t kblock = 0;
+  std::shared_ptr<const OneDnnGemm> onednn_kb_first, onednn_kb_acc;
   Kernel fallback;
 };
 
@@ -305,8 +318,37 @@ void MatMulDecodedKernel(const LaunchArgs& args, const ExecCtx& c) {
   g.M = M;
   g.K = K;
   g.wtype = DType::kF32;
+  constexpr int64_t kUnit = 32;  // columns: whole blocks of every quantized type
+  if (d.kblock > 0 && M * K * 4 > kKBlockedMinXBytes) {
+    // x is larger than the caches (the classifier head's dx = dlogits w, K = vocabulary):
+    // column panels would stream all of it once per panel. Each thread instead decodes its
+    // columns of b `kblock` rows at a time and accumulates the blocks' products, reading x
+    // once.
+    const auto [u0, u1] = Share((N + kUnit - 1) / kUnit, c.thread_index, c.thread_count);
+    const int64_t n0 = std::min(N, u0 * kUnit), p = std::min(N, u1 * kUnit) - n0;
+    if (p <= 0) return;
+    thread_local std::vector<float> block;
+    block.resize(static_cast<size_t>(d.kblock * p));
+    GemmArgs src;  // b's rows, columns [n0, n0 + p)
+    src.w = static_cast<const uint8_t*>(b.data) + ByteOffset(b.dtype, n0);
+    src.w_row_bytes = ByteOffset(b.dtype, b.strides[0]);
+    src.wtype = b.dtype;
+    src.K = p;
+    for (int64_t k0 = 0; k0 < K; k0 += d.kblock) {
+      d.k->dequant(src, k0, k0 + d.kblock, block.data());
+      GemmArgs sub = g;
+      sub.x = g.x + k0;
+      sub.K = d.kblock;
+      sub.w = block.data();
+      sub.w_row_bytes = 4;
+      sub.w_k_stride = p;
+      sub.N = p;
+      sub.y = static_cast<float*>(o.data) + n0;
+      (k0 == 0 ? d.onednn_kb_first : d.onednn_kb_acc)->Run(sub, 0, M, 0, p);
+    }
+    return;
+  }
   // Panels of whole blocks, about 128 KiB of f32 (at least one block wide).
-  constexpr int64_t kUnit = 32;
   const int64_t panel =
       std::clamp<int64_t>((32 * 1024 / std::max<int64_t>(K, 1)) / kUnit * kUnit, kUnit, 8 * kUnit);
   const auto [u0, u1] = Share((N + kUnit - 1) / kUnit, c.thread_index, c.thread_count);
@@ -559,9 +601,23 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     if (ctx.force_gemm != nullptr && std::string_view(ctx.force_gemm) == "gemm") {
       d->onednn_n.reset();
     }
+    if (K && *K >= kKBlockedMinK && d->onednn_n) {
+      for (int64_t kb : {1024, 768, 512, 384, 256}) {
+        if (*K % kb != 0) continue;
+        auto first = OneDnnGemm::Create(kb, /*w_k_contiguous=*/false);
+        auto acc = OneDnnGemm::Create(kb, /*w_k_contiguous=*/false, /*x_transposed=*/false,
+                                      /*accumulate=*/true);
+        if (first.ok() && acc.ok()) {
+          d->kblock = kb;
+          d->onednn_kb_first = *std::move(first);
+          d->onednn_kb_acc = *std::move(acc);
+        }
+        break;
+      }
+    }
     const std::string name =
         absl::StrCat("cpu.matmul.", IsaName(d->k->isa), "[decode_", DTypeName(w.dtype),
-                     d->onednn_n ? "+onednn" : "+gemm", "]");
+                     d->onednn_n ? (d->kblock > 0 ? "+onednn,k_blocks" : "+onednn") : "+gemm", "]");
     return std::optional<Kernel>(Kernel{MatMulDecodedKernel, std::move(d), name});
   }
   std::vector<GemmImpl> candidates;
@@ -591,16 +647,18 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
 
   // M: rows of x (Linear) or of each matrix (MatMul; batched MatMul is not timed).
   std::optional<int64_t> m_const;
-  bool tunable = ctx.tuner != nullptr && K && N && *N * *K >= kMinTunedWeights &&
-                 (fast_decode || w.dtype == DType::kF32);
   if (matmul) {
-    tunable = tunable && x.shape.size() == 2;
     m_const = x.shape[x.shape.size() - 2].TryConstant();
   } else {
     Dim m = 1;
     for (size_t i = 0; i + 1 < x.shape.size(); ++i) m = m * x.shape[i];
     m_const = m.TryConstant();
   }
+  const int64_t min_weights =
+      m_const && *m_const >= kMinTunedSkinnyM ? kMinTunedSkinnyWeights : kMinTunedWeights;
+  bool tunable = ctx.tuner != nullptr && K && N && *N * *K >= min_weights &&
+                 (fast_decode || w.dtype == DType::kF32);
+  if (matmul) tunable = tunable && x.shape.size() == 2;
   if (ctx.force_gemm != nullptr) {
     for (GemmImpl c : {GemmImpl::kGemv, GemmImpl::kGemvQ8, GemmImpl::kGemm, GemmImpl::kOneDnn,
                        GemmImpl::kOneDnnDequant}) {

@@ -31,7 +31,7 @@ struct OneDnnGemm::Impl {
 };
 
 StatusOr<std::unique_ptr<OneDnnGemm>> OneDnnGemm::Create(int64_t K, bool w_k_contiguous,
-                                                         bool x_transposed) {
+                                                         bool x_transposed, bool accumulate) {
   using dnnl::memory;
   constexpr int64_t kRt = DNNL_RUNTIME_DIM_VAL;
   try {
@@ -46,6 +46,11 @@ StatusOr<std::unique_ptr<OneDnnGemm>> OneDnnGemm::Create(int64_t K, bool w_k_con
     const memory::desc dst({kRt, kRt}, memory::data_type::f32, {kRt, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
     impl->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wei, dst), attr, impl->engine);
     impl->prim = dnnl::matmul(impl->pd);
     impl->scratch_bytes = impl->pd.scratchpad_desc().get_size();

@@ -1,5 +1,6 @@
 // oneDNN (Debian's libdnnl 2.6, OpenMP runtime) f32 GEMM as a candidate implementation for
-// Linear/MatMul on the cpu backend: y[M, n0:n1] = x · W[n0:n1]^T for one pool thread's tile.
+// Linear/MatMul on the cpu backend: y[M, n0:n1] = x · W[n0:n1]^T (or y += ...) for one pool
+// thread's tile.
 //
 // One primitive per (K, weight layout) with run-time M, N and strides, created at compile
 // time and executed from every pool thread on its own tile with oneDNN limited to one
@@ -21,9 +22,11 @@ class OneDnnGemm {
  public:
   // `w_k_contiguous`: W's rows are K-contiguous ([N, K], Linear) rather than N-contiguous
   // ([K, N], MatMul). Unavailable (error) if oneDNN cannot build the primitive here.
-  // `x_transposed`: x is column-major (GemmArgs::x_transposed).
+  // `x_transposed`: x is column-major (GemmArgs::x_transposed). `accumulate`: Run adds the
+  // product to y's tile instead of overwriting it.
   static StatusOr<std::unique_ptr<OneDnnGemm>> Create(int64_t K, bool w_k_contiguous,
-                                                      bool x_transposed = false);
+                                                      bool x_transposed = false,
+                                                      bool accumulate = false);
   ~OneDnnGemm();
 
   // The tile [m0, m1) x [n0, n1) of y. REQUIRES: a.wtype == f32, a.K == the K of Create, the
