@@ -494,6 +494,10 @@ void AddIndexing(std::vector<OpCase>& out) {
       Make("scatter_add_rows", "f32 idx [4] with repeats -> [5,3]",
            {Custom("idx", DType::kI32, {4}, {1, 3, 1, 0}), Normal("src", DType::kF32, {4, 3})},
            [](Builder& b, const V& in) { return b.ScatterAddRows(in[0], in[1], 5); }));
+  out.push_back(Make("scatter_add_rows", "f32 i64 idx [9], repeats and ids out of range -> [6,20]",
+                     {Custom("idx", DType::kI64, {9}, {5, 0, -1, 5, 2, 6, 3, 5, 0}),
+                      Normal("src", DType::kF32, {9, 20})},
+                     [](Builder& b, const V& in) { return b.ScatterAddRows(in[0], in[1], 6); }));
   out.push_back(Make(
       "scatter_add_rows", "f16 idx [2,2] -> [3,2]",
       {Custom("idx", DType::kI64, {2, 2}, {2, 2, 7, 0}), Normal("src", DType::kF16, {2, 2, 2})},

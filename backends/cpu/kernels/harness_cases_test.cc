@@ -53,7 +53,7 @@ class VariantDevice final : public backend::HostDevice {
           req.op == OpKind::kPagedAttention || req.op == OpKind::kFusedCrossEntropy ||
           req.op == OpKind::kAttention || req.op == OpKind::kAttentionBackward ||
           req.op == OpKind::kAdamW || req.op == OpKind::kAdam || req.op == OpKind::kSgd ||
-          req.op == OpKind::kAdagrad) {
+          req.op == OpKind::kAdagrad || req.op == OpKind::kScatterAddRows) {
         ++selected_;
       }
       std::lock_guard<std::mutex> l(mu_);
@@ -287,7 +287,7 @@ TEST_P(HarnessTest, HandTunedKernelsMatchReference) {
     // The training kernels (no GEMM inside): the op table's own cases.
     for (OpCase& c : harness::ForwardCases(/*full=*/true)) {
       if (c.op == "fused_cross_entropy" || c.op == "attention_backward" || c.op == "adamw" ||
-          c.op == "adam" || c.op == "sgd" || c.op == "adagrad" ||
+          c.op == "adam" || c.op == "sgd" || c.op == "adagrad" || c.op == "scatter_add_rows" ||
           c.name.find("attention training") == 0) {
         cases.push_back(std::move(c));
       }
