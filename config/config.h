@@ -145,8 +145,8 @@ struct FineTuningConfig {
   // The longest a job waits between two steps, so it progresses under steady load.
   double max_yield_seconds = 10;
   int64_t max_file_bytes = 512ll << 20;  // largest uploaded file; more gets 413
-  int threads = 0;                       // CPU threads per job; 0: one per core
-  std::string backend = "cpu";           // where jobs train
+  int threads = 0;  // CPU threads per job; 0: the CPUs the process may use (affinity, cgroup quota)
+  std::string backend = "cpu";  // where jobs train
   bool operator==(const FineTuningConfig&) const = default;
 };
 
@@ -272,7 +272,8 @@ struct ModelConfig {
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   // kind llm only:
   LlmSchedulerConfig scheduler;
-  int threads = 0;         // CPU threads for the model's kernels; 0: one per core
+  int threads = 0;         // CPU threads for the model's kernels; 0: the CPUs the process may use
+                           // (affinity, cgroup quota)
   int context_length = 0;  // cap on the model's context (KV per sequence); 0: the model's own
   // Numerics. "f32": activations stay f32 (exact against f32 references). "q8": activations
   // are quantized to 8-bit blocks before multiplying q4_0/q4_1/q8_0/mxfp4 weights, as

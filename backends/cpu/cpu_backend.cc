@@ -11,11 +11,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
+#include "backends/cpu/cpu_budget.h"
 #include "backends/cpu/jit/fused.h"
 #include "backends/cpu/kernels/select.h"
 #include "backends/cpu/threaded_ref.h"
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::backend {
 namespace {
@@ -337,13 +339,28 @@ class CpuBackend final : public Backend {
   CpuDevice device_;
 };
 
+// KILN_CPU_THREADS, else the CPUs this process may use (affinity and cgroup quota,
+// cpu_budget.h), at most 8. Logged once per process.
 int DefaultThreads() {
   if (const char* env = std::getenv("KILN_CPU_THREADS")) {
     const int n = std::atoi(env);
     if (n > 0) return n;
   }
-  const int hw = static_cast<int>(std::thread::hardware_concurrency());
-  return std::clamp(hw, 1, 8);
+  static const int threads = [] {
+    const CpuBudget b = ReadCpuBudget();
+    const int n = std::clamp(b.cpus(), 1, 8);
+    if (b.quota_cpus) {
+      spdlog::info(
+          "cpu backend: {} threads ({} CPUs in the affinity mask, cgroup quota {:.2f} CPUs "
+          "from {})",
+          n, b.affinity_cpus, *b.quota_cpus, b.quota_source);
+    } else {
+      spdlog::info("cpu backend: {} threads ({} CPUs in the affinity mask, no cgroup CPU quota)", n,
+                   b.affinity_cpus);
+    }
+    return n;
+  }();
+  return threads;
 }
 
 }  // namespace

@@ -221,7 +221,8 @@ int main(int argc, char** argv) {
   gen->add_option("--top-p", a.top_p, "nucleus sampling mass");
   gen->add_option("--top-k", a.top_k, "0: off");
   gen->add_option("--seed", a.seed, "sampling seed (default: random)");
-  gen->add_option("--threads", a.threads, "CPU threads; 0: one per core");
+  gen->add_option("--threads", a.threads,
+                  "CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)");
   gen->add_option("--backend", a.backend, "cpu (default), ref, xpu, cuda");
   gen->add_option("--activations", a.activations,
                   "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
@@ -274,7 +275,8 @@ int main(int argc, char** argv) {
   ft->add_option("--seed", f.seed, "data order and adapter init (default 42)");
   ft->add_option("--save-steps", f.save_steps, "checkpoint every N steps (default: each epoch)");
   ft->add_option("--keep-checkpoints", f.keep_checkpoints, "newest checkpoints kept (default 2)");
-  ft->add_option("--threads", f.threads, "CPU threads; 0: one per core");
+  ft->add_option("--threads", f.threads,
+                 "CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)");
   ft->add_option("--backend", f.backend, "cpu (default), ref, xpu, cuda");
   ft->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
 

@@ -60,7 +60,7 @@ struct FinetuneOptions {
   // checked after each step; what bounds the work a crash loses when steps are slow.
   double save_seconds = 0;
   int keep_checkpoints = 2;
-  int threads = 0;  // CPU threads; 0: one per core
+  int threads = 0;  // CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)
   std::string backend = "cpu";
   metrics::Registry* metrics = nullptr;  // kiln_train_*; not owned; may be null
 };
