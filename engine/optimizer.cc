@@ -1,5 +1,6 @@
 #include "engine/optimizer.h"
 
+#include <cmath>
 #include <optional>
 
 #include "engine/builder.h"
@@ -42,6 +43,19 @@ std::vector<std::string> OptimizerStateNames(const OptimizerParams& p) {
   return {};
 }
 
+OptimizerStepScalars StepScalars(OpKind op, std::span<const double> attr_floats, double lr,
+                                 double step) {
+  OptimizerStepScalars s;
+  s.step_size = lr;
+  if (op == OpKind::kAdamW || op == OpKind::kAdam) {
+    s.step_size = lr / (1 - std::pow(attr_floats[0], step));
+    s.bias_correction2_sqrt = std::sqrt(1 - std::pow(attr_floats[1], step));
+  } else if (op == OpKind::kAdagrad) {
+    s.step_size = lr / (1 + (step - 1) * attr_floats[0]);  // clr
+  }
+  return s;
+}
+
 // torch.nn.utils.clip_grad_norm_ (foreach=False, norm_type=2):
 //   norms = [torch.linalg.vector_norm(g, 2) for g in grads]
 //   total_norm = torch.linalg.vector_norm(torch.stack(norms), 2)
@@ -56,8 +70,9 @@ ClipGradNormOutputs ClipGradNorm(Builder& b, std::span<const Value> grads, doubl
     if (!g.valid()) return {};
     Value x = b.dtype(g) == DType::kF32 ? g : b.Cast(g, DType::kF32);
     // A large gradient is summed as the rows of a [rows, n / rows] view: unit-stride rows
-    // that a backend spreads over its threads, then their sum (one long reduction to a
-    // scalar would run on one thread).
+    // that a backend spreads over its threads, then their sum. Done here, in the graph,
+    // because a kernel has no cross-thread combine: one long reduction to a scalar runs on
+    // one thread (on the cpu, 1 ms per 1536 x 576 gradient against 0.08 ms in rows).
     const std::optional<int64_t> n = NumElements(b.shape(x)).TryConstant();
     int64_t rows = 1;
     for (int64_t r : {64, 32, 16, 8, 4, 2}) {

@@ -77,6 +77,17 @@ struct OptimizerOutputs {
   std::vector<Value> states;  // in OptimizerStateNames order
 };
 
+// The per-tensor scalars of an optimizer op's update at `step` (1-based), as torch computes them
+// once per step (Python floats), for the kernels: Adam(W): step_size = lr / (1 - beta1^step)
+// and bias_correction2_sqrt = sqrt(1 - beta2^step); Adagrad: step_size = clr = lr / (1 +
+// (step - 1) * lr_decay); SGD: lr and 1. `attr_floats`: the op node's attrs.floats.
+struct OptimizerStepScalars {
+  double step_size = 0;
+  double bias_correction2_sqrt = 1;
+};
+OptimizerStepScalars StepScalars(OpKind op, std::span<const double> attr_floats, double lr,
+                                 double step);
+
 // Global-norm clipping's two numbers, as torch.nn.utils.clip_grad_norm_ computes them.
 struct ClipGradNormOutputs {
   Value total_norm;  // rank 0 f32: the 2-norm of the per-tensor 2-norms

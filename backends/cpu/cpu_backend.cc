@@ -4,10 +4,10 @@
 // `ref`, proves every form and its generated code right; fused groups from compiler::Compile
 // run generated code too. Both split their rows over the stream's thread pool.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
@@ -340,15 +340,17 @@ class CpuBackend final : public Backend {
 };
 
 // KILN_CPU_THREADS, else the CPUs this process may use (affinity and cgroup quota,
-// cpu_budget.h), at most 8. Logged once per process.
+// cpu_budget.h), at most 8. Read at each backend's creation (a model load), so a changed
+// quota applies to the next model; logged when the count differs from the last one logged.
 int DefaultThreads() {
   if (const char* env = std::getenv("KILN_CPU_THREADS")) {
     const int n = std::atoi(env);
     if (n > 0) return n;
   }
-  static const int threads = [] {
-    const CpuBudget b = ReadCpuBudget();
-    const int n = std::clamp(b.cpus(), 1, 8);
+  const CpuBudget b = ReadCpuBudget();
+  const int n = std::clamp(b.cpus(), 1, 8);
+  static std::atomic<int> logged{0};
+  if (logged.exchange(n) != n) {
     if (b.quota_cpus) {
       spdlog::info(
           "cpu backend: {} threads ({} CPUs in the affinity mask, cgroup quota {:.2f} CPUs "
@@ -358,9 +360,8 @@ int DefaultThreads() {
       spdlog::info("cpu backend: {} threads ({} CPUs in the affinity mask, no cgroup CPU quota)", n,
                    b.affinity_cpus);
     }
-    return n;
-  }();
-  return threads;
+  }
+  return n;
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/optimizer.h"
 #include "engine/sampling.h"
 
 namespace kiln::ref {
@@ -1145,14 +1146,7 @@ void OptimizerElements(const LaunchArgs& a, OpKind op, const Attrs& attrs, int64
   if (a.num_inputs > 3 + a.num_extra_outputs) scale *= LoadF(a.inputs[a.num_inputs - 1], 0);
   const bool first = step <= 1;
   const std::vector<double>& f = attrs.floats;
-  // Per-tensor scalars, as torch computes them once per step (Python floats).
-  double bias_correction2_sqrt = 1, step_size = lr;
-  if (op == OpKind::kAdamW || op == OpKind::kAdam) {
-    step_size = lr / (1 - std::pow(f[0], step));
-    bias_correction2_sqrt = std::sqrt(1 - std::pow(f[1], step));
-  } else if (op == OpKind::kAdagrad) {
-    step_size = lr / (1 + (step - 1) * f[0]);  // clr
-  }
+  const auto [step_size, bias_correction2_sqrt] = StepScalars(op, f, lr, step);
   int64_t idx[kMaxRank] = {};
   for (int64_t e = begin; e < end; ++e) {
     int64_t rest = e;

@@ -52,8 +52,8 @@ struct GemmData {
   const IsaKernels* q8 = nullptr;  // the variant with gemv_q8 (AVX-512 uses AVX2's); null: off
   Plan plan;
   // MatMul with a column-major `a` (autograd's dW = g^T x), which oneDNN reads in place while
-  // the others copy it into rows first: timed apart. Equals `plan` where not tuned.
-  Plan plan_col;
+  // the others copy it into rows first: timed apart. None: `plan` serves both layouts.
+  std::optional<Plan> plan_col;
   std::shared_ptr<const OneDnnGemm> onednn_k;   // W rows K-contiguous ([N, K])
   std::shared_ptr<const OneDnnGemm> onednn_n;   // W N-contiguous ([K, N], matmul)
   std::shared_ptr<const OneDnnGemm> onednn_nt;  // the same with x column-major (dW = g^T x)
@@ -259,7 +259,7 @@ void MatMulKernel(const LaunchArgs& args, const ExecCtx& c) {
     g.w_row_bytes = 4 * b.strides[r - 1];
     g.w_k_stride = b.strides[r - 2];
   }
-  const GemmImpl impl = Resolve(d, (transpose_a ? d.plan_col : d.plan).For(M), g);
+  const GemmImpl impl = Resolve(d, (transpose_a && d.plan_col ? *d.plan_col : d.plan).For(M), g);
   // oneDNN reads a column-major `a` where it lies (the copy into rows costs dW GEMMs ~25%).
   const bool transposed_in_place = transpose_a && impl == GemmImpl::kOneDnn && g.w_k_stride != 1 &&
                                    d.onednn_nt != nullptr && (M <= 1 || a.strides[r - 2] == 1);
@@ -318,62 +318,50 @@ void MatMulDecodedKernel(const LaunchArgs& args, const ExecCtx& c) {
   g.M = M;
   g.K = K;
   g.wtype = DType::kF32;
-  constexpr int64_t kUnit = 32;  // columns: whole blocks of every quantized type
-  if (d.kblock > 0 && M * K * 4 > kKBlockedMinXBytes) {
-    // x is larger than the caches (the classifier head's dx = dlogits w, K = vocabulary):
-    // column panels would stream all of it once per panel. Each thread instead decodes its
-    // columns of b `kblock` rows at a time and accumulates the blocks' products, reading x
-    // once.
-    const auto [u0, u1] = Share((N + kUnit - 1) / kUnit, c.thread_index, c.thread_count);
-    const int64_t n0 = std::min(N, u0 * kUnit), p = std::min(N, u1 * kUnit) - n0;
-    if (p <= 0) return;
-    thread_local std::vector<float> block;
-    block.resize(static_cast<size_t>(d.kblock * p));
-    GemmArgs src;  // b's rows, columns [n0, n0 + p)
-    src.w = static_cast<const uint8_t*>(b.data) + ByteOffset(b.dtype, n0);
-    src.w_row_bytes = ByteOffset(b.dtype, b.strides[0]);
-    src.wtype = b.dtype;
-    src.K = p;
-    for (int64_t k0 = 0; k0 < K; k0 += d.kblock) {
-      d.k->dequant(src, k0, k0 + d.kblock, block.data());
-      GemmArgs sub = g;
-      sub.x = g.x + k0;
-      sub.K = d.kblock;
-      sub.w = block.data();
-      sub.w_row_bytes = 4;
-      sub.w_k_stride = p;
-      sub.N = p;
-      sub.y = static_cast<float*>(o.data) + n0;
-      (k0 == 0 ? d.onednn_kb_first : d.onednn_kb_acc)->Run(sub, 0, M, 0, p);
-    }
-    return;
-  }
-  // Panels of whole blocks, about 128 KiB of f32 (at least one block wide).
-  const int64_t panel =
-      std::clamp<int64_t>((32 * 1024 / std::max<int64_t>(K, 1)) / kUnit * kUnit, kUnit, 8 * kUnit);
+  // This thread's columns of b [n_begin, n_end), in whole blocks of every quantized type.
+  constexpr int64_t kUnit = 32;
   const auto [u0, u1] = Share((N + kUnit - 1) / kUnit, c.thread_index, c.thread_count);
   const int64_t n_begin = std::min(N, u0 * kUnit), n_end = std::min(N, u1 * kUnit);
   thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(K * panel));
-  GemmArgs src;  // b's rows [0, K) restricted to columns [n, n + p): "W" rows of p elements
+  GemmArgs src;  // b's rows restricted to columns [n, n + p): "W" rows of p elements
   src.w_row_bytes = ByteOffset(b.dtype, b.strides[0]);
   src.wtype = b.dtype;
-  for (int64_t n = n_begin; n < n_end; n += panel) {
-    const int64_t p = std::min(panel, n_end - n);
+  // y[:, n:n+p] (+)= x[:, k0:k1] b[k0:k1, n:n+p], through oneDNN `gemm` or the packed GEMM.
+  auto product = [&](int64_t n, int64_t p, int64_t k0, int64_t k1, const OneDnnGemm* gemm) {
     src.w = static_cast<const uint8_t*>(b.data) + ByteOffset(b.dtype, n);
     src.K = p;
-    d.k->dequant(src, 0, K, scratch.data());
+    scratch.resize(static_cast<size_t>((k1 - k0) * p));
+    d.k->dequant(src, k0, k1, scratch.data());
     GemmArgs sub = g;
+    sub.x = g.x + k0;
+    sub.K = k1 - k0;
     sub.w = scratch.data();
-    sub.w_row_bytes = 4;  // element (j, k) of W = panel^T at scratch[k * p + j]
+    sub.w_row_bytes = 4;  // element (j, k) of W = panel^T at scratch[(k - k0) * p + j]
     sub.w_k_stride = p;
     sub.N = p;
     sub.y = static_cast<float*>(o.data) + n;
-    if (d.onednn_n != nullptr) {
-      d.onednn_n->Run(sub, 0, M, 0, p);
+    if (gemm != nullptr) {
+      gemm->Run(sub, 0, M, 0, p);
     } else {
       d.k->gemm(sub, 0, M, 0, p);
     }
+  };
+  if (d.kblock > 0 && M * K * 4 > kKBlockedMinXBytes) {
+    // x is larger than the caches (the classifier head's dx = dlogits w, K = vocabulary):
+    // column panels would stream all of it once per panel. Instead this thread decodes its
+    // columns `kblock` rows of b at a time and accumulates the blocks' products, reading x
+    // once.
+    for (int64_t k0 = 0; k0 < K && n_begin < n_end; k0 += d.kblock) {
+      product(n_begin, n_end - n_begin, k0, k0 + d.kblock,
+              (k0 == 0 ? d.onednn_kb_first : d.onednn_kb_acc).get());
+    }
+    return;
+  }
+  // Panels of whole blocks, about 128 KiB of f32 (at least one block wide), all of K.
+  const int64_t panel =
+      std::clamp<int64_t>((32 * 1024 / std::max<int64_t>(K, 1)) / kUnit * kUnit, kUnit, 8 * kUnit);
+  for (int64_t n = n_begin; n < n_end; n += panel) {
+    product(n, std::min(panel, n_end - n), 0, K, d.onednn_n.get());
   }
 }
 
@@ -479,7 +467,7 @@ class TimingBench {
   Status Run(const GemmData& base, GemmImpl impl, int64_t m) {
     GemmData d = base;
     d.plan.upto = {{1, impl}};
-    d.plan_col = d.plan;
+    d.plan_col.reset();
     TensorArg in[2] = {
         Arg2D(x_.get(), DType::kF32, m, K_),
         matmul_ ? Arg2D(w_.get(), DType::kF32, K_, N_) : Arg2D(w_.get(), wt_, N_, K_)};
@@ -629,7 +617,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     if (!matmul) candidates.push_back(GemmImpl::kGemv);
     // On f32 weights oneDNN goes first, so that the packed GEMM must beat it by the tuner's
     // margin: timed alone the two are within 2-3% on training's shapes (M = 1024; gemm_bench),
-    // but inside a training step oneDNN ran 10-15% faster (KILN_PROFILE, docs/performance.md).
+    // but with oneDNN a full fine-tuning step was 6% shorter (docs/decisions.md).
     const bool onednn_f32 = w.dtype == DType::kF32 && (d->onednn_k || d->onednn_n);
     if (onednn_f32) candidates.push_back(GemmImpl::kOneDnn);
     candidates.push_back(GemmImpl::kGemm);
@@ -714,16 +702,14 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     };
     KILN_ASSIGN_OR_RETURN(std::optional<Plan> rows, tune(false));
     if (rows) d->plan = *std::move(rows);
-    d->plan_col = d->plan;
     if (d->onednn_nt != nullptr) {
-      KILN_ASSIGN_OR_RETURN(std::optional<Plan> cols, tune(true));
-      if (cols) d->plan_col = *std::move(cols);
+      KILN_ASSIGN_OR_RETURN(d->plan_col, tune(true));
     }
-  } else {
-    d->plan_col = d->plan;
   }
   std::string plan = PlanString(d->plan);
-  if (PlanString(d->plan_col) != plan) absl::StrAppend(&plan, " col ", PlanString(d->plan_col));
+  if (d->plan_col && PlanString(*d->plan_col) != plan) {
+    absl::StrAppend(&plan, " col ", PlanString(*d->plan_col));
+  }
   const std::string name =
       absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", plan, "]");
   return std::optional<Kernel>(Kernel{matmul ? MatMulKernel : LinearKernel, std::move(d), name});

@@ -1,10 +1,10 @@
 #include "backends/cpu/kernels/optimizer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "engine/optimizer.h"
 
 // The baseline variant of the loops (optimizer_impl.h).
 #define KILN_ISA_NS scalar
@@ -18,16 +18,10 @@ void scalar::OptimizerRange(const OptimizerStep& s, int64_t begin, int64_t end) 
 }
 
 void SetStepScalars(double step, OptimizerStep* s) {
-  // As OptimizerElements computes them.
   s->first = step <= 1;
-  s->step_size = s->lr;
-  s->bias_correction2_sqrt = 1;
-  if (s->op == OpKind::kAdamW || s->op == OpKind::kAdam) {
-    s->step_size = s->lr / (1 - std::pow(s->floats[0], step));
-    s->bias_correction2_sqrt = std::sqrt(1 - std::pow(s->floats[1], step));
-  } else if (s->op == OpKind::kAdagrad) {
-    s->step_size = s->lr / (1 + (step - 1) * s->floats[0]);
-  }
+  const OptimizerStepScalars sc = StepScalars(s->op, s->floats, s->lr, step);
+  s->step_size = sc.step_size;
+  s->bias_correction2_sqrt = sc.bias_correction2_sqrt;
 }
 
 namespace {
@@ -71,7 +65,7 @@ void OptimizerKernel(const LaunchArgs& a, const ExecCtx& c) {
   }
   OptimizerStep s;
   s.op = d.op;
-  s.floats = d.attrs.floats.data();
+  s.floats = d.attrs.floats;
   s.nesterov = d.op == OpKind::kSgd && d.attrs.ints[0] != 0;
   s.lr = LoadScalar(hyper, 1);
   s.scale = LoadScalar(hyper, 2);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "backends/cpu/kernels/select.h"
 
@@ -19,7 +20,7 @@ StatusOr<std::optional<backend::Kernel>> MakeOptimizerKernel(const backend::Kern
 // One update of dense f32 tensors, with the per-tensor scalars computed once as torch does.
 struct OptimizerStep {
   OpKind op = OpKind::kAdamW;
-  const double* floats = nullptr;  // the op's attrs.floats (ops.h)
+  std::span<const double> floats;  // the op node's attrs.floats
   bool nesterov = false;           // kSgd
   bool first = false;              // step 1: states start from their initial values
   double lr = 0, scale = 1;        // scale: the gradient's (hyper[2] times the graph's)
@@ -33,7 +34,7 @@ struct OptimizerStep {
 };
 
 // Sets s->first, step_size and bias_correction2_sqrt for `step` (1-based) from s->op, floats
-// and lr, as torch computes them once per tensor.
+// and lr (engine/optimizer.h StepScalars, as the reference kernel computes them).
 void SetStepScalars(double step, OptimizerStep* s);
 
 // Elements [begin, end) of `s`, per variant (optimizer_<isa>.cc).

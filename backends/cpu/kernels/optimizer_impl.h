@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <span>
 
 #include "backends/cpu/kernels/optimizer.h"
 
@@ -37,7 +38,7 @@ struct Lane1 {
 // Elements [e, e + V::kLanes) of each update (OptimizerElements cites torch's equations).
 template <class V, bool kFirst, bool kAdamW>
 inline void AdamLanes(const OptimizerStep& s, int64_t e) {
-  const double* f = s.floats;
+  const std::span<const double> f = s.floats;
   const V beta1 = V::Set1(f[0]), beta2 = V::Set1(f[1]), eps = V::Set1(f[2]);
   V g = V::Load(s.grad + e) * V::Set1(s.scale);
   V p = V::Load(s.param + e);
@@ -58,7 +59,7 @@ inline void AdamLanes(const OptimizerStep& s, int64_t e) {
 
 template <class V, bool kFirst, bool kMomentum>
 inline void SgdLanes(const OptimizerStep& s, int64_t e) {
-  const double* f = s.floats;
+  const std::span<const double> f = s.floats;
   const V p = V::Load(s.param + e);
   V g = V::Load(s.grad + e) * V::Set1(s.scale);
   g = g + V::Set1(f[2]) * p;
@@ -73,7 +74,7 @@ inline void SgdLanes(const OptimizerStep& s, int64_t e) {
 
 template <class V, bool kFirst>
 inline void AdagradLanes(const OptimizerStep& s, int64_t e) {
-  const double* f = s.floats;
+  const std::span<const double> f = s.floats;
   const V p = V::Load(s.param + e);
   V g = V::Load(s.grad + e) * V::Set1(s.scale);
   g = g + V::Set1(f[1]) * p;

@@ -98,7 +98,7 @@ TEST(CpuOptimizer, EveryVariantEqualsTheReferenceBitForBit) {
         // The variant, in place (as the trainer runs it), over two ranges split mid-vector.
         OptimizerStep s;
         s.op = c.op;
-        s.floats = c.floats.data();
+        s.floats = c.floats;
         s.nesterov = !c.ints.empty() && c.ints[0] != 0;
         s.lr = hyper[1];
         s.scale = hyper[2];
