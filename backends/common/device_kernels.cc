@@ -605,7 +605,7 @@ struct AttnData {
   bool lse = false;  // dense attention's second output, the log-sum-exp
   int num_aux = 0;
   double scale = 0;
-  bool library = false;  // causal, no score_mod, no aux: Queue::Attention may run it
+  bool library = false;  // causal, no score_mod, no aux: Queue::Attention(Backward) may run it
 };
 
 // The aux tensors of an attention launch (inputs from `first`): their buffers (after the
@@ -694,6 +694,11 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   const KernelHost& dev = *ex.host;
   const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &lse = a.inputs[5];
+  if (d.library &&
+      ex.AttentionBackward({&q, &k, &a.inputs[2], &a.inputs[3], &a.inputs[4], &lse, &a.output,
+                            &a.extra_outputs[0], &a.extra_outputs[1], d.scale})) {
+    return;
+  }
   const TensorArg* rank4[] = {&q,           &k,        &a.inputs[2],        &a.inputs[3],
                               &a.inputs[4], &a.output, &a.extra_outputs[0], &a.extra_outputs[1]};
   Args args;
@@ -866,6 +871,8 @@ StatusOr<backend::Kernel> MakeAttentionBackward(KernelHost& dev,
   auto data = std::make_shared<AttnData>();
   data->num_aux = static_cast<int>(req.inputs.size()) - 6;
   data->scale = req.attrs->floats[0];
+  data->library =
+      data->num_aux == 0 && !req.attrs->expr[1] && req.attrs->expr[0] == attn::CausalMask();
   data->slot = dev.DeclareKernel(
       "attn_bwd", d.Wrap(kClAttention, absl::StrCat("// ", Label(req), "\n", helpers)));
   return backend::Kernel{AttentionBackwardFn, std::move(data),

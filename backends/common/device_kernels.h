@@ -122,6 +122,20 @@ struct AttentionCall {
   const TensorArg* lse = nullptr;
   double scale = 0;
 };
+// Its backward (attention_backward), offered under the same conditions: q, k, v, the forward's
+// out and lse, the output's gradient d_out; writes dq [B,Hq,T,D], dk and dv [B,Hkv,S,D].
+struct AttentionBackwardCall {
+  const TensorArg* q = nullptr;
+  const TensorArg* k = nullptr;
+  const TensorArg* v = nullptr;
+  const TensorArg* out = nullptr;
+  const TensorArg* d_out = nullptr;
+  const TensorArg* lse = nullptr;
+  const TensorArg* dq = nullptr;
+  const TensorArg* dk = nullptr;
+  const TensorArg* dv = nullptr;
+  double scale = 0;
+};
 
 // What a device's Stream hands kernels as ExecCtx::native_stream while it runs launches.
 class Queue {
@@ -156,6 +170,10 @@ class Queue {
   // Runs causal dense attention through the host's library; false when the host has none or
   // declines (the caller runs the template).
   virtual bool Attention(const AttentionCall& call) {
+    (void)call;
+    return false;
+  }
+  virtual bool AttentionBackward(const AttentionBackwardCall& call) {
     (void)call;
     return false;
   }

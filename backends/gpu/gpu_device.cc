@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -282,67 +284,31 @@ class GpuQueue final : public devk::Queue {
     return false;
   }
 
-  // Causal prefill attention through cuDNN SDPA, only with KILN_CUDNN_SDPA=1 (not yet checked on
-  // a GPU): f16/bf16, dense row-major tensors, head dim 64 or 128, not while capturing (building
-  // a graph is not capturable). Anything else, or any cuDNN error, runs Kiln's template.
+  // Causal prefill attention and its backward through cuDNN SDPA, only with KILN_CUDNN_SDPA=1
+  // (not yet checked on a GPU): f16/bf16, dense row-major tensors, head dim 64 or 128, not while
+  // capturing (building a graph is not capturable). Anything else, or any cuDNN error, runs
+  // Kiln's template.
   bool Attention(const devk::AttentionCall& c) override {
-    static const bool enabled = [] {
-      const char* e = std::getenv("KILN_CUDNN_SDPA");
-      return e != nullptr && std::string_view(e) == "1";
-    }();
-    if (!enabled || !status.ok() || sdpa_failed_) return false;
-    const TensorArg &q = *c.q, &k = *c.k, &v = *c.v, &o = *c.out;
-    const auto dense = [](const TensorArg& t) {
-      int64_t stride = 1;
-      for (int i = t.rank - 1; i >= 0; --i) {
-        if (t.shape[i] != 1 && t.strides[i] != stride) return false;
-        stride *= t.shape[i];
-      }
-      return true;
-    };
-    if (q.rank != 4 || k.rank != 4 || v.rank != 4 || o.rank != 4 || k.dtype != q.dtype ||
-        v.dtype != q.dtype || o.dtype != q.dtype || v.shape[3] != q.shape[3] || !dense(q) ||
-        !dense(k) || !dense(v) || !dense(o) ||
-        (c.lse != nullptr && (c.lse->dtype != DType::kF32 || !dense(*c.lse)))) {
-      return false;
-    }
-    const SdpaKey key = {.batch = q.shape[0],
-                         .q_heads = q.shape[1],
-                         .kv_heads = k.shape[1],
-                         .q_len = q.shape[2],
-                         .kv_len = k.shape[2],
-                         .head_dim = q.shape[3],
-                         .dtype = q.dtype,
-                         .causal = true,
-                         .stats = c.lse != nullptr,
-                         .scale = static_cast<float>(c.scale)};
-    if (!SdpaSupports(key).ok()) return false;
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      return false;
-    }
-    Status st = OkStatus();
-    if (sdpa_ == nullptr) {
-      StatusOr<std::unique_ptr<SdpaRunner>> r = SdpaRunner::Create(stream_);
-      if (r.ok()) sdpa_ = *std::move(r);
-      st = r.status();
-    }
-    if (st.ok()) {
-      st = sdpa_->Forward(key,
-                          {q.data, k.data, v.data, o.data,
-                           c.lse != nullptr ? static_cast<float*>(c.lse->data) : nullptr},
-                          [this](size_t bytes) { return Scratch(bytes); });
-    }
-    if (st.ok()) {
-      dev_->CountSdpaCall();
-      return true;
-    }
-    // Not retried on this stream: the template runs from now on.
-    sdpa_failed_ = true;
-    spdlog::warn("cuda: cuDNN SDPA for {}: {}; using Kiln's attention kernel", key.Describe(),
-                 StatusMessage(st));
-    return false;
+    const std::optional<SdpaKey> key = SdpaKeyFor({c.q, c.k, c.v, c.out}, c.lse, c.scale);
+    if (!key) return false;
+    return SdpaDone(*key, [&] {
+      return sdpa_->Forward(*key,
+                            {c.q->data, c.k->data, c.v->data, c.out->data,
+                             c.lse != nullptr ? static_cast<float*>(c.lse->data) : nullptr},
+                            [this](size_t bytes) { return Scratch(bytes); });
+    });
+  }
+  bool AttentionBackward(const devk::AttentionBackwardCall& c) override {
+    const std::optional<SdpaKey> key =
+        SdpaKeyFor({c.q, c.k, c.v, c.out, c.d_out, c.dq, c.dk, c.dv}, c.lse, c.scale);
+    if (!key) return false;
+    return SdpaDone(*key, [&] {
+      return sdpa_->Backward(
+          *key,
+          {c.q->data, c.k->data, c.v->data, c.out->data, c.d_out->data,
+           static_cast<const float*>(c.lse->data), c.dq->data, c.dk->data, c.dv->data},
+          [this](size_t bytes) { return Scratch(bytes); });
+    });
   }
 
   // Grow-only: a buffer stays alive until the stream goes (work in flight or captured in a
@@ -360,6 +326,72 @@ class GpuQueue final : public devk::Queue {
   void ReleaseSdpa() { sdpa_.reset(); }
 
  private:
+  // The SDPA problem of an attention launch whose rank-4 tensors are `t` (q, k, v first; all
+  // of q's dtype) and whose log-sum-exp is `lse` (f32; null for a forward without it), when
+  // cuDNN is enabled, has not failed on this stream, the stream is not capturing and SDPA
+  // handles the problem; otherwise nullopt.
+  std::optional<SdpaKey> SdpaKeyFor(std::initializer_list<const TensorArg*> t, const TensorArg* lse,
+                                    double scale) {
+    static const bool enabled = [] {
+      const char* e = std::getenv("KILN_CUDNN_SDPA");
+      return e != nullptr && std::string_view(e) == "1";
+    }();
+    if (!enabled || !status.ok() || sdpa_failed_) return std::nullopt;
+    const auto dense = [](const TensorArg& x) {
+      int64_t stride = 1;
+      for (int i = x.rank - 1; i >= 0; --i) {
+        if (x.shape[i] != 1 && x.strides[i] != stride) return false;
+        stride *= x.shape[i];
+      }
+      return true;
+    };
+    const TensorArg &q = **t.begin(), &k = *t.begin()[1], &v = *t.begin()[2];
+    for (const TensorArg* x : t) {
+      if (x->rank != 4 || x->dtype != q.dtype || !dense(*x)) return std::nullopt;
+    }
+    if (v.shape[3] != q.shape[3] ||
+        (lse != nullptr && (lse->dtype != DType::kF32 || !dense(*lse)))) {
+      return std::nullopt;
+    }
+    const SdpaKey key = {.batch = q.shape[0],
+                         .q_heads = q.shape[1],
+                         .kv_heads = k.shape[1],
+                         .q_len = q.shape[2],
+                         .kv_len = k.shape[2],
+                         .head_dim = q.shape[3],
+                         .dtype = q.dtype,
+                         .causal = true,
+                         .stats = lse != nullptr,
+                         .scale = static_cast<float>(scale)};
+    if (!SdpaSupports(key).ok()) return std::nullopt;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+        capture != cudaStreamCaptureStatusNone) {
+      return std::nullopt;
+    }
+    return key;
+  }
+  // Runs `call` (which uses sdpa_, created here first): true when cuDNN ran it; on an error,
+  // logs it and stops offering attention to cuDNN on this stream (the template runs it).
+  template <typename Call>
+  bool SdpaDone(const SdpaKey& key, Call call) {
+    Status st = OkStatus();
+    if (sdpa_ == nullptr) {
+      StatusOr<std::unique_ptr<SdpaRunner>> r = SdpaRunner::Create(stream_);
+      if (r.ok()) sdpa_ = *std::move(r);
+      st = r.status();
+    }
+    if (st.ok()) st = call();
+    if (st.ok()) {
+      dev_->CountSdpaCall();
+      return true;
+    }
+    sdpa_failed_ = true;
+    spdlog::warn("cuda: cuDNN SDPA for {}: {}; using Kiln's attention kernel", key.Describe(),
+                 StatusMessage(st));
+    return false;
+  }
+
   GpuDevice* dev_;
   cudaStream_t stream_;
   BlasHandle* blas_ = nullptr;

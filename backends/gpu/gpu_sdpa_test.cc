@@ -2,7 +2,8 @@
 // serves and trains are built and pass cudnn-frontend's validate() for sm_90 (no device or
 // handle needed; libcudnn must be loadable, as the frontend reads cudnnGetVersion()). With a
 // GPU: SDPA's forward (out, lse) and backward (dQ, dK, dV) match Kiln's own attention kernel
-// (and its autograd backward) on the cuda backend, on random inputs.
+// (and its autograd backward) on the cuda backend, on random inputs, called directly and
+// through the engine's attention and attention_backward ops (KILN_CUDNN_SDPA=1).
 #include "backends/gpu/gpu_sdpa.h"
 
 #include <gtest/gtest.h>
@@ -239,22 +240,27 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
     }
     EXPECT_EQ((*runner)->graphs_built(), 2);
 
-    // The wired path: Kiln's attention op in the SDPA dtype, which the backend hands to cuDNN.
+    // The wired path: Kiln's attention op and its fused backward (attention_backward) in the
+    // SDPA dtype, which the backend hands to cuDNN: two SDPA calls.
     Graph wg;
     Builder wb(&wg);
-    const AttentionOutputs watt =
-        wb.AttentionWithLse(wb.Input("q", t, Dims(q_shape)), wb.Input("k", t, Dims(kv_shape)),
-                            wb.Input("v", t, Dims(kv_shape)), {key.scale, attn::CausalMask(), {}});
-    auto wprog = Compile(wg, {watt.out, watt.lse}, dev);
+    const Value wq = wb.Input("q", t, Dims(q_shape)), wk = wb.Input("k", t, Dims(kv_shape)),
+                wv = wb.Input("v", t, Dims(kv_shape)), wdo = wb.Input("do", t, Dims(q_shape));
+    const AttentionParams wp = {key.scale, attn::CausalMask(), {}};
+    const AttentionOutputs watt = wb.AttentionWithLse(wq, wk, wv, wp);
+    const AttentionGrads wgrads = wb.AttentionBackward(wq, wk, wv, watt.out, wdo, watt.lse, wp);
+    auto wprog = Compile(wg, {watt.out, watt.lse, wgrads.dq, wgrads.dk, wgrads.dv}, dev);
     ASSERT_TRUE(wprog.ok()) << wprog.status();
     ASSERT_TRUE((*wprog)->Bind("q", q).ok());
     ASSERT_TRUE((*wprog)->Bind("k", k).ok());
     ASSERT_TRUE((*wprog)->Bind("v", v).ok());
+    ASSERT_TRUE((*wprog)->Bind("do", d_o).ok());
     const int64_t calls_before = sdpa_calls->load();
     ASSERT_TRUE((*wprog)->Run(**stream).ok());
     ASSERT_TRUE((*stream)->Synchronize().ok());
-    EXPECT_EQ(sdpa_calls->load(), calls_before + 1) << "the attention op did not run cuDNN";
-    for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(sdpa_calls->load(), calls_before + 2)
+        << "the attention and attention_backward ops did not both run cuDNN";
+    for (int i = 0; i < 5; ++i) {
       const double err =
           RelError(*(*wprog)->Output(i)->ToDoubles(), *(*prog)->Output(i)->ToDoubles());
       std::printf("%s wired %s: max error / max |kiln| = %.3g\n", DTypeName(t), names[i], err);

@@ -10,12 +10,13 @@ set -euo pipefail
 build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
 bins=(backends/gpu/gpu_harness_test backends/gpu/gpu_sdpa_test backends/device_interface_test
-  bin/kiln server/kilnd)
+  tests/bench/gpu_sdpa_bench bin/kiln server/kilnd)
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$out"
 for b in "${bins[@]}"; do
   cp "$build/$b" "$stage/bin/"
+  strip "$stage/bin/$(basename "$b")"  # a call to the GPU machine carries 64 MiB at most
   ldd "$build/$b" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libcuda.so*) ;;

@@ -2,10 +2,11 @@
 # The GPU checks, run on a machine with an NVIDIA GPU from the repository root, with the
 # archive tests/gpu/bundle.sh made:
 #
-#   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR [bench]
+#   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR [bench | smollm2 GGUF [LLAMA_CPP_DIR]]
 #
 # With `bench`, runs tests/bench/gpu_decode_bench.py (kiln against PyTorch on the same GPU)
-# instead of the checks.
+# instead of the checks; with `smollm2`, tests/gpu/smollm2_check.py on the real SmolLM2 GGUF
+# (against llama.cpp's CUDA build in LLAMA_CPP_DIR, if given).
 #
 # 1. the cuda backend's tests (op harness forward and gradient against `ref`, capture,
 #    allocator) and the device interface tests with cuda included;
@@ -13,27 +14,26 @@
 #    equals ref's, text for text;
 # 3. two LoRA steps of `kiln finetune --backend cuda` give the losses the cpu run gives
 #    (28.43, 30.77, as the kiln_finetune_tiny test pins);
-# 4. kilnd serving a SmolLM2-shaped model (f16 and f32) with `backend: cuda` answers what
+# 4. (figures) tests/bench/gpu_sdpa_bench: cuDNN SDPA and Kiln's attention kernel;
+# 5. kilnd serving a SmolLM2-shaped model (f16 and f32) with `backend: cuda` answers what
 #    `kiln generate --backend ref` (exact arithmetic) continues (tests/gpu/serve_check.py).
 # Logs go to OUT_DIR; the last line says how many checks passed.
 set -uo pipefail
 bundle=${1:?usage: device_check.sh BUNDLE OUT_DIR}
 out=${2:?usage: device_check.sh BUNDLE OUT_DIR}
 mkdir -p "$out"
-root=$(mktemp -d)
-tar -C "$root" -xJf "$bundle" || exit 1
-# NVRTC and cuBLAS from the machine's CUDA toolkit (or its Python wheels).
-libdirs=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /opt /usr/lib /usr/local/lib \
-            \( -name 'libnvrtc.so.1[23]' -o -name 'libcublas.so.1[23]' \) -printf '%h\n' \
-            2>/dev/null | sort -u | tr '\n' ':')
-export LD_LIBRARY_PATH="$root/lib:${libdirs}${LD_LIBRARY_PATH:-}"
-export KILN_CACHE_DIR="$root/cache"
+# KILN_GPU_ROOT keeps the unpacked bundle (and its kernel cache) for later scripts.
+. "$(dirname "$0")/env.sh" "$bundle" "${KILN_GPU_ROOT:-$(mktemp -d)}" || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$out/gpu.txt"
-bin=$root/bin
 if [ "${3:-}" = bench ]; then
   python3 tests/bench/gpu_decode_bench.py --kiln "$bin/kiln" --rounds "${ROUNDS:-3}" 2>&1 |
     grep -v -E "Writing model shards|Loading weights" | tee "$out/bench.txt"
+  exit "${PIPESTATUS[0]}"
+fi
+if [ "${3:-}" = smollm2 ]; then
+  PYTHONUNBUFFERED=1 python3 tests/gpu/smollm2_check.py --bin "$bin" --model "${4:?GGUF}" \
+    --out "$out" ${5:+--llama "$5"} 2>&1 | tee "$out/smollm2.txt"
   exit "${PIPESTATUS[0]}"
 fi
 pass=0
@@ -57,6 +57,8 @@ check device_interface_test timeout 120 "$bin/device_interface_test"
 # cuDNN SDPA against Kiln's attention; skips (saying why) where the machine has no libcudnn.
 check gpu_sdpa_test timeout 240 "$bin/gpu_sdpa_test" --gtest_brief=0
 grep -E "max error|SKIPPED|Skipped|cuDNN" "$out/gpu_sdpa_test.log" | head -20
+# Attention speed: cuDNN SDPA and Kiln's kernel (figures, not a check).
+timeout 300 "$bin/gpu_sdpa_bench" --iters 10 2>&1 | tee "$out/gpu_sdpa_bench.txt"
 model=tests/fixtures/models/llama_gqa_f32
 for be in ref cuda; do
   check "generate_$be" timeout 60 bash -c "'$bin/kiln' generate --model $model --max-tokens 24 \
