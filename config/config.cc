@@ -75,7 +75,8 @@ constexpr IntRange kMaxNumBatchedTokensRange{1, 1 << 20};
 constexpr IntRange kMaxPrefillWithDecodesRange{0, 1 << 20};
 constexpr IntRange kLlmQueueSizeRange{0, 1 << 20};
 constexpr IntRange kBlockSizeRange{1, 1024};
-constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB"};
+constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB, or auto"};
+constexpr double kKvMemoryFractionMin = 0.01, kKvMemoryFractionMax = 0.99;
 constexpr IntRange kThreadsRange{0, 1024};
 constexpr IntRange kContextLengthRange{0, 1 << 24};
 constexpr IntRange kMaxLoadedAdaptersRange{0, 256};
@@ -165,6 +166,7 @@ constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_queue_size",
                                                "block_size",
                                                "kv_cache_bytes",
+                                               "kv_cache_memory_fraction",
                                                "enable_prefix_caching",
                                                "priority_levels",
                                                "default_priority_level",
@@ -861,7 +863,14 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmS
           &s->max_prefill_tokens_with_decodes);
   dec.Int(f, "max_queue_size", path, kLlmQueueSizeRange, &s->max_queue_size);
   dec.Int(f, "block_size", path, kBlockSizeRange, &s->block_size);
-  dec.Int(f, "kv_cache_bytes", path, kKvCacheBytesRange, &s->kv_cache_bytes);
+  if (const Value* kv = f.Get("kv_cache_bytes");
+      kv != nullptr && kv->is_scalar() && Lower(kv->scalar) == "auto") {
+    s->kv_cache_bytes = kKvCacheAuto;
+  } else {
+    dec.Int(f, "kv_cache_bytes", path, kKvCacheBytesRange, &s->kv_cache_bytes);
+  }
+  dec.Double(f, "kv_cache_memory_fraction", path, kKvMemoryFractionMin, kKvMemoryFractionMax,
+             &s->kv_cache_memory_fraction);
   dec.Bool(f, "enable_prefix_caching", path, &s->enable_prefix_caching);
   dec.Int(f, "priority_levels", path, kPriorityLevelsRange, &s->priority_levels);
   dec.Int(f, "default_priority_level", path, kPriorityLevelRange, &s->default_priority_level);
@@ -1161,7 +1170,15 @@ void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::s
            s.max_prefill_tokens_with_decodes);
   CheckInt(d, Join(path, "max_queue_size"), kLlmQueueSizeRange, s.max_queue_size);
   CheckInt(d, Join(path, "block_size"), kBlockSizeRange, s.block_size);
-  CheckInt(d, Join(path, "kv_cache_bytes"), kKvCacheBytesRange, s.kv_cache_bytes);
+  if (s.kv_cache_bytes != kKvCacheAuto) {
+    CheckInt(d, Join(path, "kv_cache_bytes"), kKvCacheBytesRange, s.kv_cache_bytes);
+  }
+  if (!(s.kv_cache_memory_fraction >= kKvMemoryFractionMin &&
+        s.kv_cache_memory_fraction <= kKvMemoryFractionMax)) {
+    d.AtPath(Join(path, "kv_cache_memory_fraction"),
+             fmt::format("expected a number in [{}, {}], got {}", kKvMemoryFractionMin,
+                         kKvMemoryFractionMax, s.kv_cache_memory_fraction));
+  }
   const std::string levels_path = Join(path, "priority_levels");
   const std::string level_path = Join(path, "default_priority_level");
   CheckInt(d, levels_path, kPriorityLevelsRange, s.priority_levels);
@@ -1747,7 +1764,9 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(6, "max_prefill_tokens_with_decodes", std::to_string(s.max_prefill_tokens_with_decodes));
     w.Line(6, "max_queue_size", std::to_string(s.max_queue_size));
     w.Line(6, "block_size", std::to_string(s.block_size));
-    w.Line(6, "kv_cache_bytes", std::to_string(s.kv_cache_bytes));
+    w.Line(6, "kv_cache_bytes",
+           s.kv_cache_bytes == kKvCacheAuto ? "auto" : std::to_string(s.kv_cache_bytes));
+    w.Line(6, "kv_cache_memory_fraction", fmt::format("{}", s.kv_cache_memory_fraction));
     w.Line(6, "enable_prefix_caching", YamlBool(s.enable_prefix_caching));
     w.Line(6, "priority_levels", std::to_string(s.priority_levels));
     w.Line(6, "default_priority_level", std::to_string(s.default_priority_level));

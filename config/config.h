@@ -227,6 +227,9 @@ struct SequenceBatchingConfig {
   bool operator==(const SequenceBatchingConfig&) const = default;
 };
 
+// kv_cache_bytes: auto.
+inline constexpr int64_t kKvCacheAuto = -1;
+
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
   int max_num_seqs = 64;             // sequences in one step, [1, 4096]
@@ -236,7 +239,10 @@ struct LlmSchedulerConfig {
   int max_prefill_tokens_with_decodes = 64;
   int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
   int block_size = 16;                   // tokens per KV-cache block, [1, 1024]
-  int64_t kv_cache_bytes = 256ll << 20;  // memory for the KV cache (all layers)
+  int64_t kv_cache_bytes = 256ll << 20;  // memory for the KV cache (all layers); kKvCacheAuto:
+  // kv_cache_memory_fraction of the device's free memory when the model loads (after its
+  // weights), on devices that report their memory (cuda, xpu); 256 MiB on the others
+  double kv_cache_memory_fraction = 0.9;  // for kv_cache_bytes: auto, in [0.01, 0.99]
   bool enable_prefix_caching = true;     // share KV blocks of identical prompt prefixes
   uint32_t priority_levels = 0;          // 0: a single level; else levels 1..N, 1 is highest
   uint32_t default_priority_level = 0;   // in [1, priority_levels] when priority_levels > 0

@@ -1297,11 +1297,22 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   EXPECT_EQ(m.scheduler.max_num_seqs, 32);
   EXPECT_EQ(m.scheduler.max_num_batched_tokens, 128);  // default
   EXPECT_EQ(m.scheduler.kv_cache_bytes, 134217728);
+  EXPECT_EQ(m.scheduler.kv_cache_memory_fraction, 0.9);  // default
   EXPECT_EQ(m.scheduler.capture_batch_sizes, (std::vector<int>{1, 2, 4, 8}));
   EXPECT_TRUE(m.scheduler.enable_prefix_caching);
   // Round trip through ToYaml.
   Config again = Parse(ToYaml(c));
   EXPECT_EQ(again, c);
+}
+
+TEST(LlmModelTest, KvCacheBytesAutoTakesAFractionOfFreeDeviceMemory) {
+  const Config c = Parse(
+      "models:\n  - name: m\n    kind: llm\n    path: /m\n    scheduler:\n"
+      "      kv_cache_bytes: AUTO\n      kv_cache_memory_fraction: 0.5\n");
+  EXPECT_EQ(c.models[0].scheduler.kv_cache_bytes, kKvCacheAuto);
+  EXPECT_EQ(c.models[0].scheduler.kv_cache_memory_fraction, 0.5);
+  EXPECT_NE(ToYaml(c).find("kv_cache_bytes: auto"), std::string::npos);
+  EXPECT_EQ(Parse(ToYaml(c)), c);
 }
 
 TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
@@ -1369,7 +1380,11 @@ TEST(LlmModelTest, SchedulerRangesAndTypos) {
   EXPECT_THAT(Errors(head + "      max_num_seqs: 0\n"),
               ElementsAre(HasSubstr("f.yaml:6:21: `models[0].scheduler.max_num_seqs`")));
   EXPECT_THAT(Errors(head + "      kv_cache_bytes: 1000\n"),
-              ElementsAre(HasSubstr("1 MiB to 1 TiB")));
+              ElementsAre(HasSubstr("1 MiB to 1 TiB, or auto")));
+  EXPECT_THAT(Errors(head + "      kv_cache_bytes: automatic\n"),
+              ElementsAre(HasSubstr("or auto")));
+  EXPECT_THAT(Errors(head + "      kv_cache_bytes: auto\n      kv_cache_memory_fraction: 1.5\n"),
+              ElementsAre(HasSubstr("expected a number in [0.01, 0.99], got `1.5`")));
   EXPECT_THAT(Errors(head + "      max_num_seq: 8\n"),
               ElementsAre(HasSubstr("did you mean `max_num_seqs`?")));
   EXPECT_THAT(Errors(head + "      capture_batch_sizes: [1, 4, 2]\n"),

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/backend.h"
 #include "engine/base/status.h"
 #include "engine/sampling.h"
 #include "models/chat/chat_template.h"
@@ -74,6 +75,11 @@ class LlmModel {
 
   // Bytes of KV cache one block of `block_size` tokens takes, all layers (K and V).
   virtual int64_t KvBytesPerBlock(int32_t block_size) const = 0;
+  // Total and free memory of the device the model runs on, its weights loaded: what
+  // `kv_cache_bytes: auto` takes a fraction of. Default: Unimplemented (no such figure).
+  virtual StatusOr<backend::DeviceMemoryInfo> DeviceMemory() {
+    return Unimplemented("the model's device does not report its memory");
+  }
   // Allocates the KV cache. Called once, before the first Step. ResourceExhausted if the
   // memory cannot be had.
   virtual Status AllocateKvCache(int32_t num_blocks, int32_t block_size) = 0;

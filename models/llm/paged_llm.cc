@@ -350,6 +350,9 @@ Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   k_cache_.clear();
   v_cache_.clear();
   for (Program* p : programs()) KILN_RETURN_IF_ERROR(p->SetSymbol("NB", blocks));
+  // Zeros copied to a device cache in pieces (a cache of `kv_cache_bytes: auto` can be tens of
+  // GiB on a GPU).
+  std::vector<uint8_t> zeros;
   for (int64_t l = 0; l < hp.num_layers; ++l) {
     for (auto* caches : {&k_cache_, &v_cache_}) {
       StatusOr<Tensor> t = Tensor::Empty(*parts_.device, options_.kv_dtype, shape);
@@ -364,8 +367,12 @@ Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
       if (parts_.device->host_visible()) {
         std::memset(t->data(), 0, static_cast<size_t>(t->nbytes()));
       } else {
-        const std::vector<uint8_t> zeros(static_cast<size_t>(t->nbytes()));
-        KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*t->buffer(), 0, zeros.data(), zeros.size()));
+        const auto bytes = static_cast<size_t>(t->nbytes());
+        zeros.resize(std::min<size_t>(std::max(zeros.size(), bytes), size_t{64} << 20));
+        for (size_t off = 0; off < bytes; off += zeros.size()) {
+          KILN_RETURN_IF_ERROR(stream_->CopyToDevice(*t->buffer(), off, zeros.data(),
+                                                     std::min(zeros.size(), bytes - off)));
+        }
       }
       caches->push_back(*std::move(t));
     }

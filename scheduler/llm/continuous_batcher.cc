@@ -61,13 +61,32 @@ ContinuousBatcher::~ContinuousBatcher() {
   thread_.join();
 }
 
+int64_t ContinuousBatcher::KvCacheBytes() const {
+  if (config_.kv_cache_bytes != config::kKvCacheAuto) return config_.kv_cache_bytes;
+  const int64_t fallback = config::LlmSchedulerConfig{}.kv_cache_bytes;
+  StatusOr<backend::DeviceMemoryInfo> mem = model_->DeviceMemory();
+  if (!mem.ok()) {
+    spdlog::info("model '{}': kv_cache_bytes auto: {}; using {} MiB", name_,
+                 StatusMessage(mem.status()), fallback >> 20);
+    return fallback;
+  }
+  const auto bytes =
+      static_cast<int64_t>(static_cast<double>(mem->free_bytes) * config_.kv_cache_memory_fraction);
+  spdlog::info("model '{}': kv_cache_bytes auto: {} of the device's {:.2f} GiB free ({:.2f} GiB "
+               "total) = {:.2f} GiB",
+               name_, config_.kv_cache_memory_fraction, mem->free_bytes / 1073741824.0,
+               mem->total_bytes / 1073741824.0, bytes / 1073741824.0);
+  return bytes;
+}
+
 Status ContinuousBatcher::Start() {
   const int32_t bs = config_.block_size;
   if (bs < 1) return InvalidArgument("block_size must be at least 1");
   const int64_t per_block = model_->KvBytesPerBlock(bs);
-  int64_t blocks = per_block > 0 ? config_.kv_cache_bytes / per_block : 0;
+  const int64_t kv_bytes = KvCacheBytes();
+  int64_t blocks = per_block > 0 ? kv_bytes / per_block : 0;
   if (blocks < 1) {
-    return InvalidArgument("model '", name_, "': kv_cache_bytes ", config_.kv_cache_bytes,
+    return InvalidArgument("model '", name_, "': kv_cache_bytes ", kv_bytes,
                            " holds no KV block: one block of ", bs, " tokens needs ", per_block,
                            " bytes");
   }

@@ -73,7 +73,9 @@ class ContinuousBatcher {
   // the batcher; work slot 0 is the step in progress. REQUIRES: before Start.
   void set_flight_recorder(FlightRecorder* recorder) { recorder_ = recorder; }
 
-  // Sizes and allocates the KV cache, starts the loop thread.
+  // Sizes and allocates the KV cache (kv_cache_bytes; `auto`: kv_cache_memory_fraction of
+  // the model's device's free memory, or the default 256 MiB where the device reports none,
+  // logged), starts the loop thread.
   Status Start();
   // Per-request traces and, while a capture runs, step spans (llm/step_trace.h). `sink` may
   // be null and must outlive the batcher. REQUIRES: before Start.
@@ -130,6 +132,7 @@ class ContinuousBatcher {
                      absl::Duration timeout) const;
 
  private:
+  int64_t KvCacheBytes() const;  // kv_cache_bytes, `auto` resolved
   void Loop();
   void StepOnce();
   void TakeInbox() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -517,6 +517,28 @@ TEST(ContinuousBatcherTest, RejectsWhatCannotRunNamingTheNumbers) {
   EXPECT_NE(StatusMessage(f.batcher->Enqueue(bad_token.req)).find("99999"), std::string_view::npos);
 }
 
+// kv_cache_bytes: auto takes kv_cache_memory_fraction of the device's free memory; a device
+// that reports none gets the default 256 MiB.
+TEST(ContinuousBatcherTest, KvCacheAutoSizesFromFreeDeviceMemory) {
+  config::LlmSchedulerConfig c;
+  c.kv_cache_bytes = config::kKvCacheAuto;
+  c.kv_cache_memory_fraction = 0.5;
+  for (const bool reports : {true, false}) {
+    metrics::Registry registry;
+    LlmMetricFamilies fam(registry);
+    FakeLlmOptions opts;
+    if (reports) opts.device_memory = backend::DeviceMemoryInfo{1 << 30, 64 << 20};
+    auto m = std::make_unique<FakeLlm>(opts);
+    FakeLlm* model = m.get();
+    ContinuousBatcher b("fake", std::move(m), c, /*prefix_seed=*/7,
+                        std::make_unique<LlmMetrics>(fam, "fake"));
+    ASSERT_TRUE(b.Start().ok());
+    // The fake's blocks are 8 bytes a token: half of 64 MiB free, or 256 MiB.
+    const int64_t bytes = reports ? 32 << 20 : 256 << 20;
+    EXPECT_EQ(model->kv_blocks(), std::min<int64_t>(bytes / (8 * c.block_size), 1 << 24));
+  }
+}
+
 TEST(ContinuousBatcherTest, FullQueueRefusesAtOnce) {
   config::LlmSchedulerConfig o;
   o.max_num_seqs = 1;

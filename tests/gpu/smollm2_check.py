@@ -213,7 +213,8 @@ def many_streams(args):
                 f"  storage_dir: {root}/storage\nmodels:\n  - name: smollm2\n    kind: llm\n"
                 f"    path: {args.model}\n    backend: {args.backend}\n    scheduler:\n"
                 "      max_num_seqs: 64\n      max_num_batched_tokens: 2048\n"
-                "      max_prefill_tokens_with_decodes: 512\n      kv_cache_bytes: 2147483648\n")
+                "      max_prefill_tokens_with_decodes: 512\n      kv_cache_bytes: auto\n"
+                "      kv_cache_memory_fraction: 0.3\n")
     procs = []
     servers = []
     try:

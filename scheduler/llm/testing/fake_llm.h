@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -80,6 +81,8 @@ struct FakeLlmOptions {
   // Continue), so a sequence served with the wrong slot's adapter generates other tokens.
   // Adapters of rank > 16 are refused (CheckAdapter).
   int32_t max_adapters = 0;
+  // What DeviceMemory() reports (kv_cache_bytes: auto); unset: Unimplemented, as on the cpu.
+  std::optional<backend::DeviceMemoryInfo> device_memory = std::nullopt;
 };
 
 class FakeLlm final : public models::LlmModel {
@@ -91,7 +94,13 @@ class FakeLlm final : public models::LlmModel {
   const models::Tokenizer& tokenizer() const override { return *tokenizer_; }
   const models::ChatTemplate* chat_template() const override { return template_.get(); }
   int64_t KvBytesPerBlock(int32_t block_size) const override { return 8 * block_size; }
+  StatusOr<backend::DeviceMemoryInfo> DeviceMemory() override {
+    if (options_.device_memory) return *options_.device_memory;
+    return models::LlmModel::DeviceMemory();
+  }
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size) override;
+  // KV blocks AllocateKvCache made.
+  int64_t kv_blocks() const { return block_size_ > 0 ? kv_.size() / block_size_ : 0; }
   // Checks the batch as PagedLlm does (slots and blocks in range, adapter slots loaded), then
   // predicts. A decode-only step of at most 8 sequences reports itself
   // as replayed, padded to 1, 2, 4 or 8.
