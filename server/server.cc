@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_join.h"
 #include "models/llm/loader.h"
+#include "scheduler/device_metrics.h"
 #include "scheduler/finetune/job_service.h"
 #include "server/auth.h"
 #include "server/flight_service.h"
@@ -99,6 +100,7 @@ void Server::RegisterServerMetrics() {
   auto& model_ready =
       registry_.AddGauge("kiln_model_ready", "1 when the model is READY, else 0.", {"model"});
   metrics::RegisterProcessMetrics(registry_);
+  scheduler::RegisterDeviceMetrics(registry_);
   registry_.AddCollector([this, ready, inflight, limit, &model_ready] {
     ready->Set(core_.ready() ? 1 : 0);
     inflight->Set(static_cast<double>(limiter_->inflight()));

@@ -180,6 +180,12 @@ void GpuDevice::Release(void* p, size_t block) {
   parked_.emplace_back(block, p);
 }
 
+std::optional<backend::DeviceAllocatorStats> GpuDevice::AllocatorStatistics() const {
+  const AllocatorStats a = allocator_stats();
+  return backend::DeviceAllocatorStats{a.reserved_bytes, a.allocated_bytes, a.peak_allocated_bytes,
+                                       a.segments};
+}
+
 AllocatorStats GpuDevice::allocator_stats() const {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   return astats_;

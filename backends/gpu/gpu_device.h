@@ -91,6 +91,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t bytes) override;
   StatusOr<std::unique_ptr<backend::Buffer>> AllocatePinnedHost(size_t bytes) override;
   StatusOr<backend::DeviceMemoryInfo> MemoryInfo() override;
+  std::optional<backend::DeviceAllocatorStats> AllocatorStatistics() const override;
   StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
   bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
   // "gpu.device_info" -> const DeviceInfo*; "gpu.sdpa_calls" -> const std::atomic<int64_t>*

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -167,6 +168,14 @@ struct DeviceMemoryInfo {
   uint64_t free_bytes = 0;
 };
 
+// What a device's caching allocator holds, for metrics (kiln_device_memory_*).
+struct DeviceAllocatorStats {
+  uint64_t reserved_bytes = 0;        // taken from the driver: in live buffers + cached
+  uint64_t allocated_bytes = 0;       // in live buffers
+  uint64_t peak_allocated_bytes = 0;  // the most allocated_bytes has been
+  int64_t segments = 0;               // driver allocations held
+};
+
 struct Kernel {
   KernelFn fn = nullptr;
   std::shared_ptr<const void> data;  // passed as LaunchArgs::kernel_data; kept by the Program
@@ -201,6 +210,8 @@ class Device {
   virtual StatusOr<DeviceMemoryInfo> MemoryInfo() {
     return Unimplemented(std::string(name()), " cannot report its memory");
   }
+  // Its allocator's figures; nullopt where it keeps none (host memory). Thread-safe.
+  virtual std::optional<DeviceAllocatorStats> AllocatorStatistics() const { return std::nullopt; }
   virtual StatusOr<std::unique_ptr<Stream>> CreateStream() = 0;
 
   // Capability queries.

@@ -336,6 +336,14 @@ int64_t PagedLlm::KvBytesPerBlock(int32_t block_size) const {
          DTypeBytes(options_.kv_dtype, int64_t{block_size} * hp.num_kv_heads * hp.head_dim);
 }
 
+StatusOr<backend::DeviceMemoryInfo> PagedLlm::DeviceMemory() {
+  if (device().host_visible()) {
+    return Unimplemented("device ", device().name(),
+                         " uses host memory (whose free figure ignores container limits)");
+  }
+  return device().MemoryInfo();
+}
+
 Status PagedLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
   if (num_blocks < 1 || block_size < 1) {
     return InvalidArgument("the KV cache needs at least one block of at least one token (got ",

@@ -107,7 +107,9 @@ class PagedLlm final : public LlmModel {
   const Tokenizer& tokenizer() const override { return *parts_.tokenizer; }
   const ChatTemplate* chat_template() const override { return parts_.chat_template.get(); }
   int64_t KvBytesPerBlock(int32_t block_size) const override;
-  StatusOr<backend::DeviceMemoryInfo> DeviceMemory() override { return device().MemoryInfo(); }
+  // The device's MemoryInfo; Unimplemented on host memory (cpu, ref), whose free figure
+  // ignores container limits.
+  StatusOr<backend::DeviceMemoryInfo> DeviceMemory() override;
   // A block_size other than options.block_size rebuilds and recompiles the program.
   Status AllocateKvCache(int32_t num_blocks, int32_t block_size) override;
   Status Step(const StepBatch& batch, std::span<float> logits, StepStats* stats) override;

@@ -241,6 +241,9 @@ def many_streams(args):
                             os.path.join(args.out, "loadgen.json")],
                            capture_output=True, text=True, timeout=900)
         log(p.stdout[-6000:], p.stderr[-2000:])
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
+            log("".join(line for line in r.read().decode().splitlines(keepends=True)
+                        if line.startswith("kiln_device_memory")))
     finally:
         for proc in procs:
             try:
