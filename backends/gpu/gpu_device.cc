@@ -56,8 +56,11 @@ std::string GiB(uint64_t bytes) {
 }
 
 // The rounded size of an allocation (cudaMalloc aligns to 256 bytes).
+// The expandable segment's range alignment: every block is a multiple of RoundedSize's grain.
+constexpr uint64_t kSegmentAlignment = 512;
+
 size_t RoundedSize(size_t bytes) {
-  constexpr size_t kGrain = 512;
+  constexpr size_t kGrain = kSegmentAlignment;
   return std::max<size_t>((bytes + kGrain - 1) / kGrain * kGrain, kGrain);
 }
 
@@ -115,8 +118,66 @@ class PinnedBuffer final : public backend::Buffer {
 
 }  // namespace
 
+void GpuDevice::ReuseParked() {
+  for (auto& [size, q] : parked_) {
+    if (ranges_ != nullptr) {
+      ranges_->Free(static_cast<uint64_t>(static_cast<char*>(q) - segment_->base()), size);
+    } else {
+      free_.emplace(size, q);
+    }
+  }
+  parked_.clear();
+}
+
+// Best fit among the segment's free ranges; else its released blocks once the device is done
+// with them; else more pages mapped at its end (at least 64 MiB at a time).
+StatusOr<void*> GpuDevice::AllocateFromSegment(size_t block) {
+  auto take = [&]() -> void* {
+    const std::optional<uint64_t> o = ranges_->Allocate(block);
+    return o ? segment_->base() + *o : nullptr;
+  };
+  void* p = take();
+  if (p == nullptr && !parked_.empty() && capturing_.load() == 0) {
+    if (cudaDeviceSynchronize() == cudaSuccess) {
+      ++astats_.device_syncs;
+      ReuseParked();
+      p = take();
+    } else {
+      (void)cudaGetLastError();
+    }
+  }
+  Status grown = OkStatus();
+  if (p == nullptr) {
+    const uint64_t need = ranges_->capacity() + ranges_->Align(block - ranges_->tail_free());
+    const uint64_t step =
+        std::min<uint64_t>(ranges_->capacity() + (uint64_t{64} << 20), segment_->reserved());
+    grown = segment_->MapTo(std::max(need, step));
+    if (!grown.ok() && step > need) grown = segment_->MapTo(need);
+    if (grown.ok()) {
+      ranges_->Grow(segment_->mapped());
+      p = take();
+    }
+  }
+  astats_.reserved_bytes = segment_->mapped();
+  astats_.segments = segment_->chunks();
+  if (p == nullptr) {
+    size_t free_b = 0, total_b = 0;
+    (void)cudaMemGetInfo(&free_b, &total_b);
+    (void)cudaGetLastError();
+    return ResourceExhausted(
+        name_, ": out of memory allocating ", block, " bytes from the expandable segment (",
+        StatusMessage(grown), "); the device has ", free_b, " of ", total_b,
+        " bytes free, Kiln holds ", segment_->mapped(), " bytes (", astats_.allocated_bytes,
+        " in use, ", ranges_->free_bytes(), " free in ", ranges_->free_ranges(), " ranges)");
+  }
+  astats_.allocated_bytes += block;
+  astats_.peak_allocated_bytes = std::max(astats_.peak_allocated_bytes, astats_.allocated_bytes);
+  return p;
+}
+
 StatusOr<void*> GpuDevice::AllocateRaw(size_t block) {
   std::lock_guard<std::mutex> lock(alloc_mu_);
+  if (segment_ != nullptr) return AllocateFromSegment(block);
   // Exact-size reuse keeps Release() simple: the buffer releases `block` bytes.
   auto exact = [&]() -> void* {
     auto it = free_.find(block);
@@ -131,8 +192,7 @@ StatusOr<void*> GpuDevice::AllocateRaw(size_t block) {
     // Released blocks become reusable once the device has finished the work before them.
     if (cudaDeviceSynchronize() == cudaSuccess) {
       ++astats_.device_syncs;
-      for (auto& [size, q] : parked_) free_.emplace(size, q);
-      parked_.clear();
+      ReuseParked();
       p = exact();
     } else {
       (void)cudaGetLastError();
@@ -143,10 +203,7 @@ StatusOr<void*> GpuDevice::AllocateRaw(size_t block) {
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       // Empty the cache and retry once.
-      if (capturing_.load() == 0 && cudaDeviceSynchronize() == cudaSuccess) {
-        for (auto& [size, q] : parked_) free_.emplace(size, q);
-        parked_.clear();
-      }
+      if (capturing_.load() == 0 && cudaDeviceSynchronize() == cudaSuccess) ReuseParked();
       (void)cudaGetLastError();
       for (auto& [size, q] : free_) {
         cudaFree(q);
@@ -211,7 +268,7 @@ StatusOr<backend::DeviceMemoryInfo> GpuDevice::MemoryInfo() {
   KILN_CUDA_CALL(cudaMemGetInfo(&free_b, &total_b));
   // Blocks this process caches count as free: they serve the next allocations.
   std::lock_guard<std::mutex> lock(alloc_mu_);
-  uint64_t cached = 0;
+  uint64_t cached = ranges_ != nullptr ? ranges_->free_bytes() : 0;
   for (const auto& [size, p] : free_) cached += size;
   for (const auto& [size, p] : parked_) cached += size;
   return backend::DeviceMemoryInfo{total_b, free_b + cached};
@@ -797,6 +854,18 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
   KILN_CUDA_CALL(cudaSetDevice(ordinal));
   KILN_CUDA_CALL(cudaFree(nullptr));  // creates the primary context now, not at first use
   d->codegen_.work_group_size = 256;
+  if (options.expandable_segments) {
+    StatusOr<std::unique_ptr<ExpandableSegment>> seg =
+        ExpandableSegment::Create(ordinal, info.total_bytes);
+    if (seg.ok()) {
+      d->segment_ = *std::move(seg);
+      d->ranges_ = std::make_unique<RangeAllocator>(kSegmentAlignment);
+      spdlog::info("{}: expandable segment of {:.1f} GiB addresses, pages of {} KiB", d->name_,
+                   d->segment_->reserved() / 1073741824.0, d->segment_->granularity() >> 10);
+    } else {
+      spdlog::warn("{}: {}; allocating with cudaMalloc", d->name_, StatusMessage(seg.status()));
+    }
+  }
   if (options.cache_dir != "none") {
     KILN_ASSIGN_OR_RETURN(const cuda::Nvrtc* nvrtc, cuda::Nvrtc::Load());
     d->cache_ = std::make_unique<compiler::DiskCache>(options.cache_dir);
@@ -816,11 +885,20 @@ GpuDevice::~GpuDevice() {
     for (void* lib : libraries_) cudaLibraryUnload(static_cast<cudaLibrary_t>(lib));
   }
   std::lock_guard<std::mutex> lock(alloc_mu_);
+  if (segment_ != nullptr) {
+    ranges_.reset();
+    segment_.reset();  // unmaps every page
+    return;
+  }
   for (auto& [size, p] : free_) cudaFree(p);
   for (auto& [size, p] : parked_) cudaFree(p);
 }
 
-StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& options) {
+StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& given) {
+  GpuOptions options = given;
+  if (const char* v = std::getenv("KILN_CUDA_EXPANDABLE_SEGMENTS"); v != nullptr) {
+    options.expandable_segments = std::string_view(v) == "1";
+  }
   if (const char* v = std::getenv("KILN_CUDA_DEVICES"); v != nullptr && std::string(v) == "none") {
     return Unavailable("the cuda backend is disabled (KILN_CUDA_DEVICES=none)");
   }

@@ -14,7 +14,8 @@
 // (backends/cuda/nvrtc.h, gpu_blas.h). CreateGpuBackend says why there is no backend: no
 // driver, no device, no NVRTC.
 //
-// Memory: Allocate() is a caching allocator over cudaMalloc. Freed blocks are parked until
+// Memory: Allocate() is a caching allocator over cudaMalloc, or over one expandable segment
+// (GpuOptions::expandable_segments; best-fit ranges that coalesce). Freed blocks are parked until
 // the device has finished the work enqueued before their release (one device synchronisation
 // makes every parked block reusable), so a block is never handed out while a kernel may still
 // use it; on out-of-memory the cache is emptied and the allocation retried, then the error
@@ -42,6 +43,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "backends/common/device_kernels.h"
+#include "backends/gpu/gpu_vmm.h"
+#include "backends/gpu/range_allocator.h"
 #include "engine/backend/backend.h"
 #include "engine/compiler/kernel_cache.h"
 #include "engine/compiler/target.h"
@@ -65,7 +68,7 @@ struct AllocatorStats {
   uint64_t reserved_bytes = 0;   // held from the driver (in use + cached)
   uint64_t allocated_bytes = 0;  // in live buffers
   uint64_t peak_allocated_bytes = 0;
-  int64_t segments = 0;      // cudaMalloc blocks held
+  int64_t segments = 0;      // cudaMalloc blocks held (expandable: mapped page chunks)
   int64_t cache_hits = 0;    // allocations served from the cache
   int64_t device_syncs = 0;  // synchronisations made to reuse released blocks
 };
@@ -73,6 +76,11 @@ struct AllocatorStats {
 struct GpuOptions {
   // Kernel cache directory: empty = compiler::CacheDir(), "none" = no disk cache.
   std::string cache_dir;
+  // Allocate from one expandable segment (gpu_vmm.h: reserved addresses, pages mapped as it
+  // grows, freed ranges coalesced) instead of cudaMalloc blocks cached by exact size.
+  // CreateGpuBackend sets it from KILN_CUDA_EXPANDABLE_SEGMENTS=1. Falls back to cudaMalloc,
+  // logged, where the driver or device has no virtual memory management.
+  bool expandable_segments = false;
 };
 
 // NVRTC's options for every program (besides the architecture and -default-device).
@@ -125,6 +133,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   Status EnsureBuilt(GpuKernelSlot* k);
   Status BuildPending();
   AllocatorStats allocator_stats() const;
+  bool expandable() const { return segment_ != nullptr; }  // allocating from a segment
   struct BuildStats {
     int programs_built = 0;
     int programs_from_cache = 0;
@@ -158,7 +167,11 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   std::string cache_ns_;
 
   // Allocator.
+  StatusOr<void*> AllocateFromSegment(size_t block);  // REQUIRES: alloc_mu_ held
+  void ReuseParked();  // after a device synchronisation; REQUIRES: alloc_mu_ held
   mutable std::mutex alloc_mu_;
+  std::unique_ptr<ExpandableSegment> segment_;    // with expandable_segments
+  std::unique_ptr<RangeAllocator> ranges_;        // its free and allocated ranges
   std::multimap<size_t, void*> free_;             // reusable blocks by size
   std::vector<std::pair<size_t, void*>> parked_;  // released, maybe still in use by the device
   AllocatorStats astats_;
@@ -190,8 +203,9 @@ class GpuBackend final : public backend::Backend {
   std::vector<std::unique_ptr<GpuDevice>> devices_;
 };
 
-// Every CUDA device (KILN_CUDA_DEVICES=none disables the backend). Unavailable with the reason
-// when there is no driver, no device or no NVRTC.
+// Every CUDA device (KILN_CUDA_DEVICES=none disables the backend; KILN_CUDA_EXPANDABLE_SEGMENTS=1
+// sets options.expandable_segments). Unavailable with the reason when there is no driver, no
+// device or no NVRTC.
 StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& options = {});
 
 }  // namespace kiln::gpu

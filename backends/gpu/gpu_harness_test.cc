@@ -1,7 +1,8 @@
 // The op harness on the cuda backend: every forward case and every gradient case must pass on
 // each CUDA device against `ref` (unsupported counts as a failure). Kernels of all cases are
 // declared first and built as one batch. Also: a captured CUDA graph replays what a direct run
-// computes, the allocator reuses what is released and names the numbers when memory runs out.
+// computes, the allocator reuses what is released and names the numbers when memory runs out,
+// in both of its modes (cudaMalloc blocks; one expandable segment).
 //
 // Without a CUDA driver or device the tests skip, saying why (ctest shows them as skipped).
 // KILN_GPU_HARNESS_OP=<op> limits the harness to one op (debugging).
@@ -9,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backends/builtin.h"
 #include "backends/gpu/gpu_device.h"
@@ -157,6 +159,49 @@ TEST(GpuDeviceTest, AllocatorReusesReleasedBlocksAndNamesTheNumbersWhenFull) {
   StatusOr<backend::DeviceMemoryInfo> m = dev.MemoryInfo();
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_GT(m->total_bytes, 1ull << 30);
+}
+
+// The expandable segment (KILN_CUDA_EXPANDABLE_SEGMENTS=1): buffers hold what is written to
+// them, the segment grows by mapping pages, and released ranges coalesce so that a larger
+// request reuses them without growing; out of memory still names the numbers.
+TEST(GpuDeviceTest, ExpandableSegmentGrowsAndReusesCoalescedRanges) {
+  REQUIRE_GPU();
+  auto made = GpuDevice::Create(0, {.cache_dir = "none", .expandable_segments = true});
+  ASSERT_TRUE(made.ok()) << made.status();
+  GpuDevice& dev = **made;
+  if (!dev.expandable()) GTEST_SKIP() << "no virtual memory management here (logged)";
+  auto stream = dev.CreateStream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  {
+    std::vector<std::unique_ptr<backend::Buffer>> held;
+    for (size_t bytes : {size_t{1000}, size_t{3} << 20, size_t{100} << 20}) {
+      auto b = dev.Allocate(bytes);
+      ASSERT_TRUE(b.ok()) << b.status();
+      std::vector<uint8_t> in(bytes), out(bytes);
+      for (size_t i = 0; i < bytes; ++i) in[i] = static_cast<uint8_t>(i * 7 + bytes);
+      ASSERT_TRUE((*stream)->CopyToDevice(**b, 0, in.data(), bytes).ok());
+      ASSERT_TRUE((*stream)->CopyToHost(out.data(), **b, 0, bytes).ok());
+      EXPECT_EQ(in, out) << bytes << " bytes";
+      held.push_back(*std::move(b));
+    }
+    const AllocatorStats s = dev.allocator_stats();
+    EXPECT_GE(s.segments, 2) << "grown at least once past the first 64 MiB";
+    EXPECT_GE(s.reserved_bytes, (size_t{103} << 20));
+    EXPECT_EQ(s.allocated_bytes, 512u * 2 + (size_t{103} << 20));
+  }
+  const AllocatorStats freed = dev.allocator_stats();
+  EXPECT_EQ(freed.allocated_bytes, 0u);
+  {
+    // 103 MiB were released in three neighbouring ranges: 100 MiB fit once they coalesce.
+    auto b = dev.Allocate(size_t{100} << 20);
+    ASSERT_TRUE(b.ok()) << b.status();
+  }
+  EXPECT_EQ(dev.allocator_stats().reserved_bytes, freed.reserved_bytes) << "reused, not grown";
+  auto huge = dev.Allocate(size_t{1} << 50);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_NE(std::string(StatusMessage(huge.status())).find("expandable segment"), std::string::npos)
+      << huge.status();
 }
 
 }  // namespace

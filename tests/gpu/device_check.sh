@@ -9,7 +9,8 @@
 # (against llama.cpp's CUDA build in LLAMA_CPP_DIR, if given).
 #
 # 1. the cuda backend's tests (op harness forward and gradient against `ref`, capture,
-#    allocator) and the device interface tests with cuda included;
+#    allocator) and the device interface tests with cuda included; the harness again with the
+#    allocator on an expandable segment (KILN_CUDA_EXPANDABLE_SEGMENTS=1);
 # 2. the tiny random Llama (tests/fixtures/models/llama_gqa_f32): greedy generation on cuda
 #    equals ref's, text for text;
 # 3. two LoRA steps of `kiln finetune --backend cuda` give the losses the cpu run gives
@@ -54,6 +55,10 @@ check gpu_harness_test timeout 240 "$bin/gpu_harness_test" --gtest_brief=0
 grep -E "cases passed|sm_|SKIPPED" "$out/gpu_harness_test.log" | head -20
 check gpu_tests_ran bash -c "! grep -q SKIPPED '$out/gpu_harness_test.log'"
 check device_interface_test timeout 120 "$bin/device_interface_test"
+# The same cases with the allocator on one expandable segment (kernels now come from the cache).
+check gpu_harness_expandable env KILN_CUDA_EXPANDABLE_SEGMENTS=1 timeout 240 \
+  "$bin/gpu_harness_test" --gtest_brief=0
+grep -E "cases passed|expandable|SKIPPED" "$out/gpu_harness_expandable.log" | head -8
 # cuDNN SDPA against Kiln's attention; skips (saying why) where the machine has no libcudnn.
 check gpu_sdpa_test timeout 240 "$bin/gpu_sdpa_test" --gtest_brief=0
 grep -E "max error|SKIPPED|Skipped|cuDNN" "$out/gpu_sdpa_test.log" | head -20

@@ -14,7 +14,7 @@ sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev
 # One directory per library, the toolkit's first (find lists them in this order).
 libdirs=$(for name in 'libnvrtc.so.1[23]' 'libcublas.so.1[23]' 'libcudnn.so.9' \
                       'libcudart.so.1[23]'; do
-            find /usr/local/cuda*/lib64 /usr/local/cuda*/targets $sites /opt /usr/lib \
+            find -H /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/local/cuda*/targets $sites /opt /usr/lib \
               /usr/local/lib -name "$name" -printf '%h\n' 2>/dev/null | head -1
           done | awk '!seen[$0]++' | tr '\n' ':')
 export LD_LIBRARY_PATH="$root/lib:${libdirs}${LD_LIBRARY_PATH:-}"

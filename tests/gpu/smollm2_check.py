@@ -268,15 +268,18 @@ def main():
     ap.add_argument("--only", default="golden,one,train,many")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    steps = args.only.split(",")
-    diffs = golden(args) if "golden" in steps else 0
-    if "one" in steps:
-        one_stream(args)
-    if "train" in steps:
-        diffs += train(args)
-    if "many" in steps:
-        many_streams(args)
-    sys.exit(1 if diffs else 0)
+    failures = 0
+    for name, step in (("golden", golden), ("one", one_stream), ("train", train),
+                       ("many", many_streams)):
+        if name not in args.only.split(","):
+            continue
+        try:  # each step on its own: a failure is reported and the next one still runs
+            failures += step(args) or 0
+        except Exception as e:  # noqa: BLE001
+            log(f"{name}: FAILED: {e!r}")
+            failures += 1
+    log(f"smollm2_check: {failures} failure(s)")
+    sys.exit(1 if failures else 0)
 
 
 if __name__ == "__main__":
