@@ -45,13 +45,13 @@ TEST(DeviceMetricsTest, GpusReportTheirMemoryHostDevicesNothing) {
   backend::Device* devices[] = {&gpu, &host};
   internal::CollectDeviceMetrics(registry, devices);
   const std::string text = registry.Serialize();
-  for (const char* line : {
-           "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"total\"} 85899345920\n",
-           "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"free\"} 75161927680\n",
-           "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"reserved\"} 6442450944\n",
-           "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"allocated\"} 5368709120\n",
-           "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"peak_allocated\"} 7516192768\n",
-           "kiln_device_memory_segments{device=\"cuda:0\"} 12\n"}) {
+  for (const char* line :
+       {"kiln_device_memory_bytes{device=\"cuda:0\",kind=\"total\"} 85899345920\n",
+        "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"free\"} 75161927680\n",
+        "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"reserved\"} 6442450944\n",
+        "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"allocated\"} 5368709120\n",
+        "kiln_device_memory_bytes{device=\"cuda:0\",kind=\"peak_allocated\"} 7516192768\n",
+        "kiln_device_memory_segments{device=\"cuda:0\"} 12\n"}) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
   }
   EXPECT_EQ(text.find("cpu:0"), std::string::npos) << text;
