@@ -263,11 +263,18 @@ def main():
                     "llama-server (and their libraries on the loader path)")
     ap.add_argument("--backend", default="cuda", help="checked against cpu (cpu: a dry run)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--hbm-gbs", type=float, default=3350, help="the GPU's memory bandwidth "
-                    "(H100 SXM: 3,350 GB/s; H200: 4,800)")
+    ap.add_argument("--hbm-gbs", type=float, default=0, help="the GPU's memory bandwidth "
+                    "(default: from nvidia-smi's name; H100 SXM 3,350 GB/s, H200 4,800)")
     ap.add_argument("--only", default="golden,one,train,many")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    if not args.hbm_gbs:
+        try:
+            name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                  capture_output=True, text=True).stdout
+        except OSError:
+            name = ""
+        args.hbm_gbs = 4800 if "H200" in name else 3350
     failures = 0
     for name, step in (("golden", golden), ("one", one_stream), ("train", train),
                        ("many", many_streams)):
