@@ -371,7 +371,7 @@ KernelSlot* LinearTemplate(KernelHost& dev, DType xt, DType wt, DType ot, int mt
   d.Add("XLD(p, i)", LoadAs(xt, acc));
   d.Add("WLD(p, i)", LoadAs(wt, acc));
   d.Add("OST(p, i, v)", StoreFrom(ot, acc));
-  if (IsBlock32(wt) && acc == DType::kF32) {
+  if (IsBlock32(wt) && acc == DType::kF32 && !dev.element_block_weights()) {
     d.Add("WDEQ32(wv, p, e)", absl::StrCat("deq32_", Lower(wt), "(wv, p, e)"));
   }
   return dev.DeclareKernel(absl::StrCat("linear_", Lower(wt)),

@@ -211,6 +211,10 @@ class KernelHost : public backend::Device {
   virtual const char* no_fp64_reason() const { return "no f64 support"; }
   // The largest kernel argument list in bytes (buffers and the meta struct).
   virtual size_t max_param_bytes() const = 0;
+  // Whether the Linear template reads 32-element block weights (Q4_0, Q4_1, Q8_0, MXFP4)
+  // element by element, work-items side by side, instead of a whole block per work-item: on
+  // GPUs a decode GEMV's K / 32 blocks leave most of a 256-wide work-group idle otherwise.
+  virtual bool element_block_weights() const { return false; }
   // Whether Queue::Gemm handles this dtype, and the BLAS' name for kernel names ("clblast").
   virtual bool HasGemm(DType t) const = 0;
   virtual const char* blas_name() const = 0;

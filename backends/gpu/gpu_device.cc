@@ -854,6 +854,9 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
   KILN_CUDA_CALL(cudaSetDevice(ordinal));
   KILN_CUDA_CALL(cudaFree(nullptr));  // creates the primary context now, not at first use
   d->codegen_.work_group_size = 256;
+  if (const char* v = std::getenv("KILN_GPU_LINEAR_BLOCKS"); v != nullptr && *v == '1') {
+    d->element_block_weights_ = false;
+  }
   if (options.expandable_segments) {
     StatusOr<std::unique_ptr<ExpandableSegment>> seg =
         ExpandableSegment::Create(ordinal, info.total_bytes);

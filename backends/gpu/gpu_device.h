@@ -118,6 +118,8 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   compiler::Dialect dialect() const override { return compiler::Dialect::kCuda; }
   bool fp64() const override { return true; }
   size_t max_param_bytes() const override { return 4096; }
+  // True (KILN_GPU_LINEAR_BLOCKS=1: false, the block-per-work-item path, for comparisons).
+  bool element_block_weights() const override { return element_block_weights_; }
   bool HasGemm(DType t) const override;
   const char* blas_name() const override { return "cublas"; }
   devk::KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override;
@@ -177,6 +179,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   AllocatorStats astats_;
   std::atomic<int> capturing_{0};
   std::atomic<int64_t> sdpa_calls_{0};
+  bool element_block_weights_ = true;
 
   // Kernels and programs.
   mutable absl::Mutex mu_;

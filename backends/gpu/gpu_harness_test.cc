@@ -148,7 +148,11 @@ TEST(GpuDeviceTest, AllocatorReusesReleasedBlocksAndNamesTheNumbersWhenFull) {
     ASSERT_TRUE(a.ok()) << a.status();
   }
   const AllocatorStats after = dev.allocator_stats();
-  EXPECT_EQ(after.segments, before.segments + 1) << "the second allocation reuses the first";
+  if (dev.expandable()) {  // KILN_CUDA_EXPANDABLE_SEGMENTS=1: mapped pages, at most one more
+    EXPECT_LE(after.segments, before.segments + 1);
+  } else {
+    EXPECT_EQ(after.segments, before.segments + 1) << "the second allocation reuses the first";
+  }
   EXPECT_EQ(after.allocated_bytes, before.allocated_bytes);
   EXPECT_GE(after.peak_allocated_bytes, before.allocated_bytes + (3u << 20));
   auto huge = dev.Allocate(size_t{1} << 50);

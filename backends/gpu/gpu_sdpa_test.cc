@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/gpu/gpu_device.h"
+#include "backends/gpu/host_copy.h"
 #include "engine/autograd.h"
 #include "engine/builder.h"
 #include "engine/program.h"
@@ -165,12 +166,15 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
     const int64_t b = key.batch, hq = key.q_heads, hkv = key.kv_heads, n = key.q_len,
                   d = key.head_dim;
     const std::vector<int64_t> q_shape = {b, hq, n, d}, kv_shape = {b, hkv, n, d};
+    auto stream = dev.CreateStream();
+    ASSERT_TRUE(stream.ok());
     // Inputs in the SDPA dtype; Kiln's reference runs in f32 on the same (rounded) values.
     auto make = [&](std::vector<int64_t> shape, uint64_t seed) {
       int64_t count = 1;
       for (int64_t x : shape) count *= x;
-      return *Tensor::FromDoubles(dev, t, shape, RandomValues(count, seed));
+      return *DeviceTensor(dev, **stream, t, shape, RandomValues(count, seed));
     };
+    auto host = [&](const Tensor& x) { return *HostDoubles(**stream, x); };
     const Tensor q = make(q_shape, 1), k = make(kv_shape, 2), v = make(kv_shape, 3),
                  d_o = make(q_shape, 4);
 
@@ -188,14 +192,12 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
     auto prog = Compile(g, {att.out, att.lse, (*grads)[0], (*grads)[1], (*grads)[2]}, dev);
     ASSERT_TRUE(prog.ok()) << prog.status();
     auto f32 = [&](const Tensor& x) {
-      return *Tensor::FromDoubles(dev, DType::kF32, x.shape(), *x.ToDoubles());
+      return *DeviceTensor(dev, **stream, DType::kF32, x.shape(), host(x));
     };
     ASSERT_TRUE((*prog)->Bind("q", f32(q)).ok());
     ASSERT_TRUE((*prog)->Bind("k", f32(k)).ok());
     ASSERT_TRUE((*prog)->Bind("v", f32(v)).ok());
     ASSERT_TRUE((*prog)->Bind("do", f32(d_o)).ok());
-    auto stream = dev.CreateStream();
-    ASSERT_TRUE(stream.ok());
     ASSERT_TRUE((*prog)->Run(**stream).ok());
     ASSERT_TRUE((*stream)->Synchronize().ok());
 
@@ -234,7 +236,7 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
     const Tensor* mine[] = {&o, &stats, &dq, &dk, &dv};
     const double tolerance[] = {2e-2, 1e-3, 5e-2, 5e-2, 5e-2};
     for (int i = 0; i < 5; ++i) {
-      const double err = RelError(*mine[i]->ToDoubles(), *(*prog)->Output(i)->ToDoubles());
+      const double err = RelError(host(*mine[i]), host(*(*prog)->Output(i)));
       std::printf("%s %s: max error / max |kiln| = %.3g\n", DTypeName(t), names[i], err);
       EXPECT_LT(err, tolerance[i]) << names[i] << " " << key.Describe();
     }
@@ -261,8 +263,7 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
     EXPECT_EQ(sdpa_calls->load(), calls_before + 2)
         << "the attention and attention_backward ops did not both run cuDNN";
     for (int i = 0; i < 5; ++i) {
-      const double err =
-          RelError(*(*wprog)->Output(i)->ToDoubles(), *(*prog)->Output(i)->ToDoubles());
+      const double err = RelError(host(*(*wprog)->Output(i)), host(*(*prog)->Output(i)));
       std::printf("%s wired %s: max error / max |kiln| = %.3g\n", DTypeName(t), names[i], err);
       EXPECT_LT(err, tolerance[i]) << "wired " << names[i] << " " << key.Describe();
     }

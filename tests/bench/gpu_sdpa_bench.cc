@@ -23,6 +23,7 @@
 
 #include "backends/gpu/gpu_device.h"
 #include "backends/gpu/gpu_sdpa.h"
+#include "backends/gpu/host_copy.h"
 #include "engine/builder.h"
 #include "engine/program.h"
 
@@ -115,6 +116,8 @@ int Run(int iters, double peak) {
       // SmolLM2-135M's attention (9 heads, 3 KV heads, head dim 64) at a 4k prompt.
       {.q_heads = 9, .kv_heads = 3, .q_len = 4096, .kv_len = 4096, .head_dim = 64, .scale = 0.125f},
   };
+  auto io = dev.CreateStream();
+  if (!io.ok()) return 1;
   std::mt19937_64 rng(0);
   std::normal_distribution<double> dist(0, 1);
   for (SdpaKey key : problems) {
@@ -129,7 +132,7 @@ int Run(int iters, double peak) {
       for (int64_t x : shape) n *= x;
       std::vector<double> v(n);
       for (double& x : v) x = dist(rng);
-      return *Tensor::FromDoubles(dev, key.dtype, shape, v);
+      return *DeviceTensor(dev, **io, key.dtype, shape, v);
     };
     const Tensor q = make(q_shape), k = make(kv_shape), v = make(kv_shape), d_o = make(q_shape);
     const Tensor o = *Tensor::Empty(dev, key.dtype, q_shape);

@@ -15,6 +15,8 @@
    (relative 1e-3), and its tokens/s against PyTorch + PEFT on the same GPU
    (tests/bench/peft_train_peer.py --device cuda; transformers reads the GGUF through the `gguf`
    package, which may have to be carried to the GPU machine as a wheel).
+   Also decode with the cuda backend's alternatives (the linear template's block path,
+   host sampling).
 4. 64 streams (figures): kilnd (backend: cuda) and llama-server under tests/bench/llm_loadgen.py
    at concurrency 1 and 64, 128-token prompts and 128 new tokens.
 
@@ -48,12 +50,13 @@ def log(*a):
     print(*a, flush=True)
 
 
-def generate(args, backend, prompt, tokens, chat=False):
+def generate(args, backend, prompt, tokens, chat=False, extra=(), env=None):
     cmd = [os.path.join(args.bin, "kiln"), "generate", "--model", args.model, "--prompt", prompt,
-           "--max-tokens", str(tokens), "--backend", backend]
+           "--max-tokens", str(tokens), "--backend", backend, *extra]
     if chat:
         cmd.append("--chat")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         raise RuntimeError(f"kiln generate --backend {backend} failed: {p.stderr[-2000:]}")
     return p.stdout, STATS.search(p.stderr)
@@ -134,6 +137,25 @@ def one_stream(args):
                    capture_output=True, timeout=600,
                    env=dict(os.environ, KILN_PROFILE="1", KILN_PROFILE_FILE=profile))
     log(f"  launch profile of 32 decode steps: {profile}")
+
+
+def decode_variants(args):
+    """Decode tokens/s of the cuda backend's alternatives, interleaved, median of 2: the linear
+    template reading block weights element by element (default) or a block per work-item
+    (KILN_GPU_LINEAR_BLOCKS=1), sampling in the step program (default) or on the host."""
+    variants = {"default": ((), {}), "linear blocks": ((), {"KILN_GPU_LINEAR_BLOCKS": "1"}),
+                "host sampling": (("--sampling", "host"), {})}
+    figures = {k: [] for k in variants}
+    texts = {}
+    for _ in range(2):
+        for name, (extra, env) in variants.items():
+            text, m = generate(args, args.backend, "The kiln was hot and", 128, extra=extra,
+                               env=env)
+            figures[name].append(float(m.group(6)))
+            texts[name] = text
+    for name, v in figures.items():
+        log(f"  decode, {name:14s} {statistics.median(v):8.1f} tokens/s"
+            + ("" if texts[name] == texts["default"] else "  (text differs from default)"))
 
 
 STEP = re.compile(r"step (\d+)/\d+ .* loss ([\d.]+) .* ([\d.]+) s$", re.M)
@@ -265,7 +287,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--hbm-gbs", type=float, default=0, help="the GPU's memory bandwidth "
                     "(default: from nvidia-smi's name; H100 SXM 3,350 GB/s, H200 4,800)")
-    ap.add_argument("--only", default="golden,one,train,many")
+    ap.add_argument("--only", default="golden,variants,one,train,many")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if not args.hbm_gbs:
@@ -276,8 +298,8 @@ def main():
             name = ""
         args.hbm_gbs = 4800 if "H200" in name else 3350
     failures = 0
-    for name, step in (("golden", golden), ("one", one_stream), ("train", train),
-                       ("many", many_streams)):
+    for name, step in (("golden", golden), ("variants", decode_variants), ("one", one_stream),
+                       ("train", train), ("many", many_streams)):
         if name not in args.only.split(","):
             continue
         try:  # each step on its own: a failure is reported and the next one still runs

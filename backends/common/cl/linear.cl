@@ -13,7 +13,8 @@
 #ifdef LINEAR
 // out[m, n] = sum_k x[m, k] * w[n, k]: dequantize-in-register dot products. A work-group
 // computes NR weight rows for MT rows of x; its work-items split K (in 32-element blocks for
-// block types, element by element otherwise) and combine their partial sums in local memory.
+// block types where the host defines WDEQ32, element by element otherwise) and combine their
+// partial sums in local memory.
 // Weights are read once per MT rows of x.
 // Meta: x TD (0), w off/stride_n/stride_k (18..20), out TD (21), M, N, K (39..41).
 #define NR 4
@@ -69,20 +70,21 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
     }
   }
 #endif
-  __local ACC red[KILN_WG];
+  // The NR rows' partial sums reduced together: one barrier per tree level for all of them.
+  __local ACC red[NR * KILN_WG];
   for (int i = 0; i < MT; ++i) {
-    for (int r = 0; r < NR; ++r) {
-      red[lid] = acc[i][r];
-      barrier(CLK_LOCAL_MEM_FENCE);
-      for (int s = KILN_WG / 2; s > 0; s >>= 1) {
-        if (lid < s) red[lid] += red[lid + s];
-        barrier(CLK_LOCAL_MEM_FENCE);
-      }
-      if (lid == 0 && m0 + i < M && n0 + r < N) {
-        OST(po, td_offset(m, 21, (m0 + i) * N + n0 + r), red[0]);
+    for (int r = 0; r < NR; ++r) red[r * KILN_WG + lid] = acc[i][r];
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int s = KILN_WG / 2; s > 0; s >>= 1) {
+      if (lid < s) {
+        for (int r = 0; r < NR; ++r) red[r * KILN_WG + lid] += red[r * KILN_WG + lid + s];
       }
       barrier(CLK_LOCAL_MEM_FENCE);
     }
+    if (lid < NR && m0 + i < M && n0 + lid < N) {
+      OST(po, td_offset(m, 21, (m0 + i) * N + n0 + lid), red[lid * KILN_WG]);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
   }
 }
 #undef NR

@@ -34,7 +34,8 @@ class CompileOnlyHost final : public KernelHost, public compiler::Target {
   compiler::Dialect dialect() const override { return dialect_; }
   bool fp64() const override { return true; }
   size_t max_param_bytes() const override { return 4096; }
-  bool HasGemm(DType) const override { return false; }  // compile the GEMM templates too
+  bool element_block_weights() const override { return true; }  // as GpuDevice
+  bool HasGemm(DType) const override { return false; }          // compile the GEMM templates too
   const char* blas_name() const override { return "none"; }
   KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override;
   KernelSlot* DeclareGenerated(const compiler::GeneratedKernel& k) override;
