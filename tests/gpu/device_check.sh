@@ -4,7 +4,7 @@
 #
 #   tests/gpu/device_check.sh BUNDLE.tar.xz OUT_DIR [bench | smollm2 GGUF [LLAMA_CPP_DIR]]
 #
-# With `bench`, runs tests/bench/gpu_decode_bench.py (kiln against PyTorch on the same GPU)
+# (SMOL_ONLY=golden,one,... picks smollm2_check.py steps.) With `bench`, runs tests/bench/gpu_decode_bench.py (kiln against PyTorch on the same GPU)
 # instead of the checks; with `smollm2`, tests/gpu/smollm2_check.py on the real SmolLM2 GGUF
 # (against llama.cpp's CUDA build in LLAMA_CPP_DIR, if given).
 #
@@ -34,7 +34,7 @@ if [ "${3:-}" = bench ]; then
 fi
 if [ "${3:-}" = smollm2 ]; then
   PYTHONUNBUFFERED=1 python3 tests/gpu/smollm2_check.py --bin "$bin" --model "${4:?GGUF}" \
-    --out "$out" ${5:+--llama "$5"} 2>&1 | tee "$out/smollm2.txt"
+    --out "$out" ${5:+--llama "$5"} ${SMOL_ONLY:+--only "$SMOL_ONLY"} 2>&1 | tee "$out/smollm2.txt"
   exit "${PIPESTATUS[0]}"
 fi
 pass=0
