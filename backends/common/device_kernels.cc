@@ -1049,6 +1049,9 @@ StatusOr<backend::Kernel> MakeSample(KernelHost& dev, const backend::KernelReque
                          "): sampling sums probability mass in "
                          "double (the host sampler runs instead)");
   }
+  if (const std::string why = dev.SampleKernelDeclined(); !why.empty()) {
+    return Unimplemented(dev.name(), ": ", why);
+  }
   auto data = std::make_shared<SampleData>();
   data->slot = dev.DeclareKernel("sample", absl::StrCat("// ", Label(req), "\n", kClSampling));
   return backend::Kernel{SampleFn, std::move(data),

@@ -211,6 +211,9 @@ class KernelHost : public backend::Device {
   virtual const char* no_fp64_reason() const { return "no f64 support"; }
   // The largest kernel argument list in bytes (buffers and the meta struct).
   virtual size_t max_param_bytes() const = 0;
+  // Why the device declines the sample op's kernel (serial per row: one work-item walks the
+  // vocabulary), so that models sample on the host; empty: it offers the kernel.
+  virtual std::string SampleKernelDeclined() const { return ""; }
   // Whether the Linear template reads 32-element block weights (Q4_0, Q4_1, Q8_0, MXFP4)
   // element by element, work-items side by side, instead of a whole block per work-item: on
   // GPUs a decode GEMV's K / 32 blocks leave most of a 256-wide work-group idle otherwise.

@@ -103,9 +103,9 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override;
   bool SupportsDType(DType t) const override { return t != DType::kInvalid; }
   // "gpu.device_info" -> const DeviceInfo*; "gpu.sdpa_calls" -> const std::atomic<int64_t>*
-  // (attention launches cuDNN SDPA ran, KILN_CUDNN_SDPA=1); compiler::kTargetExtension ->
-  // compiler::Target*;
-  // backend::kMatMulMixedRhsExtension is not offered (the compiler casts such operands).
+  // (attention launches cuDNN SDPA ran; KILN_CUDNN_SDPA=0 turns it off); compiler::kTargetExtension
+  // -> compiler::Target*; backend::kMatMulMixedRhsExtension is not offered (the compiler casts such
+  // operands).
   void* GetExtension(std::string_view name) override;
 
   // ---- compiler::Target ----
@@ -118,6 +118,10 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   compiler::Dialect dialect() const override { return compiler::Dialect::kCuda; }
   bool fp64() const override { return true; }
   size_t max_param_bytes() const override { return 4096; }
+  // The sample kernel runs one work-item per row over the whole vocabulary: on an H100 a
+  // SmolLM2 decode step spent 4.2 ms in it, and sampling on the host decoded 2.2x faster
+  // (299 vs 137 tokens/s). Declined unless KILN_GPU_DEVICE_SAMPLING=1.
+  std::string SampleKernelDeclined() const override;
   // True (KILN_GPU_LINEAR_BLOCKS=1: false, the block-per-work-item path, for comparisons).
   bool element_block_weights() const override { return element_block_weights_; }
   bool HasGemm(DType t) const override;

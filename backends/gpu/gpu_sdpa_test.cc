@@ -3,7 +3,7 @@
 // handle needed; libcudnn must be loadable, as the frontend reads cudnnGetVersion()). With a
 // GPU: SDPA's forward (out, lse) and backward (dQ, dK, dV) match Kiln's own attention kernel
 // (and its autograd backward) on the cuda backend, on random inputs, called directly and
-// through the engine's attention and attention_backward ops (KILN_CUDNN_SDPA=1).
+// through the engine's attention and attention_backward ops (cuDNN is their default on cuda).
 #include "backends/gpu/gpu_sdpa.h"
 
 #include <gtest/gtest.h>
