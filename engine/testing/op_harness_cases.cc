@@ -175,11 +175,15 @@ std::vector<TrainAttnShape> TrainAttnShapes() {
       {"fully masked rows [1,2,7,4]", {0, partial, {}}, 1, 2, 1, 7, 4, false},
   };
 }
-// Per row of L tokens: a one-token document, one of 24 tokens, then the rest.
+// Per row of L tokens: a one-token document, one of 24 tokens, then the rest; odd rows instead
+// reuse ids out of order (runs of 7 tokens cycling through 3 ids: a document id may come back
+// after another's tokens, which block skipping must not assume away).
 std::vector<double> DocIds(int64_t B, int64_t L) {
   std::vector<double> ids;
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t i = 0; i < L; ++i) ids.push_back(i < 1 ? 0 : (i < 25 ? 1 : 2));
+    for (int64_t i = 0; i < L; ++i) {
+      ids.push_back(b % 2 == 1 ? static_cast<double>(i / 7 % 3) : (i < 1 ? 0 : (i < 25 ? 1 : 2)));
+    }
   }
   return ids;
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/kernels.h"
@@ -75,6 +76,36 @@ std::pair<int64_t, int64_t> KeyRange(const TrainMask& m, int64_t r0, int64_t r1,
   const int64_t hi = m.causal ? std::min(tk, r1) : tk;
   const int64_t lo = m.window > 0 ? std::max<int64_t>(0, r0 - m.window + 1) : 0;
   return {lo, std::max(lo, hi)};
+}
+
+// Document masks: for each position of every row (B x row_len), the first key position whose
+// document id equals its own. Keys before the smallest of these over a tile's rows belong to
+// none of the tile's documents, so the tile skips them (block skipping for packed rows).
+std::vector<int64_t> DocStarts(const TrainMask& m, const TensorArg* ids, int64_t batch) {
+  std::vector<int64_t> start;
+  if (!m.docs) return start;
+  start.resize(static_cast<size_t>(batch * m.row_len));
+  absl::flat_hash_map<int64_t, int64_t> first;
+  for (int64_t b = 0; b < batch; ++b) {
+    first.clear();
+    for (int64_t j = 0; j < m.row_len; ++j) {
+      const int64_t id = LoadIndex(*ids, b * m.row_len + j);
+      start[b * m.row_len + j] = first.try_emplace(id, j).first->second;
+    }
+  }
+  return start;
+}
+
+// KeyRange narrowed by the documents of batch row b (DocStarts); KeyRange without them.
+std::pair<int64_t, int64_t> TileKeys(const TrainMask& m, const std::vector<int64_t>& starts,
+                                     int64_t b, int64_t r0, int64_t r1, int64_t tk) {
+  auto [lo, hi] = KeyRange(m, r0, r1, tk);
+  if (!starts.empty()) {
+    int64_t doc_lo = hi;
+    for (int64_t q = r0; q < r1; ++q) doc_lo = std::min(doc_lo, starts[b * m.row_len + q]);
+    lo = std::clamp(doc_lo, lo, hi);
+  }
+  return {lo, hi};
 }
 
 // Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf:
@@ -156,6 +187,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   const double total = per_bh * static_cast<double>(B * Hq);
   const double lo_share = total * c.thread_index / c.thread_count;
   const double hi_share = total * (c.thread_index + 1) / c.thread_count;
+  const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
   double before = 0;
   for (int64_t item = 0; item < B * Hq * tiles; ++item) {
     const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
@@ -163,7 +195,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     before += item_cost;
     if (mid < lo_share || mid >= hi_share) continue;
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
-    const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
+    const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
     const int64_t n = hi - lo;
     float* s = sc.s.data();
     if (n > 0) {
@@ -221,6 +253,7 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
   sc.dp.resize(tile);
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
   sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * Tk, 1)));
+  const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
   for (int64_t item = c.thread_index; item < B * Hkv; item += c.thread_count) {
     const int64_t b = item / Hkv, g = item % Hkv;
     for (int64_t j = 0; j < Tk; ++j) {
@@ -232,7 +265,7 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t r0 = 0; r0 < Tq; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, Tq - r0);
-        const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
+        const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
         const int64_t n = hi - lo;
         if (n == 0) {
           for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(dq, b, h, r0 + i), D, 0.0f);
