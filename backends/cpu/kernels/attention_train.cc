@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -58,6 +59,7 @@ struct TrainAttnData {
   const IsaKernels* k = nullptr;
   TrainMask mask;
   float scale = 1;
+  float softcap = 0;  // > 0: score_mod attn::SoftCapScore(softcap) (forward only)
   Kernel fallback;
 };
 
@@ -141,6 +143,28 @@ void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, 
   }
 }
 
+// Gemma's soft-capping score_mod, cap * tanh(s / cap), over a tile of scaled scores (before the
+// mask, as the op applies score_mod before mask_mod), through the ISA's vector exp:
+// tanh(x) = 1 - 2 / (e^2x + 1) (e^2x overflowing to inf gives 1; the absolute error stays
+// within a few ulps of 1, which is what the softmax sees).
+void SoftCap(const IsaKernels& k, float cap, float* s, int64_t n) {
+  const float two_over_cap = 2.0f / cap;
+  for (int64_t i = 0; i < n; ++i) s[i] *= two_over_cap;
+  k.scaled_exp(s, n, 0.0f, 1.0f, s);
+  for (int64_t i = 0; i < n; ++i) s[i] = cap - 2.0f * cap / (s[i] + 1.0f);
+}
+
+// The cap of a score_mod that is exactly attn::SoftCapScore(cap); nullopt for any other.
+std::optional<double> SoftCapOf(const Expr& score) {
+  const ExprNode& n = score.node();
+  if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
+    return std::nullopt;
+  }
+  const double cap = n.args[0].node().fvalue;
+  if (!(cap > 0) || score != attn::SoftCapScore(cap)) return std::nullopt;
+  return cap;
+}
+
 // kt[d * ld + j] = x[row j0 + j, element d] for j in [0, n), of one head (a transposed copy).
 void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, int64_t dim,
                float* kt, int64_t ld) {
@@ -203,6 +227,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
       Transpose(k, b, g, lo, n, D, sc.kt.data(), n);
       d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
                       false);
+      if (d.softcap > 0) SoftCap(*d.k, d.softcap, s, rows * n);
       ApplyMask(d.mask, ids, b, r0, rows, lo, n, s);
     }
     for (int64_t i = 0; i < rows; ++i) {
@@ -313,7 +338,13 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
 StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectContext& ctx,
                                      int num_fixed, KernelFn fn, const char* what) {
   const Attrs& at = *req.attrs;
-  if (at.expr[1]) return std::optional<Kernel>();
+  // A score_mod only in the forward, and only Gemma's soft-capping (the attention_backward op
+  // never has one: the engine differentiates score_mods through their decomposition).
+  std::optional<double> softcap;
+  if (at.expr[1]) {
+    softcap = SoftCapOf(at.expr[1]);
+    if (!softcap || fn != DenseForward) return std::optional<Kernel>();
+  }
   for (int i = 0; i < num_fixed; ++i) {
     if (req.inputs[i].dtype != DType::kF32) return std::optional<Kernel>();
   }
@@ -324,11 +355,12 @@ StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectConte
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
   d->mask = *mask;
   d->scale = static_cast<float>(at.floats[0]);
+  d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   const char* kind = mask->docs ? "documents" : (mask->causal ? "causal" : "none");
-  std::string name =
-      absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind,
-                   mask->window > 0 ? absl::StrCat(" window ", mask->window) : "", "]");
+  std::string name = absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind,
+                                  mask->window > 0 ? absl::StrCat(" window ", mask->window) : "",
+                                  softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
   return std::optional<Kernel>(Kernel{fn, std::move(d), std::move(name)});
 }
 
