@@ -210,13 +210,8 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
       GTEST_SKIP() << "no cuDNN on this GPU machine: " << StatusMessage(runner.status());
     }
     ASSERT_TRUE(runner.ok()) << runner.status();
-    std::vector<void*> workspaces;
-    const SdpaScratch scratch = [&](size_t bytes) -> void* {
-      void* p = nullptr;
-      if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
-      workspaces.push_back(p);
-      return p;
-    };
+    MallocScratch workspaces;
+    const SdpaScratch scratch = workspaces.fn();
     const Tensor o = *Tensor::Empty(dev, t, q_shape);
     const Tensor stats = *Tensor::Empty(dev, DType::kF32, {b, hq, n});
     const Tensor dq = *Tensor::Empty(dev, t, q_shape), dk = *Tensor::Empty(dev, t, kv_shape),
@@ -267,7 +262,6 @@ TEST(GpuSdpa, MatchesKilnAttentionForwardAndBackward) {
       std::printf("%s wired %s: max error / max |kiln| = %.3g\n", DTypeName(t), names[i], err);
       EXPECT_LT(err, tolerance[i]) << "wired " << names[i] << " " << key.Describe();
     }
-    for (void* p : workspaces) cudaFree(p);
     cudaStreamDestroy(s);
   }
 }

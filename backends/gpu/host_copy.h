@@ -1,12 +1,15 @@
 // Tensors between the host and a CUDA device, whose memory the host cannot read
 // (Tensor::FromDoubles and ToDoubles need a host-visible device): for the GPU tests and
-// benchmarks. Copies are blocking on `stream`.
+// benchmarks. Copies are blocking on `stream`. Also cudaMalloc'd SDPA workspaces.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <span>
 #include <vector>
 
 #include "backends/builtin.h"
+#include "backends/gpu/gpu_sdpa.h"
 #include "engine/tensor.h"
 
 namespace kiln::gpu {
@@ -31,5 +34,27 @@ inline StatusOr<std::vector<double>> HostDoubles(backend::Stream& stream, const 
                                          static_cast<size_t>(t.nbytes())));
   return h.ToDoubles();
 }
+
+// SDPA workspaces from cudaMalloc, freed with the object (outside a device's allocator).
+class MallocScratch {
+ public:
+  MallocScratch() = default;
+  MallocScratch(const MallocScratch&) = delete;
+  MallocScratch& operator=(const MallocScratch&) = delete;
+  ~MallocScratch() {
+    for (void* p : held_) cudaFree(p);
+  }
+  SdpaScratch fn() {
+    return [this](size_t bytes) -> void* {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+      held_.push_back(p);
+      return p;
+    };
+  }
+
+ private:
+  std::vector<void*> held_;
+};
 
 }  // namespace kiln::gpu

@@ -97,13 +97,8 @@ int Run(int iters, double peak) {
       std::printf("cuDNN SDPA: %s\n", std::string(StatusMessage(r.status())).c_str());
     }
   }
-  std::vector<void*> workspaces;
-  const SdpaScratch scratch = [&](size_t bytes) -> void* {
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
-    workspaces.push_back(p);
-    return p;
-  };
+  MallocScratch workspaces;
+  const SdpaScratch scratch = workspaces.fn();
 
   const std::vector<SdpaKey> problems = {
       // The figure: 4k x 4k, head dim 128 (32 query heads, 8 KV heads).
@@ -193,7 +188,6 @@ int Run(int iters, double peak) {
     std::sort(ms.begin(), ms.end());
     Report("Kiln attention op forward", key, false, ms[ms.size() / 2], peak);
   }
-  for (void* p : workspaces) cudaFree(p);
   runner.reset();
   cudaStreamDestroy(s);
   return 0;
