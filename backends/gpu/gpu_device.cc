@@ -55,10 +55,10 @@ std::string GiB(uint64_t bytes) {
   return absl::StrFormat("%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
 }
 
-// The rounded size of an allocation (cudaMalloc aligns to 256 bytes).
 // The expandable segment's range alignment: every block is a multiple of RoundedSize's grain.
 constexpr uint64_t kSegmentAlignment = 512;
 
+// The rounded size of an allocation (cudaMalloc aligns to 256 bytes).
 size_t RoundedSize(size_t bytes) {
   constexpr size_t kGrain = kSegmentAlignment;
   return std::max<size_t>((bytes + kGrain - 1) / kGrain * kGrain, kGrain);
