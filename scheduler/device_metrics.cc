@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include "backends/registry.h"
 #include "engine/backend/backend.h"
 
 namespace kiln::scheduler {
@@ -42,15 +41,12 @@ void CollectDeviceMetrics(metrics::Registry& registry, std::span<backend::Device
 }
 }  // namespace internal
 
-void RegisterDeviceMetrics(metrics::Registry& registry) {
+void RegisterDeviceMetrics(metrics::Registry& registry,
+                           std::function<std::vector<backend::Device*>()> devices) {
   Bytes(registry);
   Segments(registry);
-  registry.AddCollector([&registry] {
-    std::vector<backend::Device*> devices;
-    for (backend::Backend* b : backend::Registry::Global().backends()) {
-      for (int i = 0; i < b->device_count(); ++i) devices.push_back(b->device(i));
-    }
-    internal::CollectDeviceMetrics(registry, devices);
+  registry.AddCollector([&registry, devices = std::move(devices)] {
+    internal::CollectDeviceMetrics(registry, devices());
   });
 }
 

@@ -57,10 +57,10 @@ TEST(DeviceMetricsTest, GpusReportTheirMemoryHostDevicesNothing) {
   EXPECT_EQ(text.find("cpu:0"), std::string::npos) << text;
 }
 
-// kilnd registers the families whatever the machine has; on one without a GPU they stay empty.
+// kilnd registers the families whatever the machine has; with no GPU they stay empty.
 TEST(DeviceMetricsTest, RegisteredFamiliesScrapeWithoutAGpu) {
   metrics::Registry registry;
-  RegisterDeviceMetrics(registry);
+  RegisterDeviceMetrics(registry, [] { return std::vector<backend::Device*>(); });
   const std::string text = registry.Serialize();
   EXPECT_NE(text.find("# TYPE kiln_device_memory_bytes gauge"), std::string::npos) << text;
   EXPECT_NE(text.find("# TYPE kiln_device_memory_segments gauge"), std::string::npos) << text;

@@ -100,7 +100,7 @@ void Server::RegisterServerMetrics() {
   auto& model_ready =
       registry_.AddGauge("kiln_model_ready", "1 when the model is READY, else 0.", {"model"});
   metrics::RegisterProcessMetrics(registry_);
-  scheduler::RegisterDeviceMetrics(registry_);
+  scheduler::RegisterDeviceMetrics(registry_, models::RegisteredDevices);
   registry_.AddCollector([this, ready, inflight, limit, &model_ready] {
     ready->Set(core_.ready() ? 1 : 0);
     inflight->Set(static_cast<double>(limiter_->inflight()));

@@ -229,4 +229,12 @@ StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config) {
   return LoadLlm(config, LlmLoadOptions());
 }
 
+std::vector<backend::Device*> RegisteredDevices() {
+  std::vector<backend::Device*> devices;
+  for (backend::Backend* b : backend::Registry::Global().backends()) {
+    for (int i = 0; i < b->device_count(); ++i) devices.push_back(b->device(i));
+  }
+  return devices;
+}
+
 }  // namespace kiln::models

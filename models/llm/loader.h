@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "config/config.h"
 #include "engine/base/metrics.h"
@@ -43,5 +44,9 @@ StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config);
 // introspection: hyper-parameters, the compiled program, weight bytes, captures.
 StatusOr<std::unique_ptr<PagedLlm>> LoadPagedLlm(const config::ModelConfig& config,
                                                  const LlmLoadOptions& options = {});
+
+// Every device of every registered backend (backend::Registry::Global()): what the server's
+// device memory metrics (scheduler/device_metrics.h) look at.
+std::vector<backend::Device*> RegisteredDevices();
 
 }  // namespace kiln::models
