@@ -243,9 +243,9 @@ struct LlmSchedulerConfig {
   // kv_cache_memory_fraction of the device's free memory when the model loads (after its
   // weights), on devices that report their memory (cuda, xpu); 256 MiB on the others
   double kv_cache_memory_fraction = 0.9;  // for kv_cache_bytes: auto, in [0.01, 0.99]
-  bool enable_prefix_caching = true;     // share KV blocks of identical prompt prefixes
-  uint32_t priority_levels = 0;          // 0: a single level; else levels 1..N, 1 is highest
-  uint32_t default_priority_level = 0;   // in [1, priority_levels] when priority_levels > 0
+  bool enable_prefix_caching = true;      // share KV blocks of identical prompt prefixes
+  uint32_t priority_levels = 0;           // 0: a single level; else levels 1..N, 1 is highest
+  uint32_t default_priority_level = 0;    // in [1, priority_levels] when priority_levels > 0
   // Decode-step batch sizes to capture and replay (padded up to the next one); empty: none.
   // Left out, the defaults above max_num_seqs are dropped.
   std::vector<int> capture_batch_sizes = {1, 2, 4, 8, 16, 32, 64};

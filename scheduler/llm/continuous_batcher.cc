@@ -72,10 +72,11 @@ int64_t ContinuousBatcher::KvCacheBytes() const {
   }
   const auto bytes =
       static_cast<int64_t>(static_cast<double>(mem->free_bytes) * config_.kv_cache_memory_fraction);
-  spdlog::info("model '{}': kv_cache_bytes auto: {} of the device's {:.2f} GiB free ({:.2f} GiB "
-               "total) = {:.2f} GiB",
-               name_, config_.kv_cache_memory_fraction, mem->free_bytes / 1073741824.0,
-               mem->total_bytes / 1073741824.0, bytes / 1073741824.0);
+  spdlog::info(
+      "model '{}': kv_cache_bytes auto: {} of the device's {:.2f} GiB free ({:.2f} GiB "
+      "total) = {:.2f} GiB",
+      name_, config_.kv_cache_memory_fraction, mem->free_bytes / 1073741824.0,
+      mem->total_bytes / 1073741824.0, bytes / 1073741824.0);
   return bytes;
 }
 

@@ -1,8 +1,9 @@
 // Prefill attention with FlexAttention-style modifiers on the cpu backend (issue 16's
 // benchmark): the engine's dense attention op at 4,096 tokens, head dim 64, 8 heads, f32, for
-// dense causal, unmasked (every query sees every key), a sliding window of 256, a document mask (16 documents of 256 tokens, the
-// packed-training mask) and soft-capped causal scores. Each case also reports its time as a
-// multiple of dense causal measured in the same run (`vs_causal`: < 1 is faster).
+// dense causal, unmasked (every query sees every key), a sliding window of 256, a document mask (16
+// documents of 256 tokens, the packed-training mask) and soft-capped causal scores. Each case also
+// reports its time as a multiple of dense causal measured in the same run (`vs_causal`: < 1 is
+// faster).
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens N]
 //
