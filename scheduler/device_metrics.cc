@@ -27,7 +27,9 @@ void CollectDeviceMetrics(metrics::Registry& registry, std::span<backend::Device
   metrics::Family<metrics::Gauge>& segments = Segments(registry);
   for (backend::Device* d : devices) {
     const std::string name(d->name());
-    if (StatusOr<backend::DeviceMemoryInfo> m = d->MemoryInfo(); m.ok() && !d->host_visible()) {
+    // Host devices' figure is the machine's (a /proc read per scrape for nothing): skipped.
+    if (d->host_visible()) continue;
+    if (StatusOr<backend::DeviceMemoryInfo> m = d->MemoryInfo(); m.ok()) {
       bytes.WithLabels({name, "total"})->Set(static_cast<double>(m->total_bytes));
       bytes.WithLabels({name, "free"})->Set(static_cast<double>(m->free_bytes));
     }

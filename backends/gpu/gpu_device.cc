@@ -118,7 +118,15 @@ class PinnedBuffer final : public backend::Buffer {
 
 }  // namespace
 
-void GpuDevice::ReuseParked() {
+// Released blocks become reusable once the device has finished the work enqueued before
+// their release: one synchronisation (never while a stream captures) frees all of them.
+bool GpuDevice::ReclaimParked() {
+  if (parked_.empty() || capturing_.load() != 0) return false;
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  ++astats_.device_syncs;
   for (auto& [size, q] : parked_) {
     if (ranges_ != nullptr) {
       ranges_->Free(static_cast<uint64_t>(static_cast<char*>(q) - segment_->base()), size);
@@ -127,6 +135,7 @@ void GpuDevice::ReuseParked() {
     }
   }
   parked_.clear();
+  return true;
 }
 
 // Best fit among the segment's free ranges; else its released blocks once the device is done
@@ -137,15 +146,7 @@ StatusOr<void*> GpuDevice::AllocateFromSegment(size_t block) {
     return o ? segment_->base() + *o : nullptr;
   };
   void* p = take();
-  if (p == nullptr && !parked_.empty() && capturing_.load() == 0) {
-    if (cudaDeviceSynchronize() == cudaSuccess) {
-      ++astats_.device_syncs;
-      ReuseParked();
-      p = take();
-    } else {
-      (void)cudaGetLastError();
-    }
-  }
+  if (p == nullptr && ReclaimParked()) p = take();
   Status grown = OkStatus();
   if (p == nullptr) {
     const uint64_t need = ranges_->capacity() + ranges_->Align(block - ranges_->tail_free());
@@ -188,23 +189,13 @@ StatusOr<void*> GpuDevice::AllocateRaw(size_t block) {
     return p;
   };
   void* p = exact();
-  if (p == nullptr && !parked_.empty() && capturing_.load() == 0) {
-    // Released blocks become reusable once the device has finished the work before them.
-    if (cudaDeviceSynchronize() == cudaSuccess) {
-      ++astats_.device_syncs;
-      ReuseParked();
-      p = exact();
-    } else {
-      (void)cudaGetLastError();
-    }
-  }
+  if (p == nullptr && ReclaimParked()) p = exact();
   if (p == nullptr) {
     cudaError_t e = cudaMalloc(&p, block);
     if (e == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();
       // Empty the cache and retry once.
-      if (capturing_.load() == 0 && cudaDeviceSynchronize() == cudaSuccess) ReuseParked();
-      (void)cudaGetLastError();
+      (void)ReclaimParked();
       for (auto& [size, q] : free_) {
         cudaFree(q);
         astats_.reserved_bytes -= size;

@@ -174,7 +174,9 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
 
   // Allocator.
   StatusOr<void*> AllocateFromSegment(size_t block);  // REQUIRES: alloc_mu_ held
-  void ReuseParked();  // after a device synchronisation; REQUIRES: alloc_mu_ held
+  // Synchronises the device and makes the parked blocks reusable; false when there are none,
+  // a stream captures or the synchronisation fails. REQUIRES: alloc_mu_ held.
+  bool ReclaimParked();
   mutable std::mutex alloc_mu_;
   std::unique_ptr<ExpandableSegment> segment_;    // with expandable_segments
   std::unique_ptr<RangeAllocator> ranges_;        // its free and allocated ranges

@@ -141,22 +141,20 @@ int Run(int iters, double peak) {
       const SdpaBackwardArgs bwd = {q.data(),  k.data(),   v.data(),
                                     o.data(),  d_o.data(), static_cast<const float*>(stats.data()),
                                     dq.data(), dk.data(),  dv.data()};
-      Status last;
-      Report("cuDNN SDPA forward", key, false,
-             MedianMs(s, iters,
-                      [&] {
-                        last = runner->Forward(key, fwd, scratch);
-                        return last.ok();
-                      }),
-             peak);
-      Report("cuDNN SDPA backward", key, true,
-             MedianMs(s, iters,
-                      [&] {
-                        last = runner->Backward(key, bwd, scratch);
-                        return last.ok();
-                      }),
-             peak);
-      if (!last.ok()) std::printf("  cuDNN: %s\n", std::string(StatusMessage(last)).c_str());
+      // Times one cuDNN call; says why when it fails.
+      auto time = [&](const char* what, bool backward, auto call) {
+        Status last;
+        Report(what, key, backward,
+               MedianMs(s, iters,
+                        [&] {
+                          last = call();
+                          return last.ok();
+                        }),
+               peak);
+        if (!last.ok()) std::printf("  cuDNN: %s\n", std::string(StatusMessage(last)).c_str());
+      };
+      time("cuDNN SDPA forward", false, [&] { return runner->Forward(key, fwd, scratch); });
+      time("cuDNN SDPA backward", true, [&] { return runner->Backward(key, bwd, scratch); });
     }
 
     // Kiln's attention op on the same inputs (its kernel, unless KILN_CUDNN_SDPA=1).
