@@ -64,6 +64,7 @@ if [ "${KILN_SKIP_PY:-0}" != 1 ] && [ ! -f "$fe_dir/include/cudnn_frontend.h" ];
   .venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
     "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" -d "$tmp"
   .venv/bin/python -m zipfile -e "$tmp"/nvidia_cudnn_frontend-*.whl "$tmp/wheel"
+  mkdir -p "$deps_cache"  # a fresh machine has no cache folder yet
   rm -rf "$fe_dir.partial" && mv "$tmp/wheel/include" "$fe_dir.partial"
   mkdir -p "$fe_dir" && rm -rf "$fe_dir/include" && mv "$fe_dir.partial" "$fe_dir/include"
   rm -rf "$tmp"
