@@ -66,6 +66,12 @@ TEST_F(AttentionTest, FusedEqualsDecomposedForEveryModifier) {
       {"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}, false},
       {"softcap", {0.3, attn::CausalMask(), attn::SoftCapScore(1.5)}, false},
       {"prefix_lm", {0, attn::PrefixLmMask(0), {}}, true},
+      {"chunked", {0, attn::ChunkedMask(2), {}}, false},
+      {"window and softcap", {0, attn::SlidingWindowMask(2), attn::SoftCapScore(1.5)}, false},
+      {"chunked, alibi then softcap",
+       {0, And(attn::ChunkedMask(3), attn::CausalMask()),
+        attn::Then(attn::AlibiScore(4), attn::SoftCapScore(1))},
+       false},
   };
   for (const Variant& v : variants) {
     Graph g;
@@ -112,6 +118,8 @@ TEST_F(AttentionTest, FusedBackwardEqualsDifferentiatingTheDecomposition) {
       {"documents", attn::DocumentMask(0, 5), 2},
       {"documents window 2", attn::DocumentMask(0, 5, 2), 2},
       {"fully masked row", partial, 0},
+      {"chunked", attn::ChunkedMask(2), 0},
+      {"chunked or global", Or(attn::ChunkedMask(2), Lt(attn::KvIdx(), Expr::Int(1))), 0},
   };
   for (const Variant& v : variants) {
     std::vector<std::vector<double>> grads[2];

@@ -810,6 +810,10 @@ Expr SlidingWindowMask(int64_t window) {
   return And(Le(KvIdx(), QIdx()), Lt(QIdx() - KvIdx(), Expr::Int(window)));
 }
 
+Expr ChunkedMask(int64_t chunk) {
+  return And(Le(KvIdx(), QIdx()), Ge(KvIdx(), QIdx() - Mod(QIdx(), Expr::Int(chunk))));
+}
+
 Expr PrefixLmMask(int aux) {
   return Or(Le(KvIdx(), QIdx()), Lt(KvIdx(), Expr::Load(aux, Batch(), DType::kI64)));
 }
@@ -828,6 +832,17 @@ Expr AlibiScore(int64_t num_heads) {
 }
 
 Expr SoftCapScore(double cap) { return cap * Tanh(Score() / cap); }
+
+Expr RelativeBiasScore(int aux, int64_t max_distance) {
+  const Expr m = Expr::Int(max_distance);
+  const Expr rel = Max(Min(KvIdx() - QIdx(), m), -m);
+  return Score() + Expr::Load(aux, Head() * Expr::Int(2 * max_distance + 1) + rel + m, DType::kF32);
+}
+
+Expr Then(const Expr& first, const Expr& second) {
+  const Expr in[] = {first};
+  return Substitute(second, in);
+}
 
 }  // namespace attn
 }  // namespace kiln

@@ -254,6 +254,9 @@ inline Expr Score() { return Expr::Input(0, DType::kF32); }
 
 Expr CausalMask();                       // kv_idx <= q_idx
 Expr SlidingWindowMask(int64_t window);  // causal and q_idx - kv_idx < window
+// Chunked (local) attention, Llama 4 style: causal within chunks of `chunk` positions
+// (q_idx and kv_idx in the same chunk: kv_idx >= q_idx - q_idx mod chunk).
+Expr ChunkedMask(int64_t chunk);
 // Bidirectional within the first prefix_len[b] tokens, causal after; prefix_len is aux
 // tensor `aux` (i32, one per sequence).
 Expr PrefixLmMask(int aux);
@@ -265,6 +268,13 @@ Expr DocumentMask(int aux, int64_t row_len, int64_t window = 0);
 Expr AlibiScore(int64_t num_heads);
 // Gemma-style soft-capping: cap * tanh(score / cap).
 Expr SoftCapScore(double cap);
+// A learned relative position bias (T5 / Swin style, without buckets): score +
+// table[h * (2 max_distance + 1) + clamp(kv_idx - q_idx, -max_distance, max_distance) +
+// max_distance], where aux tensor `aux` is the f32 table [num_heads * (2 max_distance + 1)].
+Expr RelativeBiasScore(int aux, int64_t max_distance);
+// Score modifiers applied one after the other: `second` of `first`'s result.
+Expr Then(const Expr& first, const Expr& second);
+// Masks combine with And / Or above (e.g. And(CausalMask(), DocumentMask(...))).
 }  // namespace attn
 
 }  // namespace kiln

@@ -143,6 +143,76 @@ TEST(ExprTest, AttentionModifiers) {
   // ALiBi with 8 heads: head 0 slope 2^-1.
   EXPECT_NEAR(EvalF(attn::AlibiScore(8), {1.0}, {0, 0, 10, 6}), 1.0 - 0.5 * 4, 1e-6);
   EXPECT_NEAR(EvalF(attn::SoftCapScore(30), {100.0}), 30 * std::tanh(100.0 / 30), 1e-5);
+  // Chunks of 4: query 9 (chunk 8..11) sees keys 8 and 9 only.
+  EXPECT_EQ(mask(attn::ChunkedMask(4), {0, 0, 9, 8}), 1);
+  EXPECT_EQ(mask(attn::ChunkedMask(4), {0, 0, 9, 9}), 1);
+  EXPECT_EQ(mask(attn::ChunkedMask(4), {0, 0, 9, 7}), 0);
+  EXPECT_EQ(mask(attn::ChunkedMask(4), {0, 0, 9, 10}), 0);
+  EXPECT_EQ(mask(attn::ChunkedMask(4), {0, 0, 8, 8}), 1);
+  // Combinations.
+  const Expr both = And(attn::ChunkedMask(4), attn::SlidingWindowMask(2));
+  EXPECT_EQ(mask(both, {0, 0, 11, 10}), 1);
+  EXPECT_EQ(mask(both, {0, 0, 11, 9}), 0);  // same chunk, outside the window
+  EXPECT_EQ(mask(Or(attn::CausalMask(), attn::SlidingWindowMask(2)), {0, 0, 3, 0}), 1);
+  // Soft-capping of an ALiBi-biased score: the cap applies last.
+  EXPECT_NEAR(EvalF(attn::Then(attn::AlibiScore(8), attn::SoftCapScore(2)), {1.0}, {0, 0, 10, 6}),
+              2 * std::tanh((1.0 - 0.5 * 4) / 2), 1e-6);
+}
+
+// The two examples of docs/engine.md ("Writing one"), as written there.
+Expr GlobalTokensMask(int64_t n) {
+  using namespace attn;
+  const Expr global = Or(Lt(QIdx(), Expr::Int(n)), Lt(KvIdx(), Expr::Int(n)));
+  return Or(CausalMask(), global);
+}
+Expr HeadTemperatureScore(int aux) {
+  using namespace attn;
+  return Score() / Expr::Load(aux, Head(), DType::kF32);
+}
+
+TEST(ExprTest, TheModifierExamplesOfTheDocs) {
+  auto mask = [](const Expr& m, std::vector<int64_t> bhqk) { return EvalF(m, {}, bhqk); };
+  EXPECT_EQ(mask(GlobalTokensMask(4), {0, 0, 2, 9}), 1);   // a global query sees the future
+  EXPECT_EQ(mask(GlobalTokensMask(4), {0, 0, 9, 3}), 1);   // a global key is seen
+  EXPECT_EQ(mask(GlobalTokensMask(4), {0, 0, 9, 10}), 0);  // otherwise causal
+  const Expr both = And(GlobalTokensMask(4), attn::SlidingWindowMask(256));
+  EXPECT_EQ(mask(both, {0, 0, 1000, 3}), 0);
+  const float temps[] = {2, 4};
+  ExprEnv env;
+  int64_t idx[] = {0, 1, 5, 5};
+  const ExprValue score{.f = 8};
+  env.inputs = &score;
+  env.index = idx;
+  env.load = [](const void* ctx, int, int64_t i, DType) {
+    return ExprValue{.f = static_cast<const float*>(ctx)[i]};
+  };
+  env.load_ctx = temps;
+  EXPECT_NEAR(ExprProgram(attn::Then(HeadTemperatureScore(0), attn::SoftCapScore(30))).Eval(env).f,
+              30 * std::tanh(8.0 / 4 / 30), 1e-6);
+}
+
+TEST(ExprTest, RelativeBiasScoreReadsTheClampedDistanceOfItsHead) {
+  // Two heads, max distance 2: a table of 2 * 5 floats, entry h * 5 + clamp(kv - q) + 2.
+  const float table[] = {10, 11, 12, 13, 14, 20, 21, 22, 23, 24};
+  ExprEnv env;
+  int64_t idx[] = {0, 1, 7, 6};
+  const ExprValue score{.f = 0.5};
+  env.inputs = &score;
+  env.index = idx;
+  env.load = [](const void* ctx, int aux, int64_t i, DType t) {
+    EXPECT_EQ(aux, 0);
+    EXPECT_EQ(t, DType::kF32);
+    EXPECT_TRUE(i >= 0 && i < 10) << i;
+    return ExprValue{.f = static_cast<const float*>(ctx)[i]};
+  };
+  env.load_ctx = table;
+  const ExprProgram bias(attn::RelativeBiasScore(0, 2));
+  EXPECT_DOUBLE_EQ(bias.Eval(env).f, 0.5 + 21);  // head 1, distance -1
+  idx[3] = 0;
+  EXPECT_DOUBLE_EQ(bias.Eval(env).f, 0.5 + 20);  // distance -7 clamps to -2
+  idx[1] = 0;
+  idx[3] = 9;
+  EXPECT_DOUBLE_EQ(bias.Eval(env).f, 0.5 + 14);  // head 0, distance 2
 }
 
 }  // namespace

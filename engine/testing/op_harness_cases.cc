@@ -123,21 +123,53 @@ std::vector<InputSpec> PagedInputs(DType q, DType cache, int64_t hq, int64_t hkv
           Custom("query_start", DType::kI32, {3}, {0, 5, 6})};
 }
 
-// Every dense-attention variant used by forward and gradient cases.
+// Every dense-attention variant used by forward and gradient cases: each modifier of the
+// attn:: library, and combinations.
 struct AttnVariant {
+  enum class Aux { kNone, kPrefixLen, kBiasTable };  // aux tensor 0, if any
   const char* name;
   AttentionParams params;
-  bool prefix_aux;
+  Aux aux = Aux::kNone;
 };
 std::vector<AttnVariant> AttentionVariants() {
+  using Aux = AttnVariant::Aux;
   std::vector<AttnVariant> v;
-  v.push_back({"causal", {0, attn::CausalMask(), {}}, false});
-  v.push_back({"unmasked", {0, {}, {}}, false});
-  v.push_back({"sliding_window", {0, attn::SlidingWindowMask(2), {}}, false});
-  v.push_back({"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}, false});
-  v.push_back({"softcap", {0.5, attn::CausalMask(), attn::SoftCapScore(2.0)}, false});
-  v.push_back({"prefix_lm", {0, attn::PrefixLmMask(0), {}}, true});
+  v.push_back({"causal", {0, attn::CausalMask(), {}}});
+  v.push_back({"unmasked", {0, {}, {}}});
+  v.push_back({"sliding_window", {0, attn::SlidingWindowMask(2), {}}});
+  v.push_back({"chunked", {0, attn::ChunkedMask(2), {}}});
+  v.push_back({"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}});
+  v.push_back({"softcap", {0.5, attn::CausalMask(), attn::SoftCapScore(2.0)}});
+  v.push_back({"prefix_lm", {0, attn::PrefixLmMask(0), {}}, Aux::kPrefixLen});
+  v.push_back(
+      {"relative_bias", {0, attn::CausalMask(), attn::RelativeBiasScore(0, 2)}, Aux::kBiasTable});
+  // Gemma 2's sliding layers; chunks and a window at once; ALiBi then a cap.
+  v.push_back({"sliding_window+softcap", {0, attn::SlidingWindowMask(3), attn::SoftCapScore(1.5)}});
+  v.push_back(
+      {"chunked&sliding_window", {0, And(attn::ChunkedMask(3), attn::SlidingWindowMask(2)), {}}});
+  v.push_back({"alibi>softcap",
+               {0, attn::CausalMask(), attn::Then(attn::AlibiScore(4), attn::SoftCapScore(1.0))}});
   return v;
+}
+
+// Appends variant `v`'s aux input for `batch` sequences (prefix lengths; a bias table for 4
+// heads, max distance 2). Returns whether there is one.
+bool AddAttnAux(const AttnVariant& v, int64_t batch, std::vector<InputSpec>& in) {
+  switch (v.aux) {
+    case AttnVariant::Aux::kNone:
+      return false;
+    case AttnVariant::Aux::kPrefixLen:
+      in.push_back(batch == 2 ? Custom("prefix_len", DType::kI32, {2}, {3, 0})
+                              : Custom("prefix_len", DType::kI32, {1}, {2}));
+      return true;
+    case AttnVariant::Aux::kBiasTable: {
+      InputSpec table = Normal("rel_bias", DType::kF32, {4 * 5});
+      table.differentiable = false;  // a constant of the score_mod, not an attention input
+      in.push_back(std::move(table));
+      return true;
+    }
+  }
+  return false;
 }
 
 // Shapes of the training attention cases (packed rows of L tokens; `docs`: document ids as
@@ -639,11 +671,11 @@ void AddAttention(std::vector<OpCase>& out) {
                                  std::pair{DType::kF32, true}}) {
       std::vector<InputSpec> in = {Normal("q", t, {2, 4, 5, 8}), Normal("k", t, {2, 2, 5, 8}),
                                    Normal("v", t, {2, 2, 5, 8})};
-      if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {2}, {3, 0}));
+      const bool aux = AddAttnAux(v, 2, in);
       out.push_back(Make(
           "attention",
           absl::StrCat(v.name, " ", DTypeName(t), lse ? " with lse" : "", " GQA 4/2 [2,4,5,8]"), in,
-          [p = v.params, aux = v.prefix_aux, lse](Builder& b, const V& x) {
+          [p = v.params, aux, lse](Builder& b, const V& x) {
             std::vector<Value> ax;
             if (aux) ax.push_back(x[3]);
             if (lse) return b.AttentionWithLse(x[0], x[1], x[2], p, ax).out;
@@ -736,12 +768,20 @@ void AddAttention(std::vector<OpCase>& out) {
       {"causal f8e4m3 cache", DType::kF32, DType::kF8E4M3, 4, 2, {0, attn::CausalMask(), {}}},
       {"f16 q and cache", DType::kF16, DType::kF16, 4, 1, {0, attn::CausalMask(), {}}},
       {"sliding window 3", DType::kF32, DType::kF32, 4, 2, {0, attn::SlidingWindowMask(3), {}}},
-      {"softcap + alibi",
+      {"softcap", DType::kF32, DType::kBF16, 4, 2, {0, attn::CausalMask(), attn::SoftCapScore(3)}},
+      {"sliding window 3 + softcap (Gemma 2)",
        DType::kF32,
-       DType::kBF16,
+       DType::kF16,
        4,
        2,
-       {0, attn::CausalMask(), attn::SoftCapScore(3)}},
+       {0, attn::SlidingWindowMask(3), attn::SoftCapScore(2)}},
+      {"alibi then softcap",
+       DType::kF32,
+       DType::kF32,
+       4,
+       4,
+       {0, attn::CausalMask(), attn::Then(attn::AlibiScore(4), attn::SoftCapScore(2))}},
+      {"chunked 2", DType::kF32, DType::kF32, 4, 2, {0, attn::ChunkedMask(2), {}}},
       {"alibi", DType::kF32, DType::kF32, 4, 4, {0, attn::CausalMask(), attn::AlibiScore(4)}},
       {"unmasked", DType::kF32, DType::kF32, 4, 2, {0, {}, {}}},
   };
@@ -750,6 +790,19 @@ void AddAttention(std::vector<OpCase>& out) {
                        PagedInputs(pc.q, pc.cache, pc.hq, pc.hkv, 8),
                        [p = pc.p](Builder& b, const V& x) {
                          return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], p);
+                       }));
+  }
+  // A relative position bias table through an aux tensor, on the paged path (paged q_idx and
+  // kv_idx are positions: the table sees real distances).
+  {
+    std::vector<InputSpec> in = PagedInputs(DType::kF32, DType::kF16, 4, 2, 4);
+    in.push_back(Normal("rel_bias", DType::kF32, {4 * 5}));
+    out.push_back(Make("paged_attention", "relative bias table via aux (f16 cache)", in,
+                       [](Builder& b, const V& x) {
+                         const Value aux[] = {x[6]};
+                         return b.PagedAttention(
+                             x[0], x[1], x[2], x[3], x[4], x[5],
+                             {0, attn::CausalMask(), attn::RelativeBiasScore(0, 2)}, aux);
                        }));
   }
   // Prefix-LM through an aux tensor, on the paged path.
@@ -1081,11 +1134,11 @@ std::vector<OpCase> GradientCases(bool full) {
   for (const AttnVariant& v : AttentionVariants()) {
     std::vector<InputSpec> in = {Normal("q", d, {1, 4, 4, 3}), Normal("k", d, {1, 2, 4, 3}),
                                  Normal("v", d, {1, 2, 4, 3})};
-    if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {1}, {2}));
+    const bool aux = AddAttnAux(v, 1, in);
     for (bool lse : {false, true}) {
       out.push_back(Make("attention",
                          absl::StrCat(v.name, lse ? " f64 out and lse" : " f64 GQA 4/2"), in,
-                         [p = v.params, aux = v.prefix_aux, lse](Builder& b, const V& x) {
+                         [p = v.params, aux, lse](Builder& b, const V& x) {
                            std::vector<Value> ax;
                            if (aux) ax.push_back(x[3]);
                            if (!lse) return b.Attention(x[0], x[1], x[2], p, ax);
@@ -1099,9 +1152,9 @@ std::vector<OpCase> GradientCases(bool full) {
     if (v.params.score_mod) continue;
     std::vector<InputSpec> in = {Normal("q", d, {1, 4, 4, 3}), Normal("k", d, {1, 2, 4, 3}),
                                  Normal("v", d, {1, 2, 4, 3})};
-    if (v.prefix_aux) in.push_back(Custom("prefix_len", DType::kI32, {1}, {2}));
+    const bool aux = AddAttnAux(v, 1, in);
     out.push_back(Make("attention", absl::StrCat(v.name, " f64 GQA 4/2, fused backward"), in,
-                       [p = v.params, aux = v.prefix_aux](Builder& b, const V& x) {
+                       [p = v.params, aux](Builder& b, const V& x) {
                          std::vector<Value> ax;
                          if (aux) ax.push_back(x[3]);
                          AttentionParams fp = p;

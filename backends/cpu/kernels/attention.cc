@@ -31,6 +31,7 @@ struct AttnData {
   MaskKind mask = MaskKind::kNone;
   int64_t window = 0;
   float scale = 1;
+  float softcap = 0;
   Kernel fallback;
   mutable std::mutex mu;
   mutable std::unordered_map<const LaunchArgs*, std::unique_ptr<SplitScratch>> scratch;
@@ -180,6 +181,7 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   args.scale = d.scale;
   args.mask = d.mask;
   args.window = d.window;
+  args.softcap = d.softcap;
 
   std::vector<int64_t> blocks;
   int64_t blocks_seq = -1;
@@ -244,9 +246,25 @@ std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
   return std::nullopt;
 }
 
+// The cap of a score_mod that is exactly attn::SoftCapScore(cap); nullopt for any other.
+std::optional<double> SoftCapOf(const Expr& score) {
+  const ExprNode& n = score.node();
+  if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
+    return std::nullopt;
+  }
+  const double cap = n.args[0].node().fvalue;
+  if (!(cap > 0) || score != attn::SoftCapScore(cap)) return std::nullopt;
+  return cap;
+}
+
 StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {
-  if (req.inputs.size() != 6 || req.attrs->expr[1]) return std::optional<Kernel>();
+  if (req.inputs.size() != 6) return std::optional<Kernel>();
+  std::optional<double> softcap;
+  if (req.attrs->expr[1]) {
+    softcap = SoftCapOf(req.attrs->expr[1]);
+    if (!softcap) return std::optional<Kernel>();
+  }
   const DType kv = req.inputs[1].dtype;
   if (req.inputs[0].dtype != DType::kF32 || req.output.dtype != DType::kF32 ||
       req.inputs[2].dtype != kv || (kv != DType::kF32 && kv != DType::kF16 && kv != DType::kBF16)) {
@@ -260,10 +278,12 @@ StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& re
   d->mask = mask->first;
   d->window = mask->second;
   d->scale = static_cast<float>(req.attrs->floats[0]);
+  d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   static const char* kMaskNames[] = {"none", "causal", "window"};
   std::string name = absl::StrCat("cpu.paged_attention.", IsaName(d->k->isa), "[",
-                                  kMaskNames[static_cast<int>(d->mask)], "]");
+                                  kMaskNames[static_cast<int>(d->mask)],
+                                  softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
   return std::optional<Kernel>(Kernel{PagedAttentionKernel, std::move(d), std::move(name)});
 }
 

@@ -1,6 +1,7 @@
 #include "backends/cpu/kernels/attention_train.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -20,6 +21,8 @@ using backend::KernelRequest;
 
 constexpr int64_t kTileRows = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::atomic<uint64_t> g_scores_visited{0};  // DenseAttentionScoresVisited
 
 // Which keys a query row may see: kv <= q when causal, q - kv < window when window > 0, and
 // the same document id (aux 0, row-major over rows of row_len tokens) when docs.
@@ -154,17 +157,6 @@ void SoftCap(const IsaKernels& k, float cap, float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s[i] = cap - 2.0f * cap / (s[i] + 1.0f);
 }
 
-// The cap of a score_mod that is exactly attn::SoftCapScore(cap); nullopt for any other.
-std::optional<double> SoftCapOf(const Expr& score) {
-  const ExprNode& n = score.node();
-  if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
-    return std::nullopt;
-  }
-  const double cap = n.args[0].node().fvalue;
-  if (!(cap > 0) || score != attn::SoftCapScore(cap)) return std::nullopt;
-  return cap;
-}
-
 // kt[d * ld + j] = x[row j0 + j, element d] for j in [0, n), of one head (a transposed copy).
 void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, int64_t dim,
                float* kt, int64_t ld) {
@@ -221,6 +213,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
     const int64_t n = hi - lo;
+    g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
     float* s = sc.s.data();
     if (n > 0) {
       // The tile's keys of kv head g, transposed, then S = scale Q K^T, masked.
@@ -365,6 +358,8 @@ StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectConte
 }
 
 }  // namespace
+
+uint64_t DenseAttentionScoresVisited() { return g_scores_visited.load(std::memory_order_relaxed); }
 
 StatusOr<std::optional<Kernel>> MakeDenseAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {

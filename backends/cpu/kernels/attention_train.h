@@ -14,11 +14,16 @@
 // small_gemm, scaled_exp), softmax sums in double per row.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 
 #include "backends/cpu/kernels/select.h"
 
 namespace kiln::cpu {
+
+// Scores the dense forward kernel has computed (query rows x visited keys, summed over its
+// tiles) since the process started: what block skipping leaves of Tq x Tk (tests count it).
+uint64_t DenseAttentionScoresVisited();
 
 StatusOr<std::optional<backend::Kernel>> MakeDenseAttentionKernel(const backend::KernelRequest& req,
                                                                   const SelectContext& ctx);

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
+#include "backends/cpu/kernels/attention_train.h"
 #include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/linear.h"
@@ -233,11 +234,15 @@ std::vector<OpCase> AttentionCases() {
   struct Mask {
     const char* name;
     Expr mask;
+    Expr score = {};
   };
-  const Mask masks[] = {{"causal", attn::CausalMask()},
-                        {"window 7", attn::SlidingWindowMask(7)},
-                        {"window 300", attn::SlidingWindowMask(300)},
-                        {"unmasked", Expr()}};
+  const Mask masks[] = {
+      {"causal", attn::CausalMask()},
+      {"window 7", attn::SlidingWindowMask(7)},
+      {"window 300", attn::SlidingWindowMask(300)},
+      {"unmasked", Expr()},
+      {"causal softcap 30", attn::CausalMask(), attn::SoftCapScore(30)},
+      {"window 7 softcap 1.5", attn::SlidingWindowMask(7), attn::SoftCapScore(1.5)}};
   for (const PagedSetup& s : setups) {
     const int64_t S = static_cast<int64_t>(s.seq_lens.size());
     for (DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -251,6 +256,7 @@ std::vector<OpCase> AttentionCases() {
                                      Ints("query_start", {S + 1}, s.query_start)};
         AttentionParams p;
         p.mask_mod = m.mask;
+        p.score_mod = m.score;
         out.push_back(Make("paged_attention",
                            absl::StrCat(s.name, " ", DTypeName(cache), " cache, ", m.name), in,
                            [p](Builder& b, const V& x) {
@@ -353,6 +359,70 @@ TEST(HarnessLongK, DecodedMatMulInBlocksOfKMatchesReference) {
   EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << IsaName(isa) << ": " << r.message;
   EXPECT_GT(dev.selected(), 0);
   EXPECT_NE(dev.last_kernel().find("k_blocks"), std::string::npos) << dev.last_kernel();
+}
+
+// Block skipping: a document mask of 10 documents of 64 tokens over 640 (90% of the 64 x 64
+// blocks of Tq x Tk empty) visits exactly the 10 diagonal blocks per head, and a sliding window
+// of 64 at most two key blocks per query tile; both still equal the reference.
+TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  VariantDevice dev(ActiveIsa(), nullptr, 2);
+  constexpr int64_t kT = 640, kDoc = 64, kHq = 2;
+  std::vector<double> docs(kT);
+  for (int64_t i = 0; i < kT; ++i) docs[i] = static_cast<double>(i / kDoc);
+  const std::vector<InputSpec> in = {Normal("q", DType::kF32, {1, kHq, kT, 16}),
+                                     Normal("k", DType::kF32, {1, 1, kT, 16}),
+                                     Normal("v", DType::kF32, {1, 1, kT, 16})};
+  std::vector<InputSpec> with_docs = in;
+  with_docs.push_back({"docs", DType::kI32, {kT}, harness::Init::kCustom, 0, 0, docs});
+  const OpCase documents =
+      Make("attention", "documents 10x64 [1,2,640,16]", with_docs, [](Builder& b, const V& x) {
+        const Value aux[] = {x[3]};
+        return b.Attention(x[0], x[1], x[2], {0, attn::DocumentMask(0, kT), {}}, aux);
+      });
+  uint64_t before = DenseAttentionScoresVisited();
+  harness::Result r = harness::RunForward(documents, *ref->device(0), dev);
+  EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
+  EXPECT_NE(dev.last_kernel().find("documents"), std::string::npos) << dev.last_kernel();
+  const uint64_t docs_visited = DenseAttentionScoresVisited() - before;
+  // Each query tile of 64 rows is one document: its 64 keys only (causal within it would be
+  // half a block, but the kernel computes whole diagonal blocks and masks inside them). The
+  // harness runs a case more than once; every run visits the same.
+  constexpr uint64_t kDocsPerRun = kHq * (kT / kDoc) * kDoc * kDoc;
+  ASSERT_GT(docs_visited, 0u);
+  EXPECT_EQ(docs_visited % kDocsPerRun, 0u) << docs_visited;
+  const uint64_t runs = docs_visited / kDocsPerRun;
+
+  const OpCase window = Make("attention", "window 64 [1,2,640,16]", in, [](Builder& b, const V& x) {
+    return b.Attention(x[0], x[1], x[2], {0, attn::SlidingWindowMask(64), {}});
+  });
+  before = DenseAttentionScoresVisited();
+  r = harness::RunForward(window, *ref->device(0), dev);
+  EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
+  // Tile t (rows 64t .. 64t+63) sees keys 64t - 63 .. 64t + 63: 127 keys (64 for t = 0).
+  EXPECT_EQ(DenseAttentionScoresVisited() - before,
+            runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 127)});
+}
+
+// Gemma 2's soft-capped sliding-window layers run on the paged kernel, not the reference, on
+// every instruction set.
+TEST(HarnessSoftCap, PagedAttentionSoftCapsInTheKernel) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  int run = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    VariantDevice dev(isa, nullptr, 2);
+    for (const OpCase& c : AttentionCases()) {
+      if (c.name.find("softcap") == std::string::npos) continue;
+      const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+      EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
+          << IsaName(isa) << " " << c.name << ": " << r.message;
+      EXPECT_NE(dev.last_kernel().find("softcap"), std::string::npos)
+          << c.name << ": " << dev.last_kernel();
+      ++run;
+    }
+  }
+  EXPECT_GE(run, 8);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),

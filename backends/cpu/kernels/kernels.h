@@ -62,6 +62,7 @@ struct AttnArgs {
   MaskKind mask = MaskKind::kNone;
   int64_t window = 0;  // kSlidingWindow: key j is visible from query position p iff
                        // j <= p && p - j < window
+  float softcap = 0;   // > 0: score_mod attn::SoftCapScore(softcap) on the scaled scores
 };
 
 // One unit of attention work: query rows [t0, t1) of one sequence (row t0 at key position

@@ -552,11 +552,22 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           }
         }
         for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
+        // Soft-capping: cap * tanh(scale * s / cap) = cap - 2 cap / (e^(2 scale s / cap) + 1)
+        // (e^x overflowing to inf gives cap), which leaves the scores scaled.
+        float mul = a.scale;
+        if (a.softcap > 0) {
+          const float k2 = 2 * a.scale / a.softcap, cap = a.softcap;
+          int64_t e = 0;
+          for (; e + kLanes <= n; e += kLanes) Store(s + e, Exp(Mul(Load(s + e), Set1(k2))));
+          for (; e < n; ++e) s[e] = std::exp(s[e] * k2);
+          for (e = 0; e < n; ++e) s[e] = cap - 2 * cap / (s[e] + 1);
+          mul = 1;
+        }
         // Online softmax: rescale the running state to the new maximum.
         F mv = Set1(ninf);
         int64_t i8 = 0;
         for (; i8 + kLanes <= n; i8 += kLanes) {
-          const F sv = Mul(Load(s + i8), Set1(a.scale));
+          const F sv = Mul(Load(s + i8), Set1(mul));
           Store(s + i8, sv);
           mv = Max(mv, sv);
         }
@@ -567,7 +578,7 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
         }
         for (; i8 < n; ++i8) {
-          s[i8] *= a.scale;
+          s[i8] *= mul;
           m = (std::isnan(m) || std::isnan(s[i8])) ? NAN : std::max(m, s[i8]);
         }
         float* ah = acc + h * (Dv + 2);
