@@ -154,11 +154,17 @@ constexpr std::string_view kFineTuningKeys[] = {"enabled",
                                                 "threads",
                                                 "backend"};
 constexpr std::string_view kModelKeys[] = {
-    "name",          "kind",           "builtin",          "path",
-    "backend",       "instance_count", "max_batch_size",   "dynamic_batching",
-    "load_on_start", "scheduler",      "threads",          "context_length",
-    "activations",   "kv_cache_dtype", "sampling",         "max_loaded_adapters",
-    "max_lora_rank", "adapters",       "sequence_batching"};
+    "name",          "kind",           "builtin",           "path",
+    "backend",       "instance_count", "max_batch_size",    "dynamic_batching",
+    "load_on_start", "scheduler",      "threads",           "context_length",
+    "activations",   "kv_cache_dtype", "sampling",          "max_loaded_adapters",
+    "max_lora_rank", "adapters",       "sequence_batching", "attention"};
+constexpr std::string_view kAttentionKeys[] = {"mask", "window", "chunk", "score", "softcap"};
+constexpr std::string_view kAttentionMasks[] = {"causal", "sliding_window", "chunked"};
+constexpr std::string_view kAttentionScores[] = {"none", "softcap", "alibi"};
+// Decoded wide; ValidateAttention says what is wrong with a value out of range, once.
+constexpr IntRange kAttentionTokensDecode{-(int64_t{1} << 40), int64_t{1} << 40};
+constexpr int64_t kAttentionTokensMax = int64_t{1} << 30;
 constexpr std::string_view kAdapterKeys[] = {"name", "path"};
 constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "max_num_batched_tokens",
@@ -899,6 +905,7 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   m->location = dec.diagnostics().Location(v.mark);
   std::vector<std::string> nested = Prefixed("dynamic_batching", kDynamicBatchingKeys);
   for (std::string& n : Prefixed("scheduler", kSchedulerKeys)) nested.push_back(std::move(n));
+  for (std::string& n : Prefixed("attention", kAttentionKeys)) nested.push_back(std::move(n));
   for (std::string& n : Prefixed("sequence_batching", kSequenceBatchingKeys)) {
     nested.push_back(std::move(n));
   }
@@ -937,6 +944,15 @@ void DecodeModel(Decoder& dec, const Value& v, const std::string& path, ModelCon
   dec.String(f, "sampling", path, &m->sampling);
   dec.Int(f, "max_loaded_adapters", path, kMaxLoadedAdaptersRange, &m->max_loaded_adapters);
   dec.Int(f, "max_lora_rank", path, kMaxLoraRankRange, &m->max_lora_rank);
+  if (const Value* att = f.Get("attention"); att != nullptr && !att->is_null()) {
+    const std::string att_path = Join(path, "attention");
+    Fields af = dec.Mapping(att, att_path, kAttentionKeys);
+    dec.String(af, "mask", att_path, &m->attention.mask);
+    dec.Int(af, "window", att_path, kAttentionTokensDecode, &m->attention.window);
+    dec.Int(af, "chunk", att_path, kAttentionTokensDecode, &m->attention.chunk);
+    dec.String(af, "score", att_path, &m->attention.score);
+    dec.Double(af, "softcap", att_path, -1e300, 1e300, &m->attention.softcap);
+  }
   if (const Value* list = f.Get("adapters"); list != nullptr && !list->is_null()) {
     Diagnostics& d = dec.diagnostics();
     const std::string list_path = Join(path, "adapters");
@@ -1212,6 +1228,34 @@ void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::s
   }
 }
 
+// models[].attention: known names, and each number present exactly where its modifier uses it.
+void ValidateAttention(Diagnostics& d, const AttentionConfig& a, const std::string& path) {
+  if (!a.mask.empty()) CheckName(d, Join(path, "mask"), "attention mask", a.mask, kAttentionMasks);
+  if (!a.score.empty()) {
+    CheckName(d, Join(path, "score"), "attention score modifier", a.score, kAttentionScores);
+  }
+  // `key` (value `v`) is used by `owner: name` only and must then be in [1, max].
+  auto tokens = [&](std::string_view key, int64_t v, bool used, std::string_view owner_line) {
+    if (!used) {
+      if (v != 0) d.AtPath(Join(path, key), absl::StrCat("only used with ", ToAbsl(owner_line)));
+    } else if (v < 1 || v > kAttentionTokensMax) {
+      d.AtPath(Join(path, key),
+               absl::StrCat(v == 0 ? "missing" : absl::StrCat("is ", v), ": `", ToAbsl(owner_line),
+                            "` needs a number of tokens in [1, ", kAttentionTokensMax, "]"));
+    }
+  };
+  tokens("window", a.window, a.mask == "sliding_window", "mask: sliding_window");
+  tokens("chunk", a.chunk, a.mask == "chunked", "mask: chunked");
+  if (a.score != "softcap") {
+    if (a.softcap != 0) d.AtPath(Join(path, "softcap"), "only used with `score: softcap`");
+  } else if (!(a.softcap > 0)) {
+    d.AtPath(Join(path, "softcap"),
+             a.softcap == 0 ? std::string("missing: `score: softcap` needs the cap, a positive "
+                                          "number (scores become cap * tanh(score / cap))")
+                            : absl::StrCat("is ", a.softcap, "; the cap must be positive"));
+  }
+}
+
 void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& path) {
   std::string name_path = Join(path, "name");
   if (m.name.empty()) {
@@ -1271,6 +1315,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
                "must be 1 for kind `llm` (scale LLMs out with replicas)");
     }
     ValidateScheduler(d, m.scheduler, Join(path, "scheduler"));
+    ValidateAttention(d, m.attention, Join(path, "attention"));
     CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
     CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
     CheckName(d, Join(path, "sampling"), "sampling place", m.sampling, kSamplingPlaces);
@@ -1297,6 +1342,9 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
       d.AtPath(Join(path, "kv_cache_dtype"), "only used by kind `llm`");
     }
     if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
+    if (m.attention != AttentionConfig{}) {
+      d.AtPath(Join(path, "attention"), "only used by kind `llm`");
+    }
     if (m.sampling != "device") d.AtPath(Join(path, "sampling"), "only used by kind `llm`");
     if (!m.adapters.empty()) d.AtPath(Join(path, "adapters"), "only used by kind `llm`");
     if (m.dynamic_batching.has_value()) ValidateDynamicBatching(d, *m.dynamic_batching, m, path);
@@ -1751,6 +1799,15 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(4, "sampling", YamlString(m.sampling));
     w.Line(4, "max_loaded_adapters", std::to_string(m.max_loaded_adapters));
     w.Line(4, "max_lora_rank", std::to_string(m.max_lora_rank));
+    const AttentionConfig& a = m.attention;
+    if (a != AttentionConfig{}) {
+      w.Line(4, "attention");
+      if (!a.mask.empty()) w.Line(6, "mask", YamlString(a.mask));
+      if (a.window != 0) w.Line(6, "window", std::to_string(a.window));
+      if (a.chunk != 0) w.Line(6, "chunk", std::to_string(a.chunk));
+      if (!a.score.empty()) w.Line(6, "score", YamlString(a.score));
+      if (a.softcap != 0) w.Line(6, "softcap", fmt::format("{}", a.softcap));
+    }
     if (!m.adapters.empty()) {
       w.Line(4, "adapters");
       for (const LoraAdapterConfig& a : m.adapters) {
@@ -1825,7 +1882,7 @@ bool ModelConfig::operator==(const ModelConfig& o) const {
          scheduler == o.scheduler && threads == o.threads && context_length == o.context_length &&
          activations == o.activations && kv_cache_dtype == o.kv_cache_dtype &&
          sampling == o.sampling && max_loaded_adapters == o.max_loaded_adapters &&
-         max_lora_rank == o.max_lora_rank && adapters == o.adapters;
+         max_lora_rank == o.max_lora_rank && adapters == o.adapters && attention == o.attention;
 }
 
 bool Config::operator==(const Config& o) const {

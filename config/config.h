@@ -264,6 +264,19 @@ struct LoraAdapterConfig {
   bool operator==(const LoraAdapterConfig& o) const { return name == o.name && path == o.path; }
 };
 
+// A model's attention modifiers (models[].attention), replacing what its files say on every
+// layer: masks and score modifiers of the engine's attn:: library (engine/expr.h) by name.
+// Empty fields keep the model's own (e.g. Gemma 2's alternating windows and soft-cap).
+struct AttentionConfig {
+  std::string mask;    // "" (the model's), "causal", "sliding_window" or "chunked"
+  int64_t window = 0;  // mask sliding_window: a query sees this many positions back (>= 1)
+  int64_t chunk = 0;   // mask chunked: causal within chunks of this many positions (>= 1)
+  std::string score;   // "" (the model's), "none", "softcap" or "alibi"
+  double softcap = 0;  // score softcap: cap * tanh(score / cap), cap > 0
+  bool empty() const { return mask.empty() && score.empty(); }
+  bool operator==(const AttentionConfig&) const = default;
+};
+
 struct ModelConfig {
   std::string name;     // [A-Za-z0-9_.-]{1,128}, unique
   std::string kind;     // "builtin" (tensor smoke-test models) or "llm" (path: GGUF or HF folder)
@@ -294,6 +307,7 @@ struct ModelConfig {
   int max_loaded_adapters = 4;
   int max_lora_rank = 16;
   std::vector<LoraAdapterConfig> adapters;  // served from the start
+  AttentionConfig attention;                // empty: the model's own attention
   SourceLocation location;                  // of the list entry
 
   // Compares the settings; `location` (where they were written) is not part of the value.

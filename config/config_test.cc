@@ -1331,6 +1331,57 @@ TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
               ElementsAre(HasSubstr("`models[0].kv_cache_dtype`: only used by kind `llm`")));
 }
 
+TEST(LlmModelTest, AttentionModifiersByNameWithTheirNumbers) {
+  const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n";
+  EXPECT_TRUE(Parse(head).models[0].attention.empty());
+  const Config c = Parse(head +
+                         "    attention: {mask: sliding_window, window: 4096, score: softcap, "
+                         "softcap: 50}\n");
+  const AttentionConfig& a = c.models[0].attention;
+  EXPECT_EQ(a.mask, "sliding_window");
+  EXPECT_EQ(a.window, 4096);
+  EXPECT_EQ(a.score, "softcap");
+  EXPECT_EQ(a.softcap, 50);
+  EXPECT_EQ(Parse(ToYaml(c)), c);  // round trip
+  const Config chunked = Parse(head + "    attention:\n      mask: chunked\n      chunk: 8192\n");
+  EXPECT_EQ(chunked.models[0].attention.chunk, 8192);
+  EXPECT_EQ(chunked.models[0].attention.score, "");  // the model's own
+  EXPECT_EQ(Parse(ToYaml(chunked)), chunked);
+  EXPECT_EQ(Parse(head + "    attention: {score: alibi}\n").models[0].attention.score, "alibi");
+
+  // Unknown names list the known ones.
+  EXPECT_THAT(Errors(head + "    attention: {mask: diagonal}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.mask`"),
+                                HasSubstr("unknown attention mask `diagonal`"), HasSubstr("causal"),
+                                HasSubstr("sliding_window"), HasSubstr("chunked"))));
+  EXPECT_THAT(Errors(head + "    attention: {score: cosine}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.score`"), HasSubstr("softcap"),
+                                HasSubstr("alibi"), HasSubstr("none"))));
+  // Windows, chunks and caps must be positive, and are required by their modifier.
+  EXPECT_THAT(Errors(head + "    attention: {mask: sliding_window, window: 0}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.window`"),
+                                HasSubstr("mask: sliding_window"))));
+  EXPECT_THAT(Errors(head + "    attention: {mask: sliding_window, window: -4}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.window`: is -4"))));
+  EXPECT_THAT(Errors(head + "    attention: {mask: chunked}\n"),
+              ElementsAre(HasSubstr("`models[0].attention.chunk`: missing")));
+  EXPECT_THAT(Errors(head + "    attention: {score: softcap, softcap: 0}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.softcap`"), HasSubstr("missing"))));
+  EXPECT_THAT(Errors(head + "    attention: {score: softcap, softcap: -30}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].attention.softcap`: is -30"),
+                                HasSubstr("positive"))));
+  EXPECT_THAT(Errors(head + "    attention: {mask: causal, window: 128}\n"),
+              ElementsAre(HasSubstr("`models[0].attention.window`: only used with mask: "
+                                    "sliding_window")));
+  EXPECT_THAT(Errors(head + "    attention: {softcap: 30}\n"),
+              ElementsAre(HasSubstr("`models[0].attention.softcap`: only used with `score: "
+                                    "softcap`")));
+  EXPECT_THAT(Errors(head + "    attention: {mask: causal, windw: 3}\n"),
+              ElementsAre(AllOf(HasSubstr("windw"), HasSubstr("window"))));
+  EXPECT_THAT(Errors("models:\n" + Model("a", "    attention: {mask: causal}\n")),
+              ElementsAre(HasSubstr("`models[0].attention`: only used by kind `llm`")));
+}
+
 TEST(LlmModelTest, SamplingIsOnTheDeviceByDefaultOrOnTheHost) {
   Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
   EXPECT_EQ(c.models[0].sampling, "device");

@@ -1,6 +1,7 @@
 #include "models/arch/arch.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_join.h"
 #include "models/io/errors.h"
@@ -8,8 +9,8 @@
 namespace kiln::models {
 
 const std::vector<const Architecture*>& Architectures() {
-  static const std::vector<const Architecture*>* all =
-      new std::vector<const Architecture*>{&LlamaArchitecture(), &Gpt2Architecture()};
+  static const std::vector<const Architecture*>* all = new std::vector<const Architecture*>{
+      &LlamaArchitecture(), &GemmaArchitecture(), &Gpt2Architecture()};
   return *all;
 }
 
@@ -59,6 +60,161 @@ StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t f
   return g.GetI64(key);
 }
 
+namespace {
+
+// RoPE from one transformers parameter object ({"rope_type", "rope_theta", "factor", ...});
+// `theta` when it names no rope_theta.
+Status RopeFromHfObject(const HfModelConfig& c, const nlohmann::json& params, double theta,
+                        const LlmHParams& hp, RopeParams& rope) {
+  auto num = [&](const char* key, double fallback) -> StatusOr<double> {
+    auto v = params.find(key);
+    if (v == params.end() || v->is_null()) return fallback;
+    if (!v->is_number()) {
+      return InvalidArgument(c.path, ": RoPE parameter \"", key, "\" must be a number, got ",
+                             v->dump());
+    }
+    return v->get<double>();
+  };
+  KILN_ASSIGN_OR_RETURN(rope.theta, num("rope_theta", theta));
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    auto v = params.find(key);
+    if (v != params.end() && v->is_string()) {
+      type = v->get<std::string>();
+      break;
+    }
+  }
+  if (type == "linear") {
+    rope.scaling = RopeParams::Scaling::kLinear;
+    KILN_ASSIGN_OR_RETURN(rope.factor, num("factor", 1.0));
+  } else if (type == "llama3") {
+    rope.scaling = RopeParams::Scaling::kLlama3;
+    KILN_ASSIGN_OR_RETURN(rope.factor, num("factor", 8.0));
+    KILN_ASSIGN_OR_RETURN(rope.low_freq_factor, num("low_freq_factor", 1.0));
+    KILN_ASSIGN_OR_RETURN(rope.high_freq_factor, num("high_freq_factor", 4.0));
+    KILN_ASSIGN_OR_RETURN(rope.original_max_position, num("original_max_position_embeddings",
+                                                          static_cast<double>(hp.context_length)));
+    if (!(rope.high_freq_factor > rope.low_freq_factor)) {
+      return InvalidArgument(c.path, ": llama3 RoPE needs high_freq_factor > low_freq_factor");
+    }
+  } else if (type != "default") {
+    return Unimplemented(c.path, ": RoPE type '", type,
+                         "' is not supported; supported: default, linear, llama3");
+  }
+  // transformers 5 keeps partial_rotary_factor among the RoPE parameters, 4 at the top level.
+  KILN_ASSIGN_OR_RETURN(const double top_partial, HfFloatOr(c, "partial_rotary_factor", 1.0));
+  KILN_ASSIGN_OR_RETURN(const double partial, num("partial_rotary_factor", top_partial));
+  if (!(partial > 0 && partial <= 1)) {
+    return InvalidArgument(c.path, ": partial_rotary_factor ", partial, " must be in (0, 1]");
+  }
+  if (partial != 1.0) rope.rotary_dim = static_cast<int64_t>(std::llround(partial * hp.head_dim));
+  rope.layout = RopeParams::Layout::kNeox;
+  return OkStatus();
+}
+
+}  // namespace
+
+Status RopeFromHf(const HfModelConfig& c, LlmHParams& hp, const HfRopeDefaults& two_ropes) {
+  auto it = c.raw.find("rope_parameters");
+  const bool v5 = it != c.raw.end() && it->is_object();
+  if (!two_ropes.enabled) {
+    nlohmann::json params = nlohmann::json::object();
+    if (v5) {
+      params = *it;
+    } else {
+      auto sc = c.raw.find("rope_scaling");
+      if (sc != c.raw.end() && sc->is_object()) params = *sc;
+    }
+    KILN_ASSIGN_OR_RETURN(const double theta, HfFloatOr(c, "rope_theta", 10000.0));
+    return RopeFromHfObject(c, params, theta, hp, hp.rope);
+  }
+  // Two RoPEs (Gemma 3): transformers 5 keys rope_parameters by layer type; 4 has rope_theta
+  // and rope_scaling for the global layers and rope_local_base_freq for the sliding ones.
+  nlohmann::json global = nlohmann::json::object(), local = nlohmann::json::object();
+  if (v5 && (it->contains("full_attention") || it->contains("sliding_attention"))) {
+    for (const char* key : {"full_attention", "sliding_attention"}) {
+      auto p = it->find(key);
+      if (p == it->end()) continue;
+      if (!p->is_object()) {
+        return InvalidArgument(c.path, ": \"rope_parameters\".\"", key, "\" must be an object");
+      }
+      (std::string_view(key) == "full_attention" ? global : local) = *p;
+    }
+  } else if (v5) {
+    global = *it;
+  } else {
+    auto sc = c.raw.find("rope_scaling");
+    if (sc != c.raw.end() && sc->is_object()) global = *sc;
+  }
+  KILN_ASSIGN_OR_RETURN(const double theta, HfFloatOr(c, "rope_theta", two_ropes.global_theta));
+  KILN_ASSIGN_OR_RETURN(const double local_theta,
+                        HfFloatOr(c, "rope_local_base_freq", two_ropes.local_theta));
+  KILN_RETURN_IF_ERROR(RopeFromHfObject(c, global, theta, hp, hp.rope));
+  RopeParams sliding;
+  KILN_RETURN_IF_ERROR(RopeFromHfObject(c, local, local_theta, hp, sliding));
+  hp.rope_sliding = sliding;
+  return OkStatus();
+}
+
+Status SlidingWindowFromHf(const HfModelConfig& c, std::string_view variant, LlmHParams& hp) {
+  KILN_ASSIGN_OR_RETURN(const int64_t window, HfIntOr(c, "sliding_window", 0));
+  const size_t L = static_cast<size_t>(hp.num_layers);
+  auto types = c.raw.find("layer_types");
+  if (types != c.raw.end() && types->is_array()) {
+    if (types->size() != L) {
+      return InvalidArgument(c.path, ": \"layer_types\" has ", types->size(), " entries for ", L,
+                             " layers");
+    }
+    hp.sliding_window.assign(L, 0);
+    for (size_t i = 0; i < L; ++i) {
+      const auto& t = (*types)[i];
+      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
+      if (s == "sliding_attention") {
+        if (window <= 0) {
+          return InvalidArgument(c.path, ": layer ", i,
+                                 " uses sliding_attention but \"sliding_window\" is not set");
+        }
+        hp.sliding_window[i] = window;
+      } else if (s != "full_attention") {
+        return Unimplemented(c.path, ": layer type '", s, "' (layer ", i,
+                             ") is not supported; supported: full_attention, sliding_attention");
+      }
+    }
+    return OkStatus();
+  }
+  if (variant == "mistral" || variant == "phi3") {  // every layer when set
+    if (window > 0) hp.sliding_window.assign(L, window);
+    return OkStatus();
+  }
+  KILN_ASSIGN_OR_RETURN(const bool use, HfBoolOr(c, "use_sliding_window", false));
+  if (use && window > 0) {
+    KILN_ASSIGN_OR_RETURN(const int64_t from, HfIntOr(c, "max_window_layers", 0));
+    hp.sliding_window.assign(L, 0);
+    for (size_t i = static_cast<size_t>(std::max<int64_t>(from, 0)); i < L; ++i) {
+      hp.sliding_window[i] = window;
+    }
+  }
+  return OkStatus();
+}
+
+void ApplyAttentionConfig(const config::AttentionConfig& a, LlmHParams& hp) {
+  const size_t layers = static_cast<size_t>(hp.num_layers);
+  if (a.mask == "causal") {
+    hp.sliding_window.clear();
+    hp.attention_chunk = 0;
+  } else if (a.mask == "sliding_window") {
+    hp.sliding_window.assign(layers, a.window);
+    hp.attention_chunk = 0;
+  } else if (a.mask == "chunked") {
+    hp.sliding_window.clear();
+    hp.attention_chunk = a.chunk;
+  }
+  if (a.score == "none" || a.score == "softcap" || a.score == "alibi") {
+    hp.attn_softcap = a.score == "softcap" ? a.softcap : 0;
+    hp.alibi = a.score == "alibi";
+  }
+}
+
 Status ValidateHParams(const LlmHParams& hp, std::string_view source) {
   auto bad = [&](auto... what) {
     return InvalidArgument(source, ": unusable hyper-parameters for architecture ", hp.architecture,
@@ -98,6 +254,22 @@ Status ValidateHParams(const LlmHParams& hp, std::string_view source) {
   for (int64_t w : hp.sliding_window) {
     if (w < 0) return bad("a sliding window of ", w, " tokens");
   }
+  if (!hp.sliding_window.empty() &&
+      hp.sliding_window.size() != static_cast<size_t>(hp.num_layers)) {
+    return bad("the sliding-window pattern has ", hp.sliding_window.size(), " entries for ",
+               hp.num_layers, " layers");
+  }
+  const std::pair<const char*, double> positive[] = {{"the attention scale", hp.attn_scale},
+                                                     {"the attention soft-cap", hp.attn_softcap},
+                                                     {"the final-logit soft-cap", hp.final_softcap},
+                                                     {"the embedding scale", hp.embed_scale}};
+  for (const auto& [name, v] : positive) {
+    // 0 means "off" (or the default scale) for all but the embedding scale.
+    if (!std::isfinite(v) || v < 0 || (v == 0 && std::string_view(name) == "the embedding scale")) {
+      return bad(name, " is ", v, "; it must be positive");
+    }
+  }
+  if (hp.attention_chunk < 0) return bad("an attention chunk of ", hp.attention_chunk, " tokens");
   return OkStatus();
 }
 

@@ -1,4 +1,5 @@
-// Generative model architectures: one file each (llama.cc for the llama family, gpt2.cc),
+// Generative model architectures: one file each (llama.cc for the llama family, gemma.cc for
+// Gemma 2 and 3, gpt2.cc),
 // llama.cpp `src/models/` style — read the hyper-parameters, name the tensors, build the
 // forward graph of one serving step.
 //
@@ -18,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/config.h"
 #include "engine/base/status.h"
 #include "engine/builder.h"
 #include "models/gguf/gguf.h"
@@ -29,7 +31,7 @@
 namespace kiln::models {
 
 struct Architecture {
-  std::string_view family;  // "llama", "gpt2"
+  std::string_view family;  // "llama", "gemma", "gpt2"
   // GGUF general.architecture values and config.json model_type values this family reads;
   // each is also the variant name passed to the readers ("qwen2" turns on q/k/v biases).
   std::vector<std::string_view> gguf_names;
@@ -48,6 +50,7 @@ struct Architecture {
 };
 
 const Architecture& LlamaArchitecture();
+const Architecture& GemmaArchitecture();
 const Architecture& Gpt2Architecture();
 
 // Every architecture, in the order the docs list them.
@@ -68,6 +71,28 @@ StatusOr<double> HfFloatOr(const HfModelConfig& c, const std::string& key, doubl
 StatusOr<bool> HfBoolOr(const HfModelConfig& c, const std::string& key, bool fallback);
 StatusOr<int64_t> GgufInt(const GgufFile& g, const std::string& key);
 StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t fallback);
+
+// RoPE from config.json: transformers 5's "rope_parameters" or 4's "rope_theta" +
+// "rope_scaling" (default, linear, llama3) and "partial_rotary_factor"; sets hp.rope. With
+// `two_ropes.enabled` (Gemma 3) also hp.rope_sliding, the sliding layers' RoPE: rope_parameters
+// keyed by layer type ("full_attention", "sliding_attention"), or 4's rope_local_base_freq.
+// REQUIRES: hp.head_dim and hp.context_length are set.
+struct HfRopeDefaults {
+  bool enabled = false;
+  double global_theta = 10000, local_theta = 10000;
+};
+Status RopeFromHf(const HfModelConfig& c, LlmHParams& hp, const HfRopeDefaults& two_ropes = {});
+// Per-layer sliding windows (hp.sliding_window): transformers' "layer_types" when present
+// (sliding_attention / full_attention, one per layer); else "sliding_window" on every layer
+// for Mistral and Phi-3, or Qwen2/3's use_sliding_window from max_window_layers on.
+// REQUIRES: hp.num_layers is set.
+Status SlidingWindowFromHf(const HfModelConfig& c, std::string_view variant, LlmHParams& hp);
+
+// Replaces the model's attention modifiers with a config's `attention:` section (on every
+// layer; fields left empty keep the model's): mask causal / sliding_window (window) / chunked
+// (chunk) set sliding_window and attention_chunk; score none / softcap (softcap) / alibi set
+// attn_softcap and alibi. REQUIRES: `a` passed config validation.
+void ApplyAttentionConfig(const config::AttentionConfig& a, LlmHParams& hp);
 
 // Checks sizes common to every architecture (positive, heads divisible by KV heads, even
 // rotary dim, ...). `source` names the file for messages.

@@ -1,8 +1,10 @@
-// The llama family: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3 — one graph, configuration
-// flags for the differences:
-//   GQA (num_kv_heads < num_heads), RoPE with linear or llama3 scaling, tied embeddings,
-//   Mistral's sliding window (attention mask), Qwen2's q/k/v biases, Qwen3's q/k RMSNorm,
-//   Llama's optional attention_bias / mlp_bias.
+// The llama family: Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3 — one graph,
+// configuration flags for the differences:
+//   GQA (num_kv_heads < num_heads), RoPE with linear or llama3 scaling (over part of each
+//   head with partial_rotary_factor), tied embeddings, Mistral's and Phi-3's sliding window
+//   (attention mask), Qwen2's q/k/v biases, Qwen3's q/k RMSNorm, Llama's optional
+//   attention_bias / mlp_bias, Phi-3's fused projections (one qkv_proj, one gate_up_proj; the
+//   fused weights are split after the matmul, as transformers does).
 //
 // RoPE layout: llama.cpp's converter permutes the q/k rows of `llama` GGUF files so that RoPE
 // rotates interleaved pairs; Qwen2/Qwen3 GGUF files and every Hugging Face checkpoint rotate
@@ -113,7 +115,15 @@ StatusOr<LlmHParams> LlamaFromGguf(const GgufFile& g, std::string_view variant) 
   }
   KILN_ASSIGN_OR_RETURN(const int64_t window, GgufIntOr(g, a + ".attention.sliding_window", 0));
   if (window > 0) hp.sliding_window.assign(static_cast<size_t>(hp.num_layers), window);
+  if (g.FindTensor("rope_factors_long.weight") != nullptr ||
+      g.FindTensor("rope_factors_short.weight") != nullptr) {
+    return Unimplemented(g.path(),
+                         ": LongRoPE (tensors rope_factors_long/short.weight, the "
+                         "128k-context Phi-3 models) is not supported");
+  }
   // Optional tensors decide the optional parts; the variant decides the required ones.
+  hp.fused_qkv = g.FindTensor("blk.0.attn_qkv.weight") != nullptr;
+  hp.fused_gate_up = variant == "phi3" && g.FindTensor("blk.0.ffn_gate.weight") == nullptr;
   hp.attn_qkv_bias = variant == "qwen2" || g.FindTensor("blk.0.attn_q.bias") != nullptr;
   hp.attn_out_bias = g.FindTensor("blk.0.attn_output.bias") != nullptr;
   hp.mlp_bias = g.FindTensor("blk.0.ffn_up.bias") != nullptr;
@@ -124,105 +134,6 @@ StatusOr<LlmHParams> LlamaFromGguf(const GgufFile& g, std::string_view variant) 
 }
 
 // ---- Hyper-parameters from config.json ---------------------------------------------------------
-
-// RoPE from transformers 5's "rope_parameters" or 4's "rope_theta" + "rope_scaling".
-Status RopeFromHf(const HfModelConfig& c, LlmHParams& hp) {
-  nlohmann::json params = nlohmann::json::object();
-  auto it = c.raw.find("rope_parameters");
-  if (it != c.raw.end() && it->is_object()) {
-    params = *it;
-  } else {
-    auto sc = c.raw.find("rope_scaling");
-    if (sc != c.raw.end() && sc->is_object()) params = *sc;
-    KILN_ASSIGN_OR_RETURN(const double theta, HfFloatOr(c, "rope_theta", 10000.0));
-    params["rope_theta"] = theta;
-  }
-  auto num = [&](const char* key, double fallback) -> StatusOr<double> {
-    auto v = params.find(key);
-    if (v == params.end() || v->is_null()) return fallback;
-    if (!v->is_number()) {
-      return InvalidArgument(c.path, ": RoPE parameter \"", key, "\" must be a number, got ",
-                             v->dump());
-    }
-    return v->get<double>();
-  };
-  KILN_ASSIGN_OR_RETURN(hp.rope.theta, num("rope_theta", 10000.0));
-  std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) {
-    auto v = params.find(key);
-    if (v != params.end() && v->is_string()) {
-      type = v->get<std::string>();
-      break;
-    }
-  }
-  if (type == "linear") {
-    hp.rope.scaling = RopeParams::Scaling::kLinear;
-    KILN_ASSIGN_OR_RETURN(hp.rope.factor, num("factor", 1.0));
-  } else if (type == "llama3") {
-    hp.rope.scaling = RopeParams::Scaling::kLlama3;
-    KILN_ASSIGN_OR_RETURN(hp.rope.factor, num("factor", 8.0));
-    KILN_ASSIGN_OR_RETURN(hp.rope.low_freq_factor, num("low_freq_factor", 1.0));
-    KILN_ASSIGN_OR_RETURN(hp.rope.high_freq_factor, num("high_freq_factor", 4.0));
-    KILN_ASSIGN_OR_RETURN(
-        hp.rope.original_max_position,
-        num("original_max_position_embeddings", static_cast<double>(hp.context_length)));
-    if (!(hp.rope.high_freq_factor > hp.rope.low_freq_factor)) {
-      return InvalidArgument(c.path, ": llama3 RoPE needs high_freq_factor > low_freq_factor");
-    }
-  } else if (type != "default") {
-    return Unimplemented(c.path, ": RoPE type '", type,
-                         "' is not supported; supported: default, linear, llama3");
-  }
-  KILN_ASSIGN_OR_RETURN(const double partial, HfFloatOr(c, "partial_rotary_factor", 1.0));
-  if (partial != 1.0) {
-    hp.rope.rotary_dim = static_cast<int64_t>(std::llround(partial * hp.head_dim));
-  }
-  hp.rope.layout = RopeParams::Layout::kNeox;
-  return OkStatus();
-}
-
-// Per-layer sliding windows: transformers' "layer_types" when present; else Mistral's
-// "sliding_window" on every layer, or Qwen2/3's use_sliding_window from max_window_layers on.
-Status SlidingWindowFromHf(const HfModelConfig& c, std::string_view variant, LlmHParams& hp) {
-  KILN_ASSIGN_OR_RETURN(const int64_t window, HfIntOr(c, "sliding_window", 0));
-  const size_t L = static_cast<size_t>(hp.num_layers);
-  auto types = c.raw.find("layer_types");
-  if (types != c.raw.end() && types->is_array()) {
-    if (types->size() != L) {
-      return InvalidArgument(c.path, ": \"layer_types\" has ", types->size(), " entries for ", L,
-                             " layers");
-    }
-    hp.sliding_window.assign(L, 0);
-    for (size_t i = 0; i < L; ++i) {
-      const auto& t = (*types)[i];
-      const std::string s = t.is_string() ? t.get<std::string>() : t.dump();
-      if (s == "sliding_attention") {
-        if (window <= 0) {
-          return InvalidArgument(c.path, ": layer ", i,
-                                 " uses sliding_attention but \"sliding_window\" is not set");
-        }
-        hp.sliding_window[i] = window;
-      } else if (s != "full_attention") {
-        return Unimplemented(c.path, ": layer type '", s, "' (layer ", i,
-                             ") is not supported; supported: full_attention, sliding_attention");
-      }
-    }
-    return OkStatus();
-  }
-  if (variant == "mistral") {
-    if (window > 0) hp.sliding_window.assign(L, window);
-    return OkStatus();
-  }
-  KILN_ASSIGN_OR_RETURN(const bool use, HfBoolOr(c, "use_sliding_window", false));
-  if (use && window > 0) {
-    KILN_ASSIGN_OR_RETURN(const int64_t from, HfIntOr(c, "max_window_layers", 0));
-    hp.sliding_window.assign(L, 0);
-    for (size_t i = static_cast<size_t>(std::max<int64_t>(from, 0)); i < L; ++i) {
-      hp.sliding_window[i] = window;
-    }
-  }
-  return OkStatus();
-}
 
 StatusOr<LlmHParams> LlamaFromHf(const HfModelConfig& c, std::string_view variant) {
   LlmHParams hp;
@@ -249,6 +160,7 @@ StatusOr<LlmHParams> LlamaFromHf(const HfModelConfig& c, std::string_view varian
   hp.attn_out_bias = attention_bias;
   KILN_ASSIGN_OR_RETURN(hp.mlp_bias, HfBoolOr(c, "mlp_bias", false));
   hp.qk_norm = variant == "qwen3";
+  hp.fused_qkv = hp.fused_gate_up = variant == "phi3";
   KILN_ASSIGN_OR_RETURN(hp.tied_embeddings, HfBoolOr(c, "tie_word_embeddings", false));
   KILN_RETURN_IF_ERROR(ValidateHParams(hp, c.path));
   return hp;
@@ -265,6 +177,8 @@ const HfNaming& LlamaHfNaming() {
                                  {"self_attn.k_proj.weight", "attn_k.weight"},
                                  {"self_attn.v_proj.weight", "attn_v.weight"},
                                  {"self_attn.o_proj.weight", "attn_output.weight"},
+                                 {"self_attn.qkv_proj.weight", "attn_qkv.weight"},
+                                 {"mlp.gate_up_proj.weight", "ffn_up.weight"},
                                  {"self_attn.q_proj.bias", "attn_q.bias"},
                                  {"self_attn.k_proj.bias", "attn_k.bias"},
                                  {"self_attn.v_proj.bias", "attn_v.bias"},
@@ -304,42 +218,56 @@ Value BuildLlama(ForwardContext& ctx) {
     b.SetNameScope(absl::StrCat("blk.", l));
     // Attention.
     const Value attn_norm_w = w("attn_norm.weight", {C});                          // (C)
-    const Value wq = w("attn_q.weight", {Hq * D, C});                              // (Hq*D, C)
-    const Value wk = w("attn_k.weight", {Hkv * D, C});                             // (Hkv*D, C)
-    const Value wv = w("attn_v.weight", {Hkv * D, C});                             // (Hkv*D, C)
     const Value wo = w("attn_output.weight", {C, Hq * D});                         // (C, Hq*D)
     const Value bq = bias(hp.attn_qkv_bias, "attn_q.bias", Hq * D);                // (Hq*D)
     const Value bk = bias(hp.attn_qkv_bias, "attn_k.bias", Hkv * D);               // (Hkv*D)
     const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);               // (Hkv*D)
     const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);                // (C)
     const Value h = b.Named(b.RmsNorm(x, attn_norm_w, hp.norm_eps), "attn_norm");  // [T, C]
-    Value q = b.Named(b.Reshape(ctx.Linear(h, wq, bq), {T, Hq, D}), "q");          // [T, Hq, D]
-    Value k = b.Named(b.Reshape(ctx.Linear(h, wk, bk), {T, Hkv, D}), "k");         // [T, Hkv, D]
-    const Value v = b.Named(b.Reshape(ctx.Linear(h, wv, bv), {T, Hkv, D}), "v");   // [T, Hkv, D]
+    Value q_flat, k_flat, v_flat;  // [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+    if (hp.fused_qkv) {
+      const Value wqkv = w("attn_qkv.weight", {(Hq + 2 * Hkv) * D, C});  // (q|k|v rows, C)
+      const Value qkv = b.Named(ctx.Linear(h, wqkv), "qkv");             // [T, (Hq+2Hkv)*D]
+      q_flat = b.Slice(qkv, 1, 0, Hq * D);
+      k_flat = b.Slice(qkv, 1, Hq * D, Hkv * D);
+      v_flat = b.Slice(qkv, 1, (Hq + Hkv) * D, Hkv * D);
+    } else {
+      q_flat = ctx.Linear(h, w("attn_q.weight", {Hq * D, C}), bq);   // (Hq*D, C) weight
+      k_flat = ctx.Linear(h, w("attn_k.weight", {Hkv * D, C}), bk);  // (Hkv*D, C) weight
+      v_flat = ctx.Linear(h, w("attn_v.weight", {Hkv * D, C}), bv);  // (Hkv*D, C) weight
+    }
+    Value q = b.Named(b.Reshape(q_flat, {T, Hq, D}), "q");         // [T, Hq, D]
+    Value k = b.Named(b.Reshape(k_flat, {T, Hkv, D}), "k");        // [T, Hkv, D]
+    const Value v = b.Named(b.Reshape(v_flat, {T, Hkv, D}), "v");  // [T, Hkv, D]
     if (hp.qk_norm) {
       q = b.Named(b.RmsNorm(q, w("attn_q_norm.weight", {D}), hp.norm_eps), "q_norm");  // [T,Hq,D]
       k = b.Named(b.RmsNorm(k, w("attn_k_norm.weight", {D}), hp.norm_eps), "k_norm");  // [T,Hkv,D]
     }
-    q = b.Named(b.Rope(q, in.positions, hp.rope), "q_rope");  // [T, Hq, D]
-    k = b.Named(b.Rope(k, in.positions, hp.rope), "k_rope");  // [T, Hkv, D]
-    const Value a = ctx.Attend(l, q, k, v);                   // [T, Hq, D]
+    q = b.Named(b.Rope(q, in.positions, hp.rope_for(l)), "q_rope");  // [T, Hq, D]
+    k = b.Named(b.Rope(k, in.positions, hp.rope_for(l)), "k_rope");  // [T, Hkv, D]
+    const Value a = ctx.Attend(l, q, k, v);                          // [T, Hq, D]
     const Value attn_out =
         b.Named(ctx.Linear(b.Reshape(a, {T, Hq * D}), wo, bo), "attn_out");  // [T, C]
     x = b.Named(b.Add(x, attn_out), "ffn_inp");                              // [T, C]
     // SwiGLU MLP.
     const Value ffn_norm_w = w("ffn_norm.weight", {C});                           // (C)
-    const Value w_gate = w("ffn_gate.weight", {F, C});                            // (F, C)
-    const Value w_up = w("ffn_up.weight", {F, C});                                // (F, C)
     const Value w_down = w("ffn_down.weight", {C, F});                            // (C, F)
     const Value b_gate = bias(hp.mlp_bias, "ffn_gate.bias", F);                   // (F)
     const Value b_up = bias(hp.mlp_bias, "ffn_up.bias", F);                       // (F)
     const Value b_down = bias(hp.mlp_bias, "ffn_down.bias", C);                   // (C)
     const Value h2 = b.Named(b.RmsNorm(x, ffn_norm_w, hp.norm_eps), "ffn_norm");  // [T, C]
-    const Value gate = b.Named(ctx.Linear(h2, w_gate, b_gate), "ffn_gate");       // [T, F]
-    const Value up = b.Named(ctx.Linear(h2, w_up, b_up), "ffn_up");               // [T, F]
-    const Value act = b.Named(b.Mul(b.Silu(gate), up), "ffn_act");                // [T, F]
-    const Value down = b.Named(ctx.Linear(act, w_down, b_down), "ffn_out");       // [T, C]
-    x = b.Named(b.Add(x, down), "l_out");                                         // [T, C]
+    Value gate, up;                                                               // [T, F]
+    if (hp.fused_gate_up) {
+      const Value gu = b.Named(ctx.Linear(h2, w("ffn_up.weight", {2 * F, C})), "ffn_gate_up");
+      gate = b.Named(b.Slice(gu, 1, 0, F), "ffn_gate");  // [T, F]: the first half
+      up = b.Named(b.Slice(gu, 1, F, F), "ffn_up");      // [T, F]
+    } else {
+      gate = b.Named(ctx.Linear(h2, w("ffn_gate.weight", {F, C}), b_gate), "ffn_gate");  // (F, C)
+      up = b.Named(ctx.Linear(h2, w("ffn_up.weight", {F, C}), b_up), "ffn_up");          // (F, C)
+    }
+    const Value act = b.Named(b.Mul(b.Silu(gate), up), "ffn_act");           // [T, F]
+    const Value down = b.Named(ctx.Linear(act, w_down, b_down), "ffn_out");  // [T, C]
+    x = b.Named(b.Add(x, down), "l_out");                                    // [T, C]
   }
   b.SetNameScope("");
   const Value last = b.Named(ctx.LastTokens(x), "last_tokens");    // [S, C]
@@ -355,8 +283,8 @@ Value BuildLlama(ForwardContext& ctx) {
 const Architecture& LlamaArchitecture() {
   static const Architecture* arch = new Architecture{
       .family = "llama",
-      .gguf_names = {"llama", "qwen2", "qwen3"},
-      .hf_model_types = {"llama", "mistral", "qwen2", "qwen3"},
+      .gguf_names = {"llama", "qwen2", "qwen3", "phi3"},
+      .hf_model_types = {"llama", "mistral", "qwen2", "qwen3", "phi3"},
       .from_gguf = LlamaFromGguf,
       .from_hf = LlamaFromHf,
       .hf_naming = LlamaHfNaming,

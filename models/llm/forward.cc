@@ -163,9 +163,7 @@ Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
   // KvWrite returns the written cache: attention reads that value, so it runs after the write.
   k_cache = b.Named(b.KvWrite(k_cache, k, in_.slot_mapping), blk + "k_cache_write");
   v_cache = b.Named(b.KvWrite(v_cache, v, in_.slot_mapping), blk + "v_cache_write");
-  AttentionParams p;
-  const int64_t window = hp_.window(layer);
-  p.mask_mod = window > 0 ? attn::SlidingWindowMask(window) : attn::CausalMask();
+  AttentionParams p = AttentionFor(layer);
   const Value out = b.Named(
       b.PagedAttention(q, k_cache, v_cache, in_.block_table, in_.seq_lens, in_.query_start, p),
       blk + "attn");  // [T, Hq, D]
@@ -173,23 +171,49 @@ Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
   return out;
 }
 
+AttentionParams ForwardContext::AttentionFor(int64_t layer) const {
+  AttentionParams p;
+  p.scale =
+      hp_.attn_scale > 0 ? hp_.attn_scale : 1.0 / std::sqrt(static_cast<double>(hp_.head_dim));
+  const int64_t window = hp_.window(layer);
+  p.mask_mod = window > 0 ? attn::SlidingWindowMask(window) : attn::CausalMask();
+  if (hp_.attention_chunk > 0) {
+    const Expr chunked = attn::ChunkedMask(hp_.attention_chunk);
+    p.mask_mod = window > 0 ? And(chunked, p.mask_mod) : chunked;
+  }
+  if (hp_.alibi) p.score_mod = attn::AlibiScore(hp_.num_heads);
+  if (hp_.attn_softcap > 0) {
+    const Expr cap = attn::SoftCapScore(hp_.attn_softcap);
+    p.score_mod = p.score_mod ? attn::Then(p.score_mod, cap) : cap;
+  }
+  return p;
+}
+
 // Rows of L tokens attend densely within themselves, masked causally and to the token's own
-// packed example (attn::DocumentMask over doc_ids).
+// packed example (attn::DocumentMask over doc_ids), with the layer's score_mod.
 Value ForwardContext::AttendTrain(int64_t layer, Value q, Value k, Value v) {
   Builder& b = b_;
   const Dim &S = in_.S, &L = in_.L, &T = in_.T;
   auto rows = [&](Value x, int64_t heads) {  // [T, H, D] -> [S, H, L, D]
     return b.Permute(b.Reshape(x, {S, L, heads, hp_.head_dim}), {0, 2, 1, 3});
   };
-  // The fused op where the device has a native attention_backward kernel; otherwise matmul,
-  // softmax and a mask map (AttentionDecomposed), whose backward keeps the probabilities and
-  // whose products run on the backend's GEMM.
+  if (hp_.attention_chunk > 0) {
+    // Chunks would have to restart with each packed example's positions.
+    Fail(Unimplemented("chunked attention (attention_chunk ", hp_.attention_chunk,
+                       ") is not supported in training"));
+    return {};
+  }
+  // The fused op where the device has a native attention_backward kernel and no score_mod is
+  // set; otherwise matmul, softmax and a mask map (AttentionDecomposed), whose backward keeps
+  // the probabilities and whose products run on the backend's GEMM.
+  const AttentionParams serving = AttentionFor(layer);
   Attrs attrs;
-  attrs.floats = {1.0 / std::sqrt(static_cast<double>(hp_.head_dim))};
+  attrs.floats = {serving.scale};
   attrs.expr[0] = attn::DocumentMask(0, L.constant(), hp_.window(layer));
+  attrs.expr[1] = serving.score_mod;
   const Value aux[] = {in_.doc_ids};
   Value o;  // [S, Hq, L, D]
-  if (train_.fused_attention) {
+  if (train_.fused_attention && !attrs.expr[1]) {
     AttentionParams p{attrs.floats[0], attrs.expr[0], {}};
     p.fused_backward = true;
     o = b.Attention(rows(q, hp_.num_heads), rows(k, hp_.num_kv_heads), rows(v, hp_.num_kv_heads), p,

@@ -122,11 +122,15 @@ class ForwardContext {
   // with SetMultiLora, the per-token branch described there.
   Value Linear(Value x, Value w, Value bias = {});
 
-  // Causal self-attention of layer `layer` (or a sliding window when hp().window(layer) > 0)
-  // of q [T, Hq, D] over k, v [T, Hkv, D]; returns [T, Hq, D]. Serving: writes k and v into
-  // the layer's cache slots (slot_mapping), then attends over each sequence's cached keys.
-  // Training: dense attention within each row, masked to the token's own example.
+  // Causal self-attention of layer `layer` of q [T, Hq, D] over k, v [T, Hkv, D] with the
+  // modifiers of AttentionFor(layer); returns [T, Hq, D]. Serving: writes k and v into the
+  // layer's cache slots (slot_mapping), then attends over each sequence's cached keys.
+  // Training: dense attention within each row, masked to the token's own example as well.
   Value Attend(int64_t layer, Value q, Value k, Value v);
+  // Layer `layer`'s attention from the hyper-parameters: the scale (attn_scale, else
+  // 1/sqrt(head_dim)); mask_mod causal, or a sliding window (window(layer)), and chunked
+  // (attention_chunk); score_mod ALiBi (alibi) then soft-capping (attn_softcap).
+  AttentionParams AttentionFor(int64_t layer) const;
 
   // h [T, C] -> [S, C]: the row of each sequence's last new token (query_start[s+1] - 1), so
   // that the final norm and the LM head run on S rows, not T. Training: h itself (every

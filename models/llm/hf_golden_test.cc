@@ -3,7 +3,9 @@
 // transformers' last-position logits (at the first and a later generation step) within a
 // tight tolerance and the same greedy continuation. One model per feature flag: GQA and
 // rope_theta, llama3 RoPE scaling (bf16, tied), Qwen2 biases, Qwen3 q/k norms (bf16,
-// head_dim != hidden / heads), Mistral's sliding window, GPT-2.
+// head_dim != hidden / heads), Mistral's sliding window, GPT-2, Gemma 2 (attention and
+// final-logit soft-capping, alternating sliding/global layers), Gemma 3 text (q/k norms, a
+// RoPE per layer type; bf16), Phi-3 (fused projections, partial RoPE, sliding window).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,12 +24,18 @@ namespace {
 using nlohmann::json;
 
 // transformers and Kiln both compute in f32 (Kiln's reference kernels accumulate in f64);
-// logits are O(10).
+// logits are O(10). The models of issue 16 (Gemma 2, Gemma 3, Phi-3) are held to its 1e-4
+// (measured: 2.3e-5 to 3.4e-5 on AVX-512); the older ones keep their first bound.
 constexpr double kLogitTolerance = 2e-3;
+constexpr double kTightLogitTolerance = 1e-4;
 
 struct Case {
   std::string name;
   std::string architecture;
+  // Loaded instead of the folder where set: the same weights as llama.cpp's converter writes
+  // them (tests/fixtures/models/<gguf>), checked against the folder's reference.
+  std::string gguf = {};
+  double tolerance = kLogitTolerance;
 };
 
 class HfGoldenTest : public ::testing::TestWithParam<Case> {
@@ -62,7 +70,9 @@ TEST_P(HfGoldenTest, LogitsAndGreedyContinuationsMatchTransformers) {
   const json ref = json::parse(in);
   const std::vector<float> full = ReadF32(Folder() + "/kiln_reference_logits.f32");
 
-  auto loaded = LoadPagedLlm(ConfigFor(Folder()));
+  const std::string weights =
+      GetParam().gguf.empty() ? Folder() : testing::FixturePath("models/" + GetParam().gguf);
+  auto loaded = LoadPagedLlm(ConfigFor(weights));
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   PagedLlm& model = **loaded;
   EXPECT_EQ(model.info().architecture, GetParam().architecture);
@@ -100,12 +110,12 @@ TEST_P(HfGoldenTest, LogitsAndGreedyContinuationsMatchTransformers) {
     EXPECT_EQ(result->generated[i], p["greedy"].get<std::vector<int32_t>>()) << p["text"];
     ASSERT_EQ(diffs[i].size(), 2u) << p["text"];
     for (const auto& [step, d] : diffs[i]) {
-      EXPECT_LT(d, kLogitTolerance) << p["text"] << " at step " << step;
+      EXPECT_LT(d, GetParam().tolerance) << p["text"] << " at step " << step;
       worst = std::max(worst, d);
     }
   }
-  std::printf("%s: max |dlogit| vs transformers %.2e over %zu prompts\n", GetParam().name.c_str(),
-              worst, prompts.size());
+  std::printf("%s%s: max |dlogit| vs transformers %.2e over %zu prompts\n", GetParam().name.c_str(),
+              GetParam().gguf.empty() ? "" : " (GGUF)", worst, prompts.size());
   RecordProperty("max_logit_diff", std::to_string(worst));
 }
 
@@ -113,8 +123,15 @@ INSTANTIATE_TEST_SUITE_P(
     Fixtures, HfGoldenTest,
     ::testing::Values(Case{"llama_gqa_f32", "llama"}, Case{"llama3_rope_bf16", "llama"},
                       Case{"qwen2_bias_f32", "qwen2"}, Case{"qwen3_qknorm_bf16", "qwen3"},
-                      Case{"mistral_swa_f32", "mistral"}, Case{"gpt2_f32", "gpt2"}),
-    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+                      Case{"mistral_swa_f32", "mistral"}, Case{"gpt2_f32", "gpt2"},
+                      Case{"gemma2_softcap_f32", "gemma2", "", kTightLogitTolerance},
+                      Case{"gemma3_text_bf16", "gemma3", "", kTightLogitTolerance},
+                      Case{"phi3_fused_f32", "phi3", "", kTightLogitTolerance},
+                      Case{"gemma3_text_bf16", "gemma3", "gemma3_text_bf16.gguf",
+                           kTightLogitTolerance}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return info.param.name + (info.param.gguf.empty() ? "" : "_gguf");
+    });
 
 }  // namespace
 }  // namespace kiln::models

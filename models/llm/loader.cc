@@ -118,6 +118,12 @@ StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
     }
     KILN_ASSIGN_OR_RETURN(parts.tokenizer, Tokenizer::FromHfFolder(*files->hf()));
   }
+  if (!config.attention.empty()) {
+    ApplyAttentionConfig(config.attention, parts.hparams);
+    spdlog::info("{}: attention from the config: mask {}, score {}", config.path,
+                 config.attention.mask.empty() ? "(the model's)" : config.attention.mask,
+                 config.attention.score.empty() ? "(the model's)" : config.attention.score);
+  }
   const LlmHParams& hp = parts.hparams;
   if (parts.tokenizer->vocab_size() > hp.vocab_size) {
     return InvalidArgument(files->weights_path(), ": the tokenizer has ",

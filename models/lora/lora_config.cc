@@ -27,6 +27,17 @@ const std::vector<LoraModule>& Gpt2Modules() {
   return *m;
 }
 
+// Phi-3's fused projections (as PEFT names them on Phi3ForCausalLM).
+const std::vector<LoraModule>& Phi3Modules() {
+  static const auto* m = new std::vector<LoraModule>{
+      {"qkv_proj", "self_attn.qkv_proj", "attn_qkv"},
+      {"o_proj", "self_attn.o_proj", "attn_output"},
+      {"gate_up_proj", "mlp.gate_up_proj", "ffn_up"},
+      {"down_proj", "mlp.down_proj", "ffn_down"},
+  };
+  return *m;
+}
+
 // `a` ends with `b` at a component boundary ("mlp.c_proj" ends with "c_proj"; "xc_proj" not).
 bool EndsWithComponent(std::string_view a, std::string_view b) {
   return a == b || (a.size() > b.size() && a.ends_with(b) && a[a.size() - b.size() - 1] == '.');
@@ -67,17 +78,21 @@ Status LoraConfig::Validate() const {
   // Each target must name a module of some architecture; Trainer::Create checks the model's.
   for (const std::string& t : target_modules) {
     if (t == "all-linear") continue;
-    if (!ResolveLoraModules("llama", {t}).ok() && !ResolveLoraModules("gpt2", {t}).ok()) {
+    if (!ResolveLoraModules("llama", {t}).ok() && !ResolveLoraModules("gpt2", {t}).ok() &&
+        !ResolveLoraModules("phi3", {t}).ok()) {
       return InvalidArgument("unknown LoRA target module '", t,
-                             "'; allowed: ", PeftModuleNameList(), " (llama family), ",
-                             AllowedList(Gpt2Modules()), " (GPT-2), or all-linear");
+                             "'; allowed: ", PeftModuleNameList(), " (llama and Gemma families), ",
+                             AllowedList(Phi3Modules()), " (Phi-3), ", AllowedList(Gpt2Modules()),
+                             " (GPT-2), or all-linear");
     }
   }
   return OkStatus();
 }
 
 const std::vector<LoraModule>& LoraModules(std::string_view architecture) {
-  return architecture == "gpt2" ? Gpt2Modules() : LlamaModules();
+  if (architecture == "gpt2") return Gpt2Modules();
+  if (architecture == "phi3") return Phi3Modules();
+  return LlamaModules();
 }
 
 std::string_view LoraModuleLabel(std::string_view architecture, const LoraModule& m) {

@@ -56,8 +56,12 @@ struct LoraModule {
 // The modules of an architecture (LlmHParams::architecture), in canonical order:
 //   gpt2:          c_attn (attn.c_attn, attn_qkv: fused q/k/v), c_proj (attn.c_proj,
 //                  attn_output), c_fc (mlp.c_fc, ffn_up), c_proj (mlp.c_proj, ffn_down)
-//   anything else (the llama family): q_proj k_proj v_proj (self_attn.*, attn_q/k/v),
-//                  o_proj (attn_output), gate_proj up_proj down_proj (mlp.*, ffn_gate/up/down)
+//   phi3:          qkv_proj (self_attn.qkv_proj, attn_qkv: fused q/k/v), o_proj
+//                  (attn_output), gate_up_proj (mlp.gate_up_proj, ffn_up: fused gate/up),
+//                  down_proj (ffn_down)
+//   anything else (the llama and Gemma families): q_proj k_proj v_proj (self_attn.*,
+//                  attn_q/k/v), o_proj (attn_output), gate_proj up_proj down_proj (mlp.*,
+//                  ffn_gate/up/down)
 // The list names what the architecture's file could adapt; a model without one of them
 // simply has no such weight.
 const std::vector<LoraModule>& LoraModules(std::string_view architecture);

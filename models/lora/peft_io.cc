@@ -43,7 +43,8 @@ LoraLayerShape ModuleShape(const LlmHParams& hp, const LoraModule& m) {
   if (g == "attn_k" || g == "attn_v") return {c, kv};
   if (g == "attn_qkv") return {c, q + 2 * kv};
   if (g == "attn_output") return {q, c};
-  if (g == "ffn_gate" || g == "ffn_up") return {c, f};
+  if (g == "ffn_gate") return {c, f};
+  if (g == "ffn_up") return {c, hp.fused_gate_up ? 2 * f : f};  // Phi-3: gate and up rows
   if (g == "ffn_down") return {f, c};
   KILN_CHECK(false, "every LoRA module has a shape rule");
   return {};
