@@ -146,17 +146,6 @@ void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, 
   }
 }
 
-// Gemma's soft-capping score_mod, cap * tanh(s / cap), over a tile of scaled scores (before the
-// mask, as the op applies score_mod before mask_mod), through the ISA's vector exp:
-// tanh(x) = 1 - 2 / (e^2x + 1) (e^2x overflowing to inf gives 1; the absolute error stays
-// within a few ulps of 1, which is what the softmax sees).
-void SoftCap(const IsaKernels& k, float cap, float* s, int64_t n) {
-  const float two_over_cap = 2.0f / cap;
-  for (int64_t i = 0; i < n; ++i) s[i] *= two_over_cap;
-  k.scaled_exp(s, n, 0.0f, 1.0f, s);
-  for (int64_t i = 0; i < n; ++i) s[i] = cap - 2.0f * cap / (s[i] + 1.0f);
-}
-
 // kt[d * ld + j] = x[row j0 + j, element d] for j in [0, n), of one head (a transposed copy).
 void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, int64_t dim,
                float* kt, int64_t ld) {
@@ -216,15 +205,19 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
     float* s = sc.s.data();
     if (n > 0) {
-      // The tile's keys of kv head g, transposed, then S = scale Q K^T, masked.
+      // The tile's keys of kv head g, transposed, then S = scale Q K^T.
       Transpose(k, b, g, lo, n, D, sc.kt.data(), n);
       d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
                       false);
-      if (d.softcap > 0) SoftCap(*d.k, d.softcap, s, rows * n);
-      ApplyMask(d.mask, ids, b, r0, rows, lo, n, s);
     }
     for (int64_t i = 0; i < rows; ++i) {
       float* p = s + i * n;
+      if (n > 0) {
+        // Gemma's soft-capping, then the mask (the op applies score_mod first), a row at a
+        // time so that the row stays in L1 through the softmax below.
+        if (d.softcap > 0) d.k->soft_cap(p, n, 1.0f, d.softcap);
+        ApplyMask(d.mask, ids, b, r0 + i, 1, lo, n, p);
+      }
       float m = kNegInf;
       double sum = 0;
       if (n > 0) d.k->softmax_stats(p, n, &m, &sum);

@@ -138,6 +138,8 @@ struct IsaKernels {
   void (*small_gemm)(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb,
                      float* c, int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha,
                      bool accumulate);
+  // Gemma's soft-capping on scores scaled by `pre`, in place: s = cap * tanh(pre * s / cap).
+  void (*soft_cap)(float* s, int64_t n, float pre, float cap);
 };
 
 // True for the weight types gemv_q8 takes.

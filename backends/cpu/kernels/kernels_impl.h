@@ -465,6 +465,19 @@ void Dequant(const GemmArgs& a, int64_t n0, int64_t n1, float* dst) {
 
 // ---- Paged attention ---------------------------------------------------------------------------
 
+// s = cap * tanh(pre * s / cap) in place, Gemma's soft-capping score_mod on scores scaled by
+// `pre`: cap - 2 cap / (e^(2 pre s / cap) + 1) through the ISA's exp, in one pass (e^x
+// overflowing to inf gives cap; the absolute error stays within a few ulps of cap).
+void SoftCap(float* s, int64_t n, float pre, float cap) {
+  const F k2 = Set1(2 * pre / cap), c = Set1(cap), two_c = Set1(2 * cap), one = Set1(1);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const F e = Exp(Mul(Load(s + j), k2));
+    Store(s + j, Add(c, Mul(Set1(-1), Div(two_c, Add(e, one)))));
+  }
+  for (; j < n; ++j) s[j] = cap - 2 * cap / (std::exp(s[j] * (2 * pre / cap)) + 1);
+}
+
 constexpr int64_t kKeyTile = 64;
 
 inline float Dot(const float* a, const float* b, int64_t n) {
@@ -552,15 +565,10 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           }
         }
         for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
-        // Soft-capping: cap * tanh(scale * s / cap) = cap - 2 cap / (e^(2 scale s / cap) + 1)
-        // (e^x overflowing to inf gives cap), which leaves the scores scaled.
+        // Soft-capping scales the scores as it caps them.
         float mul = a.scale;
         if (a.softcap > 0) {
-          const float k2 = 2 * a.scale / a.softcap, cap = a.softcap;
-          int64_t e = 0;
-          for (; e + kLanes <= n; e += kLanes) Store(s + e, Exp(Mul(Load(s + e), Set1(k2))));
-          for (; e < n; ++e) s[e] = std::exp(s[e] * k2);
-          for (e = 0; e < n; ++e) s[e] = cap - 2 * cap / (s[e] + 1);
+          SoftCap(s, n, a.scale, a.softcap);
           mul = 1;
         }
         // Online softmax: rescale the running state to the new maximum.
@@ -748,10 +756,10 @@ void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
 
 #if KILN_ISA_HAS_Q8
 const IsaKernels kTable = {kIsa,       Gemv,   Gemm,         Dequant,   Attend,
-                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp, SmallGemm};
+                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
 #else
 const IsaKernels kTable = {kIsa,    Gemv,    Gemm,         Dequant,   Attend,
-                           nullptr, nullptr, SoftmaxStats, ScaledExp, SmallGemm};
+                           nullptr, nullptr, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
 #endif
 
 }  // namespace kiln::cpu::KILN_ISA_NS

@@ -25,6 +25,7 @@ inline F Load(const float* p) { return {_mm256_loadu_ps(p)}; }
 inline void Store(float* p, F a) { _mm256_storeu_ps(p, a.v); }
 inline F Add(F a, F b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline F Mul(F a, F b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline F Div(F a, F b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline F Fma(F a, F b, F c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
 // NaN-propagating maximum (either operand NaN -> NaN).
 inline F Max(F a, F b) {

@@ -26,6 +26,7 @@ inline F Load(const float* p) { return {_mm512_loadu_ps(p)}; }
 inline void Store(float* p, F a) { _mm512_storeu_ps(p, a.v); }
 inline F Add(F a, F b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline F Mul(F a, F b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline F Div(F a, F b) { return {_mm512_div_ps(a.v, b.v)}; }
 inline F Fma(F a, F b, F c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 inline F Max(F a, F b) {
   const __mmask16 nan = _mm512_cmp_ps_mask(a.v, a.v, _CMP_UNORD_Q);

@@ -39,6 +39,10 @@ inline F Mul(F a, F b) {
   for (int i = 0; i < 8; ++i) a.v[i] *= b.v[i];
   return a;
 }
+inline F Div(F a, F b) {
+  for (int i = 0; i < 8; ++i) a.v[i] /= b.v[i];
+  return a;
+}
 inline F Fma(F a, F b, F c) {
   for (int i = 0; i < 8; ++i) c.v[i] += a.v[i] * b.v[i];
   return c;
