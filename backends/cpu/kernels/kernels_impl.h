@@ -755,11 +755,11 @@ void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
 }  // namespace
 
 #if KILN_ISA_HAS_Q8
-const IsaKernels kTable = {kIsa,       Gemv,   Gemm,         Dequant,   Attend,
-                           QuantizeQ8, GemvQ8, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
+const IsaKernels kTable = {kIsa,   Gemv,         Gemm,      Dequant,   Attend, QuantizeQ8,
+                           GemvQ8, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
 #else
-const IsaKernels kTable = {kIsa,    Gemv,    Gemm,         Dequant,   Attend,
-                           nullptr, nullptr, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
+const IsaKernels kTable = {kIsa,    Gemv,         Gemm,      Dequant,   Attend, nullptr,
+                           nullptr, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
 #endif
 
 }  // namespace kiln::cpu::KILN_ISA_NS
