@@ -60,6 +60,49 @@ StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t f
   return g.GetI64(key);
 }
 
+Status DecoderSizesFromGguf(const GgufFile& g, std::string_view variant, float default_eps,
+                            LlmHParams& hp) {
+  const std::string a(variant);
+  hp.architecture = a;
+  KILN_ASSIGN_OR_RETURN(hp.num_layers, GgufInt(g, a + ".block_count"));
+  KILN_ASSIGN_OR_RETURN(hp.hidden_size, GgufInt(g, a + ".embedding_length"));
+  KILN_ASSIGN_OR_RETURN(hp.ffn_size, GgufInt(g, a + ".feed_forward_length"));
+  KILN_ASSIGN_OR_RETURN(hp.num_heads, GgufInt(g, a + ".attention.head_count"));
+  KILN_ASSIGN_OR_RETURN(hp.num_kv_heads,
+                        GgufIntOr(g, a + ".attention.head_count_kv", hp.num_heads));
+  KILN_ASSIGN_OR_RETURN(hp.context_length, GgufInt(g, a + ".context_length"));
+  KILN_ASSIGN_OR_RETURN(const float eps,
+                        g.GetF32Or(a + ".attention.layer_norm_rms_epsilon", default_eps));
+  hp.norm_eps = eps;
+  const int64_t default_head_dim = hp.num_heads > 0 ? hp.hidden_size / hp.num_heads : 0;
+  KILN_ASSIGN_OR_RETURN(hp.head_dim, GgufIntOr(g, a + ".attention.key_length", default_head_dim));
+  KILN_ASSIGN_OR_RETURN(const int64_t v_dim,
+                        GgufIntOr(g, a + ".attention.value_length", hp.head_dim));
+  if (v_dim != hp.head_dim) {
+    return Unimplemented(g.path(), ": attention.value_length ", v_dim, " differs from key_length ",
+                         hp.head_dim, "; not supported");
+  }
+  const GgufTensor* embd = g.FindTensor("token_embd.weight");
+  const int64_t embd_rows = embd != nullptr && embd->dims.size() == 2 ? embd->dims[1] : 0;
+  KILN_ASSIGN_OR_RETURN(hp.vocab_size, GgufIntOr(g, a + ".vocab_size", embd_rows));
+  return OkStatus();
+}
+
+Status DecoderSizesFromHf(const HfModelConfig& c, int64_t default_context, int64_t default_head_dim,
+                          LlmHParams& hp) {
+  KILN_ASSIGN_OR_RETURN(hp.vocab_size, c.GetInt("vocab_size"));
+  KILN_ASSIGN_OR_RETURN(hp.hidden_size, c.GetInt("hidden_size"));
+  KILN_ASSIGN_OR_RETURN(hp.num_layers, c.GetInt("num_hidden_layers"));
+  KILN_ASSIGN_OR_RETURN(hp.num_heads, c.GetInt("num_attention_heads"));
+  KILN_ASSIGN_OR_RETURN(hp.num_kv_heads, HfIntOr(c, "num_key_value_heads", hp.num_heads));
+  KILN_ASSIGN_OR_RETURN(hp.ffn_size, c.GetInt("intermediate_size"));
+  KILN_ASSIGN_OR_RETURN(hp.context_length, HfIntOr(c, "max_position_embeddings", default_context));
+  KILN_ASSIGN_OR_RETURN(hp.norm_eps, HfFloatOr(c, "rms_norm_eps", 1e-6));
+  if (default_head_dim == 0 && hp.num_heads > 0) default_head_dim = hp.hidden_size / hp.num_heads;
+  KILN_ASSIGN_OR_RETURN(hp.head_dim, HfIntOr(c, "head_dim", default_head_dim));
+  return OkStatus();
+}
+
 namespace {
 
 // RoPE from one transformers parameter object ({"rope_type", "rope_theta", "factor", ...});

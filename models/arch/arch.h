@@ -72,6 +72,19 @@ StatusOr<bool> HfBoolOr(const HfModelConfig& c, const std::string& key, bool fal
 StatusOr<int64_t> GgufInt(const GgufFile& g, const std::string& key);
 StatusOr<int64_t> GgufIntOr(const GgufFile& g, const std::string& key, int64_t fallback);
 
+// The sizes every RMSNorm decoder's GGUF metadata holds under "<variant>.": block_count,
+// embedding_length, feed_forward_length, attention.head_count(_kv), context_length,
+// attention.layer_norm_rms_epsilon (`default_eps` when absent), attention.key_length (hidden /
+// heads when absent; value_length must equal it) and vocab_size (else the rows of
+// token_embd.weight). Also sets hp.architecture = variant. Errors name the file and key.
+Status DecoderSizesFromGguf(const GgufFile& g, std::string_view variant, float default_eps,
+                            LlmHParams& hp);
+// The same from config.json: vocab_size, hidden_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads (= heads), intermediate_size, max_position_embeddings
+// (`default_context`), rms_norm_eps (1e-6), head_dim (`default_head_dim`; 0: hidden / heads).
+Status DecoderSizesFromHf(const HfModelConfig& c, int64_t default_context, int64_t default_head_dim,
+                          LlmHParams& hp);
+
 // RoPE from config.json: transformers 5's "rope_parameters" or 4's "rope_theta" +
 // "rope_scaling" (default, linear, llama3) and "partial_rotary_factor"; sets hp.rope. With
 // `two_ropes.enabled` (Gemma 3) also hp.rope_sliding, the sliding layers' RoPE: rope_parameters

@@ -41,23 +41,8 @@ std::vector<int64_t> AlternatingWindows(int64_t layers, int64_t period, int64_t 
 StatusOr<LlmHParams> GemmaFromGguf(const GgufFile& g, std::string_view variant) {
   const std::string a(variant);
   LlmHParams hp;
-  hp.architecture = a;
+  KILN_RETURN_IF_ERROR(DecoderSizesFromGguf(g, variant, 1e-6f, hp));
   hp.activation = LlmActivation::kGeluTanh;
-  KILN_ASSIGN_OR_RETURN(hp.num_layers, GgufInt(g, a + ".block_count"));
-  KILN_ASSIGN_OR_RETURN(hp.hidden_size, GgufInt(g, a + ".embedding_length"));
-  KILN_ASSIGN_OR_RETURN(hp.ffn_size, GgufInt(g, a + ".feed_forward_length"));
-  KILN_ASSIGN_OR_RETURN(hp.num_heads, GgufInt(g, a + ".attention.head_count"));
-  KILN_ASSIGN_OR_RETURN(hp.num_kv_heads,
-                        GgufIntOr(g, a + ".attention.head_count_kv", hp.num_heads));
-  KILN_ASSIGN_OR_RETURN(hp.context_length, GgufInt(g, a + ".context_length"));
-  KILN_ASSIGN_OR_RETURN(const float eps,
-                        g.GetF32Or(a + ".attention.layer_norm_rms_epsilon", 1e-6f));
-  hp.norm_eps = eps;
-  const int64_t default_head_dim = hp.num_heads > 0 ? hp.hidden_size / hp.num_heads : 0;
-  KILN_ASSIGN_OR_RETURN(hp.head_dim, GgufIntOr(g, a + ".attention.key_length", default_head_dim));
-  const GgufTensor* embd = g.FindTensor("token_embd.weight");
-  const int64_t embd_rows = embd != nullptr && embd->dims.size() == 2 ? embd->dims[1] : 0;
-  KILN_ASSIGN_OR_RETURN(hp.vocab_size, GgufIntOr(g, a + ".vocab_size", embd_rows));
   KILN_ASSIGN_OR_RETURN(const float theta,
                         g.GetF32Or(a + ".rope.freq_base", variant == "gemma3" ? 1e6f : 1e4f));
   hp.rope.theta = theta;
@@ -148,15 +133,8 @@ StatusOr<double> PositiveOr(const HfModelConfig& c, const std::string& key, doub
 StatusOr<LlmHParams> GemmaFromHf(const HfModelConfig& c, std::string_view variant) {
   LlmHParams hp;
   hp.architecture = variant == "gemma2" ? "gemma2" : "gemma3";
-  KILN_ASSIGN_OR_RETURN(hp.vocab_size, c.GetInt("vocab_size"));
-  KILN_ASSIGN_OR_RETURN(hp.hidden_size, c.GetInt("hidden_size"));
-  KILN_ASSIGN_OR_RETURN(hp.num_layers, c.GetInt("num_hidden_layers"));
-  KILN_ASSIGN_OR_RETURN(hp.num_heads, c.GetInt("num_attention_heads"));
-  KILN_ASSIGN_OR_RETURN(hp.num_kv_heads, HfIntOr(c, "num_key_value_heads", hp.num_heads));
-  KILN_ASSIGN_OR_RETURN(hp.ffn_size, c.GetInt("intermediate_size"));
-  KILN_ASSIGN_OR_RETURN(hp.context_length, HfIntOr(c, "max_position_embeddings", 8192));
-  KILN_ASSIGN_OR_RETURN(hp.norm_eps, HfFloatOr(c, "rms_norm_eps", 1e-6));
-  KILN_ASSIGN_OR_RETURN(hp.head_dim, HfIntOr(c, "head_dim", 256));
+  KILN_RETURN_IF_ERROR(
+      DecoderSizesFromHf(c, /*default_context=*/8192, /*default_head_dim=*/256, hp));
   // transformers reads hidden_activation (hidden_act in older configs).
   std::string act = "gelu_pytorch_tanh";
   for (const char* key : {"hidden_activation", "hidden_act"}) {

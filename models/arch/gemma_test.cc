@@ -237,21 +237,28 @@ TEST(AttentionConfigTest, ReplacesTheModelsModifiersOnEveryLayer) {
   EXPECT_EQ(causal.attn_softcap, 0);
   EXPECT_EQ(causal.final_softcap, 30);  // not an attention modifier
 
-  a = {.mask = "sliding_window", .window = 128, .score = "alibi"};
+  a = {};
+  a.mask = "sliding_window";
+  a.window = 128;
+  a.score = "alibi";
   LlmHParams window = *hp;
   ApplyAttentionConfig(a, window);
   EXPECT_EQ(window.sliding_window, (std::vector<int64_t>(4, 128)));
   EXPECT_TRUE(window.alibi);
   EXPECT_EQ(window.attn_softcap, 0);
 
-  a = {.mask = "chunked", .chunk = 64};  // score: the model's own
+  a = {};
+  a.mask = "chunked";  // score: the model's own
+  a.chunk = 64;
   LlmHParams chunked = *hp;
   ApplyAttentionConfig(a, chunked);
   EXPECT_TRUE(chunked.sliding_window.empty());
   EXPECT_EQ(chunked.attention_chunk, 64);
   EXPECT_EQ(chunked.attn_softcap, 50);
 
-  a = {.score = "softcap", .softcap = 20};  // mask: the model's own
+  a = {};
+  a.score = "softcap";  // mask: the model's own
+  a.softcap = 20;
   LlmHParams capped = *hp;
   ApplyAttentionConfig(a, capped);
   EXPECT_EQ(capped.sliding_window, hp->sliding_window);
