@@ -2,10 +2,12 @@
 // (OpKind::kAttention) and its backward (OpKind::kAttentionBackward), flash-attention style —
 // the [Tq, Tk] probabilities exist only per tile of 64 query rows, never for the whole head.
 //
-// Covered: f32 q/k/v/o, last axes contiguous (other strides free), no score_mod, mask_mod
-// none, CausalMask, SlidingWindowMask(w) or DocumentMask(0, Tk, w) (packed training rows,
-// document ids i32/i64 as aux 0). Keys a causal or window mask rules out for a whole tile are
-// never visited (about half the work of dense causal); the rest is masked per element.
+// Covered: f32 q/k/v/o, last axes contiguous (other strides free); score_mod none or, in the
+// forward, attn::SoftCapScore (Gemma 2); mask_mod none, CausalMask, SlidingWindowMask(w) or
+// DocumentMask(0, Tk, w) (packed training rows, document ids i32/i64 as aux 0). Keys a
+// causal, window or document mask rules out for a whole tile are never visited (about half
+// the work of dense causal; DenseAttentionScoresVisited counts what is); the rest is masked
+// per element.
 // Anything else (and layouts found at run time) runs the reference kernel.
 //
 // Work: the forward splits (batch, query head, query tile) over the pool by cost; the backward

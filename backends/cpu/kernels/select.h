@@ -11,14 +11,14 @@
 //               its column panels decoded to f32 per thread, then oneDNN or the packed GEMM.
 //   rope, kv_write, contiguous  threaded direct loops (token_ops.h).
 //   attention, attention_backward  dense f32 training attention with causal, window or
-//               document masks (attention_train.h).
+//               document masks, and soft-capping in the forward (attention_train.h).
 //   adamw, adam, sgd, adagrad  contiguous f32 tensors — one threaded pass, the reference's
 //               arithmetic (optimizer.h).
 //   fused_cross_entropy  f32 logits, contiguous rows — vectorised, threads over rows
 //               (cross_entropy.h).
-//   paged_attention  q f32, K/V caches both f32, f16 or bf16, no score_mod, mask none,
-//               causal or sliding window — threads over (sequence, kv head, query rows), and
-//               over the context for long decode.
+//   paged_attention  q f32, K/V caches both f32, f16 or bf16, mask none, causal or sliding
+//               window, score_mod none or soft-capping (Gemma 2) — threads over (sequence, kv
+//               head, query rows), and over the context for long decode.
 // Everything else (and layouts the kernels do not take, found at run time: non-contiguous
 // rows, overlapping sequences) runs the reference kernel.
 //
