@@ -17,6 +17,7 @@
 #include "models/io/test_paths.h"
 #include "models/llm/model_files.h"
 #include "models/llm/paged_llm.h"
+#include "models/llm/testing/greedy_driver.h"
 
 namespace kiln::models {
 namespace {
@@ -68,6 +69,70 @@ TEST_F(LoaderTest, LoadsTheFixture) {
   EXPECT_EQ((*m)->info().architecture, "llama");
   EXPECT_EQ((*m)->hparams().num_kv_heads * 2, (*m)->hparams().num_heads);  // GQA
   EXPECT_GT((*m)->mapped_weight_bytes(), 0);  // f32 safetensors: zero-copy
+}
+
+// A config's `attention:` section replaces the model's modifiers, and the cpu kernels run them
+// as the reference backend does: chunks of 4 with a soft-cap of 2, and a window of 3 with ALiBi,
+// on the Llama fixture; greedy continuations and every logit compared over chunked prefill and
+// decode.
+TEST_F(LoaderTest, AttentionFromTheConfigRunsOnCpuAsOnTheReference) {
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 300, 42, 7, 9, 81, 1000, 3, 12},
+                                                     {64, 2, 19}};
+  // The first logits of prompt 0 with the model's own attention (plain causal).
+  std::vector<float> plain;
+  {
+    auto m = LoadPagedLlm(ConfigFor(dir_.string()));
+    ASSERT_TRUE(m.ok()) << m.status();
+    testing::GreedyOptions opt;
+    opt.max_new_tokens = 1;
+    opt.on_logits = [&](size_t seq, int32_t, std::span<const float> l) {
+      if (seq == 0) plain.assign(l.begin(), l.end());
+    };
+    ASSERT_TRUE(testing::RunGreedy(**m, prompts, opt).ok());
+  }
+  config::AttentionConfig settings[2];
+  settings[0].mask = "chunked";
+  settings[0].chunk = 4;
+  settings[0].score = "softcap";
+  settings[0].softcap = 2;
+  settings[1].mask = "sliding_window";
+  settings[1].window = 3;
+  settings[1].score = "alibi";
+  for (const config::AttentionConfig& a : settings) {
+    SCOPED_TRACE(a.mask + " " + a.score);
+    std::vector<std::vector<float>> logits[2];
+    std::vector<std::vector<int32_t>> generated[2];
+    for (int i = 0; i < 2; ++i) {
+      config::ModelConfig c = ConfigFor(dir_.string());
+      c.backend = i == 0 ? "ref" : "cpu";
+      c.attention = a;
+      auto m = LoadPagedLlm(c);
+      ASSERT_TRUE(m.ok()) << m.status();
+      testing::GreedyOptions opt;
+      opt.max_new_tokens = 8;
+      opt.max_step_tokens = 5;  // prefill chunks that straddle the attention chunks
+      opt.on_logits = [&](size_t, int32_t, std::span<const float> l) {
+        logits[i].emplace_back(l.begin(), l.end());
+      };
+      auto r = testing::RunGreedy(**m, prompts, opt);
+      ASSERT_TRUE(r.ok()) << r.status();
+      generated[i] = r->generated;
+    }
+    EXPECT_EQ(generated[1], generated[0]);
+    ASSERT_EQ(logits[1].size(), logits[0].size());
+    double worst = 0;
+    for (size_t s = 0; s < logits[0].size(); ++s) {
+      for (size_t v = 0; v < logits[0][s].size(); ++v) {
+        worst = std::max(worst, std::abs(double(logits[1][s][v]) - logits[0][s][v]));
+      }
+    }
+    EXPECT_LT(worst, 1e-3);
+    double moved = 0;  // the section did change the model
+    for (size_t v = 0; v < plain.size(); ++v) {
+      moved = std::max(moved, std::abs(double(plain[v]) - logits[1][0][v]));
+    }
+    EXPECT_GT(moved, 1e-2);
+  }
 }
 
 TEST_F(LoaderTest, UnknownArchitectureListsTheSupportedOnes) {

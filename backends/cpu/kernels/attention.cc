@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <memory>
 #include <mutex>
+#include <numbers>
 #include <unordered_map>
 #include <vector>
 
@@ -30,7 +32,9 @@ struct AttnData {
   const IsaKernels* k = nullptr;
   MaskKind mask = MaskKind::kNone;
   int64_t window = 0;
+  int64_t chunk = 0;
   float scale = 1;
+  std::vector<float> alibi_slopes;  // per query head; empty: no ALiBi
   float softcap = 0;
   Kernel fallback;
   mutable std::mutex mu;
@@ -104,8 +108,9 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
     const int64_t pos0 = len[s] - nq;
     for (int64_t g = 0; g < Hkv; ++g) {
       // Visible keys of a decode row (position len - 1).
-      const int64_t klo =
+      int64_t klo =
           d.mask == MaskKind::kSlidingWindow ? std::max<int64_t>(0, len[s] - d.window) : 0;
+      if (d.chunk > 0 && len[s] > 0) klo = std::max(klo, (len[s] - 1) - (len[s] - 1) % d.chunk);
       const int64_t span = len[s] - klo;
       if (nq == 1 && num_items_unsplit < want && span >= 2 * kMinSplitKeys) {
         const int64_t parts =
@@ -181,6 +186,8 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   args.scale = d.scale;
   args.mask = d.mask;
   args.window = d.window;
+  args.chunk = d.chunk;
+  args.alibi_slopes = d.alibi_slopes.empty() ? nullptr : d.alibi_slopes.data();
   args.softcap = d.softcap;
 
   std::vector<int64_t> blocks;
@@ -257,33 +264,102 @@ std::optional<double> SoftCapOf(const Expr& score) {
   return cap;
 }
 
+namespace {
+
+// The paged kernel's view of a mask: ClassifyMask's, or attn::ChunkedMask(c) alone or And-ed
+// with a sliding window (as ForwardContext::AttentionFor builds it).
+struct PagedMask {
+  MaskKind kind = MaskKind::kNone;
+  int64_t window = 0, chunk = 0;
+};
+
+// c of a mask that is exactly attn::ChunkedMask(c), else 0. ChunkedMask(c) is
+// And(Le(kv, q), Ge(kv, q - Mod(q, c))).
+int64_t ChunkOf(const Expr& mask) {
+  const ExprNode& n = mask.node();
+  if (n.op != ExprOp::kAnd || n.args.size() != 2) return 0;
+  const ExprNode& ge = n.args[1].node();
+  if (ge.args.size() != 2) return 0;
+  const ExprNode& sub = ge.args[1].node();
+  if (sub.args.size() != 2) return 0;
+  const ExprNode& mod = sub.args[1].node();
+  if (mod.op != ExprOp::kMod || mod.args.size() != 2) return 0;
+  const ExprNode& c = mod.args[1].node();
+  if (c.op != ExprOp::kConst || c.type != DType::kI64 || c.ivalue <= 0) return 0;
+  return mask == attn::ChunkedMask(c.ivalue) ? c.ivalue : 0;
+}
+
+std::optional<PagedMask> ClassifyPagedMask(const Expr& mask) {
+  if (const auto m = ClassifyMask(mask)) return PagedMask{m->first, m->second, 0};
+  if (const int64_t c = ChunkOf(mask)) return PagedMask{MaskKind::kCausal, 0, c};
+  const ExprNode& n = mask.node();
+  if (n.op != ExprOp::kAnd || n.args.size() != 2) return std::nullopt;
+  const int64_t c = ChunkOf(n.args[0]);
+  const auto w = ClassifyMask(n.args[1]);
+  if (c == 0 || !w || w->first != MaskKind::kSlidingWindow) return std::nullopt;
+  return PagedMask{MaskKind::kSlidingWindow, w->second, c};
+}
+
+// The score_mod the paged kernel implements: none, attn::AlibiScore(heads), SoftCapScore(cap),
+// or ALiBi then the cap (attn::Then). Sets `alibi` and `softcap`; false for any other.
+bool ClassifyPagedScore(const Expr& score, int64_t heads, bool* alibi,
+                        std::optional<double>* softcap) {
+  *alibi = false;
+  if (!score) return true;
+  const Expr bias = attn::AlibiScore(heads);
+  if (score == bias) return *alibi = true;
+  if ((*softcap = SoftCapOf(score))) return true;
+  // Then(Alibi, SoftCap(cap)) = cap * tanh(alibi / cap).
+  const ExprNode& n = score.node();
+  if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
+    return false;
+  }
+  const double cap = n.args[0].node().fvalue;
+  if (!(cap > 0) || score != attn::Then(bias, attn::SoftCapScore(cap))) return false;
+  *softcap = cap;
+  return *alibi = true;
+}
+
+}  // namespace
+
 StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {
   if (req.inputs.size() != 6) return std::optional<Kernel>();
+  const auto heads = req.inputs[0].shape[1].TryConstant();
+  bool alibi = false;
   std::optional<double> softcap;
-  if (req.attrs->expr[1]) {
-    softcap = SoftCapOf(req.attrs->expr[1]);
-    if (!softcap) return std::optional<Kernel>();
+  if (!heads || !ClassifyPagedScore(req.attrs->expr[1], *heads, &alibi, &softcap)) {
+    return std::optional<Kernel>();
   }
   const DType kv = req.inputs[1].dtype;
   if (req.inputs[0].dtype != DType::kF32 || req.output.dtype != DType::kF32 ||
       req.inputs[2].dtype != kv || (kv != DType::kF32 && kv != DType::kF16 && kv != DType::kBF16)) {
     return std::optional<Kernel>();
   }
-  const auto mask = ClassifyMask(req.attrs->expr[0]);
+  const auto mask = ClassifyPagedMask(req.attrs->expr[0]);
   if (!mask) return std::optional<Kernel>();
   auto d = std::make_shared<AttnData>();
   d->k = KernelsFor(ctx.isa);
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
-  d->mask = mask->first;
-  d->window = mask->second;
+  d->mask = mask->kind;
+  d->window = mask->window;
+  d->chunk = mask->chunk;
   d->scale = static_cast<float>(req.attrs->floats[0]);
   d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
+  if (alibi) {
+    // slope(h) = 2^(-8 (h + 1) / heads), rounded as the expression's f32 nodes round it.
+    const float step = static_cast<float>(-8.0 * std::numbers::ln2 / static_cast<double>(*heads));
+    for (int64_t h = 0; h < *heads; ++h) {
+      const float x = static_cast<float>(h + 1) * step;
+      d->alibi_slopes.push_back(static_cast<float>(std::exp(static_cast<double>(x))));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   static const char* kMaskNames[] = {"none", "causal", "window"};
-  std::string name = absl::StrCat("cpu.paged_attention.", IsaName(d->k->isa), "[",
-                                  kMaskNames[static_cast<int>(d->mask)],
-                                  softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
+  std::string name = absl::StrCat(
+      "cpu.paged_attention.", IsaName(d->k->isa), "[", kMaskNames[static_cast<int>(d->mask)],
+      d->chunk > 0 ? absl::StrCat(" chunk ", d->chunk) : "", alibi ? " alibi" : "",
+      softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
   return std::optional<Kernel>(Kernel{PagedAttentionKernel, std::move(d), std::move(name)});
 }
 

@@ -235,6 +235,7 @@ std::vector<OpCase> AttentionCases() {
     const char* name;
     Expr mask;
     Expr score = {};
+    bool alibi = false;  // ALiBi over the setup's query heads, before `score`
   };
   const Mask masks[] = {
       {"causal", attn::CausalMask()},
@@ -242,7 +243,11 @@ std::vector<OpCase> AttentionCases() {
       {"window 300", attn::SlidingWindowMask(300)},
       {"unmasked", Expr()},
       {"causal softcap 30", attn::CausalMask(), attn::SoftCapScore(30)},
-      {"window 7 softcap 1.5", attn::SlidingWindowMask(7), attn::SoftCapScore(1.5)}};
+      {"window 7 softcap 1.5", attn::SlidingWindowMask(7), attn::SoftCapScore(1.5)},
+      {"chunked 6", attn::ChunkedMask(6)},
+      {"chunked 300 and window 7", And(attn::ChunkedMask(300), attn::SlidingWindowMask(7))},
+      {"causal alibi", attn::CausalMask(), {}, true},
+      {"chunked 5 alibi softcap 2", attn::ChunkedMask(5), attn::SoftCapScore(2), true}};
   for (const PagedSetup& s : setups) {
     const int64_t S = static_cast<int64_t>(s.seq_lens.size());
     for (DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -257,6 +262,10 @@ std::vector<OpCase> AttentionCases() {
         AttentionParams p;
         p.mask_mod = m.mask;
         p.score_mod = m.score;
+        if (m.alibi) {
+          const Expr bias = attn::AlibiScore(s.hq);
+          p.score_mod = m.score ? attn::Then(bias, m.score) : bias;
+        }
         out.push_back(Make("paged_attention",
                            absl::StrCat(s.name, " ", DTypeName(cache), " cache, ", m.name), in,
                            [p](Builder& b, const V& x) {
@@ -404,25 +413,32 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
             runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 127)});
 }
 
-// Gemma 2's soft-capped sliding-window layers run on the paged kernel, not the reference, on
-// every instruction set.
-TEST(HarnessSoftCap, PagedAttentionSoftCapsInTheKernel) {
+// The modifiers a model's `attention:` config names (chunks, ALiBi, soft-capping; Gemma 2's
+// soft-capped sliding-window layers) run on the paged kernel, not the reference, on every
+// instruction set.
+TEST(HarnessModifiers, PagedAttentionAppliesThemInTheKernel) {
   std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
   int run = 0;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!IsaSupported(isa)) continue;
     VariantDevice dev(isa, nullptr, 2);
     for (const OpCase& c : AttentionCases()) {
-      if (c.name.find("softcap") == std::string::npos) continue;
+      const bool softcap = c.name.find("softcap") != std::string::npos;
+      const bool chunked = c.name.find("chunked") != std::string::npos;
+      const bool alibi = c.name.find("alibi") != std::string::npos;
+      if (!softcap && !chunked && !alibi) continue;
       const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
       EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
           << IsaName(isa) << " " << c.name << ": " << r.message;
-      EXPECT_NE(dev.last_kernel().find("softcap"), std::string::npos)
-          << c.name << ": " << dev.last_kernel();
+      const std::string k = dev.last_kernel();
+      EXPECT_EQ(k.find("cpu.paged_attention"), 0u) << c.name << ": " << k;
+      EXPECT_EQ(k.find("softcap") != std::string::npos, softcap) << c.name << ": " << k;
+      EXPECT_EQ(k.find("chunk") != std::string::npos, chunked) << c.name << ": " << k;
+      EXPECT_EQ(k.find("alibi") != std::string::npos, alibi) << c.name << ": " << k;
       ++run;
     }
   }
-  EXPECT_GE(run, 8);
+  EXPECT_GE(run, 24);
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),

@@ -62,7 +62,12 @@ struct AttnArgs {
   MaskKind mask = MaskKind::kNone;
   int64_t window = 0;  // kSlidingWindow: key j is visible from query position p iff
                        // j <= p && p - j < window
-  float softcap = 0;   // > 0: score_mod attn::SoftCapScore(softcap) on the scaled scores
+  int64_t chunk = 0;   // > 0 (with a causal or window mask): key j is visible from position p
+                       // only if j >= p - p % chunk (attn::ChunkedMask)
+  // Non-null: score_mod attn::AlibiScore, s + slopes[query head] * (j - p), on the scaled
+  // scores (before any soft-cap).
+  const float* alibi_slopes = nullptr;
+  float softcap = 0;  // > 0: score_mod attn::SoftCapScore(softcap) on the scaled scores
 };
 
 // One unit of attention work: query rows [t0, t1) of one sequence (row t0 at key position

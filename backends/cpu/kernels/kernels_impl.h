@@ -512,12 +512,14 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
   float* acc = Scratch(kSlotAcc, G * (Dv + 2));  // per head: acc[Dv], then max, sum
   const float* krow[kKeyTile];
   const float* vrow[kKeyTile];
+  int64_t kpos[kKeyTile];  // the position of each visible key (ALiBi)
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = t.t0; r < t.t1; ++r) {
     const int64_t pos = t.pos0 + (r - t.t0);
     int64_t lo = t.j0, hi = t.j1;
     if (a.mask != MaskKind::kNone) hi = std::min(hi, pos + 1);
     if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, pos - a.window + 1);
+    if (a.chunk > 0) lo = std::max(lo, pos - pos % a.chunk);
     for (int64_t h = 0; h < G; ++h) {
       float* ah = acc + h * (Dv + 2);
       std::fill(ah, ah + Dv, 0.0f);
@@ -544,6 +546,7 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           krow[n] = reinterpret_cast<const float*>(kp);
           vrow[n] = reinterpret_cast<const float*>(vp);
         }
+        kpos[n] = j;
         ++n;
       }
       if (n == 0) continue;
@@ -565,10 +568,15 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           }
         }
         for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
-        // Soft-capping scales the scores as it caps them.
+        // ALiBi, then soft-capping, each scaling the scores as it modifies them.
         float mul = a.scale;
+        if (a.alibi_slopes != nullptr) {
+          const float slope = a.alibi_slopes[t.g * G + h];
+          for (int i = 0; i < n; ++i) s[i] = s[i] * mul + slope * static_cast<float>(kpos[i] - pos);
+          mul = 1;
+        }
         if (a.softcap > 0) {
-          SoftCap(s, n, a.scale, a.softcap);
+          SoftCap(s, n, mul, a.softcap);
           mul = 1;
         }
         // Online softmax: rescale the running state to the new maximum.

@@ -16,9 +16,10 @@
 //               arithmetic (optimizer.h).
 //   fused_cross_entropy  f32 logits, contiguous rows — vectorised, threads over rows
 //               (cross_entropy.h).
-//   paged_attention  q f32, K/V caches both f32, f16 or bf16, mask none, causal or sliding
-//               window, score_mod none or soft-capping (Gemma 2) — threads over (sequence, kv
-//               head, query rows), and over the context for long decode.
+//   paged_attention  q f32, K/V caches both f32, f16 or bf16, mask none, causal, sliding
+//               window, chunked (alone or with a window), score_mod none, ALiBi, soft-capping
+//               (Gemma 2) or ALiBi then the cap — threads over (sequence, kv head, query rows),
+//               and over the context for long decode.
 // Everything else (and layouts the kernels do not take, found at run time: non-contiguous
 // rows, overlapping sequences) runs the reference kernel.
 //
