@@ -3,7 +3,9 @@
 // dense causal, unmasked (every query sees every key), a sliding window of 256, a document mask (16
 // documents of 256 tokens, the packed-training mask) and soft-capped causal scores. Each case also
 // reports its time as a multiple of dense causal measured in the same run (`vs_causal`: < 1 is
-// faster).
+// faster). `paged_prefill16x256` is the continuous batcher's path for the documents case (16
+// sequences of 256 new tokens in one paged step; `vs_documents` against the dense
+// document-masked op): issue 16 item 6's measurement.
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens N]
 //
@@ -96,6 +98,66 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
   }
 }
 
+// Issue 16 item 6's alternative: the continuous batcher's prefill of the same 16 documents as
+// 16 sequences of 256 new tokens in one paged step (blocks of 16 tokens, f32 cache) — what a
+// document-masked dense prefill would replace.
+void BM_PagedPrefill(benchmark::State& state) {
+  backend::Device& dev = Cpu();
+  const int64_t T = g_tokens, seqs = T / kDocLen, bs = 16, mb = kDocLen / bs, nb = seqs * mb;
+  Graph g;
+  Builder b(&g);
+  const Value o = b.PagedAttention(
+      b.Input("q", DType::kF32, {T, kHeads, kD}), b.State("k", DType::kF32, {nb, bs, kHeads, kD}),
+      b.State("v", DType::kF32, {nb, bs, kHeads, kD}), b.Input("bt", DType::kI32, {seqs, mb}),
+      b.Input("sl", DType::kI32, {seqs}), b.Input("qs", DType::kI32, {seqs + 1}),
+      {0, attn::CausalMask(), {}});
+  auto prog = Compile(g, {o}, dev);
+  if (!prog.ok()) {
+    state.SkipWithError(std::string(StatusMessage(prog.status())).c_str());
+    return;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<double> dist(0, 1);
+  auto bind = [&](const char* name, DType t, std::vector<int64_t> shape, std::vector<double> x) {
+    if (x.empty()) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      x.resize(static_cast<size_t>(n));
+      for (double& e : x) e = dist(rng);
+    }
+    return (*prog)->Bind(name, *Tensor::FromDoubles(dev, t, shape, x)).ok();
+  };
+  std::vector<double> table, lens(static_cast<size_t>(seqs), static_cast<double>(kDocLen)), qs;
+  for (int64_t i = 0; i < nb; ++i) table.push_back(static_cast<double>(i));
+  for (int64_t s = 0; s <= seqs; ++s) qs.push_back(static_cast<double>(s * kDocLen));
+  if (!bind("q", DType::kF32, {T, kHeads, kD}, {}) ||
+      !bind("k", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
+      !bind("v", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
+      !bind("bt", DType::kI32, {seqs, mb}, table) || !bind("sl", DType::kI32, {seqs}, lens) ||
+      !bind("qs", DType::kI32, {seqs + 1}, qs)) {
+    state.SkipWithError("bind failed");
+    return;
+  }
+  auto stream = dev.CreateStream();
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!(*prog)->Run(**stream).ok() || !(*stream)->Synchronize().ok()) {
+      state.SkipWithError("run failed");
+      return;
+    }
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double per_run = total / static_cast<double>(state.iterations());
+  state.counters["ms"] = per_run * 1e3;
+  if (auto c = Seconds().find("causal"); c != Seconds().end() && c->second > 0) {
+    state.counters["vs_causal"] = per_run / c->second;
+  }
+  if (auto d = Seconds().find("documents16x256"); d != Seconds().end() && d->second > 0) {
+    state.counters["vs_documents"] = per_run / d->second;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -124,6 +186,10 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->MinTime(2.0);
   }
+  benchmark::RegisterBenchmark("paged_prefill16x256", kiln::BM_PagedPrefill)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime()
+      ->MinTime(2.0);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
