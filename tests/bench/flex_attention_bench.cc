@@ -44,6 +44,22 @@ std::map<std::string, double>& Seconds() {  // per case, for the ratio to causal
   return *m;
 }
 
+// Runs `prog` once per benchmark iteration; returns the mean seconds per run, or -1 after
+// marking the benchmark failed.
+double TimeRuns(benchmark::State& state, Program& prog, backend::Device& dev) {
+  auto stream = dev.CreateStream();
+  double total = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!prog.Run(**stream).ok() || !(*stream)->Synchronize().ok()) {
+      state.SkipWithError("run failed");
+      return -1;
+    }
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return total / static_cast<double>(state.iterations());
+}
+
 void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, Expr score,
                   bool documents) {
   backend::Device& dev = Cpu();
@@ -80,17 +96,8 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
       return;
     }
   }
-  auto stream = dev.CreateStream();
-  double total = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!(*prog)->Run(**stream).ok() || !(*stream)->Synchronize().ok()) {
-      state.SkipWithError("run failed");
-      return;
-    }
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const double per_run = total / static_cast<double>(state.iterations());
+  const double per_run = TimeRuns(state, **prog, dev);
+  if (per_run < 0) return;
   Seconds()[name] = per_run;
   state.counters["ms"] = per_run * 1e3;
   if (auto c = Seconds().find("causal"); c != Seconds().end() && c->second > 0) {
@@ -138,17 +145,8 @@ void BM_PagedPrefill(benchmark::State& state) {
     state.SkipWithError("bind failed");
     return;
   }
-  auto stream = dev.CreateStream();
-  double total = 0;
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!(*prog)->Run(**stream).ok() || !(*stream)->Synchronize().ok()) {
-      state.SkipWithError("run failed");
-      return;
-    }
-    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  const double per_run = total / static_cast<double>(state.iterations());
+  const double per_run = TimeRuns(state, **prog, dev);
+  if (per_run < 0) return;
   state.counters["ms"] = per_run * 1e3;
   if (auto c = Seconds().find("causal"); c != Seconds().end() && c->second > 0) {
     state.counters["vs_causal"] = per_run / c->second;
