@@ -62,7 +62,7 @@ StatusOr<LlmHParams> GemmaFromGguf(const GgufFile& g, std::string_view variant) 
   KILN_ASSIGN_OR_RETURN(const int64_t window, GgufIntOr(g, a + ".attention.sliding_window", 0));
   if (window < 0) {
     return InvalidArgument(g.path(), ": ", a, ".attention.sliding_window is ", window,
-                           "; it must be positive");
+                           "; it must be a positive number of tokens (or absent)");
   }
   const std::string pattern_key = a + ".attention.sliding_window_pattern";
   if (window > 0) {
@@ -71,8 +71,7 @@ StatusOr<LlmHParams> GemmaFromGguf(const GgufFile& g, std::string_view variant) 
       if (pattern->is_array()) {
         if (pattern->element_type() != GgufValueType::kBool) {
           return InvalidArgument(g.path(), ": ", pattern_key,
-                                 " must be a number or an array of "
-                                 "bools, got ",
+                                 " must be a period or one bool per layer, got ",
                                  pattern->DebugString());
         }
         if (pattern->array_size() != static_cast<uint64_t>(hp.num_layers)) {
