@@ -4,7 +4,7 @@
 // documents of 256 tokens, the packed-training mask) and soft-capped causal scores. Each case also
 // reports its time as a multiple of dense causal measured in the same run (`vs_causal`: < 1 is
 // faster). `paged_prefill16x256` is the continuous batcher's path for the documents case (16
-// sequences of 256 new tokens in one paged step; `vs_documents` against the dense
+// sequences of 256 new tokens in one paged step; `vs_documents16x256` against the dense
 // document-masked op): issue 16 item 6's measurement.
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens N]
@@ -60,6 +60,20 @@ double TimeRuns(benchmark::State& state, Program& prog, backend::Device& dev) {
   return total / static_cast<double>(state.iterations());
 }
 
+// Records case `name`'s time and reports it in ms and against the cases it is compared with
+// (dense causal; `also`, when set and already measured).
+void Report(benchmark::State& state, const std::string& name, double per_run,
+            const char* also = nullptr) {
+  Seconds()[name] = per_run;
+  state.counters["ms"] = per_run * 1e3;
+  for (const char* base : {"causal", also}) {
+    if (base == nullptr) continue;
+    if (auto c = Seconds().find(base); c != Seconds().end() && c->second > 0) {
+      state.counters[std::string("vs_") + base] = per_run / c->second;
+    }
+  }
+}
+
 void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, Expr score,
                   bool documents) {
   backend::Device& dev = Cpu();
@@ -97,12 +111,7 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
     }
   }
   const double per_run = TimeRuns(state, **prog, dev);
-  if (per_run < 0) return;
-  Seconds()[name] = per_run;
-  state.counters["ms"] = per_run * 1e3;
-  if (auto c = Seconds().find("causal"); c != Seconds().end() && c->second > 0) {
-    state.counters["vs_causal"] = per_run / c->second;
-  }
+  if (per_run >= 0) Report(state, name, per_run);
 }
 
 // Issue 16 item 6's alternative: the continuous batcher's prefill of the same 16 documents as
@@ -111,6 +120,10 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
 void BM_PagedPrefill(benchmark::State& state) {
   backend::Device& dev = Cpu();
   const int64_t T = g_tokens, seqs = T / kDocLen, bs = 16, mb = kDocLen / bs, nb = seqs * mb;
+  if (T % kDocLen != 0) {
+    state.SkipWithError("--tokens must be a multiple of 256 (the documents' length)");
+    return;
+  }
   Graph g;
   Builder b(&g);
   const Value o = b.PagedAttention(
@@ -146,14 +159,7 @@ void BM_PagedPrefill(benchmark::State& state) {
     return;
   }
   const double per_run = TimeRuns(state, **prog, dev);
-  if (per_run < 0) return;
-  state.counters["ms"] = per_run * 1e3;
-  if (auto c = Seconds().find("causal"); c != Seconds().end() && c->second > 0) {
-    state.counters["vs_causal"] = per_run / c->second;
-  }
-  if (auto d = Seconds().find("documents16x256"); d != Seconds().end() && d->second > 0) {
-    state.counters["vs_documents"] = per_run / d->second;
-  }
+  if (per_run >= 0) Report(state, "paged_prefill16x256", per_run, "documents16x256");
 }
 
 }  // namespace

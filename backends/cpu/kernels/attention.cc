@@ -2,10 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <memory>
 #include <mutex>
-#include <numbers>
 #include <unordered_map>
 #include <vector>
 
@@ -253,14 +251,14 @@ std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
   return std::nullopt;
 }
 
-// The cap of a score_mod that is exactly attn::SoftCapScore(cap); nullopt for any other.
-std::optional<double> SoftCapOf(const Expr& score) {
+std::optional<double> SoftCapOf(const Expr& score, const Expr& inner) {
+  // cap * tanh(inner / cap): read the cap, then compare whole trees.
   const ExprNode& n = score.node();
   if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
     return std::nullopt;
   }
   const double cap = n.args[0].node().fvalue;
-  if (!(cap > 0) || score != attn::SoftCapScore(cap)) return std::nullopt;
+  if (!(cap > 0) || score != attn::Then(inner, attn::SoftCapScore(cap))) return std::nullopt;
   return cap;
 }
 
@@ -309,15 +307,24 @@ bool ClassifyPagedScore(const Expr& score, int64_t heads, bool* alibi,
   const Expr bias = attn::AlibiScore(heads);
   if (score == bias) return *alibi = true;
   if ((*softcap = SoftCapOf(score))) return true;
-  // Then(Alibi, SoftCap(cap)) = cap * tanh(alibi / cap).
-  const ExprNode& n = score.node();
-  if (n.op != ExprOp::kMul || n.args.size() != 2 || n.args[0].node().op != ExprOp::kConst) {
-    return false;
+  if ((*softcap = SoftCapOf(score, bias))) return *alibi = true;
+  return false;
+}
+
+// ALiBi's slope of each query head, evaluated from the score_mod itself (score 0, one key
+// after the query), so the kernel's slopes are the reference's to the bit.
+std::vector<float> AlibiSlopes(int64_t heads) {
+  const ExprProgram bias(attn::AlibiScore(heads));
+  std::vector<float> slopes;
+  const ExprValue score{.f = 0};
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t index[] = {0, h, 0, 1};  // b, h, q_idx, kv_idx
+    ExprEnv env;
+    env.inputs = &score;
+    env.index = index;
+    slopes.push_back(static_cast<float>(bias.Eval(env).f));
   }
-  const double cap = n.args[0].node().fvalue;
-  if (!(cap > 0) || score != attn::Then(bias, attn::SoftCapScore(cap))) return false;
-  *softcap = cap;
-  return *alibi = true;
+  return slopes;
 }
 
 }  // namespace
@@ -346,14 +353,7 @@ StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& re
   d->chunk = mask->chunk;
   d->scale = static_cast<float>(req.attrs->floats[0]);
   d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
-  if (alibi) {
-    // slope(h) = 2^(-8 (h + 1) / heads), rounded as the expression's f32 nodes round it.
-    const float step = static_cast<float>(-8.0 * std::numbers::ln2 / static_cast<double>(*heads));
-    for (int64_t h = 0; h < *heads; ++h) {
-      const float x = static_cast<float>(h + 1) * step;
-      d->alibi_slopes.push_back(static_cast<float>(std::exp(static_cast<double>(x))));
-    }
-  }
+  if (alibi) d->alibi_slopes = AlibiSlopes(*heads);
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   static const char* kMaskNames[] = {"none", "causal", "window"};
   std::string name = absl::StrCat(

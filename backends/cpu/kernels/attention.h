@@ -24,8 +24,9 @@ namespace kiln::cpu {
 // SlidingWindowMask(w)); nullopt otherwise.
 std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask);
 
-// The cap of a score_mod that is exactly attn::SoftCapScore(cap); nullopt for any other.
-std::optional<double> SoftCapOf(const Expr& score);
+// The cap of a score_mod that is exactly attn::Then(inner, attn::SoftCapScore(cap)) (with the
+// default `inner`, SoftCapScore(cap) itself); nullopt for any other.
+std::optional<double> SoftCapOf(const Expr& score, const Expr& inner = attn::Score());
 
 StatusOr<std::optional<backend::Kernel>> MakePagedAttentionKernel(const backend::KernelRequest& req,
                                                                   const SelectContext& ctx);

@@ -469,13 +469,14 @@ void Dequant(const GemmArgs& a, int64_t n0, int64_t n1, float* dst) {
 // `pre`: cap - 2 cap / (e^(2 pre s / cap) + 1) through the ISA's exp, in one pass (e^x
 // overflowing to inf gives cap; the absolute error stays within a few ulps of cap).
 void SoftCap(float* s, int64_t n, float pre, float cap) {
-  const F k2 = Set1(2 * pre / cap), c = Set1(cap), two_c = Set1(2 * cap), one = Set1(1);
+  const float k2 = 2 * pre / cap;
+  const F k2v = Set1(k2), c = Set1(cap), minus_two_c = Set1(-2 * cap), one = Set1(1);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    const F e = Exp(Mul(Load(s + j), k2));
-    Store(s + j, Add(c, Mul(Set1(-1), Div(two_c, Add(e, one)))));
+    const F e = Exp(Mul(Load(s + j), k2v));
+    Store(s + j, Add(c, Div(minus_two_c, Add(e, one))));
   }
-  for (; j < n; ++j) s[j] = cap - 2 * cap / (std::exp(s[j] * (2 * pre / cap)) + 1);
+  for (; j < n; ++j) s[j] = cap - 2 * cap / (std::exp(s[j] * k2) + 1);
 }
 
 constexpr int64_t kKeyTile = 64;
