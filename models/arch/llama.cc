@@ -103,6 +103,12 @@ StatusOr<LlmHParams> LlamaFromGguf(const GgufFile& g, std::string_view variant) 
   // Optional tensors decide the optional parts; the variant decides the required ones.
   hp.fused_qkv = g.FindTensor("blk.0.attn_qkv.weight") != nullptr;
   hp.fused_gate_up = variant == "phi3" && g.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+  if ((hp.fused_qkv && g.FindTensor("blk.0.attn_qkv.bias") != nullptr) ||
+      (hp.fused_gate_up && g.FindTensor("blk.0.ffn_up.bias") != nullptr)) {
+    return Unimplemented(g.path(),
+                         ": biases on fused projections (blk.0.attn_qkv.bias or a "
+                         "fused ffn_up.bias) are not supported");
+  }
   hp.attn_qkv_bias = variant == "qwen2" || g.FindTensor("blk.0.attn_q.bias") != nullptr;
   hp.attn_out_bias = g.FindTensor("blk.0.attn_output.bias") != nullptr;
   hp.mlp_bias = g.FindTensor("blk.0.ffn_up.bias") != nullptr;

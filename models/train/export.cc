@@ -12,6 +12,16 @@
 
 namespace kiln::models {
 
+Status CheckHfWritable(const PagedLlmParts& parts) {
+  if (!parts.files->is_gguf() || parts.hparams.architecture == "llama") return OkStatus();
+  // MakeHfLayout writes a Llama config.json for a GGUF, which only a `llama` GGUF matches
+  // (Gemma's norms, Phi-3's fused projections and Qwen's biases would be lost).
+  return Unimplemented(parts.files->weights_path(), ": writing a Hugging Face folder from a ",
+                       parts.hparams.architecture,
+                       " GGUF is not supported (only llama GGUF files); start from the model's "
+                       "Hugging Face folder instead");
+}
+
 HfLayout MakeHfLayout(const PagedLlmParts& parts) {
   HfLayout h;
   const LlmHParams& hp = parts.hparams;
@@ -24,6 +34,11 @@ HfLayout MakeHfLayout(const PagedLlmParts& parts) {
   }
   h.qk_permuted = PeftBaseModel::FromHParams(hp, "").qk_rows_permuted;
   if (!parts.files->is_gguf()) {
+    // A folder's weights go back under the names they were read from: two Hugging Face names
+    // may map to one GGUF name (Phi-3's mlp.gate_up_proj and Llama's mlp.up_proj: ffn_up).
+    for (auto& [gguf, hf] : h.hf_of) {
+      if (const WeightInfo* w = parts.files->Find(gguf)) hf = w->stored_name;
+    }
     h.config = parts.files->hf()->config.raw;
   } else {
     h.config = {{"architectures", {"LlamaForCausalLM"}},
@@ -76,6 +91,7 @@ Status WriteHfModel(const std::string& out_dir, const std::string& model_path,
                     const PagedLlmParts& parts, const HfLayout& layout,
                     const std::map<std::string, std::vector<float>>& tensors) {
   const LlmHParams& hp = parts.hparams;
+  KILN_RETURN_IF_ERROR(CheckHfWritable(parts));
   SafetensorsWriter writer;
   for (const auto& [name, v] : tensors) {
     auto it = layout.hf_of.find(name);
@@ -107,6 +123,7 @@ Status ExportMerged(const std::string& model_path, const std::string& adapter_di
   mc.path = model_path;
   mc.backend = "ref";
   KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenLlmParts(mc));
+  KILN_RETURN_IF_ERROR(CheckHfWritable(parts));  // before reading and merging every weight
   KILN_ASSIGN_OR_RETURN(
       LoraAdapter adapter,
       ReadPeftAdapter(adapter_dir, PeftBaseModel::FromHParams(parts.hparams, model_path)));

@@ -26,6 +26,11 @@ struct HfLayout {
 
 HfLayout MakeHfLayout(const PagedLlmParts& parts);
 
+// Whether WriteHfModel can write this model: Unimplemented (naming the file) for a GGUF of an
+// architecture other than `llama`, whose config.json MakeHfLayout cannot make. Callers that
+// train before writing check it first.
+Status CheckHfWritable(const PagedLlmParts& parts);
+
 // The rows of weight `gguf_name` (f32, `shape`, the model's row order) in Hugging Face's order:
 // unchanged except the q/k projections of a `llama` GGUF. ModelRowOrder is the inverse (for
 // weights read back from a Hugging Face layout).

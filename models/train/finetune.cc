@@ -201,6 +201,7 @@ StatusOr<FinetuneSummary> RunFinetune(const FinetuneOptions& o,
                                        {"seed", o.seed}};
   const HfLayout layout = MakeHfLayout(parts);
   const bool full = o.method == "full";
+  if (full) KILN_RETURN_IF_ERROR(CheckHfWritable(parts));  // before training, not after
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer, Trainer::Create(std::move(parts), topt));
   say(Cat("training ", trainer->trainable_parameters(), " parameters (", o.method, ") for ",
           total_steps, " steps of ", o.batch_size, " x ", o.seq_len, " tokens",

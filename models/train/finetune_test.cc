@@ -325,5 +325,30 @@ TEST_F(FinetuneTest, AnAdapterForAnotherBaseModelIsRefusedNamingTheMismatch) {
   EXPECT_THAT(std::string(StatusMessage(model.status())), HasSubstr("lora_A is"));
 }
 
+// The Hugging Face layout writes a folder's weights back under the names they were read from:
+// Phi-3's fused gate_up_proj (GGUF name ffn_up, which Llama's up_proj also maps to) stays
+// gate_up_proj. A GGUF of another architecture than llama is refused (its config.json would be
+// Llama's).
+TEST(HfLayoutTest, KeepsStoredNamesAndRefusesNonLlamaGguf) {
+  config::ModelConfig c;
+  c.name = "m";
+  c.kind = "llm";
+  c.path = testing::FixturePath("models/phi3_fused_f32");
+  auto phi3 = OpenLlmParts(c);
+  ASSERT_TRUE(phi3.ok()) << phi3.status();
+  const HfLayout layout = MakeHfLayout(*phi3);
+  EXPECT_EQ(layout.hf_of.at("blk.0.ffn_up.weight"), "model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_EQ(layout.hf_of.at("blk.1.attn_qkv.weight"), "model.layers.1.self_attn.qkv_proj.weight");
+
+  c.path = testing::FixturePath("models/gemma3_text_bf16.gguf");
+  auto gemma = OpenLlmParts(c);
+  ASSERT_TRUE(gemma.ok()) << gemma.status();
+  const fs::path out = fs::path(::testing::TempDir()) / "kiln_hf_layout_gemma";
+  const Status s = WriteHfModel(out.string(), c.path, *gemma, MakeHfLayout(*gemma), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("gemma3 GGUF"));
+  EXPECT_FALSE(fs::exists(out / "model.safetensors"));
+}
+
 }  // namespace
 }  // namespace kiln::models
