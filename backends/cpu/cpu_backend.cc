@@ -277,6 +277,9 @@ class CpuDevice final : public HostDevice {
     // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
     cpu::SelectContext ctx = cpu::DefaultSelectContext(this, threads(), ref::KernelFor);
     ctx.q8_activations = ctx.q8_activations || options_.q8_activations;
+    ctx.compile = [this](const compiler::GeneratedKernel& g, const std::vector<std::string>& fns) {
+      return jit_.GetFunctions(g, fns);
+    };
     KILN_ASSIGN_OR_RETURN(std::optional<Kernel> fast, cpu::SelectKernel(req, ctx));
     if (fast) return *std::move(fast);
     if (std::optional<Kernel> k = cpu::ThreadedReferenceKernel(req)) return *std::move(k);

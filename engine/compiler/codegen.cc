@@ -1844,8 +1844,10 @@ StatusOr<GeneratedKernel> GenerateKernel(const KernelSpec& spec, Dialect dialect
   if (dialect != Dialect::kCpp && spec.kind == KernelKind::kGemmEpilogue) {
     return Unimplemented("GEMM epilogues have no ", DialectName(dialect), " form");
   }
-  static constexpr const char* kPlaceholder = "kiln_KERNEL_NAME";
-  const std::string text = Generate(spec, dialect, kPlaceholder, wg);
+  return NameKernel(dialect, Generate(spec, dialect, kKernelName, wg));
+}
+
+GeneratedKernel NameKernel(Dialect dialect, const std::string& text) {
   static const std::string* preamble_hash[4] = {
       new std::string(Sha256Hex(Preamble(Dialect::kCpp))),
       new std::string(Sha256Hex(Preamble(Dialect::kOpenCL))),
@@ -1859,7 +1861,7 @@ StatusOr<GeneratedKernel> GenerateKernel(const KernelSpec& spec, Dialect dialect
               .Add(text)
               .Hex();
   g.entry = StrCat("kiln_", g.key.substr(0, 16));
-  g.code = absl::StrReplaceAll(text, {{kPlaceholder, g.entry}});
+  g.code = absl::StrReplaceAll(text, {{kKernelName, g.entry}});
   return g;
 }
 

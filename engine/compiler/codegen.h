@@ -86,6 +86,12 @@ const std::string& Preamble(Dialect dialect);
 StatusOr<GeneratedKernel> GenerateKernel(const KernelSpec& spec, Dialect dialect,
                                          const CodegenOptions& options = {});
 
+// Names hand-written code as GenerateKernel names its kernels: `text` (to be compiled after
+// Preamble(dialect)) spells its symbols with the placeholder kKernelName, which becomes the
+// entry `kiln_<hash>` everywhere in it (a prefix: `kiln_KERNEL_NAME_block` -> `<entry>_block`).
+inline constexpr const char* kKernelName = "kiln_KERNEL_NAME";
+GeneratedKernel NameKernel(Dialect dialect, const std::string& text);
+
 // Preamble + the kernels (duplicates by entry are emitted once). REQUIRES: same dialect.
 std::string ModuleSource(Dialect dialect, std::span<const GeneratedKernel> kernels);
 

@@ -173,12 +173,14 @@ bool AddAttnAux(const AttnVariant& v, int64_t batch, std::vector<InputSpec>& in)
 }
 
 // Shapes of the training attention cases (packed rows of L tokens; `docs`: document ids as
-// aux 0, the mask attn::DocumentMask).
+// aux 0, the mask attn::DocumentMask; `prefix`: prefix lengths per row as aux 0, the mask
+// attn::PrefixLmMask).
 struct TrainAttnShape {
   const char* name;
   AttentionParams params;
   int64_t B, hq, hkv, L, D;
   bool docs;
+  std::vector<double> prefix = {};
 };
 std::vector<TrainAttnShape> TrainAttnShapes() {
   // Queries 0..2 see keys up to their index + 3; later queries see none.
@@ -205,6 +207,25 @@ std::vector<TrainAttnShape> TrainAttnShapes() {
        false},
       {"unmasked [1,2,6,5]", {0, {}, {}}, 1, 2, 2, 6, 5, false},
       {"fully masked rows [1,2,7,4]", {0, partial, {}}, 1, 2, 1, 7, 4, false},
+      // Masks the cpu kernels run compiled, over several 64-key blocks: full, partial and
+      // empty blocks, runs of them with gaps, a table per shape and one per launch (aux).
+      {"chunks of 48 and a window of 40, GQA 2/1 [1,2,150,16]",
+       {0, And(attn::ChunkedMask(48), attn::SlidingWindowMask(40)), {}},
+       1,
+       2,
+       1,
+       150,
+       16,
+       false},
+      {"prefix-LM (prefixes 40, 100) [2,2,150,16]",
+       {0, attn::PrefixLmMask(0), {}},
+       2,
+       2,
+       2,
+       150,
+       16,
+       false,
+       {40, 100}},
   };
 }
 // Per row of L tokens: a one-token document, one of 24 tokens, then the rest; odd rows instead
@@ -730,12 +751,14 @@ void AddAttention(std::vector<OpCase>& out) {
       // i64 ids for one shape (kernels read both widths).
       const DType ids = t.L == 130 ? DType::kI64 : DType::kI32;
       if (t.docs) in.push_back(Custom("docs", ids, {t.B * t.L}, DocIds(t.B, t.L)));
+      if (!t.prefix.empty()) in.push_back(Custom("prefix", DType::kI32, {t.B}, t.prefix));
       out.push_back(
           Make(backward ? "attention_backward" : "attention",
                absl::StrCat("training ", t.name, backward ? "" : " with lse"), in,
-               [p = t.params, docs = t.docs, backward](Builder& b, const V& x) {
+               [p = t.params, aux = t.docs || !t.prefix.empty(), backward](Builder& b,
+                                                                            const V& x) {
                  std::vector<Value> ax;
-                 if (docs) ax.push_back(x[4]);
+                 if (aux) ax.push_back(x[4]);
                  const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p, ax);
                  if (!backward) return r.out;
                  return b.AttentionBackward(x[0], x[1], x[2], r.out, x[3], r.lse, p, ax).dq;

@@ -19,6 +19,10 @@ struct CpuJit::Entry {
   CpuJit* jit = nullptr;
   std::string key, entry, code;
   bool epilogue = false;
+  // Functions (GetFunctions): the symbols entry + suffix, resolved into `addresses` (written
+  // before `done`); not a kernel.
+  std::vector<std::string> suffixes;
+  std::vector<void*> addresses;
   Kernel fallback;  // fn == nullptr: none
   std::atomic<KernelFn> fn{nullptr};
   std::atomic<void*> inplace{nullptr}, from_acc{nullptr};
@@ -102,7 +106,9 @@ compiler::CompileCounters CpuJit::counters() const {
 }
 
 std::shared_ptr<CpuJit::Entry> CpuJit::Lookup(const compiler::GeneratedKernel& k,
-                                              const Kernel& fallback, bool epilogue, bool count) {
+                                              const Kernel& fallback, bool epilogue, bool count,
+                                              const std::vector<std::string>* suffixes) {
+  const bool function = suffixes != nullptr;
   std::lock_guard<std::mutex> l(mu_);
   auto it = entries_.find(k.key);
   if (it != entries_.end()) {
@@ -119,9 +125,10 @@ std::shared_ptr<CpuJit::Entry> CpuJit::Lookup(const compiler::GeneratedKernel& k
   e->entry = k.entry;
   e->code = k.code;
   e->epilogue = epilogue;
+  if (function) e->suffixes = *suffixes;
   e->fallback = fallback;
   entries_.emplace(k.key, e);
-  if (options_.use_aot) {
+  if (options_.use_aot && !function) {
     if (const AotKernel* a = FindAotKernel(k.key)) {
       e->inplace.store(reinterpret_cast<void*>(a->inplace));
       e->from_acc.store(reinterpret_cast<void*>(a->from_acc));
@@ -183,6 +190,23 @@ StatusOr<compiler::GemmEpilogue> CpuJit::GetEpilogue(const compiler::KernelSpec&
   ep.inplace = reinterpret_cast<decltype(ep.inplace)>(e->inplace.load());
   ep.from_acc = reinterpret_cast<decltype(ep.from_acc)>(e->from_acc.load());
   return ep;
+}
+
+StatusOr<std::vector<void*>> CpuJit::GetFunctions(const compiler::GeneratedKernel& g,
+                                                  const std::vector<std::string>& suffixes) {
+  if (!options_.enabled) return Unavailable("generated kernels are disabled (KILN_CPU_JIT=0)");
+  std::shared_ptr<Entry> e = Lookup(g, Kernel{}, false, /*count=*/false, &suffixes);
+  if (e->suffixes != suffixes) {
+    return InvalidArgument("GetFunctions: ", g.entry, " was asked for other symbols before");
+  }
+  if (!e->done.load(std::memory_order_acquire)) {
+    if (!available()) return Unavailable("no kernel compiler for ", g.entry);
+    KILN_RETURN_IF_ERROR(Flush());
+  }
+  if (!e->done.load(std::memory_order_acquire) || e->addresses.size() != suffixes.size()) {
+    return Internal("generated functions ", g.entry, " are unavailable: ", e->error);
+  }
+  return e->addresses;
 }
 
 KernelFn CpuJit::Resolve(const Entry& e) {
@@ -257,11 +281,18 @@ Status CpuJit::LoadBatch(const std::string& so_path, std::vector<std::shared_ptr
     void* fn = nullptr;
     void* inplace = nullptr;
     void* acc = nullptr;
+    std::vector<void*> functions;
   };
   std::vector<Syms> syms(batch.size());
   for (size_t i = 0; i < batch.size(); ++i) {
     const Entry& e = *batch[i];
-    if (e.epilogue) {
+    if (!e.suffixes.empty()) {
+      for (const std::string& suffix : e.suffixes) {
+        void* f = dlsym(handle, (e.entry + suffix).c_str());
+        if (f == nullptr) return Internal("'", so_path, "' lacks ", e.entry, suffix);
+        syms[i].functions.push_back(f);
+      }
+    } else if (e.epilogue) {
       syms[i].inplace = dlsym(handle, (e.entry + "_inplace").c_str());
       syms[i].acc = dlsym(handle, (e.entry + "_acc").c_str());
       if (syms[i].inplace == nullptr || syms[i].acc == nullptr) {
@@ -276,7 +307,9 @@ Status CpuJit::LoadBatch(const std::string& so_path, std::vector<std::shared_ptr
     Entry& e = *batch[i];
     e.inplace.store(syms[i].inplace);
     e.from_acc.store(syms[i].acc);
-    e.fn.store(e.epilogue ? JitFallback : reinterpret_cast<KernelFn>(syms[i].fn),
+    e.addresses = std::move(syms[i].functions);
+    e.fn.store(e.epilogue || !e.suffixes.empty() ? JitFallback
+                                                  : reinterpret_cast<KernelFn>(syms[i].fn),
                std::memory_order_release);
     e.done.store(true, std::memory_order_release);
   }

@@ -73,6 +73,13 @@ class CpuJit final : public compiler::Target {
   // The epilogue functions for a kGemmEpilogue spec, resolving (and compiling) them now.
   StatusOr<compiler::GemmEpilogue> GetEpilogue(const compiler::KernelSpec& spec);
 
+  // Hand-written code calling generated expressions (compiler::NameKernel names it): the
+  // addresses of its functions `g.entry + suffix` for each suffix (their C signatures are the
+  // caller's contract), compiled now if no cache has them. Unavailable without a compiler or
+  // with KILN_CPU_JIT=0 (the caller then runs without them); never an interpreter fallback.
+  StatusOr<std::vector<void*>> GetFunctions(const compiler::GeneratedKernel& g,
+                                            const std::vector<std::string>& suffixes);
+
   // Builds every queued kernel (one compiler run at most).
   Status Flush();
 
@@ -91,7 +98,8 @@ class CpuJit final : public compiler::Target {
   friend void JitFallback(const LaunchArgs&, const ExecCtx&);
   // Returns the entry for `kernel` (new entries are queued). Counts reuse.
   std::shared_ptr<Entry> Lookup(const compiler::GeneratedKernel& kernel, const Kernel& fallback,
-                                bool epilogue, bool count);
+                                bool epilogue, bool count,
+                               const std::vector<std::string>* suffixes = nullptr);
   // Called by trampolines: flushes and returns the function to run.
   KernelFn Resolve(const Entry& e);
   Status CompileBatch(std::vector<std::shared_ptr<Entry>>& batch);

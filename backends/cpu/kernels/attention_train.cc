@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/kernels/attention.h"
+#include "backends/cpu/kernels/attention_mods.h"
 #include "backends/cpu/kernels/kernels.h"
 
 namespace kiln::cpu {
@@ -63,6 +64,10 @@ struct TrainAttnData {
   TrainMask mask;
   float scale = 1;
   float softcap = 0;  // > 0: score_mod attn::SoftCapScore(softcap) (forward only)
+  // Compiled modifiers (the kernels' generic path; null: the native masks above) and their
+  // cached block masks.
+  std::shared_ptr<const AttnMods> mods;
+  BlockMasks blocks;
   Kernel fallback;
 };
 
@@ -157,10 +162,25 @@ void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, 
 
 struct Scratch {
   std::vector<float> s, dp, kt, vt;
+  std::vector<KeyBlock> blocks;
 };
 Scratch& ThreadScratch() {
   thread_local Scratch s;
   return s;
+}
+
+// Softmax of one row of n scores in place (a fully masked row: zeros); returns its
+// log-sum-exp (-inf for a fully masked row).
+float SoftmaxRow(const IsaKernels& k, float* p, int64_t n) {
+  float m = kNegInf;
+  double sum = 0;
+  if (n > 0) k.softmax_stats(p, n, &m, &sum);
+  if (m == kNegInf) {
+    std::fill(p, p + n, 0.0f);
+    return kNegInf;
+  }
+  k.scaled_exp(p, n, m, static_cast<float>(1.0 / sum), p);
+  return static_cast<float>(static_cast<double>(m) + std::log(sum));
 }
 
 void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
@@ -218,16 +238,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
         if (d.softcap > 0) d.k->soft_cap(p, n, 1.0f, d.softcap);
         ApplyMask(d.mask, ids, b, r0 + i, 1, lo, n, p);
       }
-      float m = kNegInf;
-      double sum = 0;
-      if (n > 0) d.k->softmax_stats(p, n, &m, &sum);
-      float row_lse = kNegInf;
-      if (m == kNegInf) {
-        std::fill(p, p + n, 0.0f);
-      } else {
-        d.k->scaled_exp(p, n, m, static_cast<float>(1.0 / sum), p);
-        row_lse = static_cast<float>(static_cast<double>(m) + std::log(sum));
-      }
+      const float row_lse = SoftmaxRow(*d.k, p, n);
       if (lse != nullptr) *LseAt(*lse, b, h, r0 + i) = row_lse;
     }
     if (n > 0) {
@@ -239,24 +250,193 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   }
 }
 
+// The keys of one query tile a launch visits: runs of consecutive keys [kv0, kv0 + n), and
+// for each its blocks (compiled modifiers: the partial ones get the mask).
+struct KeyRun {
+  int64_t kv0 = 0, n = 0, col = 0;  // col: the run's first column in the tile's scores
+  size_t first = 0, last = 0;       // its blocks [first, last) of the tile's KeyBlocks
+};
+std::vector<KeyRun> Runs(const std::vector<KeyBlock>& blocks) {
+  std::vector<KeyRun> runs;
+  int64_t col = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (runs.empty() || runs.back().kv0 + runs.back().n != blocks[i].kv0) {
+      runs.push_back({blocks[i].kv0, 0, col, i, i});
+    }
+    runs.back().n += blocks[i].n;
+    runs.back().last = i + 1;
+    col += blocks[i].n;
+  }
+  return runs;
+}
+
+// The aux tensors of a launch (inputs from `first` on) as the compiled modifiers read them.
+std::vector<AttnAux> AuxOf(const LaunchArgs& a, int first) {
+  std::vector<AttnAux> aux;
+  for (int i = first; i < a.num_inputs; ++i) {
+    aux.push_back({a.inputs[i].data, a.inputs[i].shape[0], a.inputs[i].strides[0]});
+  }
+  return aux;
+}
+
+// The key blocks of query tile t of head (b, h) under compiled modifiers: the cached table's
+// (masks that read no aux tensor) or classified now into `scratch`.
+const std::vector<KeyBlock>& TileBlocks(const TrainAttnData& d, int64_t b, int64_t h, int64_t t,
+                                        int64_t tq, int64_t tk, const AttnAux* aux,
+                                        std::vector<KeyBlock>& scratch,
+                                        std::shared_ptr<const BlockMask>& table) {
+  if (d.mods->mask_reads_aux()) {
+    scratch = ClassifyTile(*d.mods, b, h, t, kTileRows, tq, tk, aux);
+    return scratch;
+  }
+  table = d.blocks.For(*d.mods, b, h, kTileRows, tq, tk);
+  return table->tiles[static_cast<size_t>(t)];
+}
+
+// The forward under compiled modifiers: per query tile, the scores of its non-empty key blocks
+// side by side (S = scale Q K^T over the gathered keys), score_mod on every block and mask_mod
+// on the partial ones, the softmax, then P V run by run.
+void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
+  const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
+  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
+  const TensorArg* lse = a.num_extra_outputs > 0 ? &a.extra_outputs[0] : nullptr;
+  if (!InnerContiguous(q) || !InnerContiguous(k) || !InnerContiguous(v) || !InnerContiguous(o) ||
+      (lse != nullptr && lse->dtype != DType::kF32)) {
+    RunFallback(d.fallback, a, c);
+    return;
+  }
+  const std::vector<AttnAux> aux = AuxOf(a, 3);
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
+  Scratch& sc = ThreadScratch();
+  sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
+  // Items (batch, head, tile) split by cost as DenseForward does: the keys each tile visits
+  // where one table serves every head, else every key.
+  const bool one_table =
+      !d.mods->mask_reads_aux() && !d.mods->mask_reads_batch() && !d.mods->mask_reads_head();
+  std::shared_ptr<const BlockMask> shared =
+      one_table ? d.blocks.For(*d.mods, 0, 0, kTileRows, Tq, Tk) : nullptr;
+  auto cost = [&](int64_t t) {
+    const int64_t rows = std::min(kTileRows, Tq - t * kTileRows);
+    int64_t keys = Tk;
+    if (shared != nullptr) {
+      keys = 0;
+      for (const KeyBlock& kb : shared->tiles[static_cast<size_t>(t)]) keys += kb.n;
+    }
+    return static_cast<double>(rows * (keys + 8));
+  };
+  double per_bh = 0;
+  for (int64_t t = 0; t < tiles; ++t) per_bh += cost(t);
+  const double total = per_bh * static_cast<double>(B * Hq);
+  const double lo_share = total * c.thread_index / c.thread_count;
+  const double hi_share = total * (c.thread_index + 1) / c.thread_count;
+  std::shared_ptr<const BlockMask> table;
+  double before = 0;
+  for (int64_t item = 0; item < B * Hq * tiles; ++item) {
+    const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
+    const double item_cost = cost(t), mid = before + item_cost / 2;
+    before += item_cost;
+    if (mid < lo_share || mid >= hi_share) continue;
+    const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
+    const std::vector<KeyBlock>& blocks =
+        TileBlocks(d, b, h, t, Tq, Tk, aux.data(), sc.blocks, table);
+    const std::vector<KeyRun> runs = Runs(blocks);
+    int64_t n = 0;
+    for (const KeyBlock& kb : blocks) n += kb.n;
+    g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
+    if (n == 0) {
+      for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(o, b, h, r0 + i), Dv, 0.0f);
+      if (lse != nullptr) {
+        for (int64_t i = 0; i < rows; ++i) *LseAt(*lse, b, h, r0 + i) = kNegInf;
+      }
+      continue;
+    }
+    float* s = sc.s.data();
+    for (const KeyRun& r : runs) Transpose(k, b, g, r.kv0, r.n, D, sc.kt.data() + r.col, n);
+    d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
+                    false);
+    int64_t col = 0;
+    for (const KeyBlock& kb : blocks) {
+      if (d.mods->has_score() || kb.partial) {
+        d.mods->Apply(s + col, n, rows, kb.n, b, h, r0, kb.kv0, kb.partial, aux.data());
+      }
+      col += kb.n;
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      const float row_lse = SoftmaxRow(*d.k, s + i * n, n);
+      if (lse != nullptr) *LseAt(*lse, b, h, r0 + i) = row_lse;
+    }
+    for (const KeyRun& r : runs) {
+      d.k->small_gemm(s + r.col, n, 1, Row(v, b, g, r.kv0), v.strides[2], Row(o, b, h, r0),
+                      o.strides[2], rows, Dv, r.n, 1.0f, r.col > 0);
+    }
+  }
+}
+
+// What the backward of one (batch, kv head) item works on.
+struct BackwardArgs {
+  const TensorArg &q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv;
+  int64_t Tk, D, Dv;
+};
+
+// The backward of query tile rows [r0, r0 + rows) of head h against keys [kv0, kv0 + n) of kv
+// head g: P = exp(scale Q K^T - lse) (`mask(p)` hides scores in place, before the exponential),
+// dS = P (dP - D_i), then dV += P^T dO, dK += scale dS^T Q, and dQ = scale dS K (+= with
+// accumulate_dq). kt/vt: K and V of head g transposed (ld Tk); di: D_i of the tile's rows.
+template <typename MaskFn>
+void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, int64_t b,
+                  int64_t g, int64_t h, int64_t r0, int64_t rows, int64_t kv0, int64_t n,
+                  const float* di, bool accumulate_dq, const MaskFn& mask) {
+  float *p = sc.s.data(), *ds = sc.dp.data();
+  const float* qt = Row(x.q, b, h, r0);
+  const float* dot = Row(x.dout, b, h, r0);
+  d.k->small_gemm(qt, x.q.strides[2], 1, sc.kt.data() + kv0, x.Tk, p, n, rows, n, x.D, d.scale,
+                  false);
+  mask(p);
+  // dP = dO V^T.
+  d.k->small_gemm(dot, x.dout.strides[2], 1, sc.vt.data() + kv0, x.Tk, ds, n, rows, n, x.Dv,
+                  1.0f, false);
+  for (int64_t i = 0; i < rows; ++i) {
+    float* prow = p + i * n;
+    float* drow = ds + i * n;
+    const float l = *LseAt(x.lse, b, h, r0 + i);
+    if (l == kNegInf) {
+      std::fill(prow, prow + n, 0.0f);
+    } else {
+      d.k->scaled_exp(prow, n, l, 1.0f, prow);
+    }
+    for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - di[i]);
+  }
+  d.k->small_gemm(p, 1, n, dot, x.dout.strides[2], Row(x.dv, b, g, kv0), x.dv.strides[2], n, x.Dv,
+                  rows, 1.0f, true);
+  d.k->small_gemm(ds, 1, n, qt, x.q.strides[2], Row(x.dk, b, g, kv0), x.dk.strides[2], n, x.D,
+                  rows, d.scale, true);
+  d.k->small_gemm(ds, n, 1, Row(x.k, b, g, kv0), x.k.strides[2], Row(x.dq, b, h, r0),
+                  x.dq.strides[2], rows, x.D, n, d.scale, accumulate_dq);
+}
+
 void Backward(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
-  const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.inputs[3],
-                  &dout = a.inputs[4], &lse = a.inputs[5];
-  const TensorArg &dq = a.output, &dk = a.extra_outputs[0], &dv = a.extra_outputs[1];
-  const TensorArg* ids = d.mask.docs ? &a.inputs[6] : nullptr;
-  for (const TensorArg* t : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) {
+  const BackwardArgs x{a.inputs[0],         a.inputs[1],         a.inputs[2],
+                       a.inputs[3],         a.inputs[4],         a.inputs[5],
+                       a.output,            a.extra_outputs[0],  a.extra_outputs[1],
+                       a.inputs[1].shape[2], a.inputs[0].shape[3], a.inputs[2].shape[3]};
+  const TensorArg* ids = d.mask.docs && d.mods == nullptr ? &a.inputs[6] : nullptr;
+  for (const TensorArg* t : {&x.q, &x.k, &x.v, &x.o, &x.dout, &x.dq, &x.dk, &x.dv}) {
     if (!InnerContiguous(*t)) {
       RunFallback(d.fallback, a, c);
       return;
     }
   }
-  if (lse.dtype != DType::kF32) {
+  if (x.lse.dtype != DType::kF32) {
     RunFallback(d.fallback, a, c);
     return;
   }
-  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
-  const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
+  const std::vector<AttnAux> aux = AuxOf(a, 6);
+  const int64_t B = x.q.shape[0], Hq = x.q.shape[1], Tq = x.q.shape[2];
+  const int64_t Hkv = x.k.shape[1], Tk = x.Tk, D = x.D, Dv = x.Dv;
   const int64_t group = Hq / Hkv;
   Scratch& sc = ThreadScratch();
   const size_t tile = static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1));
@@ -265,88 +445,101 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
   sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * Tk, 1)));
   const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
+  std::shared_ptr<const BlockMask> table;
+  float di[kTileRows];
   for (int64_t item = c.thread_index; item < B * Hkv; item += c.thread_count) {
     const int64_t b = item / Hkv, g = item % Hkv;
     for (int64_t j = 0; j < Tk; ++j) {
-      std::fill_n(Row(dk, b, g, j), D, 0.0f);
-      std::fill_n(Row(dv, b, g, j), Dv, 0.0f);
+      std::fill_n(Row(x.dk, b, g, j), D, 0.0f);
+      std::fill_n(Row(x.dv, b, g, j), Dv, 0.0f);
     }
-    Transpose(k, b, g, 0, Tk, D, sc.kt.data(), Tk);
-    Transpose(v, b, g, 0, Tk, Dv, sc.vt.data(), Tk);
+    Transpose(x.k, b, g, 0, Tk, D, sc.kt.data(), Tk);
+    Transpose(x.v, b, g, 0, Tk, Dv, sc.vt.data(), Tk);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       for (int64_t r0 = 0; r0 < Tq; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, Tq - r0);
-        const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
-        const int64_t n = hi - lo;
-        if (n == 0) {
-          for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(dq, b, h, r0 + i), D, 0.0f);
-          continue;
-        }
-        float *p = sc.s.data(), *ds = sc.dp.data();
-        const float* qt = Row(q, b, h, r0);
-        const float* dot = Row(dout, b, h, r0);
-        // P = exp(scale Q K^T - lse), masked.
-        d.k->small_gemm(qt, q.strides[2], 1, sc.kt.data() + lo, Tk, p, n, rows, n, D, d.scale,
-                        false);
-        ApplyMask(d.mask, ids, b, r0, rows, lo, n, p);
-        // dP = dO V^T.
-        d.k->small_gemm(dot, dout.strides[2], 1, sc.vt.data() + lo, Tk, ds, n, rows, n, Dv, 1.0f,
-                        false);
+        // D_i = rowsum(dO o).
         for (int64_t i = 0; i < rows; ++i) {
-          float* prow = p + i * n;
-          float* drow = ds + i * n;
-          const float l = *LseAt(lse, b, h, r0 + i);
-          if (l == kNegInf) {
-            std::fill(prow, prow + n, 0.0f);
-          } else {
-            d.k->scaled_exp(prow, n, l, 1.0f, prow);
-          }
-          // dS = P (dP - D_i), D_i = rowsum(dO o).
-          const float* orow = Row(o, b, h, r0 + i);
-          const float* grow = Row(dout, b, h, r0 + i);
-          double di = 0;
-          for (int64_t e = 0; e < Dv; ++e) di += static_cast<double>(grow[e]) * orow[e];
-          const float fdi = static_cast<float>(di);
-          for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - fdi);
+          const float* orow = Row(x.o, b, h, r0 + i);
+          const float* grow = Row(x.dout, b, h, r0 + i);
+          double sum = 0;
+          for (int64_t e = 0; e < Dv; ++e) sum += static_cast<double>(grow[e]) * orow[e];
+          di[i] = static_cast<float>(sum);
         }
-        // dV += P^T dO; dK += scale dS^T Q; dQ = scale dS K.
-        d.k->small_gemm(p, 1, n, dot, dout.strides[2], Row(dv, b, g, lo), dv.strides[2], n, Dv,
-                        rows, 1.0f, true);
-        d.k->small_gemm(ds, 1, n, qt, q.strides[2], Row(dk, b, g, lo), dk.strides[2], n, D, rows,
-                        d.scale, true);
-        d.k->small_gemm(ds, n, 1, Row(k, b, g, lo), k.strides[2], Row(dq, b, h, r0), dq.strides[2],
-                        rows, D, n, d.scale, false);
+        bool any = false;
+        if (d.mods == nullptr) {
+          const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
+          if (hi > lo) {
+            BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false, [&](float* p) {
+              ApplyMask(d.mask, ids, b, r0, rows, lo, hi - lo, p);
+            });
+            any = true;
+          }
+        } else {
+          const std::vector<KeyBlock>& blocks =
+              TileBlocks(d, b, h, r0 / kTileRows, Tq, Tk, aux.data(), sc.blocks, table);
+          for (const KeyRun& r : Runs(blocks)) {
+            BackwardKeys(d, x, sc, b, g, h, r0, rows, r.kv0, r.n, di, any, [&](float* p) {
+              for (size_t i = r.first; i < r.last; ++i) {
+                const KeyBlock& kb = blocks[i];
+                if (kb.partial) {
+                  d.mods->Apply(p + (kb.kv0 - r.kv0), r.n, rows, kb.n, b, h, r0, kb.kv0, true,
+                                aux.data());
+                }
+              }
+            });
+            any = true;
+          }
+        }
+        if (!any) {
+          for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(x.dq, b, h, r0 + i), D, 0.0f);
+        }
       }
     }
   }
 }
 
 StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectContext& ctx,
-                                     int num_fixed, KernelFn fn, const char* what) {
+                                     int num_fixed, bool backward, const char* what) {
   const Attrs& at = *req.attrs;
-  // A score_mod only in the forward, and only Gemma's soft-capping (the attention_backward op
-  // never has one: the engine differentiates score_mods through their decomposition).
-  std::optional<double> softcap;
-  if (at.expr[1]) {
-    softcap = SoftCapOf(at.expr[1]);
-    if (!softcap || fn != DenseForward) return std::optional<Kernel>();
-  }
   for (int i = 0; i < num_fixed; ++i) {
     if (req.inputs[i].dtype != DType::kF32) return std::optional<Kernel>();
   }
-  const auto mask = ClassifyTrainMask(at.expr[0], req, num_fixed);
-  if (!mask) return std::optional<Kernel>();
+  // The attention_backward op never has a score_mod: the engine differentiates score_mods
+  // through their decomposition.
+  if (backward && at.expr[1]) return std::optional<Kernel>();
   auto d = std::make_shared<TrainAttnData>();
   d->k = KernelsFor(ctx.isa);
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
-  d->mask = *mask;
   d->scale = static_cast<float>(at.floats[0]);
-  d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
-  const char* kind = mask->docs ? "documents" : (mask->causal ? "causal" : "none");
-  std::string name = absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind,
-                                  mask->window > 0 ? absl::StrCat(" window ", mask->window) : "",
-                                  softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
+  // Natively: the causal, window and document masks, and Gemma's soft-capping.
+  const std::optional<double> softcap =
+      at.expr[1] ? SoftCapOf(at.expr[1]) : std::optional<double>();
+  const auto mask = ClassifyTrainMask(at.expr[0], req, num_fixed);
+  std::string kind;
+  if (mask && (!at.expr[1] || softcap)) {
+    d->mask = *mask;
+    const double cap = softcap.value_or(0.0);
+    d->softcap = static_cast<float>(cap);
+    kind = absl::StrCat(mask->docs ? "documents" : (mask->causal ? "causal" : "none"),
+                        mask->window > 0 ? absl::StrCat(" window ", mask->window) : "",
+                        softcap.has_value() ? absl::StrCat(" softcap ", cap) : "");
+  } else {
+    // Anything else: the modifiers compiled into the kernel, where they compile.
+    std::vector<DType> aux;
+    for (size_t i = static_cast<size_t>(num_fixed); i < req.inputs.size(); ++i) {
+      aux.push_back(req.inputs[i].dtype);
+    }
+    StatusOr<std::shared_ptr<const AttnMods>> mods =
+        AttnMods::Compile(at.expr[0], at.expr[1], aux, ctx);
+    if (!mods.ok()) return std::optional<Kernel>();
+    d->mods = *std::move(mods);
+    kind = absl::StrCat("compiled ", d->mods->label());
+  }
+  const KernelFn fn =
+      backward ? Backward : (d->mods != nullptr ? DenseForwardMods : DenseForward);
+  std::string name = absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind, "]");
   return std::optional<Kernel>(Kernel{fn, std::move(d), std::move(name)});
 }
 
@@ -356,12 +549,12 @@ uint64_t DenseAttentionScoresVisited() { return g_scores_visited.load(std::memor
 
 StatusOr<std::optional<Kernel>> MakeDenseAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {
-  return Make(req, ctx, 3, DenseForward, "attention");
+  return Make(req, ctx, 3, /*backward=*/false, "attention");
 }
 
 StatusOr<std::optional<Kernel>> MakeAttentionBackwardKernel(const KernelRequest& req,
                                                             const SelectContext& ctx) {
-  return Make(req, ctx, 6, Backward, "attention_backward");
+  return Make(req, ctx, 6, /*backward=*/true, "attention_backward");
 }
 
 }  // namespace kiln::cpu

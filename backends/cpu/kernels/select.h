@@ -10,8 +10,10 @@
 //               f16/bf16/q4_0/q4_1/q8_0/mxfp4 right operand (a frozen weight: dx = g w) —
 //               its column panels decoded to f32 per thread, then oneDNN or the packed GEMM.
 //   rope, kv_write, contiguous  threaded direct loops (token_ops.h).
-//   attention, attention_backward  dense f32 training attention with causal, window or
-//               document masks, and soft-capping in the forward (attention_train.h).
+//   attention, attention_backward  dense f32 attention: causal, window or document masks
+//               and soft-capping (the forward) natively; with a compile function, any other
+//               mask_mod (and score_mod in the forward) compiled into the kernel, iterating
+//               over its block mask (attention_train.h, attention_mods.h).
 //   adamw, adam, sgd, adagrad  contiguous f32 tensors — one threaded pass, the reference's
 //               arithmetic (optimizer.h).
 //   fused_cross_entropy  f32 logits, contiguous rows — vectorised, threads over rows
@@ -26,10 +28,14 @@
 // Instruction set: ActiveIsa() (isa.h; KILN_CPU_ISA lowers it). Thread-safety: thread-safe.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "backends/cpu/kernels/isa.h"
 #include "engine/backend/backend.h"
+#include "engine/compiler/codegen.h"
 
 namespace kiln::cpu {
 
@@ -49,6 +55,12 @@ struct SelectContext {
   // Tests and debugging: use this GEMM implementation ("gemv", "gemv_q8", "gemm",
   // "onednn", "onednn_dequant") for every M where it applies. Null: tuned or heuristic choice.
   const char* force_gemm = nullptr;
+  // Builds hand-written code that calls generated expressions and returns the addresses of
+  // its functions `g.entry + suffix` (the cpu backend passes its JIT's GetFunctions). Null:
+  // kernels that need it (attention modifiers the kernels do not implement) are not selected.
+  std::function<StatusOr<std::vector<void*>>(const compiler::GeneratedKernel& g,
+                                             const std::vector<std::string>& suffixes)>
+      compile;
 };
 
 // The cpu backend's context: ActiveIsa(), GemmTuner::Global() (autotuning with the disk

@@ -1,0 +1,135 @@
+#include "backends/cpu/kernels/attention_mods.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kiln::cpu {
+namespace {
+
+// The generated functions read AttnAux as three ki64 per tensor.
+static_assert(sizeof(AttnAux) == 3 * sizeof(int64_t) && sizeof(void*) == sizeof(int64_t));
+
+// Hand-written around the printed expressions (kiln_KERNEL_NAME_mask / _score); AUX_DECL
+// unpacks the aux tensors, AUX_ARGS passes them on, SCORE(v, q, kv) is score_mod or v, MASK
+// (q, kv) is mask_mod or 1.
+constexpr const char* kTemplate = R"(
+KERNEL void kiln_KERNEL_NAME_apply(float* s, ki64 ld, ki64 rows, ki64 n, ki64 b, ki64 h,
+                                       ki64 q0, ki64 kv0, int masked, const ki64* ax) {
+  (void)ax; (void)b; (void)h;
+  AUX_DECL
+  for (ki64 i = 0; i < rows; ++i) {
+    float* row = s + i * ld;
+    const ki64 q = q0 + i;
+    if (masked) {
+      for (ki64 j = 0; j < n; ++j) {
+        const float v = SCORE(row[j], q, kv0 + j);
+        row[j] = MASK(q, kv0 + j) ? v : -__builtin_inff();
+      }
+    } else {
+      for (ki64 j = 0; j < n; ++j) row[j] = SCORE(row[j], q, kv0 + j);
+    }
+  }
+}
+KERNEL int kiln_KERNEL_NAME_classify(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv0, ki64 n,
+                                         const ki64* ax) {
+  (void)ax; (void)b; (void)h;
+  AUX_DECL
+  ki64 kept = 0;
+  for (ki64 i = 0; i < rows; ++i) {
+    const ki64 q = q0 + i;
+    for (ki64 j = 0; j < n; ++j) kept += MASK(q, kv0 + j) ? 1 : 0;
+  }
+  return kept == 0 ? 0 : (kept == rows * n ? 1 : 2);
+}
+)";
+
+}  // namespace
+
+StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, const Expr& score,
+                                                            std::span<const DType> aux,
+                                                            const SelectContext& ctx) {
+  if (!ctx.compile) return Unavailable("no compiler for attention modifiers");
+  std::string aux_decl, aux_args;
+  compiler::ExprFunction mf, sf;
+  mf.num_indices = sf.num_indices = 4;
+  for (size_t k = 0; k < aux.size(); ++k) {
+    absl::StrAppend(&aux_decl, "const ku8* x", k, " = (const ku8*)ax[", 3 * k, "]; const ki64 xn",
+                    k, " = ax[", 3 * k + 1, "], xs", k, " = ax[", 3 * k + 2, "]; (void)x", k,
+                    "; (void)xn", k, "; (void)xs", k, ";");
+    absl::StrAppend(&aux_args, ", x", k, ", xn", k, ", xs", k);
+    mf.aux.push_back(aux[k]);
+  }
+  sf.aux = mf.aux;
+  std::string code;
+  std::string score_call = "(v)", mask_call = "1";
+  if (mask) {
+    mf.name = absl::StrCat(compiler::kKernelName, "_mask");
+    mf.value = mask;
+    KILN_ASSIGN_OR_RETURN(std::string text, GenerateExprFunction(mf, compiler::Dialect::kCpp));
+    absl::StrAppend(&code, text);
+    mask_call = absl::StrCat(mf.name, "(b, h, q, kv", aux_args, ")");
+  }
+  if (score) {
+    // As the reference: score_mod computes in the f32 queries' type.
+    sf.name = absl::StrCat(compiler::kKernelName, "_score");
+    sf.value = Expr::Cast(DType::kF32,
+                          Substitute(score, std::vector<Expr>{Expr::Input(0, DType::kF32)}));
+    sf.inputs = {DType::kF32};
+    KILN_ASSIGN_OR_RETURN(std::string text, GenerateExprFunction(sf, compiler::Dialect::kCpp));
+    absl::StrAppend(&code, text);
+    score_call = absl::StrCat(sf.name, "(v, b, h, q, kv", aux_args, ")");
+  }
+  absl::StrAppend(&code, "#define AUX_DECL ", aux_decl, "\n#define SCORE(v, q, kv) ", score_call,
+                  "\n#define MASK(q, kv) ", mask_call, "\n", kTemplate,
+                  "#undef AUX_DECL\n#undef SCORE\n#undef MASK\n");
+  const compiler::GeneratedKernel g = compiler::NameKernel(compiler::Dialect::kCpp, code);
+  KILN_ASSIGN_OR_RETURN(std::vector<void*> fns, ctx.compile(g, {"_apply", "_classify"}));
+  auto m = std::make_shared<AttnMods>();
+  m->apply_ = reinterpret_cast<ApplyFn>(fns[0]);
+  if (mask) m->classify_ = reinterpret_cast<ClassifyFn>(fns[1]);
+  m->has_score_ = static_cast<bool>(score);
+  if (mask) {
+    m->reads_b_ = mask.Uses(ExprOp::kIndex, 0);
+    m->reads_h_ = mask.Uses(ExprOp::kIndex, 1);
+    m->reads_aux_ = mask.Uses(ExprOp::kLoad);
+  }
+  m->label_ = absl::StrCat(mask ? "mask" : "", mask && score ? "+" : "", score ? "score" : "");
+  return std::shared_ptr<const AttnMods>(std::move(m));
+}
+
+std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, int64_t t,
+                                   int64_t tile, int64_t tq, int64_t tk, const AttnAux* aux) {
+  std::vector<KeyBlock> blocks;
+  const int64_t q0 = t * tile, rows = std::min(tile, tq - q0);
+  for (int64_t kv0 = 0; kv0 < tk; kv0 += tile) {
+    const int64_t n = std::min(tile, tk - kv0);
+    const BlockKind kind = mods.Classify(b, h, q0, rows, kv0, n, aux);
+    if (kind != BlockKind::kEmpty) blocks.push_back({kv0, n, kind == BlockKind::kPartial});
+  }
+  return blocks;
+}
+
+std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b, int64_t h,
+                                                 int64_t tile, int64_t tq, int64_t tk) const {
+  if (!mods.mask_reads_batch()) b = -1;
+  if (!mods.mask_reads_head()) h = -1;
+  const auto key = std::make_tuple(b, h, tq, tk);
+  // Held while building: the other threads of the launch need the same table and wait.
+  std::lock_guard<std::mutex> l(mu_);
+  if (cache_.size() >= kMaxTables && !cache_.contains(key)) cache_.clear();
+  std::shared_ptr<const BlockMask>& slot = cache_[key];
+  if (slot == nullptr) {
+    auto m = std::make_shared<BlockMask>();
+    for (int64_t t = 0; t * tile < tq; ++t) {
+      m->tiles.push_back(ClassifyTile(mods, std::max<int64_t>(b, 0), std::max<int64_t>(h, 0), t,
+                                      tile, tq, tk, nullptr));
+      const int64_t rows = std::min(tile, tq - t * tile);
+      for (const KeyBlock& k : m->tiles.back()) m->visited += rows * k.n;
+    }
+    slot = std::move(m);
+  }
+  return slot;
+}
+
+}  // namespace kiln::cpu

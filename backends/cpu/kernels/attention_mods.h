@@ -1,0 +1,121 @@
+// Any attention modifier on the cpu kernels: an op's mask_mod and score_mod printed by the
+// engine's C++ printer (compiler::GenerateExprFunction) into two functions over a tile of
+// scores, built by the cpu backend's JIT (SelectContext::compile), and the block mask the
+// dense kernels iterate over.
+//
+//   apply(s, ld, rows, n, b, h, q0, kv0, masked): for the tile s[rows x n] of query rows
+//     q0.. and keys kv0..: s = score_mod(s, b, h, q, kv), then, if `masked`, -inf where
+//     mask_mod(b, h, q, kv) is false. One call per tile; the expressions are inlined into
+//     its loops (no call per element).
+//   classify(b, h, q0, rows, kv0, n): whether mask_mod keeps none, all or some of the tile.
+//
+// BlockMask: for each tile of kTileRows query rows, the key blocks of kTileRows keys that the
+// mask does not rule out entirely, each marked full (no mask evaluated) or partial. Built by
+// evaluating mask_mod on every (query, key) pair once per step shape: a mask that reads no
+// aux tensor has its table cached per (Tq, Tk, and b or h where the mask reads them); one
+// that reads aux tensors (document ids, prefix lengths) is classified per query tile in each
+// launch, by the thread that computes that tile.
+//
+// Numerics: score_mod runs in f32 as the reference's does for f32 queries (transcendentals
+// from the C++ math library: last-bit differences).
+//
+// Thread-safety: AttnMods is immutable after Compile; BlockMasks::For is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cpu/kernels/select.h"
+#include "engine/expr.h"
+
+namespace kiln::cpu {
+
+// An aux tensor as the generated functions read it (1-D: element e at data + e * stride
+// elements; out of range reads give 0).
+struct AttnAux {
+  const void* data = nullptr;
+  int64_t len = 0;
+  int64_t stride = 0;
+};
+
+enum class BlockKind : uint8_t { kEmpty = 0, kFull = 1, kPartial = 2 };
+
+class AttnMods {
+ public:
+  // Compiles `mask` and `score` (either may be null) for aux tensors of `aux` dtypes through
+  // ctx.compile. Unavailable without a compile function or compiler; Unimplemented for
+  // expressions the printer cannot print (quantized aux tensors).
+  static StatusOr<std::shared_ptr<const AttnMods>> Compile(const Expr& mask, const Expr& score,
+                                                           std::span<const DType> aux,
+                                                           const SelectContext& ctx);
+
+  bool has_mask() const { return classify_ != nullptr; }
+  bool has_score() const { return has_score_; }
+  // Whether mask_mod reads b, h, or any aux tensor.
+  bool mask_reads_batch() const { return reads_b_; }
+  bool mask_reads_head() const { return reads_h_; }
+  bool mask_reads_aux() const { return reads_aux_; }
+  const std::string& label() const { return label_; }  // "mask+score", for kernel names
+
+  void Apply(float* s, int64_t ld, int64_t rows, int64_t n, int64_t b, int64_t h, int64_t q0,
+             int64_t kv0, bool masked, const AttnAux* aux) const {
+    apply_(s, ld, rows, n, b, h, q0, kv0, masked ? 1 : 0, aux);
+  }
+  BlockKind Classify(int64_t b, int64_t h, int64_t q0, int64_t rows, int64_t kv0, int64_t n,
+                     const AttnAux* aux) const {
+    return classify_ == nullptr ? BlockKind::kFull
+                                : static_cast<BlockKind>(classify_(b, h, q0, rows, kv0, n, aux));
+  }
+
+ private:
+  using ApplyFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int, const AttnAux*);
+  using ClassifyFn = int (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                             const AttnAux*);
+  ApplyFn apply_ = nullptr;
+  ClassifyFn classify_ = nullptr;  // null: no mask_mod
+  bool has_score_ = false;
+  bool reads_b_ = false, reads_h_ = false, reads_aux_ = false;
+  std::string label_;
+};
+
+// One key block of a query tile: keys [kv0, kv0 + n).
+struct KeyBlock {
+  int64_t kv0 = 0, n = 0;
+  bool partial = false;  // false: every score of the block is kept (mask not evaluated)
+};
+
+// The non-empty key blocks of every query tile of one (b, h) slice, in key order.
+struct BlockMask {
+  std::vector<std::vector<KeyBlock>> tiles;
+  int64_t visited = 0;  // query rows x keys over the non-empty blocks (the work left)
+};
+
+// The key blocks of query tile `t` (rows [t * tile, ...)) of head (b, h) under `mods`' mask,
+// tiles of `tile` rows and keys.
+std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, int64_t t,
+                                   int64_t tile, int64_t tq, int64_t tk, const AttnAux* aux);
+
+// Cached block masks of a kernel whose mask reads no aux tensor.
+class BlockMasks {
+ public:
+  // The table of head (b, h) for queries [0, tq) and keys [0, tk); built on first use (one
+  // caller builds, concurrent callers wait). REQUIRES: !mods.mask_reads_aux().
+  std::shared_ptr<const BlockMask> For(const AttnMods& mods, int64_t b, int64_t h, int64_t tile,
+                                       int64_t tq, int64_t tk) const;
+
+ private:
+  static constexpr size_t kMaxTables = 256;  // then the cache starts over (shapes that vary)
+  mutable std::mutex mu_;
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>,
+                   std::shared_ptr<const BlockMask>>
+      cache_;  // (b or -1, h or -1, tq, tk) -> table
+};
+
+}  // namespace kiln::cpu
