@@ -44,6 +44,20 @@ KERNEL int kiln_KERNEL_NAME_classify(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv
 }
 )";
 
+// The key blocks of query tile `t` (rows [t * tile, ...)) of head (b, h) under `mods`' mask,
+// tiles of `tile` rows and keys.
+std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, int64_t t,
+                                   int64_t tile, int64_t tq, int64_t tk, const AttnAux* aux) {
+  std::vector<KeyBlock> blocks;
+  const int64_t q0 = t * tile, rows = std::min(tile, tq - q0);
+  for (int64_t kv0 = 0; kv0 < tk; kv0 += tile) {
+    const int64_t n = std::min(tile, tk - kv0);
+    const BlockKind kind = mods.Classify(b, h, q0, rows, kv0, n, aux);
+    if (kind != BlockKind::kEmpty) blocks.push_back({kv0, n, kind == BlockKind::kPartial});
+  }
+  return blocks;
+}
+
 }  // namespace
 
 StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, const Expr& score,
@@ -98,23 +112,14 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, co
   return std::shared_ptr<const AttnMods>(std::move(m));
 }
 
-std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, int64_t t,
-                                   int64_t tile, int64_t tq, int64_t tk, const AttnAux* aux) {
-  std::vector<KeyBlock> blocks;
-  const int64_t q0 = t * tile, rows = std::min(tile, tq - q0);
-  for (int64_t kv0 = 0; kv0 < tk; kv0 += tile) {
-    const int64_t n = std::min(tile, tk - kv0);
-    const BlockKind kind = mods.Classify(b, h, q0, rows, kv0, n, aux);
-    if (kind != BlockKind::kEmpty) blocks.push_back({kv0, n, kind == BlockKind::kPartial});
-  }
-  return blocks;
-}
-
 std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b, int64_t h,
-                                                 int64_t tile, int64_t tq, int64_t tk) const {
+                                                 int64_t tile, int64_t tq, int64_t tk,
+                                                 const AttnAux* aux,
+                                                 std::string_view aux_bytes) const {
   if (!mods.mask_reads_batch()) b = -1;
   if (!mods.mask_reads_head()) h = -1;
-  const auto key = std::make_tuple(b, h, tq, tk);
+  const auto key = std::make_tuple(b, h, tq, tk,
+                                   std::string(mods.mask_reads_aux() ? aux_bytes : ""));
   // Held while building: the other threads of the launch need the same table and wait.
   std::lock_guard<std::mutex> l(mu_);
   if (cache_.size() >= kMaxTables && !cache_.contains(key)) cache_.clear();
@@ -123,7 +128,7 @@ std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b
     auto m = std::make_shared<BlockMask>();
     for (int64_t t = 0; t * tile < tq; ++t) {
       m->tiles.push_back(ClassifyTile(mods, std::max<int64_t>(b, 0), std::max<int64_t>(h, 0), t,
-                                      tile, tq, tk, nullptr));
+                                      tile, tq, tk, aux));
       const int64_t rows = std::min(tile, tq - t * tile);
       for (const KeyBlock& k : m->tiles.back()) m->visited += rows * k.n;
     }

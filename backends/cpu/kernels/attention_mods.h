@@ -9,12 +9,12 @@
 //     its loops (no call per element).
 //   classify(b, h, q0, rows, kv0, n): whether mask_mod keeps none, all or some of the tile.
 //
-// BlockMask: for each tile of kTileRows query rows, the key blocks of kTileRows keys that the
-// mask does not rule out entirely, each marked full (no mask evaluated) or partial. Built by
-// evaluating mask_mod on every (query, key) pair once per step shape: a mask that reads no
-// aux tensor has its table cached per (Tq, Tk, and b or h where the mask reads them); one
-// that reads aux tensors (document ids, prefix lengths) is classified per query tile in each
-// launch, by the thread that computes that tile.
+// BlockMask: for each tile of query rows, the key blocks (as many keys) that the mask does not
+// rule out entirely, each marked full (no mask evaluated) or partial. Built by evaluating
+// mask_mod on every (query, key) pair once per step shape and cached (BlockMasks): per (Tq,
+// Tk, b and h where the mask reads them, and the contents of the aux tensors where it reads
+// those: document ids, prefix lengths), so training steps with the same packing and
+// same-shaped steps reuse their table.
 //
 // Numerics: score_mod runs in f32 as the reference's does for f32 queries (transcendentals
 // from the C++ math library: last-bit differences).
@@ -28,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -97,25 +98,22 @@ struct BlockMask {
   int64_t visited = 0;  // query rows x keys over the non-empty blocks (the work left)
 };
 
-// The key blocks of query tile `t` (rows [t * tile, ...)) of head (b, h) under `mods`' mask,
-// tiles of `tile` rows and keys.
-std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, int64_t t,
-                                   int64_t tile, int64_t tq, int64_t tk, const AttnAux* aux);
-
-// Cached block masks of a kernel whose mask reads no aux tensor.
+// The block masks of one kernel, cached.
 class BlockMasks {
  public:
-  // The table of head (b, h) for queries [0, tq) and keys [0, tk); built on first use (one
-  // caller builds, concurrent callers wait). REQUIRES: !mods.mask_reads_aux().
+  // The table of head (b, h) for queries [0, tq) and keys [0, tk) with the aux tensors `aux`,
+  // whose contents are `aux_bytes` (ignored when the mask reads none); built on first use (one
+  // caller builds, concurrent callers wait).
   std::shared_ptr<const BlockMask> For(const AttnMods& mods, int64_t b, int64_t h, int64_t tile,
-                                       int64_t tq, int64_t tk) const;
+                                       int64_t tq, int64_t tk, const AttnAux* aux,
+                                       std::string_view aux_bytes) const;
 
  private:
-  static constexpr size_t kMaxTables = 256;  // then the cache starts over (shapes that vary)
+  static constexpr size_t kMaxTables = 256;  // then the cache starts over
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>,
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>,
                    std::shared_ptr<const BlockMask>>
-      cache_;  // (b or -1, h or -1, tq, tk) -> table
+      cache_;  // (b or -1, h or -1, tq, tk, aux contents or "") -> table
 };
 
 }  // namespace kiln::cpu

@@ -162,7 +162,6 @@ void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, 
 
 struct Scratch {
   std::vector<float> s, dp, kt, vt;
-  std::vector<KeyBlock> blocks;
 };
 Scratch& ThreadScratch() {
   thread_local Scratch s;
@@ -279,18 +278,18 @@ std::vector<AttnAux> AuxOf(const LaunchArgs& a, int first) {
   return aux;
 }
 
-// The key blocks of query tile t of head (b, h) under compiled modifiers: the cached table's
-// (masks that read no aux tensor) or classified now into `scratch`.
-const std::vector<KeyBlock>& TileBlocks(const TrainAttnData& d, int64_t b, int64_t h, int64_t t,
-                                        int64_t tq, int64_t tk, const AttnAux* aux,
-                                        std::vector<KeyBlock>& scratch,
-                                        std::shared_ptr<const BlockMask>& table) {
-  if (d.mods->mask_reads_aux()) {
-    scratch = ClassifyTile(*d.mods, b, h, t, kTileRows, tq, tk, aux);
-    return scratch;
+// The bytes of the aux tensors (inputs from `first` on), element after element: the block
+// mask cache's key for masks that read them.
+std::string AuxBytes(const LaunchArgs& a, int first) {
+  std::string bytes;
+  for (int i = first; i < a.num_inputs; ++i) {
+    const TensorArg& t = a.inputs[i];
+    const int64_t size = DTypeBlockBytes(t.dtype);
+    const char* p = static_cast<const char*>(t.data);
+    for (int64_t e = 0; e < t.shape[0]; ++e) bytes.append(p + e * t.strides[0] * size, size);
+    bytes.push_back('|');
   }
-  table = d.blocks.For(*d.mods, b, h, kTileRows, tq, tk);
-  return table->tiles[static_cast<size_t>(t)];
+  return bytes;
 }
 
 // The forward under compiled modifiers: per query tile, the scores of its non-empty key blocks
@@ -306,6 +305,7 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
     return;
   }
   const std::vector<AttnAux> aux = AuxOf(a, 3);
+  const std::string aux_bytes = d.mods->mask_reads_aux() ? AuxBytes(a, 3) : std::string();
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
   const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
@@ -314,10 +314,9 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
   // Items (batch, head, tile) split by cost as DenseForward does: the keys each tile visits
   // where one table serves every head, else every key.
-  const bool one_table =
-      !d.mods->mask_reads_aux() && !d.mods->mask_reads_batch() && !d.mods->mask_reads_head();
+  const bool one_table = !d.mods->mask_reads_batch() && !d.mods->mask_reads_head();
   std::shared_ptr<const BlockMask> shared =
-      one_table ? d.blocks.For(*d.mods, 0, 0, kTileRows, Tq, Tk) : nullptr;
+      one_table ? d.blocks.For(*d.mods, 0, 0, kTileRows, Tq, Tk, aux.data(), aux_bytes) : nullptr;
   auto cost = [&](int64_t t) {
     const int64_t rows = std::min(kTileRows, Tq - t * kTileRows);
     int64_t keys = Tk;
@@ -332,7 +331,8 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
   const double total = per_bh * static_cast<double>(B * Hq);
   const double lo_share = total * c.thread_index / c.thread_count;
   const double hi_share = total * (c.thread_index + 1) / c.thread_count;
-  std::shared_ptr<const BlockMask> table;
+  std::shared_ptr<const BlockMask> table;  // of head (table_b, table_h)
+  int64_t table_b = 0, table_h = 0;
   double before = 0;
   for (int64_t item = 0; item < B * Hq * tiles; ++item) {
     const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
@@ -340,8 +340,12 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
     before += item_cost;
     if (mid < lo_share || mid >= hi_share) continue;
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
-    const std::vector<KeyBlock>& blocks =
-        TileBlocks(d, b, h, t, Tq, Tk, aux.data(), sc.blocks, table);
+    if (!one_table && (table == nullptr || b != table_b || h != table_h)) {
+      table = d.blocks.For(*d.mods, b, h, kTileRows, Tq, Tk, aux.data(), aux_bytes);
+      table_b = b;
+      table_h = h;
+    }
+    const std::vector<KeyBlock>& blocks = (one_table ? shared : table)->tiles[t];
     const std::vector<KeyRun> runs = Runs(blocks);
     int64_t n = 0;
     for (const KeyBlock& kb : blocks) n += kb.n;
@@ -435,6 +439,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
     return;
   }
   const std::vector<AttnAux> aux = AuxOf(a, 6);
+  const std::string aux_bytes =
+      d.mods != nullptr && d.mods->mask_reads_aux() ? AuxBytes(a, 6) : std::string();
   const int64_t B = x.q.shape[0], Hq = x.q.shape[1], Tq = x.q.shape[2];
   const int64_t Hkv = x.k.shape[1], Tk = x.Tk, D = x.D, Dv = x.Dv;
   const int64_t group = Hq / Hkv;
@@ -456,6 +462,9 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
     Transpose(x.k, b, g, 0, Tk, D, sc.kt.data(), Tk);
     Transpose(x.v, b, g, 0, Tk, Dv, sc.vt.data(), Tk);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+      if (d.mods != nullptr) {
+        table = d.blocks.For(*d.mods, b, h, kTileRows, Tq, Tk, aux.data(), aux_bytes);
+      }
       for (int64_t r0 = 0; r0 < Tq; r0 += kTileRows) {
         const int64_t rows = std::min(kTileRows, Tq - r0);
         // D_i = rowsum(dO o).
@@ -476,8 +485,7 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
             any = true;
           }
         } else {
-          const std::vector<KeyBlock>& blocks =
-              TileBlocks(d, b, h, r0 / kTileRows, Tq, Tk, aux.data(), sc.blocks, table);
+          const std::vector<KeyBlock>& blocks = table->tiles[r0 / kTileRows];
           for (const KeyRun& r : Runs(blocks)) {
             BackwardKeys(d, x, sc, b, g, h, r0, rows, r.kv0, r.n, di, any, [&](float* p) {
               for (size_t i = r.first; i < r.last; ++i) {

@@ -10,6 +10,7 @@
 // padding rows, sliding windows, f16/bf16 caches.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,6 +27,8 @@
 #include "backends/host/host_device.h"
 #include "backends/ref/ref_kernels.h"
 #include "backends/registry.h"
+#include "engine/builder.h"
+#include "engine/program.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::cpu {
@@ -524,6 +527,54 @@ TEST(HarnessBlockSkipping, CompiledMasksSkipTheirEmptyBlocks) {
   // Query tile t sees key blocks 0..t, and block 1 too for t = 0 (keys 64..99 are prefix):
   // 2 + (2 + 3 + ... + 10) = 56 blocks.
   EXPECT_EQ(DenseAttentionScoresVisited() - before, runs * uint64_t{kHq * 56 * 64 * 64});
+}
+
+// A block mask that depends on aux tensors is cached by their contents: one program run with
+// prefix lengths 100, then 300, then 100 again equals the reference each time (a table keyed
+// by shape alone would reuse the first).
+TEST(HarnessBlockSkipping, BlockMasksFollowTheAuxTensorsContents) {
+  if (!TestJit().available()) GTEST_SKIP() << "no C++ compiler for generated kernels";
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  VariantDevice dev(ActiveIsa(), nullptr, 2);
+  constexpr int64_t kT = 320;
+  auto build = [](Graph& g) {
+    Builder b(&g);
+    const Value q = b.Input("q", DType::kF32, {1, 1, kT, 8});
+    const Value k = b.Input("k", DType::kF32, {1, 1, kT, 8});
+    const Value v = b.Input("v", DType::kF32, {1, 1, kT, 8});
+    const Value aux[] = {b.Input("prefix", DType::kI32, {1})};
+    return b.Attention(q, k, v, {0, attn::PrefixLmMask(0), {}}, aux);
+  };
+  Graph gc, gr;
+  const Value oc = build(gc), orf = build(gr);
+  auto cpu = Compile(gc, {oc}, dev);
+  auto reference = Compile(gr, {orf}, *ref->device(0));
+  ASSERT_TRUE(cpu.ok() && reference.ok());
+  EXPECT_NE(dev.last_kernel().find("compiled mask"), std::string::npos) << dev.last_kernel();
+  std::vector<double> x(kT * 8);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i));
+  auto cpu_stream = dev.CreateStream();
+  auto ref_stream = ref->device(0)->CreateStream();
+  ASSERT_TRUE(cpu_stream.ok() && ref_stream.ok());
+  for (double prefix : {100.0, 300.0, 100.0}) {
+    std::vector<double> out[2];
+    int i = 0;
+    for (auto* p : {&*cpu, &*reference}) {
+      backend::Device& d = i == 0 ? static_cast<backend::Device&>(dev) : *ref->device(0);
+      for (const char* in : {"q", "k", "v"}) {
+        ASSERT_TRUE((*p)->Bind(in, *Tensor::FromDoubles(d, DType::kF32, {1, 1, kT, 8}, x)).ok());
+      }
+      const std::vector<double> len = {prefix};
+      ASSERT_TRUE((*p)->Bind("prefix", *Tensor::FromDoubles(d, DType::kI32, {1}, len)).ok());
+      backend::Stream& st = i == 0 ? **cpu_stream : **ref_stream;
+      ASSERT_TRUE((*p)->Run(st).ok() && st.Synchronize().ok());
+      out[i++] = *(*p)->Output(0)->ToDoubles();
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    double err = 0;
+    for (size_t e = 0; e < out[0].size(); ++e) err = std::max(err, std::abs(out[0][e] - out[1][e]));
+    EXPECT_LT(err, 1e-5) << "prefix " << prefix;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, HarnessTest, ::testing::ValuesIn(Variants()),
