@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cpu/kernels/attention_mods.h"
 #include "backends/cpu/kernels/kernels.h"
 
 namespace kiln::cpu {
@@ -34,6 +35,7 @@ struct AttnData {
   float scale = 1;
   std::vector<float> alibi_slopes;  // per query head; empty: no ALiBi
   float softcap = 0;
+  std::shared_ptr<const AttnMods> mods;  // compiled modifiers (AttnArgs::mods)
   Kernel fallback;
   mutable std::mutex mu;
   mutable std::unordered_map<const LaunchArgs*, std::unique_ptr<SplitScratch>> scratch;
@@ -64,6 +66,17 @@ struct SplitRow {
   int64_t seq, g, t, parts;
   size_t offset;  // into SplitScratch::partials
 };
+
+// AttnArgs::mods over AttnData::mods and a launch's aux tensors.
+struct ModsCtx {
+  const AttnMods* mods = nullptr;
+  const AttnAux* aux = nullptr;
+};
+void CallMods(const void* ctx, float* s, int64_t n, int64_t b, int64_t h, int64_t q,
+              const int64_t* kv) {
+  const auto& m = *static_cast<const ModsCtx*>(ctx);
+  m.mods->ApplyAt(s, n, b, h, q, kv, m.aux);
+}
 
 void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   const AttnData& d = *static_cast<const AttnData*>(a.kernel_data);
@@ -187,6 +200,15 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   args.chunk = d.chunk;
   args.alibi_slopes = d.alibi_slopes.empty() ? nullptr : d.alibi_slopes.data();
   args.softcap = d.softcap;
+  std::vector<AttnAux> aux;
+  for (int i = 6; i < a.num_inputs; ++i) {
+    aux.push_back({a.inputs[i].data, a.inputs[i].shape[0], a.inputs[i].strides[0]});
+  }
+  const ModsCtx mods{d.mods.get(), aux.data()};
+  if (d.mods != nullptr) {
+    args.mods = CallMods;
+    args.mods_ctx = &mods;
+  }
 
   std::vector<int64_t> blocks;
   int64_t blocks_seq = -1;
@@ -204,6 +226,7 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
       }
     }
     AttnTask task;
+    task.seq = it.seq;
     task.blocks = blocks.data();
     task.t0 = it.t0;
     task.t1 = it.t1;
@@ -299,15 +322,22 @@ std::optional<PagedMask> ClassifyPagedMask(const Expr& mask) {
 }
 
 // The score_mod the paged kernel implements: none, attn::AlibiScore(heads), SoftCapScore(cap),
-// or ALiBi then the cap (attn::Then). Sets `alibi` and `softcap`; false for any other.
-bool ClassifyPagedScore(const Expr& score, int64_t heads, bool* alibi,
-                        std::optional<double>* softcap) {
+// or ALiBi then the cap (attn::Then). Sets `alibi` and `softcap` (0: none); false for any
+// other.
+bool ClassifyPagedScore(const Expr& score, int64_t heads, bool* alibi, double* softcap) {
   *alibi = false;
+  *softcap = 0;
   if (!score) return true;
   const Expr bias = attn::AlibiScore(heads);
   if (score == bias) return *alibi = true;
-  if ((*softcap = SoftCapOf(score))) return true;
-  if ((*softcap = SoftCapOf(score, bias))) return *alibi = true;
+  if (const auto cap = SoftCapOf(score)) {
+    *softcap = *cap;
+    return true;
+  }
+  if (const auto cap = SoftCapOf(score, bias)) {
+    *softcap = *cap;
+    return *alibi = true;
+  }
   return false;
 }
 
@@ -331,35 +361,55 @@ std::vector<float> AlibiSlopes(int64_t heads) {
 
 StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& req,
                                                          const SelectContext& ctx) {
-  if (req.inputs.size() != 6) return std::optional<Kernel>();
-  const auto heads = req.inputs[0].shape[1].TryConstant();
-  bool alibi = false;
-  std::optional<double> softcap;
-  if (!heads || !ClassifyPagedScore(req.attrs->expr[1], *heads, &alibi, &softcap)) {
-    return std::optional<Kernel>();
-  }
+  if (req.inputs.size() < 6) return std::optional<Kernel>();
   const DType kv = req.inputs[1].dtype;
   if (req.inputs[0].dtype != DType::kF32 || req.output.dtype != DType::kF32 ||
       req.inputs[2].dtype != kv || (kv != DType::kF32 && kv != DType::kF16 && kv != DType::kBF16)) {
     return std::optional<Kernel>();
   }
-  const auto mask = ClassifyPagedMask(req.attrs->expr[0]);
-  if (!mask) return std::optional<Kernel>();
+  const Expr &mask_mod = req.attrs->expr[0], &score_mod = req.attrs->expr[1];
+  // Natively: the masks and score_mods above. Anything else runs compiled (AttnArgs::mods);
+  // a mask And(native, rest) keeps the native part's key range and runs whole compiled.
+  const auto heads = req.inputs[0].shape[1].TryConstant();
+  bool alibi = false;
+  double softcap = 0;  // > 0: the cap
+  Expr compiled_mask, compiled_score;
+  if (score_mod && (!heads || !ClassifyPagedScore(score_mod, *heads, &alibi, &softcap))) {
+    alibi = false;
+    softcap = 0;
+    compiled_score = score_mod;
+  }
+  std::optional<PagedMask> mask = ClassifyPagedMask(mask_mod);
+  if (!mask) {
+    const ExprNode& n = mask_mod.node();
+    if (n.op == ExprOp::kAnd && n.args.size() == 2) mask = ClassifyPagedMask(n.args[0]);
+    if (!mask) mask = PagedMask{};
+    compiled_mask = mask_mod;
+  }
   auto d = std::make_shared<AttnData>();
+  if (compiled_mask || compiled_score) {
+    std::vector<DType> aux;
+    for (size_t i = 6; i < req.inputs.size(); ++i) aux.push_back(req.inputs[i].dtype);
+    StatusOr<std::shared_ptr<const AttnMods>> mods =
+        AttnMods::Compile(compiled_mask, compiled_score, aux, ctx);
+    if (!mods.ok()) return std::optional<Kernel>();
+    d->mods = *std::move(mods);
+  }
   d->k = KernelsFor(ctx.isa);
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
   d->mask = mask->kind;
   d->window = mask->window;
   d->chunk = mask->chunk;
   d->scale = static_cast<float>(req.attrs->floats[0]);
-  d->softcap = softcap ? static_cast<float>(*softcap) : 0.0f;
+  d->softcap = static_cast<float>(softcap);
   if (alibi) d->alibi_slopes = AlibiSlopes(*heads);
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   static const char* kMaskNames[] = {"none", "causal", "window"};
   std::string name = absl::StrCat(
       "cpu.paged_attention.", IsaName(d->k->isa), "[", kMaskNames[static_cast<int>(d->mask)],
       d->chunk > 0 ? absl::StrCat(" chunk ", d->chunk) : "", alibi ? " alibi" : "",
-      softcap ? absl::StrCat(" softcap ", *softcap) : "", "]");
+      softcap > 0 ? absl::StrCat(" softcap ", softcap) : "",
+      d->mods != nullptr ? absl::StrCat(" compiled ", d->mods->label()) : "", "]");
   return std::optional<Kernel>(Kernel{PagedAttentionKernel, std::move(d), std::move(name)});
 }
 

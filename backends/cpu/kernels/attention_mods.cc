@@ -31,6 +31,15 @@ KERNEL void kiln_KERNEL_NAME_apply(float* s, ki64 ld, ki64 rows, ki64 n, ki64 b,
     }
   }
 }
+KERNEL void kiln_KERNEL_NAME_apply_at(float* s, ki64 n, ki64 b, ki64 h, ki64 q,
+                                          const ki64* kv, const ki64* ax) {
+  (void)ax; (void)b; (void)h; (void)q;
+  AUX_DECL
+  for (ki64 j = 0; j < n; ++j) {
+    const float v = SCORE(s[j], q, kv[j]);
+    s[j] = MASK(q, kv[j]) ? v : -__builtin_inff();
+  }
+}
 KERNEL int kiln_KERNEL_NAME_classify(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv0, ki64 n,
                                          const ki64* ax) {
   (void)ax; (void)b; (void)h;
@@ -98,10 +107,11 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, co
                   "\n#define MASK(q, kv) ", mask_call, "\n", kTemplate,
                   "#undef AUX_DECL\n#undef SCORE\n#undef MASK\n");
   const compiler::GeneratedKernel g = compiler::NameKernel(compiler::Dialect::kCpp, code);
-  KILN_ASSIGN_OR_RETURN(std::vector<void*> fns, ctx.compile(g, {"_apply", "_classify"}));
+  KILN_ASSIGN_OR_RETURN(std::vector<void*> fns, ctx.compile(g, {"_apply", "_apply_at", "_classify"}));
   auto m = std::make_shared<AttnMods>();
   m->apply_ = reinterpret_cast<ApplyFn>(fns[0]);
-  if (mask) m->classify_ = reinterpret_cast<ClassifyFn>(fns[1]);
+  m->apply_at_ = reinterpret_cast<ApplyAtFn>(fns[1]);
+  if (mask) m->classify_ = reinterpret_cast<ClassifyFn>(fns[2]);
   m->has_score_ = static_cast<bool>(score);
   if (mask) {
     m->reads_b_ = mask.Uses(ExprOp::kIndex, 0);

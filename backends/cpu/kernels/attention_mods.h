@@ -7,6 +7,8 @@
 //     q0.. and keys kv0..: s = score_mod(s, b, h, q, kv), then, if `masked`, -inf where
 //     mask_mod(b, h, q, kv) is false. One call per tile; the expressions are inlined into
 //     its loops (no call per element).
+//   apply_at(s, n, b, h, q, kv[]): the same on n scores of one query row and the keys at
+//     positions kv[0..n) (paged attention: keys of valid cache blocks only).
 //   classify(b, h, q0, rows, kv0, n): whether mask_mod keeps none, all or some of the tile.
 //
 // BlockMask: for each tile of query rows, the key blocks (as many keys) that the mask does not
@@ -68,6 +70,11 @@ class AttnMods {
              int64_t kv0, bool masked, const AttnAux* aux) const {
     apply_(s, ld, rows, n, b, h, q0, kv0, masked ? 1 : 0, aux);
   }
+  // One query row, keys at positions kv[0..n): score_mod, then mask_mod.
+  void ApplyAt(float* s, int64_t n, int64_t b, int64_t h, int64_t q, const int64_t* kv,
+               const AttnAux* aux) const {
+    apply_at_(s, n, b, h, q, kv, aux);
+  }
   BlockKind Classify(int64_t b, int64_t h, int64_t q0, int64_t rows, int64_t kv0, int64_t n,
                      const AttnAux* aux) const {
     return classify_ == nullptr ? BlockKind::kFull
@@ -77,9 +84,12 @@ class AttnMods {
  private:
   using ApplyFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int, const AttnAux*);
+  using ApplyAtFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, const int64_t*,
+                            const AttnAux*);
   using ClassifyFn = int (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              const AttnAux*);
   ApplyFn apply_ = nullptr;
+  ApplyAtFn apply_at_ = nullptr;
   ClassifyFn classify_ = nullptr;  // null: no mask_mod
   bool has_score_ = false;
   bool reads_b_ = false, reads_h_ = false, reads_aux_ = false;

@@ -245,6 +245,7 @@ std::vector<OpCase> AttentionCases() {
     setups.push_back(s);
   }
   std::vector<OpCase> out;
+  const Expr q_idx = Expr::Index(2), kv_idx = Expr::Index(3);
   struct Mask {
     const char* name;
     Expr mask;
@@ -261,7 +262,14 @@ std::vector<OpCase> AttentionCases() {
       {"chunked 6", attn::ChunkedMask(6)},
       {"chunked 300 and window 7", And(attn::ChunkedMask(300), attn::SlidingWindowMask(7))},
       {"causal alibi", attn::CausalMask(), {}, true},
-      {"chunked 5 alibi softcap 2", attn::ChunkedMask(5), attn::SoftCapScore(2), true}};
+      {"chunked 5 alibi softcap 2", attn::ChunkedMask(5), attn::SoftCapScore(2), true},
+      // Compiled (attention_mods.h): a custom mask alone, one under a native causal part,
+      // and a custom score_mod.
+      {"custom mask: causal or key < 10", Or(attn::CausalMask(), Lt(kv_idx, Expr::Int(10)))},
+      {"custom mask: causal and same 7-block",
+       And(attn::CausalMask(), Eq(q_idx / Expr::Int(7), kv_idx / Expr::Int(7)))},
+      {"custom score: distance bias", attn::CausalMask(),
+       attn::Score() + Expr::Cast(DType::kF32, kv_idx - q_idx) * 0.01}};
   for (const PagedSetup& s : setups) {
     const int64_t S = static_cast<int64_t>(s.seq_lens.size());
     for (DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -429,7 +437,7 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
 
 // The modifiers a model's `attention:` config names (chunks, ALiBi, soft-capping; Gemma 2's
 // soft-capped sliding-window layers) run on the paged kernel, not the reference, on every
-// instruction set.
+// instruction set; custom masks and score_mods too, compiled into it.
 TEST(HarnessModifiers, PagedAttentionAppliesThemInTheKernel) {
   std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
   int run = 0;
@@ -440,7 +448,9 @@ TEST(HarnessModifiers, PagedAttentionAppliesThemInTheKernel) {
       const bool softcap = c.name.find("softcap") != std::string::npos;
       const bool chunked = c.name.find("chunked") != std::string::npos;
       const bool alibi = c.name.find("alibi") != std::string::npos;
-      if (!softcap && !chunked && !alibi) continue;
+      const bool custom = c.name.find("custom") != std::string::npos;
+      if (!softcap && !chunked && !alibi && !custom) continue;
+      if (custom && !TestJit().available()) continue;
       const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
       EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
           << IsaName(isa) << " " << c.name << ": " << r.message;
@@ -449,6 +459,7 @@ TEST(HarnessModifiers, PagedAttentionAppliesThemInTheKernel) {
       EXPECT_EQ(k.find("softcap") != std::string::npos, softcap) << c.name << ": " << k;
       EXPECT_EQ(k.find("chunk") != std::string::npos, chunked) << c.name << ": " << k;
       EXPECT_EQ(k.find("alibi") != std::string::npos, alibi) << c.name << ": " << k;
+      EXPECT_EQ(k.find("compiled") != std::string::npos, custom) << c.name << ": " << k;
       ++run;
     }
   }

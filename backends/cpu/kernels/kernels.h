@@ -68,6 +68,12 @@ struct AttnArgs {
   // scores (before any soft-cap).
   const float* alibi_slopes = nullptr;
   float softcap = 0;  // > 0: score_mod attn::SoftCapScore(softcap) on the scaled scores
+  // Non-null: compiled modifiers (attention_mods.h; no ALiBi or soft-cap above with them), on
+  // the scaled scores s[0..n) of query head h of sequence b at position q against the keys at
+  // positions kv[0..n): score_mod, then -inf where mask_mod hides the key.
+  void (*mods)(const void* ctx, float* s, int64_t n, int64_t b, int64_t h, int64_t q,
+               const int64_t* kv) = nullptr;
+  const void* mods_ctx = nullptr;
 };
 
 // One unit of attention work: query rows [t0, t1) of one sequence (row t0 at key position
@@ -78,6 +84,7 @@ struct AttnArgs {
 // row and head of the group: {max, sum, acc[Dv]} (max = -inf when no key was visible),
 // for CombinePartials.
 struct AttnTask {
+  int64_t seq = 0;  // the sequence (b of the modifiers)
   const int64_t* blocks = nullptr;
   int64_t t0 = 0, t1 = 0, pos0 = 0;
   int64_t g = 0;

@@ -569,8 +569,14 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           }
         }
         for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
-        // ALiBi, then soft-capping, each scaling the scores as it modifies them.
+        // Compiled modifiers; or ALiBi, then soft-capping, each scaling the scores as it
+        // modifies them.
         float mul = a.scale;
+        if (a.mods != nullptr) {
+          for (int i = 0; i < n; ++i) s[i] *= mul;
+          mul = 1;
+          a.mods(a.mods_ctx, s, n, t.seq, t.g * G + h, pos, kpos);
+        }
         if (a.alibi_slopes != nullptr) {
           const float slope = a.alibi_slopes[t.g * G + h];
           for (int i = 0; i < n; ++i) s[i] = s[i] * mul + slope * static_cast<float>(kpos[i] - pos);
