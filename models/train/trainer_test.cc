@@ -190,6 +190,12 @@ struct Case {
 const Case kLlama{"llama_gqa_f32", "tests/fixtures/models/llama_gqa_f32"};
 const Case kQwen2{"qwen2_bias_f32", "tests/fixtures/models/qwen2_bias_f32"};
 const Case kGpt2{"gpt2_f32", "tests/fixtures/models/gpt2_f32"};
+// Issue 16's models: Gemma 2's soft-capped attention (trained through the decomposition) and
+// sliding layers, Gemma 3's q/k norms and alternating RoPEs, Phi-3's fused projections (LoRA
+// on qkv_proj and gate_up_proj) and window — all with packed rows (document masks).
+const Case kGemma2{"gemma2_softcap_f32", "tests/fixtures/models/gemma2_softcap_f32"};
+const Case kGemma3{"gemma3_text_bf16", "tests/fixtures/models/gemma3_text_bf16"};
+const Case kPhi3{"phi3_fused_f32", "tests/fixtures/models/phi3_fused_f32"};
 // SmolLM2: a training step takes ~5 s on 2 CPU threads (the backward through frozen Q4_1
 // weights runs the reference matmul), so the AdamW test runs 10 of the fixture's 50 steps.
 const Case kSmolLm2{"smollm2", ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf", 10};
@@ -259,7 +265,8 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainerGradientTest,
-                         ::testing::Values(kLlama, kQwen2, kGpt2, kSmolLm2, kLlamaRecompute,
+                         ::testing::Values(kLlama, kQwen2, kGpt2, kGemma2, kGemma3, kPhi3,
+                                           kSmolLm2, kLlamaRecompute,
                                            kSmolLm2Recompute, kLlamaDropout, kQwen2Dropout,
                                            kLlamaDropoutRecompute),
                          CaseName);

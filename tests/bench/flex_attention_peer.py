@@ -42,8 +42,19 @@ def softcap(score, b, h, q, kv):
     return CAP * torch.tanh(score / CAP)
 
 
+ALIBI_SLOPES = torch.exp2(-8.0 * torch.arange(1, HEADS + 1, dtype=torch.float32) / HEADS)
+
+
+def alibi(score, b, h, q, kv):
+    return score + ALIBI_SLOPES[h] * (kv - q)
+
+
 def peer_case(name, tokens):
-    """(mask_mod or None, score_mod or None) of a case, as flex_attention takes them."""
+    """(mask_mod or None, score_mod or None) of a case, as flex_attention takes them. Kiln's
+    compiled_* cases are the same masks spelled as custom expressions: PyTorch runs the mask."""
+    name = name.removeprefix("compiled_")
+    if name == "alibi_causal":
+        return causal, alibi
     if name == "causal":
         return causal, None
     if name == "unmasked":
@@ -97,7 +108,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cases", default="causal,unmasked,window256,documents16x256,softcap50_causal")
+    ap.add_argument("--cases", default="causal,unmasked,window256,documents16x256,softcap50_causal,"
+                    "compiled_causal,compiled_window256,compiled_documents16x256,alibi_causal")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cases = args.cases.split(",")
@@ -116,11 +128,11 @@ def main():
             ratios[c].append(kiln / peer)
             times[c][0].append(kiln)
             times[c][1].append(peer)
-            print(f"round {r + 1} {c:18} kiln {kiln * 1e3:9.2f} ms  torch flex {peer * 1e3:9.2f} ms"
+            print(f"round {r + 1} {c:24} kiln {kiln * 1e3:9.2f} ms  torch flex {peer * 1e3:9.2f} ms"
                   f"  kiln/torch {kiln / peer:6.3f}", flush=True)
-    print("\ncase                kiln ms (median)  torch ms (median)  kiln/torch (median of rounds)")
+    print("\ncase                      kiln ms (median)  torch ms (median)  kiln/torch (median of rounds)")
     for c in cases:
-        print(f"{c:18} {statistics.median(times[c][0]) * 1e3:14.2f} "
+        print(f"{c:24} {statistics.median(times[c][0]) * 1e3:14.2f} "
               f"{statistics.median(times[c][1]) * 1e3:18.2f} {statistics.median(ratios[c]):16.3f}")
     return 0
 

@@ -20,8 +20,10 @@
 //               (cross_entropy.h).
 //   paged_attention  q f32, K/V caches both f32, f16 or bf16, mask none, causal, sliding
 //               window, chunked (alone or with a window), score_mod none, ALiBi, soft-capping
-//               (Gemma 2) or ALiBi then the cap — threads over (sequence, kv head, query rows),
-//               and over the context for long decode.
+//               (Gemma 2) or ALiBi then the cap natively; any other mask_mod and score_mod
+//               compiled into the kernel (with a compile function; attention_mods.h) —
+//               threads over (sequence, kv head, query rows), and over the context for long
+//               decode.
 // Everything else (and layouts the kernels do not take, found at run time: non-contiguous
 // rows, overlapping sequences) runs the reference kernel.
 //
