@@ -128,23 +128,32 @@ std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b
                                                  std::string_view aux_bytes) const {
   if (!mods.mask_reads_batch()) b = -1;
   if (!mods.mask_reads_head()) h = -1;
-  const auto key = std::make_tuple(b, h, tq, tk,
-                                   std::string(mods.mask_reads_aux() ? aux_bytes : ""));
-  // Held while building: the other threads of the launch need the same table and wait.
-  std::lock_guard<std::mutex> l(mu_);
-  if (cache_.size() >= kMaxTables && !cache_.contains(key)) cache_.clear();
-  std::shared_ptr<const BlockMask>& slot = cache_[key];
-  if (slot == nullptr) {
-    auto m = std::make_shared<BlockMask>();
-    for (int64_t t = 0; t * tile < tq; ++t) {
-      m->tiles.push_back(ClassifyTile(mods, std::max<int64_t>(b, 0), std::max<int64_t>(h, 0), t,
-                                      tile, tq, tk, aux));
-      const int64_t rows = std::min(tile, tq - t * tile);
-      for (const KeyBlock& k : m->tiles.back()) m->visited += rows * k.n;
+  auto key = std::make_tuple(b, h, tq, tk, std::string(mods.mask_reads_aux() ? aux_bytes : ""));
+  std::shared_ptr<Entry> e;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (cache_.size() >= kMaxTables && !cache_.contains(key)) cache_.clear();
+    std::shared_ptr<Entry>& slot = cache_[std::move(key)];
+    if (slot == nullptr) {
+      slot = std::make_shared<Entry>();
+      slot->tiles = (tq + tile - 1) / tile;
+      slot->table.tiles.resize(static_cast<size_t>(slot->tiles));
     }
-    slot = std::move(m);
+    e = slot;
   }
-  return slot;
+  if (e->done.load(std::memory_order_acquire) < e->tiles) {
+    for (int64_t t; (t = e->next.fetch_add(1, std::memory_order_relaxed)) < e->tiles;) {
+      e->table.tiles[static_cast<size_t>(t)] = ClassifyTile(
+          mods, std::max<int64_t>(b, 0), std::max<int64_t>(h, 0), t, tile, tq, tk, aux);
+      if (e->done.fetch_add(1, std::memory_order_acq_rel) + 1 == e->tiles) {
+        std::lock_guard<std::mutex> l(e->mu);
+        e->finished.notify_all();
+      }
+    }
+    std::unique_lock<std::mutex> l(e->mu);
+    e->finished.wait(l, [&] { return e->done.load(std::memory_order_acquire) == e->tiles; });
+  }
+  return std::shared_ptr<const BlockMask>(e, &e->table);
 }
 
 }  // namespace kiln::cpu

@@ -24,6 +24,8 @@
 // Thread-safety: AttnMods is immutable after Compile; BlockMasks::For is thread-safe.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -105,24 +107,32 @@ struct KeyBlock {
 // The non-empty key blocks of every query tile of one (b, h) slice, in key order.
 struct BlockMask {
   std::vector<std::vector<KeyBlock>> tiles;
-  int64_t visited = 0;  // query rows x keys over the non-empty blocks (the work left)
 };
 
 // The block masks of one kernel, cached.
 class BlockMasks {
  public:
   // The table of head (b, h) for queries [0, tq) and keys [0, tk) with the aux tensors `aux`,
-  // whose contents are `aux_bytes` (ignored when the mask reads none); built on first use (one
-  // caller builds, concurrent callers wait).
+  // whose contents are `aux_bytes` (ignored when the mask reads none); built on first use by
+  // every caller that asks for it meanwhile (the launch's threads take query tiles from a
+  // shared counter), each returning when the whole table is done.
   std::shared_ptr<const BlockMask> For(const AttnMods& mods, int64_t b, int64_t h, int64_t tile,
                                        int64_t tq, int64_t tk, const AttnAux* aux,
                                        std::string_view aux_bytes) const;
 
  private:
+  // A table, complete once `done` reaches the number of query tiles.
+  struct Entry {
+    BlockMask table;
+    int64_t tiles = 0;
+    std::atomic<int64_t> next{0}, done{0};  // tiles taken, tiles finished
+    std::mutex mu;
+    std::condition_variable finished;
+  };
   static constexpr size_t kMaxTables = 256;  // then the cache starts over
   mutable std::mutex mu_;
   mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>,
-                   std::shared_ptr<const BlockMask>>
+                   std::shared_ptr<Entry>>
       cache_;  // (b or -1, h or -1, tq, tk, aux contents or "") -> table
 };
 
