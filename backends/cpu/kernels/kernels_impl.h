@@ -503,7 +503,147 @@ void ConvertRow(const void* src, DType t, int64_t n, float* dst) {
   }
 }
 
+void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
+               int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha, bool accumulate);
+
+// Query rows per block of AttendRows, and the fewest rows a task needs to take that path.
+constexpr int64_t kRowTile = 32;
+constexpr int64_t kMinTileRows = 4;
+
+// Attend for a task of several query rows (prefill), blocks of kRowTile rows at a time: per
+// tile of keys, K (transposed) and V are gathered once for the block's rows and the group's
+// query heads, the scores and P V are small GEMMs, and each row then takes Attend's steps —
+// modifiers, its own key range as -inf, the online softmax.
+void AttendRows(const AttnArgs& a, const AttnTask& t) {
+  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv, BS = a.block_size;
+  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
+  const bool convert = a.kv_dtype != DType::kF32;
+  float* kt = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));  // kt[e * kKeyTile + i]
+  float* vt = Scratch(kSlotValues, kKeyTile * std::max<int64_t>(Dv, 1));  // V rows, contiguous
+  float* krow = Scratch(kSlotRow, std::max<int64_t>(D, 1));  // a converted K row
+  float* scores = Scratch(kSlotScores, kRowTile * kKeyTile);
+  const int64_t acc_ld = G * (Dv + 2);
+  float* acc = Scratch(kSlotAcc, kRowTile * acc_ld);  // per (row, head): acc[Dv], max, sum
+  int64_t kpos[kKeyTile];
+  const float ninf = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kNoBound = std::numeric_limits<int64_t>::max();
+  for (int64_t r0 = t.t0; r0 < t.t1; r0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, t.t1 - r0);
+    const int64_t first = t.pos0 + (r0 - t.t0), last = first + rows - 1;  // positions
+    // The keys any row of the block sees.
+    int64_t lo = t.j0, hi = t.j1;
+    if (a.mask != MaskKind::kNone) hi = std::min(hi, last + 1);
+    if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, first - a.window + 1);
+    if (a.chunk > 0) lo = std::max(lo, first - first % a.chunk);
+    for (int64_t i = 0; i < rows * G; ++i) {
+      float* ah = acc + i * (Dv + 2);
+      std::fill(ah, ah + Dv, 0.0f);
+      ah[Dv] = ninf;
+      ah[Dv + 1] = 0;
+    }
+    for (int64_t jt = lo; jt < hi; jt += kKeyTile) {
+      const int64_t jend = std::min(hi, jt + kKeyTile);
+      int64_t n = 0;  // keys with a valid block
+      for (int64_t j = jt; j < jend; ++j) {
+        const int64_t blk = t.blocks[j / BS];
+        if (blk < 0) continue;
+        const int64_t slot = j % BS;
+        const char* kp =
+            static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
+        const char* vp =
+            static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
+        const float* k = reinterpret_cast<const float*>(kp);
+        if (convert) {
+          ConvertRow(kp, a.kv_dtype, D, krow);
+          k = krow;
+          ConvertRow(vp, a.kv_dtype, Dv, vt + n * Dv);
+        } else {
+          std::copy_n(reinterpret_cast<const float*>(vp), Dv, vt + n * Dv);
+        }
+        for (int64_t e = 0; e < D; ++e) kt[e * kKeyTile + n] = k[e];
+        kpos[n] = j;
+        ++n;
+      }
+      if (n == 0) continue;
+      for (int64_t h = 0; h < G; ++h) {
+        const int64_t head = t.g * G + h;
+        SmallGemm(a.q + r0 * a.q_st + head * a.q_sh, a.q_st, 1, kt, kKeyTile, scores, kKeyTile,
+                  rows, n, D, a.scale, false);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* s = scores + i * kKeyTile;
+          const int64_t pos = first + i;
+          // Modifiers (compiled; or ALiBi, then soft-capping), then the row's own key range.
+          if (a.mods != nullptr) {
+            a.mods(a.mods_ctx, s, n, t.seq, head, pos, kpos);
+          } else {
+            if (a.alibi_slopes != nullptr) {
+              const float slope = a.alibi_slopes[head];
+              for (int64_t k = 0; k < n; ++k) s[k] += slope * static_cast<float>(kpos[k] - pos);
+            }
+            if (a.softcap > 0) SoftCap(s, n, 1.0f, a.softcap);
+          }
+          const int64_t row_hi = a.mask != MaskKind::kNone ? pos + 1 : kNoBound;
+          int64_t row_lo = a.mask == MaskKind::kSlidingWindow ? pos - a.window + 1 : 0;
+          if (a.chunk > 0) row_lo = std::max(row_lo, pos - pos % a.chunk);
+          for (int64_t k = 0; k < n; ++k) {
+            if (kpos[k] >= row_hi || kpos[k] < row_lo) s[k] = ninf;
+          }
+          // Online softmax: rescale the row's running state to the new maximum.
+          float m = ninf;
+          for (int64_t k = 0; k < n; ++k) {
+            m = (std::isnan(m) || std::isnan(s[k])) ? NAN : std::max(m, s[k]);
+          }
+          float* ah = acc + (i * G + h) * (Dv + 2);
+          const float m_old = ah[Dv];
+          const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
+          if (m_new == ninf) {  // every score -inf: contributes nothing
+            std::fill(s, s + n, 0.0f);
+            continue;
+          }
+          const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
+          F sum = Zero();
+          int64_t p = 0;
+          for (; p + kLanes <= n; p += kLanes) {
+            const F e = Exp(Add(Load(s + p), Set1(-m_new)));
+            Store(s + p, e);
+            sum = Add(sum, e);
+          }
+          float l = HSum(sum);
+          for (; p < n; ++p) {
+            s[p] = std::exp(s[p] - m_new);
+            l += s[p];
+          }
+          ah[Dv + 1] = ah[Dv + 1] * corr + l;
+          ah[Dv] = m_new;
+          if (corr != 1.0f) {
+            for (int64_t e = 0; e < Dv; ++e) ah[e] *= corr;
+          }
+        }
+        // acc += P V for the block's rows of head h.
+        SmallGemm(scores, kKeyTile, 1, vt, Dv, acc + h * (Dv + 2), acc_ld, rows, Dv, n, 1.0f, true);
+      }
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t h = 0; h < G; ++h) {
+        const float* ah = acc + (i * G + h) * (Dv + 2);
+        float* out = a.out + (r0 + i) * a.o_st + (t.g * G + h) * a.o_sh;
+        const float l = ah[Dv + 1];
+        if (ah[Dv] == ninf || l == 0) {
+          std::fill(out, out + Dv, 0.0f);
+          continue;
+        }
+        const float inv = 1.0f / l;
+        for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
+      }
+    }
+  }
+}
+
 void Attend(const AttnArgs& a, const AttnTask& t) {
+  if (t.partial == nullptr && t.t1 - t.t0 >= kMinTileRows) {
+    AttendRows(a, t);
+    return;
+  }
   const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv, BS = a.block_size;
   const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
   const bool convert = a.kv_dtype != DType::kF32;
