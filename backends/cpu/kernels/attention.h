@@ -5,7 +5,9 @@
 // items are spread over the pool by estimated cost. A decode row (one query of a
 // sequence) with a long context is also split over the context: each part produces an
 // unnormalized softmax state and the last thread to finish a row merges them, so a single
-// long sequence keeps every thread busy without a barrier.
+// long sequence keeps every thread busy without a barrier. Items of several query rows
+// (prefill) run 32 rows at a time with tile products: each tile of keys is gathered once for
+// the rows and the group's heads, scores and P V are small GEMMs.
 //
 // Kernel data holds per-launch scratch for those partial states (keyed by the launch, so
 // programs that share kernels may run concurrently on different streams).
