@@ -31,6 +31,14 @@
 // D_i = do . o; where P is 0 (masked, or the row fully masked) the pair adds nothing, as in
 // the reference.
 
+// KEEP(b, h, q, kv): the mask, or 1. Keys it hides are never loaded: their score is -inf and
+// their P 0 without a dot product.
+#ifdef MASK
+#define KEEP(b, h, q, kv) MASK(b, h, q, kv)
+#else
+#define KEEP(b, h, q, kv) 1
+#endif
+
 #ifndef BACKWARD
 #ifdef PAGED
 // Meta: q TD (0), k cache TD (18), v cache TD (36), out TD (54), block table off/s0/s1/S/MB
@@ -137,16 +145,15 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
         vo = bb * TD_STRIDE(m, 36, 0) + kh * TD_STRIDE(m, 36, 1) + j * TD_STRIDE(m, 36, 2);
 #endif
       }
-      if (ko >= 0) {
+      if (ko >= 0 && KEEP(bb, h, qi, j)) {
         ACC dot = 0;
         for (int e = 0; e < HEAD_D; ++e) dot += qv[e] * KLD(pk, ko + e * ske);
         s = dot * scale;
 #ifdef SCORE
         s = SCORE(s, bb, h, qi, j);
 #endif
-#ifdef MASK
-        if (!MASK(bb, h, qi, j)) s = -INFINITY;
-#endif
+      } else {
+        vo = -1;
       }
       vrow[lid] = vo;
       red[lid] = s;
@@ -207,15 +214,9 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
 #define BW_OFF(t) m[5 + 5 * (t)]
 #define BW_S(t, d) m[6 + 5 * (t) + (d)]
 #define BW_ROW(t, b, h, r) ((b) * BW_S(t, 0) + (h) * BW_S(t, 1) + (r) * BW_S(t, 2))
-// P of the pair (query i of head h, key j) from its q . k: 0 where masked or the row fully
-// masked (lse -inf).
-#ifdef MASK
-#define BW_KEEP(b, h, i, j) MASK(b, h, i, j)
-#else
-#define BW_KEEP(b, h, i, j) 1
-#endif
-#define BW_P(dot, lse, b, h, i, j) \
-  ((lse) != -INFINITY && BW_KEEP(b, h, i, j) ? exp((dot) * scale - (lse)) : (ACC)0)
+// P of a pair the mask keeps (KEEP) from its q . k: 0 where the row is fully masked (lse
+// -inf).
+#define BW_P(dot, lse) ((lse) != -INFINITY ? exp((dot) * scale - (lse)) : (ACC)0)
 // acc[dd] (dim d = lid + dd * KILN_WG < DIM) += w[n] * LD(p, rows[n] + d * s) over the
 // block's cnt pairs whose P (wp) is not 0.
 #define BW_ACCUMULATE(acc, PER, DIM, w, LD, p, rows, s)                   \
@@ -299,8 +300,10 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
       if (j < je) {
         ko = BW_ROW(1, b, kh, j);
         ACC dot = 0;
-        for (int e = 0; e < HEAD_D; ++e) dot += xrow[e] * KLD(pk, ko + e * ske);
-        p = BW_P(dot, lse, b, h, i, j);
+        if (KEEP(b, h, i, j)) {
+          for (int e = 0; e < HEAD_D; ++e) dot += xrow[e] * KLD(pk, ko + e * ske);
+          p = BW_P(dot, lse);
+        }
         if (p != (ACC)0) {
           const long vo = BW_ROW(2, b, kh, j);
           ACC dp = 0;
@@ -342,12 +345,12 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
         ACC p = 0, ds = 0;
         long qo = -1, doo = -1;
         // KV_BEGIN/KV_END only narrow what the mask allows.
-        if (i < Tq && j >= KV_BEGIN(i) && j < KV_END(i, Tk)) {
+        if (i < Tq && j >= KV_BEGIN(i) && j < KV_END(i, Tk) && KEEP(b, h, i, j)) {
           const ACC lse = LSELD(plse, b * m[46] + h * m[47] + i * m[48]);
           qo = BW_ROW(0, b, h, i);
           ACC dot = 0;
           for (int e = 0; e < HEAD_D; ++e) dot += QLD(pq, qo + e * sqe) * xrow[e];
-          p = BW_P(dot, lse, b, h, i, j);
+          p = BW_P(dot, lse);
           if (p != (ACC)0) {
             doo = BW_ROW(4, b, h, i);
             const long ob = BW_ROW(3, b, h, i);
@@ -386,6 +389,6 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
 #undef BW_S
 #undef BW_ROW
 #undef BW_ACCUMULATE
-#undef BW_KEEP
 #undef BW_P
 #endif  // BACKWARD
+#undef KEEP
