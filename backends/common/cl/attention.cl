@@ -162,8 +162,10 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
         if (lid < w) red[lid] = ACC_MAX(red[lid], red[lid + w]);
         barrier(CLK_LOCAL_MEM_FENCE);
       }
-      const ACC mn = ACC_MAX(mx, red[0]);
+      const ACC chunk_max = red[0];
+      const ACC mn = ACC_MAX(mx, chunk_max);
       barrier(CLK_LOCAL_MEM_FENCE);
+      if (chunk_max == -INFINITY) continue;  // every key of the block hidden: nothing to add
       const ACC p = (mn == -INFINITY || s == -INFINITY) ? (ACC)0 : exp(s - mn);
       sc[lid] = p;
       red[lid] = p;
