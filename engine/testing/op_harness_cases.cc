@@ -752,17 +752,21 @@ void AddAttention(std::vector<OpCase>& out) {
       const DType ids = t.L == 130 ? DType::kI64 : DType::kI32;
       if (t.docs) in.push_back(Custom("docs", ids, {t.B * t.L}, DocIds(t.B, t.L)));
       if (!t.prefix.empty()) in.push_back(Custom("prefix", DType::kI32, {t.B}, t.prefix));
-      out.push_back(
-          Make(backward ? "attention_backward" : "attention",
-               absl::StrCat("training ", t.name, backward ? "" : " with lse"), in,
-               [p = t.params, aux = t.docs || !t.prefix.empty(), backward](Builder& b,
-                                                                            const V& x) {
-                 std::vector<Value> ax;
-                 if (aux) ax.push_back(x[4]);
-                 const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p, ax);
-                 if (!backward) return r.out;
-                 return b.AttentionBackward(x[0], x[1], x[2], r.out, x[3], r.lse, p, ax).dq;
-               }));
+      out.push_back(Make(
+          backward ? "attention_backward" : "attention",
+          absl::StrCat("training ", t.name, backward ? "" : " with lse"), in,
+          [p = t.params, aux = t.docs || !t.prefix.empty(), backward, q_n = t.B * t.hq * t.L * t.D,
+           kv_n = t.B * t.hkv * t.L * t.D](Builder& b, const V& x) {
+            std::vector<Value> ax;
+            if (aux) ax.push_back(x[4]);
+            const AttentionOutputs r = b.AttentionWithLse(x[0], x[1], x[2], p, ax);
+            if (!backward) return r.out;
+            // dq, dk and dv, all compared.
+            const AttentionGrads g =
+                b.AttentionBackward(x[0], x[1], x[2], r.out, x[3], r.lse, p, ax);
+            return b.Concat(
+                {b.Reshape(g.dq, {q_n}), b.Reshape(g.dk, {kv_n}), b.Reshape(g.dv, {kv_n})}, 0);
+          }));
     }
   }
 

@@ -265,10 +265,9 @@ TEST_P(TrainerGradientTest, LossAndEveryLoraGradientEqualPyTorchPeft) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TrainerGradientTest,
-                         ::testing::Values(kLlama, kQwen2, kGpt2, kGemma2, kGemma3, kPhi3,
-                                           kSmolLm2, kLlamaRecompute,
-                                           kSmolLm2Recompute, kLlamaDropout, kQwen2Dropout,
-                                           kLlamaDropoutRecompute),
+                         ::testing::Values(kLlama, kQwen2, kGpt2, kGemma2, kGemma3, kPhi3, kSmolLm2,
+                                           kLlamaRecompute, kSmolLm2Recompute, kLlamaDropout,
+                                           kQwen2Dropout, kLlamaDropoutRecompute),
                          CaseName);
 
 // Dropout is training only: Evaluate and Logits run the adapter as PEFT's eval mode does (no

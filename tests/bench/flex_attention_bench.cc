@@ -125,8 +125,8 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
     state.SkipWithError("bind failed");
     return;
   }
-  const double per_run = TimeRuns(state, **prog, dev,
-                                  fresh ? std::function<bool(int64_t)>(bind_docs) : nullptr);
+  const double per_run =
+      TimeRuns(state, **prog, dev, fresh ? std::function<bool(int64_t)>(bind_docs) : nullptr);
   if (per_run >= 0) Report(state, name, per_run);
 }
 
@@ -189,8 +189,8 @@ int main(int argc, char** argv) {
   }
   const Expr q_idx = Expr::Index(2), kv_idx = Expr::Index(3);
   const Expr compiled_documents =
-      And(Ge(q_idx, kv_idx), Eq(Expr::Load(0, q_idx, kiln::DType::kI64),
-                                Expr::Load(0, kv_idx, kiln::DType::kI64)));
+      And(Ge(q_idx, kv_idx),
+          Eq(Expr::Load(0, q_idx, kiln::DType::kI64), Expr::Load(0, kv_idx, kiln::DType::kI64)));
   // Causal first: the others' vs_causal divides by its time.
   const struct {
     const char* name;

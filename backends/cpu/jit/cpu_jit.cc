@@ -200,11 +200,34 @@ StatusOr<std::vector<void*>> CpuJit::GetFunctions(const compiler::GeneratedKerne
     return InvalidArgument("GetFunctions: ", g.entry, " was asked for other symbols before");
   }
   if (!e->done.load(std::memory_order_acquire)) {
-    if (!available()) return Unavailable("no kernel compiler for ", g.entry);
-    KILN_RETURN_IF_ERROR(Flush());
+    // Built on its own (one compiler run at most), so that a failure here leaves the queued
+    // kernels alone and theirs leave it alone.
+    std::lock_guard<std::mutex> fl(flush_mu_);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      std::erase(pending_, e);
+    }
+    if (!e->done.load(std::memory_order_acquire)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<std::shared_ptr<Entry>> one{e};
+      Status s = OkStatus();
+      if (!available()) {
+        s = Unavailable("no kernel compiler");
+      } else if (LoadFromIndex(*e)) {
+        cached_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        s = CompileBatch(one);
+      }
+      micros_.fetch_add(MicrosSince(t0), std::memory_order_relaxed);
+      if (!s.ok()) {
+        e->error = std::string(StatusMessage(s).substr(0, 2000));
+        e->fn.store(JitFallback, std::memory_order_release);
+        e->done.store(true, std::memory_order_release);
+      }
+    }
   }
-  if (!e->done.load(std::memory_order_acquire) || e->addresses.size() != suffixes.size()) {
-    return Internal("generated functions ", g.entry, " are unavailable: ", e->error);
+  if (e->addresses.size() != suffixes.size()) {
+    return Unavailable("generated functions ", g.entry, " are unavailable: ", e->error);
   }
   return e->addresses;
 }
@@ -308,9 +331,9 @@ Status CpuJit::LoadBatch(const std::string& so_path, std::vector<std::shared_ptr
     e.inplace.store(syms[i].inplace);
     e.from_acc.store(syms[i].acc);
     e.addresses = std::move(syms[i].functions);
-    e.fn.store(e.epilogue || !e.suffixes.empty() ? JitFallback
-                                                  : reinterpret_cast<KernelFn>(syms[i].fn),
-               std::memory_order_release);
+    e.fn.store(
+        e.epilogue || !e.suffixes.empty() ? JitFallback : reinterpret_cast<KernelFn>(syms[i].fn),
+        std::memory_order_release);
     e.done.store(true, std::memory_order_release);
   }
   return OkStatus();

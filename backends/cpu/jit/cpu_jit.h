@@ -99,7 +99,7 @@ class CpuJit final : public compiler::Target {
   // Returns the entry for `kernel` (new entries are queued). Counts reuse.
   std::shared_ptr<Entry> Lookup(const compiler::GeneratedKernel& kernel, const Kernel& fallback,
                                 bool epilogue, bool count,
-                               const std::vector<std::string>* suffixes = nullptr);
+                                const std::vector<std::string>* suffixes = nullptr);
   // Called by trampolines: flushes and returns the function to run.
   KernelFn Resolve(const Entry& e);
   Status CompileBatch(std::vector<std::shared_ptr<Entry>>& batch);

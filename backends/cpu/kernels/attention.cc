@@ -200,10 +200,7 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   args.chunk = d.chunk;
   args.alibi_slopes = d.alibi_slopes.empty() ? nullptr : d.alibi_slopes.data();
   args.softcap = d.softcap;
-  std::vector<AttnAux> aux;
-  for (int i = 6; i < a.num_inputs; ++i) {
-    aux.push_back({a.inputs[i].data, a.inputs[i].shape[0], a.inputs[i].strides[0]});
-  }
+  const std::vector<AttnAux> aux = AuxTensors(a, 6);
   const ModsCtx mods{d.mods.get(), aux.data()};
   if (d.mods != nullptr) {
     args.mods = CallMods;
@@ -385,6 +382,11 @@ StatusOr<std::optional<Kernel>> MakePagedAttentionKernel(const KernelRequest& re
     if (n.op == ExprOp::kAnd && n.args.size() == 2) mask = ClassifyPagedMask(n.args[0]);
     if (!mask) mask = PagedMask{};
     compiled_mask = mask_mod;
+    // The compiled functions apply score_mod before the mask, as the op does: a native score
+    // (applied after them) would see hidden keys' -inf.
+    alibi = false;
+    softcap = 0;
+    compiled_score = score_mod;
   }
   auto d = std::make_shared<AttnData>();
   if (compiled_mask || compiled_score) {

@@ -1,8 +1,10 @@
 #include "backends/cpu/kernels/attention_mods.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::cpu {
 namespace {
@@ -72,6 +74,26 @@ std::vector<KeyBlock> ClassifyTile(const AttnMods& mods, int64_t b, int64_t h, i
 StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, const Expr& score,
                                                             std::span<const DType> aux,
                                                             const SelectContext& ctx) {
+  StatusOr<std::shared_ptr<const AttnMods>> m = CompileImpl(mask, score, aux, ctx);
+  if (!m.ok()) {
+    // Once per reason: such attention runs on the reference kernel (correct, slower).
+    static std::mutex mu;
+    static auto* seen = new std::set<std::string>();
+    const std::string why(StatusMessage(m.status()));
+    std::lock_guard<std::mutex> l(mu);
+    if (seen->insert(why).second) {
+      spdlog::warn(
+          "cpu: attention modifiers not compiled ({}); those layers run the reference "
+          "attention kernel",
+          why.substr(0, 500));
+    }
+  }
+  return m;
+}
+
+StatusOr<std::shared_ptr<const AttnMods>> AttnMods::CompileImpl(const Expr& mask, const Expr& score,
+                                                                std::span<const DType> aux,
+                                                                const SelectContext& ctx) {
   if (!ctx.compile) return Unavailable("no compiler for attention modifiers");
   std::string aux_decl, aux_args;
   compiler::ExprFunction mf, sf;
@@ -96,8 +118,8 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, co
   if (score) {
     // As the reference: score_mod computes in the f32 queries' type.
     sf.name = absl::StrCat(compiler::kKernelName, "_score");
-    sf.value = Expr::Cast(DType::kF32,
-                          Substitute(score, std::vector<Expr>{Expr::Input(0, DType::kF32)}));
+    sf.value =
+        Expr::Cast(DType::kF32, Substitute(score, std::vector<Expr>{Expr::Input(0, DType::kF32)}));
     sf.inputs = {DType::kF32};
     KILN_ASSIGN_OR_RETURN(std::string text, GenerateExprFunction(sf, compiler::Dialect::kCpp));
     absl::StrAppend(&code, text);
@@ -107,7 +129,8 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, co
                   "\n#define MASK(q, kv) ", mask_call, "\n", kTemplate,
                   "#undef AUX_DECL\n#undef SCORE\n#undef MASK\n");
   const compiler::GeneratedKernel g = compiler::NameKernel(compiler::Dialect::kCpp, code);
-  KILN_ASSIGN_OR_RETURN(std::vector<void*> fns, ctx.compile(g, {"_apply", "_apply_at", "_classify"}));
+  KILN_ASSIGN_OR_RETURN(std::vector<void*> fns,
+                        ctx.compile(g, {"_apply", "_apply_at", "_classify"}));
   auto m = std::make_shared<AttnMods>();
   m->apply_ = reinterpret_cast<ApplyFn>(fns[0]);
   m->apply_at_ = reinterpret_cast<ApplyAtFn>(fns[1]);
@@ -116,10 +139,33 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::Compile(const Expr& mask, co
   if (mask) {
     m->reads_b_ = mask.Uses(ExprOp::kIndex, 0);
     m->reads_h_ = mask.Uses(ExprOp::kIndex, 1);
-    m->reads_aux_ = mask.Uses(ExprOp::kLoad);
+    for (int k = 0; k < static_cast<int>(aux.size()); ++k) {
+      if (mask.Uses(ExprOp::kLoad, k)) m->mask_aux_.push_back(k);
+    }
   }
   m->label_ = absl::StrCat(mask ? "mask" : "", mask && score ? "+" : "", score ? "score" : "");
   return std::shared_ptr<const AttnMods>(std::move(m));
+}
+
+std::vector<AttnAux> AuxTensors(const LaunchArgs& a, int first) {
+  std::vector<AttnAux> aux;
+  for (int i = first; i < a.num_inputs; ++i) {
+    aux.push_back({a.inputs[i].data, a.inputs[i].shape[0], a.inputs[i].strides[0]});
+  }
+  return aux;
+}
+
+std::string AuxKey(const AttnMods& mods, const LaunchArgs& a, int first) {
+  std::string key;
+  for (int k : mods.mask_aux()) {
+    const TensorArg& t = a.inputs[first + k];
+    const int64_t size = DTypeBlockBytes(t.dtype);  // not quantized: the mask compiled
+    const int64_t len = t.shape[0];
+    key.append(reinterpret_cast<const char*>(&len), sizeof(len));
+    const char* p = static_cast<const char*>(t.data);
+    for (int64_t e = 0; e < len; ++e) key.append(p + e * t.strides[0] * size, size);
+  }
+  return key;
 }
 
 std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b, int64_t h,
@@ -128,18 +174,28 @@ std::shared_ptr<const BlockMask> BlockMasks::For(const AttnMods& mods, int64_t b
                                                  std::string_view aux_bytes) const {
   if (!mods.mask_reads_batch()) b = -1;
   if (!mods.mask_reads_head()) h = -1;
-  auto key = std::make_tuple(b, h, tq, tk, std::string(mods.mask_reads_aux() ? aux_bytes : ""));
+  auto key =
+      std::make_tuple(b, h, tile, tq, tk, std::string(mods.mask_reads_aux() ? aux_bytes : ""));
   std::shared_ptr<Entry> e;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (cache_.size() >= kMaxTables && !cache_.contains(key)) cache_.clear();
-    std::shared_ptr<Entry>& slot = cache_[std::move(key)];
-    if (slot == nullptr) {
-      slot = std::make_shared<Entry>();
-      slot->tiles = (tq + tile - 1) / tile;
-      slot->table.tiles.resize(static_cast<size_t>(slot->tiles));
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+      // A table holds at most one block per (query tile, key tile).
+      const int64_t tiles = (tq + tile - 1) / tile, kv_tiles = (tk + tile - 1) / tile;
+      const size_t bytes = std::get<5>(key).size() + static_cast<size_t>(tiles) * 32 +
+                           static_cast<size_t>(tiles * kv_tiles) * sizeof(KeyBlock);
+      if (cache_.size() >= kMaxTables || bytes_ + bytes > kMaxBytes) {
+        cache_.clear();
+        bytes_ = 0;
+      }
+      auto entry = std::make_shared<Entry>();
+      entry->tiles = tiles;
+      entry->table.tiles.resize(static_cast<size_t>(tiles));
+      bytes_ += bytes;
+      it = cache_.emplace(std::move(key), std::move(entry)).first;
     }
-    e = slot;
+    e = it->second;
   }
   if (e->done.load(std::memory_order_acquire) < e->tiles) {
     for (int64_t t; (t = e->next.fetch_add(1, std::memory_order_relaxed)) < e->tiles;) {

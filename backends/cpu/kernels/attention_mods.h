@@ -55,17 +55,19 @@ class AttnMods {
  public:
   // Compiles `mask` and `score` (either may be null) for aux tensors of `aux` dtypes through
   // ctx.compile. Unavailable without a compile function or compiler; Unimplemented for
-  // expressions the printer cannot print (quantized aux tensors).
+  // expressions the printer cannot print (quantized aux tensors). Failures are logged once per
+  // reason (the kernels then leave such attention to the reference kernel).
   static StatusOr<std::shared_ptr<const AttnMods>> Compile(const Expr& mask, const Expr& score,
                                                            std::span<const DType> aux,
                                                            const SelectContext& ctx);
 
   bool has_mask() const { return classify_ != nullptr; }
   bool has_score() const { return has_score_; }
-  // Whether mask_mod reads b, h, or any aux tensor.
+  // Whether mask_mod reads b, h, or any aux tensor; the aux tensors it reads.
   bool mask_reads_batch() const { return reads_b_; }
   bool mask_reads_head() const { return reads_h_; }
-  bool mask_reads_aux() const { return reads_aux_; }
+  bool mask_reads_aux() const { return !mask_aux_.empty(); }
+  const std::vector<int>& mask_aux() const { return mask_aux_; }
   const std::string& label() const { return label_; }  // "mask+score", for kernel names
 
   void Apply(float* s, int64_t ld, int64_t rows, int64_t n, int64_t b, int64_t h, int64_t q0,
@@ -87,14 +89,17 @@ class AttnMods {
   using ApplyFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int, const AttnAux*);
   using ApplyAtFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, const int64_t*,
-                            const AttnAux*);
-  using ClassifyFn = int (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                              const AttnAux*);
+  using ClassifyFn = int (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const AttnAux*);
   ApplyFn apply_ = nullptr;
   ApplyAtFn apply_at_ = nullptr;
   ClassifyFn classify_ = nullptr;  // null: no mask_mod
   bool has_score_ = false;
-  bool reads_b_ = false, reads_h_ = false, reads_aux_ = false;
+  static StatusOr<std::shared_ptr<const AttnMods>> CompileImpl(const Expr& mask, const Expr& score,
+                                                               std::span<const DType> aux,
+                                                               const SelectContext& ctx);
+  bool reads_b_ = false, reads_h_ = false;
+  std::vector<int> mask_aux_;
   std::string label_;
 };
 
@@ -109,11 +114,19 @@ struct BlockMask {
   std::vector<std::vector<KeyBlock>> tiles;
 };
 
+// The aux tensors of a launch (its inputs from `first` on) as the compiled functions read them.
+std::vector<AttnAux> AuxTensors(const LaunchArgs& a, int first);
+
+// The block-mask cache key of the aux tensors (inputs from `first` on) that `mods`' mask
+// reads: for each, its length, then its elements' bytes; empty if it reads none.
+std::string AuxKey(const AttnMods& mods, const LaunchArgs& a, int first);
+
 // The block masks of one kernel, cached.
 class BlockMasks {
  public:
   // The table of head (b, h) for queries [0, tq) and keys [0, tk) with the aux tensors `aux`,
-  // whose contents are `aux_bytes` (ignored when the mask reads none); built on first use by
+  // where `aux_bytes` holds the contents of those the mask reads (AuxKey; ignored when it reads
+  // none); built on first use by
   // every caller that asks for it meanwhile (the launch's threads take query tiles from a
   // shared counter), each returning when the whole table is done.
   std::shared_ptr<const BlockMask> For(const AttnMods& mods, int64_t b, int64_t h, int64_t tile,
@@ -129,11 +142,14 @@ class BlockMasks {
     std::mutex mu;
     std::condition_variable finished;
   };
-  static constexpr size_t kMaxTables = 256;  // then the cache starts over
+  // Past either bound the cache starts over (shapes or packings that keep changing).
+  static constexpr size_t kMaxTables = 64;
+  static constexpr size_t kMaxBytes = size_t{64} << 20;
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, std::string>,
+  mutable size_t bytes_ = 0;  // of the keys' aux contents and the tables, roughly
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, std::string>,
                    std::shared_ptr<Entry>>
-      cache_;  // (b or -1, h or -1, tq, tk, aux contents or "") -> table
+      cache_;  // (b or -1, h or -1, tile, tq, tk, aux contents or "") -> table
 };
 
 }  // namespace kiln::cpu

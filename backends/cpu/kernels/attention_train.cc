@@ -182,6 +182,26 @@ float SoftmaxRow(const IsaKernels& k, float* p, int64_t n) {
   return static_cast<float>(static_cast<double>(m) + std::log(sum));
 }
 
+// Calls fn(b, h, t) for this thread's share of the items (batch, head, query tile), in order,
+// split into runs of equal cost (cost(t): causal tiles differ up to Tk / 64-fold); an item
+// belongs to the thread whose share holds its cost midpoint.
+template <typename Cost, typename Fn>
+void ForEachTileItem(const ExecCtx& c, int64_t B, int64_t Hq, int64_t tiles, const Cost& cost,
+                     const Fn& fn) {
+  double per_bh = 0;
+  for (int64_t t = 0; t < tiles; ++t) per_bh += cost(t);
+  const double total = per_bh * static_cast<double>(B * Hq);
+  const double lo_share = total * c.thread_index / c.thread_count;
+  const double hi_share = total * (c.thread_index + 1) / c.thread_count;
+  double before = 0;
+  for (int64_t item = 0; item < B * Hq * tiles; ++item) {
+    const int64_t t = item % tiles;
+    const double item_cost = cost(t), mid = before + item_cost / 2;
+    before += item_cost;
+    if (mid >= lo_share && mid < hi_share) fn(item / (Hq * tiles), item / tiles % Hq, t);
+  }
+}
+
 void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
@@ -198,26 +218,14 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   Scratch& sc = ThreadScratch();
   sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
-  // Items (batch, head, tile) in order, split into runs of equal cost (rows x visible keys:
-  // causal tiles differ up to Tk / 64-fold); each thread takes the items whose cost midpoint
-  // falls in its share.
+  // Cost of a tile: rows x visible keys.
   auto cost = [&](int64_t t) {
     const int64_t r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
     return static_cast<double>(rows * (hi - lo + 8));
   };
-  double per_bh = 0;
-  for (int64_t t = 0; t < tiles; ++t) per_bh += cost(t);
-  const double total = per_bh * static_cast<double>(B * Hq);
-  const double lo_share = total * c.thread_index / c.thread_count;
-  const double hi_share = total * (c.thread_index + 1) / c.thread_count;
   const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
-  double before = 0;
-  for (int64_t item = 0; item < B * Hq * tiles; ++item) {
-    const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
-    const double item_cost = cost(t), mid = before + item_cost / 2;
-    before += item_cost;
-    if (mid < lo_share || mid >= hi_share) continue;
+  ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
     const int64_t n = hi - lo;
@@ -246,7 +254,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     } else {
       for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(o, b, h, r0 + i), Dv, 0.0f);
     }
-  }
+  });
 }
 
 // The keys of one query tile a launch visits: runs of consecutive keys [kv0, kv0 + n), and
@@ -269,29 +277,6 @@ std::vector<KeyRun> Runs(const std::vector<KeyBlock>& blocks) {
   return runs;
 }
 
-// The aux tensors of a launch (inputs from `first` on) as the compiled modifiers read them.
-std::vector<AttnAux> AuxOf(const LaunchArgs& a, int first) {
-  std::vector<AttnAux> aux;
-  for (int i = first; i < a.num_inputs; ++i) {
-    aux.push_back({a.inputs[i].data, a.inputs[i].shape[0], a.inputs[i].strides[0]});
-  }
-  return aux;
-}
-
-// The bytes of the aux tensors (inputs from `first` on), element after element: the block
-// mask cache's key for masks that read them.
-std::string AuxBytes(const LaunchArgs& a, int first) {
-  std::string bytes;
-  for (int i = first; i < a.num_inputs; ++i) {
-    const TensorArg& t = a.inputs[i];
-    const int64_t size = DTypeBlockBytes(t.dtype);
-    const char* p = static_cast<const char*>(t.data);
-    for (int64_t e = 0; e < t.shape[0]; ++e) bytes.append(p + e * t.strides[0] * size, size);
-    bytes.push_back('|');
-  }
-  return bytes;
-}
-
 // The forward under compiled modifiers: per query tile, the scores of its non-empty key blocks
 // side by side (S = scale Q K^T over the gathered keys), score_mod on every block and mask_mod
 // on the partial ones, the softmax, then P V run by run.
@@ -304,8 +289,8 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
     RunFallback(d.fallback, a, c);
     return;
   }
-  const std::vector<AttnAux> aux = AuxOf(a, 3);
-  const std::string aux_bytes = d.mods->mask_reads_aux() ? AuxBytes(a, 3) : std::string();
+  const std::vector<AttnAux> aux = AuxTensors(a, 3);
+  const std::string aux_bytes = AuxKey(*d.mods, a, 3);
   const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], D = q.shape[3];
   const int64_t Hkv = k.shape[1], Tk = k.shape[2], Dv = v.shape[3];
   const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
@@ -326,19 +311,9 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
     }
     return static_cast<double>(rows * (keys + 8));
   };
-  double per_bh = 0;
-  for (int64_t t = 0; t < tiles; ++t) per_bh += cost(t);
-  const double total = per_bh * static_cast<double>(B * Hq);
-  const double lo_share = total * c.thread_index / c.thread_count;
-  const double hi_share = total * (c.thread_index + 1) / c.thread_count;
   std::shared_ptr<const BlockMask> table;  // of head (table_b, table_h)
   int64_t table_b = 0, table_h = 0;
-  double before = 0;
-  for (int64_t item = 0; item < B * Hq * tiles; ++item) {
-    const int64_t b = item / (Hq * tiles), h = item / tiles % Hq, t = item % tiles;
-    const double item_cost = cost(t), mid = before + item_cost / 2;
-    before += item_cost;
-    if (mid < lo_share || mid >= hi_share) continue;
+  ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     if (!one_table && (table == nullptr || b != table_b || h != table_h)) {
       table = d.blocks.For(*d.mods, b, h, kTileRows, Tq, Tk, aux.data(), aux_bytes);
@@ -355,7 +330,7 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
       if (lse != nullptr) {
         for (int64_t i = 0; i < rows; ++i) *LseAt(*lse, b, h, r0 + i) = kNegInf;
       }
-      continue;
+      return;
     }
     float* s = sc.s.data();
     for (const KeyRun& r : runs) Transpose(k, b, g, r.kv0, r.n, D, sc.kt.data() + r.col, n);
@@ -376,7 +351,7 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
       d.k->small_gemm(s + r.col, n, 1, Row(v, b, g, r.kv0), v.strides[2], Row(o, b, h, r0),
                       o.strides[2], rows, Dv, r.n, 1.0f, r.col > 0);
     }
-  }
+  });
 }
 
 // What the backward of one (batch, kv head) item works on.
@@ -390,9 +365,9 @@ struct BackwardArgs {
 // dS = P (dP - D_i), then dV += P^T dO, dK += scale dS^T Q, and dQ = scale dS K (+= with
 // accumulate_dq). kt/vt: K and V of head g transposed (ld Tk); di: D_i of the tile's rows.
 template <typename MaskFn>
-void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, int64_t b,
-                  int64_t g, int64_t h, int64_t r0, int64_t rows, int64_t kv0, int64_t n,
-                  const float* di, bool accumulate_dq, const MaskFn& mask) {
+void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, int64_t b, int64_t g,
+                  int64_t h, int64_t r0, int64_t rows, int64_t kv0, int64_t n, const float* di,
+                  bool accumulate_dq, const MaskFn& mask) {
   float *p = sc.s.data(), *ds = sc.dp.data();
   const float* qt = Row(x.q, b, h, r0);
   const float* dot = Row(x.dout, b, h, r0);
@@ -400,8 +375,8 @@ void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, in
                   false);
   mask(p);
   // dP = dO V^T.
-  d.k->small_gemm(dot, x.dout.strides[2], 1, sc.vt.data() + kv0, x.Tk, ds, n, rows, n, x.Dv,
-                  1.0f, false);
+  d.k->small_gemm(dot, x.dout.strides[2], 1, sc.vt.data() + kv0, x.Tk, ds, n, rows, n, x.Dv, 1.0f,
+                  false);
   for (int64_t i = 0; i < rows; ++i) {
     float* prow = p + i * n;
     float* drow = ds + i * n;
@@ -415,18 +390,26 @@ void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, in
   }
   d.k->small_gemm(p, 1, n, dot, x.dout.strides[2], Row(x.dv, b, g, kv0), x.dv.strides[2], n, x.Dv,
                   rows, 1.0f, true);
-  d.k->small_gemm(ds, 1, n, qt, x.q.strides[2], Row(x.dk, b, g, kv0), x.dk.strides[2], n, x.D,
-                  rows, d.scale, true);
+  d.k->small_gemm(ds, 1, n, qt, x.q.strides[2], Row(x.dk, b, g, kv0), x.dk.strides[2], n, x.D, rows,
+                  d.scale, true);
   d.k->small_gemm(ds, n, 1, Row(x.k, b, g, kv0), x.k.strides[2], Row(x.dq, b, h, r0),
                   x.dq.strides[2], rows, x.D, n, d.scale, accumulate_dq);
 }
 
 void Backward(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
-  const BackwardArgs x{a.inputs[0],         a.inputs[1],         a.inputs[2],
-                       a.inputs[3],         a.inputs[4],         a.inputs[5],
-                       a.output,            a.extra_outputs[0],  a.extra_outputs[1],
-                       a.inputs[1].shape[2], a.inputs[0].shape[3], a.inputs[2].shape[3]};
+  const BackwardArgs x{a.inputs[0],
+                       a.inputs[1],
+                       a.inputs[2],
+                       a.inputs[3],
+                       a.inputs[4],
+                       a.inputs[5],
+                       a.output,
+                       a.extra_outputs[0],
+                       a.extra_outputs[1],
+                       a.inputs[1].shape[2],
+                       a.inputs[0].shape[3],
+                       a.inputs[2].shape[3]};
   const TensorArg* ids = d.mask.docs && d.mods == nullptr ? &a.inputs[6] : nullptr;
   for (const TensorArg* t : {&x.q, &x.k, &x.v, &x.o, &x.dout, &x.dq, &x.dk, &x.dv}) {
     if (!InnerContiguous(*t)) {
@@ -438,9 +421,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
     RunFallback(d.fallback, a, c);
     return;
   }
-  const std::vector<AttnAux> aux = AuxOf(a, 6);
-  const std::string aux_bytes =
-      d.mods != nullptr && d.mods->mask_reads_aux() ? AuxBytes(a, 6) : std::string();
+  const std::vector<AttnAux> aux = AuxTensors(a, 6);
+  const std::string aux_bytes = d.mods != nullptr ? AuxKey(*d.mods, a, 6) : std::string();
   const int64_t B = x.q.shape[0], Hq = x.q.shape[1], Tq = x.q.shape[2];
   const int64_t Hkv = x.k.shape[1], Tk = x.Tk, D = x.D, Dv = x.Dv;
   const int64_t group = Hq / Hkv;
@@ -479,9 +461,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
         if (d.mods == nullptr) {
           const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
           if (hi > lo) {
-            BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false, [&](float* p) {
-              ApplyMask(d.mask, ids, b, r0, rows, lo, hi - lo, p);
-            });
+            BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false,
+                         [&](float* p) { ApplyMask(d.mask, ids, b, r0, rows, lo, hi - lo, p); });
             any = true;
           }
         } else {
@@ -545,8 +526,7 @@ StatusOr<std::optional<Kernel>> Make(const KernelRequest& req, const SelectConte
     d->mods = *std::move(mods);
     kind = absl::StrCat("compiled ", d->mods->label());
   }
-  const KernelFn fn =
-      backward ? Backward : (d->mods != nullptr ? DenseForwardMods : DenseForward);
+  const KernelFn fn = backward ? Backward : (d->mods != nullptr ? DenseForwardMods : DenseForward);
   std::string name = absl::StrCat("cpu.", what, ".", IsaName(d->k->isa), "[", kind, "]");
   return std::optional<Kernel>(Kernel{fn, std::move(d), std::move(name)});
 }

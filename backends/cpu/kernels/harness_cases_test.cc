@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,14 +74,28 @@ class VariantDevice final : public backend::HostDevice {
       }
       std::lock_guard<std::mutex> l(mu_);
       last_kernel_ = k->name;
+      by_op_[req.op] = k->name;
       return *std::move(k);
     }
-    return ref::KernelFor(req);
+    KILN_ASSIGN_OR_RETURN(backend::Kernel r, ref::KernelFor(req));
+    std::lock_guard<std::mutex> l(mu_);
+    by_op_[req.op] = r.name;
+    return r;
   }
   int selected() const { return selected_; }
   std::string last_kernel() const {
     std::lock_guard<std::mutex> l(mu_);
     return last_kernel_;
+  }
+  // The kernel the last request for `op` got (hand-tuned or reference) since Forget().
+  std::string KernelFor(OpKind op) const {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = by_op_.find(op);
+    return it == by_op_.end() ? "(none)" : it->second;
+  }
+  void Forget() {
+    std::lock_guard<std::mutex> l(mu_);
+    by_op_.clear();
   }
 
  private:
@@ -90,6 +105,7 @@ class VariantDevice final : public backend::HostDevice {
   std::atomic<int> selected_{0};
   mutable std::mutex mu_;
   std::string last_kernel_;  // the name of the last hand-tuned kernel selected
+  std::map<OpKind, std::string> by_op_;
 };
 
 InputSpec Normal(std::string name, DType t, std::vector<int64_t> shape, double scale = 1) {
@@ -238,6 +254,23 @@ std::vector<OpCase> AttentionCases() {
     for (int i = 0; i < 20; ++i) s.block_table.push_back(19 - i);
     setups.push_back(s);
   }
+  // Long prefills over cached context (70 new rows after 30 and 20 cached): tasks of more than
+  // one 32-row block of the tile path, over several 64-key tiles.
+  {
+    PagedSetup s{"prefill 70 + 70 after 30 and 20, MHA",
+                 140,
+                 4,
+                 4,
+                 16,
+                 16,
+                 16,
+                 {},
+                 7,
+                 {100, 90},
+                 {0, 70, 140}};
+    for (int i = 0; i < 14; ++i) s.block_table.push_back((i * 5) % 16);
+    setups.push_back(s);
+  }
   // Chunked prefill: 5 new rows at the end of a 40-token sequence, MHA.
   {
     PagedSetup s{"chunk 5 of 40, MHA", 5, 4, 4, 16, 12, 4, {}, 10, {40}, {0, 5}};
@@ -269,7 +302,11 @@ std::vector<OpCase> AttentionCases() {
       {"custom mask: causal and same 7-block",
        And(attn::CausalMask(), Eq(q_idx / Expr::Int(7), kv_idx / Expr::Int(7)))},
       {"custom score: distance bias", attn::CausalMask(),
-       attn::Score() + Expr::Cast(DType::kF32, kv_idx - q_idx) * 0.01}};
+       attn::Score() + Expr::Cast(DType::kF32, kv_idx - q_idx) * 0.01},
+      // A custom mask with a score_mod the kernel has natively: both run compiled (the
+      // score_mod must see every score before the mask hides some).
+      {"custom mask: causal or key < 10, softcap 2",
+       Or(attn::CausalMask(), Lt(kv_idx, Expr::Int(10))), attn::SoftCapScore(2)}};
   for (const PagedSetup& s : setups) {
     const int64_t S = static_cast<int64_t>(s.seq_lens.size());
     for (DType cache : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -414,7 +451,8 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
   uint64_t before = DenseAttentionScoresVisited();
   harness::Result r = harness::RunForward(documents, *ref->device(0), dev);
   EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
-  EXPECT_NE(dev.last_kernel().find("documents"), std::string::npos) << dev.last_kernel();
+  EXPECT_NE(dev.KernelFor(OpKind::kAttention).find("documents"), std::string::npos)
+      << dev.KernelFor(OpKind::kAttention);
   const uint64_t docs_visited = DenseAttentionScoresVisited() - before;
   // Each query tile of 64 rows is one document: its 64 keys only (causal within it would be
   // half a block, but the kernel computes whole diagonal blocks and masks inside them). The
@@ -451,19 +489,20 @@ TEST(HarnessModifiers, PagedAttentionAppliesThemInTheKernel) {
       const bool custom = c.name.find("custom") != std::string::npos;
       if (!softcap && !chunked && !alibi && !custom) continue;
       if (custom && !TestJit().available()) continue;
+      dev.Forget();
       const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
       EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
           << IsaName(isa) << " " << c.name << ": " << r.message;
-      const std::string k = dev.last_kernel();
+      const std::string k = dev.KernelFor(OpKind::kPagedAttention);
       EXPECT_EQ(k.find("cpu.paged_attention"), 0u) << c.name << ": " << k;
-      EXPECT_EQ(k.find("softcap") != std::string::npos, softcap) << c.name << ": " << k;
+      EXPECT_EQ(k.find("softcap") != std::string::npos, softcap && !custom) << c.name << ": " << k;
       EXPECT_EQ(k.find("chunk") != std::string::npos, chunked) << c.name << ": " << k;
       EXPECT_EQ(k.find("alibi") != std::string::npos, alibi) << c.name << ": " << k;
       EXPECT_EQ(k.find("compiled") != std::string::npos, custom) << c.name << ": " << k;
       ++run;
     }
   }
-  EXPECT_GE(run, 24);
+  EXPECT_GE(run, 60);
 }
 
 // Dense attention with every modifier of the attn:: library (and combinations, and custom
@@ -483,19 +522,25 @@ TEST(HarnessModifiers, DenseAttentionRunsEveryModifierInTheKernel) {
       if (c.inputs[0].dtype != DType::kF32 || c.name.find("side by side") != std::string::npos) {
         continue;
       }
+      dev.Forget();
       const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
       EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
           << IsaName(isa) << " " << c.name << ": " << r.message;
-      const std::string k = dev.last_kernel();
-      EXPECT_EQ(k.find(absl::StrCat("cpu.", c.op, ".")), 0u) << c.name << ": " << k;
-      if (k.find("compiled") != std::string::npos) ++compiled;
+      // Both kernels of a backward case: the forward's (with its lse) and the backward's.
+      for (const char* op : {"attention", "attention_backward"}) {
+        if (c.op == "attention" && std::string(op) != c.op) continue;
+        const std::string k = dev.KernelFor(
+            std::string(op) == "attention" ? OpKind::kAttention : OpKind::kAttentionBackward);
+        EXPECT_EQ(k.find(absl::StrCat("cpu.", op, ".")), 0u) << c.name << ": " << k;
+        if (k.find("compiled") != std::string::npos) ++compiled;
+      }
       ++run;
     }
   }
   EXPECT_GE(run, 40);
   // prefix-LM, relative bias, chunked (and with a window), ALiBi (and then a cap), the
-  // custom masks: forward and backward.
-  EXPECT_GE(compiled, 12) << "of " << run;
+  // custom masks: forward and backward, on each instruction set.
+  EXPECT_GE(compiled, 20) << "of " << run;
 }
 
 // Block masks of compiled modifiers: a block-diagonal custom mask (90% of the 64 x 64 blocks
@@ -517,7 +562,8 @@ TEST(HarnessBlockSkipping, CompiledMasksSkipTheirEmptyBlocks) {
   uint64_t before = DenseAttentionScoresVisited();
   harness::Result r = harness::RunForward(diagonal, *ref->device(0), dev);
   EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
-  EXPECT_NE(dev.last_kernel().find("compiled mask"), std::string::npos) << dev.last_kernel();
+  EXPECT_NE(dev.KernelFor(OpKind::kAttention).find("compiled mask"), std::string::npos)
+      << dev.KernelFor(OpKind::kAttention);
   const uint64_t visited = DenseAttentionScoresVisited() - before;
   constexpr uint64_t kPerRun = kHq * (kT / 64) * 64 * 64;
   ASSERT_GT(visited, 0u);
@@ -526,12 +572,11 @@ TEST(HarnessBlockSkipping, CompiledMasksSkipTheirEmptyBlocks) {
 
   std::vector<InputSpec> with_prefix = in;
   with_prefix.push_back(Ints("prefix", {1}, {100}));
-  const OpCase prefix = Make("attention", "prefix-LM 100 [1,2,640,16]", with_prefix,
-                             [](Builder& b, const V& x) {
-                               const Value aux[] = {x[3]};
-                               return b.Attention(x[0], x[1], x[2],
-                                                  {0, attn::PrefixLmMask(0), {}}, aux);
-                             });
+  const OpCase prefix =
+      Make("attention", "prefix-LM 100 [1,2,640,16]", with_prefix, [](Builder& b, const V& x) {
+        const Value aux[] = {x[3]};
+        return b.Attention(x[0], x[1], x[2], {0, attn::PrefixLmMask(0), {}}, aux);
+      });
   before = DenseAttentionScoresVisited();
   r = harness::RunForward(prefix, *ref->device(0), dev);
   EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
@@ -561,7 +606,8 @@ TEST(HarnessBlockSkipping, BlockMasksFollowTheAuxTensorsContents) {
   auto cpu = Compile(gc, {oc}, dev);
   auto reference = Compile(gr, {orf}, *ref->device(0));
   ASSERT_TRUE(cpu.ok() && reference.ok());
-  EXPECT_NE(dev.last_kernel().find("compiled mask"), std::string::npos) << dev.last_kernel();
+  EXPECT_NE(dev.KernelFor(OpKind::kAttention).find("compiled mask"), std::string::npos)
+      << dev.KernelFor(OpKind::kAttention);
   std::vector<double> x(kT * 8);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i));
   auto cpu_stream = dev.CreateStream();

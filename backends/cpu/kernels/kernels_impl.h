@@ -506,6 +506,57 @@ void ConvertRow(const void* src, DType t, int64_t n, float* dst) {
 void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
                int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha, bool accumulate);
 
+// The addresses of key j's K and V rows (kv head t.g) in the paged caches; false when its
+// block-table entry is invalid (the key is skipped).
+inline bool KvRows(const AttnArgs& a, const AttnTask& t, int64_t j, const char** kp,
+                   const char** vp) {
+  const int64_t blk = t.blocks[j / a.block_size];
+  if (blk < 0) return false;
+  const int64_t slot = j % a.block_size;
+  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
+  *kp = static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
+  *vp = static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
+  return true;
+}
+
+// Online softmax: folds one row's scores s[0..n), whose maximum is m, into its running state
+// ah (acc[Dv], then max and sum): s becomes exp(s - the new maximum), the max and sum move on;
+// returns the factor acc must be scaled by (0 for the first scores), or -1 if every score so
+// far is -inf (nothing changes). NaN propagates.
+inline float FoldScores(float* s, int64_t n, float m, float* ah, int64_t Dv) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const float m_old = ah[Dv];
+  const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
+  if (m_new == ninf) return -1;
+  const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
+  F sum = Zero();
+  int64_t p = 0;
+  for (; p + kLanes <= n; p += kLanes) {
+    const F e = Exp(Add(Load(s + p), Set1(-m_new)));
+    Store(s + p, e);
+    sum = Add(sum, e);
+  }
+  float l = HSum(sum);
+  for (; p < n; ++p) {
+    s[p] = std::exp(s[p] - m_new);
+    l += s[p];
+  }
+  ah[Dv + 1] = ah[Dv + 1] * corr + l;
+  ah[Dv] = m_new;
+  return corr;
+}
+
+// Writes a finished row's output from its state ah (zeros when no key was visible).
+inline void FinishAttnRow(const float* ah, int64_t Dv, float* out) {
+  const float l = ah[Dv + 1];
+  if (ah[Dv] == -std::numeric_limits<float>::infinity() || l == 0) {
+    std::fill(out, out + Dv, 0.0f);
+    return;
+  }
+  const float inv = 1.0f / l;
+  for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
+}
+
 // Query rows per block of AttendRows, and the fewest rows a task needs to take that path.
 constexpr int64_t kRowTile = 32;
 constexpr int64_t kMinTileRows = 4;
@@ -515,12 +566,11 @@ constexpr int64_t kMinTileRows = 4;
 // query heads, the scores and P V are small GEMMs, and each row then takes Attend's steps —
 // modifiers, its own key range as -inf, the online softmax.
 void AttendRows(const AttnArgs& a, const AttnTask& t) {
-  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv, BS = a.block_size;
-  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
+  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv;
   const bool convert = a.kv_dtype != DType::kF32;
-  float* kt = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));  // kt[e * kKeyTile + i]
+  float* kt = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));     // kt[e * kKeyTile + i]
   float* vt = Scratch(kSlotValues, kKeyTile * std::max<int64_t>(Dv, 1));  // V rows, contiguous
-  float* krow = Scratch(kSlotRow, std::max<int64_t>(D, 1));  // a converted K row
+  float* krow = Scratch(kSlotRow, std::max<int64_t>(D, 1));               // a converted K row
   float* scores = Scratch(kSlotScores, kRowTile * kKeyTile);
   const int64_t acc_ld = G * (Dv + 2);
   float* acc = Scratch(kSlotAcc, kRowTile * acc_ld);  // per (row, head): acc[Dv], max, sum
@@ -545,13 +595,8 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
       const int64_t jend = std::min(hi, jt + kKeyTile);
       int64_t n = 0;  // keys with a valid block
       for (int64_t j = jt; j < jend; ++j) {
-        const int64_t blk = t.blocks[j / BS];
-        if (blk < 0) continue;
-        const int64_t slot = j % BS;
-        const char* kp =
-            static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
-        const char* vp =
-            static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
+        const char *kp, *vp;
+        if (!KvRows(a, t, j, &kp, &vp)) continue;
         const float* k = reinterpret_cast<const float*>(kp);
         if (convert) {
           ConvertRow(kp, a.kv_dtype, D, krow);
@@ -565,6 +610,19 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
         ++n;
       }
       if (n == 0) continue;
+      // A value that is not finite (an overflowed f16 cache) must not reach the rows that do
+      // not see its key (0 x inf): then P V skips zero weights, as Attend and the reference do.
+      bool finite_v;
+      {
+        // v * 0 is 0 for finite v, NaN for inf and NaN.
+        F probe = Zero();
+        const F zero = Zero();
+        int64_t x = 0;
+        for (; x + kLanes <= n * Dv; x += kLanes) probe = Fma(Load(vt + x), zero, probe);
+        float rest = HSum(probe);
+        for (; x < n * Dv; ++x) rest += vt[x] * 0.0f;
+        finite_v = rest == 0.0f;
+      }
       for (int64_t h = 0; h < G; ++h) {
         const int64_t head = t.g * G + h;
         SmallGemm(a.q + r0 * a.q_st + head * a.q_sh, a.q_st, 1, kt, kKeyTile, scores, kKeyTile,
@@ -594,46 +652,35 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
             m = (std::isnan(m) || std::isnan(s[k])) ? NAN : std::max(m, s[k]);
           }
           float* ah = acc + (i * G + h) * (Dv + 2);
-          const float m_old = ah[Dv];
-          const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
-          if (m_new == ninf) {  // every score -inf: contributes nothing
+          const float corr = FoldScores(s, n, m, ah, Dv);
+          if (corr < 0) {  // every score -inf: contributes nothing
             std::fill(s, s + n, 0.0f);
             continue;
           }
-          const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
-          F sum = Zero();
-          int64_t p = 0;
-          for (; p + kLanes <= n; p += kLanes) {
-            const F e = Exp(Add(Load(s + p), Set1(-m_new)));
-            Store(s + p, e);
-            sum = Add(sum, e);
-          }
-          float l = HSum(sum);
-          for (; p < n; ++p) {
-            s[p] = std::exp(s[p] - m_new);
-            l += s[p];
-          }
-          ah[Dv + 1] = ah[Dv + 1] * corr + l;
-          ah[Dv] = m_new;
           if (corr != 1.0f) {
             for (int64_t e = 0; e < Dv; ++e) ah[e] *= corr;
           }
         }
         // acc += P V for the block's rows of head h.
-        SmallGemm(scores, kKeyTile, 1, vt, Dv, acc + h * (Dv + 2), acc_ld, rows, Dv, n, 1.0f, true);
+        if (finite_v) {
+          SmallGemm(scores, kKeyTile, 1, vt, Dv, acc + h * (Dv + 2), acc_ld, rows, Dv, n, 1.0f,
+                    true);
+          continue;
+        }
+        for (int64_t i = 0; i < rows; ++i) {
+          const float* s = scores + i * kKeyTile;
+          float* ah = acc + (i * G + h) * (Dv + 2);
+          for (int64_t k = 0; k < n; ++k) {
+            if (s[k] == 0.0f) continue;
+            for (int64_t e = 0; e < Dv; ++e) ah[e] += s[k] * vt[k * Dv + e];
+          }
+        }
       }
     }
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t h = 0; h < G; ++h) {
-        const float* ah = acc + (i * G + h) * (Dv + 2);
-        float* out = a.out + (r0 + i) * a.o_st + (t.g * G + h) * a.o_sh;
-        const float l = ah[Dv + 1];
-        if (ah[Dv] == ninf || l == 0) {
-          std::fill(out, out + Dv, 0.0f);
-          continue;
-        }
-        const float inv = 1.0f / l;
-        for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
+        FinishAttnRow(acc + (i * G + h) * (Dv + 2), Dv,
+                      a.out + (r0 + i) * a.o_st + (t.g * G + h) * a.o_sh);
       }
     }
   }
@@ -644,8 +691,7 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
     AttendRows(a, t);
     return;
   }
-  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv, BS = a.block_size;
-  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
+  const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv;
   const bool convert = a.kv_dtype != DType::kF32;
   float* kbuf = convert ? Scratch(kSlotKeys, kKeyTile * D) : nullptr;
   float* vbuf = convert ? Scratch(kSlotValues, kKeyTile * Dv) : nullptr;
@@ -671,13 +717,8 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
       const int64_t jend = std::min(hi, jt + kKeyTile);
       int n = 0;  // visible keys with a valid block
       for (int64_t j = jt; j < jend; ++j) {
-        const int64_t blk = t.blocks[j / BS];
-        if (blk < 0) continue;
-        const int64_t slot = j % BS;
-        const char* kp =
-            static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
-        const char* vp =
-            static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
+        const char *kp, *vp;
+        if (!KvRows(a, t, j, &kp, &vp)) continue;
         if (convert) {
           ConvertRow(kp, a.kv_dtype, D, kbuf + n * D);
           ConvertRow(vp, a.kv_dtype, Dv, vbuf + n * Dv);
@@ -745,24 +786,8 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
           m = (std::isnan(m) || std::isnan(s[i8])) ? NAN : std::max(m, s[i8]);
         }
         float* ah = acc + h * (Dv + 2);
-        const float m_old = ah[Dv];
-        const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
-        if (m_new == ninf) continue;  // every score -inf: contributes nothing
-        const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
-        F sum = Zero();
-        int64_t p = 0;
-        for (; p + kLanes <= n; p += kLanes) {
-          const F e = Exp(Add(Load(s + p), Set1(-m_new)));
-          Store(s + p, e);
-          sum = Add(sum, e);
-        }
-        float l = HSum(sum);
-        for (; p < n; ++p) {
-          s[p] = std::exp(s[p] - m_new);
-          l += s[p];
-        }
-        ah[Dv + 1] = ah[Dv + 1] * corr + l;
-        ah[Dv] = m_new;
+        const float corr = FoldScores(s, n, m, ah, Dv);
+        if (corr < 0) continue;  // every score -inf: contributes nothing
         // acc = acc * corr + sum_i p_i v_i, up to 8 vectors of Dv at a time in registers.
         int64_t e = 0;
         for (; e + kLanes <= Dv; e += 8 * kLanes) {
@@ -795,14 +820,7 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
         std::copy(ah, ah + Dv, dst + 2);
         continue;
       }
-      float* out = a.out + r * a.o_st + (t.g * G + h) * a.o_sh;
-      const float l = ah[Dv + 1];
-      if (ah[Dv] == ninf || l == 0) {
-        std::fill(out, out + Dv, 0.0f);
-        continue;
-      }
-      const float inv = 1.0f / l;
-      for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
+      FinishAttnRow(ah, Dv, a.out + r * a.o_st + (t.g * G + h) * a.o_sh);
     }
   }
 }
