@@ -12,12 +12,12 @@ namespace {
 // The generated functions read AttnAux as three ki64 per tensor.
 static_assert(sizeof(AttnAux) == 3 * sizeof(int64_t) && sizeof(void*) == sizeof(int64_t));
 
-// Hand-written around the printed expressions (kiln_KERNEL_NAME_mask / _score); AUX_DECL
-// unpacks the aux tensors, AUX_ARGS passes them on, SCORE(v, q, kv) is score_mod or v, MASK
-// (q, kv) is mask_mod or 1.
+// Hand-written around the printed expressions (kiln_KERNEL_NAME_mask / _score): AUX_DECL
+// unpacks the aux tensors, SCORE(v, q, kv) calls score_mod (or is v) and MASK(q, kv) calls
+// mask_mod (or is 1), both passing b, h and the aux tensors on.
 constexpr const char* kTemplate = R"(
 KERNEL void kiln_KERNEL_NAME_apply(float* s, ki64 ld, ki64 rows, ki64 n, ki64 b, ki64 h,
-                                       ki64 q0, ki64 kv0, int masked, const ki64* ax) {
+                                   ki64 q0, ki64 kv0, int masked, const ki64* ax) {
   (void)ax; (void)b; (void)h;
   AUX_DECL
   for (ki64 i = 0; i < rows; ++i) {
@@ -34,7 +34,7 @@ KERNEL void kiln_KERNEL_NAME_apply(float* s, ki64 ld, ki64 rows, ki64 n, ki64 b,
   }
 }
 KERNEL void kiln_KERNEL_NAME_apply_at(float* s, ki64 n, ki64 b, ki64 h, ki64 q,
-                                          const ki64* kv, const ki64* ax) {
+                                      const ki64* kv, const ki64* ax) {
   (void)ax; (void)b; (void)h; (void)q;
   AUX_DECL
   for (ki64 j = 0; j < n; ++j) {
@@ -43,7 +43,7 @@ KERNEL void kiln_KERNEL_NAME_apply_at(float* s, ki64 n, ki64 b, ki64 h, ki64 q,
   }
 }
 KERNEL int kiln_KERNEL_NAME_classify(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv0, ki64 n,
-                                         const ki64* ax) {
+                                     const ki64* ax) {
   (void)ax; (void)b; (void)h;
   AUX_DECL
   ki64 kept = 0;
