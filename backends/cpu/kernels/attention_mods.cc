@@ -163,6 +163,10 @@ std::string AuxKey(const AttnMods& mods, const LaunchArgs& a, int first) {
     const int64_t len = t.shape[0];
     key.append(reinterpret_cast<const char*>(&len), sizeof(len));
     const char* p = static_cast<const char*>(t.data);
+    if (t.strides[0] == 1) {
+      key.append(p, static_cast<size_t>(len * size));
+      continue;
+    }
     for (int64_t e = 0; e < len; ++e) key.append(p + e * t.strides[0] * size, size);
   }
   return key;

@@ -519,6 +519,17 @@ inline bool KvRows(const AttnArgs& a, const AttnTask& t, int64_t j, const char**
   return true;
 }
 
+// The keys [lo, hi) of [j0, j1) the native mask lets the query at position `pos` see: kv <=
+// pos (causal, window), pos - kv < window, kv >= pos - pos % chunk.
+inline std::pair<int64_t, int64_t> KeyRangeAt(const AttnArgs& a, int64_t pos, int64_t j0,
+                                              int64_t j1) {
+  int64_t lo = j0, hi = j1;
+  if (a.mask != MaskKind::kNone) hi = std::min(hi, pos + 1);
+  if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, pos - a.window + 1);
+  if (a.chunk > 0) lo = std::max(lo, pos - pos % a.chunk);
+  return {lo, hi};
+}
+
 // Online softmax: folds one row's scores s[0..n), whose maximum is m, into its running state
 // ah (acc[Dv], then max and sum): s becomes exp(s - the new maximum), the max and sum move on;
 // returns the factor acc must be scaled by (0 for the first scores), or -1 if every score so
@@ -576,15 +587,12 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
   float* acc = Scratch(kSlotAcc, kRowTile * acc_ld);  // per (row, head): acc[Dv], max, sum
   int64_t kpos[kKeyTile];
   const float ninf = -std::numeric_limits<float>::infinity();
-  constexpr int64_t kNoBound = std::numeric_limits<int64_t>::max();
   for (int64_t r0 = t.t0; r0 < t.t1; r0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, t.t1 - r0);
     const int64_t first = t.pos0 + (r0 - t.t0), last = first + rows - 1;  // positions
-    // The keys any row of the block sees.
-    int64_t lo = t.j0, hi = t.j1;
-    if (a.mask != MaskKind::kNone) hi = std::min(hi, last + 1);
-    if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, first - a.window + 1);
-    if (a.chunk > 0) lo = std::max(lo, first - first % a.chunk);
+    // The keys any row of the block sees (both bounds grow with the position).
+    const int64_t lo = KeyRangeAt(a, first, t.j0, t.j1).first;
+    const int64_t hi = KeyRangeAt(a, last, t.j0, t.j1).second;
     for (int64_t i = 0; i < rows * G; ++i) {
       float* ah = acc + i * (Dv + 2);
       std::fill(ah, ah + Dv, 0.0f);
@@ -640,9 +648,7 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
             }
             if (a.softcap > 0) SoftCap(s, n, 1.0f, a.softcap);
           }
-          const int64_t row_hi = a.mask != MaskKind::kNone ? pos + 1 : kNoBound;
-          int64_t row_lo = a.mask == MaskKind::kSlidingWindow ? pos - a.window + 1 : 0;
-          if (a.chunk > 0) row_lo = std::max(row_lo, pos - pos % a.chunk);
+          const auto [row_lo, row_hi] = KeyRangeAt(a, pos, t.j0, t.j1);
           for (int64_t k = 0; k < n; ++k) {
             if (kpos[k] >= row_hi || kpos[k] < row_lo) s[k] = ninf;
           }
@@ -703,10 +709,7 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = t.t0; r < t.t1; ++r) {
     const int64_t pos = t.pos0 + (r - t.t0);
-    int64_t lo = t.j0, hi = t.j1;
-    if (a.mask != MaskKind::kNone) hi = std::min(hi, pos + 1);
-    if (a.mask == MaskKind::kSlidingWindow) lo = std::max(lo, pos - a.window + 1);
-    if (a.chunk > 0) lo = std::max(lo, pos - pos % a.chunk);
+    const auto [lo, hi] = KeyRangeAt(a, pos, t.j0, t.j1);
     for (int64_t h = 0; h < G; ++h) {
       float* ah = acc + h * (Dv + 2);
       std::fill(ah, ah + Dv, 0.0f);
