@@ -5,6 +5,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numbers>
 
 #include "absl/strings/ascii.h"
@@ -597,7 +599,47 @@ void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(small ? d.small : d.large, args, 2, global, local, 48);
 }
 
+// Device scratch that kernels keep between launches, per queue (streams run concurrently;
+// each runs its launches in order). Grow-only, by doubling: a buffer stays alive until the
+// kernel goes, since work in flight or captured in a graph may still use it.
+class QueueScratch {
+ public:
+  // A buffer of at least `bytes` for launches on `q`; null with `*status` set on failure.
+  backend::Buffer* Get(KernelHost& dev, const Queue* q, size_t bytes, Status* status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::unique_ptr<backend::Buffer>>& bufs = buffers_[q];
+    if (bufs.empty() || bufs.back()->size() < bytes) {
+      const size_t grow = std::max(bytes, bufs.empty() ? size_t{0} : 2 * bufs.back()->size());
+      StatusOr<std::unique_ptr<backend::Buffer>> b = dev.Allocate(grow);
+      if (!b.ok()) {
+        *status = b.status();
+        return nullptr;
+      }
+      bufs.push_back(*std::move(b));
+    }
+    return bufs.back().get();
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<const Queue*, std::vector<std::unique_ptr<backend::Buffer>>> buffers_;
+};
+
 // ---- Attention ----------------------------------------------------------------------------------
+
+// The block table of a dense attention kernel whose mask is not a plain causal or sliding-
+// window one (attention.cl's BLOCKS): classified by `classify` before each launch into the
+// queue's scratch: the table, then the visit counts (a uint per work-group row).
+struct BlockTable {
+  KernelSlot* classify = nullptr;
+  bool per_batch = false, per_head = false;  // whether the mask reads b, h
+  QueueScratch scratch;
+  // The last launch's, for LastBlockTableStats.
+  std::mutex mu;
+  backend::Buffer* last = nullptr;
+  size_t entries = 0, visits_offset = 0;
+  int64_t rows = 0;
+};
 
 struct AttnData {
   KernelSlot* slot = nullptr;
@@ -606,6 +648,7 @@ struct AttnData {
   int num_aux = 0;
   double scale = 0;
   bool library = false;  // causal, no score_mod, no aux: Queue::Attention(Backward) may run it
+  std::unique_ptr<BlockTable> blocks;  // null: the kernel walks every block of its key range
 };
 
 // The aux tensors of an attention launch (inputs from `first`): their buffers (after the
@@ -635,6 +678,45 @@ void AttentionScale(Args& args, double scale) {
   args.Long(fbits);
 }
 
+// Classifies the blocks of a dense launch over q [B, Hq, Tq], k [.., Tk] with `rows` work-group
+// rows (aux tensors: inputs from `aux_first`), then adds the table as the attention's next
+// buffer argument and returns BLOCK_META's values (empty on failure, recorded in `ex`).
+std::vector<int64_t> EnqueueBlockTable(Queue& ex, BlockTable& t, const LaunchArgs& a, int aux_first,
+                                       int num_aux, Args& attn_args, int64_t rows) {
+  KernelHost& dev = *ex.host;
+  const TensorArg& q = a.inputs[0];
+  const int64_t wg = static_cast<int64_t>(dev.work_group());
+  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], Tk = a.inputs[1].shape[2];
+  const int64_t TB = t.per_batch ? B : 1, TH = t.per_head ? Hq : 1;
+  const int64_t nqt = (Tq + wg - 1) / wg, nkb = (Tk + wg - 1) / wg;
+  const size_t entries = static_cast<size_t>(TB * TH * nqt * nkb);
+  const size_t visits = (entries + 7) / 8 * 8;
+  Status st;
+  backend::Buffer* buf = t.scratch.Get(dev, &ex, visits + 4 * static_cast<size_t>(rows), &st);
+  if (buf == nullptr) {
+    ex.Fail(st);
+    return {};
+  }
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    t.last = buf;
+    t.entries = entries;
+    t.visits_offset = visits;
+    t.rows = rows;
+  }
+  Args args;
+  const int64_t to = args.Mem(dev, buf->data());
+  const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, aux_first, num_aux);
+  for (int64_t v : {to, Tq, Tk, TB, TH}) args.Long(v);
+  AttentionAuxMeta(args, a, aux_first, aux_off);
+  const size_t global = std::min<size_t>(entries, 65536) * dev.work_group(),
+               local = dev.work_group();
+  ex.Enqueue(t.classify, args, 1, &global, &local, 32);
+  const int64_t tto = attn_args.Mem(dev, buf->data());
+  return {tto, t.per_batch ? TH * nqt * nkb : 0, t.per_head ? nqt * nkb : 0, nkb,
+          tto + static_cast<int64_t>(visits)};
+}
+
 void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   Queue& ex = QueueOf(c);
   const KernelHost& dev = *ex.host;
@@ -653,6 +735,12 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
     bto = args.Mem(dev, a.inputs[3].data);
     slo = args.Mem(dev, a.inputs[4].data);
     qso = args.Mem(dev, a.inputs[5].data);
+  }
+  std::vector<int64_t> block_meta;
+  if (d.blocks) {
+    block_meta = EnqueueBlockTable(ex, *d.blocks, a, fixed, d.num_aux, args,
+                                   q.shape[0] * q.shape[1] * q.shape[2]);
+    if (block_meta.empty()) return;
   }
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, fixed, d.num_aux);
   args.Desc(q, qo);
@@ -681,10 +769,11 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
     args.Long(lo);
     for (int i = 0; i < 3; ++i) args.Long(l.strides[i]);
   }
+  for (int64_t v : block_meta) args.Long(v);
   AttentionAuxMeta(args, a, fixed, aux_off);
   if (rows == 0) return;
   const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
-  ex.Enqueue(d.slot, args, 1, &global, &wg, d.lse ? 120 : 96);
+  ex.Enqueue(d.slot, args, 1, &global, &wg, d.lse || d.blocks ? 120 : 96);
 }
 
 // attention_backward (the template's BACKWARD): dq, dk, dv, then q, k, v, o, do, lse and the
@@ -705,6 +794,13 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   int64_t off[8];
   for (int t : {5, 6, 7, 0, 1, 2, 3, 4}) off[t] = args.Mem(dev, rank4[t]->data);
   const int64_t lo = args.Mem(dev, lse.data);
+  std::vector<int64_t> block_meta;
+  if (d.blocks) {
+    block_meta = EnqueueBlockTable(
+        ex, *d.blocks, a, 6, d.num_aux, args,
+        q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2]);
+    if (block_meta.empty()) return;
+  }
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, 6, d.num_aux);
   for (int i : {0, 1, 2}) args.Long(q.shape[i]);  // B, Hq, Tq
   for (int i : {1, 2}) args.Long(k.shape[i]);     // Hkv, Tk
@@ -715,6 +811,7 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   args.Long(lo);
   for (int i = 0; i < 3; ++i) args.Long(lse.strides[i]);
   AttentionScale(args, d.scale);
+  for (int64_t v : block_meta) args.Long(v);
   AttentionAuxMeta(args, a, 6, aux_off);
   const int64_t groups =
       q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2];
@@ -723,14 +820,16 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   ex.Enqueue(d.slot, args, 1, &global, &wg, 96);
 }
 
-// The key range a mask allows, from its structure: causal and sliding-window masks.
-void KvRange(const Expr& mask, std::string* begin, std::string* end) {
+// The key range a mask allows, from its structure: a causal or sliding-window mask, alone or
+// as the first operand of an And (as in attn::DocumentMask). True when the range is the whole
+// mask (no block table needed).
+bool KvRange(const Expr& mask, std::string* begin, std::string* end) {
   *begin = "0L";
   *end = "len";
-  if (!mask) return;
+  if (!mask) return true;
   if (mask == attn::CausalMask()) {
     *end = "min(len, (q) + 1)";
-    return;
+    return true;
   }
   const ExprNode& n = mask.node();
   if (n.op == ExprOp::kAnd && n.args.size() == 2) {
@@ -741,9 +840,12 @@ void KvRange(const Expr& mask, std::string* begin, std::string* end) {
       if (mask == attn::SlidingWindowMask(w)) {
         *begin = absl::StrCat("((q) - ", w, "L + 1)");
         *end = "min(len, (q) + 1)";
+        return true;
       }
     }
+    KvRange(n.args[0], begin, end);
   }
+  return false;
 }
 
 // What the attention templates (dense, paged, backward) share in `d`: the q/k/v loaders,
@@ -819,6 +921,30 @@ StatusOr<std::string> AttentionDefines(KernelHost& dev, const backend::KernelReq
   return helpers;
 }
 
+// A block table for a dense kernel whose mask the key range does not cover (see
+// BlockTable): declares its classify kernel and adds BLOCKS and BLOCK_META (`meta`) to `d`.
+// Null for the kernels that walk their key range.
+StatusOr<std::unique_ptr<BlockTable>> MakeBlockTable(KernelHost& dev,
+                                                     const backend::KernelRequest& req, bool paged,
+                                                     int fixed, int meta, Defines& d) {
+  const Expr& mask = req.attrs->expr[0];
+  std::string begin, end;
+  if (paged || KvRange(mask, &begin, &end)) return std::unique_ptr<BlockTable>();
+  Defines c;
+  c.Add("CLASSIFY", "1");
+  KILN_ASSIGN_OR_RETURN(const std::string helpers,
+                        AttentionDefines(dev, req, fixed, /*max_aux=*/7, /*aux_meta=*/5, c));
+  auto t = std::make_unique<BlockTable>();
+  t->classify = dev.DeclareKernel(
+      "attn_blocks",
+      c.Wrap(kClAttention, absl::StrCat("// block table of ", Label(req), "\n", helpers)));
+  t->per_batch = mask.Uses(ExprOp::kIndex, 0);
+  t->per_head = mask.Uses(ExprOp::kIndex, 1);
+  d.Add("BLOCKS", "1");
+  d.Add("BLOCK_META", absl::StrCat(meta));
+  return t;
+}
+
 StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRequest& req,
                                         bool paged) {
   const Attrs& at = *req.attrs;
@@ -837,10 +963,14 @@ StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRe
     d.Add("LSE", "1");
     d.Add("LST(p, i, v)", StoreFrom(acc, acc));
   }
-  KILN_ASSIGN_OR_RETURN(
-      const std::string helpers,
-      AttentionDefines(dev, req, fixed, paged ? 4 : 7, paged ? 83 : (lse ? 78 : 74), d));
+  const int block_meta = lse ? 78 : 74;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockTable> blocks,
+                        MakeBlockTable(dev, req, paged, fixed, block_meta, d));
+  const int aux_meta = paged ? 83 : block_meta + (blocks ? 5 : 0);
+  KILN_ASSIGN_OR_RETURN(const std::string helpers,
+                        AttentionDefines(dev, req, fixed, paged ? 4 : 7, aux_meta, d));
   auto data = std::make_shared<AttnData>();
+  data->blocks = std::move(blocks);
   data->paged = paged;
   data->lse = lse;
   data->num_aux = static_cast<int>(req.inputs.size()) - fixed;
@@ -866,9 +996,13 @@ StatusOr<backend::Kernel> MakeAttentionBackward(KernelHost& dev,
   d.Add("DQST(p, i, v)", StoreFrom(req.output.dtype, acc));
   d.Add("DKST(p, i, v)", StoreFrom(req.inputs[1].dtype, acc));
   d.Add("DVST(p, i, v)", StoreFrom(req.inputs[2].dtype, acc));
-  KILN_ASSIGN_OR_RETURN(const std::string helpers,
-                        AttentionDefines(dev, req, /*fixed=*/6, /*max_aux=*/7, /*aux_meta=*/51, d));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockTable> blocks,
+                        MakeBlockTable(dev, req, /*paged=*/false, /*fixed=*/6, /*meta=*/51, d));
+  KILN_ASSIGN_OR_RETURN(
+      const std::string helpers,
+      AttentionDefines(dev, req, /*fixed=*/6, /*max_aux=*/7, blocks ? 56 : 51, d));
   auto data = std::make_shared<AttnData>();
+  data->blocks = std::move(blocks);
   data->num_aux = static_cast<int>(req.inputs.size()) - 6;
   data->scale = req.attrs->floats[0];
   data->library =
@@ -984,12 +1118,10 @@ StatusOr<backend::Kernel> MakeTraining(KernelHost& dev, const backend::KernelReq
 
 // ---- Sampling (cl/sampling.cl) ---------------------------------------------------------------
 
-// The kernel's scratch (per row: 2V floats, 2V ints) grows with the launches (doubling) and
-// is never freed before the program: a captured command keeps the buffer it was recorded with.
+// The kernel's scratch: per row 2V floats and 2V ints.
 struct SampleData {
   KernelSlot* slot = nullptr;
-  std::mutex mu;
-  std::vector<std::unique_ptr<backend::Buffer>> scratch;
+  QueueScratch scratch;
 };
 
 void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
@@ -1006,19 +1138,10 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
     }
   }
   const size_t region = static_cast<size_t>(S * V) * 8;  // 2V four-byte values per row
-  void* scratch = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    if (d.scratch.empty() || d.scratch.back()->size() < 2 * region) {
-      // Doubling: a batch that grows one sequence at a time keeps O(log S) buffers alive.
-      const size_t bytes =
-          std::max(2 * region, d.scratch.empty() ? size_t{0} : 2 * d.scratch.back()->size());
-      StatusOr<std::unique_ptr<backend::Buffer>> b = dev.Allocate(bytes);
-      if (!b.ok()) return ex.Fail(b.status());
-      d.scratch.push_back(*std::move(b));
-    }
-    scratch = d.scratch.back()->data();
-  }
+  Status st;
+  backend::Buffer* buf = d.scratch.Get(dev, &ex, 2 * region, &st);
+  if (buf == nullptr) return ex.Fail(st);
+  void* scratch = buf->data();
   Args args;
   const void* ptrs[] = {a.output.data,
                         a.extra_outputs[0].data,
@@ -1264,6 +1387,34 @@ StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& re
       break;
   }
   return Unimplemented(name(), " has no kernel for ", def.name);
+}
+
+StatusOr<BlockTableStats> LastBlockTableStats(KernelHost& dev, const Launch& launch) {
+  if (launch.fn != AttentionFn && launch.fn != AttentionBackwardFn) {
+    return InvalidArgument("LastBlockTableStats: not an attention launch");
+  }
+  const auto& d = *static_cast<const AttnData*>(launch.args->kernel_data);
+  if (!d.blocks) return NotFound("this attention kernel has no block table");
+  BlockTable& t = *d.blocks;
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (t.last == nullptr) return NotFound("this attention kernel has not run");
+  std::vector<uint8_t> table(t.entries);
+  std::vector<uint32_t> visits(static_cast<size_t>(t.rows));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> s, dev.CreateStream());
+  KILN_RETURN_IF_ERROR(s->CopyToHost(table.data(), *t.last, 0, table.size()));
+  KILN_RETURN_IF_ERROR(s->CopyToHost(visits.data(), *t.last, t.visits_offset, 4 * visits.size()));
+  BlockTableStats r;
+  for (uint8_t c : table) {
+    if (c == 0) {
+      ++r.empty;
+    } else if (c == 1) {
+      ++r.full;
+    } else {
+      ++r.partial;
+    }
+  }
+  for (uint32_t v : visits) r.visited += v;
+  return r;
 }
 
 }  // namespace kiln::devk

@@ -7,10 +7,14 @@
 // to one op (debugging).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdlib>
 
 #include "backends/builtin.h"
+#include "backends/common/device_kernels.h"
 #include "backends/xpu/xpu_device.h"
+#include "engine/builder.h"
+#include "engine/program.h"
 #include "engine/testing/op_harness.h"
 
 namespace kiln::xpu {
@@ -70,6 +74,76 @@ void RunCases(bool gradient) {
 
 TEST(XpuHarnessTest, EveryForwardCasePasses) { RunCases(/*gradient=*/false); }
 TEST(XpuHarnessTest, EveryGradientCasePasses) { RunCases(/*gradient=*/true); }
+
+// A mask with 90% empty blocks: ten documents of one tile each. The block table (attention.cl)
+// marks the 90 off-diagonal tiles empty, and the forward, dq and dk/dv loops walk the diagonal
+// blocks only: visited blocks are counted per work-group row. The harness checks the values
+// of these masks; this checks that the empty blocks get no work.
+TEST(XpuBlockTable, EmptyBlocksAreNeverVisited) {
+  Devices& d = Get();
+  if (!d.xpu) GTEST_SKIP() << "no OpenCL device: " << d.why_none;
+  auto* dev = static_cast<XpuDevice*>(d.xpu->device(0));
+  const int64_t wg = static_cast<int64_t>(dev->work_group()), kT = 10 * wg, kHq = 2, kD = 16;
+  const Expr same_doc =
+      Eq(Expr::Load(0, attn::QIdx(), DType::kI64), Expr::Load(0, attn::KvIdx(), DType::kI64));
+  struct Case {
+    const char* name;
+    Expr mask;
+    int64_t full, partial;  // diagonal tiles
+  };
+  for (const Case& c : {Case{"documents (causal within each)", attn::DocumentMask(0, kT), 0, 10},
+                        Case{"same document (bidirectional)", same_doc, 10, 0}}) {
+    SCOPED_TRACE(c.name);
+    Graph g;
+    Builder b(&g);
+    const Value q = b.Input("q", DType::kF32, {1, kHq, kT, kD});
+    const Value k = b.Input("k", DType::kF32, {1, 1, kT, kD});
+    const Value v = b.Input("v", DType::kF32, {1, 1, kT, kD});
+    const Value docs = b.Input("docs", DType::kI32, {kT});
+    const Value aux[] = {docs};
+    const AttentionParams p{0, c.mask, {}};
+    const AttentionOutputs fwd = b.AttentionWithLse(q, k, v, p, aux);
+    const AttentionGrads grads = b.AttentionBackward(q, k, v, fwd.out, fwd.out, fwd.lse, p, aux);
+    auto prog = Compile(g, {fwd.out, grads.dq, grads.dk, grads.dv}, *dev);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    ASSERT_TRUE(dev->BuildPending().ok());
+    auto stream = dev->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    std::vector<Tensor> bound;
+    for (const char* name : {"q", "k", "v", "docs"}) {
+      const ExternalInfo& e = (*prog)->externals()[(*prog)->FindExternal(name)];
+      std::vector<int64_t> shape;
+      for (const Dim& dim : e.shape) shape.push_back(*dim.TryConstant());
+      auto t = Tensor::Empty(*dev, e.dtype, shape);
+      ASSERT_TRUE(t.ok()) << t.status();
+      std::vector<int32_t> host(static_cast<size_t>(t->nbytes() / 4));
+      for (size_t i = 0; i < host.size(); ++i) {
+        host[i] = e.dtype == DType::kI32 ? static_cast<int32_t>(static_cast<int64_t>(i) / wg)
+                                         : std::bit_cast<int32_t>(0.01f * (i % 97));
+      }
+      ASSERT_TRUE((*stream)->CopyToDevice(*t->buffer(), 0, host.data(), t->nbytes()).ok());
+      ASSERT_TRUE((*prog)->Bind(name, *t).ok());
+      bound.push_back(*std::move(t));
+    }
+    ASSERT_TRUE((*prog)->Run(**stream).ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    std::vector<devk::BlockTableStats> tables;
+    for (const Launch& l : (*prog)->launches()) {
+      StatusOr<devk::BlockTableStats> st = devk::LastBlockTableStats(*dev, l);
+      if (st.ok()) tables.push_back(*st);
+    }
+    ASSERT_EQ(tables.size(), 2u) << (*prog)->DebugString();  // the forward, then the backward
+    for (const devk::BlockTableStats& t : tables) {
+      EXPECT_EQ(t.empty, 90);
+      EXPECT_EQ(t.full, c.full);
+      EXPECT_EQ(t.partial, c.partial);
+    }
+    // Forward: each of Hq * T query rows walks its diagonal block. Backward: as many dq rows,
+    // then T dk/dv rows, each walking one query block per query head.
+    EXPECT_EQ(tables[0].visited, static_cast<uint64_t>(kHq * kT));
+    EXPECT_EQ(tables[1].visited, static_cast<uint64_t>(kHq * kT + kT * kHq));
+  }
+}
 
 }  // namespace
 }  // namespace kiln::xpu

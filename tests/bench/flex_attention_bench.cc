@@ -7,7 +7,12 @@
 // sequences of 256 new tokens in one paged step; `vs_documents16x256` against the dense
 // document-masked op): issue 16 item 6's measurement.
 //
-//   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens N]
+//   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens=N]
+//       [--backend=cpu|xpu|cuda]
+//
+// On xpu and cuda the masks other than plain causal and sliding-window ones run over the
+// device templates' block tables (cl/attention.cl), classified on the device before each
+// launch (the `_fresh` case costs what the others do there).
 //
 // Targets (issue 16): the window and the documents >= 10x faster than causal (what block
 // skipping gives: each query sees 256 keys instead of ~2,048 on average), softcap <= 1.1x.
@@ -38,11 +43,44 @@ namespace {
 constexpr int64_t kHeads = 8, kD = 64, kDocLen = 256;
 int64_t g_tokens = 4096;
 
+std::string g_backend = "cpu";
+
 backend::Device& Cpu() {
   const char* t = std::getenv("KILN_CPU_THREADS");
   static backend::Backend* b =
       backend::MakeCpuBackend(t != nullptr && std::atoi(t) > 0 ? std::atoi(t) : 2).release();
   return *b->device(0);
+}
+
+// The device the cases run on (--backend); null when it is absent (logged by its factory).
+backend::Device* Dev() {
+  static backend::Backend* b = [] {
+    if (g_backend == "xpu") return backend::MakeXpuBackend().release();
+    if (g_backend == "cuda") return backend::MakeCudaBackend().release();
+    return static_cast<backend::Backend*>(nullptr);
+  }();
+  if (g_backend == "cpu") return &Cpu();
+  return b != nullptr ? b->device(0) : nullptr;
+}
+
+// Binds `values` as input `name` of `prog` on `dev` (converted on the cpu, then copied).
+bool BindValues(Program& prog, backend::Device& dev, const char* name, DType t,
+                const std::vector<int64_t>& shape, const std::vector<double>& values) {
+  StatusOr<Tensor> host = Tensor::FromDoubles(Cpu(), t, shape, values);
+  if (!host.ok()) return false;
+  if (&dev == &Cpu()) return prog.Bind(name, *host).ok();
+  static std::map<backend::Device*, std::unique_ptr<backend::Stream>>* streams =
+      new std::map<backend::Device*, std::unique_ptr<backend::Stream>>();
+  std::unique_ptr<backend::Stream>& s = (*streams)[&dev];
+  if (s == nullptr) {
+    StatusOr<std::unique_ptr<backend::Stream>> made = dev.CreateStream();
+    if (!made.ok()) return false;
+    s = *std::move(made);
+  }
+  StatusOr<Tensor> d = Tensor::Empty(dev, t, shape);
+  return d.ok() &&
+         s->CopyToDevice(*d->buffer(), 0, host->data(), static_cast<size_t>(host->nbytes())).ok() &&
+         prog.Bind(name, *d).ok();
 }
 
 std::map<std::string, double>& Seconds() {  // per case, for the ratio to causal
@@ -51,10 +89,15 @@ std::map<std::string, double>& Seconds() {  // per case, for the ratio to causal
 }
 
 // Runs `prog` once per benchmark iteration; returns the mean seconds per run, or -1 after
-// marking the benchmark failed. `before` (if set) runs before each timed run, untimed.
+// marking the benchmark failed. `before` (if set) runs before each timed run, untimed. One
+// untimed run first (a device builds its kernels then).
 double TimeRuns(benchmark::State& state, Program& prog, backend::Device& dev,
                 const std::function<bool(int64_t)>& before = nullptr) {
   auto stream = dev.CreateStream();
+  if (!stream.ok() || !prog.Run(**stream).ok() || !(*stream)->Synchronize().ok()) {
+    state.SkipWithError("warm-up run failed");
+    return -1;
+  }
   double total = 0;
   int64_t iteration = 0;
   for (auto _ : state) {
@@ -90,7 +133,11 @@ void Report(benchmark::State& state, const std::string& name, double per_run,
 // more before every run (a new packing each step, as in training: no cached block mask).
 void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, Expr score,
                   bool documents, bool fresh) {
-  backend::Device& dev = Cpu();
+  if (Dev() == nullptr) {
+    state.SkipWithError(("no " + g_backend + " device").c_str());
+    return;
+  }
+  backend::Device& dev = *Dev();
   const int64_t T = g_tokens;
   const std::vector<int64_t> shape = {1, kHeads, T, kD};
   Graph g;
@@ -111,7 +158,7 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
   std::vector<double> x(static_cast<size_t>(kHeads * T * kD));
   for (const char* in : {"q", "k", "v"}) {
     for (double& e : x) e = dist(rng);
-    if (!(*prog)->Bind(in, *Tensor::FromDoubles(dev, DType::kF32, shape, x)).ok()) {
+    if (!BindValues(**prog, dev, in, DType::kF32, shape, x)) {
       state.SkipWithError("bind failed");
       return;
     }
@@ -119,7 +166,7 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
   auto bind_docs = [&](int64_t shift) {
     std::vector<double> ids(static_cast<size_t>(T));
     for (int64_t i = 0; i < T; ++i) ids[i] = static_cast<double>((i + shift) / kDocLen);
-    return (*prog)->Bind("docs", *Tensor::FromDoubles(dev, DType::kI32, {T}, ids)).ok();
+    return BindValues(**prog, dev, "docs", DType::kI32, {T}, ids);
   };
   if (documents && !bind_docs(0)) {
     state.SkipWithError("bind failed");
@@ -134,7 +181,11 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
 // 16 sequences of 256 new tokens in one paged step (blocks of 16 tokens, f32 cache) — what a
 // document-masked dense prefill would replace.
 void BM_PagedPrefill(benchmark::State& state) {
-  backend::Device& dev = Cpu();
+  if (Dev() == nullptr) {
+    state.SkipWithError(("no " + g_backend + " device").c_str());
+    return;
+  }
+  backend::Device& dev = *Dev();
   const int64_t T = g_tokens, seqs = T / kDocLen, bs = 16, mb = kDocLen / bs, nb = seqs * mb;
   if (T % kDocLen != 0) {
     state.SkipWithError("--tokens must be a multiple of 256 (the documents' length)");
@@ -161,7 +212,7 @@ void BM_PagedPrefill(benchmark::State& state) {
       x.resize(static_cast<size_t>(n));
       for (double& e : x) e = dist(rng);
     }
-    return (*prog)->Bind(name, *Tensor::FromDoubles(dev, t, shape, x)).ok();
+    return BindValues(**prog, dev, name, t, shape, x);
   };
   std::vector<double> table, lens(static_cast<size_t>(seqs), static_cast<double>(kDocLen)), qs;
   for (int64_t i = 0; i < nb; ++i) table.push_back(static_cast<double>(i));
@@ -186,6 +237,7 @@ int main(int argc, char** argv) {
   namespace attn = kiln::attn;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]).rfind("--tokens=", 0) == 0) kiln::g_tokens = std::atoll(argv[i] + 9);
+    if (std::string(argv[i]).rfind("--backend=", 0) == 0) kiln::g_backend = argv[i] + 10;
   }
   const Expr q_idx = Expr::Index(2), kv_idx = Expr::Index(3);
   const Expr compiled_documents =

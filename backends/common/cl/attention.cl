@@ -31,6 +31,14 @@
 // D_i = do . o; where P is 0 (masked, or the row fully masked) the pair adds nothing, as in
 // the reference.
 
+//
+// Block tables (BLOCKS, dense forms, masks other than a plain causal or sliding-window one):
+// CLASSIFY instantiates the pre-pass that evaluates mask_mod once per (query, key) pair and
+// classifies each tile of KILN_WG query rows x KILN_WG keys as empty (0), full (1) or
+// partial (2), per batch row and head where the mask reads them. The kernels then skip empty
+// blocks whole (no key loaded, no mask evaluated), skip the mask in full ones, and store the
+// number of blocks each work-group row visited (the launch's diagnostics).
+
 // KEEP(b, h, q, kv): the mask, or 1. Keys it hides are never loaded: their score is -inf and
 // their P 0 without a dot product.
 #ifdef MASK
@@ -39,7 +47,75 @@
 #define KEEP(b, h, q, kv) 1
 #endif
 
-#ifndef BACKWARD
+#ifdef BLOCKS
+// BLOCK_META: the table's byte offset, its batch and head strides (0 where the mask reads
+// neither), its key blocks per query tile, the visit counts' byte offset (one uint per row).
+#define BLOCK_SETUP                                                                    \
+  cgptr ptbl = b_tbl + m[BLOCK_META];                                                  \
+  const long tsb = m[BLOCK_META + 1], tsh = m[BLOCK_META + 2], tnkb = m[BLOCK_META + 3]; \
+  __global uint* pvis = (__global uint*)(b_tbl + m[BLOCK_META + 4]);
+// The class of the block holding query row i and key j; the first block to walk from key jb.
+#define BLOCK_CLASS(b, h, i, j) \
+  ((int)ptbl[(b) * tsb + (h) * tsh + ((i) / KILN_WG) * tnkb + (j) / KILN_WG])
+#define BLOCK_START(jb) ((jb) - (jb) % KILN_WG)
+#define BLOCK_VISITS(row, n) \
+  if (lid == 0) pvis[row] = (uint)(n);
+#else
+#define BLOCK_SETUP
+#define BLOCK_CLASS(b, h, i, j) 2
+#define BLOCK_START(jb) (jb)
+#define BLOCK_VISITS(row, n)
+#endif
+#ifdef BLOCKS
+#define BLOCK_PARAM , gptr b_tbl
+#else
+#define BLOCK_PARAM
+#endif
+
+#if defined(CLASSIFY)
+// Meta: the table's byte offset (0), Tq, Tk (1, 2), the batch rows and heads it has (3, 4:
+// 1 where the mask reads no b or h), aux off/len/stride (5 + 3k). One work-group per table
+// entry: its work-items take one key each and walk the tile's query rows.
+__kernel void KNAME(gptr b_tbl KERNEL_AUX_PARAMS, const meta32 mt) {
+  const long* m = mt.v;
+  AUX_SETUP
+  gptr pt = b_tbl + m[0];
+  const long Tq = m[1], Tk = m[2], TB = m[3], TH = m[4];
+  const long nqt = (Tq + KILN_WG - 1) / KILN_WG, nkb = (Tk + KILN_WG - 1) / KILN_WG;
+  const long n = TB * TH * nqt * nkb;
+  const int lid = get_local_id(0);
+  __local int any_kept[KILN_WG];
+  __local int all_kept[KILN_WG];
+  for (long e = get_group_id(0); e < n; e += get_num_groups(0)) {
+    const long kb = e % nkb, qt = (e / nkb) % nqt, h = (e / (nkb * nqt)) % TH;
+    const long b = e / (nkb * nqt * TH);
+    const long j = kb * KILN_WG + lid;
+    int any = 0, all = 1;
+    if (j < Tk) {
+      const long i1 = min(Tq, (qt + 1) * KILN_WG);
+      for (long i = qt * KILN_WG; i < i1; ++i) {
+        if (KEEP(b, h, i, j)) {
+          any = 1;
+        } else {
+          all = 0;
+        }
+      }
+    }
+    any_kept[lid] = any;
+    all_kept[lid] = all;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = KILN_WG / 2; w > 0; w >>= 1) {
+      if (lid < w) {
+        any_kept[lid] |= any_kept[lid + w];
+        all_kept[lid] &= all_kept[lid + w];
+      }
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) pt[e] = (uchar)(any_kept[0] ? (all_kept[0] ? 1 : 2) : 0);
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+#elif !defined(BACKWARD)
 #ifdef PAGED
 // Meta: q TD (0), k cache TD (18), v cache TD (36), out TD (54), block table off/s0/s1/S/MB
 // (72), seq_lens off/s0 (77), query_start off/s0 (79), scale as double bits (81) and float
@@ -47,10 +123,11 @@
 #define SCALE_META 81
 #else
 // Meta: q TD (0), k TD (18), v TD (36), out TD (54), scale as double bits (72) and float bits
-// (73), [LSE: lse byte offset and strides (74..77)], aux off/len/stride (74 or 78 + 3k).
+// (73), [LSE: lse byte offset and strides (74..77)], [BLOCKS: BLOCK_META's five values
+// (74 or 78)], aux off/len/stride (after them, + 3k).
 #define SCALE_META 72
 #endif
-#ifdef LSE
+#if defined(LSE) || defined(BLOCKS)
 #define ATTN_META meta120
 #else
 #define ATTN_META meta96
@@ -63,13 +140,14 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
 #ifdef LSE
                     , gptr b_lse
 #endif
-                    KERNEL_AUX_PARAMS, const ATTN_META mt) {
+                    BLOCK_PARAM KERNEL_AUX_PARAMS, const ATTN_META mt) {
   const long* m = mt.v;
   cgptr pq = b_q + TD_OFF(m, 0);
   cgptr pk = b_k + TD_OFF(m, 18);
   cgptr pv = b_v + TD_OFF(m, 36);
   gptr po = b_out + TD_OFF(m, 54);
   AUX_SETUP
+  BLOCK_SETUP
   const int lid = get_local_id(0);
 #ifdef KILN_FP64
   const ACC scale = (ACC)as_double(m[SCALE_META]);
@@ -128,11 +206,15 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
     ACC acc[DV_PER];
     for (int d = 0; d < DV_PER; ++d) acc[d] = 0;
     const long jb = max(KV_BEGIN(qi), 0L), je = min(KV_END(qi, kvlen), kvlen);
-    for (long j0 = jb; j0 < je; j0 += KILN_WG) {
+    long visited = 0;
+    for (long j0 = BLOCK_START(jb); j0 < je; j0 += KILN_WG) {
+      const int cls = BLOCK_CLASS(bb, h, qi, j0);
+      if (cls == 0) continue;  // the mask hides the whole block (the same for every work-item)
+      ++visited;
       const long j = j0 + lid;
       ACC s = -INFINITY;
       long ko = -1, vo = -1;  // element offsets of key j's rows (-1: no such key)
-      if (j < je) {
+      if (j >= jb && j < je) {
 #ifdef PAGED
         const long slot = j / BS;
         const long blk = slot < MB ? BT_LD(pbt, bb * m[73] + slot * m[74]) : -1;
@@ -145,7 +227,7 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
         vo = bb * TD_STRIDE(m, 36, 0) + kh * TD_STRIDE(m, 36, 1) + j * TD_STRIDE(m, 36, 2);
 #endif
       }
-      if (ko >= 0 && KEEP(bb, h, qi, j)) {
+      if (ko >= 0 && (cls == 1 || KEEP(bb, h, qi, j))) {
         ACC dot = 0;
         for (int e = 0; e < HEAD_D; ++e) dot += qv[e] * KLD(pk, ko + e * ske);
         s = dot * scale;
@@ -198,6 +280,7 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
       const long d = lid + (long)dd * KILN_WG;
       if (d < HEAD_DV) OST(po, obase + d * soe, mx == -INFINITY ? (ACC)0 : acc[dd] / l);
     }
+    BLOCK_VISITS(row, visited)
 #ifdef LSE
     if (lid == 0) {
       LST(b_lse + m[74], b * m[75] + h * m[76] + i * m[77], mx == -INFINITY ? mx : mx + log(l));
@@ -212,7 +295,8 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
 
 // Meta: B, Hq, Tq, Hkv, Tk (0..4); for q, k, v, o, do, dq, dk, dv (t = 0..7) the byte offset
 // and the 4 element strides (5 + 5t); lse's byte offset and 3 strides (45); scale as double
-// bits (49) and float bits (50); aux off/len/stride (51 + 3k).
+// bits (49) and float bits (50); [BLOCKS: BLOCK_META's five values (51)]; aux off/len/stride
+// (after them, + 3k).
 #define BW_OFF(t) m[5 + 5 * (t)]
 #define BW_S(t, d) m[6 + 5 * (t) + (d)]
 #define BW_ROW(t, b, h, r) ((b) * BW_S(t, 0) + (h) * BW_S(t, 1) + (r) * BW_S(t, 2))
@@ -234,7 +318,8 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
   }
 
 __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr b_v,
-                    cgptr b_o, cgptr b_do, cgptr b_lse KERNEL_AUX_PARAMS, const meta96 mt) {
+                    cgptr b_o, cgptr b_do, cgptr b_lse BLOCK_PARAM KERNEL_AUX_PARAMS,
+                    const meta96 mt) {
   const long* m = mt.v;
   cgptr pq = b_q + BW_OFF(0);
   cgptr pk = b_k + BW_OFF(1);
@@ -246,6 +331,7 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
   gptr pdv = b_dv + BW_OFF(7);
   cgptr plse = b_lse + m[45];
   AUX_SETUP
+  BLOCK_SETUP
   const int lid = get_local_id(0);
 #ifdef KILN_FP64
   const ACC scale = (ACC)as_double(m[49]);
@@ -295,14 +381,18 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
     ACC acc[D_PER];
     for (int d = 0; d < D_PER; ++d) acc[d] = 0;
     const long jb = max(KV_BEGIN(i), 0L), je = min(KV_END(i, Tk), Tk);
-    for (long j0 = jb; j0 < je; j0 += KILN_WG) {
+    long visited = 0;
+    for (long j0 = BLOCK_START(jb); j0 < je; j0 += KILN_WG) {
+      const int cls = BLOCK_CLASS(b, h, i, j0);
+      if (cls == 0) continue;
+      ++visited;
       const long j = j0 + lid;
       ACC p = 0, ds = 0;
       long ko = -1;
-      if (j < je) {
+      if (j >= jb && j < je) {
         ko = BW_ROW(1, b, kh, j);
         ACC dot = 0;
-        if (KEEP(b, h, i, j)) {
+        if (cls == 1 || KEEP(b, h, i, j)) {
           for (int e = 0; e < HEAD_D; ++e) dot += xrow[e] * KLD(pk, ko + e * ske);
           p = BW_P(dot, lse);
         }
@@ -326,6 +416,7 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
       const long d = lid + (long)dd * KILN_WG;
       if (d < HEAD_D) DQST(pdq, dqb + d * BW_S(5, 3), acc[dd]);
     }
+    BLOCK_VISITS(g, visited)
     barrier(CLK_LOCAL_MEM_FENCE);
   }
   const long kfirst = g0 >= qrows ? g0 : g0 + (qrows - g0 + ng - 1) / ng * ng;
@@ -341,13 +432,17 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
     ACC acck[D_PER], accv[DV_PER];
     for (int d = 0; d < D_PER; ++d) acck[d] = 0;
     for (int d = 0; d < DV_PER; ++d) accv[d] = 0;
+    long visited = 0;
     for (long h = kh * group; h < (kh + 1) * group; ++h) {
       for (long i0 = 0; i0 < Tq; i0 += KILN_WG) {
+        const int cls = BLOCK_CLASS(b, h, i0, j);
+        if (cls == 0) continue;
+        ++visited;
         const long i = i0 + lid;
         ACC p = 0, ds = 0;
         long qo = -1, doo = -1;
         // KV_BEGIN/KV_END only narrow what the mask allows.
-        if (i < Tq && j >= KV_BEGIN(i) && j < KV_END(i, Tk) && KEEP(b, h, i, j)) {
+        if (i < Tq && j >= KV_BEGIN(i) && j < KV_END(i, Tk) && (cls == 1 || KEEP(b, h, i, j))) {
           const ACC lse = LSELD(plse, b * m[46] + h * m[47] + i * m[48]);
           qo = BW_ROW(0, b, h, i);
           ACC dot = 0;
@@ -384,6 +479,7 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
       const long d = lid + (long)dd * KILN_WG;
       if (d < HEAD_DV) DVST(pdv, dvb + d * BW_S(7, 3), accv[dd]);
     }
+    BLOCK_VISITS(g, visited)
     barrier(CLK_LOCAL_MEM_FENCE);
   }
 }
@@ -392,5 +488,10 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
 #undef BW_ROW
 #undef BW_ACCUMULATE
 #undef BW_P
-#endif  // BACKWARD
+#endif  // CLASSIFY, forward, BACKWARD
 #undef KEEP
+#undef BLOCK_SETUP
+#undef BLOCK_CLASS
+#undef BLOCK_START
+#undef BLOCK_VISITS
+#undef BLOCK_PARAM
