@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "models/llm/llm_model.h"
 #include "scheduler/llm/continuous_batcher.h"
@@ -95,6 +96,19 @@ StatusOr<PreparedGeneration> LlmEndpoint::Prepare(GenerationInput input) const {
   r.prompt = std::move(prompt.ids);
   r.fields.prompt = input.prompt.field;
   p.prompt_text_ = std::move(prompt.text);
+  p.model_ = model_;
+  return p;
+}
+
+PreparedGeneration PreparedGeneration::Fork(int index) const {
+  PreparedGeneration p;
+  p.request_ = std::make_unique<GenerateRequest>(*request_);
+  GenerateRequest& r = *p.request_;
+  r.id = absl::StrCat(request_->id, "-", index);
+  if (r.sampling.seed) *r.sampling.seed += static_cast<uint64_t>(index);
+  r.trace = nullptr;
+  r.on_event = nullptr;
+  p.prompt_text_ = prompt_text_;
   p.model_ = model_;
   return p;
 }

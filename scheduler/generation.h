@@ -68,6 +68,11 @@ class PreparedGeneration {
   // final event finishing with FinishReason::kCancelled. Safe from any thread, more than once,
   // before submission and after the model was unloaded.
   std::function<void()> Canceller() const;
+  // Choice `index` (>= 1) of a request for several choices (OpenAI's `n`): the same prompt and
+  // parameters, sampled on its own — with seed + index when the request has a seed, so each
+  // choice is reproducible — under the id "<id>-<index>", untraced, and cancelled together
+  // with this request (one Canceller stops every choice).
+  PreparedGeneration Fork(int index) const;
 
  private:
   friend class LlmEndpoint;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -316,6 +317,75 @@ TEST_F(FrontEndsTest, EchoPutsThePromptFirst) {
   EXPECT_EQ(j["choices"][0]["text"], "Echo me" + Text(ExpectedIds(Encode("Echo me"), 3)));
 }
 
+// n > 1: each choice is sampled on its own, reproducibly (choice i is what one request with
+// seed + i gives), and the choices after the first prefill only what the prefix cache does
+// not hold of the prompt.
+TEST_F(FrontEndsTest, SeveralChoicesAreReproducibleAndShareThePromptBlocks) {
+  std::string words;
+  for (int i = 0; i < 40; ++i) words += " word";  // several 16-token blocks
+  const json messages = json::array({{{"role", "user"}, {"content", "Several" + words}}});
+  json body = {{"model", "fake"},    {"messages", messages}, {"max_tokens", 10},
+               {"temperature", 5.0}, {"seed", 11},           {"n", 3}};
+  const double hits0 = server_.Metric(R"(kiln_llm_prefix_cache_hit_tokens_total{model="fake"})");
+  auto [status, j] = Post("/v1/chat/completions", body);
+  ASSERT_EQ(status, 200) << j;
+  const double hits = server_.Metric(R"(kiln_llm_prefix_cache_hit_tokens_total{model="fake"})");
+  ASSERT_EQ(j["choices"].size(), 3u) << j;
+  const int prompt_len = static_cast<int>(ChatPrompt("Several" + words).size());
+  EXPECT_EQ(hits - hits0, 2.0 * (prompt_len / 16 * 16))
+      << "choices 1 and 2 take every full block of the prompt from the cache";
+  std::set<std::string> texts;
+  int completion = 0;
+  for (int i = 0; i < 3; ++i) {
+    const json& c = j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["finish_reason"], "length");
+    texts.insert(c["message"]["content"].get<std::string>());
+    json one = body;
+    one["n"] = 1;
+    one["seed"] = 11 + i;
+    auto [s1, j1] = Post("/v1/chat/completions", one);
+    ASSERT_EQ(s1, 200) << j1;
+    EXPECT_EQ(c["message"]["content"], j1["choices"][0]["message"]["content"])
+        << "choice " << i << " is the request with seed 11 + " << i;
+    completion += j1["usage"]["completion_tokens"].get<int>();
+  }
+  EXPECT_EQ(texts.size(), 3u) << "sampled independently";
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_len) << "the prompt counts once";
+  EXPECT_EQ(j["usage"]["completion_tokens"], completion);
+
+  // Streamed: each choice's chunks carry its index; one usage chunk and [DONE] at the end.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  auto reply = HttpCall(server_.http_port(), "POST", "/v1/chat/completions", body.dump());
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  auto events = SseData(reply.body);
+  ASSERT_GE(events.size(), 8u);
+  EXPECT_EQ(events.back(), "[DONE]");
+  std::vector<std::string> streamed(3);
+  std::vector<int> roles(3, 0), finishes(3, 0);
+  for (size_t e = 0; e + 2 < events.size(); ++e) {
+    const json c = json::parse(events[e]);
+    ASSERT_EQ(c["choices"].size(), 1u);
+    const json& ch = c["choices"][0];
+    const int i = ch["index"].get<int>();
+    ASSERT_GE(i, 0);
+    ASSERT_LT(i, 3);
+    if (ch["delta"].contains("role")) ++roles[i];
+    if (ch["delta"].contains("content")) streamed[i] += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(streamed[i], j["choices"][i]["message"]["content"]) << "choice " << i;
+  }
+  const json usage = json::parse(events[events.size() - 2]);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], completion);
+  EXPECT_TRUE(Await(server_.batcher("fake"), Idle));
+  EXPECT_EQ(server_.core().limiter->inflight(), 0) << "every choice's ticket was released";
+}
+
 struct BadCase {
   std::string name, path;
   json body;
@@ -329,12 +399,24 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += " word";
   const std::vector<BadCase> cases = {
-      {"n",
+      {"n 0",
        "/v1/chat/completions",
-       {{"model", "fake"}, {"messages", user}, {"n", 2}},
+       {{"model", "fake"}, {"messages", user}, {"n", 0}},
        400,
        "n",
-       "n must be 1"},
+       "`n` is 0; it must be in [1, 128]"},
+      {"n 129",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"n", 129}},
+       400,
+       "n",
+       "`n` is 129; it must be in [1, 128]"},
+      {"n string",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"n", "2"}},
+       400,
+       "n",
+       "`n` must be an integer"},
       {"max_tokens 0",
        "/v1/completions",
        {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 0}},

@@ -1,7 +1,12 @@
 #include "server/llm/openai_http.h"
 
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_split.h"
 #include "scheduler/generation.h"
@@ -51,7 +56,11 @@ struct Call {
   bool include_usage = false;
   bool echo = false;
   int64_t created = 0;
+  int n = 1;  // choices
 };
+
+// OpenAI's limit on `n` (vLLM's too).
+constexpr int64_t kMaxChoices = 128;
 
 Status Unsupported(std::string_view field, std::string_view what) {
   return WithParam(InvalidArgument("`", field, "`: ", what, " is not supported by Kiln"), field);
@@ -79,8 +88,8 @@ Status CheckUnsupported(const JsonFields& f, bool chat) {
     KILN_ASSIGN_OR_RETURN(auto best_of, f.Int("best_of"));
     if (best_of && *best_of != 1) {
       return WithParam(InvalidArgument("`best_of` is ", *best_of,
-                                       "; Kiln generates one candidate per request (best_of "
-                                       "must be 1)"),
+                                       "; Kiln does not rank extra candidates (best_of "
+                                       "must be 1; use `n` for several choices)"),
                        "best_of");
     }
   }
@@ -158,10 +167,10 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
   KILN_ASSIGN_OR_RETURN(c.llm, LlmEndpoint::Find(*core.repository, c.model_name));
 
   KILN_ASSIGN_OR_RETURN(auto n, f.Int("n"));
-  if (n && *n != 1) {
-    return WithParam(
-        InvalidArgument("`n` is ", *n, "; Kiln returns one choice per request (n must be 1)"), "n");
+  if (n && (*n < 1 || *n > kMaxChoices)) {
+    return WithParam(InvalidArgument("`n` is ", *n, "; it must be in [1, ", kMaxChoices, "]"), "n");
   }
+  c.n = static_cast<int>(n.value_or(1));
   KILN_RETURN_IF_ERROR(CheckUnsupported(f, chat));
   KILN_ASSIGN_OR_RETURN(auto stream, f.Bool("stream"));
   c.stream = stream.value_or(false);
@@ -303,7 +312,8 @@ struct Meta {
         tokens(tokens),
         logprobs(p.request().sampling.logprobs >= 0),
         include_usage(c.include_usage),
-        echo(c.echo ? p.prompt_text() : "") {}
+        echo(c.echo ? p.prompt_text() : ""),
+        n(c.n) {}
   const TokenTexts& tok() const { return tokens; }
   json Envelope(std::string_view object) const {
     return {{"id", id}, {"object", object}, {"created", created}, {"model", model_name}};
@@ -317,48 +327,76 @@ struct Meta {
   bool logprobs;
   bool include_usage;
   std::string echo;  // prompt text to put before the completion (completions' echo)
+  int n;             // choices
 };
+
+// The usage of a request for several choices: the prompt once (choice 0's, with what it took
+// from the prefix cache), the completion tokens of every choice.
+GenerateUsage ChoicesUsage(std::span<const GenerateUsage> choices) {
+  GenerateUsage u = choices.front();
+  u.completion_tokens = 0;
+  for (const GenerateUsage& c : choices) u.completion_tokens += c.completion_tokens;
+  return u;
+}
 
 std::string_view FinishName(FinishReason f) {
   return f == FinishReason::kLength ? "length" : "stop";
 }
 
-json FullResponse(const Meta& m, GenerationResult& res) {
-  json choice = {{"index", 0}, {"finish_reason", FinishName(res.finish)}, {"logprobs", nullptr}};
-  json out;
-  if (m.chat) {
-    out = m.Envelope("chat.completion");
-    // OpenAI's message always carries `refusal` (null unless the model refused).
-    choice["message"] = {{"role", "assistant"}, {"content", res.text}, {"refusal", nullptr}};
-    if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
-  } else {
-    out = m.Envelope("text_completion");
-    choice["text"] = m.echo + res.text;
-    size_t offset = CodePoints(m.echo);
-    if (m.logprobs) choice["logprobs"] = CompletionLogprobs(m.tok(), res.logprobs, &offset);
+json FullResponse(const Meta& m, std::span<const GenerationResult> results) {
+  json out = m.Envelope(m.chat ? "chat.completion" : "text_completion");
+  json choices = json::array();
+  std::vector<GenerateUsage> usage;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const GenerationResult& res = results[i];
+    json choice = {{"index", i}, {"finish_reason", FinishName(res.finish)}, {"logprobs", nullptr}};
+    if (m.chat) {
+      // OpenAI's message always carries `refusal` (null unless the model refused).
+      choice["message"] = {{"role", "assistant"}, {"content", res.text}, {"refusal", nullptr}};
+      if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
+    } else {
+      choice["text"] = m.echo + res.text;
+      size_t offset = CodePoints(m.echo);
+      if (m.logprobs) choice["logprobs"] = CompletionLogprobs(m.tok(), res.logprobs, &offset);
+    }
+    choices.push_back(std::move(choice));
+    usage.push_back(res.usage);
   }
-  out["choices"] = json::array({std::move(choice)});
-  out["usage"] = Usage(res.usage);
+  out["choices"] = std::move(choices);
+  out["usage"] = Usage(ChoicesUsage(usage));
   return out;
 }
 
 std::string Sse(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
-// One streamed response: turns the batcher's events into OpenAI's chunks. Events arrive on
-// the batcher's thread, one at a time.
+// One streamed response: turns the events of its choices into OpenAI's chunks (each with its
+// choice's index; the usage chunk and [DONE] once every choice has finished). Events arrive
+// on the batcher's thread, and from the request's thread for a choice that could not be
+// queued: serialised here. An error or cancellation ends the stream and cancels the other
+// choices (`cancel`).
 class SseStream {
  public:
-  SseStream(Meta meta, const Responder& r, std::shared_ptr<RequestTrace> trace)
-      : meta_(std::move(meta)), gate_(r), trace_(std::move(trace)) {}
+  SseStream(Meta meta, const Responder& r, std::shared_ptr<RequestTrace> trace,
+            std::function<void()> cancel)
+      : meta_(std::move(meta)),
+        gate_(r),
+        trace_(std::move(trace)),
+        cancel_(std::move(cancel)),
+        offsets_(static_cast<size_t>(meta_.n), 0),
+        usage_(static_cast<size_t>(meta_.n)) {}
 
-  // Sends the header and the first chunk: the assistant's turn (chat) or the echoed prompt.
+  // Sends the header and each choice's first chunk: the assistant's turn (chat) or the
+  // echoed prompt.
   void Start() {
+    std::lock_guard<std::mutex> lock(mu_);
     std::string first;
-    if (meta_.chat) {
-      first = Sse(
-          Chunk({{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}}, nullptr, nullptr));
-    } else if (!meta_.echo.empty()) {
-      first = Sse(Chunk(meta_.echo, nullptr, nullptr));
+    for (int i = 0; i < meta_.n; ++i) {
+      if (meta_.chat) {
+        first += Sse(Chunk(i, {{"role", "assistant"}, {"content", ""}, {"refusal", nullptr}},
+                           nullptr, nullptr));
+      } else if (!meta_.echo.empty()) {
+        first += Sse(Chunk(i, meta_.echo, nullptr, nullptr));
+      }
     }
     http::Headers headers = TraceHeaders(trace_.get());
     headers.emplace_back("Cache-Control", "no-cache");
@@ -366,7 +404,9 @@ class SseStream {
     gate_.Start(200, "text/event-stream", std::move(headers), std::move(first));
   }
 
-  void OnEvent(GenerateEvent&& ev) {
+  void OnEvent(int index, GenerateEvent&& ev) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return;
     const bool final = ev.finish != FinishReason::kNone;
     // The response span: from the first chunk serialised to the stream's end.
     if (trace_ && response_start_ == SteadyClock::time_point{}) {
@@ -378,43 +418,51 @@ class SseStream {
         gate_.Write(Sse(OpenAiError(FinalStatus(ev.finish, ev.status))));
         gate_.Write("data: [DONE]\n\n");
       }
-      gate_.Finish();
-      EndTrace(FinalStatus(ev.finish, ev.status));
+      Close(FinalStatus(ev.finish, ev.status));
       return;
     }
     json lps = nullptr;
     if (meta_.logprobs && !ev.logprobs.empty()) {
       lps = meta_.chat ? ChatLogprobs(meta_.tok(), ev.logprobs)
-                       : CompletionLogprobs(meta_.tok(), ev.logprobs, &offset_);
+                       : CompletionLogprobs(meta_.tok(), ev.logprobs, &offsets_[index]);
     }
     if (!ev.text.empty() || !lps.is_null()) {
-      gate_.Write(Sse(
-          Chunk(meta_.chat ? json{{"content", ev.text}} : json(ev.text), std::move(lps), nullptr)));
+      gate_.Write(Sse(Chunk(index, meta_.chat ? json{{"content", ev.text}} : json(ev.text),
+                            std::move(lps), nullptr)));
     }
     if (!final) return;
-    gate_.Write(Sse(Chunk(meta_.chat ? json::object() : json(""), nullptr, FinishName(ev.finish))));
+    gate_.Write(
+        Sse(Chunk(index, meta_.chat ? json::object() : json(""), nullptr, FinishName(ev.finish))));
+    usage_[index] = ev.usage;
+    if (++finished_ < meta_.n) return;
     if (meta_.include_usage) {
       json usage = meta_.Envelope(meta_.chat ? "chat.completion.chunk" : "text_completion");
       usage["choices"] = json::array();
-      usage["usage"] = Usage(ev.usage);
+      usage["usage"] = Usage(ChoicesUsage(usage_));
       gate_.Write(Sse(usage));
     }
     gate_.Write("data: [DONE]\n\n");
-    gate_.Finish();
-    EndTrace(OkStatus());
+    Close(OkStatus());
   }
 
  private:
+  void Close(const Status& status) {
+    closed_ = true;
+    gate_.Finish();
+    if (!status.ok()) cancel_();  // the other choices, if any
+    EndTrace(status);
+  }
+
   void EndTrace(const Status& status) {
     if (!trace_) return;
     trace_->Span("response", response_start_, SteadyClock::now(), {{"kiln.stream", int64_t{1}}});
     trace_->End(status);
   }
 
-  // A chunk with one choice: `delta` (chat) or `text` (completions).
-  json Chunk(json content, json logprobs, json finish) const {
+  // A chunk of choice `index`: `delta` (chat) or `text` (completions).
+  json Chunk(int index, json content, json logprobs, json finish) const {
     json choice = {
-        {"index", 0}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
+        {"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", std::move(finish)}};
     json out = meta_.Envelope(meta_.chat ? "chat.completion.chunk" : "text_completion");
     choice[meta_.chat ? "delta" : "text"] = std::move(content);
     out["choices"] = json::array({std::move(choice)});
@@ -424,9 +472,86 @@ class SseStream {
 
   const Meta meta_;
   HttpStreamGate gate_;
-  size_t offset_ = 0;  // completions logprobs: text offset of the next token
   const std::shared_ptr<RequestTrace> trace_;  // null: not traced
-  SteadyClock::time_point response_start_{};   // the first event (batcher thread only)
+  const std::function<void()> cancel_;
+  std::mutex mu_;
+  bool closed_ = false;
+  int finished_ = 0;                          // choices
+  std::vector<size_t> offsets_;               // completions logprobs: text offset of the next token
+  std::vector<GenerateUsage> usage_;          // per choice, from its final event
+  SteadyClock::time_point response_start_{};  // the first event
+};
+
+// The choices of one request (OpenAI's `n`), queued so that they share the prompt's KV
+// blocks: choice 0 at once, the others when choice 0 delivers its first event — its
+// prompt's full blocks are in the prefix cache by then (ContinuousBatcher publishes them after
+// the prefill step), so the others prefill only the last partial block. Every choice's events
+// go to `sink(index, event)`; a choice that cannot be queued gets one final error event there
+// (and so does every later one, cancelled, when choice 0 ended in an error or a cancellation
+// before any token).
+class Choices : public std::enable_shared_from_this<Choices> {
+ public:
+  using Sink = std::function<void(int, GenerateEvent&&)>;
+  Choices(LlmEndpoint llm, Sink sink) : llm_(std::move(llm)), sink_(std::move(sink)) {}
+
+  // Queues choice 0 (`first`) and holds the others with their admission tickets. On error
+  // nothing was queued and the sink is never called.
+  Status Submit(PreparedGeneration first, std::vector<InflightLimiter::Ticket> tickets) {
+    for (int i = 1; i < static_cast<int>(tickets.size()); ++i) {
+      rest_.push_back(first.Fork(i));
+      tickets_.push_back(std::move(tickets[i]));
+    }
+    return llm_.Submit(
+        std::move(first), std::move(tickets[0]), [self = shared_from_this()](GenerateEvent&& ev) {
+          const bool failed =
+              ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled;
+          const Status why = FinalStatus(ev.finish, ev.status);
+          self->sink_(0, std::move(ev));
+          self->SubmitRest(failed ? why : OkStatus());
+        });
+  }
+
+ private:
+  // Once, on choice 0's first event (the batcher's thread; Enqueue does not block).
+  void SubmitRest(const Status& choice0) {
+    std::vector<PreparedGeneration> rest;
+    std::vector<InflightLimiter::Ticket> tickets;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      rest.swap(rest_);
+      tickets.swap(tickets_);
+    }
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const int index = static_cast<int>(i) + 1;
+      Status s = choice0;
+      if (s.ok()) {
+        s = llm_.Submit(std::move(rest[i]), std::move(tickets[i]),
+                        [self = shared_from_this(), index](GenerateEvent&& ev) {
+                          self->sink_(index, std::move(ev));
+                        });
+      }
+      if (!s.ok()) {
+        GenerateEvent ev;
+        ev.finish =
+            s.code() == StatusCode::kCancelled ? FinishReason::kCancelled : FinishReason::kError;
+        ev.status = s;
+        sink_(index, std::move(ev));
+      }
+    }
+  }
+
+  const LlmEndpoint llm_;
+  const Sink sink_;
+  std::mutex mu_;
+  std::vector<PreparedGeneration> rest_;  // choices 1.., until choice 0's first event
+  std::vector<InflightLimiter::Ticket> tickets_;
+};
+
+// Every choice's result, answered once all have finished.
+struct Collected {
+  std::mutex mu;
+  std::vector<GenerationResult> results;
+  int finished = 0;
 };
 
 void Generate(const ServerCore& core, const http::Request& req, const Responder& r, bool chat) {
@@ -441,41 +566,62 @@ void Generate(const ServerCore& core, const http::Request& req, const Responder&
   if (!body.ok()) return fail(body.status());
   auto call = Parse(core, *body, chat);
   if (!call.ok()) return fail(call.status());
+  // One admission per choice: n choices are n sequences in the batch.
+  std::vector<InflightLimiter::Ticket> tickets;
+  tickets.push_back(*std::move(ticket));
+  for (int i = 1; i < call->n; ++i) {
+    auto more = core.Admit();
+    if (!more.ok()) return fail(more.status());
+    tickets.push_back(*std::move(more));
+  }
   const LlmEndpoint& llm = *call->llm;
   call->input.request.trace = trace;
   auto prepared = llm.Prepare(std::move(call->input));
   if (!prepared.ok()) return fail(prepared.status());
-  r->OnClientGone(prepared->Canceller());
+  const std::function<void()> cancel = prepared->Canceller();  // every choice
+  r->OnClientGone(cancel);
   Meta meta(*call, *prepared, llm.tokens());
 
   if (call->stream) {
-    auto stream = std::make_shared<SseStream>(std::move(meta), r, trace);
-    Status s = llm.Submit(std::move(*prepared), std::move(*ticket),
-                          [stream](GenerateEvent&& ev) { stream->OnEvent(std::move(ev)); });
+    auto stream = std::make_shared<SseStream>(std::move(meta), r, trace, cancel);
+    auto choices = std::make_shared<Choices>(
+        llm, [stream](int i, GenerateEvent&& ev) { stream->OnEvent(i, std::move(ev)); });
+    Status s = choices->Submit(std::move(*prepared), std::move(tickets));
     if (!s.ok()) return fail(s);
     stream->Start();
     return;
   }
-  auto result = std::make_shared<GenerationResult>();
-  Status s = llm.Submit(
-      std::move(*prepared), std::move(*ticket),
-      [result, r, meta = std::move(meta), trace](GenerateEvent&& ev) {
-        result->Add(std::move(ev));
-        if (!result->done()) return;
+  auto collected = std::make_shared<Collected>();
+  collected->results.resize(static_cast<size_t>(call->n));
+  auto choices = std::make_shared<Choices>(
+      llm, [collected, r, meta = std::move(meta), trace, cancel](int i, GenerateEvent&& ev) {
+        std::unique_lock<std::mutex> lock(collected->mu);
+        GenerationResult& result = collected->results[static_cast<size_t>(i)];
+        result.Add(std::move(ev));
+        if (!result.done()) return;
+        if (!FinalStatus(result.finish, result.status).ok()) cancel();  // the other choices
+        if (++collected->finished < meta.n) return;
+        lock.unlock();  // every choice has finished: nothing else writes
         const auto start = SteadyClock::now();
-        Status s = FinalStatus(result->finish, result->status);
+        Status s;
+        for (const GenerationResult& c : collected->results) {
+          // An error rather than a cancellation it caused in the other choices.
+          const Status cs = FinalStatus(c.finish, c.status);
+          if (s.ok() || (s.code() == StatusCode::kCancelled && !cs.ok())) s = cs;
+        }
         http::Headers headers = TraceHeaders(trace.get());
         if (!s.ok()) {
           SendError(r, s, std::move(headers));
         } else {
           headers.emplace_back("X-Request-Id", meta.id);
-          SendJson(r, 200, FullResponse(meta, *result), std::move(headers));
+          SendJson(r, 200, FullResponse(meta, collected->results), std::move(headers));
         }
         if (trace) {
           trace->Span("response", start, SteadyClock::now(), {{"kiln.stream", int64_t{0}}});
           trace->End(s);
         }
       });
+  Status s = choices->Submit(std::move(*prepared), std::move(tickets));
   if (!s.ok()) fail(s);
 }
 

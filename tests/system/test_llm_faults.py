@@ -78,8 +78,10 @@ BAD = [
     ("content_of_wrong_type", "/v1/chat/completions",
      {"model": MODEL, "messages": [{"role": "user", "content": 42}]}, "messages[0].content",
      "must be a string or a list of text parts"),
-    ("n_above_one", "/v1/chat/completions", {"model": MODEL, "messages": USER, "n": 3}, "n",
-     "n must be 1"),
+    ("n_zero", "/v1/chat/completions", {"model": MODEL, "messages": USER, "n": 0}, "n",
+     "it must be in [1, 128]"),
+    ("n_above_128", "/v1/completions", {"model": MODEL, "prompt": "a", "n": 129}, "n",
+     "it must be in [1, 128]"),
 ]
 
 

@@ -150,6 +150,20 @@ def test_completion_logprobs(client):
     assert lp.text_offset[0] == 0 and "".join(lp.tokens) == r.choices[0].text
 
 
+def test_several_choices_each_reproducible_by_seed(client):
+    # n > 1 (issue 17): choice i is what one request with seed + i gives.
+    args = dict(model=MODEL, messages=QUESTION, max_tokens=8, temperature=1.0, seed=5)
+    r = client.chat.completions.create(n=3, **args)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    completion = 0
+    for i, c in enumerate(r.choices):
+        one = client.chat.completions.create(**{**args, "seed": 5 + i})
+        assert c.message.content == one.choices[0].message.content
+        completion += one.usage.completion_tokens
+    assert r.usage.completion_tokens == completion
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+
+
 def test_stop_string_ends_the_text(client):
     r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=12,
                                   temperature=0, stop=[" 8"])
@@ -167,7 +181,7 @@ def test_vllm_extensions_are_accepted(client):
 
 
 @pytest.mark.parametrize("kwargs,param", [
-    (dict(n=2), "n"),
+    (dict(n=129), "n"),
     (dict(max_tokens=0), "max_tokens"),
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=1.5), "top_p"),
