@@ -710,9 +710,11 @@ CrossEntropyOutputs Builder::FusedCrossEntropy(Value logits, Value targets, Valu
 }
 
 SampleOutputs Builder::Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
-                              Value penalty_counts, Value banned) {
-  const Value in[] = {logits, params, uniform, penalty_tokens, penalty_counts, banned};
-  const std::vector<Value> outs = AddNodeOutputs(OpKind::kSample, in, Attrs{});
+                              Value penalty_counts, Value banned, Value penalty_bias) {
+  const Value in[] = {logits,         params, uniform,     penalty_tokens,
+                      penalty_counts, banned, penalty_bias};
+  const std::vector<Value> outs = AddNodeOutputs(
+      OpKind::kSample, std::span<const Value>(in, penalty_bias.valid() ? 7 : 6), Attrs{});
   if (outs.size() != 4) return {};
   return {outs[0], outs[1], outs[2], outs[3]};
 }

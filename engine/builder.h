@@ -272,7 +272,7 @@ class Builder {
   // The next token of each sequence from its row of logits, with engine/sampling.h's
   // algorithm: the step program's sampling stage (see OpKind::kSample for the inputs).
   SampleOutputs Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
-                       Value penalty_counts, Value banned);
+                       Value penalty_counts, Value banned, Value penalty_bias = {});
 
   // ---- Low level ----
   // Appends a node after running its op's shape/dtype rule; records an error and returns an

@@ -741,6 +741,10 @@ StatusOr<TensorType> InferSample(Types in, const Attrs&) {
   if (in[3].shape[1] != in[4].shape[1]) {
     return Bad("sample's penalty_tokens and penalty_counts must have the same shape");
   }
+  if (in.size() > 6 && (in[6].dtype != DType::kF32 || in[6].shape != in[3].shape)) {
+    return Bad("sample's penalty_bias must be f32 of penalty_tokens' shape; got ",
+               DTypeName(in[6].dtype), " of rank ", in[6].shape.size());
+  }
   return TensorType{DType::kI32, {in[0].shape[0]}};
 }
 
@@ -1483,7 +1487,7 @@ Table BuildTable() {
   t.SetOutputs(K::kSgd, InferOptimizerExtra<K::kSgd>, {0, 3, -1, -1});
   t.Set(K::kAdagrad, "adagrad", C::kOther, 3, 5, InferOptimizer<K::kAdagrad>);
   t.SetOutputs(K::kAdagrad, InferOptimizerExtra<K::kAdagrad>, {0, 3, -1, -1});
-  t.Set(K::kSample, "sample", C::kOther, 6, 6, InferSample);
+  t.Set(K::kSample, "sample", C::kOther, 6, 7, InferSample);
   t.SetOutputs(K::kSample, InferSampleExtra, {-1, -1, -1, -1});
   for (size_t i = 0; i < t.defs.size(); ++i) {
     KILN_CHECK(t.defs[i].name != nullptr && t.defs[i].op == static_cast<OpKind>(i),

@@ -145,7 +145,9 @@ enum class OpKind : uint16_t {
   kAdagrad,  // state sum; floats = {lr_decay, weight_decay, initial_accumulator_value, eps}
   // ---- Sampling ----
   kSample,  // (logits [S, V] f32, params [S, sampling::kNumParams] f32, uniform [S] f64,
-            //  penalty_tokens [S, P] i32, penalty_counts [S, P] i32, banned [S, E] i32)
+            //  penalty_tokens [S, P] i32, penalty_counts [S, P] i32, banned [S, E] i32
+            //  [, penalty_bias [S, P] f32: each listed token's logit bias; count -1 lists a
+            //  token for its bias only])
             // -> token [S] i32, logprob [S] f32, top_ids [S, sampling::kMaxLogprobs] i32,
             //    top_logprobs [S, sampling::kMaxLogprobs] f32.
             // engine/sampling.h on each row: penalties (token ids < 0 pad a row), banned tokens

@@ -39,6 +39,8 @@ void ApplyPenalties(const RowParams& p, std::span<float> logits,
   for (const PenaltyToken& e : penalties) {
     if (e.token < 0 || e.token >= vocab) continue;
     float& l = logits[e.token];
+    l += e.bias;
+    if (e.count < 0) continue;  // biased only
     if (rp != 1.0f) l = l > 0 ? l / rp : l * rp;
     if (additive && e.count > 0) {
       l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(e.count);

@@ -4,7 +4,8 @@
 //
 // Order of operations (vLLM's and Hugging Face's):
 //   raw logits -> (logprobs are taken here: the model's own distribution)
-//   -> repetition penalty (prompt and output tokens) -> presence/frequency penalties (output)
+//   -> logit bias (OpenAI's logit_bias, added) -> repetition penalty (prompt and output tokens)
+//   -> presence/frequency penalties (output)
 //   -> banned tokens (EOS/stop tokens while fewer than min_tokens were generated) -> -inf
 //   -> greedy argmax if temperature == 0, else: / temperature -> top-k -> exp(l - max)
 //   -> top-p -> min-p -> draw with a uniform u in [0, 1).
@@ -53,14 +54,17 @@ void PackParams(const RowParams& p, float* row);
 RowParams UnpackParams(const float* row);
 
 // A token the penalties act on: generated `count` times so far (0: it is only in the prompt,
-// which only the repetition penalty sees). Each token appears at most once in a list.
+// which only the repetition penalty sees; -1: in neither, listed for its bias only), and the
+// request's logit bias for it. Each token appears at most once in a list.
 struct PenaltyToken {
   int32_t token = 0;
   int32_t count = 0;
+  float bias = 0.0f;
 };
 
-// Applies the repetition, presence and frequency penalties to `logits` in place, then sets
-// the `banned` tokens to -inf. Tokens outside the vocabulary are ignored.
+// Adds each listed token's bias to `logits` and applies the repetition, presence and
+// frequency penalties, in place, then sets the `banned` tokens to -inf. Tokens outside the
+// vocabulary are ignored.
 void ApplyPenalties(const RowParams& p, std::span<float> logits,
                     std::span<const PenaltyToken> penalties, std::span<const int32_t> banned);
 

@@ -49,6 +49,22 @@ TEST(SamplingTest, PenaltiesActOncePerTokenAndBansWin) {
   EXPECT_FLOAT_EQ(l[4], 1.0f);
 }
 
+TEST(SamplingTest, LogitBiasComesFirstAndBiasOnlyTokensAreNotPenalized) {
+  RowParams p;
+  p.repetition_penalty = 2.0f;
+  p.presence_penalty = 0.5f;
+  std::vector<float> l = {4.0f, 1.0f, 1.0f, -3.0f};
+  // Token 0 in the prompt with bias 2; token 1 generated once with bias -1; token 2 listed for
+  // its bias only; token 3 banned although biased.
+  const std::vector<PenaltyToken> pen = {{0, 0, 2.0f}, {1, 1, -1.0f}, {2, -1, 0.5f}, {3, -1, 9}};
+  const std::vector<int32_t> banned = {3};
+  ApplyPenalties(p, l, pen, banned);
+  EXPECT_FLOAT_EQ(l[0], 3.0f);                // (4 + 2) / 2
+  EXPECT_FLOAT_EQ(l[1], 0.0f * 2.0f - 0.5f);  // (1 - 1) * 2 (not > 0) - 0.5
+  EXPECT_FLOAT_EQ(l[2], 1.5f);                // 1 + 0.5, no penalty
+  EXPECT_EQ(l[3], -std::numeric_limits<float>::infinity());
+}
+
 // The draw walks the candidates in the canonical order: descending logit (ties: lower id)
 // under top-k/top-p, ascending id otherwise. u just below a candidate's cumulative share picks
 // it, u just above picks the next one.

@@ -1249,6 +1249,7 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
   const TensorArg &top_ids = a.extra_outputs[1], &top_lps = a.extra_outputs[2];
   const int64_t V = logits.shape[1], P = pen_tokens.shape[1], E = banned.shape[1];
   const int64_t W = top_ids.shape[1];
+  const TensorArg* pen_bias = a.num_inputs > 6 ? &a.inputs[6] : nullptr;
   auto at = [](const TensorArg& t, int64_t i, int64_t j) {
     return i * t.strides[0] + j * (t.rank > 1 ? t.strides[1] : 0);
   };
@@ -1269,7 +1270,9 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
     pen.clear();
     for (int64_t j = 0; j < P; ++j) {
       const int32_t t = i32(pen_tokens)[at(pen_tokens, s, j)];
-      if (t >= 0) pen.push_back({t, i32(pen_counts)[at(pen_counts, s, j)]});
+      if (t < 0) continue;
+      pen.push_back({t, i32(pen_counts)[at(pen_counts, s, j)],
+                     pen_bias ? f32(*pen_bias)[at(*pen_bias, s, j)] : 0.0f});
     }
     ban.clear();
     for (int64_t j = 0; j < E; ++j) ban.push_back(i32(banned)[at(banned, s, j)]);

@@ -1007,6 +1007,26 @@ void AddSampling(std::vector<OpCase>& out) {
        Custom("banned", DType::kI32, {8, 2},
               {-1, -1, 0, -1, 1, 2, -1, -1, 3, -1, -1, -1, 4, 5, 62, 63})},
       sample));
+  // With logit_bias (the optional 7th input): biases on penalized tokens, tokens listed for
+  // their bias only (count -1), a +100 bias that decides greedy rows and a -100 one that
+  // removes the likeliest candidate.
+  out.push_back(
+      Make("sample", "f32 [6,64] with logit bias: greedy, temperature, top-k, penalties, logprobs",
+           {Normal("logits", DType::kF32, {6, 64}, 2),
+            params({row(0, 0, 1, 0, 1, 0, 0, -1), row(1, 0, 1, 0, 1, 0, 0, 3),
+                    row(0.7f, 5, 1, 0, 1, 0, 0, -1), row(1, 0, 1, 0, 1.3f, 0.5f, 0.4f, 2),
+                    row(0, 0, 1, 0, 2, 1, 0, 5), row(1.2f, 0, 0.9f, 0, 1, 0, 0, 1)}),
+            Uniform("uniform", DType::kF64, {6}, 0, 1),
+            Custom("penalty_tokens", DType::kI32, {6, 3},
+                   {17, -1, -1, 1, 2, 40, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 63, 99}),
+            Custom("penalty_counts", DType::kI32, {6, 3},
+                   {-1, 0, 0, 1, -1, -1, 0, 2, -1, 3, 0, -1, 1, -1, 2, -1, -1, 0}),
+            Custom("banned", DType::kI32, {6, 1}, {-1, -1, 0, -1, 9, -1}),
+            Custom("penalty_bias", DType::kF32, {6, 3},
+                   {100, 0, 0, -2, 5, 3, -100, 1.5, 2, 0.5, -0.5, 4, -1, 100, 7, 1, -3, 0})},
+           [](Builder& b, const std::vector<Value>& in) {
+             return b.Sample(in[0], in[1], in[2], in[3], in[4], in[5], in[6]).token;
+           }));
   // Nearly flat logits: top-p 0.99 needs most of the vocabulary (the candidate set grows past
   // its first 256), and logprobs over a larger row.
   out.push_back(Make("sample", "f32 [3,1000] flat: top-p growing past 256, top-k 300, logprobs",

@@ -81,7 +81,8 @@ Status PagedLlm::Build(int32_t block_size) {
   t_max_ = std::max<int64_t>(options_.max_num_batched_tokens,
                              capture_sizes_.empty() ? 0 : capture_sizes_.back());
   mb_max_ = CeilDiv(parts_.info.context_length, block_size);
-  p_max_ = parts_.info.context_length;  // distinct prompt and output tokens of a sequence
+  // Distinct prompt and output tokens of a sequence, and the tokens of its logit bias.
+  p_max_ = parts_.info.context_length + models::kMaxLogitBias;
 
   // The step graph, with or without the sampling stage; compiled by the compiler (fusion,
   // generated kernels shared by the identical blocks, the AOT table, the disk cache).
@@ -122,7 +123,8 @@ Status PagedLlm::Build(int32_t block_size) {
                    b.Input("sample.uniforms", DType::kF64, {in.S}),
                    b.Input("sample.penalty_tokens", DType::kI32, {in.S, P}),
                    b.Input("sample.penalty_counts", DType::kI32, {in.S, P}),
-                   b.Input("sample.banned", DType::kI32, {in.S, E}));
+                   b.Input("sample.banned", DType::kI32, {in.S, E}),
+                   b.Input("sample.penalty_bias", DType::kF32, {in.S, P}));
       KILN_RETURN_IF_ERROR(b.status());
       outputs.insert(outputs.end(), {so.token, so.logprob, so.top_ids, so.top_logprobs});
     }
@@ -322,6 +324,7 @@ StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, in
     KILN_ASSIGN_OR_RETURN(s.uniforms, alloc(seqs, 8));
     KILN_ASSIGN_OR_RETURN(s.penalty_tokens, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.penalty_counts, alloc(seqs * penalty_cols));
+    KILN_ASSIGN_OR_RETURN(s.penalty_bias, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.banned, alloc(seqs * banned_cols));
   }
   if (lora_slots_ > 0) {
@@ -441,6 +444,7 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
     KILN_RETURN_IF_ERROR(bind("sample.uniforms", buf.uniforms, {S}, DType::kF64));
     KILN_RETURN_IF_ERROR(bind("sample.penalty_tokens", buf.penalty_tokens, {S, P}));
     KILN_RETURN_IF_ERROR(bind("sample.penalty_counts", buf.penalty_counts, {S, P}));
+    KILN_RETURN_IF_ERROR(bind("sample.penalty_bias", buf.penalty_bias, {S, P}, DType::kF32));
     KILN_RETURN_IF_ERROR(bind("sample.banned", buf.banned, {S, E}));
   }
   return OkStatus();
@@ -461,6 +465,7 @@ std::pair<int32_t, int32_t> PagedLlm::StageSampling(const StepSampling* sampling
   h_uniforms_.assign(rows, 0.0);
   h_penalty_tokens_.assign(static_cast<size_t>(rows) * P, -1);
   h_penalty_counts_.assign(static_cast<size_t>(rows) * P, 0);
+  h_penalty_bias_.assign(static_cast<size_t>(rows) * P, 0.0f);
   h_banned_.assign(static_cast<size_t>(rows) * E, -1);
   for (int32_t s = 0; s < rows; ++s) {
     const bool real = sampling != nullptr && s < S;
@@ -472,6 +477,7 @@ std::pair<int32_t, int32_t> PagedLlm::StageSampling(const StepSampling* sampling
          ++j, ++k) {
       h_penalty_tokens_[static_cast<size_t>(s) * P + k] = sampling->penalties[j].token;
       h_penalty_counts_[static_cast<size_t>(s) * P + k] = sampling->penalties[j].count;
+      h_penalty_bias_[static_cast<size_t>(s) * P + k] = sampling->penalties[j].bias;
     }
     for (int32_t j = sampling->banned_start[s], k = 0; j < sampling->banned_start[s + 1];
          ++j, ++k) {
@@ -490,6 +496,7 @@ Status PagedLlm::UploadSampling(const StepBuffers& buf, int32_t rows, int32_t P,
   KILN_RETURN_IF_ERROR(put(buf.uniforms, h_uniforms_.data(), r * 8));
   KILN_RETURN_IF_ERROR(put(buf.penalty_tokens, h_penalty_tokens_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.penalty_counts, h_penalty_counts_.data(), r * P * 4));
+  KILN_RETURN_IF_ERROR(put(buf.penalty_bias, h_penalty_bias_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.banned, h_banned_.data(), r * E * 4));
   return OkStatus();
 }

@@ -141,7 +141,8 @@ class PagedLlm final : public LlmModel {
   struct StepBuffers {
     std::shared_ptr<backend::Buffer> tokens, positions, slots, block_table, seq_lens, query_start;
     // The sampling stage's inputs (when the program has one), for P and E penalty/ban columns.
-    std::shared_ptr<backend::Buffer> params, uniforms, penalty_tokens, penalty_counts, banned;
+    std::shared_ptr<backend::Buffer> params, uniforms, penalty_tokens, penalty_counts, banned,
+        penalty_bias;
     std::shared_ptr<backend::Buffer> lora_scale;  // [tokens, K*R] f32 (when K > 0)
   };
   // Where a step's results go: logits (Step) or sampled tokens (StepAndSample).
@@ -211,6 +212,7 @@ class PagedLlm final : public LlmModel {
   std::vector<float> h_params_;  // [rows, sampling::kNumParams]
   std::vector<double> h_uniforms_;
   std::vector<int32_t> h_penalty_tokens_, h_penalty_counts_, h_banned_;
+  std::vector<float> h_penalty_bias_;
   std::vector<int32_t> h_token_, h_top_ids_;  // results read back
   std::vector<float> h_logprob_, h_top_logprobs_;
   // By padded size; negative: of base_program_.

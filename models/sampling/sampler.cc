@@ -63,6 +63,24 @@ Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size) {
   if (p.logprobs < -1 || p.logprobs > 20) {
     return InvalidArgument("`logprobs` is ", p.logprobs, "; it must be in [0, 20]");
   }
+  if (p.logit_bias.size() > static_cast<size_t>(kMaxLogitBias)) {
+    return WithParam(InvalidArgument("`logit_bias` has ", p.logit_bias.size(), " tokens; at most ",
+                                     kMaxLogitBias, " are allowed"),
+                     "logit_bias");
+  }
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0 || token >= vocab_size) {
+      return WithParam(
+          InvalidArgument("`logit_bias` names token ", token,
+                          ", which is not a token of this model (ids 0 to ", vocab_size - 1, ")"),
+          "logit_bias");
+    }
+    if (!Finite(bias) || bias < -100 || bias > 100) {
+      return WithParam(InvalidArgument("`logit_bias` gives token ", token, " the bias ", bias,
+                                       "; it must be in [-100, 100]"),
+                       "logit_bias");
+    }
+  }
   return OkStatus();
 }
 
@@ -82,12 +100,20 @@ SequenceSampler::SequenceSampler(const SamplingParams& params, std::span<const i
   if (params.repetition_penalty != 1.0f) {
     for (int32_t t : prompt) Count(t, 0);
   }
+  // Tokens listed for their bias only have count -1 (until they appear: Count).
+  for (const auto& [token, bias] : params.logit_bias) {
+    auto [it, inserted] =
+        penalty_index_.try_emplace(token, static_cast<int32_t>(penalties_.size()));
+    if (inserted) penalties_.push_back({token, -1, 0.0f});
+    penalties_[it->second].bias = bias;
+  }
 }
 
 void SequenceSampler::Count(int32_t token, int32_t add) {
   auto [it, inserted] = penalty_index_.try_emplace(token, static_cast<int32_t>(penalties_.size()));
   if (inserted) penalties_.push_back({token, 0});
-  penalties_[it->second].count += add;
+  sampling::PenaltyToken& e = penalties_[it->second];
+  e.count = std::max(e.count, 0) + add;
 }
 
 void SequenceSampler::Accept(int32_t token) {

@@ -36,6 +36,7 @@ class DeviceSampler {
     std::vector<float> l(S * V), params(S * sampling::kNumParams);
     std::vector<double> u(S);
     std::vector<int32_t> pt(S * P, -1), pc(S * P, 0), ban(S * E, -1);
+    std::vector<float> pb(S * P, 0.0f);
     for (int64_t r = 0; r < S; ++r) {
       SequenceSampler& s = *samplers[r];
       std::copy(logits[r].begin(), logits[r].end(), l.begin() + r * V);
@@ -44,16 +45,17 @@ class DeviceSampler {
       for (size_t j = 0; j < s.penalties().size(); ++j) {
         pt[r * P + j] = s.penalties()[j].token;
         pc[r * P + j] = s.penalties()[j].count;
+        pb[r * P + j] = s.penalties()[j].bias;
       }
       if (s.bans_end_ids()) std::copy(end_ids.begin(), end_ids.end(), ban.begin() + r * E);
     }
     Graph g;
     Builder b(&g);
-    const SampleOutputs o =
-        b.Sample(b.Input("logits", DType::kF32, {S, V}),
-                 b.Input("params", DType::kF32, {S, sampling::kNumParams}),
-                 b.Input("u", DType::kF64, {S}), b.Input("pt", DType::kI32, {S, P}),
-                 b.Input("pc", DType::kI32, {S, P}), b.Input("ban", DType::kI32, {S, E}));
+    const SampleOutputs o = b.Sample(
+        b.Input("logits", DType::kF32, {S, V}),
+        b.Input("params", DType::kF32, {S, sampling::kNumParams}), b.Input("u", DType::kF64, {S}),
+        b.Input("pt", DType::kI32, {S, P}), b.Input("pc", DType::kI32, {S, P}),
+        b.Input("ban", DType::kI32, {S, E}), b.Input("pb", DType::kF32, {S, P}));
     EXPECT_TRUE(b.ok()) << b.status();
     auto program = Compile(g, {o.token, o.logprob, o.top_ids, o.top_logprobs}, dev_);
     EXPECT_TRUE(program.ok()) << program.status();
@@ -73,6 +75,7 @@ class DeviceSampler {
     bind("pt", DType::kI32, {S, P}, pt.data());
     bind("pc", DType::kI32, {S, P}, pc.data());
     bind("ban", DType::kI32, {S, E}, ban.data());
+    bind("pb", DType::kF32, {S, P}, pb.data());
     EXPECT_TRUE((*program)->Run(**stream).ok());
     const int W = sampling::kMaxLogprobs;
     std::vector<int32_t> tok(S), ids(S * W);
@@ -259,6 +262,32 @@ TEST_P(SamplerTest, PresenceAndFrequencyPenalties) {
   }
 }
 
+TEST_P(SamplerTest, LogitBiasIsAddedBeforeThePenalties) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.repetition_penalty = 2.0f;
+  // Token 2 is biased only (not in the prompt); token 0 is in the prompt and biased too.
+  p.logit_bias = {{2, 2.5f}, {0, 1.0f}};
+  const std::vector<int32_t> prompt = {0};
+  SequenceSampler s(p, prompt, 1);
+  // Token 0: (3 + 1) / 2 = 2.0; token 1: 2.2; token 2: 0 + 2.5 = 2.5 (no penalty: not seen).
+  std::vector<float> logits = {3.0f, 2.2f, 0.0f};
+  EXPECT_EQ(Draw(s, logits).token, 2);
+  if (host()) {
+    EXPECT_FLOAT_EQ(logits[0], 2.0f);
+    EXPECT_FLOAT_EQ(logits[2], 2.5f);
+  }
+  // Once generated, a biased token is penalized too: (0 + 2.5) / 2 = 1.25 < 2.2.
+  s.Accept(2);
+  logits = {3.0f, 2.2f, 0.0f};
+  EXPECT_EQ(Draw(s, logits).token, 1);
+  // -100 removes a token in practice; at temperature > 0 it is never drawn.
+  SamplingParams q;
+  q.logit_bias = {{0, -100.0f}};
+  std::map<int32_t, double> f = Frequencies(q, Logits({5.0f, 0.0f, 0.0f}), 200);
+  EXPECT_EQ(f.count(0), 0u);
+}
+
 TEST_P(SamplerTest, MinTokensMasksEndTokens) {
   SamplingParams p;
   p.temperature = 0;
@@ -359,6 +388,18 @@ TEST(SamplingParamsTest, RejectsAbsurdValuesWithTheRule) {
             std::string::npos);
   EXPECT_NE(err([](SamplingParams& p) { p.stop = {""}; }).find("empty"), std::string::npos);
   EXPECT_NE(err([](SamplingParams& p) { p.presence_penalty = INFINITY; }).find("presence_penalty"),
+            std::string::npos);
+  EXPECT_EQ(err([](SamplingParams& p) {
+              p.logit_bias = {{100, 1}};
+            }),
+            "`logit_bias` names token 100, which is not a token of this model (ids 0 to 99)");
+  EXPECT_EQ(err([](SamplingParams& p) {
+              p.logit_bias = {{3, 100.5f}};
+            }),
+            "`logit_bias` gives token 3 the bias 100.5; it must be in [-100, 100]");
+  EXPECT_NE(err([](SamplingParams& p) {
+              p.logit_bias.assign(1025, {1, 0.0f});
+            }).find("at most 1024"),
             std::string::npos);
   EXPECT_TRUE(ValidateSamplingParams(SamplingParams{}, 100).ok());
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/base/status.h"
@@ -26,7 +27,12 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int32_t logprobs = -1;  // -1: none; 0..20: the sampled token's logprob plus top-n others
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the token's logit before
+  // the penalties; at most kMaxLogitBias distinct tokens.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
+
+inline constexpr int32_t kMaxLogitBias = 1024;
 
 // Checks every field against the limits above. `vocab_size` bounds stop_token_ids; the
 // message names the field, its value and what is allowed ("`top_p` is 1.5; it must be in

@@ -317,6 +317,36 @@ TEST_F(FrontEndsTest, EchoPutsThePromptFirst) {
   EXPECT_EQ(j["choices"][0]["text"], "Echo me" + Text(ExpectedIds(Encode("Echo me"), 3)));
 }
 
+// logit_bias: +100 on one token makes greedy decoding repeat it; -100 on the token greedy
+// decoding would pick first removes it.
+TEST_F(FrontEndsTest, LogitBiasSteersTheTokens) {
+  const std::vector<int32_t> prompt = Encode("Bias me");
+  const std::vector<int32_t> plain = ExpectedIds(prompt, 4);
+  const int32_t forced = plain[0] == 321 ? 322 : 321;
+  auto [status, j] = Post("/v1/completions", {{"model", "fake"},
+                                              {"prompt", "Bias me"},
+                                              {"max_tokens", 4},
+                                              {"temperature", 0},
+                                              {"logit_bias", {{std::to_string(forced), 100}}}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_EQ(j["choices"][0]["text"], Text({forced, forced, forced, forced}));
+  json body = {{"model", "fake"},
+               {"prompt", "Bias me"},
+               {"max_tokens", 1},
+               {"temperature", 0},
+               {"logprobs", 2}};
+  auto [s1, unbiased] = Post("/v1/completions", body);
+  ASSERT_EQ(s1, 200) << unbiased;
+  body["logit_bias"] = {{std::to_string(plain[0]), -100}};
+  auto [s2, j2] = Post("/v1/completions", body);
+  ASSERT_EQ(s2, 200) << j2;
+  EXPECT_EQ(unbiased["choices"][0]["text"], Text({plain[0]}));
+  EXPECT_NE(j2["choices"][0]["text"], unbiased["choices"][0]["text"]);
+  // Logprobs stay those of the model's own distribution (taken before the bias).
+  EXPECT_EQ(j2["choices"][0]["logprobs"]["top_logprobs"],
+            unbiased["choices"][0]["logprobs"]["top_logprobs"]);
+}
+
 // n > 1: each choice is sampled on its own, reproducibly (choice i is what one request with
 // seed + i gives), and the choices after the first prefill only what the prefix cache does
 // not hold of the prompt.
@@ -520,12 +550,36 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        400,
        "stream_options",
        "only allowed"},
-      {"logit_bias",
+      {"logit_bias unknown token",
        "/v1/completions",
-       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", {{"50", 10}}}},
+       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", {{"99999999", 10}}}},
        400,
        "logit_bias",
-       "not supported"},
+       "names token 99999999, which is not a token of this model"},
+      {"logit_bias out of range",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"logit_bias", {{"50", 100.5}}}},
+       400,
+       "logit_bias",
+       "the bias 100.5; it must be in [-100, 100]"},
+      {"logit_bias not an id",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", {{"hello", 1}}}},
+       400,
+       "logit_bias",
+       "keys must be token ids"},
+      {"logit_bias list",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", json::array({1, 2})}},
+       400,
+       "logit_bias",
+       "must be an object mapping token ids to biases"},
+      {"logit_bias value",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"logit_bias", {{"5", "up"}}}},
+       400,
+       "logit_bias",
+       "must be a number"},
       {"tools",
        "/v1/chat/completions",
        {{"model", "fake"}, {"messages", user}, {"tools", json::array({{{"type", "function"}}})}},

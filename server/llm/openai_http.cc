@@ -69,9 +69,6 @@ Status Unsupported(std::string_view field, std::string_view what) {
 // Fields OpenAI defines that Kiln cannot honour: refused when they ask for something, so a
 // client never silently gets other behaviour than it asked for.
 Status CheckUnsupported(const JsonFields& f, bool chat) {
-  if (const json* v = f.Get("logit_bias"); v && !(v->is_object() && v->empty())) {
-    return Unsupported("logit_bias", "biasing token logits");
-  }
   if (const json* v = f.Get("tools"); v && !(v->is_array() && v->empty())) {
     return Unsupported("tools", "tool calling");
   }

@@ -1,5 +1,6 @@
 #include "server/llm/params.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -188,6 +189,40 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p) {
                          f.Name("stop_token_ids"));
       }
       p->stop_token_ids.push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (const json* bias = f.Get("logit_bias")) {
+    // OpenAI's shape: {"<token id>": bias, ...} (the ids as strings: JSON keys).
+    const std::string name = f.Name("logit_bias");
+    if (!bias->is_object()) {
+      return WithParam(InvalidArgument("`", name,
+                                       "` must be an object mapping token ids to "
+                                       "biases, got ",
+                                       JsonTypeName(*bias)),
+                       name);
+    }
+    p->logit_bias.clear();
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = -1;
+      const bool digits =
+          !key.empty() && key.size() <= 10 &&
+          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) id = std::stoll(key);
+      if (!digits || id > std::numeric_limits<int32_t>::max()) {
+        return WithParam(InvalidArgument("`", name, "` has the key \"", ValidUtf8(key),
+                                         "\"; keys must be token ids (\"50256\")"),
+                         name);
+      }
+      if (!value.is_number()) {
+        return WithParam(InvalidArgument("`", name, "[\"", key, "\"]` must be a number, got ",
+                                         JsonTypeName(value)),
+                         name);
+      }
+      // Beyond float's range is out of [-100, 100] anyway (ValidateSamplingParams says so).
+      const double v = value.get<double>();
+      p->logit_bias.emplace_back(static_cast<int32_t>(id), std::abs(v) < 1e30
+                                                               ? static_cast<float>(v)
+                                                               : std::copysign(HUGE_VALF, v));
     }
   }
   KILN_ASSIGN_OR_RETURN(auto ignore_eos, f.Bool("ignore_eos"));

@@ -164,6 +164,18 @@ def test_several_choices_each_reproducible_by_seed(client):
     assert r.usage.prompt_tokens == one.usage.prompt_tokens
 
 
+def test_logit_bias_steers_greedy_decoding(client):
+    # issue 17: +100 on one token makes greedy decoding repeat it (through the step program's
+    # sample op on the real model); the logprobs stay those of the model's own distribution.
+    args = dict(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0,
+                logprobs=1)
+    plain = client.completions.create(**args)
+    forced = client.completions.create(logit_bias={"4523": 100}, **args)
+    assert forced.choices[0].text != plain.choices[0].text
+    assert len(set(forced.choices[0].logprobs.tokens)) == 1, forced.choices[0].logprobs.tokens
+    assert forced.choices[0].logprobs.top_logprobs[0] == plain.choices[0].logprobs.top_logprobs[0]
+
+
 def test_stop_string_ends_the_text(client):
     r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4, 5,", max_tokens=12,
                                   temperature=0, stop=[" 8"])

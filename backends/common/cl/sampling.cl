@@ -53,10 +53,12 @@ inline void smp_select_top(__global const float* l, int n, int m, __global int* 
 // uniform, penalty_tokens, penalty_counts, banned; 10 S, 11 V, 12 P, 13 E; row strides (in
 // elements; rows are contiguous) 14 logits, 15 params, 16 penalty_tokens, 17 banned; 18 the top
 // width (kMaxLogprobs); 19, 20 byte offsets of the scratch's float and int regions (2V each
-// per row); 21 penalty_counts' row stride.
+// per row); 21 penalty_counts' row stride; 22 penalty_bias' byte offset (-1: no bias input),
+// 23 its row stride.
 __kernel void KNAME(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_lps,
                      cgptr b_logits, cgptr b_params, cgptr b_u, cgptr b_pen_tok,
-                     cgptr b_pen_cnt, cgptr b_banned, gptr b_scratch, const meta24 mt) {
+                     cgptr b_pen_cnt, cgptr b_banned, gptr b_scratch, cgptr b_pen_bias,
+                     const meta24 mt) {
   const long* m = mt.v;
   const long s = get_global_id(0);
   const long S = m[10], V = m[11], P = m[12], E = m[13];
@@ -72,6 +74,8 @@ __kernel void KNAME(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_lp
   __global const int* pen_tok = (__global const int*)(b_pen_tok + m[7]) + s * m[16];
   __global const int* pen_cnt = (__global const int*)(b_pen_cnt + m[8]) + s * m[21];
   __global const int* banned = (__global const int*)(b_banned + m[9]) + s * m[17];
+  __global const float* pen_bias =
+      m[22] < 0 ? 0 : (__global const float*)(b_pen_bias + m[22]) + s * m[23];
   __global float* l = (__global float*)(b_scratch + m[19]) + s * V * 2;  // logits, weights
   __global float* w = l + V;
   __global int* order = (__global int*)(b_scratch + m[20]) + s * V * 2;
@@ -87,8 +91,11 @@ __kernel void KNAME(gptr b_tokens, gptr b_logprob, gptr b_top_ids, gptr b_top_lp
     const int t = pen_tok[j];
     if (t < 0 || t >= V) continue;
     float x = l[t];
-    if (rp != 1.0f) x = x > 0 ? x / rp : x * rp;
-    if (additive && pen_cnt[j] > 0) x -= presence + frequency * (float)pen_cnt[j];
+    if (pen_bias) x += pen_bias[j];
+    if (pen_cnt[j] >= 0) {  // -1: listed for its bias only
+      if (rp != 1.0f) x = x > 0 ? x / rp : x * rp;
+      if (additive && pen_cnt[j] > 0) x -= presence + frequency * (float)pen_cnt[j];
+    }
     l[t] = x;
   }
   for (long j = 0; j < E; ++j) {
