@@ -751,6 +751,28 @@ TEST_F(FrontEndsTest, ClientDisconnectMidStreamFreesTheKvBlocks) {
   EXPECT_EQ(server_.core().limiter->inflight(), 0) << "the admission ticket was released";
 }
 
+// n > 1: a client that leaves mid-stream cancels every choice, which frees all their KV
+// blocks and admission tickets.
+TEST_F(FrontEndsTest, ClientDisconnectCancelsEveryChoice) {
+  server_.fake().step_delay_us->store(5000);
+  ContinuousBatcher& b = server_.batcher("fake");
+  StreamThenDisconnect(server_.http_port(),
+                       {{"model", "fake"},
+                        {"messages", json::array({{{"role", "user"}, {"content", "long"}}})},
+                        {"max_tokens", 200},
+                        {"n", 3},
+                        {"stream", true}},
+                       1500, [&] {
+                         EXPECT_TRUE(Await(b, [](auto& s) { return s.running == 3; }));
+                         EXPECT_EQ(server_.core().limiter->inflight(), 3);
+                       });
+  EXPECT_TRUE(Await(b, Idle)) << "running " << b.snapshot().running << ", blocks "
+                              << b.snapshot().kv_blocks_used;
+  EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
+            3.0);
+  EXPECT_EQ(server_.core().limiter->inflight(), 0) << "every choice's ticket was released";
+}
+
 TEST(FrontEndsLimitsTest, FullQueueIsRefusedQuicklyWith429) {
   auto cfg = testing::FakeModelConfig("fake");
   cfg.scheduler.max_queue_size = 2;
@@ -813,6 +835,22 @@ TEST(FrontEndsLimitsTest, InflightLimitIsRefusedWith429) {
   EXPECT_EQ(json::parse(refused.body)["error"]["code"], "rate_limit_exceeded");
   server.fake().gate->Open();
   EXPECT_EQ(slow.get().status, 200);
+}
+
+// Each choice takes one admission: n above the free ones is refused whole, holding nothing.
+TEST(FrontEndsLimitsTest, ChoicesBeyondTheInflightLimitAreRefusedWith429) {
+  TestServer server({testing::FakeModelConfig("fake")}, {}, /*max_inflight=*/2);
+  auto refused = HttpCall(server.http_port(), "POST", "/v1/completions",
+                          json{{"model", "fake"}, {"prompt", "a"}, {"n", 3}}.dump());
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(server.core().limiter->inflight(), 0);
+  auto ok = HttpCall(server.http_port(), "POST", "/v1/completions",
+                     json{{"model", "fake"}, {"prompt", "a"}, {"n", 2}, {"max_tokens", 3}}.dump());
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(json::parse(ok.body)["choices"].size(), 2u);
+  // Tickets are released before the batcher's snapshot shows it idle.
+  EXPECT_TRUE(Await(server.batcher("fake"), Idle));
+  EXPECT_EQ(server.core().limiter->inflight(), 0);
 }
 
 TEST(FrontEndsLimitsTest, ShuttingDownIsRefusedWith503) {
