@@ -727,50 +727,37 @@ void StreamThenDisconnect(int port, const json& body, size_t enough,
   sock.close();
 }
 
+// With n = 3 the client's leaving cancels every choice, which frees all their KV blocks and
+// admission tickets.
 TEST_F(FrontEndsTest, ClientDisconnectMidStreamFreesTheKvBlocks) {
   server_.fake().step_delay_us->store(5000);
   ContinuousBatcher& b = server_.batcher("fake");
-  StreamThenDisconnect(server_.http_port(),
-                       {{"model", "fake"},
-                        {"messages", json::array({{{"role", "user"}, {"content", "long"}}})},
-                        {"max_tokens", 200},
-                        {"stream", true}},
-                       1500, [&] {
-                         // The request holds KV blocks while it streams.
-                         EXPECT_TRUE(Await(b, [](auto& s) { return s.running == 1; }));
-                         EXPECT_GT(b.snapshot().kv_blocks_used, 0);
-                         EXPECT_GT(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"),
-                                   0.0);
-                       });
-  EXPECT_TRUE(Await(b, Idle)) << "running " << b.snapshot().running << ", blocks "
-                              << b.snapshot().kv_blocks_used;
-  EXPECT_EQ(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"), 0.0);
-  EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
-            1.0)
-      << server_.registry().Serialize();
-  EXPECT_EQ(server_.core().limiter->inflight(), 0) << "the admission ticket was released";
-}
-
-// n > 1: a client that leaves mid-stream cancels every choice, which frees all their KV
-// blocks and admission tickets.
-TEST_F(FrontEndsTest, ClientDisconnectCancelsEveryChoice) {
-  server_.fake().step_delay_us->store(5000);
-  ContinuousBatcher& b = server_.batcher("fake");
-  StreamThenDisconnect(server_.http_port(),
-                       {{"model", "fake"},
-                        {"messages", json::array({{{"role", "user"}, {"content", "long"}}})},
-                        {"max_tokens", 200},
-                        {"n", 3},
-                        {"stream", true}},
-                       1500, [&] {
-                         EXPECT_TRUE(Await(b, [](auto& s) { return s.running == 3; }));
-                         EXPECT_EQ(server_.core().limiter->inflight(), 3);
-                       });
-  EXPECT_TRUE(Await(b, Idle)) << "running " << b.snapshot().running << ", blocks "
-                              << b.snapshot().kv_blocks_used;
-  EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
-            3.0);
-  EXPECT_EQ(server_.core().limiter->inflight(), 0) << "every choice's ticket was released";
+  double cancelled = 0;
+  for (int n : {1, 3}) {
+    SCOPED_TRACE(n);
+    StreamThenDisconnect(
+        server_.http_port(),
+        {{"model", "fake"},
+         {"messages", json::array({{{"role", "user"}, {"content", "long"}}})},
+         {"max_tokens", 200},
+         {"n", n},
+         {"stream", true}},
+        1500, [&] {
+          // The request holds KV blocks while it streams.
+          EXPECT_TRUE(Await(b, [n](auto& s) { return s.running == n; }));
+          EXPECT_GT(b.snapshot().kv_blocks_used, 0);
+          EXPECT_GT(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"), 0.0);
+          EXPECT_EQ(server_.core().limiter->inflight(), n);
+        });
+    EXPECT_TRUE(Await(b, Idle)) << "running " << b.snapshot().running << ", blocks "
+                                << b.snapshot().kv_blocks_used;
+    EXPECT_EQ(server_.Metric(R"(kiln_llm_kv_cache_usage_ratio{model="fake"})"), 0.0);
+    cancelled += n;
+    EXPECT_EQ(server_.Metric(R"(kiln_llm_requests_total{model="fake",finish_reason="cancelled"})"),
+              cancelled)
+        << server_.registry().Serialize();
+    EXPECT_EQ(server_.core().limiter->inflight(), 0) << "the admission tickets were released";
+  }
 }
 
 TEST(FrontEndsLimitsTest, FullQueueIsRefusedQuicklyWith429) {
