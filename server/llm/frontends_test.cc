@@ -932,6 +932,13 @@ TEST_F(GenerationGrpcTest, ChatPromptIdsAndLogprobs) {
   grpc::ClientContext ctx2;
   ASSERT_TRUE(stub_->Generate(&ctx2, ids, &resp).ok());
   EXPECT_EQ(resp.text(), Text(ExpectedIds({7, 500, 501}, 4)));
+
+  // logit_bias as in the OpenAI API: +100 makes greedy decoding repeat the token.
+  ASSERT_NE(ExpectedIds({7, 500, 501}, 4), std::vector<int32_t>(4, 321));
+  (*ids.mutable_sampling()->mutable_logit_bias())[321] = 100;
+  grpc::ClientContext ctx3;
+  ASSERT_TRUE(stub_->Generate(&ctx3, ids, &resp).ok());
+  EXPECT_EQ(resp.text(), Text({321, 321, 321, 321}));
 }
 
 TEST_F(GenerationGrpcTest, BadRequestsAreInvalidArgumentNamingTheField) {
@@ -968,6 +975,12 @@ TEST_F(GenerationGrpcTest, BadRequestsAreInvalidArgumentNamingTheField) {
        "does not generate text"},
       {"priority without levels", [](auto& r) { r.set_priority(3); },
        grpc::StatusCode::INVALID_ARGUMENT, "priority"},
+      {"logit_bias unknown token",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[99999999] = 1; },
+       grpc::StatusCode::INVALID_ARGUMENT, "`logit_bias` names token 99999999"},
+      {"logit_bias out of range",
+       [](auto& r) { (*r.mutable_sampling()->mutable_logit_bias())[5] = -101; },
+       grpc::StatusCode::INVALID_ARGUMENT, "the bias -101; it must be in [-100, 100]"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <deque>
 #include <map>
 
@@ -93,6 +94,9 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
   sp.ignore_eos = s.ignore_eos();
   sp.stop.assign(s.stop().begin(), s.stop().end());
   sp.stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
+  // Sorted by token id: a protobuf map's order is unspecified.
+  sp.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
+  std::sort(sp.logit_bias.begin(), sp.logit_bias.end());
   r.id = req.request_id();
   r.priority = req.priority();
   if (req.timeout_ms() > 0) {
