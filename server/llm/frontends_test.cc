@@ -383,6 +383,17 @@ TEST_F(FrontEndsTest, SeveralChoicesAreReproducibleAndShareThePromptBlocks) {
   EXPECT_EQ(texts.size(), 3u) << "sampled independently";
   EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_len) << "the prompt counts once";
   EXPECT_EQ(j["usage"]["completion_tokens"], completion);
+  // Completions' best_of equal to n is the same request.
+  json legacy = {{"model", "fake"}, {"prompt", "Several" + words},
+                 {"max_tokens", 4}, {"temperature", 5.0},
+                 {"seed", 11},      {"n", 2},
+                 {"best_of", 2}};
+  auto [sb, jb] = Post("/v1/completions", legacy);
+  ASSERT_EQ(sb, 200) << jb;
+  legacy.erase("best_of");
+  auto [sn, jn] = Post("/v1/completions", legacy);
+  ASSERT_EQ(sn, 200) << jn;
+  EXPECT_EQ(jb["choices"], jn["choices"]);
 
   // Streamed: each choice's chunks carry its index; one usage chunk and [DONE] at the end.
   body["stream"] = true;
@@ -429,6 +440,12 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
   std::string long_prompt;
   for (int i = 0; i < 300; ++i) long_prompt += " word";
   const std::vector<BadCase> cases = {
+      {"best_of above n",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"n", 2}, {"best_of", 3}},
+       400,
+       "best_of",
+       "`best_of` is 3 and `n` is 2; Kiln does not rank extra candidates"},
       {"n 0",
        "/v1/chat/completions",
        {{"model", "fake"}, {"messages", user}, {"n", 0}},

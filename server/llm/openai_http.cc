@@ -68,7 +68,7 @@ Status Unsupported(std::string_view field, std::string_view what) {
 
 // Fields OpenAI defines that Kiln cannot honour: refused when they ask for something, so a
 // client never silently gets other behaviour than it asked for.
-Status CheckUnsupported(const JsonFields& f, bool chat) {
+Status CheckUnsupported(const JsonFields& f, bool chat, int n) {
   if (const json* v = f.Get("tools"); v && !(v->is_array() && v->empty())) {
     return Unsupported("tools", "tool calling");
   }
@@ -82,11 +82,13 @@ Status CheckUnsupported(const JsonFields& f, bool chat) {
   if (!chat) {
     KILN_ASSIGN_OR_RETURN(auto suffix, f.String("suffix"));
     if (suffix && !suffix->empty()) return Unsupported("suffix", "insertion (a suffix)");
+    // best_of == n generates n candidates and returns them all: what `n` does (1: the
+    // default, no ranking).
     KILN_ASSIGN_OR_RETURN(auto best_of, f.Int("best_of"));
-    if (best_of && *best_of != 1) {
-      return WithParam(InvalidArgument("`best_of` is ", *best_of,
-                                       "; Kiln does not rank extra candidates (best_of "
-                                       "must be 1; use `n` for several choices)"),
+    if (best_of && *best_of != 1 && *best_of != n) {
+      return WithParam(InvalidArgument("`best_of` is ", *best_of, " and `n` is ", n,
+                                       "; Kiln does not rank extra candidates (best_of must "
+                                       "be 1 or equal n)"),
                        "best_of");
     }
   }
@@ -168,7 +170,7 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
     return WithParam(InvalidArgument("`n` is ", *n, "; it must be in [1, ", kMaxChoices, "]"), "n");
   }
   c.n = static_cast<int>(n.value_or(1));
-  KILN_RETURN_IF_ERROR(CheckUnsupported(f, chat));
+  KILN_RETURN_IF_ERROR(CheckUnsupported(f, chat, c.n));
   KILN_ASSIGN_OR_RETURN(auto stream, f.Bool("stream"));
   c.stream = stream.value_or(false);
   if (const json* so = f.Get("stream_options")) {

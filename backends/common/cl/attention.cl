@@ -30,7 +30,6 @@
 // head). Both recompute P = exp(score - lse) and dS = P (dP - D_i), dP = do . v,
 // D_i = do . o; where P is 0 (masked, or the row fully masked) the pair adds nothing, as in
 // the reference.
-
 //
 // Block tables (BLOCKS, dense forms, masks other than a plain causal or sliding-window one):
 // CLASSIFY instantiates the pre-pass that evaluates mask_mod once per (query, key) pair and
