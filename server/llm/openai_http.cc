@@ -1,5 +1,6 @@
 #include "server/llm/openai_http.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -500,26 +501,25 @@ class Choices : public std::enable_shared_from_this<Choices> {
       rest_.push_back(first.Fork(i));
       tickets_.push_back(std::move(tickets[i]));
     }
+    // Written before choice 0 is queued, so its events (which queueing publishes to the
+    // batcher's thread) see them.
+    pending_.store(!rest_.empty());
     return llm_.Submit(
         std::move(first), std::move(tickets[0]), [self = shared_from_this()](GenerateEvent&& ev) {
+          if (!self->pending_.exchange(false)) return self->sink_(0, std::move(ev));
           const bool failed =
               ev.finish == FinishReason::kError || ev.finish == FinishReason::kCancelled;
-          const Status why = FinalStatus(ev.finish, ev.status);
+          const Status why = failed ? FinalStatus(ev.finish, ev.status) : OkStatus();
           self->sink_(0, std::move(ev));
-          self->SubmitRest(failed ? why : OkStatus());
+          self->SubmitRest(why);
         });
   }
 
  private:
   // Once, on choice 0's first event (the batcher's thread; Enqueue does not block).
   void SubmitRest(const Status& choice0) {
-    std::vector<PreparedGeneration> rest;
-    std::vector<InflightLimiter::Ticket> tickets;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      rest.swap(rest_);
-      tickets.swap(tickets_);
-    }
+    std::vector<PreparedGeneration> rest = std::move(rest_);
+    std::vector<InflightLimiter::Ticket> tickets = std::move(tickets_);
     for (size_t i = 0; i < rest.size(); ++i) {
       const int index = static_cast<int>(i) + 1;
       Status s = choice0;
@@ -541,7 +541,7 @@ class Choices : public std::enable_shared_from_this<Choices> {
 
   const LlmEndpoint llm_;
   const Sink sink_;
-  std::mutex mu_;
+  std::atomic<bool> pending_{false};      // rest_ not yet queued
   std::vector<PreparedGeneration> rest_;  // choices 1.., until choice 0's first event
   std::vector<InflightLimiter::Ticket> tickets_;
 };
