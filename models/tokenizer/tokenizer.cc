@@ -20,6 +20,7 @@
 #include "models/io/mapped_file.h"
 #include "models/tokenizer/regex.h"
 #include "models/tokenizer/unicode.h"
+#include "models/tokenizer/wordpiece.h"
 
 namespace kiln::models {
 namespace {
@@ -58,12 +59,13 @@ const ByteLevelMap& ByteLevel() {
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
 struct NormStep {
-  enum Kind { kPrepend, kReplace, kNfc } kind;
+  enum Kind { kPrepend, kReplace, kNfc, kBert } kind;
   std::string a, b;  // prepend: a; replace: a -> b
+  BertNormalizerOptions bert = {};
 };
 
 struct PreStep {
-  enum Kind { kRegex, kDigits, kMetaspace, kWhitespaceSplit } kind;
+  enum Kind { kRegex, kDigits, kMetaspace, kWhitespaceSplit, kBert } kind;
   std::shared_ptr<const Pcre2Regex> regex;  // kRegex
   SplitBehavior behavior = SplitBehavior::kIsolated;
   bool invert = false;
@@ -117,6 +119,14 @@ struct Tokenizer::Impl {
   bool byte_fallback = false;
   bool ignore_merges = false;
   bool fuse_unk = false;
+  // WordPiece: the model's own vocabulary (added tokens outside it are not pieces), its
+  // parameters and the decoder's.
+  std::vector<bool> in_model_vocab;
+  WordPieceParams wordpiece;
+  std::string wordpiece_unk_token;
+  bool wordpiece_decoder = false;  // false: HF's default decoding, tokens joined with " "
+  std::string wordpiece_decoder_prefix = "##";
+  bool wordpiece_cleanup = true;
 
   std::vector<NormStep> normalizers;
   std::vector<PreStep> pre_steps;
@@ -190,7 +200,15 @@ struct Tokenizer::Impl {
         token_bytes[i] = p;
         continue;
       }
-      if (kind == TokenizerKind::kByteLevelBpe) {
+      if (kind == TokenizerKind::kWordPiece) {
+        // Not byte-exact: the piece's text, without the continuation prefix.
+        std::string_view piece = p;
+        if (attrs[i] == TokenAttr::kNormal &&
+            piece.starts_with(wordpiece.continuing_subword_prefix)) {
+          piece.remove_prefix(wordpiece.continuing_subword_prefix.size());
+        }
+        token_bytes[i] = std::string(piece);
+      } else if (kind == TokenizerKind::kByteLevelBpe) {
         // Every character must be in the byte map, else the piece is used as is (as the
         // reference ByteLevel decoder does per token).
         std::string bytes;
@@ -288,6 +306,8 @@ struct Tokenizer::Impl {
     for (const NormStep& n : normalizers) {
       if (n.kind == NormStep::kNfc) {
         out = Nfc(out);
+      } else if (n.kind == NormStep::kBert) {
+        out = BertNormalize(out, n.bert);
       } else if (n.kind == NormStep::kPrepend) {
         if (!out.empty()) out = n.a + out;
       } else {
@@ -432,6 +452,10 @@ struct Tokenizer::Impl {
         continue;
       }
       for (auto [b, e] : *words) {
+        if (step.kind == PreStep::kBert) {
+          BertPreTokenize(std::string_view(*s).substr(b, e - b), b, &next);
+          continue;
+        }
         matches.clear();
         std::string_view piece(s->data() + b, e - b);
         if (step.kind == PreStep::kRegex) {
@@ -644,7 +668,17 @@ struct Tokenizer::Impl {
       }
     }
     size_t before = out->size();
-    BpeWord(word, out);
+    if (kind == TokenizerKind::kWordPiece) {
+      WordPieceEncodeWord(
+          word, wordpiece,
+          [this](std::string_view piece) -> std::optional<int32_t> {
+            auto id = Lookup(piece);
+            return id && in_model_vocab[*id] ? id : std::nullopt;
+          },
+          out);
+    } else {
+      BpeWord(word, out);
+    }
     if (cacheable) {
       absl::MutexLock lock(&cache_mu);
       if (cache.size() >= kCacheMax) cache.clear();
@@ -701,6 +735,21 @@ StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
 
 std::string Tokenizer::Decode(std::span<const int32_t> ids, const DecodeOptions& options) const {
   const Impl& m = *impl_;
+  if (m.kind == TokenizerKind::kWordPiece) {
+    std::vector<std::string_view> tokens;
+    tokens.reserve(ids.size());
+    for (int32_t id : ids) {
+      if (id < 0 || id >= m.size()) continue;
+      if (options.skip_special_tokens && IsSpecial(id)) continue;
+      tokens.push_back(m.pieces[id]);
+    }
+    if (m.wordpiece_decoder) {
+      return WordPieceDecode(tokens, m.wordpiece_decoder_prefix, m.wordpiece_cleanup);
+    }
+    std::string out;  // no decoder: HF joins the tokens with spaces
+    for (std::string_view t : tokens) out.append(out.empty() ? "" : " ").append(t);
+    return out;
+  }
   std::string bytes;
   bool first_token = true;
   for (int32_t id : ids) {
@@ -975,13 +1024,27 @@ Status ParseNormalizer(const json& j, Tokenizer::Impl* m, std::string_view where
     m->normalizers.push_back({NormStep::kNfc, "", ""});
     return OkStatus();
   }
-  if (type == "NFKC" || type == "NFD" || type == "NFKD" || type == "Lowercase" ||
-      type == "BertNormalizer" || type == "Strip" || type == "StripAccents" ||
-      type == "Precompiled") {
-    return Unimplemented(where, ": normalizer \"", type,
-                         "\" is not supported (supported: Sequence, Prepend, Replace, NFC)");
+  if (type == "BertNormalizer") {
+    NormStep n{NormStep::kBert, "", ""};
+    n.bert.clean_text = j.value("clean_text", true);
+    n.bert.handle_chinese_chars = j.value("handle_chinese_chars", true);
+    n.bert.lowercase = j.value("lowercase", true);
+    const json& strip = j.value("strip_accents", json());
+    if (!strip.is_null() && !strip.is_boolean()) {
+      return InvalidArgument(where, ": normalizer.strip_accents is ", strip.dump(),
+                             " (allowed: true, false, null = same as lowercase)");
+    }
+    n.bert.strip_accents = strip.is_null() ? n.bert.lowercase : strip.get<bool>();
+    m->normalizers.push_back(std::move(n));
+    return OkStatus();
   }
-  return InvalidArgument(where, ": unknown normalizer type \"", type, "\"");
+  if (type == "NFKC" || type == "NFD" || type == "NFKD" || type == "Lowercase" || type == "Strip" ||
+      type == "StripAccents" || type == "Precompiled" || type == "Nmt" || type == "ByteLevel") {
+    return Unimplemented(where, ": normalizer \"", type,
+                         "\" is not supported (supported: Sequence, Prepend, Replace, NFC, "
+                         "BertNormalizer)");
+  }
+  return InvalidArgument(where, ": unknown normalizer.type \"", type, "\"");
 }
 
 Status ParsePreTokenizer(const json& j, Tokenizer::Impl* m, std::string_view where,
@@ -1058,6 +1121,12 @@ Status ParsePreTokenizer(const json& j, Tokenizer::Impl* m, std::string_view whe
     m->pre_steps.push_back(std::move(s));
     return OkStatus();
   }
+  if (type == "BertPreTokenizer") {
+    PreStep s;
+    s.kind = PreStep::kBert;
+    m->pre_steps.push_back(std::move(s));
+    return OkStatus();
+  }
   if (type == "Whitespace") {
     KILN_ASSIGN_OR_RETURN(auto re, Pcre2Regex::Compile(R"(\w+|[^\w\s]+)"));
     PreStep s;
@@ -1068,9 +1137,13 @@ Status ParsePreTokenizer(const json& j, Tokenizer::Impl* m, std::string_view whe
     m->pre_steps.push_back(std::move(s));
     return OkStatus();
   }
-  return Unimplemented(where, ": pre-tokenizer \"", type,
-                       "\" is not supported (supported: Sequence, ByteLevel, Split, Digits, "
-                       "Metaspace, Whitespace, WhitespaceSplit)");
+  if (type == "CharDelimiterSplit" || type == "Punctuation" || type == "UnicodeScripts" ||
+      type == "FixedLength") {
+    return Unimplemented(where, ": pre-tokenizer \"", type,
+                         "\" is not supported (supported: Sequence, ByteLevel, Split, Digits, "
+                         "Metaspace, Whitespace, WhitespaceSplit, BertPreTokenizer)");
+  }
+  return InvalidArgument(where, ": unknown pre_tokenizer.type \"", type, "\"");
 }
 
 // The decoder decides how leading spaces are treated.
@@ -1101,6 +1174,16 @@ Status ParsePostProcessor(const json& j, Tokenizer::Impl* m, std::string_view wh
     }
     return OkStatus();
   }
+  if (type == "BertProcessing") {  // older BERT files: {"cls": ["[CLS]", 101], "sep": [...]}
+    for (const char* key : {"cls", "sep"}) {
+      const json& t = j.value(key, json());
+      if (!t.is_array() || t.size() != 2 || !t[1].is_number_integer()) {
+        return InvalidArgument(where, ": post_processor.", key, " must be [token, id]");
+      }
+      (key[0] == 'c' ? m->prefix_ids : m->suffix_ids).push_back(t[1].get<int32_t>());
+    }
+    return OkStatus();
+  }
   if (type != "TemplateProcessing") return OkStatus();  // ByteLevel etc.: no ids added
   const json& specials = j.value("special_tokens", json::object());
   bool after = false;
@@ -1117,6 +1200,72 @@ Status ParsePostProcessor(const json& j, Tokenizer::Impl* m, std::string_view wh
     }
     for (const json& id : specials[name].value("ids", json::array())) {
       (after ? m->suffix_ids : m->prefix_ids).push_back(id.get<int32_t>());
+    }
+  }
+  return OkStatus();
+}
+
+// model.type "WordPiece": unk_token, continuing_subword_prefix, max_input_chars_per_word.
+Status ParseWordPieceModel(const json& model, Tokenizer::Impl* m, std::string_view where) {
+  const json& unk = model.value("unk_token", json("[UNK]"));
+  const json& prefix = model.value("continuing_subword_prefix", json("##"));
+  const json& max_chars = model.value("max_input_chars_per_word", json(100));
+  if (!unk.is_string()) return InvalidArgument(where, ": model.unk_token must be a string");
+  if (!prefix.is_string()) {
+    return InvalidArgument(where, ": model.continuing_subword_prefix must be a string");
+  }
+  if (!max_chars.is_number_integer() || max_chars.get<int64_t>() < 0) {
+    return InvalidArgument(where, ": model.max_input_chars_per_word is ", max_chars.dump(),
+                           " (allowed: an integer >= 0)");
+  }
+  m->wordpiece.continuing_subword_prefix = prefix.get<std::string>();
+  m->wordpiece.max_input_chars_per_word = max_chars.get<size_t>();
+  m->wordpiece_unk_token = unk.get<std::string>();  // resolved by FinishWordPiece
+  return OkStatus();
+}
+
+// A WordPiece model's decoder: WordPiece, or none (HF then joins the tokens with spaces).
+Status ParseWordPieceDecoder(const json& j, Tokenizer::Impl* m, std::string_view where) {
+  if (j.is_null()) return OkStatus();
+  std::string type = j.value("type", "");
+  if (type != "WordPiece") {
+    return Unimplemented(where, ": decoder \"", type,
+                         "\" is not supported with a WordPiece model (supported: WordPiece)");
+  }
+  m->wordpiece_decoder = true;
+  m->wordpiece_decoder_prefix = j.value("prefix", "##");
+  m->wordpiece_cleanup = j.value("cleanup", true);
+  return OkStatus();
+}
+
+// Checks the unk token, and fills in what BERT files leave implicit: [CLS] ... [SEP] when
+// there is no post-processor, and [PAD].
+Status FinishWordPiece(bool no_post_processor, const HfTokenizerConfig* config, Tokenizer::Impl* m,
+                       std::string_view where) {
+  auto unk = m->Lookup(m->wordpiece_unk_token);
+  if (!unk || !m->in_model_vocab[*unk]) {
+    return InvalidArgument(where, ": model.unk_token \"", m->wordpiece_unk_token,
+                           "\" is not in model.vocab");
+  }
+  m->unk = m->wordpiece.unk_id = *unk;
+  if (m->pad < 0) m->pad = m->Lookup("[PAD]").value_or(-1);
+  if (no_post_processor) {
+    // tokenizer_config.json's cls_token / sep_token, written as strings or {"content": ...}.
+    auto special = [&](const char* key, std::string_view fallback) -> std::optional<int32_t> {
+      std::string text(fallback);
+      if (config != nullptr && config->raw.is_object() && config->raw.contains(key)) {
+        const json& v = config->raw[key];
+        if (v.is_string()) text = v.get<std::string>();
+        if (v.is_object() && v.value("content", json()).is_string()) {
+          text = v["content"].get<std::string>();
+        }
+      }
+      return m->Lookup(text);
+    };
+    auto cls = special("cls_token", "[CLS]"), sep = special("sep_token", "[SEP]");
+    if (cls && sep) {
+      m->prefix_ids = {*cls};
+      m->suffix_ids = {*sep};
     }
   }
   return OkStatus();
@@ -1158,17 +1307,23 @@ StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
   m->name = std::string(name);
   const json& model = j.value("model", json::object());
   std::string mtype = model.value("type", "BPE");
-  if (mtype != "BPE") {
+  const bool wordpiece = mtype == "WordPiece";
+  if (mtype != "BPE" && !wordpiece) {
     return Unimplemented(name, ": tokenizer model \"", mtype,
-                         "\" is not supported (supported: BPE)");
+                         "\" is not supported (supported: BPE, WordPiece)");
   }
-  if (!model.value("dropout", json()).is_null()) {
-    return Unimplemented(name, ": BPE dropout is not supported for inference");
-  }
-  if (!model.value("continuing_subword_prefix", json()).is_null() ||
-      !model.value("end_of_word_suffix", json()).is_null()) {
-    return Unimplemented(name,
-                         ": BPE continuing_subword_prefix / end_of_word_suffix are not supported");
+  if (wordpiece) {
+    m->kind = TokenizerKind::kWordPiece;
+    KILN_RETURN_IF_ERROR(ParseWordPieceModel(model, m.get(), name));
+  } else {
+    if (!model.value("dropout", json()).is_null()) {
+      return Unimplemented(name, ": BPE dropout is not supported for inference");
+    }
+    if (!model.value("continuing_subword_prefix", json()).is_null() ||
+        !model.value("end_of_word_suffix", json()).is_null()) {
+      return Unimplemented(
+          name, ": BPE continuing_subword_prefix / end_of_word_suffix are not supported");
+    }
   }
   const json& vocab = model.value("vocab", json::object());
   if (!vocab.is_object() || vocab.empty())
@@ -1184,8 +1339,10 @@ StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
   for (const json& a : added) max_id = std::max<int64_t>(max_id, a.value("id", -1));
   if (max_id >= INT32_MAX) return InvalidArgument(name, ": token id ", max_id, " is too large");
   m->SetVocabSize(static_cast<size_t>(max_id + 1));
+  m->in_model_vocab.assign(m->pieces.size(), false);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     m->pieces[it.value().get<int64_t>()] = it.key();
+    m->in_model_vocab[it.value().get<int64_t>()] = true;
   }
   for (const json& a : added) {
     if (!a.contains("id") || !a.contains("content") || !a["content"].is_string()) {
@@ -1211,9 +1368,13 @@ StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
   KILN_RETURN_IF_ERROR(
       ParsePreTokenizer(j.value("pre_tokenizer", json()), m.get(), name, &byte_level));
   const json& decoder = j.value("decoder", json());
-  if (decoder.is_object() && decoder.value("type", "") == "ByteLevel") byte_level = true;
-  m->kind = byte_level ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePieceBpe;
-  if (!byte_level) ParseDecoder(decoder, m.get());
+  if (wordpiece) {
+    KILN_RETURN_IF_ERROR(ParseWordPieceDecoder(decoder, m.get(), name));
+  } else {
+    if (decoder.is_object() && decoder.value("type", "") == "ByteLevel") byte_level = true;
+    m->kind = byte_level ? TokenizerKind::kByteLevelBpe : TokenizerKind::kSentencePieceBpe;
+    if (!byte_level) ParseDecoder(decoder, m.get());
+  }
   if (m->byte_fallback) {
     for (int32_t i = 0; i < m->size(); ++i) {
       const std::string& p = m->pieces[i];
@@ -1250,7 +1411,17 @@ StatusOr<std::unique_ptr<Tokenizer::Impl>> ParseHfJson(std::string_view text,
       !unk.empty()) {
     m->unk = m->Lookup(unk).value_or(-1);
   }
-  KILN_RETURN_IF_ERROR(ParsePostProcessor(j.value("post_processor", json()), m.get(), name));
+  const json& post_processor = j.value("post_processor", json());
+  KILN_RETURN_IF_ERROR(ParsePostProcessor(post_processor, m.get(), name));
+  // The pad id of the padding section (which Encode otherwise ignores).
+  if (const json& padding = j.value("padding", json());
+      padding.is_object() && padding.value("pad_id", json()).is_number_integer()) {
+    int64_t pad = padding["pad_id"].get<int64_t>();
+    if (pad >= 0 && pad < m->size()) m->pad = static_cast<int32_t>(pad);
+  }
+  if (wordpiece) {
+    KILN_RETURN_IF_ERROR(FinishWordPiece(post_processor.is_null(), config, m.get(), name));
+  }
 
   if (config != nullptr) {
     auto id_of = [&](const std::optional<std::string>& s) -> int32_t {

@@ -1,5 +1,6 @@
-// Tokenizers: byte-level BPE (GPT-2, Llama 3, SmolLM2, Qwen2) and SentencePiece-style BPE
-// (Llama 2), built from GGUF metadata or a Hugging Face tokenizer.json.
+// Tokenizers: byte-level BPE (GPT-2, Llama 3, SmolLM2, Qwen2), SentencePiece-style BPE
+// (Llama 2), built from GGUF metadata or a Hugging Face tokenizer.json, and WordPiece (BERT,
+// sentence-transformers embedding models such as all-MiniLM-L6-v2) from a tokenizer.json.
 //
 //   KILN_ASSIGN_OR_RETURN(auto tok, Tokenizer::FromGguf(*gguf));
 //   KILN_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(prompt));
@@ -8,10 +9,16 @@
 // Encoding follows Hugging Face `tokenizers` (the reference the models were trained with):
 //   1. added tokens are cut out of the raw text first (leftmost-longest match; special ones
 //      only when `parse_special`; lstrip/rstrip/single_word honoured);
-//   2. each remaining segment is normalized (Prepend "▁", Replace " " -> "▁", Metaspace);
-//   3. pre-tokenized (Split regexes with PCRE2 in UTF+UCP mode and JIT, Digits, ByteLevel);
+//   2. each remaining segment is normalized (Prepend "▁", Replace " " -> "▁", Metaspace, NFC,
+//      BertNormalizer);
+//   3. pre-tokenized (Split regexes with PCRE2 in UTF+UCP mode and JIT, Digits, ByteLevel,
+//      BertPreTokenizer);
 //   4. each word goes through BPE: merge ranks from the merges list with a priority queue,
-//      O(n log n) per word, with a per-word cache; `ignore_merges` and `byte_fallback`.
+//      O(n log n) per word, with a per-word cache; `ignore_merges` and `byte_fallback`;
+//      or through WordPiece: greedy longest match first, "##" continuations, [UNK] for a word
+//      with an unmatched position or over max_input_chars_per_word (models/tokenizer/wordpiece.h).
+// The "truncation" and "padding" sections of tokenizer.json are ignored (callers truncate and
+// pad; padding.pad_id only sets pad_id()).
 // GGUF `llama` vocabularies (SentencePiece scores, no merges) use llama.cpp's score-driven
 // bigram merge with byte fallback, which is what those files were converted for.
 //
@@ -38,6 +45,7 @@ struct HfTokenizerConfig;
 enum class TokenizerKind {
   kByteLevelBpe,      // GPT-2 style: bytes mapped to printable characters, merges by rank
   kSentencePieceBpe,  // "▁" for spaces, byte-fallback tokens <0xNN>
+  kWordPiece,         // BERT: normalized (lowercased, accents stripped) text, "##" pieces
 };
 
 // What kind of vocabulary entry a token is (GGUF token_type values).
@@ -75,6 +83,13 @@ class Tokenizer {
   static StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
   // From the text of a tokenizer.json (`name` is used in messages). `config` (optional) supplies
   // bos/eos/unk/pad names and add_bos_token/add_eos_token overrides.
+  // WordPiece: the post-processor's template (TemplateProcessing, or BertProcessing) gives the
+  // ids add_special_tokens adds, [CLS] before and [SEP] after, so bos_id() is [CLS], eos_id()
+  // [SEP]; without a post-processor, the config's cls_token/sep_token (default [CLS]/[SEP])
+  // when the vocabulary has them. unk_id() is model.unk_token; pad_id() padding.pad_id or
+  // [PAD]. A malformed file (no vocab, unk_token not in it, unknown normalizer or
+  // pre-tokenizer type) is InvalidArgument naming the field; a known but unsupported one is
+  // Unimplemented.
   static StatusOr<std::unique_ptr<Tokenizer>> FromHfJson(std::string_view tokenizer_json,
                                                          const HfTokenizerConfig* config,
                                                          std::string_view name);
@@ -90,6 +105,9 @@ class Tokenizer {
 
   // Concatenates the tokens' bytes; invalid UTF-8 (e.g. a sequence cut by max_tokens) becomes
   // U+FFFD. Ids outside the vocabulary are skipped.
+  // WordPiece: HF's WordPiece decoder (tokens joined by spaces, "##" pieces glued to the one
+  // before, then its per-token cleanup: " ." -> ".", " ," -> ",", ...); the text is the
+  // normalized one (lowercase, no accents), not the input.
   std::string Decode(std::span<const int32_t> ids, const DecodeOptions& options = {}) const;
 
   TokenizerKind kind() const;
@@ -98,6 +116,9 @@ class Tokenizer {
   // REQUIRES: 0 <= id < vocab_size().
   std::string_view Piece(int32_t id) const;
   // The raw bytes the token stands for (" world", "\n"); may be part of a UTF-8 character.
+  // WordPiece is not byte-exact (its pieces are normalized text, without spaces): this is the
+  // piece's text without the "##" prefix ("##ing" -> "ing"), so concatenating TokenBytes does
+  // not reproduce Decode.
   std::string_view TokenBytes(int32_t id) const;
   std::optional<int32_t> PieceToId(std::string_view piece) const;
   TokenAttr Attr(int32_t id) const;

@@ -8,6 +8,7 @@
 #include "models/gguf/gguf.h"
 #include "models/gguf/gguf_test_util.h"
 #include "models/tokenizer/unicode.h"
+#include "models/tokenizer/wordpiece.h"
 
 namespace kiln::models {
 namespace {
@@ -170,14 +171,261 @@ TEST(TokenizerJsonTest, ClearErrors) {
   EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})"),
               HasSubstr("merge 0 (\"a\" + \"b\") uses a token that is not in the vocabulary"));
   EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                      "pre_tokenizer": {"type": "BertPreTokenizer"}})"),
-              HasSubstr("pre-tokenizer \"BertPreTokenizer\" is not supported"));
+                      "pre_tokenizer": {"type": "UnicodeScripts"}})"),
+              HasSubstr("pre-tokenizer \"UnicodeScripts\" is not supported"));
   EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                       "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(("}, "behavior": "Isolated"}})"),
               HasSubstr("does not compile"));
   EXPECT_THAT(err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
                       "normalizer": {"type": "NFKC"}})"),
               HasSubstr("normalizer \"NFKC\" is not supported"));
+}
+
+// A BERT-style tokenizer.json: BertNormalizer, BertPreTokenizer, WordPiece (words of at most
+// 9 characters), [CLS] $A [SEP], WordPiece decoder.
+json WordPieceJson() {
+  const std::vector<std::string> pieces = {
+      "[PAD]",     "[UNK]", "[CLS]",  "[SEP]", "[MASK]",
+      "un",        "##aff", "##able", "##a",   "a",
+      "hello",     "world", "cafe",   "!",     ".",
+      ",",         "中",    "文",     "##ll",  "he",
+      "x",         "##x",   "[",      "]",     "\xC3\x9F" /* ß */,
+      "##\xC3\x9F"};
+  json vocab = json::object();
+  for (size_t i = 0; i < pieces.size(); ++i) vocab[pieces[i]] = i;
+  json added = json::array();
+  for (int id = 0; id < 5; ++id) {
+    added.push_back({{"id", id},
+                     {"content", pieces[id]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  auto special = [](const char* name) {
+    return json{{"SpecialToken", {{"id", name}, {"type_id", 0}}}};
+  };
+  return {{"version", "1.0"},
+          {"truncation", {{"max_length", 4}}},  // ignored by Encode
+          {"padding", {{"pad_id", 0}, {"pad_token", "[PAD]"}}},
+          {"added_tokens", added},
+          {"normalizer",
+           {{"type", "BertNormalizer"},
+            {"clean_text", true},
+            {"handle_chinese_chars", true},
+            {"strip_accents", nullptr},
+            {"lowercase", true}}},
+          {"pre_tokenizer", {{"type", "BertPreTokenizer"}}},
+          {"post_processor",
+           {{"type", "TemplateProcessing"},
+            {"single",
+             {special("[CLS]"), {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, special("[SEP]")}},
+            {"special_tokens",
+             {{"[CLS]", {{"id", "[CLS]"}, {"ids", {2}}, {"tokens", {"[CLS]"}}}},
+              {"[SEP]", {{"id", "[SEP]"}, {"ids", {3}}, {"tokens", {"[SEP]"}}}}}}}},
+          {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}},
+          {"model",
+           {{"type", "WordPiece"},
+            {"unk_token", "[UNK]"},
+            {"continuing_subword_prefix", "##"},
+            {"max_input_chars_per_word", 9},
+            {"vocab", vocab}}}};
+}
+
+std::vector<int32_t> Ids(const Tokenizer& tok, std::string_view text, bool parse_special = true) {
+  auto ids = tok.Encode(text, {.add_special_tokens = false, .parse_special = parse_special});
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  return ids.ok() ? *ids : std::vector<int32_t>{};
+}
+
+enum : int32_t {
+  kPad,
+  kUnk,
+  kCls,
+  kSep,
+  kMask,
+  kUn,
+  kAff,
+  kAble,
+  kA,
+  kAWord,
+  kHello,
+  kWorld,
+  kCafe,
+  kBang,
+  kDot,
+  kComma,
+  kZhong,
+  kWen,
+  kLl,
+  kHe,
+  kX,
+  kXCont,
+  kLBracket,
+  kRBracket,
+  kEszett,
+  kEszettCont
+};
+
+TEST(WordPieceTest, GreedyLongestMatchWithContinuations) {
+  auto tok = Make(WordPieceJson().dump());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->kind(), TokenizerKind::kWordPiece);
+  // "##aff" wins over the shorter "##a"; a whole-word entry wins over "he" + "##ll" ...
+  EXPECT_THAT(Ids(*tok, "unaffable"), ElementsAre(kUn, kAff, kAble));
+  EXPECT_THAT(Ids(*tok, "hello hell"), ElementsAre(kHello, kHe, kLl));
+  EXPECT_THAT(Ids(*tok, "a unaa"), ElementsAre(kAWord, kUn, kA, kA));
+  // ... and a word with a position nothing matches is one [UNK], not a partial match.
+  EXPECT_THAT(Ids(*tok, "unaffz world"), ElementsAre(kUnk, kWorld));
+  EXPECT_THAT(Ids(*tok, "zzz"), ElementsAre(kUnk));
+}
+
+TEST(WordPieceTest, OverLongWordIsUnknownCountingCharacters) {
+  auto tok = Make(WordPieceJson().dump());
+  ASSERT_NE(tok, nullptr);
+  std::vector<int32_t> nine = {kX, kXCont, kXCont, kXCont, kXCont, kXCont, kXCont, kXCont, kXCont};
+  EXPECT_EQ(Ids(*tok, std::string(9, 'x')), nine);
+  EXPECT_THAT(Ids(*tok, std::string(10, 'x') + " x"), ElementsAre(kUnk, kX));
+  EXPECT_THAT(Ids(*tok, "unaffablez"), ElementsAre(kUnk));
+  // Nine characters, 18 bytes: still within max_input_chars_per_word.
+  std::string eszetts;
+  for (int i = 0; i < 9; ++i) eszetts += "\xC3\x9F";
+  std::vector<int32_t> want(9, kEszettCont);
+  want[0] = kEszett;
+  EXPECT_EQ(Ids(*tok, eszetts), want);
+}
+
+TEST(WordPieceTest, NormalizesAndSplits) {
+  auto tok = Make(WordPieceJson().dump());
+  ASSERT_NE(tok, nullptr);
+  // Punctuation is its own word; whitespace of every kind splits.
+  EXPECT_THAT(Ids(*tok, "hello,world!."), ElementsAre(kHello, kComma, kWorld, kBang, kDot));
+  EXPECT_THAT(Ids(*tok, "hello\tworld\n\xE3\x80\x80hello"), ElementsAre(kHello, kWorld, kHello));
+  // Lowercased, accents stripped (precomposed and combining).
+  EXPECT_THAT(Ids(*tok, "HeLLo Caf\xC3\xA9 CAFE\xCC\x81"), ElementsAre(kHello, kCafe, kCafe));
+  // CJK ideographs become words of their own even without spaces.
+  EXPECT_THAT(Ids(*tok, "hello\xE4\xB8\xAD\xE6\x96\x87world"),
+              ElementsAre(kHello, kZhong, kWen, kWorld));
+  // Control and format characters, NUL and U+FFFD are dropped (joining the word).
+  EXPECT_THAT(Ids(*tok, std::string("hel\x01l\0o wor\xE2\x80\x8Bld caf\xEF\xBF\xBD"
+                                    "e",
+                                    25)),
+              ElementsAre(kHello, kWorld, kCafe));
+  EXPECT_THAT(Ids(*tok, ""), ElementsAre());
+  EXPECT_THAT(Ids(*tok, " \t\x01 "), ElementsAre());
+  EXPECT_FALSE(tok->Encode("caf\xC3").ok());  // invalid UTF-8
+}
+
+TEST(WordPieceTest, SpecialTokensAndTemplate) {
+  auto tok = Make(WordPieceJson().dump());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->bos_id(), kCls);
+  EXPECT_EQ(tok->eos_id(), kSep);
+  EXPECT_EQ(tok->unk_id(), kUnk);
+  EXPECT_EQ(tok->pad_id(), kPad);
+  EXPECT_TRUE(tok->add_bos());
+  EXPECT_TRUE(tok->add_eos());
+  // The truncation section (max_length 4) is not applied.
+  EXPECT_THAT(*tok->Encode("hello world hello"), ElementsAre(kCls, kHello, kWorld, kHello, kSep));
+  EXPECT_THAT(*tok->Encode(""), ElementsAre(kCls, kSep));
+  // Special-token text is matched in the raw text (before lowercasing) only with parse_special.
+  EXPECT_THAT(Ids(*tok, "[CLS]hello [MASK]."), ElementsAre(kCls, kHello, kMask, kDot));
+  EXPECT_THAT(Ids(*tok, "[CLS]hello [MASK].", /*parse_special=*/false),
+              ElementsAre(kLBracket, kUnk, kRBracket, kHello, kLBracket, kUnk, kRBracket, kDot));
+  EXPECT_THAT(Ids(*tok, "[cls]"), ElementsAre(kLBracket, kUnk, kRBracket));
+  EXPECT_EQ(tok->Piece(kAff), "##aff");
+  EXPECT_EQ(tok->TokenBytes(kAff), "aff");
+  EXPECT_EQ(tok->TokenBytes(kCls), "[CLS]");
+  EXPECT_TRUE(tok->IsSpecial(kSep));
+  EXPECT_FALSE(tok->IsSpecial(kHello));
+}
+
+TEST(WordPieceTest, WithoutPostProcessorUsesClsAndSep) {
+  json j = WordPieceJson();
+  j["post_processor"] = nullptr;
+  j.erase("padding");
+  auto tok = Make(j.dump());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_THAT(*tok->Encode("hello"), ElementsAre(kCls, kHello, kSep));
+  EXPECT_EQ(tok->pad_id(), kPad);  // the [PAD] token
+  // Older BERT files use BertProcessing.
+  j["post_processor"] = {{"type", "BertProcessing"}, {"sep", {"[SEP]", 3}}, {"cls", {"[CLS]", 2}}};
+  j["normalizer"] = nullptr;  // also: no normalizer, so no lowercasing
+  auto bert = Make(j.dump());
+  ASSERT_NE(bert, nullptr);
+  EXPECT_THAT(*bert->Encode("Hello hello"), ElementsAre(kCls, kUnk, kHello, kSep));
+  EXPECT_EQ(bert->bos_id(), kCls);
+  EXPECT_EQ(bert->eos_id(), kSep);
+}
+
+TEST(WordPieceTest, DecodeGluesPiecesAndCleansUp) {
+  auto tok = Make(WordPieceJson().dump());
+  ASSERT_NE(tok, nullptr);
+  auto ids = tok->Encode("Unaffable, hello world! Hell.");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(tok->Decode(*ids), "[CLS] unaffable, hello world! hell. [SEP]");
+  EXPECT_EQ(tok->Decode(*ids, {.skip_special_tokens = true}), "unaffable, hello world! hell.");
+  // A leading continuation keeps its "##" (HF only glues pieces after the first).
+  std::vector<int32_t> cont = {kAff, kAble};
+  EXPECT_EQ(tok->Decode(cont), "##affable");
+  // Without a decoder HF joins the tokens with spaces.
+  json j = WordPieceJson();
+  j["decoder"] = nullptr;
+  auto plain = Make(j.dump());
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(plain->Decode(*ids, {.skip_special_tokens = true}),
+            "un ##aff ##able , hello world ! he ##ll .");
+  std::vector<std::string_view> tokens = {"it", "'", "s", "do", "not", "?", "##x"};
+  EXPECT_EQ(WordPieceDecode(tokens, "##", /*cleanup=*/true), "it ' s do not?x");
+  EXPECT_EQ(WordPieceDecode(tokens, "##", /*cleanup=*/false), "it ' s do not ?x");
+}
+
+TEST(WordPieceTest, BertNormalizerOptions) {
+  BertNormalizerOptions keep{
+      .clean_text = true, .handle_chinese_chars = false, .strip_accents = false, .lowercase = true};
+  // Lowercased without stripping; per-character (no final sigma); U+0130 -> "i" U+0307.
+  EXPECT_EQ(BertNormalize("Caf\xC3\x89 \xCE\xA3\xCE\xA3 \xC4\xB0", keep),
+            "caf\xC3\xA9 \xCF\x83\xCF\x83 i\xCC\x87");
+  EXPECT_EQ(BertNormalize("a\xE4\xB8\xAD"
+                          "b",
+                          keep),
+            "a\xE4\xB8\xAD"
+            "b");
+  BertNormalizerOptions raw{
+      .clean_text = false, .handle_chinese_chars = true, .strip_accents = true, .lowercase = false};
+  EXPECT_EQ(BertNormalize("A\x01\xC3\x89\xE4\xB8\xAD", raw),
+            "A\x01"
+            "E \xE4\xB8\xAD ");
+}
+
+TEST(WordPieceTest, ClearErrors) {
+  auto err = [](const json& j) {
+    auto t = Tokenizer::FromHfJson(j.dump(), nullptr, "bert.json");
+    EXPECT_FALSE(t.ok());
+    return t.ok() ? std::string() : std::string(StatusMessage(t.status()));
+  };
+  json j = WordPieceJson();
+  j["model"].erase("vocab");
+  EXPECT_THAT(err(j), HasSubstr("bert.json: model.vocab is missing or empty"));
+  j = WordPieceJson();
+  j["model"]["unk_token"] = "<unk>";
+  EXPECT_THAT(err(j), HasSubstr("model.unk_token \"<unk>\" is not in model.vocab"));
+  j = WordPieceJson();
+  j["normalizer"]["type"] = "BertNormaliser";
+  EXPECT_THAT(err(j), HasSubstr("unknown normalizer.type \"BertNormaliser\""));
+  j = WordPieceJson();
+  j["normalizer"]["strip_accents"] = "yes";
+  EXPECT_THAT(err(j), HasSubstr("normalizer.strip_accents is \"yes\""));
+  j = WordPieceJson();
+  j["pre_tokenizer"]["type"] = "BertPretokenizer";
+  EXPECT_THAT(err(j), HasSubstr("unknown pre_tokenizer.type \"BertPretokenizer\""));
+  j = WordPieceJson();
+  j["model"]["max_input_chars_per_word"] = -1;
+  EXPECT_THAT(err(j), HasSubstr("model.max_input_chars_per_word is -1"));
+  j = WordPieceJson();
+  j["decoder"] = {{"type", "ByteLevel"}};
+  EXPECT_THAT(err(j), HasSubstr("decoder \"ByteLevel\" is not supported with a WordPiece model"));
 }
 
 // A SentencePiece-style GGUF vocabulary: <unk> <s> </s>, 256 byte tokens, then pieces.
