@@ -66,6 +66,7 @@ TEST_F(AttentionTest, FusedEqualsDecomposedForEveryModifier) {
       {"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}, false},
       {"softcap", {0.3, attn::CausalMask(), attn::SoftCapScore(1.5)}, false},
       {"prefix_lm", {0, attn::PrefixLmMask(0), {}}, true},
+      {"key_padding", {0, attn::KeyPaddingMask(0), {}}, true},
       {"chunked", {0, attn::ChunkedMask(2), {}}, false},
       {"window and softcap", {0, attn::SlidingWindowMask(2), attn::SoftCapScore(1.5)}, false},
       {"chunked, alibi then softcap",

@@ -818,6 +818,8 @@ Expr PrefixLmMask(int aux) {
   return Or(Le(KvIdx(), QIdx()), Lt(KvIdx(), Expr::Load(aux, Batch(), DType::kI64)));
 }
 
+Expr KeyPaddingMask(int aux) { return Lt(KvIdx(), Expr::Load(aux, Batch(), DType::kI64)); }
+
 Expr DocumentMask(int aux, int64_t row_len, int64_t window) {
   const Expr row = Batch() * Expr::Int(row_len);
   const Expr same =

@@ -260,6 +260,9 @@ Expr ChunkedMask(int64_t chunk);
 // Bidirectional within the first prefix_len[b] tokens, causal after; prefix_len is aux
 // tensor `aux` (i32, one per sequence).
 Expr PrefixLmMask(int aux);
+// Bidirectional over each sequence's first len[b] keys (encoders over a padded batch: BERT);
+// len is aux tensor `aux` (i32, one per sequence). Keys from len[b] on are padding.
+Expr KeyPaddingMask(int aux);
 // Packed training rows: causal (or a sliding window when window > 0) and only within one
 // document. Aux tensor `aux` (i32, [B * row_len]) holds each token's document id, row-major
 // over rows of row_len tokens.

@@ -141,6 +141,7 @@ std::vector<AttnVariant> AttentionVariants() {
   v.push_back({"alibi", {0, attn::CausalMask(), attn::AlibiScore(4)}});
   v.push_back({"softcap", {0.5, attn::CausalMask(), attn::SoftCapScore(2.0)}});
   v.push_back({"prefix_lm", {0, attn::PrefixLmMask(0), {}}, Aux::kPrefixLen});
+  v.push_back({"key_padding", {0, attn::KeyPaddingMask(0), {}}, Aux::kPrefixLen});
   v.push_back(
       {"relative_bias", {0, attn::CausalMask(), attn::RelativeBiasScore(0, 2)}, Aux::kBiasTable});
   // Gemma 2's sliding layers; chunks and a window at once; ALiBi then a cap.

@@ -52,7 +52,8 @@ StatusOr<DType> KvCacheDType(const std::string& name) {
 
 // Where the model's kernels run: a cpu backend of its own (so `threads` applies to this model
 // only), the reference backend, or a device from the registry.
-Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
+StatusOr<ModelDevice> PickDevice(const config::ModelConfig& config) {
+  ModelDevice parts;
   const std::string& name = config.backend.empty() ? std::string("cpu") : config.backend;
   if (config.activations != "f32" && config.activations != "q8") {
     return InvalidArgument("activations: ", config.activations, " is not one of f32, q8");
@@ -61,7 +62,7 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
     parts.backend =
         backend::MakeCpuBackend(config.threads, {.q8_activations = config.activations == "q8"});
     parts.device = parts.backend->device(0);
-    return OkStatus();
+    return parts;
   }
   if (config.activations != "f32") {
     return InvalidArgument("activations: ", config.activations,
@@ -73,7 +74,7 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
   }
   if (parts.backend) {
     parts.device = parts.backend->device(0);
-    return OkStatus();
+    return parts;
   }
   backend::Registry& registry = backend::Registry::Global();
   // The OpenCL backend is registered on first use: probing OpenCL platforms costs every process
@@ -90,10 +91,14 @@ Status PickDevice(const config::ModelConfig& config, PagedLlmParts& parts) {
     }
   }
   KILN_ASSIGN_OR_RETURN(parts.device, registry.GetDevice(name));
-  return OkStatus();
+  return parts;
 }
 
 }  // namespace
+
+StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
+  return PickDevice(config);
+}
 
 StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
   if (config.path.empty()) {
@@ -172,7 +177,9 @@ StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
   info.eos_token_ids.erase(std::unique(info.eos_token_ids.begin(), info.eos_token_ids.end()),
                            info.eos_token_ids.end());
 
-  KILN_RETURN_IF_ERROR(PickDevice(config, parts));
+  KILN_ASSIGN_OR_RETURN(ModelDevice device, PickDevice(config));
+  parts.backend = std::move(device.backend);
+  parts.device = device.device;
   parts.files = std::move(files);
   return parts;
 }

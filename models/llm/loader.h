@@ -36,6 +36,16 @@ struct LlmLoadOptions {
 StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config,
                                             const LlmLoadOptions& options);
 
+// The device of a model entry: `config.backend` ("cpu": a backend of the model's own with
+// `config.threads` threads and the configured activations; "ref"; else a registered device,
+// registering xpu and cuda on first use). InvalidArgument for bad activations, NotFound for
+// an unknown device.
+struct ModelDevice {
+  std::unique_ptr<backend::Backend> backend;  // null when the device belongs to the registry
+  backend::Device* device = nullptr;
+};
+StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config);
+
 // What LoadLlm opens before it compiles anything: the files, architecture, hyper-parameters,
 // tokenizer, chat template and device (the trainer builds its own graphs from these).
 StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config);

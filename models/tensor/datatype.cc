@@ -78,6 +78,25 @@ std::string ShapeToString(std::span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::vector<std::string_view> BytesElements(std::string_view raw) {
+  std::vector<std::string_view> out;
+  size_t at = 0;
+  while (at + 4 <= raw.size()) {
+    uint32_t n;
+    std::memcpy(&n, raw.data() + at, 4);
+    if (raw.size() - at - 4 < n) break;
+    out.push_back(raw.substr(at + 4, n));
+    at += 4 + size_t{n};
+  }
+  return out;
+}
+
+void AppendBytesElement(std::string& raw, std::string_view element) {
+  const uint32_t n = static_cast<uint32_t>(element.size());
+  raw.append(reinterpret_cast<const char*>(&n), 4);
+  raw.append(element);
+}
+
 StatusOr<int64_t> CountBytesElements(std::string_view raw) {
   int64_t count = 0;
   size_t pos = 0;

@@ -54,5 +54,10 @@ std::string ShapeToString(std::span<const int64_t> shape);
 // Validates a BYTES tensor's raw contents and returns the number of elements it holds.
 // InvalidArgument if an element's length runs past the end.
 StatusOr<int64_t> CountBytesElements(std::string_view raw);
+// The elements of BYTES contents, as views into `raw`. REQUIRES: CountBytesElements(raw)
+// accepted it (a truncated tail is dropped).
+std::vector<std::string_view> BytesElements(std::string_view raw);
+// Appends one element: its 4-byte little-endian length, then its bytes.
+void AppendBytesElement(std::string& raw, std::string_view element);
 
 }  // namespace kiln

@@ -17,26 +17,6 @@ namespace {
 
 constexpr std::string_view kPlatform = "kiln_builtin";
 
-// A BYTES tensor's elements (datatype.h's layout). REQUIRES: `raw` valid (PrepareRequest
-// checked it with CountBytesElements).
-std::vector<std::string_view> BytesElements(std::string_view raw) {
-  std::vector<std::string_view> out;
-  size_t at = 0;
-  while (at + 4 <= raw.size()) {
-    uint32_t n;
-    std::memcpy(&n, raw.data() + at, 4);
-    out.push_back(raw.substr(at + 4, n));
-    at += 4 + n;
-  }
-  return out;
-}
-
-void AppendBytesElement(std::string& raw, std::string_view element) {
-  const uint32_t n = static_cast<uint32_t>(element.size());
-  raw.append(reinterpret_cast<const char*>(&n), 4);
-  raw.append(element);
-}
-
 // Quotes a client's string for an error message, cut short and with non-printable bytes
 // escaped, so that a message stays one readable line.
 std::string Quote(std::string_view s) {
