@@ -105,6 +105,7 @@ struct ModelKind {
 constexpr ModelKind kModelKinds[] = {
     {"builtin", /*uses_builtin=*/true, /*uses_path=*/false},
     {"llm", /*uses_builtin=*/false, /*uses_path=*/true},
+    {"embedding", /*uses_builtin=*/false, /*uses_path=*/true},
 };
 // models/tensor's BuiltinModelNames (config/ depends on nothing, so the list is repeated;
 // builtin_models_test checks the two agree).
@@ -1336,12 +1337,27 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
       if (a.path.empty()) d.AtPath(Join(item_path, "path"), "missing: the adapter's PEFT folder");
     }
   } else {
-    if (m.threads != 0) d.AtPath(Join(path, "threads"), "only used by kind `llm`");
+    const bool embedding = m.kind == "embedding";
+    if (embedding) {
+      // The encoder runs batches of texts; it needs a batch dimension.
+      if (m.max_batch_size == 0) {
+        d.AtPath(Join(path, "max_batch_size"),
+                 "must be at least 1 for kind `embedding` (texts per step, e.g. 32)");
+      }
+      if (m.sequence_batching.has_value()) {
+        d.AtPath(Join(path, "sequence_batching"), "not used by kind `embedding`");
+      }
+    }
+    if (m.threads != 0 && !embedding) {
+      d.AtPath(Join(path, "threads"), "only used by kinds `llm` and `embedding`");
+    }
     if (m.activations != "f32") d.AtPath(Join(path, "activations"), "only used by kind `llm`");
     if (m.kv_cache_dtype != "f32") {
       d.AtPath(Join(path, "kv_cache_dtype"), "only used by kind `llm`");
     }
-    if (m.context_length != 0) d.AtPath(Join(path, "context_length"), "only used by kind `llm`");
+    if (m.context_length != 0 && !embedding) {
+      d.AtPath(Join(path, "context_length"), "only used by kinds `llm` and `embedding`");
+    }
     if (m.attention != AttentionConfig{}) {
       d.AtPath(Join(path, "attention"), "only used by kind `llm`");
     }

@@ -278,8 +278,10 @@ struct AttentionConfig {
 };
 
 struct ModelConfig {
-  std::string name;     // [A-Za-z0-9_.-]{1,128}, unique
-  std::string kind;     // "builtin" (tensor smoke-test models) or "llm" (path: GGUF or HF folder)
+  std::string name;  // [A-Za-z0-9_.-]{1,128}, unique
+  // "builtin" (tensor smoke-test models), "llm" (path: GGUF or HF folder) or "embedding"
+  // (path: a sentence-transformers / Hugging Face BERT folder; a tensor model)
+  std::string kind;
   std::string builtin;  // kind builtin: "simple", "identity_fp32" or "sleep_us"
   std::string path;     // weights (file or folder), for kinds that load weights
   std::string backend = "cpu";
@@ -291,9 +293,12 @@ struct ModelConfig {
   bool load_on_start = true;  // false: listed in the repository index, loaded on request
   // kind llm only:
   LlmSchedulerConfig scheduler;
+  // kinds llm and embedding:
   int threads = 0;         // CPU threads for the model's kernels; 0: the CPUs the process may use
                            // (affinity, cgroup quota)
-  int context_length = 0;  // cap on the model's context (KV per sequence); 0: the model's own
+  int context_length = 0;  // cap on the model's context (llm: KV per sequence; embedding: tokens
+                           // per text); 0: the model's own
+  // kind llm only:
   // Numerics. "f32": activations stay f32 (exact against f32 references). "q8": activations
   // are quantized to 8-bit blocks before multiplying q4_0/q4_1/q8_0/mxfp4 weights, as
   // llama.cpp does (faster one-stream decode on cpu; logits move by up to ~1).

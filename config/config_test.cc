@@ -88,7 +88,13 @@ Config DocumentedDefaults() {
   smollm2.kind = "llm";
   smollm2.path = ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   smollm2.context_length = 8192;
-  c.models = {simple, identity, sleep, smollm2};
+  ModelConfig minilm;
+  minilm.name = "all-MiniLM-L6-v2";
+  minilm.kind = "embedding";
+  minilm.path = ".kiln/models/all-MiniLM-L6-v2";
+  minilm.max_batch_size = 32;
+  minilm.dynamic_batching.emplace().max_queue_delay_microseconds = 2000;
+  c.models = {simple, identity, sleep, smollm2, minilm};
   return c;
 }
 
@@ -628,11 +634,13 @@ TEST(CrossFieldTest, DuplicateModelNamesNameBothPlaces) {
 }
 
 TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
-  EXPECT_THAT(Errors("models:\n  - name: a\n"),
-              ElementsAre("f.yaml:2:5: `models[0].kind`: missing; expected one of builtin, llm"));
+  EXPECT_THAT(
+      Errors("models:\n  - name: a\n"),
+      ElementsAre(
+          "f.yaml:2:5: `models[0].kind`: missing; expected one of builtin, llm, embedding"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: lm\n    path: /m\n"),
               ElementsAre("f.yaml:3:11: `models[0].kind`: unknown model kind `lm`; expected one "
-                          "of builtin, llm (did you mean `llm`?)"));
+                          "of builtin, llm, embedding (did you mean `llm`?)"));
   EXPECT_THAT(Errors("models:\n  - name: a\n    kind: builtin\n"),
               ElementsAre("f.yaml:2:5: `models[0].builtin`: missing; expected one of simple, "
                           "identity_fp32, sleep_us, simple_string, simple_int8, simple_identity, "
@@ -810,9 +818,9 @@ TEST(OverridesTest, ErrorsNameTheOverride) {
   EXPECT_THAT(Errors("", {"sever.grpc.address=127.0.0.1:1"}),
               ElementsAre("<set>:1:1: unknown key `sever` at the top level (did you mean "
                           "`server`?) (in --set `sever.grpc.address=127.0.0.1:1`)"));
-  EXPECT_THAT(Errors(DefaultConfigYaml(), {"models[5].name=x"}),
-              ElementsAre("<set>:1:7: index [5] is out of range: `models` has 4 entries (use [4] "
-                          "to append one) (in --set `models[5].name=x`)"));
+  EXPECT_THAT(Errors(DefaultConfigYaml(), {"models[6].name=x"}),
+              ElementsAre("<set>:1:7: index [6] is out of range: `models` has 5 entries (use [5] "
+                          "to append one) (in --set `models[6].name=x`)"));
   EXPECT_THAT(Errors("", {"logging.level"}),
               ElementsAre("<set>:1:1: expected PATH=VALUE, e.g. "
                           "`server.grpc.address=127.0.0.1:0` (in --set `logging.level`)"));
@@ -1422,8 +1430,27 @@ TEST(LlmModelTest, TensorModelSettingsAreRefused) {
 TEST(LlmModelTest, SchedulerOnATensorModelIsRefused) {
   EXPECT_THAT(Errors("models:\n" + Model("a", "    scheduler: {max_num_seqs: 4}\n")),
               ElementsAre(HasSubstr("`models[0].scheduler`: not used by kind `builtin`")));
-  EXPECT_THAT(Errors("models:\n" + Model("a", "    threads: 4\n")),
-              ElementsAre(HasSubstr("`models[0].threads`: only used by kind `llm`")));
+  EXPECT_THAT(
+      Errors("models:\n" + Model("a", "    threads: 4\n")),
+      ElementsAre(HasSubstr("`models[0].threads`: only used by kinds `llm` and `embedding`")));
+}
+
+TEST(EmbeddingModelTest, NeedsAPathAndABatchAndTakesThreadsAndContextLength) {
+  const std::string head = "models:\n  - name: e\n    kind: embedding\n";
+  const Config c = Parse(head +
+                         "    path: /m\n    max_batch_size: 16\n    threads: 2\n"
+                         "    context_length: 128\n");
+  EXPECT_EQ(c.models[0].kind, "embedding");
+  EXPECT_EQ(c.models[0].threads, 2);
+  EXPECT_EQ(c.models[0].context_length, 128);
+  EXPECT_THAT(Errors(head + "    max_batch_size: 16\n"),
+              ElementsAre(HasSubstr("`models[0].path`: missing; kind `embedding` loads its "
+                                    "weights from `path`")));
+  EXPECT_THAT(Errors(head + "    path: /m\n"),
+              ElementsAre(HasSubstr("`models[0].max_batch_size`: must be at least 1 for kind "
+                                    "`embedding`")));
+  EXPECT_THAT(Errors(head + "    path: /m\n    max_batch_size: 4\n    kv_cache_dtype: f16\n"),
+              ElementsAre(HasSubstr("`models[0].kv_cache_dtype`: only used by kind `llm`")));
 }
 
 TEST(LlmModelTest, SchedulerRangesAndTypos) {

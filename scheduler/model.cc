@@ -202,7 +202,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     }
     return model;
   }
-  if (config.kind != "builtin") {
+  const bool builtin = config.kind == "builtin";
+  if (!builtin && !deps.tensor_loader) {
     return Unimplemented("model '", config.name, "': kind '", config.kind,
                          "' cannot be served by this build");
   }
@@ -215,7 +216,7 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
   }
   std::vector<std::unique_ptr<TensorModel>> instances;
   for (int i = 0; i < config.instance_count; ++i) {
-    auto inst = CreateBuiltinModel(config.builtin);
+    auto inst = builtin ? CreateBuiltinModel(config.builtin) : deps.tensor_loader(config);
     if (!inst.ok()) return Annotate(inst.status(), StrCat("model '", config.name, "'"));
     instances.push_back(std::move(*inst));
   }

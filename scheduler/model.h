@@ -49,11 +49,16 @@ Status PrepareRequest(const ModelSignature& signature, InferenceRequest& request
 using LlmLoader =
     std::function<StatusOr<std::unique_ptr<models::LlmModel>>(const config::ModelConfig&)>;
 
+// Builds one instance of a tensor model that loads weights (`kind: embedding`).
+using TensorModelLoader =
+    std::function<StatusOr<std::unique_ptr<TensorModel>>(const config::ModelConfig&)>;
+
 // What loading a model needs from the server. Metric families may be null (no metrics).
 struct ModelDeps {
   InferenceMetricFamilies* tensor_metrics = nullptr;
   LlmMetricFamilies* llm_metrics = nullptr;
-  LlmLoader llm_loader;  // unset: `kind: llm` entries fail to load, saying so
+  LlmLoader llm_loader;             // unset: `kind: llm` entries fail to load, saying so
+  TensorModelLoader tensor_loader;  // unset: `kind: embedding` entries fail to load, saying so
   // Events each model's flight recorder keeps (observability.flight_recorder); 0: none.
   int flight_recorder_entries = 0;
   double watchdog_seconds = 0;  // observability.watchdog_seconds (LLMs watch running requests)

@@ -46,6 +46,7 @@ constexpr HttpRoute kRoutes[] = {
     {"GET", "/v1/models/{model}", C::kInference},
     {"POST", "/v1/completions", C::kInference},
     {"POST", "/v1/chat/completions", C::kInference},
+    {"POST", "/v1/embeddings", C::kInference},
     {"POST", "/v1/load_lora_adapter", C::kAdmin},
     {"POST", "/v1/unload_lora_adapter", C::kAdmin},
     // Files and fine-tuning jobs (server/finetune/finetune_http.cc).

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_join.h"
+#include "models/encoder/embedding_tensor_model.h"
 #include "models/llm/loader.h"
 #include "scheduler/device_metrics.h"
 #include "scheduler/finetune/job_service.h"
@@ -63,6 +64,7 @@ Server::Server(config::Config config, LlmLoader llm_loader) : config_(std::move(
       return models::LoadLlm(c, options);
     };
   }
+  deps.tensor_loader = models::LoadEmbeddingTensorModel;  // kind: embedding
   repository_ = std::make_unique<ModelRepository>(config_.models, std::move(deps));
   limiter_ = std::make_unique<InflightLimiter>(config_.server.max_inflight_requests);
   core_.config = &config_;

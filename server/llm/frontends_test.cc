@@ -708,10 +708,15 @@ TEST_F(FrontEndsTest, WrongMethodsAndRoutes) {
   auto get = HttpCall(server_.http_port(), "GET", "/v1/chat/completions");
   EXPECT_EQ(get.status, 405);
   EXPECT_THAT(json::parse(get.body)["error"]["message"].get<std::string>(), HasSubstr("POST"));
-  auto unknown = HttpCall(server_.http_port(), "POST", "/v1/embeddings", "{}");
+  auto unknown = HttpCall(server_.http_port(), "POST", "/v1/audio/speech", "{}");
   EXPECT_EQ(unknown.status, 404);
   EXPECT_EQ(json::parse(unknown.body)["error"]["type"], "invalid_request_error");
   EXPECT_EQ(json::parse(unknown.body)["error"]["code"], "not_found") << "issue 14: was null";
+  // /v1/embeddings is routed; the fake LLM is not an embedding model.
+  auto not_embedding =
+      HttpCall(server_.http_port(), "POST", "/v1/embeddings", R"({"model": "fake", "input": "x"})");
+  EXPECT_EQ(not_embedding.status, 400);
+  EXPECT_EQ(json::parse(not_embedding.body)["error"]["param"], "model");
   auto unknown_get = HttpCall(server_.http_port(), "GET", "/v1/nope");
   EXPECT_EQ(unknown_get.status, 404);
   EXPECT_EQ(json::parse(unknown_get.body)["error"]["code"], "not_found");

@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "models/encoder/embedding_tensor_model.h"
 #include "scheduler/generation.h"
 #include "server/llm/http_stream.h"
+#include "server/llm/openai_embeddings.h"
 #include "server/llm/params.h"
 #include "server/status_mapping.h"
 #include "server/tracing.h"
@@ -639,6 +641,13 @@ json ModelObject(const LlmEndpoint& m, int64_t created, const ModelRepository& r
   return o;
 }
 
+// An embedding model (`kind: embedding`) in /v1/models.
+json EmbeddingModelObject(const Model& m, int64_t created) {
+  return {{"id", m.name()},          {"object", "model"},
+          {"created", created},      {"owned_by", "kiln"},
+          {"root", m.config().path}, {"dimensions", m.signature().outputs.at(0).dims.at(0)}};
+}
+
 void SendMethodNotAllowed(const Responder& r, const http::Request& req, std::string_view allow) {
   json err = OpenAiError(
       InvalidArgument("method ", req.method, " is not allowed on ", req.path, "; use ", allow));
@@ -715,11 +724,21 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
         data.push_back(ModelObject(*llm, created_, *core_->repository));
       }
     }
+    for (auto& m : core_->repository->ReadyModels()) {
+      if (m->platform() == models::kEmbeddingPlatform) {
+        data.push_back(EmbeddingModelObject(*m, created_));
+      }
+    }
     SendJson(r, 200, {{"object", "list"}, {"data", std::move(data)}});
     return true;
   }
   if (seg.size() == 3 && seg[1] == "models") {
     if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
+    if (auto m = core_->repository->GetReady(seg[2]);
+        m.ok() && (*m)->platform() == models::kEmbeddingPlatform) {
+      SendJson(r, 200, EmbeddingModelObject(**m, created_));
+      return true;
+    }
     auto model = LlmEndpoint::Find(*core_->repository, seg[2]);
     if (!model.ok()) {
       SendError(r, model.status().code() == StatusCode::kInvalidArgument
@@ -737,6 +756,11 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
     Generate(*core_, req, r, chat);
     return true;
   }
+  if (seg.size() == 2 && seg[1] == "embeddings") {
+    if (!post) return SendMethodNotAllowed(r, req, "POST"), true;
+    HandleEmbeddings(*core_, req, r);
+    return true;
+  }
   const bool load = seg.size() == 2 && seg[1] == "load_lora_adapter";
   if (load || (seg.size() == 2 && seg[1] == "unload_lora_adapter")) {
     if (!post) return SendMethodNotAllowed(r, req, "POST"), true;
@@ -745,7 +769,8 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
   }
   SendError(r, NotFound("no route for ", req.method, " ", req.path,
                         "; the OpenAI-compatible API serves /v1/models, /v1/completions, "
-                        "/v1/chat/completions, /v1/load_lora_adapter and /v1/unload_lora_adapter"));
+                        "/v1/chat/completions, /v1/embeddings, /v1/load_lora_adapter and "
+                        "/v1/unload_lora_adapter"));
   return true;
 }
 

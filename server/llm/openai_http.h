@@ -1,8 +1,9 @@
 // The OpenAI-compatible HTTP API, served on server.http next to KServe's /v2 routes:
 //
-//   GET  /v1/models, /v1/models/{model}     the ready LLMs
+//   GET  /v1/models, /v1/models/{model}     the ready LLMs and embedding models
 //   POST /v1/completions                    one prompt (text or token ids) -> text
 //   POST /v1/chat/completions               messages, rendered with the model's template
+//   POST /v1/embeddings                     texts -> vectors (openai_embeddings.h)
 //   POST /v1/load_lora_adapter              {"lora_name", "lora_path"[, "base_model"]} (vLLM's)
 //   POST /v1/unload_lora_adapter            {"lora_name"}
 //
