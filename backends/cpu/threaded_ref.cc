@@ -1,5 +1,6 @@
 #include "backends/cpu/threaded_ref.h"
 
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,51 @@ void SampleKernel(const LaunchArgs& a, const ExecCtx& c) {
   ref::SampleRows(a, begin, end);
 }
 
+// gather of whole rows of a table in the output's own dtype (embeddings: token and position
+// rows), copied with memcpy over the threads; other layouts run the reference loop, which
+// converts element by element.
+struct GatherData {
+  backend::Kernel reference;
+};
+
+bool DenseRows(const TensorArg& t) {  // every axis but the first is dense
+  int64_t expect = 1;
+  for (int d = t.rank - 1; d >= 1; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != expect) return false;
+    expect *= t.shape[d];
+  }
+  return true;
+}
+
+void GatherKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const TensorArg &table = a.inputs[0], &ids = a.inputs[1], &o = a.output;
+  const bool fast = table.dtype == o.dtype && DenseRows(table) && o.IsContiguous() &&
+                    ids.IsContiguous() && (ids.dtype == DType::kI32 || ids.dtype == DType::kI64);
+  if (!fast) {
+    const backend::Kernel& ref = static_cast<const GatherData*>(a.kernel_data)->reference;
+    LaunchArgs args = a;
+    args.kernel_data = ref.data.get();
+    ref.fn(args, c);
+    return;
+  }
+  int64_t row_elems = 1;
+  for (int d = 1; d < table.rank; ++d) row_elems *= table.shape[d];
+  const size_t row_bytes = static_cast<size_t>(ByteOffset(table.dtype, row_elems));
+  const auto [begin, end] = Share(ids.numel(), c);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t r = ids.dtype == DType::kI32 ? static_cast<const int32_t*>(ids.data)[i]
+                                               : static_cast<const int64_t*>(ids.data)[i];
+    char* dst = static_cast<char*>(o.data) + static_cast<size_t>(i) * row_bytes;
+    if (r < 0 || r >= table.shape[0]) {
+      std::memset(dst, 0, row_bytes);  // out of range: zeros, as the reference
+    } else {
+      std::memcpy(
+          dst, static_cast<const char*>(table.data) + ByteOffset(table.dtype, r * table.strides[0]),
+          row_bytes);
+    }
+  }
+}
+
 }  // namespace
 
 std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequest& req) {
@@ -55,6 +101,16 @@ std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequ
       return backend::Kernel{OptimizerKernel, std::move(d), absl::StrCat("cpu.", OpName(req.op))};
     case OpKind::kSample:
       return backend::Kernel{SampleKernel, nullptr, "cpu.sample"};
+    case OpKind::kGather: {
+      if (req.inputs[0].dtype != req.output.dtype || IsQuantized(req.output.dtype)) {
+        return std::nullopt;
+      }
+      StatusOr<backend::Kernel> reference = ref::KernelFor(req);
+      if (!reference.ok()) return std::nullopt;
+      auto g = std::make_shared<GatherData>();
+      g->reference = *std::move(reference);
+      return backend::Kernel{GatherKernel, std::move(g), "cpu.gather"};
+    }
     default:
       return std::nullopt;
   }

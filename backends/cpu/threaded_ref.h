@@ -1,6 +1,7 @@
 // The cpu backend's kernels that run reference loops (backends/ref: the same code and numerics)
 // split over the stream's thread pool: fused cross-entropy (loss and dlogits in one pass) and
-// sample by rows, the optimizers by elements.
+// sample by rows, the optimizers by elements; gather copies whole rows (same dtype in and out)
+// by rows, other gathers run the reference loop.
 #pragma once
 
 #include <optional>
@@ -9,7 +10,7 @@
 
 namespace kiln::cpu {
 
-// A kernel for fused_cross_entropy, the optimizers or sample; nullopt for other ops.
+// A kernel for fused_cross_entropy, the optimizers, sample or gather; nullopt for other ops.
 std::optional<backend::Kernel> ThreadedReferenceKernel(const backend::KernelRequest& request);
 
 }  // namespace kiln::cpu

@@ -50,9 +50,11 @@ StatusOr<DType> KvCacheDType(const std::string& name) {
   return InvalidArgument("kv_cache_dtype: ", name, " is not one of f32, f16, bf16");
 }
 
+}  // namespace
+
 // Where the model's kernels run: a cpu backend of its own (so `threads` applies to this model
 // only), the reference backend, or a device from the registry.
-StatusOr<ModelDevice> PickDevice(const config::ModelConfig& config) {
+StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
   ModelDevice parts;
   const std::string& name = config.backend.empty() ? std::string("cpu") : config.backend;
   if (config.activations != "f32" && config.activations != "q8") {
@@ -92,12 +94,6 @@ StatusOr<ModelDevice> PickDevice(const config::ModelConfig& config) {
   }
   KILN_ASSIGN_OR_RETURN(parts.device, registry.GetDevice(name));
   return parts;
-}
-
-}  // namespace
-
-StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
-  return PickDevice(config);
 }
 
 StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
@@ -177,7 +173,7 @@ StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config) {
   info.eos_token_ids.erase(std::unique(info.eos_token_ids.begin(), info.eos_token_ids.end()),
                            info.eos_token_ids.end());
 
-  KILN_ASSIGN_OR_RETURN(ModelDevice device, PickDevice(config));
+  KILN_ASSIGN_OR_RETURN(ModelDevice device, OpenModelDevice(config));
   parts.backend = std::move(device.backend);
   parts.device = device.device;
   parts.files = std::move(files);

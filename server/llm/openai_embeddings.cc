@@ -1,5 +1,6 @@
 #include "server/llm/openai_embeddings.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -109,13 +110,16 @@ struct Gather {
   EmbeddingsCall call;
   InflightLimiter::Ticket ticket;
   size_t model_dims = 0;
-  std::vector<float> vectors;         // [texts, model_dims]
+  // Batches take the texts in order of length (less padding per step): batch row k is text
+  // order[k].
+  std::vector<size_t> order;
+  std::vector<float> vectors;         // [texts, model_dims], in the request's order
   std::vector<int32_t> token_counts;  // per text
   size_t pending = 0;
   Status status;  // the first failure
   bool refused_long = false;
 
-  // Records one batch (texts [first, first + rows)); the last one answers.
+  // Records one batch (rows [first, first + rows) of `order`); the last one answers.
   void Done(size_t first, InferenceResponse&& resp);
   void Answer();
 };
@@ -131,14 +135,17 @@ void Gather::Done(size_t first, InferenceResponse&& resp) {
     if (emb.data.size() != rows * model_dims * sizeof(float) || cut.data.size() != rows) {
       status = Internal("the embedding model answered ", rows, " rows of mismatched sizes");
     } else {
-      std::memcpy(vectors.data() + first * model_dims, emb.data.data(), emb.data.size());
-      std::memcpy(token_counts.data() + first, counts.data.data(), counts.data.size());
-      for (size_t i = 0; i < rows && !call.truncate; ++i) {
-        if (cut.data[i] != 0) {
+      for (size_t i = 0; i < rows; ++i) {
+        const size_t text = order[first + i];
+        std::memcpy(vectors.data() + text * model_dims,
+                    emb.data.data() + i * model_dims * sizeof(float), model_dims * sizeof(float));
+        std::memcpy(&token_counts[text], counts.data.data() + i * sizeof(int32_t),
+                    sizeof(int32_t));
+        if (cut.data[i] != 0 && !call.truncate) {
           status = WithParam(
               InvalidArgument(call.texts.size() == 1 ? std::string("`input`")
-                                                     : absl::StrCat("`input[", first + i, "]`"),
-                              " is longer than the model's ", token_counts[first + i],
+                                                     : absl::StrCat("`input[", text, "]`"),
+                              " is longer than the model's ", token_counts[text],
                               " tokens; shorten it or send `truncate: true` to cut it"),
               "input");
           break;
@@ -217,6 +224,11 @@ void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responde
   const size_t n = call->texts.size();
   gather->vectors.resize(n * model_dims);
   gather->token_counts.resize(n);
+  gather->order.resize(n);
+  for (size_t i = 0; i < n; ++i) gather->order[i] = i;
+  std::stable_sort(gather->order.begin(), gather->order.end(), [&](size_t a, size_t b) {
+    return call->texts[a].size() < call->texts[b].size();
+  });
   const size_t per_request = static_cast<size_t>(std::max(1, sig.max_batch_size));
   auto cancel = std::make_shared<CancelFlag>();
   std::weak_ptr<Model> weak = *model;
@@ -235,7 +247,9 @@ void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responde
                     DataType::kBytes,
                     {static_cast<int64_t>(rows), 1},
                     {}};
-    for (size_t i = first; i < first + rows; ++i) AppendBytesElement(text.data, call->texts[i]);
+    for (size_t i = first; i < first + rows; ++i) {
+      AppendBytesElement(text.data, call->texts[gather->order[i]]);
+    }
     request->inputs.push_back(std::move(text));
     request->on_complete = [gather, first](InferenceResponse&& resp) {
       gather->Done(first, std::move(resp));
