@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "models/encoder/embedding_tensor_model.h"
 #include "scheduler/dynamic_batcher.h"
 #include "scheduler/flight_recorder.h"
 #include "scheduler/inference_request.h"
@@ -34,6 +35,10 @@ struct ModelSignature {
   // request, served over streaming RPCs only (see InferenceRequest::on_response).
   bool decoupled = false;
 };
+
+// Embedding models' (`kind: embedding`) tensor names, for front ends
+// (models/encoder/embedding_tensor_model.h).
+inline constexpr std::string_view kEmbeddingInput = models::kEmbeddingInput;
 
 // The version every Kiln model is served as.
 inline constexpr std::string_view kModelVersion = "1";
@@ -92,6 +97,8 @@ class Model {
   // the request path (generation.h), which holds it.
   ContinuousBatcher* llm() const { return llm_.get(); }
   bool is_llm() const { return llm_ != nullptr; }
+  // A `kind: embedding` model: BYTES text_input -> FP32 embedding, token_count, truncated.
+  bool is_embedding() const { return platform_ == models::kEmbeddingPlatform; }
 
   // Tensor models: PrepareRequest, then queue. On success the model owns the request and
   // answers it through on_complete (and on_response, which a decoupled model requires:

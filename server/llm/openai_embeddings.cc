@@ -9,8 +9,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "models/encoder/embedding_tensor_model.h"
-#include "models/tensor/datatype.h"
 #include "nlohmann/json.hpp"
 #include "server/llm/openai_http.h"
 #include "server/llm/params.h"
@@ -139,8 +137,7 @@ void Gather::Done(size_t first, InferenceResponse&& resp) {
         const size_t text = order[first + i];
         std::memcpy(vectors.data() + text * model_dims,
                     emb.data.data() + i * model_dims * sizeof(float), model_dims * sizeof(float));
-        std::memcpy(&token_counts[text], counts.data.data() + i * sizeof(int32_t),
-                    sizeof(int32_t));
+        std::memcpy(&token_counts[text], counts.data.data() + i * sizeof(int32_t), sizeof(int32_t));
         if (cut.data[i] != 0 && !call.truncate) {
           status = WithParam(
               InvalidArgument(call.texts.size() == 1 ? std::string("`input`")
@@ -202,7 +199,7 @@ void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responde
                             : model.status());
   }
   const ModelSignature& sig = (*model)->signature();
-  if ((*model)->platform() != models::kEmbeddingPlatform || sig.outputs.empty()) {
+  if (!(*model)->is_embedding() || sig.outputs.empty()) {
     return SendError(r, WithParam(InvalidArgument("model '", call->model,
                                                   "' is not an embedding model (serve one with "
                                                   "`kind: embedding`)"),
@@ -243,10 +240,8 @@ void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responde
     auto request = std::make_unique<InferenceRequest>();
     request->model_name = call->model;
     request->cancel = cancel;
-    HostTensor text{std::string(models::kEmbeddingInput),
-                    DataType::kBytes,
-                    {static_cast<int64_t>(rows), 1},
-                    {}};
+    HostTensor text{
+        std::string(kEmbeddingInput), DataType::kBytes, {static_cast<int64_t>(rows), 1}, {}};
     for (size_t i = first; i < first + rows; ++i) {
       AppendBytesElement(text.data, call->texts[gather->order[i]]);
     }

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "models/encoder/embedding_tensor_model.h"
 #include "scheduler/generation.h"
 #include "server/llm/http_stream.h"
 #include "server/llm/openai_embeddings.h"
@@ -725,7 +724,7 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
       }
     }
     for (auto& m : core_->repository->ReadyModels()) {
-      if (m->platform() == models::kEmbeddingPlatform) {
+      if (m->is_embedding()) {
         data.push_back(EmbeddingModelObject(*m, created_));
       }
     }
@@ -734,8 +733,7 @@ bool OpenAiApi::Handle(http::Request& req, const std::shared_ptr<http::Responder
   }
   if (seg.size() == 3 && seg[1] == "models") {
     if (!get) return SendMethodNotAllowed(r, req, "GET"), true;
-    if (auto m = core_->repository->GetReady(seg[2]);
-        m.ok() && (*m)->platform() == models::kEmbeddingPlatform) {
+    if (auto m = core_->repository->GetReady(seg[2]); m.ok() && (*m)->is_embedding()) {
       SendJson(r, 200, EmbeddingModelObject(**m, created_));
       return true;
     }
