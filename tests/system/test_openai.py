@@ -219,8 +219,12 @@ def test_unknown_model_is_not_found(client):
 # Issue 14: OpenAI's shapes in detail.
 def test_unknown_route_is_not_found_with_a_code(client, kilnd):
     with pytest.raises(openai.NotFoundError) as e:
-        client.embeddings.create(model=MODEL, input="kiln")
+        client.images.generate(model=MODEL, prompt="kiln")
     assert e.value.code == "not_found" and e.value.type == "invalid_request_error"
+    # /v1/embeddings is routed (test_embeddings.py); an LLM is not an embedding model.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MODEL, input="kiln")
+    assert e.value.param == "model"
     r = requests.get(f"{kilnd.base}/v1/nope", timeout=30)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
 
