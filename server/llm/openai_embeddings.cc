@@ -13,6 +13,7 @@
 #include "server/llm/openai_http.h"
 #include "server/llm/params.h"
 #include "server/status_mapping.h"
+#include "server/tracing.h"
 
 namespace kiln::llm {
 namespace {
@@ -22,14 +23,20 @@ using Responder = std::shared_ptr<http::Responder>;
 
 constexpr size_t kMaxInputs = 2048;  // OpenAI's limit on texts per request
 
-void Send(const Responder& r, int status, const json& body) {
+// Answers and ends the request's trace (null: not traced) with the answer's status.
+void Send(const Responder& r, int status, const json& body, RequestTrace* trace,
+          const Status& outcome = OkStatus()) {
   http::Response resp;
   resp.status = status;
   resp.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  resp.headers = TraceHeaders(trace);
   r->Send(std::move(resp));
+  if (trace) trace->End(outcome);
 }
 
-void SendError(const Responder& r, const Status& s) { Send(r, ToHttpStatus(s), OpenAiError(s)); }
+void SendError(const Responder& r, const Status& s, RequestTrace* trace) {
+  Send(r, ToHttpStatus(s), OpenAiError(s), trace, s);
+}
 
 struct EmbeddingsCall {
   std::string model;
@@ -105,6 +112,7 @@ StatusOr<EmbeddingsCall> ReadCall(const std::string& body) {
 struct Gather {
   std::mutex mu;
   Responder r;
+  std::shared_ptr<RequestTrace> trace;  // null: not traced
   EmbeddingsCall call;
   InflightLimiter::Ticket ticket;
   size_t model_dims = 0;
@@ -157,7 +165,7 @@ void Gather::Done(size_t first, InferenceResponse&& resp) {
 
 void Gather::Answer() {
   ticket.Release();
-  if (!status.ok()) return SendError(r, status);
+  if (!status.ok()) return SendError(r, status, trace.get());
   const size_t dims = call.dimensions > 0 ? static_cast<size_t>(call.dimensions) : model_dims;
   json data = json::array();
   int64_t tokens = 0;
@@ -184,38 +192,42 @@ void Gather::Answer() {
        {{"object", "list"},
         {"data", std::move(data)},
         {"model", call.model},
-        {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}});
+        {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}},
+       trace.get());
 }
 
 }  // namespace
 
 void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responder& r) {
+  // Traced as the other routes: the root span, then each batch's queue and execute spans.
+  std::shared_ptr<RequestTrace> trace = BeginHttpTrace(core, req);
+  auto fail = [&](const Status& s) { SendError(r, s, trace.get()); };
   StatusOr<EmbeddingsCall> call = ReadCall(req.body);
-  if (!call.ok()) return SendError(r, call.status());
+  if (!call.ok()) return fail(call.status());
   auto model = core.repository->GetReady(call->model);
   if (!model.ok()) {
-    return SendError(r, model.status().code() == StatusCode::kNotFound
-                            ? WithParam(model.status(), "model")
-                            : model.status());
+    return fail(model.status().code() == StatusCode::kNotFound ? WithParam(model.status(), "model")
+                                                               : model.status());
   }
   const ModelSignature& sig = (*model)->signature();
   if (!(*model)->is_embedding() || sig.outputs.empty()) {
-    return SendError(r, WithParam(InvalidArgument("model '", call->model,
-                                                  "' is not an embedding model (serve one with "
-                                                  "`kind: embedding`)"),
-                                  "model"));
+    return fail(WithParam(InvalidArgument("model '", call->model,
+                                          "' is not an embedding model (serve one with "
+                                          "`kind: embedding`)"),
+                          "model"));
   }
   const size_t model_dims = static_cast<size_t>(sig.outputs[0].dims.at(0));
   if (call->dimensions > static_cast<int64_t>(model_dims)) {
-    return SendError(r, WithParam(InvalidArgument("`dimensions` is ", call->dimensions, "; model '",
-                                                  call->model, "' gives ", model_dims),
-                                  "dimensions"));
+    return fail(WithParam(InvalidArgument("`dimensions` is ", call->dimensions, "; model '",
+                                          call->model, "' gives ", model_dims),
+                          "dimensions"));
   }
   auto ticket = core.Admit();
-  if (!ticket.ok()) return SendError(r, ticket.status());
+  if (!ticket.ok()) return fail(ticket.status());
 
   auto gather = std::make_shared<Gather>();
   gather->r = r;
+  gather->trace = trace;
   gather->model_dims = model_dims;
   gather->ticket = std::move(*ticket);
   const size_t n = call->texts.size();
@@ -240,6 +252,7 @@ void HandleEmbeddings(ServerCore& core, const http::Request& req, const Responde
     auto request = std::make_unique<InferenceRequest>();
     request->model_name = call->model;
     request->cancel = cancel;
+    request->trace = trace;
     HostTensor text{
         std::string(kEmbeddingInput), DataType::kBytes, {static_cast<int64_t>(rows), 1}, {}};
     for (size_t i = first; i < first + rows; ++i) {

@@ -12,7 +12,8 @@
 // is refused (400, param `input`) unless `truncate: true` (Kiln's extension, as Hugging Face
 // TEI's) asks to cut it. `dimensions` keeps the first N values and re-normalises them
 // (meaningful for Matryoshka-trained models). `base64` is the float32 little-endian bytes.
-// Errors in OpenAI's shape (openai_http.h).
+// Errors in OpenAI's shape (openai_http.h). Traced like every route (W3C traceparent in and
+// out; each batch's queue and execute spans under the request's).
 //
 // Thread-safety: as OpenAiApi::Handle; never blocks an I/O thread.
 #pragma once

@@ -202,3 +202,14 @@ def test_kserve_tensor_path(kilnd):
                          "data": [""]}]}
     r = requests.post(f"{kilnd.base}/v2/models/{MODEL}/infer", json=empty)
     assert r.status_code == 400 and "empty" in r.text
+
+
+def test_the_callers_trace_comes_back_with_a_new_span(kilnd):
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    for body, status in [({"model": MODEL, "input": ["one", "two"]}, 200),
+                         ({"model": MODEL, "input": ""}, 400)]:
+        r = requests.post(f"{kilnd.base}/v1/embeddings", json=body,
+                          headers={"traceparent": f"00-{trace_id}-{parent}-01"})
+        assert r.status_code == status, r.text
+        _, got_trace, got_span, _ = r.headers["traceparent"].split("-")
+        assert got_trace == trace_id and got_span != parent
