@@ -26,10 +26,9 @@ class EmbeddingTensorModel final : public TensorModel {
   Status CheckRequest(std::span<const HostTensor> in) const override {
     const std::vector<std::string_view> texts = BytesElements(in[0].data);
     for (size_t i = 0; i < texts.size(); ++i) {
-      const StatusOr<EncodedText> t = model_->Tokenize(texts[i]);
-      if (!t.ok()) {
-        return InvalidArgument(kEmbeddingInput, "[", i, "]: ", StatusMessage(t.status()));
-      }
+      // Execute tokenizes; this only refuses what Tokenize would (no tokenizing twice).
+      const Status s = EncoderModel::CheckText(texts[i]);
+      if (!s.ok()) return InvalidArgument(kEmbeddingInput, "[", i, "]: ", StatusMessage(s));
     }
     return OkStatus();
   }

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -16,10 +15,12 @@
 #include "engine/expr.h"
 #include "engine/program.h"
 #include "models/arch/arch.h"
+#include "models/hf/hf_folder.h"
 #include "models/llm/forward.h"
 #include "models/llm/loader.h"
 #include "models/llm/model_files.h"
 #include "models/tokenizer/tokenizer.h"
+#include "models/tokenizer/unicode.h"
 
 namespace kiln::models {
 namespace {
@@ -102,21 +103,14 @@ const HfNaming& BertNaming() {
   return *naming;
 }
 
-StatusOr<nlohmann::json> ReadJson(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) return NotFound(path.string(), ": cannot be read");
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgument(path.string(), ": not valid JSON");
-  return j;
-}
-
 // The sentence-transformers modules after the transformer: pooling, normalisation and the
 // length the model was trained for. A plain BertModel folder (no modules.json): mean pooling.
 Status ReadSentenceTransformersConfig(const fs::path& dir, EncoderInfo& info) {
   info.pooling = EmbeddingPooling::kMean;
   info.normalize = false;
   if (fs::exists(dir / "sentence_bert_config.json")) {
-    KILN_ASSIGN_OR_RETURN(nlohmann::json sb, ReadJson(dir / "sentence_bert_config.json"));
+    KILN_ASSIGN_OR_RETURN(nlohmann::json sb,
+                          ReadJsonFile((dir / "sentence_bert_config.json").string()));
     const auto it = sb.find("max_seq_length");
     if (it != sb.end() && !it->is_null()) {
       if (!it->is_number_integer() || it->get<int64_t>() < 2) {
@@ -128,7 +122,7 @@ Status ReadSentenceTransformersConfig(const fs::path& dir, EncoderInfo& info) {
   }
   if (!fs::exists(dir / "modules.json")) return OkStatus();
   const std::string modules_path = (dir / "modules.json").string();
-  KILN_ASSIGN_OR_RETURN(nlohmann::json modules, ReadJson(dir / "modules.json"));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json modules, ReadJsonFile(modules_path));
   if (!modules.is_array()) return InvalidArgument(modules_path, ": expected a list of modules");
   for (const nlohmann::json& m : modules) {
     const std::string type = m.is_object() ? m.value("type", "") : "";
@@ -145,7 +139,7 @@ Status ReadSentenceTransformersConfig(const fs::path& dir, EncoderInfo& info) {
                            "' is not supported; supported: Transformer, Pooling, Normalize");
     }
     const fs::path pooling_path = dir / sub / "config.json";
-    KILN_ASSIGN_OR_RETURN(nlohmann::json p, ReadJson(pooling_path));
+    KILN_ASSIGN_OR_RETURN(nlohmann::json p, ReadJsonFile(pooling_path.string()));
     // sentence-transformers 3+: "pooling_mode"; older: one boolean per mode.
     std::vector<std::string> modes;
     if (p.contains("pooling_mode") && p["pooling_mode"].is_string()) {
@@ -412,8 +406,16 @@ StatusOr<std::unique_ptr<EncoderModel>> EncoderModel::Load(const config::ModelCo
   return model;
 }
 
-StatusOr<EncodedText> EncoderModel::Tokenize(std::string_view text) const {
+Status EncoderModel::CheckText(std::string_view text) {
   if (text.empty()) return InvalidArgument("the text is empty");
+  if (const size_t bad = utf8::FindInvalid(text); bad != std::string_view::npos) {
+    return InvalidArgument("the text is not valid UTF-8 (byte ", bad, ")");
+  }
+  return OkStatus();
+}
+
+StatusOr<EncodedText> EncoderModel::Tokenize(std::string_view text) const {
+  KILN_RETURN_IF_ERROR(CheckText(text));
   EncodeOptions opts;
   opts.add_special_tokens = false;
   opts.parse_special = false;

@@ -68,6 +68,10 @@ class EncoderModel {
   const EncoderInfo& info() const { return info_; }
   const Tokenizer& tokenizer() const;
 
+  // What Tokenize refuses, without tokenizing: InvalidArgument for an empty text or invalid
+  // UTF-8.
+  static Status CheckText(std::string_view text);
+
   // Tokenizes `text` (special-token text such as "[SEP]" stays plain text) and adds [CLS]
   // and [SEP]. Texts longer than max_tokens are cut (truncated = true); callers that must
   // not truncate refuse those. InvalidArgument for invalid UTF-8 or an empty text.

@@ -7,6 +7,8 @@
 //                                                   # interleaves it with sentence-transformers)
 // The texts are tests/fixtures/embeddings/sentences.jsonl (200 sentences, mostly 10-30
 // tokens); the model is the default embedding model (scripts/fetch-default-model.sh).
+#include <spdlog/spdlog.h>
+
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -15,8 +17,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "CLI/CLI.hpp"
 #include "models/encoder/encoder_model.h"
@@ -51,8 +51,7 @@ double Measure(EncoderModel& model, const std::vector<std::string>& texts, doubl
     }
     done += ids.size();
   } while (std::chrono::duration<double>(Clock::now() - start).count() < seconds);
-  return static_cast<double>(done) /
-         std::chrono::duration<double>(Clock::now() - start).count();
+  return static_cast<double>(done) / std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 }  // namespace

@@ -24,7 +24,7 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def embedding_model_path():
-    default_model_path()  # fetches both default models
+    # The script fetches both default models; the embedding folder sits beside the GGUF.
     return str((Path(default_model_path()).parent / "all-MiniLM-L6-v2").resolve())
 
 
