@@ -710,11 +710,16 @@ CrossEntropyOutputs Builder::FusedCrossEntropy(Value logits, Value targets, Valu
 }
 
 SampleOutputs Builder::Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
-                              Value penalty_counts, Value banned, Value penalty_bias) {
-  const Value in[] = {logits,         params, uniform,     penalty_tokens,
-                      penalty_counts, banned, penalty_bias};
-  const std::vector<Value> outs = AddNodeOutputs(
-      OpKind::kSample, std::span<const Value>(in, penalty_bias.valid() ? 7 : 6), Attrs{});
+                              Value penalty_counts, Value banned, Value penalty_bias,
+                              Value allowed) {
+  if (allowed.valid() && !penalty_bias.valid() && penalty_tokens.valid()) {
+    penalty_bias = Full(0, DType::kF32, shape(penalty_tokens));
+  }
+  const Value in[] = {logits,         params, uniform,      penalty_tokens,
+                      penalty_counts, banned, penalty_bias, allowed};
+  const size_t n = allowed.valid() ? 8 : penalty_bias.valid() ? 7 : 6;
+  const std::vector<Value> outs =
+      AddNodeOutputs(OpKind::kSample, std::span<const Value>(in, n), Attrs{});
   if (outs.size() != 4) return {};
   return {outs[0], outs[1], outs[2], outs[3]};
 }

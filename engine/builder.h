@@ -271,8 +271,10 @@ class Builder {
   // ---- Sampling ----
   // The next token of each sequence from its row of logits, with engine/sampling.h's
   // algorithm: the step program's sampling stage (see OpKind::kSample for the inputs).
+  // `allowed` without `penalty_bias` passes zero biases (the op's inputs are positional).
   SampleOutputs Sample(Value logits, Value params, Value uniform, Value penalty_tokens,
-                       Value penalty_counts, Value banned, Value penalty_bias = {});
+                       Value penalty_counts, Value banned, Value penalty_bias = {},
+                       Value allowed = {});
 
   // ---- Low level ----
   // Appends a node after running its op's shape/dtype rule; records an error and returns an

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/autograd.h"
+#include "engine/sampling.h"
 
 namespace kiln {
 namespace {
@@ -114,6 +115,58 @@ TEST(BuilderTest, AttentionChecksHeads) {
   const Value k = b.Input("k", DType::kF32, {1, 4, 3, 8});
   EXPECT_FALSE(b.Attention(q, k, k, {}).valid());
   EXPECT_NE(std::string(StatusMessage(b.status())).find("multiple of kv heads"), std::string::npos);
+}
+
+// The sample op's optional `allowed` mask: i32 [S, ceil(V / 32)]; a symbolic V must be 32
+// times a size. Without penalty_bias the builder passes zero biases (inputs are positional).
+TEST(BuilderTest, SampleChecksTheAllowedMask) {
+  struct Shapes {
+    Dim vocab;
+    SymShape mask;
+  };
+  // `shapes(S, W)`: the logits' columns and the mask's shape, over the symbols S and W.
+  auto sample = [](Graph& g, DType mask_type, auto shapes) {
+    Builder b(&g);
+    const Dim S = b.Symbol("S", 8), W = b.Symbol("W", 4096);
+    const Shapes sh = shapes(S, W);
+    const SampleOutputs o = b.Sample(
+        b.Input("logits", DType::kF32, {S, sh.vocab}),
+        b.Input("params", DType::kF32, {S, sampling::kNumParams}), b.Input("u", DType::kF64, {S}),
+        b.Input("pt", DType::kI32, {S, 2}), b.Input("pc", DType::kI32, {S, 2}),
+        b.Input("ban", DType::kI32, {S, 1}), Value{}, b.Input("allowed", mask_type, sh.mask));
+    EXPECT_EQ(o.token.valid(), b.ok());
+    return b.status();
+  };
+  auto error = [&](DType mask_type, auto shapes) {
+    Graph g;
+    return std::string(StatusMessage(sample(g, mask_type, shapes)));
+  };
+  {
+    Graph g;
+    ASSERT_TRUE(sample(g, DType::kI32, [](Dim S, Dim) { return Shapes{100, {S, 4}}; }).ok());
+    const Node& n = g.nodes()[g.nodes().size() - 4];  // the sample node, then its 3 outputs
+    ASSERT_EQ(n.op, OpKind::kSample);
+    ASSERT_EQ(n.inputs.size(), 8u);
+    EXPECT_EQ(g.node(n.inputs[6]).op, OpKind::kFull);  // the zero biases
+    EXPECT_EQ(g.node(n.inputs[6]).shape, g.node(n.inputs[3]).shape);
+  }
+  {
+    Graph g;  // 32 * W tokens: W words
+    EXPECT_TRUE(sample(g, DType::kI32, [](Dim S, Dim W) { return Shapes{W * 32, {S, W}}; }).ok());
+  }
+  const std::string columns = error(DType::kI32, [](Dim S, Dim) { return Shapes{100, {S, 3}}; });
+  EXPECT_THAT(columns,
+              AllOf(HasSubstr("ceil(V / 32) columns"), HasSubstr("V = 100"), HasSubstr("got 3")));
+  const std::string exact = error(DType::kI32, [](Dim S, Dim) { return Shapes{64, {S, 3}}; });
+  EXPECT_THAT(exact, HasSubstr("ceil(V / 32) columns"));
+  const std::string dtype = error(DType::kI64, [](Dim S, Dim) { return Shapes{64, {S, 2}}; });
+  EXPECT_THAT(dtype, HasSubstr("allowed must be i32"));
+  const std::string rows = error(DType::kI32, [](Dim, Dim) { return Shapes{64, {3, 2}}; });
+  EXPECT_THAT(rows, HasSubstr("allowed must be i32 [S, ceil(V / 32)]"));
+  const std::string rank = error(DType::kI32, [](Dim S, Dim) { return Shapes{64, {S}}; });
+  EXPECT_THAT(rank, HasSubstr("of rank 1"));
+  const std::string symbolic = error(DType::kI32, [](Dim S, Dim W) { return Shapes{W, {S, W}}; });
+  EXPECT_THAT(symbolic, HasSubstr("32 times a size"));
 }
 
 TEST(AutogradTest, GradientsHaveInputTypesAndUnusedInputsGetZeros) {

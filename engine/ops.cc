@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <numbers>
+#include <optional>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -718,7 +719,8 @@ StatusOr<std::vector<TensorType>> InferOptimizerExtra(Types in, const Attrs& a) 
 }
 
 // logits [S,V] f32, params [S,kNumParams] f32, uniform [S] f64, penalty tokens and counts
-// [S,P] i32, banned [S,E] i32 -> token [S] i32 (+ logprob, top ids, top logprobs).
+// [S,P] i32, banned [S,E] i32 [, penalty_bias [S,P] f32 [, allowed [S,ceil(V/32)] i32]]
+// -> token [S] i32 (+ logprob, top ids, top logprobs).
 StatusOr<TensorType> InferSample(Types in, const Attrs&) {
   static constexpr const char* kNames[] = {"logits",         "params",         "uniform",
                                            "penalty_tokens", "penalty_counts", "banned"};
@@ -744,6 +746,24 @@ StatusOr<TensorType> InferSample(Types in, const Attrs&) {
   if (in.size() > 6 && (in[6].dtype != DType::kF32 || in[6].shape != in[3].shape)) {
     return Bad("sample's penalty_bias must be f32 of penalty_tokens' shape; got ",
                DTypeName(in[6].dtype), " of rank ", in[6].shape.size());
+  }
+  if (in.size() > 7) {
+    const TensorType& allowed = in[7];
+    if (allowed.dtype != DType::kI32 || allowed.shape.size() != 2 ||
+        allowed.shape[0] != in[0].shape[0]) {
+      return Bad("sample's allowed must be i32 [S, ceil(V / 32)] (S: the logits' rows); got ",
+                 DTypeName(allowed.dtype), " of rank ", allowed.shape.size());
+    }
+    // ceil(V / 32) is not a polynomial: a symbolic vocabulary must be 32 * (the words).
+    const Dim& vocab = in[0].shape[1];
+    const std::optional<int64_t> v = vocab.TryConstant();
+    const std::optional<Dim> words =
+        v ? std::optional<Dim>(Dim(sampling::AllowedWords(*v))) : vocab.DivExact(Dim(32));
+    if (!words || allowed.shape[1] != *words) {
+      return Bad(
+          "sample's allowed must have ceil(V / 32) columns for the logits' V = ", vocab.ToString(),
+          " (a symbolic V must be 32 times a size); got ", allowed.shape[1].ToString());
+    }
   }
   return TensorType{DType::kI32, {in[0].shape[0]}};
 }
@@ -1487,7 +1507,7 @@ Table BuildTable() {
   t.SetOutputs(K::kSgd, InferOptimizerExtra<K::kSgd>, {0, 3, -1, -1});
   t.Set(K::kAdagrad, "adagrad", C::kOther, 3, 5, InferOptimizer<K::kAdagrad>);
   t.SetOutputs(K::kAdagrad, InferOptimizerExtra<K::kAdagrad>, {0, 3, -1, -1});
-  t.Set(K::kSample, "sample", C::kOther, 6, 7, InferSample);
+  t.Set(K::kSample, "sample", C::kOther, 6, 8, InferSample);
   t.SetOutputs(K::kSample, InferSampleExtra, {-1, -1, -1, -1});
   for (size_t i = 0; i < t.defs.size(); ++i) {
     KILN_CHECK(t.defs[i].name != nullptr && t.defs[i].op == static_cast<OpKind>(i),

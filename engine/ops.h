@@ -147,13 +147,18 @@ enum class OpKind : uint16_t {
   kSample,  // (logits [S, V] f32, params [S, sampling::kNumParams] f32, uniform [S] f64,
             //  penalty_tokens [S, P] i32, penalty_counts [S, P] i32, banned [S, E] i32
             //  [, penalty_bias [S, P] f32: each listed token's logit bias; count -1 lists a
-            //  token for its bias only])
+            //  token for its bias only
+            //  [, allowed [S, ceil(V / 32)] i32: a bitmask per row, bit t % 32 of word t / 32
+            //  set if token t may be sampled (grammar-constrained decoding)]])
             // -> token [S] i32, logprob [S] f32, top_ids [S, sampling::kMaxLogprobs] i32,
             //    top_logprobs [S, sampling::kMaxLogprobs] f32.
             // engine/sampling.h on each row: penalties (token ids < 0 pad a row), banned tokens
-            // (-1 pads), then greedy or a draw with the row's uniform. logprob and the top-n
-            // (n = the row's logprobs, at most kMaxLogprobs) are of the raw logits; rows that
-            // ask for none get logprob 0, and unused top entries id -1, logprob 0. No attrs.
+            // (-1 pads), tokens outside `allowed` set to -inf, then greedy or a draw with the
+            // row's uniform. A row with no token left (all -inf) gets token -1
+            // (sampling::kNoToken) and logprob 0. logprob and the top-n (n = the row's
+            // logprobs, at most kMaxLogprobs) are of the raw logits (the mask does not change
+            // them); rows that ask for none get logprob 0, and unused top entries id -1,
+            // logprob 0. No attrs.
   // ---- Training: attention ----
   kAttentionBackward,  // (q [B,Hq,Tq,D], k [B,Hkv,Tk,D], v [B,Hkv,Tk,Dv], o [B,Hq,Tq,Dv],
                        //  do [B,Hq,Tq,Dv], lse [B,Hq,Tq], aux...) -> dq (q's type), dk, dv:

@@ -5,6 +5,8 @@
 #include <limits>
 #include <numeric>
 
+#include "engine/base/status.h"
+
 namespace kiln::sampling {
 
 void PackParams(const RowParams& p, float* row) {
@@ -51,14 +53,32 @@ void ApplyPenalties(const RowParams& p, std::span<float> logits,
   }
 }
 
+void ApplyAllowed(std::span<float> logits, std::span<const uint32_t> allowed) {
+  KILN_CHECK(static_cast<int64_t>(allowed.size()) == AllowedWords(logits.size()),
+             "ApplyAllowed: the mask must have ceil(vocab / 32) words");
+  // Word by word: an unconstrained row (all bits set) costs one compare per 32 tokens.
+  const size_t V = logits.size();
+  for (size_t w = 0; w < allowed.size(); ++w) {
+    const uint32_t bits = allowed[w];
+    if (bits == ~0u) continue;
+    for (size_t t = w * 32; t < std::min(V, w * 32 + 32); ++t) {
+      if (!((bits >> (t % 32)) & 1u)) logits[t] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+
 int32_t Pick(const RowParams& p, std::span<float> logits, double u, Scratch& scratch) {
   const int32_t vocab = static_cast<int32_t>(logits.size());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if (p.temperature == 0.0f) {
-    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const auto best = std::max_element(logits.begin(), logits.end());
+    return *best == kNegInf ? kNoToken : static_cast<int32_t>(best - logits.begin());
   }
   const float inv_t = 1.0f / p.temperature;
   for (float& l : logits) l *= inv_t;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
+  // Nothing to draw (and exp(l - max) would be NaN).
+  if (max_logit == kNegInf) return kNoToken;
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
@@ -106,11 +126,15 @@ int32_t Pick(const RowParams& p, std::span<float> logits, double u, Scratch& scr
   double mass = 0;
   for (int32_t t : order) mass += weight(t);
   double r = u * mass;
+  // If rounding leaves r >= 0 after the walk: the last candidate of nonzero weight (the
+  // maximum has weight 1 and is always a candidate), never a banned or masked one.
+  int32_t last = kNoToken;
   for (int32_t t : order) {
+    if (weight(t) > 0) last = t;
     r -= weight(t);
     if (r < 0) return t;
   }
-  return order.back();
+  return last;
 }
 
 float Logprobs(std::span<const float> raw, int32_t token, int32_t n, int32_t* top_ids,
@@ -132,6 +156,7 @@ float Logprobs(std::span<const float> raw, int32_t token, int32_t n, int32_t* to
       top_logprobs[i] = static_cast<float>(raw[idx[i]] - log_z);
     }
   }
+  if (token < 0 || token >= vocab) return 0.0f;
   return static_cast<float>(raw[token] - log_z);
 }
 

@@ -7,8 +7,11 @@
 //   -> logit bias (OpenAI's logit_bias, added) -> repetition penalty (prompt and output tokens)
 //   -> presence/frequency penalties (output)
 //   -> banned tokens (EOS/stop tokens while fewer than min_tokens were generated) -> -inf
+//   -> allowed-token mask (grammar-constrained decoding: tokens outside it) -> -inf
 //   -> greedy argmax if temperature == 0, else: / temperature -> top-k -> exp(l - max)
 //   -> top-p -> min-p -> draw with a uniform u in [0, 1).
+// A row whose logits are all -inf at the pick (every token banned or masked) has no token:
+// Pick returns -1 (kNoToken), greedy or not.
 //
 // The draw walks the candidates in a canonical order, so every implementation that sums in
 // that order picks the same token for the same u: descending logit (ties: lower token id
@@ -68,6 +71,18 @@ struct PenaltyToken {
 void ApplyPenalties(const RowParams& p, std::span<float> logits,
                     std::span<const PenaltyToken> penalties, std::span<const int32_t> banned);
 
+// The allowed-token mask of one row: 32 tokens per word, token t is bit (t % 32) of word
+// t / 32 (LSB first); a set bit allows the token. The `sample` op takes the words as i32.
+inline constexpr int64_t AllowedWords(int64_t vocab) { return (vocab + 31) / 32; }
+
+// Sets every token whose bit in `allowed` is clear to -inf, in place (bits past the
+// vocabulary in the last word are ignored). All bits set changes nothing.
+// REQUIRES: allowed.size() == AllowedWords(logits.size()).
+void ApplyAllowed(std::span<float> logits, std::span<const uint32_t> allowed);
+
+// What Pick returns when no token can be drawn (every logit -inf).
+inline constexpr int32_t kNoToken = -1;
+
 // Reused buffers (sized to the vocabulary on first use).
 struct Scratch {
   std::vector<int32_t> order;
@@ -76,12 +91,14 @@ struct Scratch {
 
 // The next token from penalized logits (`logits` is modified: divided by the temperature):
 // the first maximum when temperature == 0, else a draw with `u` in [0, 1) over the candidates
-// (see the file comment). REQUIRES: logits not empty.
+// (see the file comment); never a token whose logit is -inf: kNoToken if every logit is -inf.
+// REQUIRES: logits not empty.
 int32_t Pick(const RowParams& p, std::span<float> logits, double u, Scratch& scratch);
 
 // Under the raw distribution log_softmax(raw): the logprob of `token` and the `n` most likely
 // tokens (most likely first; ties: lower id first) into top_ids/top_logprobs, which hold at
-// least min(n, vocab) entries. Returns the logprob of `token`.
+// least min(n, vocab) entries. Returns the logprob of `token`, or 0 if `token` is outside the
+// vocabulary (kNoToken: the row had no token to sample).
 float Logprobs(std::span<const float> raw, int32_t token, int32_t n, int32_t* top_ids,
                float* top_logprobs);
 

@@ -111,5 +111,98 @@ TEST(SamplingTest, LogprobsOfTheRawDistributionWithTiesByLowerId) {
   EXPECT_NEAR(lps[2], 1.0 - z, 1e-6);
 }
 
+TEST(SamplingTest, AllowedMaskSetsClearBitsToMinusInfinity) {
+  // 40 tokens in 2 words: allowed 0, 5, 31 (word 0) and 32, 39 (word 1); the bits of word 1
+  // past token 39 are set and ignored.
+  std::vector<float> l(40);
+  for (int t = 0; t < 40; ++t) l[t] = static_cast<float>(t);
+  const std::vector<uint32_t> allowed = {(1u << 0) | (1u << 5) | (1u << 31),
+                                         (1u << 0) | (1u << 7) | 0xFFFFFF00u};
+  ApplyAllowed(l, allowed);
+  for (int t = 0; t < 40; ++t) {
+    const bool ok = t == 0 || t == 5 || t == 31 || t == 32 || t == 39;
+    if (ok) {
+      EXPECT_EQ(l[t], static_cast<float>(t)) << t;
+    } else {
+      EXPECT_EQ(l[t], -std::numeric_limits<float>::infinity()) << t;
+    }
+  }
+}
+
+TEST(SamplingTest, AllowedMaskWithEveryBitSetChangesNothing) {
+  const std::vector<float> base = {0.5f, -1.0f, 3.0f};
+  std::vector<float> l = base;
+  const std::vector<uint32_t> all = {0xFFFFFFFFu};
+  ApplyAllowed(l, all);
+  EXPECT_EQ(l, base);
+}
+
+// The mask comes after the penalties: a +100 logit bias does not let a masked token through.
+TEST(SamplingTest, AllowedMaskWinsOverLogitBias) {
+  Scratch scratch;
+  RowParams p;
+  p.temperature = 0;
+  std::vector<float> l = {1.0f, 2.0f, 0.0f, 5.0f};
+  const std::vector<PenaltyToken> pen = {{3, -1, 100.0f}};
+  ApplyPenalties(p, l, pen, {});
+  const std::vector<uint32_t> allowed = {0b0101u};  // tokens 0 and 2
+  ApplyAllowed(l, allowed);
+  EXPECT_EQ(Pick(p, l, 0.5, scratch), 0);
+}
+
+// With one token allowed every configuration picks it, whatever u.
+TEST(SamplingTest, ASingleAllowedTokenIsAlwaysPicked) {
+  Scratch scratch;
+  const std::vector<float> base = {3.0f, 2.0f, -1.0f, 4.0f, 0.5f};
+  const std::vector<uint32_t> only2 = {1u << 2};
+  for (const RowParams& p : {RowParams{0}, RowParams{1}, RowParams{0.7f, 3}, RowParams{1, 0, 0.5f},
+                             RowParams{1.3f, 2, 0.9f, 0.1f}}) {
+    for (double u : {0.0, 0.3, 0.999999}) {
+      std::vector<float> l = base;
+      ApplyAllowed(l, only2);
+      EXPECT_EQ(Pick(p, l, u, scratch), 2) << "temperature " << p.temperature << " u " << u;
+    }
+  }
+}
+
+// Every token banned or masked: no token (kNoToken), greedy or drawn, and the logprob of
+// kNoToken is 0 while the top-n are still the raw distribution's.
+TEST(SamplingTest, AllMaskedRowHasNoToken) {
+  Scratch scratch;
+  const std::vector<float> raw = {1.0f, 3.0f, 2.0f};
+  const std::vector<uint32_t> none = {0u};
+  for (const RowParams& p : {RowParams{0}, RowParams{1}, RowParams{0.7f, 2}, RowParams{1, 0, 0.9f},
+                             RowParams{1, 0, 1, 0.2f}}) {
+    std::vector<float> l = raw;
+    ApplyAllowed(l, none);
+    EXPECT_EQ(Pick(p, l, 0.5, scratch), kNoToken) << "temperature " << p.temperature;
+  }
+  // Banned tokens alone behave the same.
+  RowParams greedy;
+  greedy.temperature = 0;
+  std::vector<float> l = raw;
+  const std::vector<int32_t> banned = {0, 1, 2};
+  ApplyPenalties(greedy, l, {}, banned);
+  EXPECT_EQ(Pick(greedy, l, 0.5, scratch), kNoToken);
+
+  int32_t ids[2];
+  float lps[2];
+  EXPECT_EQ(Logprobs(raw, kNoToken, 2, ids, lps), 0.0f);
+  EXPECT_EQ(ids[0], 1);
+  EXPECT_EQ(ids[1], 2);
+}
+
+// Regression: when rounding leaves the draw's remainder >= 0 after the last candidate, the
+// draw returned the last candidate even if its weight was 0 (a banned or masked token). u = 1
+// stands in for that rounding: the token must be the last one of nonzero weight.
+TEST(SamplingTest, DrawNeverFallsBackToAMaskedToken) {
+  Scratch scratch;
+  RowParams p;  // no top-k/top-p: candidates in id order, masked ones last
+  std::vector<float> l = {1.0f, 2.0f, 0.0f, 7.0f};
+  const std::vector<uint32_t> allowed = {0b0011u};
+  ApplyAllowed(l, allowed);
+  EXPECT_EQ(Pick(p, l, 1.0, scratch), 1);
+}
+
 }  // namespace
 }  // namespace kiln::sampling

@@ -1130,12 +1130,14 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
   auto& d = *static_cast<SampleData*>(const_cast<void*>(a.kernel_data));
   const TensorArg &logits = a.inputs[0], &params = a.inputs[1], &pen_t = a.inputs[3],
                   &pen_c = a.inputs[4], &banned = a.inputs[5];
-  // The optional penalty_bias (without it, penalty_counts' buffer is bound and not read).
-  const bool has_bias = a.num_inputs > 6;
+  // The optional penalty_bias and allowed (without them, penalty_counts' buffer is bound and
+  // not read).
+  const bool has_bias = a.num_inputs > 6, has_allowed = a.num_inputs > 7;
   const TensorArg& pen_b = has_bias ? a.inputs[6] : pen_c;
+  const TensorArg& allowed = has_allowed ? a.inputs[7] : pen_c;
   const int64_t S = logits.shape[0], V = logits.shape[1];
   if (S == 0) return;
-  for (const TensorArg* t : {&logits, &params, &pen_t, &pen_c, &banned, &pen_b}) {
+  for (const TensorArg* t : {&logits, &params, &pen_t, &pen_c, &banned, &pen_b, &allowed}) {
     if (t->shape[1] > 1 && t->strides[1] != 1) {
       return ex.Fail(Unimplemented(dev.name(), " sample: rows must be contiguous"));
     }
@@ -1157,18 +1159,20 @@ void SampleFn(const LaunchArgs& a, const ExecCtx& c) {
                         pen_c.data,
                         banned.data,
                         scratch,
-                        pen_b.data};
-  int64_t off[12];
-  for (int i = 0; i < 12; ++i) off[i] = args.Mem(dev, ptrs[i]);
+                        pen_b.data,
+                        allowed.data};
+  int64_t off[13];
+  for (int i = 0; i < 13; ++i) off[i] = args.Mem(dev, ptrs[i]);
   for (int i = 0; i < 10; ++i) args.Long(off[i]);
-  for (int64_t v : {S, V, pen_t.shape[1], banned.shape[1], logits.strides[0], params.strides[0],
-                    pen_t.strides[0], banned.strides[0], a.extra_outputs[1].shape[1], off[10],
-                    off[10] + static_cast<int64_t>(region), pen_c.strides[0],
-                    has_bias ? off[11] : int64_t{-1}, pen_b.strides[0]}) {
+  for (int64_t v :
+       {S, V, pen_t.shape[1], banned.shape[1], logits.strides[0], params.strides[0],
+        pen_t.strides[0], banned.strides[0], a.extra_outputs[1].shape[1], off[10],
+        off[10] + static_cast<int64_t>(region), pen_c.strides[0], has_bias ? off[11] : int64_t{-1},
+        pen_b.strides[0], has_allowed ? off[12] : int64_t{-1}, allowed.strides[0]}) {
     args.Long(v);
   }
   const size_t wg = 1, global = static_cast<size_t>(S);  // one work-item per row
-  ex.Enqueue(d.slot, args, 1, &global, &wg, 24);
+  ex.Enqueue(d.slot, args, 1, &global, &wg, 32);
 }
 
 StatusOr<backend::Kernel> MakeSample(KernelHost& dev, const backend::KernelRequest& /*req*/) {
@@ -1181,8 +1185,8 @@ StatusOr<backend::Kernel> MakeSample(KernelHost& dev, const backend::KernelReque
     return Unimplemented(dev.name(), ": ", why);
   }
   auto data = std::make_shared<SampleData>();
-  // One source for every request (the op's dtypes are fixed; the optional penalty_bias is a
-  // launch argument): its helper functions must be defined once per program.
+  // One source for every request (the op's dtypes are fixed; the optional penalty_bias and
+  // allowed are launch arguments): its helper functions must be defined once per program.
   data->slot = dev.DeclareKernel("sample", absl::StrCat("// sample\n", kClSampling));
   return backend::Kernel{SampleFn, std::move(data),
                          absl::StrCat(dev.kernel_prefix(), ".tmpl.sample")};

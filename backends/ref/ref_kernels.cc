@@ -1250,6 +1250,8 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
   const int64_t V = logits.shape[1], P = pen_tokens.shape[1], E = banned.shape[1];
   const int64_t W = top_ids.shape[1];
   const TensorArg* pen_bias = a.num_inputs > 6 ? &a.inputs[6] : nullptr;
+  const TensorArg* allowed = a.num_inputs > 7 ? &a.inputs[7] : nullptr;
+  const int64_t words = allowed ? allowed->shape[1] : 0;
   auto at = [](const TensorArg& t, int64_t i, int64_t j) {
     return i * t.strides[0] + j * (t.rank > 1 ? t.strides[1] : 0);
   };
@@ -1257,6 +1259,7 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
   auto i32 = [](const TensorArg& t) { return static_cast<int32_t*>(t.data); };
   thread_local std::vector<float> row, raw, lps;
   thread_local std::vector<int32_t> ban, ids;
+  thread_local std::vector<uint32_t> mask;
   thread_local std::vector<sampling::PenaltyToken> pen;
   thread_local sampling::Scratch scratch;
   for (int64_t s = begin; s < end; ++s) {
@@ -1278,6 +1281,13 @@ void SampleRows(const LaunchArgs& a, int64_t begin, int64_t end) {
     for (int64_t j = 0; j < E; ++j) ban.push_back(i32(banned)[at(banned, s, j)]);
     if (p.logprobs >= 0) raw = row;
     sampling::ApplyPenalties(p, row, pen, ban);
+    if (allowed) {
+      mask.resize(words);
+      for (int64_t j = 0; j < words; ++j) {
+        mask[j] = static_cast<uint32_t>(i32(*allowed)[at(*allowed, s, j)]);
+      }
+      sampling::ApplyAllowed(row, mask);
+    }
     const double u = static_cast<double*>(uniform.data)[s * uniform.strides[0]];
     const int32_t t = sampling::Pick(p, row, u, scratch);
     i32(token)[s * token.strides[0]] = t;

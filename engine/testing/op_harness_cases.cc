@@ -1,6 +1,7 @@
 // The harness's case catalogue: every op of the op table, over dtypes and shapes
 // (including broadcast and strided inputs). Gradient cases are f64.
 #include <cmath>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -1039,6 +1040,80 @@ void AddSampling(std::vector<OpCase>& out) {
                       Custom("penalty_counts", DType::kI32, {3, 0}, {}),
                       Custom("banned", DType::kI32, {3, 0}, {})},
                      sample));
+
+  // With the allowed-token mask (the optional 8th input, bit t % 32 of word t / 32): random
+  // masks on greedy and drawn rows, a +100 bias on a masked token, a single allowed token, an
+  // unconstrained row, rows with nothing allowed (token -1, logprob 0), and logprobs that stay
+  // those of the raw logits. Every row sets its last word's bits past the vocabulary (ignored).
+  auto masks = [](int64_t rows, int64_t vocab, uint32_t seed,
+                  const std::vector<std::pair<int64_t, std::vector<int32_t>>>& fixed) {
+    const int64_t words = sampling::AllowedWords(vocab);
+    std::mt19937 rng(seed);
+    std::vector<double> v;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<uint32_t> w(words);
+      bool is_fixed = false;
+      for (const auto& [row, tokens] : fixed) {
+        if (row != r) continue;
+        is_fixed = true;
+        for (int32_t t : tokens) {
+          if (t < 0) {
+            std::fill(w.begin(), w.end(), 0xFFFFFFFFu);  // -1: every token
+          } else {
+            w[t / 32] |= 1u << (t % 32);
+          }
+        }
+      }
+      if (!is_fixed) {
+        for (uint32_t& x : w) x = static_cast<uint32_t>(rng());
+      }
+      if (vocab % 32 != 0) w.back() |= ~0u << (vocab % 32);  // junk past the vocabulary
+      for (uint32_t x : w) v.push_back(static_cast<double>(static_cast<int32_t>(x)));
+    }
+    return v;
+  };
+  out.push_back(Make(
+      "sample",
+      "f32 [9,100] with allowed: random masks, one token, all, none; greedy and drawn, logprobs",
+      {Normal("logits", DType::kF32, {9, 100}, 2),
+       params({row(0, 0, 1, 0, 1, 0, 0, 5), row(1, 0, 1, 0, 1, 0, 0, 3),
+               row(0.8f, 5, 1, 0, 1, 0, 0, -1), row(1.1f, 0, 0.9f, 0.05f, 1.2f, 0.3f, 0, 2),
+               row(1, 0, 1, 0, 1, 0, 0, 2), row(0, 10, 1, 0, 1, 0, 0, -1),
+               row(1.2f, 0, 1, 0.1f, 1, 0, 0, 4), row(1, 0, 0.9f, 0, 1, 0, 0, 4),
+               row(0, 0, 1, 0, 1, 0, 0, 1)}),
+       Uniform("uniform", DType::kF64, {9}, 0, 1),
+       Custom("penalty_tokens", DType::kI32, {9, 2},
+              {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}),
+       Custom("penalty_counts", DType::kI32, {9, 2},
+              {-1, -1, 1, 0, 0, 0, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}),
+       Custom("banned", DType::kI32, {9, 1}, {-1, 4, -1, -1, -1, 50, 0, -1, -1}),
+       Custom("penalty_bias", DType::kF32, {9, 2},
+              {100, 100, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}),
+       Custom("allowed", DType::kI32, {9, 4},
+              masks(9, 100, 7,
+                    {{0, {0, 3, 17, 40, 63, 64, 99}},  // +100 on the masked 1 and 2
+                     {4, {77}},
+                     {5, {3}},
+                     {6, {-1}},
+                     {7, {}},
+                     {8, {}}}))},
+      [](Builder& b, const V& in) {
+        return b.Sample(in[0], in[1], in[2], in[3], in[4], in[5], in[6], in[7]).token;
+      }));
+  // A larger vocabulary (1000: 32 words, the last one partly past it), flat logits so top-p
+  // needs many candidates, half the tokens masked; no penalty_bias (the builder passes zeros).
+  out.push_back(Make(
+      "sample", "f32 [4,1000] with allowed, no bias: top-p past 256, top-k 300, logprobs",
+      {Normal("logits", DType::kF32, {4, 1000}, 0.05),
+       params({row(1.5f, 0, 0.99f, 0, 1, 0, 0, 20), row(1, 300, 0.995f, 0, 1, 0, 0, 1),
+               row(0, 0, 1, 0, 1, 0, 0, 20), row(1, 0, 1, 0, 1, 0, 0, 3)}),
+       Uniform("uniform", DType::kF64, {4}, 0, 1),
+       Custom("penalty_tokens", DType::kI32, {4, 0}, {}),
+       Custom("penalty_counts", DType::kI32, {4, 0}, {}), Custom("banned", DType::kI32, {4, 0}, {}),
+       Custom("allowed", DType::kI32, {4, 32}, masks(4, 1000, 11, {{3, {999}}}))},
+      [](Builder& b, const V& in) {
+        return b.Sample(in[0], in[1], in[2], in[3], in[4], in[5], Value{}, in[6]).token;
+      }));
 }
 
 }  // namespace
