@@ -1,0 +1,927 @@
+#include "models/grammar/regex_gbnf.h"
+
+#include <absl/strings/str_format.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace kiln::grammar {
+
+namespace {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr int kMaxGroupDepth = 200;  // bounds the recursion of the parser and the rewrites
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// Decodes the code point at s[i] into *cp, *len; false if it is not valid UTF-8 (overlong
+// forms and surrogates included).
+bool DecodeOne(std::string_view s, size_t i, uint32_t* cp, int* len) {
+  const uint8_t c = static_cast<uint8_t>(s[i]);
+  const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return false;
+  uint32_t v = n == 1 ? c : c & (0x7Fu >> n);
+  for (int k = 1; k < n; ++k) {
+    const uint8_t d = static_cast<uint8_t>(s[i + k]);
+    if ((d & 0xC0) != 0x80) return false;
+    v = (v << 6) | (d & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (v < kMin[n] || v > kMaxCodePoint || (v >= 0xD800 && v <= 0xDFFF)) return false;
+  *cp = v;
+  *len = n;
+  return true;
+}
+
+bool DecodeUtf8(std::string_view s, std::u32string* out) {
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = 0;
+    int n = 0;
+    if (!DecodeOne(s, i, &cp, &n)) return false;
+    out->push_back(cp);
+    i += n;
+  }
+  return true;
+}
+
+// A set of code points: sorted, disjoint, non-adjacent ranges.
+class CharSet {
+ public:
+  using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+  static CharSet Of(uint32_t lo, uint32_t hi) {
+    CharSet s;
+    s.Add(lo, hi);
+    return s;
+  }
+  static CharSet All() { return Of(0, kMaxCodePoint); }
+
+  void Add(uint32_t lo, uint32_t hi) {
+    r_.push_back({lo, hi});
+    std::sort(r_.begin(), r_.end());
+    Ranges merged;
+    for (const auto& [a, b] : r_) {
+      if (!merged.empty() && a <= merged.back().second + 1) {
+        merged.back().second = std::max(merged.back().second, b);
+      } else {
+        merged.push_back({a, b});
+      }
+    }
+    r_ = std::move(merged);
+  }
+  void Add(const CharSet& o) {
+    for (const auto& [lo, hi] : o.r_) Add(lo, hi);
+  }
+  CharSet Complement() const {
+    CharSet out;
+    uint32_t next = 0;
+    for (const auto& [lo, hi] : r_) {
+      if (lo > next) out.r_.push_back({next, lo - 1});
+      next = hi + 1;
+    }
+    if (next <= kMaxCodePoint) out.r_.push_back({next, kMaxCodePoint});
+    return out;
+  }
+  CharSet Intersect(const CharSet& o) const {
+    CharSet u = Complement();
+    u.Add(o.Complement());
+    return u.Complement();
+  }
+  bool Contains(uint32_t c) const {
+    for (const auto& [lo, hi] : r_) {
+      if (lo <= c && c <= hi) return true;
+    }
+    return false;
+  }
+  bool empty() const { return r_.empty(); }
+  bool single() const { return r_.size() == 1 && r_[0].first == r_[0].second; }
+  const Ranges& ranges() const { return r_; }
+
+ private:
+  Ranges r_;
+};
+
+CharSet Digits() { return CharSet::Of('0', '9'); }
+CharSet WordChars() {
+  CharSet s = Digits();
+  s.Add('A', 'Z');
+  s.Add('_', '_');
+  s.Add('a', 'z');
+  return s;
+}
+// ECMAScript's \s: WhiteSpace and LineTerminator.
+CharSet Spaces() {
+  CharSet s = CharSet::Of('\t', '\r');
+  for (const uint32_t c :
+       {0x20u, 0xA0u, 0x1680u, 0x2028u, 0x2029u, 0x202Fu, 0x205Fu, 0x3000u, 0xFEFFu}) {
+    s.Add(c, c);
+  }
+  s.Add(0x2000, 0x200A);
+  return s;
+}
+// What JSON writes as itself inside a string (the controls, as Kiln's `char` rule, include 0x7F).
+CharSet JsonPlain() {
+  CharSet s = CharSet::Of(0, 0x1F);
+  s.Add('"', '"');
+  s.Add('\\', '\\');
+  s.Add(0x7F, 0x7F);
+  return s.Complement();
+}
+
+// ---- Regex syntax tree ------------------------------------------------------------------------
+
+struct Node {
+  enum Kind { kChars, kSeq, kAlt, kRepeat };
+  Kind kind = kSeq;
+  CharSet chars;           // kChars: never empty
+  std::vector<Node> kids;  // kSeq, kAlt; kRepeat: one
+  int min = 0, max = 0;    // kRepeat; max < 0: unbounded
+};
+
+Node Chars(CharSet s) { return {Node::kChars, std::move(s), {}, 0, 0}; }
+Node Seq(std::vector<Node> kids) { return {Node::kSeq, {}, std::move(kids), 0, 0}; }
+Node Alt(std::vector<Node> kids) { return {Node::kAlt, {}, std::move(kids), 0, 0}; }
+Node Repeat(Node kid, int min, int max) { return {Node::kRepeat, {}, {std::move(kid)}, min, max}; }
+
+bool IsHex(char32_t c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+uint32_t HexValue(char32_t c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }
+
+class RegexParser {
+ public:
+  RegexParser(std::u32string s, bool anchored) : s_(std::move(s)), anchored_(anchored) {}
+
+  StatusOr<Node> Parse() {
+    KILN_ASSIGN_OR_RETURN(Node n, ParseAlternatives(0));
+    if (!AtEnd()) return Error(pos_, "unmatched `)`");
+    return n;
+  }
+
+ private:
+  // A class escape or class member: one code point, or a set (\d, \w, ...).
+  struct ClassAtom {
+    CharSet set;
+    bool single = true;
+  };
+
+  static Status Error(size_t pos, std::string_view what) {
+    return InvalidArgument("regex: ", what, " at position ", pos);
+  }
+  static Status Unsupported(size_t pos, std::string_view what) {
+    return InvalidArgument("regex: ", what, " at position ", pos, " is not supported");
+  }
+  bool AtEnd() const { return pos_ >= s_.size(); }
+  char32_t Peek(size_t ahead = 0) const {
+    return pos_ + ahead < s_.size() ? s_[pos_ + ahead] : U'\0';
+  }
+
+  StatusOr<Node> ParseAlternatives(int depth) {
+    std::vector<Node> alts;
+    while (true) {
+      KILN_ASSIGN_OR_RETURN(Node seq, ParseSequence(depth));
+      alts.push_back(std::move(seq));
+      if (Peek() != '|' || AtEnd()) break;
+      ++pos_;
+    }
+    return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
+  }
+
+  StatusOr<Node> ParseSequence(int depth) {
+    std::vector<Node> items;
+    bool start_anchor = false, end_anchor = false;
+    if (depth == 0 && !AtEnd() && Peek() == '^') {
+      ++pos_;
+      start_anchor = true;
+    }
+    while (!AtEnd()) {
+      const char32_t c = Peek();
+      if (c == '|') break;
+      if (c == ')') {
+        if (depth == 0) return Error(pos_, "unmatched `)`");
+        break;
+      }
+      if (c == '^') return Unsupported(pos_, "`^` other than at the start of the pattern");
+      if (c == '$') {
+        if (depth == 0 && (pos_ + 1 == s_.size() || s_[pos_ + 1] == '|')) {
+          ++pos_;
+          end_anchor = true;
+          break;
+        }
+        return Unsupported(pos_, "`$` other than at the end of the pattern");
+      }
+      KILN_ASSIGN_OR_RETURN(Node atom, ParseAtom(depth));
+      KILN_ASSIGN_OR_RETURN(atom, ParseQuantifier(std::move(atom)));
+      items.push_back(std::move(atom));
+    }
+    if (depth == 0 && !anchored_) {
+      // Search semantics: what is not anchored may have anything around it.
+      if (!start_anchor) items.insert(items.begin(), Repeat(Chars(CharSet::All()), 0, -1));
+      if (!end_anchor) items.push_back(Repeat(Chars(CharSet::All()), 0, -1));
+    }
+    return items.size() == 1 ? std::move(items[0]) : Seq(std::move(items));
+  }
+
+  // {m}, {m,}, {m,n} at pos_: consumes it and sets min/max when it is one; else consumes nothing
+  // (a literal `{`, as in ECMAScript).
+  StatusOr<bool> ParseBraces(int* min, int* max) {
+    const size_t start = pos_;
+    size_t i = pos_ + 1;
+    auto number = [&](int64_t* v) {
+      const size_t from = i;
+      *v = 0;
+      while (i < s_.size() && s_[i] >= '0' && s_[i] <= '9') {
+        *v = std::min<int64_t>(*v * 10 + (s_[i] - '0'), int64_t{1} << 40);
+        ++i;
+      }
+      return i > from;
+    };
+    int64_t lo = 0, hi = 0;
+    if (!number(&lo)) return false;
+    hi = lo;
+    if (i < s_.size() && s_[i] == ',') {
+      ++i;
+      if (!number(&hi)) hi = -1;
+    }
+    if (i >= s_.size() || s_[i] != '}') return false;
+    if (lo > kMaxRegexRepeat || hi > kMaxRegexRepeat) {
+      return Unsupported(start, absl::StrFormat("a repetition count above %d", kMaxRegexRepeat));
+    }
+    if (hi >= 0 && hi < lo) return Error(start, "repetition {m,n} with n < m");
+    pos_ = i + 1;
+    *min = static_cast<int>(lo);
+    *max = static_cast<int>(hi);
+    return true;
+  }
+
+  StatusOr<Node> ParseQuantifier(Node atom) {
+    int min = 0, max = 0;
+    const char32_t c = Peek();
+    if (AtEnd()) return atom;
+    if (c == '*' || c == '+' || c == '?') {
+      ++pos_;
+      min = c == '+' ? 1 : 0;
+      max = c == '?' ? 1 : -1;
+    } else if (c == '{') {
+      KILN_ASSIGN_OR_RETURN(const bool is_quantifier, ParseBraces(&min, &max));
+      if (!is_quantifier) return atom;
+    } else {
+      return atom;
+    }
+    if (!AtEnd() && Peek() == '?') {
+      ++pos_;  // lazy: the same language
+    } else if (!AtEnd() && Peek() == '+') {
+      return Unsupported(pos_, "a possessive quantifier `+`");
+    }
+    if (!AtEnd() && (Peek() == '*' || Peek() == '+' || Peek() == '?')) {
+      return Error(pos_, "a quantifier with nothing to repeat");
+    }
+    if (!AtEnd() && Peek() == '{') {
+      const size_t save = pos_;
+      int m = 0, n = 0;
+      KILN_ASSIGN_OR_RETURN(const bool again, ParseBraces(&m, &n));
+      if (again) return Error(save, "a quantifier with nothing to repeat");
+    }
+    return Repeat(std::move(atom), min, max);
+  }
+
+  StatusOr<Node> ParseAtom(int depth) {
+    const char32_t c = Peek();
+    switch (c) {
+      case '(':
+        return ParseGroup(depth);
+      case '[': {
+        KILN_ASSIGN_OR_RETURN(CharSet set, ParseClass());
+        return Chars(std::move(set));
+      }
+      case '.': {
+        ++pos_;
+        CharSet any = CharSet::Of('\n', '\n').Complement();
+        return Chars(std::move(any));
+      }
+      case '\\': {
+        KILN_ASSIGN_OR_RETURN(ClassAtom a, ParseEscape(false));
+        return Chars(std::move(a.set));
+      }
+      case '*':
+      case '+':
+      case '?':
+        return Error(pos_, "a quantifier with nothing to repeat");
+      case '{': {
+        const size_t save = pos_;
+        int m = 0, n = 0;
+        KILN_ASSIGN_OR_RETURN(const bool is_quantifier, ParseBraces(&m, &n));
+        if (is_quantifier) return Error(save, "a quantifier with nothing to repeat");
+        break;
+      }
+      default:
+        break;
+    }
+    ++pos_;
+    return Chars(CharSet::Of(c, c));
+  }
+
+  StatusOr<Node> ParseGroup(int depth) {
+    const size_t start = pos_;
+    if (depth >= kMaxGroupDepth) {
+      return Unsupported(start, absl::StrFormat("groups nested deeper than %d", kMaxGroupDepth));
+    }
+    ++pos_;
+    if (Peek() == '?') {
+      const char32_t k = Peek(1), k2 = Peek(2);
+      if (k == ':') {
+        pos_ += 2;
+      } else if (k == '=') {
+        return Unsupported(start, "lookahead `(?=`");
+      } else if (k == '!') {
+        return Unsupported(start, "negative lookahead `(?!`");
+      } else if (k == '<' && k2 == '=') {
+        return Unsupported(start, "lookbehind `(?<=`");
+      } else if (k == '<' && k2 == '!') {
+        return Unsupported(start, "negative lookbehind `(?<!`");
+      } else if (k == '<' || k == 'P' || k == '\'') {
+        return Unsupported(start, "a named group");
+      } else if (k == '>') {
+        return Unsupported(start, "an atomic group `(?>`");
+      } else {
+        return Unsupported(start, "a group modifier `(?`");
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(Node inner, ParseAlternatives(depth + 1));
+    if (AtEnd() || Peek() != ')') return Error(start, "unclosed `(`");
+    ++pos_;
+    return inner;
+  }
+
+  StatusOr<CharSet> ParseClass() {
+    const size_t start = pos_;
+    ++pos_;
+    const bool negate = !AtEnd() && Peek() == '^';
+    if (negate) ++pos_;
+    if (!AtEnd() && Peek() == ']') {
+      ++pos_;
+      if (negate) return CharSet::All();  // [^]: ECMAScript's any character
+      return Unsupported(start, "the empty class `[]` (it matches nothing)");
+    }
+    CharSet set;
+    while (true) {
+      if (AtEnd()) return Error(start, "unclosed `[`");
+      if (Peek() == ']') break;
+      const size_t item = pos_;
+      KILN_ASSIGN_OR_RETURN(ClassAtom lo, ParseClassAtom());
+      if (!AtEnd() && Peek() == '-' && pos_ + 1 < s_.size() && s_[pos_ + 1] != ']') {
+        ++pos_;
+        KILN_ASSIGN_OR_RETURN(ClassAtom hi, ParseClassAtom());
+        if (!lo.single || !hi.single) {
+          return Unsupported(item, "a range with a class escape (like [\\d-z])");
+        }
+        const uint32_t a = lo.set.ranges()[0].first, b = hi.set.ranges()[0].first;
+        if (b < a) return Error(item, "a class range out of order");
+        set.Add(a, b);
+      } else {
+        set.Add(lo.set);
+      }
+    }
+    ++pos_;
+    if (negate) set = set.Complement();
+    if (set.empty()) return Unsupported(start, "a class that matches no character");
+    return set;
+  }
+
+  StatusOr<ClassAtom> ParseClassAtom() {
+    if (Peek() == '\\') return ParseEscape(true);
+    const uint32_t c = Peek();
+    ++pos_;
+    return ClassAtom{CharSet::Of(c, c), true};
+  }
+
+  // \x, \u: `digits` hex digits at pos_ (consumed), or nullopt.
+  std::optional<uint32_t> Hex(int digits) {
+    uint32_t v = 0;
+    for (int i = 0; i < digits; ++i) {
+      if (!IsHex(Peek(i))) return std::nullopt;
+      v = v * 16 + HexValue(Peek(i));
+    }
+    pos_ += digits;
+    return v;
+  }
+
+  StatusOr<ClassAtom> ParseEscape(bool in_class) {
+    const size_t start = pos_;
+    ++pos_;
+    if (AtEnd()) return Error(start, "`\\` at the end of the pattern");
+    const char32_t c = Peek();
+    ++pos_;
+    auto one = [](uint32_t cp) { return ClassAtom{CharSet::Of(cp, cp), true}; };
+    auto set = [](CharSet s) { return ClassAtom{std::move(s), false}; };
+    switch (c) {
+      case 'd':
+        return set(Digits());
+      case 'D':
+        return set(Digits().Complement());
+      case 'w':
+        return set(WordChars());
+      case 'W':
+        return set(WordChars().Complement());
+      case 's':
+        return set(Spaces());
+      case 'S':
+        return set(Spaces().Complement());
+      case 'n':
+        return one('\n');
+      case 't':
+        return one('\t');
+      case 'r':
+        return one('\r');
+      case 'f':
+        return one('\f');
+      case 'v':
+        return one('\v');
+      case '0':
+        if (Peek() >= '0' && Peek() <= '9' && !AtEnd()) {
+          return Unsupported(start, "an octal escape");
+        }
+        return one(0);
+      case 'b':
+        if (in_class) return one('\b');
+        return Unsupported(start, "the word boundary `\\b`");
+      case 'B':
+        return Unsupported(start, "`\\B`");
+      case 'k':
+        return Unsupported(start, "a named backreference `\\k`");
+      case 'p':
+      case 'P':
+        return Unsupported(start, "a Unicode property escape `\\p`");
+      case 'c':
+        return Unsupported(start, "a control escape `\\c`");
+      case 'x': {
+        const std::optional<uint32_t> v = Hex(2);
+        if (!v) return Error(start, "`\\x` without two hex digits");
+        return one(*v);
+      }
+      case 'u': {
+        if (Peek() == '{') {
+          ++pos_;
+          uint32_t v = 0;
+          int n = 0;
+          while (!AtEnd() && IsHex(Peek()) && n < 7) {
+            v = v * 16 + HexValue(Peek());
+            ++pos_;
+            ++n;
+          }
+          if (n == 0 || AtEnd() || Peek() != '}' || v > kMaxCodePoint) {
+            return Error(start, "a malformed `\\u{...}` escape");
+          }
+          ++pos_;
+          if (v >= 0xD800 && v <= 0xDFFF) return Unsupported(start, "a lone surrogate");
+          return one(v);
+        }
+        std::optional<uint32_t> v = Hex(4);
+        if (!v) return Error(start, "`\\u` without four hex digits");
+        if (*v >= 0xD800 && *v <= 0xDBFF && Peek() == '\\' && Peek(1) == 'u') {
+          const size_t save = pos_;
+          pos_ += 2;
+          const std::optional<uint32_t> low = Hex(4);
+          if (low && *low >= 0xDC00 && *low <= 0xDFFF) {
+            return one(0x10000 + ((*v - 0xD800) << 10) + (*low - 0xDC00));
+          }
+          pos_ = save;
+        }
+        if (*v >= 0xD800 && *v <= 0xDFFF) return Unsupported(start, "a lone surrogate");
+        return one(*v);
+      }
+      default:
+        break;
+    }
+    if (c >= '1' && c <= '9') return Unsupported(start, "a backreference");
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      std::string e = "the escape `\\";
+      AppendUtf8(c, &e);
+      return Unsupported(start, e + "`");
+    }
+    return one(c);  // an escaped metacharacter or punctuation: itself
+  }
+
+  std::u32string s_;
+  size_t pos_ = 0;
+  bool anchored_;
+};
+
+// ---- Rewriting repetitions of what can be empty -------------------------------------------------
+
+bool Nullable(const Node& n) {
+  switch (n.kind) {
+    case Node::kChars:
+      return false;
+    case Node::kSeq:
+      return std::all_of(n.kids.begin(), n.kids.end(), Nullable);
+    case Node::kAlt:
+      return std::any_of(n.kids.begin(), n.kids.end(), Nullable);
+    case Node::kRepeat:
+      return n.min == 0 || n.max == 0 || Nullable(n.kids[0]);
+  }
+  return false;
+}
+
+// The language of `n` without the empty string; nullopt when nothing is left.
+std::optional<Node> NonEmpty(const Node& n) {
+  if (!Nullable(n)) return n;
+  switch (n.kind) {
+    case Node::kChars:
+      return n;
+    case Node::kSeq: {
+      // All kids can be empty: a non-empty match has a first kid that matches non-empty.
+      std::vector<Node> alts;
+      for (size_t i = 0; i < n.kids.size(); ++i) {
+        if (std::optional<Node> first = NonEmpty(n.kids[i])) {
+          std::vector<Node> seq = {std::move(*first)};
+          seq.insert(seq.end(), n.kids.begin() + static_cast<ptrdiff_t>(i) + 1, n.kids.end());
+          alts.push_back(Seq(std::move(seq)));
+        }
+      }
+      if (alts.empty()) return std::nullopt;
+      return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
+    }
+    case Node::kAlt: {
+      std::vector<Node> alts;
+      for (const Node& k : n.kids) {
+        if (std::optional<Node> x = NonEmpty(k)) alts.push_back(std::move(*x));
+      }
+      if (alts.empty()) return std::nullopt;
+      return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
+    }
+    case Node::kRepeat: {
+      if (n.max == 0) return std::nullopt;
+      std::optional<Node> kid = NonEmpty(n.kids[0]);
+      if (!kid) return std::nullopt;
+      return Repeat(std::move(*kid), 1, n.max);
+    }
+  }
+  return std::nullopt;
+}
+
+// Makes every repeated node non-nullable: X{m,n} with X nullable is (X minus ε){0,n}.
+Node Normalize(Node n) {
+  for (Node& k : n.kids) k = Normalize(std::move(k));
+  if (n.kind != Node::kRepeat) return n;
+  if (n.max == 0) return Seq({});
+  if (!Nullable(n.kids[0])) return n;
+  std::optional<Node> kid = NonEmpty(n.kids[0]);
+  if (!kid) return Seq({});
+  return Repeat(std::move(*kid), 0, n.max);
+}
+
+// ---- GBNF emission ------------------------------------------------------------------------------
+
+bool IsNameChar(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+// The end of the GBNF primary (literal, class, group, name, `.`) starting at s[i], or npos.
+size_t PrimaryEnd(std::string_view s, size_t i) {
+  if (i >= s.size()) return std::string_view::npos;
+  const char c = s[i];
+  if (c == '"' || c == '[') {
+    const char close = c == '"' ? '"' : ']';
+    for (++i; i < s.size(); ++i) {
+      if (s[i] == '\\') {
+        ++i;
+      } else if (s[i] == close) {
+        return i + 1;
+      }
+    }
+    return std::string_view::npos;
+  }
+  if (c == '(') {
+    int depth = 0;
+    while (i < s.size()) {
+      if (s[i] == '"' || s[i] == '[') {
+        i = PrimaryEnd(s, i);
+        if (i == std::string_view::npos) return i;
+        continue;
+      }
+      if (s[i] == '(') ++depth;
+      if (s[i] == ')' && --depth == 0) return i + 1;
+      ++i;
+    }
+    return std::string_view::npos;
+  }
+  if (c == '.') return i + 1;
+  const size_t start = i;
+  while (i < s.size() && IsNameChar(s[i])) ++i;
+  return i > start ? i : std::string_view::npos;
+}
+
+// `expr` as one primary, parenthesized unless it already is one.
+std::string Primary(const std::string& expr) {
+  return IsGbnfPrimary(expr) ? expr : "(" + expr + ")";
+}
+
+std::string QuantifierSuffix(int min, int max) {
+  if (min == 0 && max == 1) return "?";
+  if (min == 0 && max < 0) return "*";
+  if (min == 1 && max < 0) return "+";
+  if (min == max) return absl::StrFormat("{%d}", min);
+  if (max < 0) return absl::StrFormat("{%d,}", min);
+  return absl::StrFormat("{%d,%d}", min, max);
+}
+
+void AppendItem(const std::string& item, std::string* seq) {
+  if (item.empty()) return;
+  if (!seq->empty()) *seq += ' ';
+  *seq += item;
+}
+
+std::string ClassText(const CharSet& set) {
+  const CharSet complement = set.Complement();
+  if (complement.empty()) return ".";
+  const bool negate =
+      complement.ranges().size() < set.ranges().size() ||
+      (complement.ranges().size() == set.ranges().size() && set.Contains(kMaxCodePoint));
+  std::string out = negate ? "[^" : "[";
+  for (const auto& [lo, hi] : (negate ? complement : set).ranges()) {
+    out += GbnfClassChar(lo);
+    if (hi == lo + 1) out += GbnfClassChar(hi);
+    if (hi > lo + 1) {
+      out += '-';
+      out += GbnfClassChar(hi);
+    }
+  }
+  return out + "]";
+}
+
+class Emitter {
+ public:
+  explicit Emitter(bool json) : json_(json) {}
+
+  std::string Emit(const Node& n) {
+    switch (n.kind) {
+      case Node::kChars:
+        return EmitChars(n.chars);
+      case Node::kSeq: {
+        // Runs of characters with one spelling merge into one literal.
+        std::string out, literal;
+        for (const Node& k : n.kids) {
+          if (k.kind == Node::kChars) {
+            if (std::optional<std::string> l = Spelling(k.chars)) {
+              literal += *l;
+              continue;
+            }
+          }
+          if (!literal.empty()) AppendItem(GbnfLiteral(literal), &out);
+          literal.clear();
+          AppendItem(Emit(k), &out);
+        }
+        if (!literal.empty()) AppendItem(GbnfLiteral(literal), &out);
+        return out;
+      }
+      case Node::kAlt: {
+        std::vector<std::string> alts;
+        for (const Node& k : n.kids) alts.push_back(Emit(k));
+        return GbnfAlternatives(alts);
+      }
+      case Node::kRepeat: {
+        const std::string kid = Emit(n.kids[0]);
+        return kid.empty() ? "" : GbnfRepeat(kid, n.min, n.max);
+      }
+    }
+    return "";
+  }
+
+ private:
+  // The one way the characters of `set` are written, when there is only one.
+  std::optional<std::string> Spelling(const CharSet& set) const {
+    if (!set.single()) return std::nullopt;
+    const uint32_t c = set.ranges()[0].first;
+    std::string out;
+    if (!json_ || (JsonPlain().Contains(c) && c != '/')) {
+      AppendUtf8(c, &out);
+      return out;
+    }
+    if (c == '"') return "\\\"";
+    if (c == '\\') return "\\\\";
+    return std::nullopt;  // '/' and the controls have two spellings
+  }
+
+  std::string EmitChars(const CharSet& set) const {
+    if (std::optional<std::string> l = Spelling(set)) return GbnfLiteral(*l);
+    if (!json_) return ClassText(set);
+    std::vector<std::string> alts;
+    const CharSet plain = set.Intersect(JsonPlain());
+    if (!plain.empty()) {
+      std::string one;
+      if (plain.single()) AppendUtf8(plain.ranges()[0].first, &one);
+      alts.push_back(plain.single() ? GbnfLiteral(one) : ClassText(plain));
+    }
+    std::string escapes;  // the letters after `\`
+    for (const auto& [c, e] : std::initializer_list<std::pair<uint32_t, char>>{{'"', '"'},
+                                                                               {'\\', '\\'},
+                                                                               {'/', '/'},
+                                                                               {'\b', 'b'},
+                                                                               {'\f', 'f'},
+                                                                               {'\n', 'n'},
+                                                                               {'\r', 'r'},
+                                                                               {'\t', 't'}}) {
+      if (set.Contains(c)) escapes += e;
+    }
+    if (escapes.size() == 1) alts.push_back(GbnfLiteral("\\" + escapes));
+    if (escapes.size() > 1) {
+      std::string cls = "[";
+      for (const char e : escapes) cls += GbnfClassChar(static_cast<uint8_t>(e));
+      alts.push_back(GbnfLiteral("\\") + " " + cls + "]");
+    }
+    // \u00XX for the controls: per high hex digit (0, 1, 7), the low digits in either case;
+    // high digits with the same low digits share an alternative.
+    std::vector<std::pair<std::string, std::string>> by_low;  // (low class, high digits)
+    for (const uint32_t hi : {0u, 1u, 7u}) {
+      // The low hex digits as class items: runs of 0-9, then a-f and A-F.
+      std::string low;
+      auto runs = [&](uint32_t from, uint32_t to, char first) {
+        for (uint32_t d = from; d <= to;) {
+          if (!set.Contains(hi * 16 + d) || (hi == 7 && d != 15)) {
+            ++d;
+            continue;
+          }
+          uint32_t e = d;
+          while (e + 1 <= to && set.Contains(hi * 16 + e + 1)) ++e;
+          low += static_cast<char>(first + d - from);
+          if (e > d + 1) low += '-';
+          if (e > d) low += static_cast<char>(first + e - from);
+          d = e + 1;
+        }
+      };
+      runs(0, 9, '0');
+      const size_t digits = low.size();
+      runs(10, 15, 'a');
+      const std::string letters = low.substr(digits);
+      for (const char c : letters) low += c == '-' ? '-' : static_cast<char>(c - 'a' + 'A');
+      if (low.empty()) continue;
+      auto it =
+          std::find_if(by_low.begin(), by_low.end(), [&](const auto& p) { return p.first == low; });
+      if (it == by_low.end()) {
+        by_low.push_back({low, std::to_string(hi)});
+      } else {
+        it->second += std::to_string(hi);
+      }
+    }
+    if (!by_low.empty()) {
+      std::vector<std::string> hex;
+      for (const auto& [low, high] : by_low) {
+        hex.push_back((high.size() == 1 ? GbnfLiteral(high) : "[" + high + "]") + " [" + low + "]");
+      }
+      std::string u = GbnfLiteral("\\u00");
+      AppendItem(hex.size() == 1 ? hex[0] : GbnfAlternatives(hex), &u);
+      alts.push_back(u);
+    }
+    return GbnfAlternatives(alts);
+  }
+
+  bool json_;
+};
+
+}  // namespace
+
+std::string GbnfLiteral(std::string_view utf8) {
+  std::u32string cps;
+  for (size_t i = 0; i < utf8.size();) {
+    uint32_t cp = 0xFFFD;
+    int n = 1;
+    DecodeOne(utf8, i, &cp, &n);
+    cps.push_back(cp);
+    i += n;
+  }
+  std::string out = "\"";
+  for (const char32_t c : cps) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          out += absl::StrFormat("\\x%02X", static_cast<uint32_t>(c));
+        } else if (c < 0x80) {
+          out += static_cast<char>(c);
+        } else if (c <= 0xFFFF) {
+          out += absl::StrFormat("\\u%04X", static_cast<uint32_t>(c));
+        } else {
+          out += absl::StrFormat("\\U%08X", static_cast<uint32_t>(c));
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string GbnfClassChar(uint32_t cp) {
+  if ((cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') || (cp >= '0' && cp <= '9')) {
+    return std::string(1, static_cast<char>(cp));
+  }
+  switch (cp) {
+    case '\\':
+      return "\\\\";
+    case '"':
+      return "\\\"";
+    case ']':
+      return "\\]";
+    case '[':
+      return "\\[";
+    case '\n':
+      return "\\n";
+    case '\r':
+      return "\\r";
+    case '\t':
+      return "\\t";
+    default:
+      break;
+  }
+  // `-` and `^` as \x: llama.cpp's GBNF has no \- or \^.
+  if (cp >= 0x20 && cp < 0x7F && cp != '-' && cp != '^') {
+    return std::string(1, static_cast<char>(cp));
+  }
+  if (cp < 0x80) return absl::StrFormat("\\x%02X", cp);
+  if (cp <= 0xFFFF) return absl::StrFormat("\\u%04X", cp);
+  return absl::StrFormat("\\U%08X", cp);
+}
+
+bool IsGbnfRuleName(std::string_view name) {
+  return !name.empty() && std::all_of(name.begin(), name.end(), IsNameChar);
+}
+
+bool IsGbnfPrimary(std::string_view expr) { return PrimaryEnd(expr, 0) == expr.size(); }
+
+std::string GbnfAlternatives(const std::vector<std::string>& alts) {
+  std::vector<std::string> nonempty;
+  bool empty = false;
+  for (const std::string& a : alts) {
+    if (a.empty()) {
+      empty = true;
+    } else if (std::find(nonempty.begin(), nonempty.end(), a) == nonempty.end()) {
+      nonempty.push_back(a);
+    }
+  }
+  if (nonempty.empty()) return "";
+  std::string text;
+  if (nonempty.size() == 1) {
+    text = nonempty[0];
+  } else {
+    text = "(";
+    for (size_t i = 0; i < nonempty.size(); ++i) text += (i ? " | " : "") + nonempty[i];
+    text += ")";
+  }
+  return empty ? Primary(text) + "?" : text;
+}
+
+std::string GbnfRepeat(const std::string& expr, int min, int max) {
+  if (max == 0 || expr.empty()) return "";
+  if (min == 1 && max == 1) return expr;
+  return Primary(expr) + QuantifierSuffix(min, max);
+}
+
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule) {
+  return RegexToGbnf(pattern, rule, RegexGbnfOptions{});
+}
+
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule,
+                                  const RegexGbnfOptions& options) {
+  if (!IsGbnfRuleName(rule)) {
+    return InvalidArgument("regex: the rule name `", rule, "` is not [a-zA-Z0-9-]+");
+  }
+  std::u32string cps;
+  if (!DecodeUtf8(pattern, &cps)) return InvalidArgument("regex: the pattern is not valid UTF-8");
+  RegexParser parser(std::move(cps), options.anchored);
+  KILN_ASSIGN_OR_RETURN(Node tree, parser.Parse());
+  std::string body = Emitter(options.json_string).Emit(Normalize(std::move(tree)));
+  if (body.empty()) body = "\"\"";
+  return StrCat(rule, " ::= ", body, "\n");
+}
+
+}  // namespace kiln::grammar
