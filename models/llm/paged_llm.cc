@@ -124,7 +124,9 @@ Status PagedLlm::Build(int32_t block_size) {
                    b.Input("sample.penalty_tokens", DType::kI32, {in.S, P}),
                    b.Input("sample.penalty_counts", DType::kI32, {in.S, P}),
                    b.Input("sample.banned", DType::kI32, {in.S, E}),
-                   b.Input("sample.penalty_bias", DType::kF32, {in.S, P}));
+                   b.Input("sample.penalty_bias", DType::kF32, {in.S, P}),
+                   b.Input("sample.allowed", DType::kI32,
+                           {in.S, Dim(sampling::AllowedWords(hp.vocab_size))}));
       KILN_RETURN_IF_ERROR(b.status());
       outputs.insert(outputs.end(), {so.token, so.logprob, so.top_ids, so.top_logprobs});
     }
@@ -326,6 +328,7 @@ StatusOr<PagedLlm::StepBuffers> PagedLlm::AllocateStepBuffers(int64_t tokens, in
     KILN_ASSIGN_OR_RETURN(s.penalty_counts, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.penalty_bias, alloc(seqs * penalty_cols));
     KILN_ASSIGN_OR_RETURN(s.banned, alloc(seqs * banned_cols));
+    KILN_ASSIGN_OR_RETURN(s.allowed, alloc(seqs * sampling::AllowedWords(parts_.info.vocab_size)));
   }
   if (lora_slots_ > 0) {
     KILN_ASSIGN_OR_RETURN(s.lora_scale, alloc(tokens * lora_slots_ * lora_rank_));
@@ -446,6 +449,8 @@ Status PagedLlm::BindStep(const StepBuffers& buf, int32_t T, int32_t S, int32_t 
     KILN_RETURN_IF_ERROR(bind("sample.penalty_counts", buf.penalty_counts, {S, P}));
     KILN_RETURN_IF_ERROR(bind("sample.penalty_bias", buf.penalty_bias, {S, P}, DType::kF32));
     KILN_RETURN_IF_ERROR(bind("sample.banned", buf.banned, {S, E}));
+    KILN_RETURN_IF_ERROR(
+        bind("sample.allowed", buf.allowed, {S, sampling::AllowedWords(parts_.info.vocab_size)}));
   }
   return OkStatus();
 }
@@ -467,6 +472,12 @@ std::pair<int32_t, int32_t> PagedLlm::StageSampling(const StepSampling* sampling
   h_penalty_counts_.assign(static_cast<size_t>(rows) * P, 0);
   h_penalty_bias_.assign(static_cast<size_t>(rows) * P, 0.0f);
   h_banned_.assign(static_cast<size_t>(rows) * E, -1);
+  // Grammar masks: all tokens allowed, but in the rows of constrained sequences.
+  const size_t W = static_cast<size_t>(sampling::AllowedWords(parts_.info.vocab_size));
+  h_allowed_.assign(static_cast<size_t>(rows) * W, ~0u);
+  if (sampling != nullptr && sampling->allowed_words > 0) {
+    std::copy_n(sampling->allowed.begin(), static_cast<size_t>(S) * W, h_allowed_.begin());
+  }
   for (int32_t s = 0; s < rows; ++s) {
     const bool real = sampling != nullptr && s < S;
     sampling::PackParams(real ? sampling->params[s] : greedy,
@@ -498,6 +509,7 @@ Status PagedLlm::UploadSampling(const StepBuffers& buf, int32_t rows, int32_t P,
   KILN_RETURN_IF_ERROR(put(buf.penalty_counts, h_penalty_counts_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.penalty_bias, h_penalty_bias_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.banned, h_banned_.data(), r * E * 4));
+  KILN_RETURN_IF_ERROR(put(buf.allowed, h_allowed_.data(), h_allowed_.size() * 4));
   return OkStatus();
 }
 

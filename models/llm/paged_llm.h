@@ -143,6 +143,7 @@ class PagedLlm final : public LlmModel {
     // The sampling stage's inputs (when the program has one), for P and E penalty/ban columns.
     std::shared_ptr<backend::Buffer> params, uniforms, penalty_tokens, penalty_counts, banned,
         penalty_bias;
+    std::shared_ptr<backend::Buffer> allowed;     // [seqs, AllowedWords(vocab)]: grammar masks
     std::shared_ptr<backend::Buffer> lora_scale;  // [tokens, K*R] f32 (when K > 0)
   };
   // Where a step's results go: logits (Step) or sampled tokens (StepAndSample).
@@ -213,6 +214,7 @@ class PagedLlm final : public LlmModel {
   std::vector<double> h_uniforms_;
   std::vector<int32_t> h_penalty_tokens_, h_penalty_counts_, h_banned_;
   std::vector<float> h_penalty_bias_;
+  std::vector<uint32_t> h_allowed_;           // [rows, AllowedWords(vocab)]
   std::vector<int32_t> h_token_, h_top_ids_;  // results read back
   std::vector<float> h_logprob_, h_top_logprobs_;
   // By padded size; negative: of base_program_.

@@ -129,12 +129,14 @@ double SequenceSampler::Uniform() {
 
 double SequenceSampler::NextUniform() { return params_.temperature == 0.0f ? 0.0 : Uniform(); }
 
-SampledToken SequenceSampler::Sample(std::span<float> logits, std::span<const int32_t> end_ids) {
+SampledToken SequenceSampler::Sample(std::span<float> logits, std::span<const int32_t> end_ids,
+                                     std::span<const uint32_t> allowed) {
   SampledToken out;
   std::vector<float> raw;
   if (params_.logprobs >= 0) raw.assign(logits.begin(), logits.end());
   sampling::ApplyPenalties(row_, logits, penalties_,
                            bans_end_ids() ? end_ids : std::span<const int32_t>());
+  if (!allowed.empty()) sampling::ApplyAllowed(logits, allowed);
   out.token = sampling::Pick(row_, logits, NextUniform(), scratch_);
   if (params_.logprobs >= 0) ComputeLogprobs(raw, out.token, params_.logprobs, &out);
   return out;
@@ -147,9 +149,16 @@ void StepSamplingTable::Clear() {
   banned_.clear();
   penalty_start_.assign(1, 0);
   banned_start_.assign(1, 0);
+  allowed_.clear();
+  row_allowed_.clear();
+  allowed_words_ = 0;
 }
 
-void StepSamplingTable::AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids) {
+void StepSamplingTable::AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids,
+                                   std::span<const uint32_t> allowed) {
+  row_allowed_.push_back(allowed.empty() ? -1 : static_cast<int64_t>(allowed_.size()));
+  allowed_.insert(allowed_.end(), allowed.begin(), allowed.end());
+  if (!allowed.empty()) allowed_words_ = static_cast<int32_t>(allowed.size());
   params_.push_back(sampler.row_params());
   uniforms_.push_back(sampler.NextUniform());
   penalties_.insert(penalties_.end(), sampler.penalties().begin(), sampler.penalties().end());
@@ -161,6 +170,7 @@ void StepSamplingTable::AddSampled(SequenceSampler& sampler, std::span<const int
 void StepSamplingTable::AddIgnored() {
   sampling::RowParams greedy;
   greedy.temperature = 0;
+  row_allowed_.push_back(-1);
   params_.push_back(greedy);
   uniforms_.push_back(0.0);
   penalty_start_.push_back(static_cast<int32_t>(penalties_.size()));
@@ -168,7 +178,24 @@ void StepSamplingTable::AddIgnored() {
 }
 
 const StepSampling& StepSamplingTable::table() {
-  table_ = {params_, uniforms_, penalties_, penalty_start_, banned_, banned_start_};
+  table_ = StepSampling{};
+  table_.params = params_;
+  table_.uniforms = uniforms_;
+  table_.penalties = penalties_;
+  table_.penalty_start = penalty_start_;
+  table_.banned = banned_;
+  table_.banned_start = banned_start_;
+  if (allowed_words_ > 0) {
+    // One [S, W] block: constrained rows' masks, all ones elsewhere.
+    const size_t W = static_cast<size_t>(allowed_words_);
+    all_allowed_.assign(row_allowed_.size() * W, ~0u);
+    for (size_t s = 0; s < row_allowed_.size(); ++s) {
+      if (row_allowed_[s] < 0) continue;
+      std::copy_n(allowed_.begin() + row_allowed_[s], W, all_allowed_.begin() + s * W);
+    }
+    table_.allowed = all_allowed_;
+    table_.allowed_words = allowed_words_;
+  }
   return table_;
 }
 

@@ -42,8 +42,11 @@ class SequenceSampler {
 
   // Picks the next token from one row of logits (used as scratch: modified in place).
   // `end_ids` are the tokens that end generation (EOS + stop_token_ids); they are masked
-  // while fewer than min_tokens tokens were accepted.
-  SampledToken Sample(std::span<float> logits, std::span<const int32_t> end_ids);
+  // while fewer than min_tokens tokens were accepted. `allowed`, when not empty, is the
+  // grammar's allowed-token mask (engine/sampling.h ApplyAllowed; AllowedWords(vocab) words):
+  // the token is sampling::kNoToken when it allows nothing that is left.
+  SampledToken Sample(std::span<float> logits, std::span<const int32_t> end_ids,
+                      std::span<const uint32_t> allowed = {});
 
   // Records a generated token (for penalties and min_tokens).
   void Accept(int32_t token);
@@ -85,6 +88,10 @@ struct StepSampling {
   std::span<const int32_t> penalty_start;  // [S + 1]
   std::span<const int32_t> banned;         // tokens set to -inf (EOS before min_tokens)
   std::span<const int32_t> banned_start;   // [S + 1]
+  // [S, allowed_words] allowed-token masks (engine/sampling.h ApplyAllowed), all bits set in
+  // unconstrained rows; empty (allowed_words 0) when no row is constrained.
+  std::span<const uint32_t> allowed;
+  int32_t allowed_words = 0;
 };
 
 // Builds a step's StepSampling row by row from the sequences' samplers; its buffers are reused
@@ -94,8 +101,10 @@ class StepSamplingTable {
   void Clear();
   // The row of a sequence that gets its next token this step: its sampler's parameters and
   // penalty list, `end_ids` banned while min_tokens is not reached, and the next uniform of
-  // its stream (advanced, as SequenceSampler::Sample would).
-  void AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids);
+  // its stream (advanced, as SequenceSampler::Sample would). `allowed`: its grammar's mask
+  // (AllowedWords(vocab) words), or empty when it is unconstrained.
+  void AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids,
+                  std::span<const uint32_t> allowed = {});
   // The row of a sequence whose token is not wanted (a prompt still prefilling): greedy.
   void AddIgnored();
   const StepSampling& table();
@@ -105,6 +114,10 @@ class StepSamplingTable {
   std::vector<double> uniforms_;
   std::vector<sampling::PenaltyToken> penalties_;
   std::vector<int32_t> penalty_start_ = {0}, banned_, banned_start_ = {0};
+  // Rows' masks; row_allowed_[s] indexes allowed_ (in words), -1 for an unconstrained row.
+  std::vector<uint32_t> allowed_, all_allowed_;
+  std::vector<int64_t> row_allowed_;
+  int32_t allowed_words_ = 0;
   StepSampling table_;
 };
 

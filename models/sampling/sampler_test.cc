@@ -26,7 +26,8 @@ class DeviceSampler {
 
   std::vector<SampledToken> Sample(std::span<SequenceSampler* const> samplers,
                                    std::span<const std::vector<float>> logits,
-                                   std::span<const int32_t> end_ids) {
+                                   std::span<const int32_t> end_ids,
+                                   std::span<const uint32_t> allowed = {}) {
     const int64_t S = static_cast<int64_t>(samplers.size()), V = logits[0].size();
     int64_t P = 0, E = 0;
     for (SequenceSampler* s : samplers) {
@@ -55,7 +56,9 @@ class DeviceSampler {
         b.Input("logits", DType::kF32, {S, V}),
         b.Input("params", DType::kF32, {S, sampling::kNumParams}), b.Input("u", DType::kF64, {S}),
         b.Input("pt", DType::kI32, {S, P}), b.Input("pc", DType::kI32, {S, P}),
-        b.Input("ban", DType::kI32, {S, E}), b.Input("pb", DType::kF32, {S, P}));
+        b.Input("ban", DType::kI32, {S, E}), b.Input("pb", DType::kF32, {S, P}),
+        allowed.empty() ? Value{}
+                        : b.Input("allowed", DType::kI32, {S, sampling::AllowedWords(V)}));
     EXPECT_TRUE(b.ok()) << b.status();
     auto program = Compile(g, {o.token, o.logprob, o.top_ids, o.top_logprobs}, dev_);
     EXPECT_TRUE(program.ok()) << program.status();
@@ -76,6 +79,8 @@ class DeviceSampler {
     bind("pc", DType::kI32, {S, P}, pc.data());
     bind("ban", DType::kI32, {S, E}, ban.data());
     bind("pb", DType::kF32, {S, P}, pb.data());
+    if (!allowed.empty())
+      bind("allowed", DType::kI32, {S, sampling::AllowedWords(V)}, allowed.data());
     EXPECT_TRUE((*program)->Run(**stream).ok());
     const int W = sampling::kMaxLogprobs;
     std::vector<int32_t> tok(S), ids(S * W);
@@ -349,13 +354,29 @@ TEST_P(SamplerTest, ManyRandomConfigurationsAgreeWithTheHost) {
     for (float& x : l) x = normal(rng);
     logits.push_back(std::move(l));
   }
+  // Grammar masks (structured output) on some rows: a random third of the vocabulary, a
+  // single token, or all but the end ids; the other rows are unconstrained (all bits set).
+  const int64_t W = sampling::AllowedWords(V);
+  std::vector<uint32_t> allowed(hs.size() * W, ~0u);
+  for (size_t r = 0; r < hs.size(); r += 2) {
+    uint32_t* row = allowed.data() + r * W;
+    std::fill(row, row + W, 0u);
+    for (int32_t t = 0; t < V; ++t) {
+      const bool on = r % 6 == 0 ? pick(rng) < 33 : r % 6 == 2 ? t == 41 : t != 2 && t != 17;
+      if (on) row[t >> 5] |= 1u << (t & 31);
+    }
+  }
   std::vector<SequenceSampler*> rows;
   for (auto& d : ds) rows.push_back(d.get());
-  const std::vector<SampledToken> got = device_->Sample(rows, logits, end_ids);
+  const std::vector<SampledToken> got = device_->Sample(rows, logits, end_ids, allowed);
   for (size_t r = 0; r < hs.size(); ++r) {
     std::vector<float> l = logits[r];
     const SampledToken want =
-        hs[r]->Sample(l, hs[r]->bans_end_ids() ? end_ids : std::vector<int32_t>{});
+        hs[r]->Sample(l, hs[r]->bans_end_ids() ? end_ids : std::vector<int32_t>{},
+                      std::span<const uint32_t>(allowed).subspan(r * W, W));
+    if (r % 6 == 2) {
+      EXPECT_EQ(want.token, 41) << "row " << r;  // the only allowed token
+    }
     EXPECT_EQ(got[r].token, want.token) << "row " << r;
     EXPECT_NEAR(got[r].logprob, want.logprob, 1e-5) << "row " << r;
     ASSERT_EQ(got[r].top.size(), want.top.size()) << "row " << r;

@@ -3,12 +3,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/base/status.h"
+
+namespace kiln::grammar {
+class Grammar;
+}  // namespace kiln::grammar
 
 namespace kiln::models {
 
@@ -30,6 +35,10 @@ struct SamplingParams {
   // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the token's logit before
   // the penalties; at most kMaxLogitBias distinct tokens.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Structured output: the grammar the output must match (models/grammar/constraint.h), or
+  // null. The batcher masks every step's tokens with it and ends the sequence once the output
+  // is complete.
+  std::shared_ptr<const grammar::Grammar> grammar;
 };
 
 inline constexpr int32_t kMaxLogitBias = 1024;

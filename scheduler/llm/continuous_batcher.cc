@@ -49,7 +49,9 @@ ContinuousBatcher::ContinuousBatcher(std::string model_name,
       model_(std::move(model)),
       config_(std::move(config)),
       prefix_seed_(prefix_seed),
-      metrics_(std::move(metrics)) {}
+      metrics_(std::move(metrics)),
+      structured_(
+          std::make_unique<StructuredOutput>(model_->tokenizer(), model_->info().eos_token_ids)) {}
 
 ContinuousBatcher::~ContinuousBatcher() {
   if (!thread_.joinable()) return;
@@ -286,6 +288,7 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   if (!r.sampling.ignore_eos) seq->end_ids = model_->info().eos_token_ids;
   seq->end_ids.insert(seq->end_ids.end(), r.sampling.stop_token_ids.begin(),
                       r.sampling.stop_token_ids.end());
+  structured_->Bind(seq.get());
 
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
@@ -455,6 +458,10 @@ void ContinuousBatcher::StepOnce() {
   if (sched_.empty()) return;
   trace_.Scheduled(sched_, step_start);  // tracing
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
+  // Structured output: the masks of the sequences that get a token this step.
+  for (const auto& e : sched_.seqs) {
+    if (e.seq->matcher && e.seq->uncomputed() == e.num_tokens) structured_->PrepareMask(e.seq);
+  }
   if (recorder_) flight.built = SteadyClock::now();
   StepOutput out;
   const bool ran = Run(batch, &out);
@@ -539,6 +546,15 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     if (s->uncomputed() > 0) continue;  // mid-prefill: no token yet
 
     models::SampledToken t = NextToken(out, static_cast<int32_t>(i), *s);
+    if (t.token == sampling::kNoToken) {
+      // Only a grammar can forbid every token: nothing in this vocabulary continues it.
+      Finish(s, FinishReason::kError,
+             !s->grammar_status.ok()
+                 ? s->grammar_status
+                 : InvalidArgument("the output's grammar allows no token of model '", name_,
+                                   "' after ", s->generated(), " tokens"));
+      continue;
+    }
     s->sampler.Accept(t.token);
     s->tokens.push_back(t.token);
     const auto now = SteadyClock::now();
@@ -558,6 +574,14 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     if (s->req->sampling.logprobs >= 0) lps.push_back(t);
     const bool is_end =
         std::find(s->end_ids.begin(), s->end_ids.end(), t.token) != s->end_ids.end();
+    if (s->matcher) {
+      if (Status st = structured_->Accept(s, t.token, is_end); !st.ok()) {
+        Finish(s, FinishReason::kError, st);
+        continue;
+      }
+    }
+    // A structured output that is complete ends here, as if its EOS had been sampled.
+    const bool complete = !is_end && s->matcher && s->matcher->complete();
     const auto detok_start = StepTrace::DetokenizeStart(*s);  // tracing
     if (!is_end) s->held += s->detok.Add(t.token);
     const auto& stops = s->req->sampling.stop;
@@ -579,10 +603,10 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     }
     const bool at_length = s->generated() >= s->req->sampling.max_tokens ||
                            static_cast<int32_t>(s->tokens.size()) >= context;
-    if (is_end || at_length) {
+    if (is_end || at_length || complete) {
       std::string text = std::move(s->held) + s->detok.Finish();
       Emit(s, {t.token}, std::move(lps), std::move(text));
-      Finish(s, is_end ? FinishReason::kStop : FinishReason::kLength, OkStatus(),
+      Finish(s, is_end || complete ? FinishReason::kStop : FinishReason::kLength, OkStatus(),
              is_end ? std::string(model_->tokenizer().Piece(t.token)) : std::string());
       continue;
     }

@@ -55,6 +55,7 @@
 #include "scheduler/llm/model_step.h"
 #include "scheduler/llm/step_scheduler.h"
 #include "scheduler/llm/step_trace.h"
+#include "scheduler/llm/structured_output.h"
 
 namespace kiln {
 
@@ -188,13 +189,14 @@ class ContinuousBatcher {
   std::unique_ptr<StepScheduler> scheduler_;
   SchedulerOutput sched_;  // this step's decision (reused: no allocation per step)
   StepBatchBuilder builder_;
-  std::vector<float> logits_;                    // host sampling: [S, vocab]
-  StepSamplingBuilder sampling_;                 // device sampling: the step's table
-  std::vector<models::SampledToken> sampled_;    // device sampling: [S]
-  std::unique_ptr<AdapterSlots> adapter_slots_;  // set by Start when the model has slots
-  FlightRecorder* recorder_ = nullptr;           // set before Start; null: none
-  uint64_t step_id_ = 0;                         // the flight recorder's step ids
-  StepTrace trace_;                              // tracing hooks (set_trace_sink)
+  std::vector<float> logits_;                     // host sampling: [S, vocab]
+  StepSamplingBuilder sampling_;                  // device sampling: the step's table
+  std::vector<models::SampledToken> sampled_;     // device sampling: [S]
+  std::unique_ptr<AdapterSlots> adapter_slots_;   // set by Start when the model has slots
+  std::unique_ptr<StructuredOutput> structured_;  // grammars and masks (Bind: any thread)
+  FlightRecorder* recorder_ = nullptr;            // set before Start; null: none
+  uint64_t step_id_ = 0;                          // the flight recorder's step ids
+  StepTrace trace_;                               // tracing hooks (set_trace_sink)
   std::thread thread_;
 };
 

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/grammar/grammar.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/llm/testing/fake_llm.h"
 
@@ -491,6 +492,51 @@ TEST(ContinuousBatcherTest, StopStringEndsTheTextAndIsNeverPartlySent) {
   EXPECT_EQ(r.last.stop, stop);
   EXPECT_EQ(r.text, full.substr(0, full.find(stop)));
   for (const auto& chunk : r.chunks) EXPECT_EQ(chunk.find(stop), std::string::npos);
+}
+
+// Structured output: every request's text is in its grammar's language, on the host sampler
+// and through the sample op's mask alike (the same tokens), greedy or sampled; a finished
+// output ends the sequence without waiting for EOS, and a grammar that may go on is cut at
+// max_tokens like any other.
+TEST(ContinuousBatcherTest, GrammarConstrainsEveryToken) {
+  const char* kGrammars[] = {
+      R"(root ::= "{\"answer\": " ("yes" | "no" | [0-9]{1,4}) "}")",
+      R"(root ::= "[" ([a-z]{1,5} ("," [a-z]{1,5}){0,3})? "]")",
+      R"(root ::= [A-Z] [a-z ]* ".")",
+  };
+  std::vector<Result> runs[2];
+  for (bool device : {false, true}) {
+    Fixture f(WithBlocks({}, 4096), 512, device);
+    std::vector<std::future<Result>> futures;
+    for (int i = 0; i < 9; ++i) {
+      auto c = MakeRequest(Prompt(20 + i, i), 40);
+      auto g = grammar::Grammar::ParseGbnf(kGrammars[i % 3]);
+      ASSERT_TRUE(g.ok()) << g.status();
+      c.req->sampling.grammar = std::make_shared<const grammar::Grammar>(*std::move(g));
+      if (i >= 3) {
+        c.req->sampling.temperature = 1.5f;
+        c.req->sampling.seed = 50 + i;
+      }
+      futures.push_back(f.Submit(c));
+    }
+    for (auto& fu : futures) runs[device].push_back(fu.get());
+  }
+  for (int i = 0; i < 9; ++i) {
+    const Result& r = runs[0][i];
+    auto g = grammar::Grammar::ParseGbnf(kGrammars[i % 3]);
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(runs[1][i].ids, r.ids) << "request " << i;
+    ASSERT_TRUE(r.last.status.ok()) << r.last.status;
+    if (r.last.finish == FinishReason::kStop) {
+      EXPECT_TRUE(g->Matches(r.text)) << "request " << i << ": " << r.text;
+      EXPECT_NE(r.ids.back(), kEos);  // complete: ended without sampling EOS
+    } else {
+      // Only the open-ended grammar can run into max_tokens; what came is a prefix of it.
+      EXPECT_EQ(i % 3, 2) << r.text;
+      EXPECT_EQ(r.last.finish, FinishReason::kLength);
+      EXPECT_EQ(r.ids.size(), 40u);
+    }
+  }
 }
 
 TEST(ContinuousBatcherTest, RejectsWhatCannotRunNamingTheNumbers) {

@@ -38,7 +38,9 @@ const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, i
 
 models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq) {
   if (out.model_sampled()) return out.sampled[row];
-  return seq.sampler.Sample(out.Logits(row), seq.end_ids);
+  return seq.sampler.Sample(
+      out.Logits(row), seq.end_ids,
+      seq.matcher ? std::span<const uint32_t>(seq.allowed) : std::span<const uint32_t>());
 }
 
 const models::StepSampling& StepSamplingBuilder::Build(const SchedulerOutput& sched) {
@@ -46,7 +48,9 @@ const models::StepSampling& StepSamplingBuilder::Build(const SchedulerOutput& sc
   for (const auto& [s, n, first] : sched.seqs) {
     // Only a sequence whose known tokens are all computed after this step gets a token.
     if (s->uncomputed() == n) {
-      table_.AddSampled(s->sampler, s->end_ids);
+      table_.AddSampled(
+          s->sampler, s->end_ids,
+          s->matcher ? std::span<const uint32_t>(s->allowed) : std::span<const uint32_t>());
     } else {
       table_.AddIgnored();
     }

@@ -54,13 +54,15 @@ struct StepOutput {
 };
 
 // The next token of `seq`, row `row` of the step: the model's pick when it sampled, else the
-// host sampler's from the row's logits (EOS and stop tokens masked before min_tokens).
+// host sampler's from the row's logits (EOS and stop tokens masked before min_tokens; a
+// structured-output sequence's tokens masked by seq.allowed, which the batcher prepared).
 models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq);
 
 // The sampling table of a step for a model that samples in its step program: each sequence
 // that gets a token this step samples with its own parameters, penalty list, banned end ids
 // (before min_tokens) and the next uniform of its own random stream (so its tokens are those
-// its host sampler would pick); a sequence still prefilling its prompt gets a greedy row. Its
+// its host sampler would pick), and a structured-output sequence its mask (seq.allowed, which
+// the batcher prepared); a sequence still prefilling its prompt gets a greedy row. Its
 // buffers are reused from step to step.
 class StepSamplingBuilder {
  public:

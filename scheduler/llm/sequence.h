@@ -10,9 +10,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "models/grammar/token_mask.h"
 #include "models/lora/lora_config.h"
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/detokenizer.h"
@@ -58,6 +60,11 @@ struct Sequence {
   models::Detokenizer detok;
   std::vector<int32_t> end_ids;  // EOS (unless ignore_eos) and stop_token_ids
   std::string held;              // text not yet sent: may be the start of a stop string
+  // Structured output (structured_output.h): the sequence's place in its grammar (none:
+  // unconstrained), its next step's allowed-token mask and the first grammar error.
+  std::optional<grammar::TokenMatcher> matcher;
+  std::vector<uint32_t> allowed;
+  Status grammar_status;
   SteadyClock::time_point enqueued, first_scheduled, first_token, last_token;
 
   // ---- Flight recorder (ContinuousBatcher::FlightStepBegin) ----

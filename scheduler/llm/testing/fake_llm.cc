@@ -233,6 +233,10 @@ Status FakeLlm::StepAndSample(const models::StepBatch& b, const models::StepSamp
                                    sampling.penalty_start[s + 1] - sampling.penalty_start[s]),
         sampling.banned.subspan(sampling.banned_start[s],
                                 sampling.banned_start[s + 1] - sampling.banned_start[s]));
+    if (sampling.allowed_words > 0) {
+      const size_t W = static_cast<size_t>(sampling.allowed_words);
+      sampling::ApplyAllowed(row, sampling.allowed.subspan(s * W, W));
+    }
     models::SampledToken& t = sampled[s];
     t = {};
     t.token = sampling::Pick(p, row, sampling.uniforms[s], scratch);

@@ -1,0 +1,65 @@
+#include "scheduler/llm/structured_output.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+StructuredOutput::StructuredOutput(const models::Tokenizer& tokenizer, std::vector<int32_t> eos_ids)
+    : tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)) {}
+
+std::shared_ptr<grammar::TokenGrammar> StructuredOutput::Find(
+    const std::shared_ptr<const grammar::Grammar>& g) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = grammars_.begin(); it != grammars_.end(); ++it) {
+    if (it->first == g) {
+      grammars_.splice(grammars_.begin(), grammars_, it);
+      return it->second;
+    }
+  }
+  if (!vocab_) {
+    // Token bytes as the detokenizer joins them; control tokens are never text.
+    const int32_t n = tokenizer_.vocab_size();
+    std::vector<std::string> bytes(n);
+    std::vector<bool> never(n);
+    for (int32_t t = 0; t < n; ++t) {
+      bytes[t] = std::string(tokenizer_.TokenBytes(t));
+      never[t] = tokenizer_.IsSpecial(t);
+    }
+    vocab_ = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), never, eos_ids_);
+  }
+  auto tg = std::make_shared<grammar::TokenGrammar>(g, vocab_);
+  grammars_.emplace_front(g, tg);
+  if (grammars_.size() > kCachedGrammars) grammars_.pop_back();
+  return tg;
+}
+
+void StructuredOutput::Bind(Sequence* seq) {
+  const auto& g = seq->req->sampling.grammar;
+  if (g) seq->matcher.emplace(Find(g));
+}
+
+void StructuredOutput::PrepareMask(Sequence* seq) {
+  const size_t words = static_cast<size_t>((tokenizer_.vocab_size() + 31) / 32);
+  seq->allowed.assign(words, 0u);
+  auto allow = [&](int32_t t) {
+    if (t >= 0 && static_cast<size_t>(t >> 5) < words) seq->allowed[t >> 5] |= 1u << (t & 31);
+  };
+  if (seq->grammar_status.ok()) seq->grammar_status = seq->matcher->FillMask(seq->allowed);
+  if (!seq->grammar_status.ok()) {
+    std::fill(seq->allowed.begin(), seq->allowed.end(), 0u);
+    for (const int32_t t : seq->end_ids) allow(t);
+    for (const int32_t t : eos_ids_) allow(t);
+    return;
+  }
+  if (seq->matcher->accepting()) {
+    for (const int32_t t : seq->end_ids) allow(t);
+  }
+}
+
+Status StructuredOutput::Accept(Sequence* seq, int32_t token, bool is_end) {
+  KILN_RETURN_IF_ERROR(seq->grammar_status);
+  if (is_end) return OkStatus();
+  return seq->matcher->Accept(token);
+}
+
+}  // namespace kiln
