@@ -9,11 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <regex>
 #include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/grammar/grammar.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "proto/kserve/grpc_service.grpc.pb.h"
 #include "scheduler/generation.h"
@@ -347,6 +349,104 @@ TEST_F(FrontEndsTest, LogitBiasSteersTheTokens) {
             unbiased["choices"][0]["logprobs"]["top_logprobs"]);
 }
 
+// Structured output on every front end: the text is in the constraint's language whatever the
+// model would have said, streamed or not, and a complete output ends with finish_reason stop.
+// (json_object is open-ended: the fake's flat distribution over the allowed tokens would not
+// close it; tests/system/test_structured_output.py runs it on SmolLM2.)
+TEST_F(FrontEndsTest, StructuredOutputOnEveryFrontEnd) {
+  const std::string gbnf =
+      R"(root ::= "{\"ok\": " ("true" | "false") ", \"n\": " [1-9] [0-9]{0,2} "}")";
+  auto g = grammar::Grammar::ParseGbnf(gbnf);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const json schema = {{"type", "object"},
+                       {"properties",
+                        {{"ok", {{"type", "boolean"}}},
+                         {"n", {{"type", "integer"}, {"minimum", 1}, {"maximum", 999}}}}},
+                       {"required", {"ok", "n"}},
+                       {"additionalProperties", false}};
+  const json formats[] = {
+      {{"grammar", gbnf}},
+      {{"response_format",
+        {{"type", "json_schema"},
+         {"json_schema", {{"name", "r"}, {"schema", schema}, {"strict", true}}}}}},
+      {{"regex", "[a-z]{3}-[0-9]{2}"}},
+  };
+  for (const json& format : formats) {
+    SCOPED_TRACE(format.dump());
+    for (const char* path : {"/v1/chat/completions", "/v1/completions"}) {
+      json body = {{"model", "fake"}, {"max_tokens", 60}, {"temperature", 0.9}, {"seed", 3}};
+      if (std::string(path) == "/v1/completions") {
+        body["prompt"] = "Answer:";
+      } else {
+        body["messages"] = json::array({{{"role", "user"}, {"content", "Answer"}}});
+      }
+      body.update(format);
+      auto [status, j] = Post(path, body);
+      ASSERT_EQ(status, 200) << j;
+      const json& choice = j["choices"][0];
+      const std::string text =
+          choice.contains("message") ? choice["message"]["content"] : choice["text"];
+      EXPECT_EQ(choice["finish_reason"], "stop") << text;
+      if (format.contains("grammar")) {
+        EXPECT_TRUE(g->Matches(text)) << text;
+      }
+      if (format.contains("regex")) {
+        EXPECT_TRUE(std::regex_match(text, std::regex("[a-z]{3}-[0-9]{2}"))) << text;
+      }
+      if (format.contains("response_format")) {
+        const json out = json::parse(text, nullptr, false);
+        ASSERT_TRUE(out.is_object()) << text;
+        if (format["response_format"]["type"] == "json_schema") {
+          EXPECT_TRUE(out["ok"].is_boolean()) << text;
+          ASSERT_TRUE(out["n"].is_number_integer()) << text;
+          EXPECT_GE(out["n"].get<int>(), 1);
+          EXPECT_LE(out["n"].get<int>(), 999);
+          EXPECT_EQ(out.size(), 2u) << text;
+        }
+      }
+      // Streamed: the same text in chunks.
+      body["stream"] = true;
+      auto reply = HttpCall(server_.http_port(), "POST", path, body.dump());
+      ASSERT_EQ(reply.status, 200) << reply.body;
+      std::string streamed;
+      for (const auto& e : SseData(reply.body)) {
+        if (e == "[DONE]") continue;
+        const json c = json::parse(e);
+        if (c["choices"].empty()) continue;
+        const json& ch = c["choices"][0];
+        if (ch.contains("delta") && ch["delta"].contains("content")) {
+          streamed += ch["delta"]["content"].get<std::string>();
+        } else if (ch.contains("text")) {
+          streamed += ch["text"].get<std::string>();
+        }
+      }
+      EXPECT_EQ(streamed, text);
+    }
+  }
+  // KServe generate: the same keys among the parameters.
+  auto [kstatus, k] =
+      Post("/v2/models/fake/generate",
+           {{"text_input", "Answer:"}, {"parameters", {{"max_tokens", 60}, {"grammar", gbnf}}}});
+  ASSERT_EQ(kstatus, 200) << k;
+  const std::string out = k["text_output"];
+  EXPECT_TRUE(g->Matches(out.substr(out.find('{')))) << out;
+}
+
+// A JSON Schema's properties come out in the order the client wrote them (as OpenAI's do),
+// although the request's JSON is read into sorted objects.
+TEST_F(FrontEndsTest, JsonSchemaKeepsTheClientsPropertyOrder) {
+  const std::string body = R"({"model": "fake", "max_tokens": 40, "temperature": 0,
+    "messages": [{"role": "user", "content": "x"}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "o", "strict": true,
+      "schema": {"type": "object", "properties": {"zeta": {"type": "boolean"},
+                 "alpha": {"type": "boolean"}}, "required": ["zeta", "alpha"]}}}})";
+  auto reply = HttpCall(server_.http_port(), "POST", "/v1/chat/completions", body);
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  const std::string text = json::parse(reply.body)["choices"][0]["message"]["content"];
+  ASSERT_NE(text.find("alpha"), std::string::npos) << text;
+  EXPECT_LT(text.find("zeta"), text.find("alpha")) << text;
+}
+
 // n > 1: each choice is sampled on its own, reproducibly (choice i is what one request with
 // seed + i gives), and the choices after the first prefill only what the prefix cache does
 // not hold of the prompt.
@@ -621,6 +721,71 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        400,
        "prompt",
        "not a token of model 'fake'"},
+      {"response_format of an unknown type",
+       "/v1/chat/completions",
+       {{"model", "fake"}, {"messages", user}, {"response_format", {{"type", "xml"}}}},
+       400,
+       "response_format",
+       "`response_format.type` is \"xml\"; it must be \"text\", \"json_object\" or"},
+      {"response_format json_schema without a schema",
+       "/v1/chat/completions",
+       {{"model", "fake"},
+        {"messages", user},
+        {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}}}},
+       400,
+       "response_format",
+       "`response_format.json_schema.schema` must be a JSON Schema"},
+      {"invalid JSON Schema",
+       "/v1/chat/completions",
+       {{"model", "fake"},
+        {"messages", user},
+        {"response_format",
+         {{"type", "json_schema"},
+          {"json_schema",
+           {{"name", "x"}, {"schema", {{"type", "integer"}, {"minimum", "low"}}}}}}}},
+       400,
+       "response_format",
+       "`response_format.json_schema.schema`: "},
+      {"unsupported keyword under strict",
+       "/v1/chat/completions",
+       {{"model", "fake"},
+        {"messages", user},
+        {"response_format",
+         {{"type", "json_schema"},
+          {"json_schema",
+           {{"name", "x"},
+            {"strict", true},
+            {"schema", {{"type", "string"}, {"contentEncoding", "base64"}}}}}}}},
+       400,
+       "response_format",
+       "contentEncoding"},
+      {"grammar that does not parse",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"grammar", "root ::= (\"a\""}},
+       400,
+       "grammar",
+       "`grammar`: grammar:1:"},
+      {"grammar without root",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"grammar", "value ::= \"a\""}},
+       400,
+       "grammar",
+       "the start rule `root` is not defined"},
+      {"regex with a backreference",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"regex", "(a)\\1"}},
+       400,
+       "regex",
+       "`regex`: "},
+      {"two constraints",
+       "/v1/completions",
+       {{"model", "fake"},
+        {"prompt", "a"},
+        {"response_format", {{"type", "json_object"}}},
+        {"regex", "[0-9]+"}},
+       400,
+       "regex",
+       "`regex` and `response_format` both constrain the output"},
       {"min_tokens above max_tokens",
        "/v1/completions",
        {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 2}, {"min_tokens", 5}},
@@ -1020,6 +1185,38 @@ TEST_F(GenerationGrpcTest, BadRequestsAreInvalidArgumentNamingTheField) {
     EXPECT_FALSE(reader->Read(&msg));
     EXPECT_EQ(reader->Finish().error_code(), c.code);
   }
+}
+
+TEST_F(GenerationGrpcTest, OutputConstraints) {
+  auto req = TextRequest("Answer:", 40);
+  req.mutable_sampling()->set_regex("[a-z]{2,4}@[a-z]{3}\\.com");
+  grpc::ClientContext ctx;
+  v1::GenerateResponse resp;
+  ASSERT_TRUE(stub_->Generate(&ctx, req, &resp).ok());
+  EXPECT_TRUE(std::regex_match(resp.text(), std::regex("[a-z]{2,4}@[a-z]{3}\\.com")))
+      << resp.text();
+  EXPECT_EQ(resp.finish_reason(), "stop");
+
+  req.mutable_sampling()->set_json_schema(
+      R"({"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2})");
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub_->Generate(&ctx2, req, &resp).ok());
+  const json arr = json::parse(resp.text(), nullptr, false);
+  ASSERT_TRUE(arr.is_array()) << resp.text();
+  EXPECT_EQ(arr.size(), 2u);
+
+  // Unsupported keywords are errors on kiln.v1 (always strict), naming the field.
+  req.mutable_sampling()->set_json_schema(R"({"type": "string", "contentEncoding": "base64"})");
+  grpc::ClientContext ctx3;
+  grpc::Status s = stub_->Generate(&ctx3, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("`sampling.json_schema`: "));
+  EXPECT_THAT(s.error_message(), HasSubstr("contentEncoding"));
+  req.mutable_sampling()->set_grammar("root ::= missing");
+  grpc::ClientContext ctx4;
+  s = stub_->Generate(&ctx4, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("rule `missing` is used but never defined"));
 }
 
 TEST_F(GenerationGrpcTest, CancellingTheStreamFreesTheKvBlocks) {

@@ -7,7 +7,9 @@
 #include <map>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "models/grammar/constraint.h"
 #include "proto/kiln/v1/generation.grpc.pb.h"
 #include "scheduler/generation.h"
 #include "server/grpc_auth.h"
@@ -53,6 +55,41 @@ struct Prepared {
   PreparedGeneration generation;
 };
 
+// sampling.output_constraint, compiled (a bad schema or grammar is the request's error).
+Status ReadOutputConstraint(const v1::SamplingParams& s, models::SamplingParams* sp) {
+  using grammar::Constraint;
+  Constraint c;
+  std::string field;
+  switch (s.output_constraint_case()) {
+    case v1::SamplingParams::kJsonSchema:
+      c = {Constraint::Kind::kJsonSchema, s.json_schema(), /*strict=*/true};
+      field = "sampling.json_schema";
+      break;
+    case v1::SamplingParams::kJsonObject:
+      if (!s.json_object()) return OkStatus();
+      c = {Constraint::Kind::kJsonObject, "", false};
+      field = "sampling.json_object";
+      break;
+    case v1::SamplingParams::kGrammar:
+      c = {Constraint::Kind::kGbnf, s.grammar(), false};
+      field = "sampling.grammar";
+      break;
+    case v1::SamplingParams::kRegex:
+      c = {Constraint::Kind::kRegex, s.regex(), false};
+      field = "sampling.regex";
+      break;
+    default:
+      return OkStatus();
+  }
+  StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::CompileConstraint(c);
+  if (!g.ok()) {
+    return WithParam(
+        Status(g.status().code(), absl::StrCat("`", field, "`: ", g.status().message())), field);
+  }
+  sp->grammar = *std::move(g);
+  return OkStatus();
+}
+
 StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& req,
                            const CallbackServerContext& ctx, std::shared_ptr<RequestTrace> trace) {
   KILN_ASSIGN_OR_RETURN(LlmEndpoint llm, LlmEndpoint::Find(*core.repository, req.model()));
@@ -97,6 +134,7 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
   // Sorted by token id: a protobuf map's order is unspecified.
   sp.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   std::sort(sp.logit_bias.begin(), sp.logit_bias.end());
+  KILN_RETURN_IF_ERROR(ReadOutputConstraint(s, &sp));
   r.id = req.request_id();
   r.priority = req.priority();
   if (req.timeout_ms() > 0) {

@@ -75,12 +75,6 @@ Status CheckUnsupported(const JsonFields& f, bool chat, int n) {
     return Unsupported("tools", "tool calling");
   }
   if (f.Has("functions")) return Unsupported("functions", "function calling");
-  if (const json* v = f.Get("response_format")) {
-    // Compared as JSON: `type` may be anything a client sends, not only a string.
-    if (!v->is_object() || !v->contains("type") || (*v)["type"] != "text") {
-      return Unsupported("response_format", "structured output (json_object, json_schema)");
-    }
-  }
   if (!chat) {
     KILN_ASSIGN_OR_RETURN(auto suffix, f.String("suffix"));
     if (suffix && !suffix->empty()) return Unsupported("suffix", "insertion (a suffix)");
@@ -156,7 +150,8 @@ StatusOr<PromptInput> ReadPrompt(const JsonFields& f, bool chat) {
   return pr;
 }
 
-StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
+// `raw` is the body's text (for the key order of a JSON Schema, which `body` lost).
+StatusOr<Call> Parse(const ServerCore& core, const json& body, std::string_view raw, bool chat) {
   JsonFields f(body);
   Call c;
   c.chat = chat;
@@ -196,7 +191,7 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, bool chat) {
     KILN_ASSIGN_OR_RETURN(r.max_tokens, f.Int("max_tokens"));
   }
   r.default_max_tokens = chat ? kDefaultMaxTokens : kCompletionsDefaultMaxTokens;
-  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &r.sampling));
+  KILN_RETURN_IF_ERROR(ReadSamplingFields(f, &r.sampling, raw));
 
   if (chat) {
     KILN_ASSIGN_OR_RETURN(auto logprobs, f.Bool("logprobs"));
@@ -564,7 +559,7 @@ void Generate(const ServerCore& core, const http::Request& req, const Responder&
   if (!ticket.ok()) return fail(ticket.status());
   auto body = ParseJsonObject(req.body, "the request body");
   if (!body.ok()) return fail(body.status());
-  auto call = Parse(core, *body, chat);
+  auto call = Parse(core, *body, req.body, chat);
   if (!call.ok()) return fail(call.status());
   // One admission per choice: n choices are n sequences in the batch.
   std::vector<InflightLimiter::Ticket> tickets;

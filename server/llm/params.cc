@@ -1,9 +1,14 @@
 #include "server/llm/params.h"
 
+#include <absl/strings/str_cat.h>
+
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
+
+#include "models/grammar/constraint.h"
 
 namespace kiln::llm {
 namespace {
@@ -23,6 +28,102 @@ std::optional<double> ParseDouble(const std::string& s) {
   auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
   if (t.empty() || ec != std::errc() || p != t.data() + t.size()) return std::nullopt;
   return v;
+}
+
+// Structured output: OpenAI's response_format, or Kiln's `grammar` (GBNF) or `regex`; at most
+// one of them. The grammar is compiled here, so a bad schema is the request's 400.
+Status ReadOutputConstraint(const JsonFields& f, models::SamplingParams* p,
+                            std::string_view raw_object) {
+  using grammar::Constraint;
+  std::optional<Constraint> c;
+  std::string field;  // the client's field the constraint came from
+  auto set = [&](Constraint next, std::string name) -> Status {
+    if (c) {
+      return WithParam(InvalidArgument("`", name, "` and `", field,
+                                       "` both constrain the output; give at most one"),
+                       name);
+    }
+    c = std::move(next);
+    field = std::move(name);
+    return OkStatus();
+  };
+  if (const json* rf = f.Get("response_format")) {
+    const std::string name = f.Name("response_format");
+    auto member = [&](const char* key) -> const json* {
+      if (!rf->is_object()) return nullptr;
+      const auto it = rf->find(key);
+      return it == rf->end() ? nullptr : &*it;
+    };
+    const json* type = member("type");
+    if (type == nullptr || !type->is_string()) {
+      return WithParam(InvalidArgument("`", name,
+                                       "` must be an object with a string `type`: \"text\", "
+                                       "\"json_object\" or \"json_schema\""),
+                       name);
+    }
+    const std::string& t = type->get_ref<const std::string&>();
+    if (t == "json_object") {
+      KILN_RETURN_IF_ERROR(set({Constraint::Kind::kJsonObject, "", false}, name));
+    } else if (t == "json_schema") {
+      const json* js = member("json_schema");
+      if (js == nullptr || !js->is_object()) {
+        return WithParam(
+            InvalidArgument("`", name, ".json_schema` must be an object with the `schema`"), name);
+      }
+      JsonFields sf(*js, name + ".json_schema.", f.lenient());
+      KILN_ASSIGN_OR_RETURN(auto schema_name, sf.String("name"));
+      if (schema_name && (schema_name->empty() || schema_name->size() > 64 ||
+                          !std::all_of(schema_name->begin(), schema_name->end(), [](char ch) {
+                            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                                   ch == '-';
+                          }))) {
+        return WithParam(InvalidArgument("`", sf.Name("name"),
+                                         "` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"),
+                         name);
+      }
+      KILN_ASSIGN_OR_RETURN(auto strict, sf.Bool("strict"));
+      const json* schema = sf.Get("schema");
+      if (schema == nullptr || !(schema->is_object() || schema->is_boolean())) {
+        return WithParam(
+            InvalidArgument("`", sf.Name("schema"), "` must be a JSON Schema (an object)"), name);
+      }
+      // The schema's text with the client's key order, when the raw body has it.
+      std::string text = schema->dump();
+      if (!raw_object.empty()) {
+        const auto ordered = nlohmann::ordered_json::parse(raw_object, nullptr, false);
+        if (ordered.is_object() && ordered.contains("response_format")) {
+          const auto& o = ordered["response_format"];
+          if (o.is_object() && o.contains("json_schema") && o["json_schema"].is_object() &&
+              o["json_schema"].contains("schema")) {
+            text = o["json_schema"]["schema"].dump();
+          }
+        }
+      }
+      KILN_RETURN_IF_ERROR(
+          set({Constraint::Kind::kJsonSchema, std::move(text), strict.value_or(false)}, name));
+      field = sf.Name("schema");
+    } else if (t != "text") {
+      return WithParam(InvalidArgument("`", name, ".type` is \"", ValidUtf8(t),
+                                       "\"; it must be \"text\", \"json_object\" or "
+                                       "\"json_schema\""),
+                       name);
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(auto gbnf, f.String("grammar"));
+  if (gbnf) KILN_RETURN_IF_ERROR(set({Constraint::Kind::kGbnf, *gbnf, false}, f.Name("grammar")));
+  KILN_ASSIGN_OR_RETURN(auto regex, f.String("regex"));
+  if (regex) KILN_RETURN_IF_ERROR(set({Constraint::Kind::kRegex, *regex, false}, f.Name("regex")));
+  p->grammar = nullptr;
+  if (!c) return OkStatus();
+  StatusOr<std::shared_ptr<const grammar::Grammar>> g = grammar::CompileConstraint(*c);
+  if (!g.ok()) {
+    // The param is the top-level field (OpenAI's `param` for response_format errors).
+    const std::string param = field.substr(0, field.find('.'));
+    return WithParam(
+        Status(g.status().code(), absl::StrCat("`", field, "`: ", g.status().message())), param);
+  }
+  p->grammar = *std::move(g);
+  return OkStatus();
 }
 
 }  // namespace
@@ -152,7 +253,8 @@ StatusOr<std::optional<std::vector<int64_t>>> JsonFields::Ints(std::string_view 
   return out;
 }
 
-Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p) {
+Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
+                          std::string_view raw_object) {
   auto read_float = [&](std::string_view key, float* out) -> Status {
     KILN_ASSIGN_OR_RETURN(auto v, f.Number(key));
     if (v) *out = static_cast<float>(*v);
@@ -236,7 +338,7 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p) {
     }
     p->min_tokens = static_cast<int32_t>(*min_tokens);
   }
-  return OkStatus();
+  return ReadOutputConstraint(f, p, raw_object);
 }
 
 }  // namespace kiln::llm

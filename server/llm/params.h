@@ -31,6 +31,7 @@ class JsonFields {
   // Whether the member is there at all, null included (to tell "null" from "missing").
   bool Present(std::string_view key) const;
   std::string Name(std::string_view key) const { return prefix_ + std::string(key); }
+  bool lenient() const { return lenient_; }
 
   // Whole numbers only (2.0 is accepted, 2.5 is not), in the int64 range.
   StatusOr<std::optional<int64_t>> Int(std::string_view key) const;
@@ -53,9 +54,16 @@ class JsonFields {
 // Reads the sampling keys shared by OpenAI's API (with vLLM's extensions) and Triton's
 // `sampling_parameters` into `params`, leaving keys that are not given at their defaults:
 //   temperature, top_p, top_k (-1 or 0: off), min_p, repetition_penalty, presence_penalty,
-//   frequency_penalty, seed, stop (string or list), stop_token_ids, ignore_eos, min_tokens.
+//   frequency_penalty, seed, stop (string or list), stop_token_ids, ignore_eos, min_tokens,
+//   logit_bias, and structured output: response_format ({type: text | json_object |
+//   json_schema, json_schema: {name, schema, strict}}), grammar (GBNF) or regex — at most one,
+//   compiled here (models/grammar/constraint.h), so a schema that does not compile is a 400.
 // Type errors name the field; ranges are checked when the request is submitted.
 // max_tokens and logprobs differ between the APIs and are read by the caller.
-Status ReadSamplingFields(const JsonFields& fields, models::SamplingParams* params);
+// `raw_object`, when given, is the JSON text of the object `fields` reads: a JSON Schema's
+// properties are then generated in the order the client wrote them (nlohmann::json sorts
+// keys), as OpenAI does; without it they come in sorted order.
+Status ReadSamplingFields(const JsonFields& fields, models::SamplingParams* params,
+                          std::string_view raw_object = {});
 
 }  // namespace kiln::llm
