@@ -50,8 +50,8 @@ ContinuousBatcher::ContinuousBatcher(std::string model_name,
       config_(std::move(config)),
       prefix_seed_(prefix_seed),
       metrics_(std::move(metrics)),
-      structured_(
-          std::make_unique<StructuredOutput>(model_->tokenizer(), model_->info().eos_token_ids)) {}
+      structured_(std::make_unique<StructuredOutput>(model_->tokenizer(), model_->info().vocab_size,
+                                                     model_->info().eos_token_ids)) {}
 
 ContinuousBatcher::~ContinuousBatcher() {
   if (!thread_.joinable()) return;

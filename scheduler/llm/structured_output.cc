@@ -4,8 +4,9 @@
 
 namespace kiln {
 
-StructuredOutput::StructuredOutput(const models::Tokenizer& tokenizer, std::vector<int32_t> eos_ids)
-    : tokenizer_(tokenizer), eos_ids_(std::move(eos_ids)) {}
+StructuredOutput::StructuredOutput(const models::Tokenizer& tokenizer, int32_t vocab_size,
+                                   std::vector<int32_t> eos_ids)
+    : tokenizer_(tokenizer), vocab_size_(vocab_size), eos_ids_(std::move(eos_ids)) {}
 
 std::shared_ptr<grammar::TokenGrammar> StructuredOutput::Find(
     const std::shared_ptr<const grammar::Grammar>& g) {
@@ -17,11 +18,11 @@ std::shared_ptr<grammar::TokenGrammar> StructuredOutput::Find(
     }
   }
   if (!vocab_) {
-    // Token bytes as the detokenizer joins them; control tokens are never text.
-    const int32_t n = tokenizer_.vocab_size();
-    std::vector<std::string> bytes(n);
-    std::vector<bool> never(n);
-    for (int32_t t = 0; t < n; ++t) {
+    // Token bytes as the detokenizer joins them; control tokens are never text, nor are the
+    // model's ids past the tokenizer's vocabulary (padding rows of the embedding).
+    std::vector<std::string> bytes(vocab_size_);
+    std::vector<bool> never(vocab_size_, true);
+    for (int32_t t = 0; t < std::min(vocab_size_, tokenizer_.vocab_size()); ++t) {
       bytes[t] = std::string(tokenizer_.TokenBytes(t));
       never[t] = tokenizer_.IsSpecial(t);
     }
@@ -39,7 +40,7 @@ void StructuredOutput::Bind(Sequence* seq) {
 }
 
 void StructuredOutput::PrepareMask(Sequence* seq) {
-  const size_t words = static_cast<size_t>((tokenizer_.vocab_size() + 31) / 32);
+  const size_t words = static_cast<size_t>((vocab_size_ + 31) / 32);
   seq->allowed.assign(words, 0u);
   auto allow = [&](int32_t t) {
     if (t >= 0 && static_cast<size_t>(t >> 5) < words) seq->allowed[t >> 5] |= 1u << (t & 31);

@@ -27,9 +27,11 @@ namespace kiln {
 
 class StructuredOutput {
  public:
-  // REQUIRES: `tokenizer` outlives this. `eos_ids`: the model's end-of-generation tokens,
-  // allowed where a grammar may end.
-  StructuredOutput(const models::Tokenizer& tokenizer, std::vector<int32_t> eos_ids);
+  // REQUIRES: `tokenizer` outlives this. `vocab_size`: the model's (its logits' width, which
+  // may exceed the tokenizer's: those ids are never allowed). `eos_ids`: the model's
+  // end-of-generation tokens, allowed where a grammar may end.
+  StructuredOutput(const models::Tokenizer& tokenizer, int32_t vocab_size,
+                   std::vector<int32_t> eos_ids);
 
   // Gives `seq` the matcher of its request's grammar (if it has one).
   void Bind(Sequence* seq);
@@ -49,6 +51,7 @@ class StructuredOutput {
   std::shared_ptr<grammar::TokenGrammar> Find(const std::shared_ptr<const grammar::Grammar>& g);
 
   const models::Tokenizer& tokenizer_;
+  const int32_t vocab_size_;
   const std::vector<int32_t> eos_ids_;
   absl::Mutex mu_;
   std::shared_ptr<const grammar::TokenVocabulary> vocab_
