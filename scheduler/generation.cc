@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "models/chat/chat_template.h"
 #include "models/llm/llm_model.h"
 #include "scheduler/llm/continuous_batcher.h"
 #include "scheduler/model.h"
@@ -63,8 +64,10 @@ ModelStats& LlmEndpoint::stats() const { return model_->stats(); }
 
 LlmInfo LlmEndpoint::info() const {
   const models::LlmModel& llm = model_->llm()->model();
+  const models::ChatTemplate* tmpl = llm.chat_template();
   return {llm.info().architecture, llm.info().context_length, llm.info().vocab_size,
-          llm.chat_template() != nullptr};
+          tmpl != nullptr,
+          tmpl != nullptr ? models::DetectToolSupport(tmpl->source()) : models::ToolSupport{}};
 }
 
 TokenTexts LlmEndpoint::tokens() const { return TokenTexts(&model_->llm()->model().tokenizer()); }

@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "models/chat/tool_calls.h"
 #include "scheduler/inflight.h"
 #include "scheduler/llm/generate_request.h"
 #include "scheduler/llm/prompt.h"
@@ -99,6 +100,8 @@ struct LlmInfo {
   int32_t context_length = 0;
   int32_t vocab_size = 0;
   bool has_chat_template = false;
+  // How its chat template takes tools and how the model writes calls (models/chat/tool_calls.h).
+  models::ToolSupport tool_support;
 };
 
 // A ready LLM, as front ends see it. Cheap to copy.

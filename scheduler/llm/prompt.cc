@@ -4,6 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "models/chat/chat_template.h"
+#include "models/chat/tool_calls.h"
 #include "models/llm/llm_model.h"
 #include "scheduler/llm/generate_request.h"
 
@@ -46,6 +48,28 @@ StatusOr<Prompt> BuildChat(const models::LlmModel& model, std::string_view model
   }
   KILN_ASSIGN_OR_RETURN(ojson messages, NormalizeMessages(req.messages, req.field));
   models::ChatTemplate::Inputs in;
+  // Tools: to the template where it renders them, else into the system prompt in Hermes'
+  // words; past calls into the assistant's text where the template drops them.
+  const models::ToolSupport tools = models::DetectToolSupport(tmpl->source());
+  if (!req.tools.is_null() && tools.renders_tools) in.tools = req.tools;
+  if (!req.tools.is_null() && !tools.renders_tools) {
+    const std::string prompt = models::ToolSystemPrompt(req.tools);
+    if (!messages.empty() && messages[0]["role"] == "system") {
+      messages[0]["content"] = StrCat(messages[0]["content"].get<std::string>(), "\n\n", prompt);
+    } else {
+      messages.insert(messages.begin(), ojson{{"role", "system"}, {"content", prompt}});
+    }
+  }
+  if (!tools.renders_tool_calls) {
+    for (ojson& m : messages) {
+      if (m["role"] != "assistant" || !m.contains("tool_calls") || !m["tool_calls"].is_array()) {
+        continue;
+      }
+      const std::string& text = m["content"].get_ref<const std::string&>();
+      m["content"] = StrCat(text, text.empty() ? "" : "\n",
+                            models::RenderToolCalls(tools.format, m["tool_calls"]));
+    }
+  }
   in.messages = messages;
   in.add_generation_prompt = req.add_generation_prompt;
   auto rendered = tmpl->Apply(in);

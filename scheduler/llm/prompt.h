@@ -48,6 +48,10 @@ struct PromptInput {
   // tool_call_id) pass through to the template.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   bool add_generation_prompt = true;
+  // kChat: OpenAI's `tools` (checked by the front end, models/chat/tool_calls.h ReadTools), or
+  // null. Rendered by the template where it takes `tools`, else written into the system prompt
+  // (models::ToolSystemPrompt).
+  nlohmann::ordered_json tools = nullptr;
   // kText: add BOS/EOS as the tokenizer's configuration asks. Chats never add them: the
   // template writes what the model expects (as transformers' apply_chat_template does).
   bool add_special_tokens = true;

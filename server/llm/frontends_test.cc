@@ -56,7 +56,8 @@ bool Idle(const ContinuousBatcher::Snapshot& s) {
 
 class FrontEndsTest : public ::testing::Test {
  protected:
-  FrontEndsTest() : server_({testing::FakeModelConfig("fake"), Simple()}) {
+  explicit FrontEndsTest(testing::FakeLlmOptions fake = {})
+      : server_({testing::FakeModelConfig("fake"), Simple()}, std::move(fake)) {
     tok_ = testing::LoadFixtureTokenizer();
   }
 
@@ -447,6 +448,141 @@ TEST_F(FrontEndsTest, JsonSchemaKeepsTheClientsPropertyOrder) {
   EXPECT_LT(text.find("zeta"), text.find("alpha")) << text;
 }
 
+// Tool calling on the fake (SmolLM2's template, which knows nothing of tools: Kiln writes them
+// into the system prompt and reads Hermes' <tool_call> back), with a context that holds them.
+class ToolFrontEndsTest : public FrontEndsTest {
+ protected:
+  static testing::FakeLlmOptions LongContext() {
+    testing::FakeLlmOptions o;
+    o.context_length = 2048;
+    return o;
+  }
+  ToolFrontEndsTest() : FrontEndsTest(LongContext()) {}
+};
+
+// A named or required tool_choice forces a call whose arguments match the function's schema,
+// streamed or not; past calls and tool results in the history are accepted.
+TEST_F(ToolFrontEndsTest, ToolCallsAreForcedParsedAndStreamed) {
+  const json tools = json::parse(R"([
+    {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
+     "parameters": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+       "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+       "required": ["a", "b"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "echo", "parameters": {"type": "object",
+     "properties": {"text": {"enum": ["hi", "bye"]}}, "required": ["text"]}}}])");
+  const json history = json::parse(R"([
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+      "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 3}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    {"role": "user", "content": "And 4 + 4?"}])");
+  auto check_call = [](const json& call, const std::string& name) {
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+    EXPECT_EQ(call["function"]["name"], name);
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    if (name == "add") {
+      ASSERT_TRUE(args["a"].is_number_integer()) << args;
+      EXPECT_LE(args["a"].get<int>(), 99);
+      EXPECT_TRUE(args["b"].is_number_integer()) << args;
+    } else {
+      EXPECT_TRUE(args["text"] == "hi" || args["text"] == "bye") << args;
+    }
+  };
+  for (const json& choice :
+       {json{{"type", "function"}, {"function", {{"name", "add"}}}}, json("required")}) {
+    SCOPED_TRACE(choice.dump());
+    json body = {{"model", "fake"},  {"messages", history},
+                 {"tools", tools},   {"tool_choice", choice},
+                 {"max_tokens", 80}, {"temperature", 0.8},
+                 {"seed", 5},        {"parallel_tool_calls", false}};
+    auto [status, j] = Post("/v1/chat/completions", body);
+    ASSERT_EQ(status, 200) << j;
+    const json& c = j["choices"][0];
+    EXPECT_EQ(c["finish_reason"], "tool_calls") << j;
+    EXPECT_TRUE(c["message"]["content"].is_null()) << j;
+    ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << j;
+    const json& call = c["message"]["tool_calls"][0];
+    check_call(call, choice.is_string() ? call["function"]["name"].get<std::string>() : "add");
+
+    // Streamed: one tool_calls delta with index, id, name and the whole arguments.
+    body["stream"] = true;
+    auto reply = HttpCall(server_.http_port(), "POST", "/v1/chat/completions", body.dump());
+    ASSERT_EQ(reply.status, 200) << reply.body;
+    json streamed_call;
+    std::string finish, content;
+    for (const auto& e : SseData(reply.body)) {
+      if (e == "[DONE]") continue;
+      const json chunk = json::parse(e);
+      const json& ch = chunk["choices"][0];
+      if (ch["delta"].contains("tool_calls")) streamed_call = ch["delta"]["tool_calls"][0];
+      if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+    }
+    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(streamed_call["index"], 0);
+    EXPECT_EQ(streamed_call["function"]["arguments"], call["function"]["arguments"]);
+  }
+  // auto: the fake never writes a call, so the reply is plain content.
+  auto [status, j] = Post("/v1/chat/completions", {{"model", "fake"},
+                                                   {"messages", history},
+                                                   {"tools", tools},
+                                                   {"max_tokens", 8},
+                                                   {"temperature", 0}});
+  ASSERT_EQ(status, 200) << j;
+  EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_TRUE(j["choices"][0]["message"]["content"].is_string());
+}
+
+TEST_F(FrontEndsTest, ToolErrorsNameTheField) {
+  const json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const json tool = {{"type", "function"},
+                     {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}};
+  struct Case {
+    const char* name;
+    json extra;
+    const char* param;
+    const char* message;
+  } cases[] = {
+      {"unknown function",
+       {{"tools", {tool}}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}},
+       "tool_choice",
+       "names the function 'g', which is not in `tools`"},
+      {"bad choice", {{"tools", {tool}}, {"tool_choice", "always"}}, "tool_choice", "must be"},
+      {"choice without tools", {{"tool_choice", "required"}}, "tool_choice", "needs `tools`"},
+      {"malformed schema",
+       {{"tools",
+         {{{"type", "function"},
+           {"function", {{"name", "f"}, {"parameters", {{"type", "objekt"}}}}}}}}},
+       "tools",
+       "`tools[0].function.parameters`: "},
+      {"bad name",
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "a b"}}}}}}},
+       "tools",
+       "`tools[0].function.name` must be"},
+      {"forced call and a format",
+       {{"tools", {tool}},
+        {"tool_choice", "required"},
+        {"response_format", {{"type", "json_object"}}}},
+       "tool_choice",
+       "both constrain"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    json body = {{"model", "fake"}, {"messages", user}, {"max_tokens", 4}};
+    body.update(c.extra);
+    auto [status, j] = Post("/v1/chat/completions", body);
+    EXPECT_EQ(status, 400) << j;
+    EXPECT_EQ(j["error"]["param"], c.param) << j;
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(c.message));
+  }
+  auto [status, j] =
+      Post("/v1/completions", {{"model", "fake"}, {"prompt", "a"}, {"tools", {tool}}});
+  EXPECT_EQ(status, 400) << j;
+  EXPECT_EQ(j["error"]["param"], "tools");
+}
+
 // n > 1: each choice is sampled on its own, reproducibly (choice i is what one request with
 // seed + i gives), and the choices after the first prefill only what the prefix cache does
 // not hold of the prompt.
@@ -697,12 +833,12 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        400,
        "logit_bias",
        "must be a number"},
-      {"tools",
+      {"tools without a function",
        "/v1/chat/completions",
        {{"model", "fake"}, {"messages", user}, {"tools", json::array({{{"type", "function"}}})}},
        400,
        "tools",
-       "not supported"},
+       "`tools[0].function` must be an object"},
       {"top_logprobs without logprobs",
        "/v1/chat/completions",
        {{"model", "fake"}, {"messages", user}, {"top_logprobs", 2}},

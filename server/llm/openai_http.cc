@@ -5,11 +5,14 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "models/chat/tool_calls.h"
+#include "models/grammar/constraint.h"
 #include "scheduler/generation.h"
 #include "server/llm/http_stream.h"
 #include "server/llm/openai_embeddings.h"
@@ -59,6 +62,10 @@ struct Call {
   bool echo = false;
   int64_t created = 0;
   int n = 1;  // choices
+  // Tool calling (chat with `tools`, tool_choice not "none"): replies are parsed for calls
+  // written in the model's format.
+  bool tools = false;
+  models::ToolCallFormat tool_format = models::ToolCallFormat::kHermes;
 };
 
 // OpenAI's limit on `n` (vLLM's too).
@@ -71,10 +78,12 @@ Status Unsupported(std::string_view field, std::string_view what) {
 // Fields OpenAI defines that Kiln cannot honour: refused when they ask for something, so a
 // client never silently gets other behaviour than it asked for.
 Status CheckUnsupported(const JsonFields& f, bool chat, int n) {
-  if (const json* v = f.Get("tools"); v && !(v->is_array() && v->empty())) {
-    return Unsupported("tools", "tool calling");
+  if (const json* v = f.Get("tools"); !chat && v && !(v->is_array() && v->empty())) {
+    return Unsupported("tools", "tool calling on /v1/completions (use /v1/chat/completions)");
   }
-  if (f.Has("functions")) return Unsupported("functions", "function calling");
+  if (f.Has("functions")) {
+    return Unsupported("functions", "the deprecated `functions` (send `tools`)");
+  }
   if (!chat) {
     KILN_ASSIGN_OR_RETURN(auto suffix, f.String("suffix"));
     if (suffix && !suffix->empty()) return Unsupported("suffix", "insertion (a suffix)");
@@ -150,6 +159,76 @@ StatusOr<PromptInput> ReadPrompt(const JsonFields& f, bool chat) {
   return pr;
 }
 
+// OpenAI's `tools`, `tool_choice` and `parallel_tool_calls` (chat). The tools reach the prompt;
+// "required" and a named function constrain the reply with a grammar (the call, with arguments
+// matching the function's schema); "none" leaves the tools out.
+Status ReadToolFields(const JsonFields& f, std::string_view raw, const LlmEndpoint& llm, Call* c) {
+  const json* tools = f.Get("tools");
+  const json* choice = f.Get("tool_choice");
+  const bool have_tools = tools != nullptr && !(tools->is_array() && tools->empty());
+  std::string mode = "auto", only;
+  if (choice != nullptr) {
+    if (choice->is_string()) {
+      mode = choice->get<std::string>();
+      if (mode != "none" && mode != "auto" && mode != "required") {
+        return WithParam(InvalidArgument("`tool_choice` is \"", ValidUtf8(mode),
+                                         "\"; it must be \"none\", \"auto\", \"required\" or "
+                                         "{\"type\": \"function\", \"function\": {\"name\": ...}}"),
+                         "tool_choice");
+      }
+    } else if (choice->is_object() && choice->contains("type") && (*choice)["type"] == "function" &&
+               choice->contains("function") && (*choice)["function"].is_object() &&
+               (*choice)["function"].contains("name") &&
+               (*choice)["function"]["name"].is_string()) {
+      mode = "named";
+      only = (*choice)["function"]["name"].get<std::string>();
+    } else {
+      return WithParam(
+          InvalidArgument("`tool_choice` must be \"none\", \"auto\", \"required\" "
+                          "or {\"type\": \"function\", \"function\": {\"name\": ...}}"),
+          "tool_choice");
+    }
+    if (!have_tools && mode != "none") {
+      return WithParam(InvalidArgument("`tool_choice` needs `tools`"), "tool_choice");
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(auto parallel, f.Bool("parallel_tool_calls"));
+  if (!have_tools || mode == "none") return OkStatus();
+  // The tools in the client's key order (the rendered prompt shows them as written).
+  nlohmann::ordered_json ordered = nlohmann::ordered_json(*tools);
+  if (!raw.empty()) {
+    const auto whole = nlohmann::ordered_json::parse(raw, nullptr, false);
+    if (whole.is_object() && whole.contains("tools")) ordered = whole["tools"];
+  }
+  StatusOr<std::vector<models::ToolFunction>> fns = models::ReadTools(ordered);
+  if (!fns.ok()) return WithParam(fns.status(), "tools");
+  const LlmInfo info = llm.info();
+  c->tools = true;
+  c->tool_format = info.tool_support.format;
+  c->input.prompt.tools = std::move(ordered);
+  if (mode == "auto") return OkStatus();
+  GenerateRequest& r = c->input.request;
+  if (r.sampling.grammar) {
+    return WithParam(InvalidArgument("`tool_choice` \"", mode == "named" ? only : mode,
+                                     "\" and `response_format` (or `grammar`, `regex`) both "
+                                     "constrain the output; give one"),
+                     "tool_choice");
+  }
+  if (mode == "named" &&
+      std::none_of(fns->begin(), fns->end(), [&](const auto& fn) { return fn.name == only; })) {
+    return WithParam(InvalidArgument("`tool_choice` names the function '", ValidUtf8(only),
+                                     "', which is not in `tools`"),
+                     "tool_choice");
+  }
+  KILN_ASSIGN_OR_RETURN(std::string gbnf,
+                        models::ToolCallGbnf(c->tool_format, *fns, only, parallel.value_or(true)));
+  StatusOr<std::shared_ptr<const grammar::Grammar>> g =
+      grammar::CompileConstraint({grammar::Constraint::Kind::kGbnf, gbnf, false});
+  if (!g.ok()) return WithParam(Annotate(g.status(), "`tools`"), "tools");
+  r.sampling.grammar = *std::move(g);
+  return OkStatus();
+}
+
 // `raw` is the body's text (for the key order of a JSON Schema, which `body` lost).
 StatusOr<Call> Parse(const ServerCore& core, const json& body, std::string_view raw, bool chat) {
   JsonFields f(body);
@@ -204,6 +283,7 @@ StatusOr<Call> Parse(const ServerCore& core, const json& body, std::string_view 
                        "top_logprobs");
     }
     if (logprobs.value_or(false)) r.sampling.logprobs = static_cast<int32_t>(top.value_or(0));
+    KILN_RETURN_IF_ERROR(ReadToolFields(f, raw, *c.llm, &c));
   } else {
     KILN_ASSIGN_OR_RETURN(auto logprobs, f.Int("logprobs"));
     if (logprobs && (*logprobs < 0 || *logprobs > 20)) {
@@ -309,7 +389,9 @@ struct Meta {
         logprobs(p.request().sampling.logprobs >= 0),
         include_usage(c.include_usage),
         echo(c.echo ? p.prompt_text() : ""),
-        n(c.n) {}
+        n(c.n),
+        tools(c.tools),
+        tool_format(c.tool_format) {}
   const TokenTexts& tok() const { return tokens; }
   json Envelope(std::string_view object) const {
     return {{"id", id}, {"object", object}, {"created", created}, {"model", model_name}};
@@ -324,7 +406,27 @@ struct Meta {
   bool include_usage;
   std::string echo;  // prompt text to put before the completion (completions' echo)
   int n;             // choices
+  bool tools;        // parse replies for tool calls (Call::tools)
+  models::ToolCallFormat tool_format;
 };
+
+// OpenAI's tool_calls entries for parsed calls; `first` numbers them within the choice.
+json ToolCallsJson(const std::vector<models::ToolCall>& calls, size_t first, bool with_index) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  json out = json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    static constexpr char kAlnum[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    std::string id = "call_";
+    for (int k = 0; k < 24; ++k) id += kAlnum[rng() % (sizeof(kAlnum) - 1)];
+    json call = {{"id", std::move(id)},
+                 {"type", "function"},
+                 {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) call["index"] = first + i;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
 
 // The usage of a request for several choices: the prompt once (choice 0's, with what it took
 // from the prefix cache), the completion tokens of every choice.
@@ -346,7 +448,19 @@ json FullResponse(const Meta& m, std::span<const GenerationResult> results) {
   for (size_t i = 0; i < results.size(); ++i) {
     const GenerationResult& res = results[i];
     json choice = {{"index", i}, {"finish_reason", FinishName(res.finish)}, {"logprobs", nullptr}};
-    if (m.chat) {
+    if (m.chat && m.tools) {
+      models::ToolReply reply = models::ParseToolCalls(m.tool_format, res.text);
+      choice["message"] = {
+          {"role", "assistant"},
+          {"content",
+           reply.calls.empty() || !reply.content.empty() ? json(reply.content) : json(nullptr)},
+          {"refusal", nullptr}};
+      if (!reply.calls.empty()) {
+        choice["message"]["tool_calls"] = ToolCallsJson(reply.calls, 0, false);
+        if (res.finish == FinishReason::kStop) choice["finish_reason"] = "tool_calls";
+      }
+      if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
+    } else if (m.chat) {
       // OpenAI's message always carries `refusal` (null unless the model refused).
       choice["message"] = {{"role", "assistant"}, {"content", res.text}, {"refusal", nullptr}};
       if (m.logprobs) choice["logprobs"] = ChatLogprobs(m.tok(), res.logprobs);
@@ -379,7 +493,12 @@ class SseStream {
         trace_(std::move(trace)),
         cancel_(std::move(cancel)),
         offsets_(static_cast<size_t>(meta_.n), 0),
-        usage_(static_cast<size_t>(meta_.n)) {}
+        usage_(static_cast<size_t>(meta_.n)) {
+    if (meta_.tools) {
+      for (int i = 0; i < meta_.n; ++i) tool_streams_.emplace_back(meta_.tool_format);
+      tool_calls_sent_.assign(static_cast<size_t>(meta_.n), 0);
+    }
+  }
 
   // Sends the header and each choice's first chunk: the assistant's turn (chat) or the
   // echoed prompt.
@@ -422,13 +541,32 @@ class SseStream {
       lps = meta_.chat ? ChatLogprobs(meta_.tok(), ev.logprobs)
                        : CompletionLogprobs(meta_.tok(), ev.logprobs, &offsets_[index]);
     }
-    if (!ev.text.empty() || !lps.is_null()) {
+    std::string finish(FinishName(ev.finish));
+    if (meta_.tools) {
+      // Content as soon as it cannot start a call; each call, whole, as one tool_calls delta.
+      models::ToolCallStream& ts = tool_streams_[index];
+      models::ToolReply reply = ts.Add(ev.text);
+      if (final) {
+        models::ToolReply rest = ts.Finish();
+        reply.content += rest.content;
+        for (auto& c : rest.calls) reply.calls.push_back(std::move(c));
+      }
+      if (!reply.content.empty() || !lps.is_null()) {
+        gate_.Write(Sse(Chunk(index, json{{"content", reply.content}}, std::move(lps), nullptr)));
+      }
+      if (!reply.calls.empty()) {
+        size_t& sent = tool_calls_sent_[index];
+        gate_.Write(Sse(Chunk(index, json{{"tool_calls", ToolCallsJson(reply.calls, sent, true)}},
+                              nullptr, nullptr)));
+        sent += reply.calls.size();
+      }
+      if (final && ts.saw_calls() && ev.finish == FinishReason::kStop) finish = "tool_calls";
+    } else if (!ev.text.empty() || !lps.is_null()) {
       gate_.Write(Sse(Chunk(index, meta_.chat ? json{{"content", ev.text}} : json(ev.text),
                             std::move(lps), nullptr)));
     }
     if (!final) return;
-    gate_.Write(
-        Sse(Chunk(index, meta_.chat ? json::object() : json(""), nullptr, FinishName(ev.finish))));
+    gate_.Write(Sse(Chunk(index, meta_.chat ? json::object() : json(""), nullptr, finish)));
     usage_[index] = ev.usage;
     if (++finished_ < meta_.n) return;
     if (meta_.include_usage) {
@@ -472,10 +610,12 @@ class SseStream {
   const std::function<void()> cancel_;
   std::mutex mu_;
   bool closed_ = false;
-  int finished_ = 0;                          // choices
-  std::vector<size_t> offsets_;               // completions logprobs: text offset of the next token
-  std::vector<GenerateUsage> usage_;          // per choice, from its final event
-  SteadyClock::time_point response_start_{};  // the first event
+  int finished_ = 0;                  // choices
+  std::vector<size_t> offsets_;       // completions logprobs: text offset of the next token
+  std::vector<GenerateUsage> usage_;  // per choice, from its final event
+  std::vector<models::ToolCallStream> tool_streams_;  // per choice, with tools
+  std::vector<size_t> tool_calls_sent_;               // per choice: the next call's index
+  SteadyClock::time_point response_start_{};          // the first event
 };
 
 // The choices of one request (OpenAI's `n`), queued so that they share the prompt's KV

@@ -62,31 +62,41 @@ Status ReadOutputConstraint(const JsonFields& f, models::SamplingParams* p,
                        name);
     }
     const std::string& t = type->get_ref<const std::string&>();
+    if (t != "text" && t != "json_object" && t != "json_schema") {
+      return WithParam(InvalidArgument("`", name, ".type` is \"", ValidUtf8(t),
+                                       "\"; it must be \"text\", \"json_object\" or "
+                                       "\"json_schema\""),
+                       name);
+    }
+    // `json_schema` is checked whenever it is sent (the schema is needed only for its type).
+    const json* js = member("json_schema");
+    if (js != nullptr && !js->is_null() && !js->is_object()) {
+      return WithParam(
+          InvalidArgument("`", name, ".json_schema` must be an object with the `schema`"), name);
+    }
+    const bool has_js = js != nullptr && js->is_object();
+    const json kEmpty = json::object();
+    JsonFields sf(has_js ? *js : kEmpty, name + ".json_schema.", f.lenient());
+    KILN_ASSIGN_OR_RETURN(auto schema_name, sf.String("name"));
+    if (schema_name && (schema_name->empty() || schema_name->size() > 64 ||
+                        !std::all_of(schema_name->begin(), schema_name->end(), [](char ch) {
+                          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
+                                 ch == '-';
+                        }))) {
+      return WithParam(InvalidArgument("`", sf.Name("name"),
+                                       "` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"),
+                       name);
+    }
+    KILN_ASSIGN_OR_RETURN(auto description, sf.String("description"));
+    KILN_ASSIGN_OR_RETURN(auto strict, sf.Bool("strict"));
+    const json* schema = sf.Get("schema");
+    if ((schema != nullptr || t == "json_schema") && (schema == nullptr || !schema->is_object())) {
+      return WithParam(
+          InvalidArgument("`", sf.Name("schema"), "` must be a JSON Schema (an object)"), name);
+    }
     if (t == "json_object") {
       KILN_RETURN_IF_ERROR(set({Constraint::Kind::kJsonObject, "", false}, name));
     } else if (t == "json_schema") {
-      const json* js = member("json_schema");
-      if (js == nullptr || !js->is_object()) {
-        return WithParam(
-            InvalidArgument("`", name, ".json_schema` must be an object with the `schema`"), name);
-      }
-      JsonFields sf(*js, name + ".json_schema.", f.lenient());
-      KILN_ASSIGN_OR_RETURN(auto schema_name, sf.String("name"));
-      if (schema_name && (schema_name->empty() || schema_name->size() > 64 ||
-                          !std::all_of(schema_name->begin(), schema_name->end(), [](char ch) {
-                            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
-                                   ch == '-';
-                          }))) {
-        return WithParam(InvalidArgument("`", sf.Name("name"),
-                                         "` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"),
-                         name);
-      }
-      KILN_ASSIGN_OR_RETURN(auto strict, sf.Bool("strict"));
-      const json* schema = sf.Get("schema");
-      if (schema == nullptr || !(schema->is_object() || schema->is_boolean())) {
-        return WithParam(
-            InvalidArgument("`", sf.Name("schema"), "` must be a JSON Schema (an object)"), name);
-      }
       // The schema's text with the client's key order, when the raw body has it.
       std::string text = schema->dump();
       if (!raw_object.empty()) {
@@ -102,11 +112,6 @@ Status ReadOutputConstraint(const JsonFields& f, models::SamplingParams* p,
       KILN_RETURN_IF_ERROR(
           set({Constraint::Kind::kJsonSchema, std::move(text), strict.value_or(false)}, name));
       field = sf.Name("schema");
-    } else if (t != "text") {
-      return WithParam(InvalidArgument("`", name, ".type` is \"", ValidUtf8(t),
-                                       "\"; it must be \"text\", \"json_object\" or "
-                                       "\"json_schema\""),
-                       name);
     }
   }
   KILN_ASSIGN_OR_RETURN(auto gbnf, f.String("grammar"));
