@@ -11,9 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "models/chat/tool_calls.h"
-#include "models/grammar/constraint.h"
 #include "scheduler/generation.h"
+#include "scheduler/output_format.h"
 #include "server/llm/http_stream.h"
 #include "server/llm/openai_embeddings.h"
 #include "server/llm/params.h"

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/grammar/constraint.h"
+#include "scheduler/output_format.h"
 
 namespace kiln::llm {
 namespace {
