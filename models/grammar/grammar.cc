@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 
+#include "engine/base/utf8.h"
 #include "models/grammar/matcher.h"
 
 namespace kiln::grammar {
@@ -20,29 +21,6 @@ constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 void AddRangeNoSurrogates(uint32_t lo, uint32_t hi, Ranges* out) {
   if (lo <= 0xD7FF) out->push_back({lo, std::min<uint32_t>(hi, 0xD7FF)});
   if (hi >= 0xE000) out->push_back({std::max<uint32_t>(lo, 0xE000), hi});
-}
-
-int Utf8Encode(uint32_t cp, uint8_t* out) {
-  if (cp < 0x80) {
-    out[0] = static_cast<uint8_t>(cp);
-    return 1;
-  }
-  if (cp < 0x800) {
-    out[0] = static_cast<uint8_t>(0xC0 | (cp >> 6));
-    out[1] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    return 2;
-  }
-  if (cp < 0x10000) {
-    out[0] = static_cast<uint8_t>(0xE0 | (cp >> 12));
-    out[1] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
-    out[2] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-    return 3;
-  }
-  out[0] = static_cast<uint8_t>(0xF0 | (cp >> 18));
-  out[1] = static_cast<uint8_t>(0x80 | ((cp >> 12) & 0x3F));
-  out[2] = static_cast<uint8_t>(0x80 | ((cp >> 6) & 0x3F));
-  out[3] = static_cast<uint8_t>(0x80 | (cp & 0x3F));
-  return 4;
 }
 
 // Splits the code points [lo, hi] (no surrogates) into byte-range sequences: each sequence is
@@ -72,11 +50,13 @@ void Utf8Sequences(uint32_t lo, uint32_t hi,
       }
     }
   }
-  uint8_t a[4], b[4];
-  const int n = Utf8Encode(lo, a);
-  Utf8Encode(hi, b);
+  std::string a, b;
+  AppendUtf8(lo, &a);
+  AppendUtf8(hi, &b);
   std::vector<std::pair<uint8_t, uint8_t>> seq;
-  for (int i = 0; i < n; ++i) seq.push_back({a[i], b[i]});
+  for (size_t i = 0; i < a.size(); ++i) {
+    seq.push_back({static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i])});
+  }
   out->push_back(std::move(seq));
 }
 
@@ -373,9 +353,9 @@ class GbnfParser {
         while (Peek() != '"') {
           if (AtEnd() || Peek() == '\n') return Error("unterminated string literal");
           KILN_ASSIGN_OR_RETURN(const uint32_t cp, ParseChar());
-          uint8_t buf[4];
-          const int n = Utf8Encode(cp, buf);
-          b_.Literal(std::string_view(reinterpret_cast<const char*>(buf), n), seq);
+          std::string utf8;
+          AppendUtf8(cp, &utf8);
+          b_.Literal(utf8, seq);
         }
         ++pos_;
       } else if (c == '[') {

@@ -7,30 +7,14 @@
 #include <utility>
 #include <vector>
 
+#include "engine/base/utf8.h"
+
 namespace kiln::grammar {
 
 namespace {
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int kMaxGroupDepth = 200;  // bounds the recursion of the parser and the rewrites
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 // Decodes the code point at s[i] into *cp, *len; false if it is not valid UTF-8 (overlong
 // forms and surrogates included).

@@ -1,5 +1,7 @@
 #include "models/tokenizer/unicode.h"
 
+#include "engine/base/utf8.h"
+
 namespace kiln::models::utf8 {
 
 size_t ValidSeqLen(std::string_view s, size_t i, bool* incomplete) {
@@ -85,23 +87,7 @@ void AppendLossy(std::string_view s, std::string* out) {
   }
 }
 
-void AppendCodepoint(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
+void AppendCodepoint(uint32_t cp, std::string* out) { AppendUtf8(cp, out); }
 
 uint32_t DecodeAt(std::string_view s, size_t i, size_t* len) {
   const auto* p = reinterpret_cast<const uint8_t*>(s.data()) + i;
