@@ -229,8 +229,11 @@ std::string RenderToolCalls(ToolCallFormat format, const ojson& tool_calls) {
       }
       return out;
     case ToolCallFormat::kLlama3:
-      for (const auto& c : calls) absl::StrAppend(&out, out.empty() ? "" : "; ", c);
-      return out;
+      // One call is an object; several, a list of them (what ParseToolCalls reads back).
+      if (calls.size() == 1) return calls[0];
+      out = "[";
+      for (size_t i = 0; i < calls.size(); ++i) absl::StrAppend(&out, i ? ", " : "", calls[i]);
+      return out + "]";
     case ToolCallFormat::kMistral:
       out = "[TOOL_CALLS] [";
       for (size_t i = 0; i < calls.size(); ++i) absl::StrAppend(&out, i ? ", " : "", calls[i]);
@@ -255,7 +258,7 @@ ToolReply ToolCallStream::Drain(bool final) {
       if (first == std::string::npos && !final) return out;
       started_ = true;
       whole_ = first != std::string::npos &&
-               buf_[first] == (format_ == ToolCallFormat::kLlama3 ? '{' : '[');
+               (buf_[first] == '[' || (format_ == ToolCallFormat::kLlama3 && buf_[first] == '{'));
     }
     if (whole_ && !final) return out;
     if (whole_ && CallsFromJsonText(buf_, &out.calls)) {

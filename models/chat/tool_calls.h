@@ -8,7 +8,8 @@
 //               SmolLM3; the template mentions <tool_call>). Also Kiln's fallback for templates
 //               that know nothing of tools (SmolLM2): the tools then go into the system prompt
 //               in Qwen's words (ToolSystemPrompt), and past calls into the assistant's text.
-//   kLlama3     {"name": "f", "parameters": {...}}   (Llama 3.1/3.2 JSON tool calling: the
+//   kLlama3     {"name": "f", "parameters": {...}}, or a list of them (Llama 3.1/3.2 JSON tool
+//               calling; a forced call is always exactly one: the
 //               template mentions "parameters" and <|python_tag|> or ipython)
 //   kMistral    [TOOL_CALLS] [{"name": "f", "arguments": {...}}, ...]   (the template mentions
 //               [TOOL_CALLS]; [TOOL_CALLS] is a control token, absent from the decoded text)

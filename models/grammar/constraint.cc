@@ -57,6 +57,14 @@ struct Cache {
 }  // namespace
 
 StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const Constraint& constraint) {
+  if (constraint.text.size() > kMaxConstraintBytes) {
+    return InvalidArgument("the ",
+                           constraint.kind == Constraint::Kind::kJsonSchema ? "JSON Schema"
+                           : constraint.kind == Constraint::Kind::kRegex    ? "regex"
+                                                                            : "grammar",
+                           " is ", constraint.text.size(), " bytes; at most ", kMaxConstraintBytes,
+                           " are allowed");
+  }
   static Cache* cache = new Cache;
   const Cache::Key key{constraint.kind, constraint.strict, constraint.text};
   {
@@ -69,6 +77,7 @@ StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const Constraint& con
     }
   }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> g, Compile(constraint));
+  if (constraint.text.size() > kMaxCachedConstraintBytes) return g;  // not worth its memory
   absl::MutexLock lock(&cache->mu);
   cache->entries.emplace_front(key, g);
   if (cache->entries.size() > kConstraintCacheSize) cache->entries.pop_back();

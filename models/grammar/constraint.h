@@ -32,10 +32,15 @@ struct Constraint {
 };
 
 // The constraint's grammar. InvalidArgument for a schema, grammar or regex that does not
-// compile, with what was wrong and where (the caller names its field with WithParam).
+// compile (or is past the size limits), with what was wrong and where (the caller names its
+// field with WithParam).
 StatusOr<std::shared_ptr<const Grammar>> CompileConstraint(const Constraint& constraint);
 
-// Grammars in CompileConstraint's cache (least recently used dropped first).
+// Grammars in CompileConstraint's cache (least recently used dropped first); only constraints
+// of at most kMaxCachedConstraintBytes are cached. Longer texts than kMaxConstraintBytes are
+// refused.
 inline constexpr size_t kConstraintCacheSize = 64;
+inline constexpr size_t kMaxCachedConstraintBytes = 64 << 10;
+inline constexpr size_t kMaxConstraintBytes = 1 << 20;
 
 }  // namespace kiln::grammar

@@ -4,7 +4,6 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 
 #include "engine/base/utf8.h"
@@ -89,13 +88,13 @@ std::string ByteSetText(const ByteSet& s) {
 // ---- GrammarBuilder ---------------------------------------------------------------------------
 
 int32_t GrammarBuilder::Rule(std::string_view name) {
-  for (size_t i = 0; i < g_.rule_names_.size(); ++i) {
-    if (g_.rule_names_[i] == name) return static_cast<int32_t>(i);
-  }
+  const auto [it, inserted] =
+      rule_index_.try_emplace(std::string(name), static_cast<int32_t>(rules_.size()));
+  if (!inserted) return it->second;
   g_.rule_names_.emplace_back(name);
   rules_.emplace_back();
   defined_.push_back(0);
-  return static_cast<int32_t>(rules_.size() - 1);
+  return it->second;
 }
 
 int32_t GrammarBuilder::NewRule(std::string_view base) {
@@ -108,8 +107,14 @@ int32_t GrammarBuilder::NewRule(std::string_view base) {
 
 bool GrammarBuilder::defined(int32_t rule) const { return defined_[rule] != 0; }
 
+bool GrammarBuilder::too_large() const {
+  return elements_ > Grammar::kMaxElements ||
+         static_cast<int64_t>(rules_.size()) > Grammar::kMaxRules;
+}
+
 void GrammarBuilder::AddAlternative(int32_t rule, std::vector<Element> sequence) {
   defined_[rule] = 1;
+  elements_ += static_cast<int64_t>(sequence.size()) + 1;
   rules_[rule].push_back(std::move(sequence));
 }
 
@@ -178,24 +183,56 @@ StatusOr<Grammar> GrammarBuilder::Build(std::string_view root) {
       return InvalidArgument("grammar: rule `", g_.rule_names_[r], "` is used but never defined");
     }
   }
-  // Nullable rules, to a fixpoint.
-  std::vector<uint8_t> nullable(n, 0);
-  for (bool changed = true; changed;) {
-    changed = false;
+  if (too_large()) {
+    return InvalidArgument("grammar: ", rules_.size(), " rules and ", elements_,
+                           " elements after compilation; at most ", Grammar::kMaxRules, " and ",
+                           Grammar::kMaxElements, " are allowed");
+  }
+  // Rules that derive some string (productive) and rules that derive the empty one (nullable),
+  // each to its fixpoint with a worklist: an alternative counts down the rules it still waits for.
+  auto fixpoint = [&](bool bytes_block) {
+    std::vector<uint8_t> done(n, 0);
+    std::vector<std::pair<int32_t, int32_t>> alts;  // (rule, rules still waited for)
+    std::vector<std::vector<int32_t>> users(n);     // rule -> alternatives that mention it
+    std::vector<int32_t> work;
     for (int32_t r = 0; r < n; ++r) {
-      if (nullable[r]) continue;
       for (const auto& alt : rules_[r]) {
-        const bool all = std::all_of(alt.begin(), alt.end(), [&](const Element& e) {
-          return e.kind == Element::kRule && nullable[e.arg];
-        });
-        if (all) {
-          nullable[r] = 1;
-          changed = true;
-          break;
+        const bool blocked =
+            bytes_block && std::any_of(alt.begin(), alt.end(),
+                                       [](const Element& e) { return e.kind == Element::kBytes; });
+        if (blocked) continue;
+        const int32_t a = static_cast<int32_t>(alts.size());
+        int32_t waits = 0;
+        for (const Element& e : alt) {
+          if (e.kind != Element::kRule) continue;
+          users[e.arg].push_back(a);
+          ++waits;
+        }
+        alts.push_back({r, waits});
+        if (waits == 0 && !done[r]) {
+          done[r] = 1;
+          work.push_back(r);
         }
       }
     }
+    while (!work.empty()) {
+      const int32_t r = work.back();
+      work.pop_back();
+      for (const int32_t a : users[r]) {
+        if (--alts[a].second == 0 && !done[alts[a].first]) {
+          done[alts[a].first] = 1;
+          work.push_back(alts[a].first);
+        }
+      }
+    }
+    return done;
+  };
+  if (!fixpoint(/*bytes_block=*/false)[root_id]) {
+    return InvalidArgument("grammar: the start rule `", root,
+                           "` matches nothing (every way through it needs a rule that never ends, "
+                           "or a character class with no characters)");
   }
+  std::vector<uint8_t> nullable = fixpoint(/*bytes_block=*/true);
   // Left recursion: rule r can begin with rule s when s appears after only nullable rules.
   std::vector<std::vector<int32_t>> starts(n);
   for (int32_t r = 0; r < n; ++r) {
@@ -207,42 +244,38 @@ StatusOr<Grammar> GrammarBuilder::Build(std::string_view root) {
       }
     }
   }
-  std::vector<uint8_t> color(n, 0);  // 0 new, 1 on the path, 2 done
-  std::vector<int32_t> path;
-  std::function<int32_t(int32_t)> visit = [&](int32_t r) -> int32_t {
-    color[r] = 1;
-    path.push_back(r);
-    for (const int32_t s : starts[r]) {
-      if (color[s] == 1) return s;
-      if (color[s] == 0) {
-        if (const int32_t c = visit(s); c >= 0) return c;
+  // A cycle in `starts`, found depth-first without recursion (grammars may chain many rules).
+  std::vector<uint8_t> color(n, 0);              // 0 new, 1 on the path, 2 done
+  std::vector<std::pair<int32_t, size_t>> path;  // (rule, next edge to follow)
+  for (int32_t r0 = 0; r0 < n; ++r0) {
+    if (color[r0] != 0) continue;
+    path.push_back({r0, 0});
+    color[r0] = 1;
+    while (!path.empty()) {
+      auto& [r, next] = path.back();
+      if (next == starts[r].size()) {
+        color[r] = 2;
+        path.pop_back();
+        continue;
       }
-    }
-    path.pop_back();
-    color[r] = 2;
-    return -1;
-  };
-  for (int32_t r = 0; r < n; ++r) {
-    if (color[r] != 0) continue;
-    if (const int32_t c = visit(r); c >= 0) {
-      std::string cycle;
-      for (auto it = std::find(path.begin(), path.end(), c); it != path.end(); ++it) {
-        absl::StrAppend(&cycle, "`", g_.rule_names_[*it], "` -> ");
+      const int32_t s2 = starts[r][next++];
+      if (color[s2] == 0) {
+        color[s2] = 1;
+        path.push_back({s2, 0});
+      } else if (color[s2] == 1) {
+        std::string cycle;
+        bool on = false;
+        for (const auto& [q, unused] : path) {
+          on = on || q == s2;
+          if (on) absl::StrAppend(&cycle, "`", g_.rule_names_[q], "` -> ");
+        }
+        return InvalidArgument("grammar: left recursion: ", cycle, "`", g_.rule_names_[s2],
+                               "` without consuming input (rewrite it right-recursively, or, for "
+                               "a repetition, make sure what repeats cannot be empty)");
       }
-      return InvalidArgument("grammar: left recursion: ", cycle, "`", g_.rule_names_[c],
-                             "` without consuming input (rewrite it right-recursively, or, for a "
-                             "repetition, make sure what repeats cannot be empty)");
     }
   }
   // Flatten.
-  size_t total = 0;
-  for (const auto& rule : rules_) {
-    for (const auto& alt : rule) total += alt.size() + 1;
-  }
-  if (total > static_cast<size_t>(Grammar::kMaxElements)) {
-    return InvalidArgument("grammar: ", total, " elements after compilation; at most ",
-                           Grammar::kMaxElements, " are allowed");
-  }
   g_.elements_.clear();
   g_.rule_alternatives_.assign(n, {});
   for (int32_t r = 0; r < n; ++r) {
@@ -385,12 +418,16 @@ class GbnfParser {
         const std::string_view name = ParseName();
         seq->push_back({Element::kRule, b_.Rule(name)});
       } else if (c == '(') {
+        if (++depth_ > Grammar::kMaxNesting) {
+          return Error(absl::StrCat("groups nested more than ", Grammar::kMaxNesting, " deep"));
+        }
         ++pos_;
         SkipSpace(true);
         const int32_t sub = b_.NewRule(base_);
         KILN_RETURN_IF_ERROR(ParseAlternatives(sub, true));
         if (Peek() != ')') return Error("expected `)`");
         ++pos_;
+        --depth_;
         seq->push_back({Element::kRule, sub});
       } else if (c == '*' || c == '+' || c == '?' || c == '{') {
         return Error(absl::StrCat("`", std::string(1, c), "` with nothing before it to repeat"));
@@ -402,6 +439,11 @@ class GbnfParser {
       while (Peek() == '*' || Peek() == '+' || Peek() == '?' || Peek() == '{') {
         KILN_RETURN_IF_ERROR(ParseRepetition(last_start, seq));
         SkipSpace(nested);
+      }
+      if (b_.too_large() || seq->size() > static_cast<size_t>(Grammar::kMaxElements)) {
+        return Error(absl::StrCat("the grammar is too large: at most ", Grammar::kMaxElements,
+                                  " elements and ", Grammar::kMaxRules,
+                                  " rules once repetitions are expanded"));
       }
     }
     return OkStatus();
@@ -559,6 +601,7 @@ class GbnfParser {
   static constexpr int64_t kMaxRepeat = 10'000;
   std::string_view text_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open
   std::string base_;
   GrammarBuilder b_;
 };

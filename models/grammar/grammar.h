@@ -12,10 +12,13 @@
 // become right-recursive helper rules, which the matcher runs without growing its stack.
 //
 // Left recursion (`expr ::= expr "+" term`) is refused with the rule named: the matcher is a
-// top-down pushdown automaton, as llama.cpp's is.
+// top-down pushdown automaton, as llama.cpp's is. So is a start rule that matches nothing, and a
+// grammar past the size limits below (checked as it is parsed).
 //
 // Thread-safety: a Grammar is immutable after parsing; share it freely.
 #pragma once
+
+#include <absl/container/flat_hash_map.h>
 
 #include <bitset>
 #include <cstdint>
@@ -68,7 +71,11 @@ class Grammar {
   // The compiled grammar as text, one rule per line (byte sets as [\x00-\x7f]), for dumps.
   std::string ToString() const;
 
-  static constexpr int32_t kMaxElements = 1 << 20;
+  // Limits on the compiled grammar (repetitions count as their expansion): a request's grammar
+  // past them is refused while it is being parsed, before it takes memory.
+  static constexpr int64_t kMaxElements = 1 << 19;
+  static constexpr int64_t kMaxRules = 1 << 17;
+  static constexpr int kMaxNesting = 100;  // groups within groups
 
  private:
   friend class GrammarBuilder;
@@ -98,14 +105,20 @@ class GrammarBuilder {
   // Elements matching `bytes` literally.
   void Literal(std::string_view bytes, std::vector<Element>* out);
 
-  // Checks (undefined rules, left recursion, size) and finishes the grammar.
+  // Whether the grammar so far is past Grammar::kMaxElements or kMaxRules.
+  bool too_large() const;
+
+  // Checks (size, undefined rules, a start rule that matches nothing, left recursion) and
+  // finishes the grammar.
   StatusOr<Grammar> Build(std::string_view root);
 
  private:
   Grammar g_;
   std::vector<std::vector<std::vector<Element>>> rules_;  // rule -> alternatives
   std::vector<uint8_t> defined_;
+  absl::flat_hash_map<std::string, int32_t> rule_index_;
   std::vector<std::pair<ByteSet, int32_t>> byte_set_index_;
+  int64_t elements_ = 0;
   int32_t fresh_ = 0;
 };
 

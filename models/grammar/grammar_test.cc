@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "engine/base/utf8.h"
 
 namespace kiln::grammar {
@@ -104,6 +105,34 @@ TEST(GrammarTest, LeftRecursionIsRefusedByName) {
   EXPECT_THAT(ParseError("root ::= (\"a\"?)*"), HasSubstr("cannot be empty"));
   // Right recursion is fine.
   EXPECT_TRUE(Grammar::ParseGbnf("root ::= \"a\" root | \"\"").ok());
+}
+
+// Review of issue 17: grammars a client sends must fail fast, not take the server down.
+TEST(GrammarTest, AStartRuleThatMatchesNothingIsRefused) {
+  EXPECT_THAT(ParseError(R"(root ::= [\uD800-\uDFFF])"), HasSubstr("matches nothing"));
+  EXPECT_THAT(ParseError(R"(root ::= [^\x00-\U0010FFFF])"), HasSubstr("matches nothing"));
+  EXPECT_THAT(ParseError("root ::= a\na ::= \"x\" a"), HasSubstr("matches nothing"));
+}
+
+TEST(GrammarTest, DeepNestingIsRefusedWithoutRecursingPerLevel) {
+  std::string deep = "root ::= ";
+  deep.append(200000, '(');
+  deep += "\"a\"";
+  deep.append(200000, ')');
+  EXPECT_THAT(ParseError(deep), HasSubstr("nested more than 100 deep"));
+  // A long chain of rules (each the first element of the next) is checked without recursion.
+  std::string chain = "root ::= r0\n";
+  for (int i = 0; i < 50000; ++i) absl::StrAppend(&chain, "r", i, " ::= r", i + 1, "\n");
+  chain += "r50000 ::= \"z\"\n";
+  auto g = Grammar::ParseGbnf(chain);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->Matches("z"));
+}
+
+TEST(GrammarTest, HugeRepetitionsAreRefusedWhileParsing) {
+  std::string big = "root ::=";
+  for (int i = 0; i < 10000; ++i) big += " \"a\"{0,10000}";
+  EXPECT_THAT(ParseError(big), HasSubstr("the grammar is too large"));
 }
 
 TEST(GrammarTest, OtherStartRuleAndToString) {

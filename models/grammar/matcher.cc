@@ -5,7 +5,8 @@
 namespace kiln::grammar {
 
 StateSpace::StateSpace(const Grammar& grammar) : g_(grammar) {
-  // The initial state: every alternative of the root, expanded.
+  // The initial state: every alternative of the root, expanded. It is state 0 even when it
+  // is dead (a grammar that matches nothing: Grammar::Build refuses those, but be safe).
   Build b;
   ++round_;
   for (const int32_t start : g_.alternatives(g_.root())) {
@@ -16,7 +17,7 @@ StateSpace::StateSpace(const Grammar& grammar) : g_(grammar) {
       Expand(n, &b);
     }
   }
-  Intern(std::move(b));
+  if (Intern(std::move(b)) == kDead) states_.emplace_back();
 }
 
 int32_t StateSpace::NodeId(int32_t pos, int32_t parent) {
@@ -36,26 +37,33 @@ int32_t StateSpace::Resolve(int32_t pos, int32_t parent) {
 }
 
 void StateSpace::Expand(int32_t node, Build* b) {
-  if (visited_[node] == round_) return;
-  visited_[node] = round_;
-  const Node n = nodes_[node];
-  const Element& e = g_.element(n.pos);
-  if (e.kind == Element::kBytes) {
-    b->tops.push_back(node);
-    return;
-  }
-  // A rule call: push the continuation (or, in tail position, reuse the caller's) and expand
-  // each alternative on top of it.
-  const int32_t cont = Resolve(n.pos + 1, n.parent);
-  for (const int32_t start : g_.alternatives(e.arg)) {
-    if (g_.element(start).kind == Element::kEnd) {  // an empty alternative: return at once
-      if (cont < 0) {
-        b->accepting = true;
+  // Depth-first with an explicit stack: rule calls may nest as deep as the text does.
+  std::vector<int32_t>& work = expand_stack_;
+  work.assign(1, node);
+  while (!work.empty()) {
+    const int32_t id = work.back();
+    work.pop_back();
+    if (visited_[id] == round_) continue;
+    visited_[id] = round_;
+    const Node n = nodes_[id];
+    const Element& e = g_.element(n.pos);
+    if (e.kind == Element::kBytes) {
+      b->tops.push_back(id);
+      continue;
+    }
+    // A rule call: push the continuation (or, in tail position, reuse the caller's) and expand
+    // each alternative on top of it.
+    const int32_t cont = Resolve(n.pos + 1, n.parent);
+    for (const int32_t start : g_.alternatives(e.arg)) {
+      if (g_.element(start).kind == Element::kEnd) {  // an empty alternative: return at once
+        if (cont < 0) {
+          b->accepting = true;
+        } else {
+          work.push_back(cont);
+        }
       } else {
-        Expand(cont, b);
+        work.push_back(NodeId(start, cont));
       }
-    } else {
-      Expand(NodeId(start, cont), b);
     }
   }
 }
@@ -69,6 +77,9 @@ int32_t StateSpace::Intern(Build b) {
   const auto [it, inserted] = state_index_.try_emplace(key, static_cast<int32_t>(states_.size()));
   if (!inserted) return it->second;
   if (states_.size() >= static_cast<size_t>(kMaxStates)) overflow_ = true;
+  // Every state holds one entry per open stack: deep nesting makes states large.
+  total_tops_ += static_cast<int64_t>(b.tops.size());
+  if (total_tops_ > kMaxTotalTops) overflow_ = true;
   State s;
   for (const int32_t t : b.tops) s.next |= g_.byte_set(g_.element(nodes_[t].pos).arg);
   s.tops = std::move(b.tops);

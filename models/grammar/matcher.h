@@ -40,8 +40,11 @@ class StateSpace {
   const ByteSet& next_bytes(int32_t state) const { return states_[state].next; }
   size_t num_states() const { return states_.size(); }
 
-  static constexpr int32_t kMaxStates = 1 << 20;
-  static constexpr int32_t kMaxNodes = 1 << 22;
+  // Bounds on what one grammar's parse may hold (a generation that needs more fails with
+  // kOverflow): states, stack nodes, and stack entries summed over the states.
+  static constexpr int32_t kMaxStates = 1 << 18;
+  static constexpr int32_t kMaxNodes = 1 << 20;
+  static constexpr int64_t kMaxTotalTops = 1 << 23;
 
  private:
   struct Node {
@@ -71,6 +74,8 @@ class StateSpace {
   absl::flat_hash_map<std::vector<int32_t>, int32_t> state_index_;  // tops + accepting as -2
   absl::flat_hash_map<uint64_t, int32_t> transitions_;              // state << 8 | byte
   std::vector<int32_t> visited_;                                    // per Expand round, by node
+  std::vector<int32_t> expand_stack_;
+  int64_t total_tops_ = 0;
   int32_t round_ = 0;
   bool overflow_ = false;
 };

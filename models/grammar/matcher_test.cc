@@ -70,5 +70,20 @@ TEST(MatcherTest, AmbiguousAlternativesShareOneState) {
   EXPECT_EQ(Walk(space, "acc"), StateSpace::kDead);
 }
 
+// Review of issue 17: nesting whose closers may be left out keeps every level on the stack;
+// a deep enough text ends in kOverflow (bounded memory), not a crash.
+TEST(MatcherTest, UnboundedNestingOverflowsInsteadOfCrashing) {
+  const Grammar g = Parse("root ::= \"(\" root c | \"\"\nc ::= \")\" | \"\"");
+  StateSpace space(g);
+  int32_t s = space.initial();
+  int depth = 0;
+  while (s >= 0 && depth < 200000) {
+    s = space.Advance(s, '(');
+    ++depth;
+  }
+  EXPECT_EQ(s, StateSpace::kOverflow);
+  EXPECT_LT(depth, 200000);
+}
+
 }  // namespace
 }  // namespace kiln::grammar

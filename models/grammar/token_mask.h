@@ -91,7 +91,7 @@ class TokenGrammar {
   Stats stats();
 
   static constexpr int32_t kEnded = -3;  // after an end id
-  static constexpr size_t kMaxCachedMasks = 8192;
+  static constexpr size_t kMaxCachedMasks = 2048;
 
  private:
   StatusOr<std::shared_ptr<const std::vector<uint32_t>>> MaskLocked(int32_t state)
@@ -122,6 +122,7 @@ class TokenMatcher {
   // token was accepted.
   bool complete();
   bool ended() const { return state_ == TokenGrammar::kEnded; }
+  const std::shared_ptr<TokenGrammar>& grammar() const { return grammar_; }
 
  private:
   std::shared_ptr<TokenGrammar> grammar_;

@@ -472,10 +472,12 @@ std::pair<int32_t, int32_t> PagedLlm::StageSampling(const StepSampling* sampling
   h_penalty_counts_.assign(static_cast<size_t>(rows) * P, 0);
   h_penalty_bias_.assign(static_cast<size_t>(rows) * P, 0.0f);
   h_banned_.assign(static_cast<size_t>(rows) * E, -1);
-  // Grammar masks: all tokens allowed, but in the rows of constrained sequences.
+  // Grammar masks: all tokens allowed, but in the rows of constrained sequences (staged only
+  // when some row is constrained; UploadSampling keeps an all-ones buffer as it is).
   const size_t W = static_cast<size_t>(sampling::AllowedWords(parts_.info.vocab_size));
-  h_allowed_.assign(static_cast<size_t>(rows) * W, ~0u);
-  if (sampling != nullptr && sampling->allowed_words > 0) {
+  step_constrained_ = sampling != nullptr && sampling->allowed_words > 0;
+  if (step_constrained_) {
+    h_allowed_.assign(static_cast<size_t>(rows) * W, ~0u);
     std::copy_n(sampling->allowed.begin(), static_cast<size_t>(S) * W, h_allowed_.begin());
   }
   for (int32_t s = 0; s < rows; ++s) {
@@ -509,7 +511,17 @@ Status PagedLlm::UploadSampling(const StepBuffers& buf, int32_t rows, int32_t P,
   KILN_RETURN_IF_ERROR(put(buf.penalty_counts, h_penalty_counts_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.penalty_bias, h_penalty_bias_.data(), r * P * 4));
   KILN_RETURN_IF_ERROR(put(buf.banned, h_banned_.data(), r * E * 4));
-  KILN_RETURN_IF_ERROR(put(buf.allowed, h_allowed_.data(), h_allowed_.size() * 4));
+  // The masks: this step's rows when some are constrained; else all ones, written once over
+  // the whole buffer and kept until a constrained step overwrites it.
+  const backend::Buffer* allowed = buf.allowed.get();
+  if (step_constrained_) {
+    KILN_RETURN_IF_ERROR(put(buf.allowed, h_allowed_.data(), h_allowed_.size() * 4));
+    allowed_all_ones_.erase(allowed);
+  } else if (!allowed_all_ones_.contains(allowed)) {
+    h_allowed_.assign(allowed->size() / 4, ~0u);
+    KILN_RETURN_IF_ERROR(put(buf.allowed, h_allowed_.data(), h_allowed_.size() * 4));
+    allowed_all_ones_.insert(allowed);
+  }
   return OkStatus();
 }
 

@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "engine/backend/backend.h"
 #include "engine/base/metrics.h"
 #include "engine/capture.h"
@@ -214,7 +215,10 @@ class PagedLlm final : public LlmModel {
   std::vector<double> h_uniforms_;
   std::vector<int32_t> h_penalty_tokens_, h_penalty_counts_, h_banned_;
   std::vector<float> h_penalty_bias_;
-  std::vector<uint32_t> h_allowed_;           // [rows, AllowedWords(vocab)]
+  std::vector<uint32_t> h_allowed_;  // [rows, AllowedWords(vocab)]
+  bool step_constrained_ = false;    // some row of this step has a grammar mask
+  // Step buffers whose allowed-token masks are all ones (nothing to upload for them).
+  absl::flat_hash_set<const backend::Buffer*> allowed_all_ones_;
   std::vector<int32_t> h_token_, h_top_ids_;  // results read back
   std::vector<float> h_logprob_, h_top_logprobs_;
   // By padded size; negative: of base_program_.

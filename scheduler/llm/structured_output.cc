@@ -9,8 +9,9 @@ StructuredOutput::StructuredOutput(const models::Tokenizer& tokenizer, int32_t v
     : tokenizer_(tokenizer), vocab_size_(vocab_size), eos_ids_(std::move(eos_ids)) {}
 
 std::shared_ptr<grammar::TokenGrammar> StructuredOutput::Find(
-    const std::shared_ptr<const grammar::Grammar>& g) {
+    const std::shared_ptr<const grammar::Grammar>& g, bool* created) {
   absl::MutexLock lock(&mu_);
+  *created = false;
   for (auto it = grammars_.begin(); it != grammars_.end(); ++it) {
     if (it->first == g) {
       grammars_.splice(grammars_.begin(), grammars_, it);
@@ -26,17 +27,31 @@ std::shared_ptr<grammar::TokenGrammar> StructuredOutput::Find(
       bytes[t] = std::string(tokenizer_.TokenBytes(t));
       never[t] = tokenizer_.IsSpecial(t);
     }
-    vocab_ = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), never, eos_ids_);
+    // No end ids in the shared masks: each sequence adds its own (ignore_eos, stop_token_ids).
+    vocab_ = std::make_shared<const grammar::TokenVocabulary>(std::move(bytes), never,
+                                                              std::vector<int32_t>{});
   }
   auto tg = std::make_shared<grammar::TokenGrammar>(g, vocab_);
+  *created = true;
   grammars_.emplace_front(g, tg);
   if (grammars_.size() > kCachedGrammars) grammars_.pop_back();
   return tg;
 }
 
+void StructuredOutput::Evict(const std::shared_ptr<grammar::TokenGrammar>& tg) {
+  absl::MutexLock lock(&mu_);
+  grammars_.remove_if([&](const auto& e) { return e.second == tg; });
+}
+
 void StructuredOutput::Bind(Sequence* seq) {
   const auto& g = seq->req->sampling.grammar;
-  if (g) seq->matcher.emplace(Find(g));
+  if (!g) return;
+  bool created = false;
+  std::shared_ptr<grammar::TokenGrammar> tg = Find(g, &created);
+  // The first steps' masks, here rather than on the batcher's thread (an error shows again
+  // when the batcher asks for the mask, and is handled there).
+  if (created) (void)tg->Precompute(kPrecomputeBytes, kPrecomputeStates);
+  seq->matcher.emplace(std::move(tg));
 }
 
 void StructuredOutput::PrepareMask(Sequence* seq) {
@@ -45,7 +60,10 @@ void StructuredOutput::PrepareMask(Sequence* seq) {
   auto allow = [&](int32_t t) {
     if (t >= 0 && static_cast<size_t>(t >> 5) < words) seq->allowed[t >> 5] |= 1u << (t & 31);
   };
-  if (seq->grammar_status.ok()) seq->grammar_status = seq->matcher->FillMask(seq->allowed);
+  if (seq->grammar_status.ok()) {
+    seq->grammar_status = seq->matcher->FillMask(seq->allowed);
+    if (!seq->grammar_status.ok()) Evict(seq->matcher->grammar());
+  }
   if (!seq->grammar_status.ok()) {
     std::fill(seq->allowed.begin(), seq->allowed.end(), 0u);
     for (const int32_t t : seq->end_ids) allow(t);

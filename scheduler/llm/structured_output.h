@@ -36,19 +36,26 @@ class StructuredOutput {
   // Gives `seq` the matcher of its request's grammar (if it has one).
   void Bind(Sequence* seq);
 
-  // Writes the tokens `seq` may sample next into seq->allowed (its request's stop_token_ids
-  // too, where the grammar may end). An error (the parse outgrew its limits) is kept in
-  // seq->grammar_status, and the mask then allows only the end ids.
+  // Writes the tokens `seq` may sample next into seq->allowed (its end ids too — EOS unless
+  // ignore_eos, and stop_token_ids — where the grammar may end). An error (the parse outgrew
+  // its limits) is kept in seq->grammar_status, the mask then allows only the end ids, and the
+  // grammar leaves the cache, so that later requests start with a fresh parse.
   void PrepareMask(Sequence* seq);
 
   // Moves `seq`'s matcher past its sampled token (end ids excepted). Not OK when the grammar
   // rejects it (a model that sampled without the mask) or the mask failed.
   Status Accept(Sequence* seq, int32_t token, bool is_end);
 
-  static constexpr size_t kCachedGrammars = 32;
+  static constexpr size_t kCachedGrammars = 16;
+  // Masks computed ahead, on the request's thread, for a grammar new to this model: the states
+  // within this many bytes of the start.
+  static constexpr int32_t kPrecomputeBytes = 3;
+  static constexpr int32_t kPrecomputeStates = 64;
 
  private:
-  std::shared_ptr<grammar::TokenGrammar> Find(const std::shared_ptr<const grammar::Grammar>& g);
+  std::shared_ptr<grammar::TokenGrammar> Find(const std::shared_ptr<const grammar::Grammar>& g,
+                                              bool* created);
+  void Evict(const std::shared_ptr<grammar::TokenGrammar>& tg);
 
   const models::Tokenizer& tokenizer_;
   const int32_t vocab_size_;
