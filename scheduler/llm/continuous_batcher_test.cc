@@ -539,6 +539,26 @@ TEST(ContinuousBatcherTest, GrammarConstrainsEveryToken) {
   }
 }
 
+// Review of issue 17: EOS reaches a constrained sequence only through its own end ids, so
+// ignore_eos holds under a grammar (the output still ends when the grammar is complete).
+TEST(ContinuousBatcherTest, GrammarHonoursIgnoreEosAndEndsOnItsOwn) {
+  Fixture f;
+  f.eos_at->store(22);  // the fake says EOS after 2 tokens
+  auto g = grammar::Grammar::ParseGbnf(R"(root ::= [a-z]{3,6} "!")");
+  ASSERT_TRUE(g.ok());
+  auto grammar = std::make_shared<const grammar::Grammar>(*std::move(g));
+  for (bool ignore_eos : {false, true}) {
+    SCOPED_TRACE(ignore_eos);
+    auto c = MakeRequest(Prompt(20, 9), 30);
+    c.req->sampling.grammar = grammar;
+    c.req->sampling.ignore_eos = ignore_eos;
+    Result r = f.Submit(c).get();
+    ASSERT_EQ(r.last.finish, FinishReason::kStop) << r.last.status;
+    EXPECT_TRUE(grammar->Matches(r.text)) << r.text;  // EOS was never allowed before the end
+    EXPECT_EQ(std::count(r.ids.begin(), r.ids.end(), kEos), 0);
+  }
+}
+
 TEST(ContinuousBatcherTest, RejectsWhatCannotRunNamingTheNumbers) {
   Fixture f(WithBlocks({}, 4096), /*context=*/100);
   auto c = MakeRequest(Prompt(120, 1), 5);
