@@ -494,19 +494,27 @@ class RuleSet {
     for (const Primitive& p : kPrimitives) reserved_.insert(p.name);
   }
 
-  // A fresh name from `hint`.
+  // A fresh name from `hint`: the hint, else the hint + "-2", "-3", ... (a counter per hint, so
+  // that many rules from one hint take linear time).
   std::string Reserve(std::string_view hint) {
     const std::string base = RuleName(hint);
     std::string name = base;
-    for (int i = 2; reserved_.count(name) != 0 || rules_.count(name) != 0; ++i) {
-      name = StrCat(base, "-", i);
+    if (Taken(name)) {
+      int& next = next_suffix_[base];
+      next = std::max(next, 2);
+      do {
+        name = StrCat(base, "-", next++);
+      } while (Taken(name));
     }
     rules_[name] = "";
     order_.push_back(name);
+    bytes_ += name.size() + 6;  // " ::= ", "\n"
     return name;
   }
   void Define(const std::string& name, const std::string& body) {
-    rules_[name] = body;
+    std::string& old = rules_[name];
+    bytes_ += body.size() - old.size();
+    old = body;
     by_body_.emplace(body, name);
   }
   // A rule with `body`: an existing one with the same body, or a new one named from `hint`.
@@ -523,6 +531,7 @@ class RuleSet {
       if (std::string_view(p.name) != name) continue;
       rules_[name] = p.body;
       order_.push_back(name);
+      bytes_ += std::string_view(name).size() + std::string_view(p.body).size() + 6;
       for (const char* dep : p.deps) Prim(dep);
     }
     return name;
@@ -530,12 +539,21 @@ class RuleSet {
 
   std::string Text() const {
     std::string out;
+    out.reserve(bytes_);
     for (const std::string& name : order_) out += StrCat(name, " ::= ", rules_.at(name), "\n");
     return out;
   }
+  // The size of Text().
+  size_t bytes() const { return bytes_; }
 
  private:
+  bool Taken(const std::string& name) const {
+    return reserved_.count(name) != 0 || rules_.count(name) != 0;
+  }
+
   std::set<std::string, std::less<>> reserved_;
+  std::map<std::string, int> next_suffix_;  // base name -> the next number to try
+  size_t bytes_ = 0;
   std::map<std::string, std::string, std::less<>> rules_;  // name -> body
   std::map<std::string, std::string> by_body_;             // body -> name
   std::vector<std::string> order_;
@@ -546,9 +564,11 @@ const Json& TrueSchema() {
   return *t;
 }
 
-// A trie of property names, for keys that are none of them.
-struct NameTrie {
-  std::map<std::string, NameTrie> kids;  // by the next character (UTF-8)
+// A node of a trie of property names, for keys that are none of them. The nodes are in a vector,
+// a node's kids after it: a name may be long, and neither building, walking nor freeing the trie
+// recurses.
+struct NameTrieNode {
+  std::map<std::string, size_t> kids;  // by the next character (UTF-8): the kid's index
   bool end = false;
 };
 
@@ -561,6 +581,7 @@ class Converter {
     rules_.Reserve("root");
     KILN_ASSIGN_OR_RETURN(const std::string body, Visit(root_, "", "root"));
     rules_.Define("root", body);
+    if (rules_.bytes() > kMaxSchemaGbnfBytes) return TooLarge("");
     return JsonSchemaGrammar{rules_.Text(), ignored_};
   }
 
@@ -577,9 +598,7 @@ class Converter {
                    " (strict mode; otherwise it would be ignored)");
     }
     std::string entry = StrCat(Where(ptr), ": ", keyword);
-    if (std::find(ignored_.begin(), ignored_.end(), entry) == ignored_.end()) {
-      ignored_.push_back(std::move(entry));
-    }
+    if (ignored_set_.insert(entry).second) ignored_.push_back(std::move(entry));
     return OkStatus();
   }
 
@@ -591,10 +610,23 @@ class Converter {
   }
 
   StatusOr<std::string> Visit(const Json& s, const std::string& ptr, const std::string& name) {
+    if (++visits_ > kMaxSchemaVisits) {
+      return Error(ptr, "the schema is too complex: more than ", kMaxSchemaVisits,
+                   " subschemas to translate (each use of a merged allOf, and each alternative "
+                   "merged with its siblings, counts anew)");
+    }
     if (++depth_ > kMaxDepth) return Error(ptr, "schemas nested deeper than ", kMaxDepth);
     StatusOr<std::string> body = VisitSchema(s, ptr, name);
     --depth_;
+    if (body.ok() && (body->size() > kMaxSchemaGbnfBytes || rules_.bytes() > kMaxSchemaGbnfBytes)) {
+      return TooLarge(ptr);
+    }
     return body;
+  }
+
+  static Status TooLarge(const std::string& ptr) {
+    return Error(ptr, "the schema is too complex: its GBNF would exceed ", kMaxSchemaGbnfBytes,
+                 " bytes");
   }
 
   StatusOr<std::string> VisitSchema(const Json& s, const std::string& ptr,
@@ -613,6 +645,13 @@ class Converter {
     }
     if (s.contains("$ref")) return VisitRef(s, ptr);
     if (s.contains("allOf")) {
+      // An allOf of one $ref (and annotations) is that reference: one rule, however many times
+      // it is used. Merged inline, each use would translate it again.
+      if (const std::optional<size_t> i = LoneRefInAllOf(s)) {
+        const Json& part = s["allOf"][*i];
+        return RefRule(part["$ref"].get<std::string>(),
+                       Child(Child(Child(ptr, "allOf"), *i), "$ref"));
+      }
       KILN_ASSIGN_OR_RETURN(const Json merged, MergeAllOf(s, ptr));
       return Visit(merged, ptr, name);
     }
@@ -788,9 +827,12 @@ class Converter {
       }
       Json& old = (*into)[k];
       if (old == v) continue;
+      // (An ordered_json object finds keys one by one: a set keeps this linear.)
       auto has_common_property = [&] {
+        std::set<std::string_view> keys;
+        for (auto p = old.begin(); p != old.end(); ++p) keys.insert(p.key());
         for (auto p = v.begin(); p != v.end(); ++p) {
-          if (old.contains(p.key())) return true;
+          if (keys.count(p.key()) != 0) return true;
         }
         return false;
       };
@@ -811,12 +853,44 @@ class Converter {
           if (std::find(old.begin(), old.end(), r) == old.end()) old.push_back(r);
         }
       } else if (k == "properties" && v.is_object() && old.is_object() && !has_common_property()) {
-        for (auto p = v.begin(); p != v.end(); ++p) old[p.key()] = p.value();
+        // No key in common: appended without the linear search of old[key].
+        Json::object_t& props = old.get_ref<Json::object_t&>();
+        for (auto p = v.begin(); p != v.end(); ++p) props.emplace_back(p.key(), p.value());
       } else {
         KILN_RETURN_IF_ERROR(Unsupported(ptr, k, " in two schemas that are merged"));
       }
     }
     return true;
+  }
+
+  // Whether `s`'s allOf holds one {"$ref": "..."} and otherwise only annotations (and `true`),
+  // with no sibling keyword that constrains: then the index of that part.
+  static std::optional<size_t> LoneRefInAllOf(const Json& s) {
+    auto annotations_only = [](const Json& v, const char* except) {
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (it.key() != except && Annotations().count(it.key()) == 0) return false;
+      }
+      return true;
+    };
+    // Siblings that are neither annotations nor supported were reported already.
+    for (auto it = s.begin(); it != s.end(); ++it) {
+      if (it.key() != "allOf" && Supported().count(it.key()) != 0) return std::nullopt;
+    }
+    const Json& parts = s["allOf"];
+    if (!parts.is_array()) return std::nullopt;
+    std::optional<size_t> ref;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Json& part = parts[i];
+      if (part.is_boolean() && part.get<bool>()) continue;
+      if (!part.is_object()) return std::nullopt;
+      if (annotations_only(part, "")) continue;
+      if (ref || !part.contains("$ref") || !part["$ref"].is_string() ||
+          !annotations_only(part, "$ref")) {
+        return std::nullopt;
+      }
+      ref = i;
+    }
+    return ref;
   }
 
   StatusOr<Json> MergeAllOf(const Json& s, const std::string& ptr) {
@@ -959,10 +1033,17 @@ class Converter {
     }
     if (const auto it = s.find("pattern"); it != s.end()) {
       KILN_RETURN_IF_ERROR(drop_lengths(" beside `pattern`"));
+      const std::string& pattern = it->get_ref<const std::string&>();
+      // The same pattern again (merged schemas copy theirs): the same rule.
+      if (auto done = pattern_rules_.find(pattern); done != pattern_rules_.end()) {
+        return Seq({quote, done->second, quote});
+      }
       const std::string rule = rules_.Reserve(name + "-pattern");
       StatusOr<std::string> gbnf =
-          RegexToGbnf(it->get<std::string>(), rule, {.json_string = true, .anchored = false});
+          RegexToGbnf(pattern, rule, {.json_string = true, .anchored = false},
+                      [&](std::string_view hint) { return rules_.Reserve(hint); });
       if (!gbnf.ok()) return Error(Child(ptr, "pattern"), StatusMessage(gbnf.status()));
+      pattern_rules_.emplace(pattern, rule);
       // One rule per line: `name ::= body`.
       for (size_t start = 0; start < gbnf->size();) {
         size_t end = gbnf->find('\n', start);
@@ -1051,15 +1132,16 @@ class Converter {
 
   // Keys spelled differently from every name in `names` (names that JSON must escape are not
   // excluded).
-  std::string OtherKey(const std::vector<std::string>& names) {
-    NameTrie trie;
+  StatusOr<std::string> OtherKey(const std::vector<std::string>& names, const std::string& hint,
+                                 const std::string& ptr) {
+    std::vector<NameTrieNode> trie(1);
     for (const std::string& n : names) {
       if (std::any_of(n.begin(), n.end(), [](char c) {
             return c == '"' || c == '\\' || (static_cast<uint8_t>(c) < 0x20) || c == 0x7F;
           })) {
         continue;
       }
-      NameTrie* t = &trie;
+      size_t t = 0;
       for (size_t i = 0; i < n.size();) {
         size_t len = 1;
         const uint8_t c = static_cast<uint8_t>(n[i]);
@@ -1070,29 +1152,41 @@ class Converter {
         } else if (c >= 0xC0) {
           len = 2;
         }
-        t = &t->kids[n.substr(i, len)];
+        const auto [kid, added] = trie[t].kids.emplace(n.substr(i, len), trie.size());
+        t = kid->second;
+        if (added) trie.emplace_back();
         i += len;
       }
-      t->end = true;
+      trie[t].end = true;
     }
     const std::string char_rule = rules_.Prim("char");
-    std::function<std::string(const NameTrie&)> rest = [&](const NameTrie& t) {
+    // The rest of a key from each node, kids (later in `trie`) first. A long rest becomes a rule,
+    // so that no text is copied into more than a few enclosing ones.
+    constexpr size_t kMaxInline = 1024;
+    std::vector<std::string> rest(trie.size());
+    size_t written = 0;  // the bytes of the texts in `rest`, each counted once
+    for (size_t i = trie.size(); i-- > 0;) {
       std::vector<std::string> alts;
       std::string others = R"([^"\\\x7F\x00-\x1F)";
-      for (const auto& [c, kid] : t.kids) {
-        alts.push_back(Seq({Lit(c), rest(kid)}));
+      for (const auto& [c, kid] : trie[i].kids) {
+        std::string kid_rest = std::move(rest[kid]);
+        written -= kid_rest.size();  // now in this node's text, or a rule's
+        if (kid_rest.size() > kMaxInline) kid_rest = rules_.Add(hint, kid_rest);
+        alts.push_back(Seq({Lit(c), kid_rest}));
         // The class excludes the next characters of the names.
         uint32_t v = static_cast<uint8_t>(c[0]);
         if (c.size() > 1) v &= 0x3F >> (c.size() - 1);
-        for (size_t i = 1; i < c.size(); ++i) v = (v << 6) | (static_cast<uint8_t>(c[i]) & 0x3F);
+        for (size_t b = 1; b < c.size(); ++b) v = (v << 6) | (static_cast<uint8_t>(c[b]) & 0x3F);
         others += GbnfClassChar(v);
       }
       alts.push_back(
           Seq({"(" + others + R"(] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})))", char_rule + "*"}));
-      if (!t.end) alts.push_back("");
-      return GbnfAlternatives(alts);
-    };
-    return Seq({Lit("\""), rest(trie), Lit("\"")});
+      if (!trie[i].end) alts.push_back("");
+      rest[i] = GbnfAlternatives(alts);
+      written += rest[i].size();
+      if (written + rules_.bytes() > kMaxSchemaGbnfBytes) return TooLarge(ptr);
+    }
+    return Seq({Lit("\""), rest[0], Lit("\"")});
   }
 
   StatusOr<std::string> VisitObject(const Json& s, const std::string& ptr,
@@ -1104,10 +1198,12 @@ class Converter {
       bool required = false;
     };
     std::vector<Property> props;
+    std::map<std::string, size_t, std::less<>> index;  // key -> its place in props
     const std::string pptr = Child(ptr, "properties");
     if (const auto it = s.find("properties"); it != s.end()) {
       if (!it->is_object()) return Error(pptr, "must be an object, not ", it->type_name());
       for (auto p = it->begin(); p != it->end(); ++p) {
+        index.emplace(p.key(), props.size());
         props.push_back({p.key(), &p.value(), Child(pptr, p.key())});
       }
     }
@@ -1117,14 +1213,13 @@ class Converter {
         if (!r.is_string()) {
           return Error(Child(ptr, "required"), "must be an array of names, not contain ", Dump(r));
         }
-        auto p = std::find_if(props.begin(), props.end(),
-                              [&](const Property& q) { return q.key == r.get<std::string>(); });
-        if (p == props.end()) {
+        const std::string& key = r.get_ref<const std::string&>();
+        auto [p, added] = index.emplace(key, props.size());
+        if (added) {
           // Required but not described: any value.
-          props.push_back({r.get<std::string>(), &TrueSchema(), Child(pptr, r.get<std::string>())});
-          p = props.end() - 1;
+          props.push_back({key, &TrueSchema(), Child(pptr, key)});
         }
-        p->required = true;
+        props[p->second].required = true;
       }
     }
     const Json* additional = nullptr;  // the schema of other properties, if they are allowed
@@ -1156,8 +1251,11 @@ class Converter {
     }
     std::string extra_kv;
     if (additional != nullptr) {
-      const std::string key = names.empty() ? rules_.Prim("string")
-                                            : rules_.Add(name + "-additional-key", OtherKey(names));
+      std::string key = rules_.Prim("string");
+      if (!names.empty()) {
+        KILN_ASSIGN_OR_RETURN(const std::string other, OtherKey(names, name + "-key-rest", ptr));
+        key = rules_.Add(name + "-additional-key", other);
+      }
       KILN_ASSIGN_OR_RETURN(
           const std::string value,
           VisitRule(*additional, Child(ptr, "additionalProperties"), name + "-additional"));
@@ -1177,18 +1275,30 @@ class Converter {
     const bool all_optional = first_required == n;
     if (all_optional && !extra_kv.empty()) firsts.push_back(n);
     // tails[i]: the members after property i - 1. Shared by several alternatives, they are a
-    // chain of rules (linear in size); else inline.
+    // chain of rules (linear in size); else the one needed is written inline, front to back
+    // (building each tail from the next would copy the text once per property).
+    auto item = [&](size_t i) -> std::string {
+      if (kvs[i].empty()) return "";
+      return props[i].required ? Seq({sep, kvs[i]}) : GbnfRepeat(Seq({sep, kvs[i]}), 0, 1);
+    };
     std::vector<std::string> tails(n + 1);
     tails[n] = extra_kv.empty() ? "" : GbnfRepeat(Seq({sep, extra_kv}), 0, -1);
-    for (size_t i = n; i-- > 0;) {
-      std::string item;
-      if (!kvs[i].empty()) {
-        item = props[i].required ? Seq({sep, kvs[i]}) : GbnfRepeat(Seq({sep, kvs[i]}), 0, 1);
+    if (firsts.size() > 1) {
+      for (size_t i = n; i-- > 1;) {
+        tails[i] = Seq({item(i), tails[i + 1]});
+        if (!tails[i].empty() && !IsGbnfPrimary(tails[i])) {
+          tails[i] = rules_.Add(name + "-tail", tails[i]);
+        }
       }
-      tails[i] = Seq({item, tails[i + 1]});
-      if (i > 0 && firsts.size() > 1 && !tails[i].empty() && !IsGbnfPrimary(tails[i])) {
-        tails[i] = rules_.Add(name + "-tail", tails[i]);
+    } else if (firsts.size() == 1 && firsts[0] + 1 < n) {
+      std::string& tail = tails[firsts[0] + 1];
+      for (size_t i = firsts[0] + 1; i < n; ++i) {
+        const std::string it = item(i);
+        if (it.empty()) continue;
+        if (!tail.empty()) tail += ' ';
+        tail += it;
       }
+      if (!tails[n].empty()) tail = Seq({tail, tails[n]});
     }
     std::vector<std::string> alts;
     for (const size_t first : firsts) {
@@ -1269,18 +1379,31 @@ class Converter {
     }
     const std::string space = rules_.Prim("space");
     const std::string sep = Seq({space, Lit(","), space});
-    // Items from index `j` on, after item j-1.
-    std::function<std::string(int64_t)> after = [&](int64_t j) -> std::string {
-      if (hi >= 0 && j >= hi) return "";
-      if (j >= static_cast<int64_t>(item_rules.size())) {
-        return GbnfRepeat(Seq({sep, rest_rule}), static_cast<int>(std::max<int64_t>(lo - j, 0)),
-                          hi < 0 ? -1 : static_cast<int>(hi - j));
+    // The items after the first: each prefix item j after a separator, wrapping the items after
+    // it in `( ... )?` when it is optional (j >= lo); then the rest items. Written front to back
+    // (nesting each item's text in the one before copied it once per item).
+    std::string after;
+    int64_t opened = 0;
+    const int64_t prefix_end = static_cast<int64_t>(item_rules.size());
+    for (int64_t j = 1; j < prefix_end; ++j) {
+      if (!after.empty()) after += ' ';
+      if (j >= lo) {
+        after += '(';
+        ++opened;
       }
-      const std::string next = Seq({sep, item_rules[j], after(j + 1)});
-      return j < lo ? next : GbnfAlternatives({next, ""});
-    };
+      after += Seq({sep, item_rules[j]});
+    }
+    const int64_t j = std::max<int64_t>(prefix_end, 1);
+    if (hi < 0 || j < hi) {
+      const std::string rest_items =
+          GbnfRepeat(Seq({sep, rest_rule}), static_cast<int>(std::max<int64_t>(lo - j, 0)),
+                     hi < 0 ? -1 : static_cast<int>(hi - j));
+      if (!after.empty() && !rest_items.empty()) after += ' ';
+      after += rest_items;
+    }
+    for (int64_t i = 0; i < opened; ++i) after += ")?";
     const std::string first = item_rules.empty() ? rest_rule : item_rules[0];
-    const std::string elements = Seq({first, after(1)});
+    const std::string elements = Seq({first, after});
     if (lo > 0) return Seq({Lit("["), space, elements, space, Lit("]")});
     return Seq({Lit("["), space, GbnfAlternatives({Seq({elements, space}), ""}), Lit("]")});
   }
@@ -1288,9 +1411,12 @@ class Converter {
   const Json& root_;
   const bool strict_;
   RuleSet rules_;
-  std::map<std::string, std::string> ref_rules_;  // JSON pointer -> rule
+  std::map<std::string, std::string> ref_rules_;      // JSON pointer -> rule
+  std::map<std::string, std::string> pattern_rules_;  // `pattern` -> rule
   std::vector<std::string> ignored_;
+  std::set<std::string> ignored_set_;  // the entries of ignored_, to find them fast
   int depth_ = 0;
+  int visits_ = 0;  // Visit calls, at most kMaxSchemaVisits
 };
 
 }  // namespace

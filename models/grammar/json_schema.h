@@ -36,7 +36,7 @@
 //                                types; an alternative with none drops out).
 // allOf                          Merged when its schemas (a lone $ref is resolved first) and the
 //                                siblings use different keywords (or the same values); otherwise
-//                                unsupported.
+//                                unsupported. An allOf of one $ref and annotations is that $ref.
 // minimum, maximum,              Exact for integers (digit-wise ranges) and numbers (integer part
 // exclusiveMinimum,              and fraction digit-wise: x >= 1.5 is 1.[5-9]... or 2 and above);
 // exclusiveMaximum               no exponent when a bound is set, "-0" not generated. Draft 4's
@@ -69,12 +69,18 @@
 // JSON type, a schema no value satisfies) are InvalidArgument errors that name the place as a
 // JSON pointer: "json_schema /properties/age/minimum: ...".
 //
+// Limits, as one request can send any schema (InvalidArgument "the schema is too complex: ..."
+// beyond them): at most kMaxSchemaVisits subschemas translated (a $ref, or an allOf of one $ref,
+// is translated once however often it is used; merged allOf parts and alternatives merged with
+// their siblings are translated per use) and kMaxSchemaGbnfBytes of GBNF.
+//
 // A schema whose references recurse without consuming input ({"$ref": "#"}) produces a grammar
 // that Grammar::ParseGbnf refuses as left-recursive.
 //
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -84,6 +90,8 @@
 namespace kiln::grammar {
 
 inline constexpr int kMaxSchemaRepeat = 10000;
+inline constexpr int kMaxSchemaVisits = 100'000;
+inline constexpr size_t kMaxSchemaGbnfBytes = 4 << 20;
 
 struct JsonSchemaOptions {
   // Unsupported keywords are an error naming them (else they are ignored, and listed in

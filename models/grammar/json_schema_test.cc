@@ -604,15 +604,152 @@ TEST(JsonSchemaTest, Errors) {
   }
 }
 
-// A recursion that consumes nothing is left to the grammar parser, which names it.
+// A recursion that consumes nothing is left to the grammar parser, which names it: a rule that
+// matches nothing (only the recursion), or left recursion (beside an alternative that ends).
 TEST(JsonSchemaTest, EmptyRecursionIsRefusedByTheParser) {
-  StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(
-      Json::parse(R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-                      "$ref": "#/$defs/a"})"));
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+           "$ref": "#/$defs/a"})",
+       "matches nothing"},
+      {R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}},
+           "$ref": "#/$defs/a"})",
+       "left recursion"},
+  };
+  for (const auto& [schema, message] : cases) {
+    StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(Json::parse(schema));
+    ASSERT_TRUE(g.ok()) << g.status();
+    StatusOr<Grammar> parsed = Grammar::ParseGbnf(g->gbnf);
+    ASSERT_FALSE(parsed.ok()) << schema;
+    EXPECT_THAT(std::string(StatusMessage(parsed.status())), HasSubstr(message)) << schema;
+  }
+}
+
+// `$defs/d_k` with properties a and b, both {"allOf": [{"$ref": "#/$defs/d_{k+1}"}]}: such an
+// allOf was merged inline at every use, translating d_41 2^41 times. It is now that reference,
+// one rule per definition.
+Json AllOfChain(const std::string& extra_part) {
+  Json defs = Json::object();
+  for (int k = 0; k <= 40; ++k) {
+    const Json prop =
+        Json::parse(StrCat(R"({"allOf": [{"$ref": "#/$defs/d_)", k + 1, R"("})", extra_part, "]}"));
+    defs[StrCat("d_", k)] = {{"type", "object"}, {"properties", {{"a", prop}, {"b", prop}}}};
+  }
+  defs["d_41"] = {{"type", "object"}};
+  return {{"$defs", defs}, {"$ref", "#/$defs/d_0"}};
+}
+
+TEST(JsonSchemaTest, AllOfOfOneRefIsTranslatedOnce) {
+  StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(AllOfChain(""));
   ASSERT_TRUE(g.ok()) << g.status();
-  StatusOr<Grammar> parsed = Grammar::ParseGbnf(g->gbnf);
-  ASSERT_FALSE(parsed.ok());
-  EXPECT_THAT(std::string(StatusMessage(parsed.status())), HasSubstr("left recursion"));
+  EXPECT_LT(g->gbnf.size(), 20000u);
+  Check({AllOfChain("").dump(),
+         {"{}", R"({"a":{"b":{}}})", R"({"a":{},"b":{"a":{"a":{}}}})"},
+         {R"({"a":1})", R"({"b":{},"a":{}})"}});
+  // With annotations beside it, and a `true` part, it is still that reference.
+  Check({R"({"$defs": {"x": {"type": "integer"}}, "properties": {"p": {"description": "d",
+            "allOf": [{"$ref": "#/$defs/x", "title": "t"}, true]}}, "required": ["p"]})",
+         {R"({"p":1})"},
+         {R"({"p":"1"})"}});
+}
+
+// An allOf that really merges is translated at each use: the chain above with one more part
+// would be 2^41 translations. The visit budget stops it.
+TEST(JsonSchemaTest, MergedAllOfExpansionHitsTheVisitBudget) {
+  StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(AllOfChain(R"(, {"type": "object"})"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(StatusMessage(g.status())),
+              AllOf(HasSubstr("the schema is too complex"), HasSubstr("more than 100000")));
+}
+
+TEST(JsonSchemaTest, GrammarSizeBudget) {
+  const Json large = {{"enum", {std::string(kMaxSchemaGbnfBytes, 'x')}}};
+  StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(large);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(StatusMessage(g.status())),
+              AllOf(HasSubstr("the schema is too complex"), HasSubstr("4194304 bytes")));
+  // A regex over its own limits names the place.
+  EXPECT_THAT(Error(Json{{"pattern", std::string(20000, 'a')}}.dump()),
+              AllOf(HasSubstr("json_schema /pattern: regex:"), HasSubstr("at most 16384")));
+}
+
+// Many properties: rule names were found by trying "-2", "-3", ... one by one, and the inline
+// tail of the members was rebuilt per property (both quadratic); `required` was looked up one
+// property at a time.
+TEST(JsonSchemaTest, ManyPropertiesTranslateInLinearTime) {
+  constexpr int kProperties = 5000;
+  Json optional = Json::object(), required_props = Json::object();
+  Json required = Json::array();
+  for (int i = 0; i < kProperties; ++i) {
+    optional[StrCat("p", i)] = {{"type", "integer"}};
+    required_props[StrCat("p", i)] = {{"type", "integer"}};
+    required.push_back(StrCat("p", i));
+  }
+  for (const Json& schema :
+       {Json{{"type", "object"}, {"properties", optional}}, Json{{"type", "object"},
+                                                                 {"properties", required_props},
+                                                                 {"required", required},
+                                                                 {"additionalProperties", true}}}) {
+    StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(schema);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_LT(g->gbnf.size(), 200u * kProperties);
+  }
+}
+
+// A pattern's helper rules get names no other rule has.
+TEST(JsonSchemaTest, PatternHelperRulesGetFreshNames) {
+  std::string gbnf;
+  const std::string a(30, 'a'), b(30, 'b'), c(30, 'c');
+  const std::string pattern = StrCat("^((", a, ")?(", b, ")?(", c, ")?d?){2}$");
+  const Json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"p-pattern-1",
+         {{"type", "object"}, {"properties", {{"x", {{"type", "integer"}}}}}, {"required", {"x"}}}},
+        {"p", {{"type", "string"}, {"pattern", pattern}}}}},
+      {"required", {"p-pattern-1", "p"}}};
+  const std::optional<Grammar> g = Compile(schema.dump(), {}, &gbnf);
+  ASSERT_TRUE(g);
+  EXPECT_THAT(gbnf, AllOf(HasSubstr("\nroot-p-pattern-1 ::= \"{\""),
+                          HasSubstr("\nroot-p-pattern-1-2 ::= ")));
+  EXPECT_TRUE(g->Matches(StrCat(R"({"p-pattern-1":{"x":1},"p":")", a, c, "d", b, "\"}")));
+  EXPECT_TRUE(g->Matches(R"({"p-pattern-1":{"x":1},"p":""})"));
+  EXPECT_FALSE(g->Matches(R"({"p-pattern-1":{"x":1},"p":"ccc"})"));
+}
+
+// A long property name beside additionalProperties: the keys that are not it were written by
+// recursion per character, nesting (copying) the text of the rest of the name at each level:
+// quadratic, and a stack overflow for a name of some 10^5 characters.
+TEST(JsonSchemaTest, LongPropertyNameBesideAdditionalProperties) {
+  const std::string name(1500, 'k');
+  std::string gbnf;
+  const std::optional<Grammar> g = Compile(
+      Json{{"properties", {{name, {{"type", "integer"}}}}}, {"additionalProperties", true}}.dump(),
+      {}, &gbnf);
+  ASSERT_TRUE(g);
+  EXPECT_LT(gbnf.size(), 200u * name.size());
+  EXPECT_TRUE(g->Matches(StrCat("{\"", name, "\":1}")));
+  EXPECT_TRUE(g->Matches(StrCat("{\"", name.substr(1), "\":\"x\"}")));
+  EXPECT_FALSE(g->Matches(StrCat("{\"", name, "\":\"x\"}")));
+  EXPECT_THAT(Error(Json{{"properties", {{std::string(60000, 'k'), Json::object()}}},
+                         {"additionalProperties", true}}
+                        .dump()),
+              HasSubstr("the schema is too complex"));
+}
+
+// Optional prefixItems: each nested the text of the items after it (quadratic).
+TEST(JsonSchemaTest, ManyPrefixItemsTranslateInLinearTime) {
+  constexpr int kItems = 8000;
+  Json items = Json::array();
+  for (int i = 0; i < kItems; ++i) items.push_back({{"type", "integer"}});
+  StatusOr<JsonSchemaGrammar> g = JsonSchemaToGbnf(Json{{"prefixItems", items}, {"minItems", 1}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_LT(g->gbnf.size(), 50u * kItems);
+  Check({R"({"prefixItems": [{"type": "integer"}, {"type": "string"}, {"type": "null"}],
+             "minItems": 1, "items": {"type": "boolean"}, "maxItems": 5})",
+         {"[1]", R"([1,"a"])", R"([1,"a",null,true])", R"([1,"a",null,true,false])"},
+         {"[]", R"([1,null])", R"([1,"a",null,true,false,true])"}});
 }
 
 }  // namespace

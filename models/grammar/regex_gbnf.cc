@@ -3,7 +3,11 @@
 #include <absl/strings/str_format.h>
 
 #include <algorithm>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -58,21 +62,21 @@ class CharSet {
   }
   static CharSet All() { return Of(0, kMaxCodePoint); }
 
+  // The union of `ranges` (any order, overlaps allowed): sorted once, so linearithmic.
+  static CharSet FromRanges(Ranges ranges) {
+    CharSet s;
+    s.r_ = std::move(ranges);
+    s.Canonicalize();
+    return s;
+  }
+
   void Add(uint32_t lo, uint32_t hi) {
     r_.push_back({lo, hi});
-    std::sort(r_.begin(), r_.end());
-    Ranges merged;
-    for (const auto& [a, b] : r_) {
-      if (!merged.empty() && a <= merged.back().second + 1) {
-        merged.back().second = std::max(merged.back().second, b);
-      } else {
-        merged.push_back({a, b});
-      }
-    }
-    r_ = std::move(merged);
+    Canonicalize();
   }
   void Add(const CharSet& o) {
-    for (const auto& [lo, hi] : o.r_) Add(lo, hi);
+    r_.insert(r_.end(), o.r_.begin(), o.r_.end());
+    Canonicalize();
   }
   CharSet Complement() const {
     CharSet out;
@@ -100,6 +104,19 @@ class CharSet {
   const Ranges& ranges() const { return r_; }
 
  private:
+  void Canonicalize() {
+    std::sort(r_.begin(), r_.end());
+    Ranges merged;
+    for (const auto& [a, b] : r_) {
+      if (!merged.empty() && a <= merged.back().second + 1) {
+        merged.back().second = std::max(merged.back().second, b);
+      } else {
+        merged.push_back({a, b});
+      }
+    }
+    r_ = std::move(merged);
+  }
+
   Ranges r_;
 };
 
@@ -132,18 +149,48 @@ CharSet JsonPlain() {
 
 // ---- Regex syntax tree ------------------------------------------------------------------------
 
+// A node of the syntax tree. The rewrites below share subtrees, making it a DAG; the nodes are
+// owned by one Nodes arena and point to their kids.
 struct Node {
   enum Kind { kChars, kSeq, kAlt, kRepeat };
   Kind kind = kSeq;
-  CharSet chars;           // kChars: never empty
-  std::vector<Node> kids;  // kSeq, kAlt; kRepeat: one
-  int min = 0, max = 0;    // kRepeat; max < 0: unbounded
+  CharSet chars;                  // kChars: never empty
+  std::vector<const Node*> kids;  // kSeq, kAlt; kRepeat: one
+  int min = 0, max = 0;           // kRepeat; max < 0: unbounded
+  bool nullable = false;          // matches the empty string
 };
 
-Node Chars(CharSet s) { return {Node::kChars, std::move(s), {}, 0, 0}; }
-Node Seq(std::vector<Node> kids) { return {Node::kSeq, {}, std::move(kids), 0, 0}; }
-Node Alt(std::vector<Node> kids) { return {Node::kAlt, {}, std::move(kids), 0, 0}; }
-Node Repeat(Node kid, int min, int max) { return {Node::kRepeat, {}, {std::move(kid)}, min, max}; }
+// The nodes of one translation, counted against kMaxRegexNodes.
+class Nodes {
+ public:
+  const Node* Chars(CharSet s) { return Make({Node::kChars, std::move(s), {}, 0, 0, false}); }
+  const Node* Seq(std::vector<const Node*> kids) {
+    const bool nullable =
+        std::all_of(kids.begin(), kids.end(), [](const Node* k) { return k->nullable; });
+    return Make({Node::kSeq, {}, std::move(kids), 0, 0, nullable});
+  }
+  const Node* Alt(std::vector<const Node*> kids) {
+    const bool nullable =
+        std::any_of(kids.begin(), kids.end(), [](const Node* k) { return k->nullable; });
+    return Make({Node::kAlt, {}, std::move(kids), 0, 0, nullable});
+  }
+  const Node* Repeat(const Node* kid, int min, int max) {
+    const bool nullable = min == 0 || max == 0 || kid->nullable;
+    return Make({Node::kRepeat, {}, {kid}, min, max, nullable});
+  }
+  // One alternative as itself. REQUIRES: !alts.empty().
+  const Node* AltOf(std::vector<const Node*> alts) {
+    return alts.size() == 1 ? alts[0] : Alt(std::move(alts));
+  }
+  bool over_budget() const { return nodes_.size() > static_cast<size_t>(kMaxRegexNodes); }
+
+ private:
+  const Node* Make(Node n) {
+    nodes_.push_back(std::make_unique<const Node>(std::move(n)));
+    return nodes_.back().get();
+  }
+  std::vector<std::unique_ptr<const Node>> nodes_;
+};
 
 bool IsHex(char32_t c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
@@ -152,10 +199,11 @@ uint32_t HexValue(char32_t c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 1
 
 class RegexParser {
  public:
-  RegexParser(std::u32string s, bool anchored) : s_(std::move(s)), anchored_(anchored) {}
+  RegexParser(std::u32string s, bool anchored, Nodes* nodes)
+      : s_(std::move(s)), anchored_(anchored), nodes_(nodes) {}
 
-  StatusOr<Node> Parse() {
-    KILN_ASSIGN_OR_RETURN(Node n, ParseAlternatives(0));
+  StatusOr<const Node*> Parse() {
+    KILN_ASSIGN_OR_RETURN(const Node* n, ParseAlternatives(0));
     if (!AtEnd()) return Error(pos_, "unmatched `)`");
     return n;
   }
@@ -178,19 +226,19 @@ class RegexParser {
     return pos_ + ahead < s_.size() ? s_[pos_ + ahead] : U'\0';
   }
 
-  StatusOr<Node> ParseAlternatives(int depth) {
-    std::vector<Node> alts;
+  StatusOr<const Node*> ParseAlternatives(int depth) {
+    std::vector<const Node*> alts;
     while (true) {
-      KILN_ASSIGN_OR_RETURN(Node seq, ParseSequence(depth));
-      alts.push_back(std::move(seq));
+      KILN_ASSIGN_OR_RETURN(const Node* seq, ParseSequence(depth));
+      alts.push_back(seq);
       if (Peek() != '|' || AtEnd()) break;
       ++pos_;
     }
-    return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
+    return alts.size() == 1 ? alts[0] : nodes_->Alt(std::move(alts));
   }
 
-  StatusOr<Node> ParseSequence(int depth) {
-    std::vector<Node> items;
+  StatusOr<const Node*> ParseSequence(int depth) {
+    std::vector<const Node*> items;
     bool start_anchor = false, end_anchor = false;
     if (depth == 0 && !AtEnd() && Peek() == '^') {
       ++pos_;
@@ -212,16 +260,17 @@ class RegexParser {
         }
         return Unsupported(pos_, "`$` other than at the end of the pattern");
       }
-      KILN_ASSIGN_OR_RETURN(Node atom, ParseAtom(depth));
-      KILN_ASSIGN_OR_RETURN(atom, ParseQuantifier(std::move(atom)));
-      items.push_back(std::move(atom));
+      KILN_ASSIGN_OR_RETURN(const Node* atom, ParseAtom(depth));
+      KILN_ASSIGN_OR_RETURN(atom, ParseQuantifier(atom));
+      items.push_back(atom);
     }
     if (depth == 0 && !anchored_) {
       // Search semantics: what is not anchored may have anything around it.
-      if (!start_anchor) items.insert(items.begin(), Repeat(Chars(CharSet::All()), 0, -1));
-      if (!end_anchor) items.push_back(Repeat(Chars(CharSet::All()), 0, -1));
+      auto any = [&] { return nodes_->Repeat(nodes_->Chars(CharSet::All()), 0, -1); };
+      if (!start_anchor) items.insert(items.begin(), any());
+      if (!end_anchor) items.push_back(any());
     }
-    return items.size() == 1 ? std::move(items[0]) : Seq(std::move(items));
+    return items.size() == 1 ? items[0] : nodes_->Seq(std::move(items));
   }
 
   // {m}, {m,}, {m,n} at pos_: consumes it and sets min/max when it is one; else consumes nothing
@@ -256,7 +305,7 @@ class RegexParser {
     return true;
   }
 
-  StatusOr<Node> ParseQuantifier(Node atom) {
+  StatusOr<const Node*> ParseQuantifier(const Node* atom) {
     int min = 0, max = 0;
     const char32_t c = Peek();
     if (AtEnd()) return atom;
@@ -284,26 +333,26 @@ class RegexParser {
       KILN_ASSIGN_OR_RETURN(const bool again, ParseBraces(&m, &n));
       if (again) return Error(save, "a quantifier with nothing to repeat");
     }
-    return Repeat(std::move(atom), min, max);
+    return nodes_->Repeat(atom, min, max);
   }
 
-  StatusOr<Node> ParseAtom(int depth) {
+  StatusOr<const Node*> ParseAtom(int depth) {
     const char32_t c = Peek();
     switch (c) {
       case '(':
         return ParseGroup(depth);
       case '[': {
         KILN_ASSIGN_OR_RETURN(CharSet set, ParseClass());
-        return Chars(std::move(set));
+        return nodes_->Chars(std::move(set));
       }
       case '.': {
         ++pos_;
         CharSet any = CharSet::Of('\n', '\n').Complement();
-        return Chars(std::move(any));
+        return nodes_->Chars(std::move(any));
       }
       case '\\': {
         KILN_ASSIGN_OR_RETURN(ClassAtom a, ParseEscape(false));
-        return Chars(std::move(a.set));
+        return nodes_->Chars(std::move(a.set));
       }
       case '*':
       case '+':
@@ -320,10 +369,10 @@ class RegexParser {
         break;
     }
     ++pos_;
-    return Chars(CharSet::Of(c, c));
+    return nodes_->Chars(CharSet::Of(c, c));
   }
 
-  StatusOr<Node> ParseGroup(int depth) {
+  StatusOr<const Node*> ParseGroup(int depth) {
     const size_t start = pos_;
     if (depth >= kMaxGroupDepth) {
       return Unsupported(start, absl::StrFormat("groups nested deeper than %d", kMaxGroupDepth));
@@ -349,7 +398,7 @@ class RegexParser {
         return Unsupported(start, "a group modifier `(?`");
       }
     }
-    KILN_ASSIGN_OR_RETURN(Node inner, ParseAlternatives(depth + 1));
+    KILN_ASSIGN_OR_RETURN(const Node* inner, ParseAlternatives(depth + 1));
     if (AtEnd() || Peek() != ')') return Error(start, "unclosed `(`");
     ++pos_;
     return inner;
@@ -365,7 +414,7 @@ class RegexParser {
       if (negate) return CharSet::All();  // [^]: ECMAScript's any character
       return Unsupported(start, "the empty class `[]` (it matches nothing)");
     }
-    CharSet set;
+    CharSet::Ranges ranges;  // united once at the end: linearithmic in the class's size
     while (true) {
       if (AtEnd()) return Error(start, "unclosed `[`");
       if (Peek() == ']') break;
@@ -379,12 +428,13 @@ class RegexParser {
         }
         const uint32_t a = lo.set.ranges()[0].first, b = hi.set.ranges()[0].first;
         if (b < a) return Error(item, "a class range out of order");
-        set.Add(a, b);
+        ranges.push_back({a, b});
       } else {
-        set.Add(lo.set);
+        ranges.insert(ranges.end(), lo.set.ranges().begin(), lo.set.ranges().end());
       }
     }
     ++pos_;
+    CharSet set = CharSet::FromRanges(std::move(ranges));
     if (negate) set = set.Complement();
     if (set.empty()) return Unsupported(start, "a class that matches no character");
     return set;
@@ -507,71 +557,119 @@ class RegexParser {
   std::u32string s_;
   size_t pos_ = 0;
   bool anchored_;
+  Nodes* nodes_;
 };
 
 // ---- Rewriting repetitions of what can be empty -------------------------------------------------
+//
+// Every repeated node is made non-nullable, since the grammar refuses rules that recurse without
+// consuming input. The rewrites share subtrees instead of copying them, so the DAG they build is
+// linear in the size of the tree; the emitter turns shared subtrees into helper rules.
+// Each nullable node is descended into at most once: the results are non-nullable (NonEmpty) or
+// repetitions (whose kids are not descended into again), so the work is linear too.
 
-bool Nullable(const Node& n) {
-  switch (n.kind) {
-    case Node::kChars:
-      return false;
-    case Node::kSeq:
-      return std::all_of(n.kids.begin(), n.kids.end(), Nullable);
-    case Node::kAlt:
-      return std::any_of(n.kids.begin(), n.kids.end(), Nullable);
-    case Node::kRepeat:
-      return n.min == 0 || n.max == 0 || Nullable(n.kids[0]);
+class Rewriter {
+ public:
+  explicit Rewriter(Nodes* nodes) : nodes_(nodes) {}
+
+  // Makes every repeated node non-nullable: X{m,n} with X nullable is (X minus ε){0,n}, X{m,} is
+  // (the parts of X)*, X{0,1} and X{1,1} are X.
+  const Node* Normalize(const Node* n) {
+    if (nodes_->over_budget()) return n;  // the caller reports it
+    if (n->kind == Node::kChars) return n;
+    std::vector<const Node*> kids;
+    kids.reserve(n->kids.size());
+    for (const Node* k : n->kids) kids.push_back(Normalize(k));
+    if (n->kind == Node::kSeq) return kids == n->kids ? n : nodes_->Seq(std::move(kids));
+    if (n->kind == Node::kAlt) return kids == n->kids ? n : nodes_->Alt(std::move(kids));
+    const Node* kid = kids[0];
+    if (n->max == 0) return Empty();
+    if (!kid->nullable) return kid == n->kids[0] ? n : nodes_->Repeat(kid, n->min, n->max);
+    if (n->max < 0) {
+      // X nullable: X{m,} = X* = (P1 | P2 | ...)* for X's non-empty parts P (StarBasis).
+      std::vector<const Node*> basis;
+      StarBasis(kid, &basis);
+      if (basis.empty()) return Empty();
+      return nodes_->Repeat(nodes_->AltOf(std::move(basis)), 0, -1);
+    }
+    if (n->max == 1) return kid;  // X nullable: X? = X
+    const Node* non_empty = NonEmpty(kid);
+    if (non_empty == nullptr) return Empty();
+    return nodes_->Repeat(non_empty, 0, n->max);
   }
-  return false;
-}
 
-// The language of `n` without the empty string; nullopt when nothing is left.
-std::optional<Node> NonEmpty(const Node& n) {
-  if (!Nullable(n)) return n;
-  switch (n.kind) {
-    case Node::kChars:
-      return n;
-    case Node::kSeq: {
-      // All kids can be empty: a non-empty match has a first kid that matches non-empty.
-      std::vector<Node> alts;
-      for (size_t i = 0; i < n.kids.size(); ++i) {
-        if (std::optional<Node> first = NonEmpty(n.kids[i])) {
-          std::vector<Node> seq = {std::move(*first)};
-          seq.insert(seq.end(), n.kids.begin() + static_cast<ptrdiff_t>(i) + 1, n.kids.end());
-          alts.push_back(Seq(std::move(seq)));
+ private:
+  const Node* Empty() { return nodes_->Seq({}); }
+
+  // The language of `n` (normalized) without the empty string; nullptr when nothing is left.
+  const Node* NonEmpty(const Node* n) {
+    if (!n->nullable || nodes_->over_budget()) return n;
+    switch (n->kind) {
+      case Node::kChars:
+        return n;
+      case Node::kSeq: {
+        // All kids can be empty: a non-empty match has a first kid that matches non-empty, and
+        // the kids after it as they are. Those suffixes are shared: suffix[i] = kid i, suffix[i+1].
+        std::vector<const Node*> kids, firsts;
+        for (const Node* k : n->kids) {
+          if (const Node* first = NonEmpty(k)) {  // kids that only match "" are left out
+            kids.push_back(k);
+            firsts.push_back(first);
+          }
         }
+        if (kids.empty()) return nullptr;
+        std::vector<const Node*> suffix(kids.size());
+        suffix.back() = kids.back();
+        for (size_t i = kids.size() - 1; i-- > 1;) {
+          suffix[i] = nodes_->Seq({kids[i], suffix[i + 1]});
+        }
+        std::vector<const Node*> alts;
+        for (size_t i = 0; i < kids.size(); ++i) {
+          alts.push_back(i + 1 < kids.size() ? nodes_->Seq({firsts[i], suffix[i + 1]}) : firsts[i]);
+        }
+        return nodes_->AltOf(std::move(alts));
       }
-      if (alts.empty()) return std::nullopt;
-      return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
-    }
-    case Node::kAlt: {
-      std::vector<Node> alts;
-      for (const Node& k : n.kids) {
-        if (std::optional<Node> x = NonEmpty(k)) alts.push_back(std::move(*x));
+      case Node::kAlt: {
+        std::vector<const Node*> alts;
+        for (const Node* k : n->kids) {
+          if (const Node* x = NonEmpty(k)) alts.push_back(x);
+        }
+        if (alts.empty()) return nullptr;
+        return nodes_->AltOf(std::move(alts));
       }
-      if (alts.empty()) return std::nullopt;
-      return alts.size() == 1 ? std::move(alts[0]) : Alt(std::move(alts));
+      case Node::kRepeat: {
+        if (n->max == 0) return nullptr;
+        const Node* kid = NonEmpty(n->kids[0]);
+        if (kid == nullptr) return nullptr;
+        return n->max == 1 ? kid : nodes_->Repeat(kid, 1, n->max);
+      }
     }
-    case Node::kRepeat: {
-      if (n.max == 0) return std::nullopt;
-      std::optional<Node> kid = NonEmpty(n.kids[0]);
-      if (!kid) return std::nullopt;
-      return Repeat(std::move(*kid), 1, n.max);
+    return nullptr;
+  }
+
+  // Non-nullable nodes P with (P1 | P2 | ...)* = n* for `n` (normalized, nullable): as each part
+  // of n can be empty, (A B)* = (A | B)*, and (A{0,k})* = A*.
+  void StarBasis(const Node* n, std::vector<const Node*>* out) {
+    if (!n->nullable) {
+      out->push_back(n);
+      return;
+    }
+    switch (n->kind) {
+      case Node::kChars:
+        out->push_back(n);
+        return;
+      case Node::kSeq:
+      case Node::kAlt:
+        for (const Node* k : n->kids) StarBasis(k, out);
+        return;
+      case Node::kRepeat:
+        if (n->max != 0) StarBasis(n->kids[0], out);
+        return;
     }
   }
-  return std::nullopt;
-}
 
-// Makes every repeated node non-nullable: X{m,n} with X nullable is (X minus ε){0,n}.
-Node Normalize(Node n) {
-  for (Node& k : n.kids) k = Normalize(std::move(k));
-  if (n.kind != Node::kRepeat) return n;
-  if (n.max == 0) return Seq({});
-  if (!Nullable(n.kids[0])) return n;
-  std::optional<Node> kid = NonEmpty(n.kids[0]);
-  if (!kid) return Seq({});
-  return Repeat(std::move(*kid), 0, n.max);
-}
+  Nodes* nodes_;
+};
 
 // ---- GBNF emission ------------------------------------------------------------------------------
 
@@ -652,38 +750,113 @@ std::string ClassText(const CharSet& set) {
   return out + "]";
 }
 
+// Writes the DAG as GBNF: the rule `rule`, then a helper rule per long subtree that is used more
+// than once. Each node's text is built once, kids before parents, without recursion (the shared
+// suffixes of NonEmpty chain as deep as the regex is long); the output is linear in the DAG.
 class Emitter {
  public:
-  explicit Emitter(bool json) : json_(json) {}
+  Emitter(bool json, std::string_view rule,
+          const std::function<std::string(std::string_view)>& new_rule)
+      : json_(json), rule_(rule), new_rule_(new_rule) {}
 
-  std::string Emit(const Node& n) {
+  StatusOr<std::string> Run(const Node* root) {
+    // How many times each node's text is used.
+    texts_[root].uses = 1;
+    std::vector<const Node*> todo = {root};
+    while (!todo.empty()) {
+      const Node* n = todo.back();
+      todo.pop_back();
+      for (const Node* k : n->kids) {
+        if (texts_[k].uses++ == 0) todo.push_back(k);
+      }
+    }
+    // Post-order: (node, its kids are done).
+    std::vector<std::pair<const Node*, bool>> stack = {{root, false}};
+    while (!stack.empty()) {
+      const auto [n, kids_done] = stack.back();
+      stack.pop_back();
+      Text& t = texts_[n];
+      if (t.done) continue;
+      if (!kids_done) {
+        stack.push_back({n, true});
+        for (auto k = n->kids.rbegin(); k != n->kids.rend(); ++k) {
+          if (!texts_[*k].done) stack.push_back({*k, false});
+        }
+        continue;
+      }
+      std::string text = EmitNode(*n);
+      if (text.size() > kMaxRegexGbnfBytes) return TooComplex();
+      if (t.uses > 1 && text.size() > kMaxInlineBytes) {
+        std::string hint = StrCat(rule_, "-", ++helpers_);
+        std::string name = new_rule_ ? new_rule_(hint) : std::move(hint);
+        helper_rules_ += StrCat(name, " ::= ", text, "\n");
+        if (helper_rules_.size() > kMaxRegexGbnfBytes) return TooComplex();
+        text = std::move(name);
+      }
+      t.text = std::move(text);
+      t.unread = t.uses;
+      t.done = true;
+    }
+    const std::string body = Take(root);
+    std::string out = StrCat(rule_, " ::= ", body.empty() ? "\"\"" : body, "\n", helper_rules_);
+    if (out.size() > kMaxRegexGbnfBytes) return TooComplex();
+    return out;
+  }
+
+ private:
+  // Texts up to this long are repeated where used; longer ones used twice become helper rules.
+  static constexpr size_t kMaxInlineBytes = 32;
+
+  struct Text {
+    int uses = 0;    // parents (and the rule, for the root)
+    int unread = 0;  // uses not yet taken; the text is freed after the last
+    bool done = false;
+    std::string text;
+  };
+
+  static Status TooComplex() {
+    return InvalidArgument("regex: the regex is too complex: its GBNF would exceed ",
+                           kMaxRegexGbnfBytes, " bytes");
+  }
+
+  // The text of a node whose text is done, for one of its uses.
+  std::string Take(const Node* n) {
+    Text& t = texts_.at(n);
+    if (--t.unread > 0) return t.text;
+    return std::move(t.text);
+  }
+
+  // The text of `n`, from its kids' texts.
+  std::string EmitNode(const Node& n) {
     switch (n.kind) {
       case Node::kChars:
         return EmitChars(n.chars);
       case Node::kSeq: {
         // Runs of characters with one spelling merge into one literal.
         std::string out, literal;
-        for (const Node& k : n.kids) {
-          if (k.kind == Node::kChars) {
-            if (std::optional<std::string> l = Spelling(k.chars)) {
+        for (const Node* k : n.kids) {
+          std::string text = Take(k);
+          if (k->kind == Node::kChars) {
+            if (std::optional<std::string> l = Spelling(k->chars)) {
               literal += *l;
               continue;
             }
           }
           if (!literal.empty()) AppendItem(GbnfLiteral(literal), &out);
           literal.clear();
-          AppendItem(Emit(k), &out);
+          AppendItem(text, &out);
         }
         if (!literal.empty()) AppendItem(GbnfLiteral(literal), &out);
         return out;
       }
       case Node::kAlt: {
         std::vector<std::string> alts;
-        for (const Node& k : n.kids) alts.push_back(Emit(k));
+        alts.reserve(n.kids.size());
+        for (const Node* k : n.kids) alts.push_back(Take(k));
         return GbnfAlternatives(alts);
       }
       case Node::kRepeat: {
-        const std::string kid = Emit(n.kids[0]);
+        const std::string kid = Take(n.kids[0]);
         return kid.empty() ? "" : GbnfRepeat(kid, n.min, n.max);
       }
     }
@@ -778,7 +951,12 @@ class Emitter {
     return GbnfAlternatives(alts);
   }
 
-  bool json_;
+  const bool json_;
+  const std::string rule_;
+  const std::function<std::string(std::string_view)>& new_rule_;
+  std::unordered_map<const Node*, Text> texts_;  // node-stable: references survive insertions
+  std::string helper_rules_;
+  int helpers_ = 0;
 };
 
 }  // namespace
@@ -863,12 +1041,13 @@ bool IsGbnfRuleName(std::string_view name) {
 bool IsGbnfPrimary(std::string_view expr) { return PrimaryEnd(expr, 0) == expr.size(); }
 
 std::string GbnfAlternatives(const std::vector<std::string>& alts) {
-  std::vector<std::string> nonempty;
+  std::vector<std::string_view> nonempty;
+  std::unordered_set<std::string_view> seen;  // linear in the alternatives, however many
   bool empty = false;
   for (const std::string& a : alts) {
     if (a.empty()) {
       empty = true;
-    } else if (std::find(nonempty.begin(), nonempty.end(), a) == nonempty.end()) {
+    } else if (seen.insert(a).second) {
       nonempty.push_back(a);
     }
   }
@@ -878,7 +1057,10 @@ std::string GbnfAlternatives(const std::vector<std::string>& alts) {
     text = nonempty[0];
   } else {
     text = "(";
-    for (size_t i = 0; i < nonempty.size(); ++i) text += (i ? " | " : "") + nonempty[i];
+    for (size_t i = 0; i < nonempty.size(); ++i) {
+      if (i > 0) text += " | ";
+      text += nonempty[i];
+    }
     text += ")";
   }
   return empty ? Primary(text) + "?" : text;
@@ -896,16 +1078,30 @@ StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rul
 
 StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule,
                                   const RegexGbnfOptions& options) {
+  return RegexToGbnf(pattern, rule, options, nullptr);
+}
+
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule,
+                                  const RegexGbnfOptions& options,
+                                  const std::function<std::string(std::string_view)>& new_rule) {
   if (!IsGbnfRuleName(rule)) {
     return InvalidArgument("regex: the rule name `", rule, "` is not [a-zA-Z0-9-]+");
   }
+  if (pattern.size() > kMaxRegexPatternBytes) {
+    return InvalidArgument("regex: the pattern is ", pattern.size(), " bytes long; at most ",
+                           kMaxRegexPatternBytes, " are supported");
+  }
   std::u32string cps;
   if (!DecodeUtf8(pattern, &cps)) return InvalidArgument("regex: the pattern is not valid UTF-8");
-  RegexParser parser(std::move(cps), options.anchored);
-  KILN_ASSIGN_OR_RETURN(Node tree, parser.Parse());
-  std::string body = Emitter(options.json_string).Emit(Normalize(std::move(tree)));
-  if (body.empty()) body = "\"\"";
-  return StrCat(rule, " ::= ", body, "\n");
+  Nodes nodes;
+  RegexParser parser(std::move(cps), options.anchored, &nodes);
+  KILN_ASSIGN_OR_RETURN(const Node* tree, parser.Parse());
+  const Node* normalized = Rewriter(&nodes).Normalize(tree);
+  if (nodes.over_budget()) {
+    return InvalidArgument("regex: the regex is too complex: more than ", kMaxRegexNodes,
+                           " nodes once rewritten");
+  }
+  return Emitter(options.json_string, rule, new_rule).Run(normalized);
 }
 
 }  // namespace kiln::grammar

@@ -20,12 +20,20 @@
 //   kMaxRegexRepeat, an empty class [], unbalanced parentheses or brackets, invalid UTF-8.
 //
 // The output is one GBNF rule per line. Repetitions of something that can be empty are rewritten
-// (`(a*)*` as `(a+)*`), since the grammar refuses rules that recurse without consuming input.
+// (`(a*)*` as `(a+)*`, `(a?b?){0,3}` as `(a b? | b){0,3}`), since the grammar refuses rules that
+// recurse without consuming input; long parts the rewrite needs twice become helper rules, so the
+// output stays linear in the pattern.
+//
+// Limits (a single request may send a pattern; InvalidArgument beyond them): patterns of at most
+// kMaxRegexPatternBytes, kMaxRegexNodes syntax nodes once rewritten, and kMaxRegexGbnfBytes of
+// GBNF ("the regex is too complex: ...").
 //
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +43,9 @@
 namespace kiln::grammar {
 
 inline constexpr int kMaxRegexRepeat = 1000;
+inline constexpr size_t kMaxRegexPatternBytes = 16 * 1024;
+inline constexpr int kMaxRegexNodes = 1 << 18;
+inline constexpr size_t kMaxRegexGbnfBytes = 1 << 20;
 
 struct RegexGbnfOptions {
   // The regex describes the content of a JSON string (JSON Schema's `pattern`); the rule matches
@@ -53,6 +64,12 @@ struct RegexGbnfOptions {
 StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule = "root");
 StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule,
                                   const RegexGbnfOptions& options);
+// The same, with helper rules named by `new_rule`: given the name a helper would have (`rule` +
+// "-" + a number), it returns a fresh rule name to use instead (json_schema.cc reserves them
+// among its rules). An empty function: those names.
+StatusOr<std::string> RegexToGbnf(std::string_view pattern, std::string_view rule,
+                                  const RegexGbnfOptions& options,
+                                  const std::function<std::string(std::string_view)>& new_rule);
 
 // ---- GBNF text helpers, shared with json_schema.cc ------------------------------------------
 

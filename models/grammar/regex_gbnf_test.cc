@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/base/utf8.h"
 #include "models/grammar/grammar.h"
 
 namespace kiln::grammar {
@@ -223,6 +224,79 @@ TEST(RegexGbnfTest, Helpers) {
   EXPECT_EQ(GbnfRepeat("a", 2, -1), "a{2,}");
   EXPECT_EQ(GbnfRepeat("a", 1, 1), "a");
   EXPECT_EQ(GbnfRepeat("a", 0, 0), "");
+}
+
+std::string Repeated(std::string_view s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+// `(a?a?...a?)*`: the rewrite of a sequence whose items can all be empty copied the rest of the
+// sequence once per item, so 10,000 `a?` (20 KB) made ~250 MB of GBNF. The suffixes are now
+// shared (helper rules): the output is linear in the pattern.
+TEST(RegexGbnfTest, NullableSequenceRewriteIsLinear) {
+  const std::string items = Repeated("a?", 8000);  // 16 KB, just under the pattern limit
+  for (const std::string& pattern :
+       {StrCat("(", items, ")*"), StrCat("(", items, "){0,2}"), StrCat("x(", items, "b?){2,3}y")}) {
+    StatusOr<std::string> gbnf = RegexToGbnf(pattern);
+    ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+    EXPECT_LT(gbnf->size(), 40 * pattern.size()) << pattern.substr(0, 20);
+  }
+  // The review's pattern (20 KB) is over the pattern limit.
+  EXPECT_THAT(
+      std::string(StatusMessage(RegexToGbnf(StrCat("(", Repeated("a?", 10000), ")*")).status())),
+      HasSubstr("at most 16384"));
+  // The rewrite keeps the language, helper rules included.
+  const std::string a200 = Repeated("a?", 200);
+  Check({StrCat("(", a200, ")*"), {"", "a", std::string(1000, 'a')}, {"b", "ab"}});
+  Check({StrCat("(", a200, "){0,2}"),
+         {"", "a", std::string(400, 'a')},
+         {std::string(401, 'a'), "b"}});
+  Check({StrCat("x(", Repeated("a?b?", 50), "){2,3}y"),
+         {"xy", "xaby", "xbay", StrCat("x", Repeated("ab", 150), "y")},
+         {StrCat("x", Repeated("ab", 150), "ay"), "xcy"}});
+  StatusOr<std::string> gbnf = RegexToGbnf(StrCat("(", a200, "){0,2}"), "r");
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+  EXPECT_THAT(*gbnf, AllOf(testing::StartsWith("r ::= "), HasSubstr("\nr-1 ::= ")));
+}
+
+// `(a?(a?(...b){0,2}){0,2}){0,2}`: both the sequence and what repeated it held the rewritten
+// inner part, so the GBNF doubled with each level (163 bytes of pattern, 18 levels: 3.8 MB).
+TEST(RegexGbnfTest, NestedNullableRepetitionsStayLinear) {
+  std::string nested = "b";
+  for (int i = 0; i < 40; ++i) nested = StrCat("(a?", nested, "){0,2}");
+  StatusOr<std::string> gbnf = RegexToGbnf(nested);
+  ASSERT_TRUE(gbnf.ok()) << gbnf.status();
+  EXPECT_LT(gbnf->size(), 20 * nested.size());
+  Check({"(a?(a?(a?b){0,2}){0,2}){0,2}",
+         {"", "a", "b", "ab", "ba", "aab", std::string(8, 'b'), "abababab"},
+         {std::string(9, 'b'), "c"}});
+}
+
+TEST(RegexGbnfTest, Limits) {
+  // The pattern: at most kMaxRegexPatternBytes.
+  EXPECT_TRUE(RegexToGbnf(std::string(kMaxRegexPatternBytes, 'a')).ok());
+  StatusOr<std::string> long_pattern = RegexToGbnf(std::string(kMaxRegexPatternBytes + 1, 'a'));
+  ASSERT_FALSE(long_pattern.ok());
+  EXPECT_EQ(long_pattern.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(StatusMessage(long_pattern.status())),
+              AllOf(HasSubstr("16385 bytes"), HasSubstr("at most 16384")));
+  // The GBNF: at most kMaxRegexGbnfBytes (a JSON string's `.` is ~90 bytes of GBNF).
+  StatusOr<std::string> large =
+      RegexToGbnf(std::string(16000, '.'), "root", {.json_string = true, .anchored = false});
+  ASSERT_FALSE(large.ok());
+  EXPECT_EQ(large.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(StatusMessage(large.status())),
+              AllOf(HasSubstr("too complex"), HasSubstr("1048576 bytes")));
+  // Large classes and many alternatives take linearithmic time.
+  std::string cls = "[";
+  for (uint32_t c = 0x4E00; c < 0x4E00 + 2 * 2500; c += 2) AppendUtf8(c, &cls);
+  cls += "]";
+  EXPECT_TRUE(RegexToGbnf(cls).ok());
+  std::string alts = "x";
+  for (int i = 0; i < 2000; ++i) alts += StrCat("|", i);
+  EXPECT_TRUE(RegexToGbnf(alts).ok());
 }
 
 }  // namespace
