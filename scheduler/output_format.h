@@ -5,5 +5,5 @@
 // face for both, as generation.h is for generation; the front ends include only this.
 #pragma once
 
-#include "models/chat/tool_calls.h"      // IWYU pragma: export
+#include "models/chat/tool_calls.h"     // IWYU pragma: export
 #include "models/grammar/constraint.h"  // IWYU pragma: export

@@ -147,10 +147,11 @@ TEST(BuildPromptTest, AssistantWithNullOrMissingContentReadsAsEmpty) {
     // SmolLM2's template drops tool_calls: Kiln writes the call into the assistant's text, in
     // the Hermes format it asks such models to use (models/chat/tool_calls.h).
     const bool call = std::string(assistant).find("tool_calls") != std::string::npos;
-    EXPECT_THAT(p->text, HasSubstr(call ? "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", "
-                                          "\"arguments\": {}}\n</tool_call><|im_end|>\n"
-                                          "<|im_start|>tool\nsunny"
-                                        : "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\nsunny"));
+    EXPECT_THAT(p->text,
+                HasSubstr(call ? "<|im_start|>assistant\n<tool_call>\n{\"name\": \"f\", "
+                                 "\"arguments\": {}}\n</tool_call><|im_end|>\n"
+                                 "<|im_start|>tool\nsunny"
+                               : "<|im_start|>assistant\n<|im_end|>\n<|im_start|>tool\nsunny"));
   }
   auto messages = NormalizeMessages(ordered_json::parse(R"([{"role": "assistant", "content": null,
       "tool_calls": [{"id": "call_1"}]}])"),
