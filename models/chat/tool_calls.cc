@@ -24,13 +24,6 @@ std::string_view Trim(std::string_view s) {
   return s;
 }
 
-bool ValidName(std::string_view name) {
-  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-';
-  });
-}
-
 // A call object {"name": ..., "<args_key>": {...}} (arguments may also arrive as a JSON string
 // holding the object, as some models write them).
 bool CallFromJson(const ojson& j, ToolCall* out) {
@@ -105,6 +98,13 @@ std::string JsonString(std::string_view s) { return ojson(std::string(s)).dump()
 
 }  // namespace
 
+bool IsOpenAiName(std::string_view name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
+  });
+}
+
 std::string_view ToolCallFormatName(ToolCallFormat f) {
   switch (f) {
     case ToolCallFormat::kHermes:
@@ -155,7 +155,7 @@ StatusOr<std::vector<ToolFunction>> ReadTools(const ojson& tools) {
     const ojson& f = t["function"];
     ToolFunction fn;
     if (!f.contains("name") || !f["name"].is_string() ||
-        !ValidName(f["name"].get_ref<const std::string&>())) {
+        !IsOpenAiName(f["name"].get_ref<const std::string&>())) {
       return InvalidArgument("`", at,
                              ".function.name` must be 1 to 64 characters of a-z, A-Z, 0-9, _ "
                              "and -");

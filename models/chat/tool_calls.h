@@ -26,6 +26,10 @@
 
 namespace kiln::models {
 
+// OpenAI's rule for function and response-format schema names: 1 to 64 characters of a-z,
+// A-Z, 0-9, _ and -.
+bool IsOpenAiName(std::string_view name);
+
 enum class ToolCallFormat { kHermes, kLlama3, kMistral };
 std::string_view ToolCallFormatName(ToolCallFormat f);  // "hermes", "llama3_json", "mistral"
 

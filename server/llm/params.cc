@@ -3,7 +3,6 @@
 #include <absl/strings/str_cat.h>
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -78,11 +77,7 @@ Status ReadOutputConstraint(const JsonFields& f, models::SamplingParams* p,
     const json kEmpty = json::object();
     JsonFields sf(has_js ? *js : kEmpty, name + ".json_schema.", f.lenient());
     KILN_ASSIGN_OR_RETURN(auto schema_name, sf.String("name"));
-    if (schema_name && (schema_name->empty() || schema_name->size() > 64 ||
-                        !std::all_of(schema_name->begin(), schema_name->end(), [](char ch) {
-                          return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' ||
-                                 ch == '-';
-                        }))) {
+    if (schema_name && !models::IsOpenAiName(*schema_name)) {
       return WithParam(InvalidArgument("`", sf.Name("name"),
                                        "` must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -"),
                        name);
