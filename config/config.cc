@@ -177,7 +177,12 @@ constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "enable_prefix_caching",
                                                "priority_levels",
                                                "default_priority_level",
-                                               "capture_batch_sizes"};
+                                               "capture_batch_sizes",
+                                               "speculative"};
+constexpr std::string_view kSpeculativeKeys[] = {"method", "num_tokens", "prompt_lookup_min",
+                                                 "prompt_lookup_max", "adaptive"};
+constexpr std::string_view kSpeculativeMethods[] = {"none", "ngram"};
+constexpr IntRange kSpecTokensRange{1, 16};
 constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
     "priority_levels",      "default_priority_level",       "default_queue_policy",
@@ -899,6 +904,21 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmS
   } else {
     // The default sizes stop at max_num_seqs (a larger batch cannot happen).
     std::erase_if(s->capture_batch_sizes, [&](int n) { return n > s->max_num_seqs; });
+  }
+  if (const Value* spec = f.Get("speculative"); spec != nullptr && !spec->is_null()) {
+    const std::string spec_path = Join(path, "speculative");
+    SpeculativeConfig& c = s->speculative;
+    Fields sf = dec.Mapping(spec, spec_path, kSpeculativeKeys);
+    dec.Enum(sf, "method", spec_path, kSpeculativeMethods, /*ignore_case=*/false, &c.method);
+    dec.Int(sf, "num_tokens", spec_path, kSpecTokensRange, &c.num_tokens);
+    dec.Int(sf, "prompt_lookup_min", spec_path, kSpecTokensRange, &c.prompt_lookup_min);
+    dec.Int(sf, "prompt_lookup_max", spec_path, kSpecTokensRange, &c.prompt_lookup_max);
+    dec.Bool(sf, "adaptive", spec_path, &c.adaptive);
+    if (c.prompt_lookup_min > c.prompt_lookup_max) {
+      d.AtPath(Join(spec_path, "prompt_lookup_min"),
+               absl::StrCat("expected at most prompt_lookup_max (", c.prompt_lookup_max, "), got `",
+                            c.prompt_lookup_min, "`"));
+    }
   }
 }
 
@@ -1846,6 +1866,12 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     std::vector<std::string> sizes;
     for (int n : s.capture_batch_sizes) sizes.push_back(std::to_string(n));
     w.Line(6, "capture_batch_sizes", absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"));
+    w.Line(6, "speculative");
+    w.Line(8, "method", s.speculative.method);
+    w.Line(8, "num_tokens", std::to_string(s.speculative.num_tokens));
+    w.Line(8, "prompt_lookup_min", std::to_string(s.speculative.prompt_lookup_min));
+    w.Line(8, "prompt_lookup_max", std::to_string(s.speculative.prompt_lookup_max));
+    w.Line(8, "adaptive", YamlBool(s.speculative.adaptive));
   }
   if (m.dynamic_batching.has_value()) {
     const DynamicBatchingConfig& db = *m.dynamic_batching;

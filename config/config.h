@@ -230,6 +230,21 @@ struct SequenceBatchingConfig {
 // kv_cache_bytes: auto.
 inline constexpr int64_t kKvCacheAuto = -1;
 
+// Speculative decoding (scheduler.speculative): each decode step also verifies up to
+// num_tokens drafted tokens, accepting those the model would have produced itself. A
+// request's own `speculative` field overrides it.
+struct SpeculativeConfig {
+  // "none" or "ngram" (prompt lookup: drafts copied from the sequence's own earlier tokens).
+  std::string method = "none";
+  int num_tokens = 8;         // drafted tokens per step (at most, when adaptive), [1, 16]
+  int prompt_lookup_min = 2;  // ngram: shortest suffix looked up, [1, prompt_lookup_max]
+  int prompt_lookup_max = 4;  // ngram: longest suffix looked up, [1, 16]
+  // Each sequence drafts what pays on this device (its acceptance rate against the measured
+  // cost of a step's rows), up to num_tokens; false: always num_tokens.
+  bool adaptive = true;
+  bool operator==(const SpeculativeConfig&) const = default;
+};
+
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
   int max_num_seqs = 64;             // sequences in one step, [1, 4096]
@@ -249,6 +264,7 @@ struct LlmSchedulerConfig {
   // Decode-step batch sizes to capture and replay (padded up to the next one); empty: none.
   // Left out, the defaults above max_num_seqs are dropped.
   std::vector<int> capture_batch_sizes = {1, 2, 4, 8, 16, 32, 64};
+  SpeculativeConfig speculative;  // method none: off
   bool operator==(const LlmSchedulerConfig&) const = default;
 };
 

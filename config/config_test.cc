@@ -88,6 +88,7 @@ Config DocumentedDefaults() {
   smollm2.kind = "llm";
   smollm2.path = ".kiln/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   smollm2.context_length = 8192;
+  smollm2.scheduler.speculative.method = "ngram";
   ModelConfig minilm;
   minilm.name = "all-MiniLM-L6-v2";
   minilm.kind = "embedding";
@@ -1311,6 +1312,34 @@ TEST(LlmModelTest, DefaultsAndScheduler) {
   // Round trip through ToYaml.
   Config again = Parse(ToYaml(c));
   EXPECT_EQ(again, c);
+}
+
+TEST(LlmModelTest, SpeculativeDecoding) {
+  const std::string head = "models:\n  - name: m\n    kind: llm\n    path: /m\n    scheduler:\n";
+  Config c = Parse(head +
+                   "      speculative: {method: ngram, num_tokens: 5, prompt_lookup_min: 3,"
+                   " adaptive: false}\n");
+  const SpeculativeConfig& s = c.models[0].scheduler.speculative;
+  EXPECT_EQ(s.method, "ngram");
+  EXPECT_EQ(s.num_tokens, 5);
+  EXPECT_EQ(s.prompt_lookup_min, 3);
+  EXPECT_EQ(s.prompt_lookup_max, 4);  // default
+  EXPECT_FALSE(s.adaptive);
+  EXPECT_EQ(Parse(ToYaml(c)), c);
+  EXPECT_EQ(Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n")
+                .models[0]
+                .scheduler.speculative.method,
+            "none");
+  EXPECT_THAT(Errors(head + "      speculative: {method: medusa}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].scheduler.speculative.method`"),
+                                HasSubstr("ngram"))));
+  EXPECT_THAT(Errors(head + "      speculative: {method: ngram, num_tokens: 17}\n"),
+              ElementsAre(HasSubstr("`models[0].scheduler.speculative.num_tokens`")));
+  EXPECT_THAT(Errors(head + "      speculative: {method: ngram, prompt_lookup_min: 5}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].scheduler.speculative.prompt_lookup_min`"),
+                                HasSubstr("at most prompt_lookup_max (4)"))));
+  EXPECT_THAT(Errors(head + "      speculative: {mehtod: ngram}\n"),
+              ElementsAre(HasSubstr("did you mean `method`")));
 }
 
 TEST(LlmModelTest, KvCacheBytesAutoTakesAFractionOfFreeDeviceMemory) {

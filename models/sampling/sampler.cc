@@ -86,7 +86,7 @@ Status ValidateSamplingParams(const SamplingParams& p, int32_t vocab_size) {
 
 SequenceSampler::SequenceSampler(const SamplingParams& params, std::span<const int32_t> prompt,
                                  uint64_t fallback_seed)
-    : params_(params), rng_(params.seed.value_or(fallback_seed)) {
+    : params_(params), seed_(params.seed.value_or(fallback_seed)) {
   row_.temperature = params.temperature;
   row_.top_k = params.top_k;
   row_.top_p = params.top_p;
@@ -121,13 +121,31 @@ void SequenceSampler::Accept(int32_t token) {
   ++generated_;
 }
 
-double SequenceSampler::Uniform() {
-  // 53 random bits -> [0, 1): identical on every platform for the same seed (unlike
-  // std::uniform_real_distribution, whose algorithm is implementation-defined).
-  return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+int32_t SequenceSampler::PenaltyIndex(int32_t token) const {
+  auto it = penalty_index_.find(token);
+  return it == penalty_index_.end() ? -1 : it->second;
 }
 
-double SequenceSampler::NextUniform() { return params_.temperature == 0.0f ? 0.0 : Uniform(); }
+double SequenceSampler::UniformAt(uint64_t draw) const {
+  // SplitMix64 (Steele, Lea and Flood): output `draw` of the stream that starts at the seed,
+  // reachable without the ones before it. 53 random bits -> [0, 1): identical on every
+  // platform for the same seed (unlike std::uniform_real_distribution).
+  uint64_t z = seed_ + (draw + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+double SequenceSampler::NextUniform() {
+  const double u = PeekUniform(0);
+  ++draws_;
+  return u;
+}
+
+double SequenceSampler::PeekUniform(int32_t ahead) const {
+  return params_.temperature == 0.0f ? 0.0 : UniformAt(draws_ + static_cast<uint64_t>(ahead));
+}
 
 SampledToken SequenceSampler::Sample(std::span<float> logits, std::span<const int32_t> end_ids,
                                      std::span<const uint32_t> allowed) {
@@ -155,14 +173,37 @@ void StepSamplingTable::Clear() {
 }
 
 void StepSamplingTable::AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids,
-                                   std::span<const uint32_t> allowed) {
+                                   std::span<const uint32_t> allowed,
+                                   std::span<const int32_t> pending) {
   row_allowed_.push_back(allowed.empty() ? -1 : static_cast<int64_t>(allowed_.size()));
   allowed_.insert(allowed_.end(), allowed.begin(), allowed.end());
   if (!allowed.empty()) allowed_words_ = static_cast<int32_t>(allowed.size());
   params_.push_back(sampler.row_params());
-  uniforms_.push_back(sampler.NextUniform());
+  const auto ahead = static_cast<int32_t>(pending.size());
+  // The row without pending tokens drew (advanced) its token's draw: the draft rows after it
+  // take the draws that follow.
+  uniforms_.push_back(ahead == 0 ? sampler.NextUniform() : sampler.PeekUniform(ahead - 1));
+  const size_t row_start = penalties_.size();
   penalties_.insert(penalties_.end(), sampler.penalties().begin(), sampler.penalties().end());
-  if (sampler.bans_end_ids()) banned_.insert(banned_.end(), end_ids.begin(), end_ids.end());
+  if (sampler.tracks_penalties()) {
+    // The pending tokens count as generated (Count's arithmetic on this row's copy).
+    for (int32_t t : pending) {
+      int32_t i = sampler.PenaltyIndex(t);
+      if (i < 0) {
+        auto it = std::find_if(penalties_.begin() + static_cast<std::ptrdiff_t>(row_start) +
+                                   static_cast<std::ptrdiff_t>(sampler.penalties().size()),
+                               penalties_.end(), [t](const auto& p) { return p.token == t; });
+        if (it == penalties_.end()) {
+          penalties_.push_back({t, 0});
+          it = penalties_.end() - 1;
+        }
+        i = static_cast<int32_t>(it - penalties_.begin() - static_cast<std::ptrdiff_t>(row_start));
+      }
+      sampling::PenaltyToken& e = penalties_[row_start + static_cast<size_t>(i)];
+      e.count = std::max(e.count, 0) + 1;
+    }
+  }
+  if (sampler.bans_end_ids(ahead)) banned_.insert(banned_.end(), end_ids.begin(), end_ids.end());
   penalty_start_.push_back(static_cast<int32_t>(penalties_.size()));
   banned_start_.push_back(static_cast<int32_t>(banned_.size()));
 }

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -57,19 +56,33 @@ class SequenceSampler {
   const sampling::RowParams& row_params() const { return row_; }
   // Distinct prompt and output tokens with their output counts; empty when no penalty is on.
   std::span<const sampling::PenaltyToken> penalties() const { return penalties_; }
-  // Whether `end_ids` are banned at the next step (min_tokens not reached yet).
-  bool bans_end_ids() const { return generated_ < params_.min_tokens; }
-  // The uniform the next Sample would draw (advances the stream; 0 for greedy sequences,
-  // which draw nothing).
+  // Whether `end_ids` are banned at the step `ahead` tokens after the next one (min_tokens
+  // not reached by then).
+  bool bans_end_ids(int32_t ahead = 0) const { return generated_ + ahead < params_.min_tokens; }
+  // Whether the penalties count output tokens (repetition, presence or frequency penalty on).
+  bool tracks_penalties() const { return track_penalties_; }
+  // penalties()'s index of `token`, -1 when it is not listed.
+  int32_t PenaltyIndex(int32_t token) const;
+  // The uniform the next Sample would draw (advances the stream; 0 for greedy sequences).
   double NextUniform();
 
+  // ---- Speculative decoding: rows sampled ahead of the tokens accepted so far ----
+  // The stream is counter-based (draw i is a pure function of the seed and i), so a
+  // verification row `ahead` tokens past the next one draws exactly what a sequential
+  // decode would draw for that token: seeded output does not depend on speculation.
+  // The uniform of the draw `ahead` past the next (does not advance; 0 when greedy).
+  double PeekUniform(int32_t ahead) const;
+  // Consumes one draw (a token a verification row sampled, now accepted).
+  void SkipUniform() { ++draws_; }
+
  private:
-  double Uniform();  // [0, 1), platform-independent
+  double UniformAt(uint64_t draw) const;  // [0, 1), platform-independent
   void Count(int32_t token, int32_t add);
 
   SamplingParams params_;
   sampling::RowParams row_;
-  std::mt19937_64 rng_;
+  uint64_t seed_ = 0;
+  uint64_t draws_ = 0;  // uniforms drawn so far
   bool track_penalties_ = false;
   std::vector<sampling::PenaltyToken> penalties_;
   std::unordered_map<int32_t, int32_t> penalty_index_;  // token -> index in penalties_
@@ -103,8 +116,14 @@ class StepSamplingTable {
   // penalty list, `end_ids` banned while min_tokens is not reached, and the next uniform of
   // its stream (advanced, as SequenceSampler::Sample would). `allowed`: its grammar's mask
   // (AllowedWords(vocab) words), or empty when it is unconstrained.
+  // Speculative decoding: `pending` are tokens (drafts) assumed accepted before this row's
+  // token. The row then counts them in its penalties and bans end_ids by min_tokens as of
+  // them. A sequence's rows come in order, the first (no pending tokens) advancing the stream
+  // as above; a row with pending tokens takes the draw pending.size() past that one without
+  // advancing (the batcher consumes a draw per further token it accepts:
+  // SequenceSampler::SkipUniform).
   void AddSampled(SequenceSampler& sampler, std::span<const int32_t> end_ids,
-                  std::span<const uint32_t> allowed = {});
+                  std::span<const uint32_t> allowed = {}, std::span<const int32_t> pending = {});
   // The row of a sequence whose token is not wanted (a prompt still prefilling): greedy.
   void AddIgnored();
   const StepSampling& table();

@@ -17,6 +17,16 @@ class Grammar;
 
 namespace kiln::models {
 
+// Speculative decoding as a request asks for it (Kiln's `speculative` field), overriding the
+// model's scheduler.speculative. Speculation never changes which tokens come out (see
+// scheduler/llm/speculative.h), only how many one step produces.
+struct SpeculativeParams {
+  std::string method;             // "none" or "ngram"
+  int32_t num_tokens = 0;         // drafted tokens per step, [1, 16]; 0: the model's
+  int32_t prompt_lookup_min = 0;  // ngram: shortest suffix looked up; 0: the model's
+  int32_t prompt_lookup_max = 0;  // ngram: longest suffix looked up, <= 16; 0: the model's
+};
+
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy (argmax); else in (0, 100]
   int32_t top_k = 0;                // 0: off; else keep the k most likely tokens
@@ -39,6 +49,8 @@ struct SamplingParams {
   // null. The batcher masks every step's tokens with it and ends the sequence once the output
   // is complete.
   std::shared_ptr<const grammar::Grammar> grammar;
+  // Absent: the model's configured speculation (scheduler.speculative).
+  std::optional<SpeculativeParams> speculative;
 };
 
 inline constexpr int32_t kMaxLogitBias = 1024;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
+#include <random>
 #include <thread>
 #include <utility>
 #include <vector>

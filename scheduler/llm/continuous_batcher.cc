@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <random>
 
@@ -173,6 +174,13 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
     const std::string param = ParamOf(s);
     return WithParam(f.sampling.empty() ? s : Annotate(s, f.sampling), param);
   }
+  if (StatusOr<SpeculationSettings> spec =
+          ResolveSpeculation(config_.speculative, r.sampling.speculative, name_);
+      !spec.ok()) {
+    const std::string param = ParamOf(spec.status());
+    return WithParam(f.sampling.empty() ? spec.status() : Annotate(spec.status(), f.sampling),
+                     param);
+  }
   const int64_t levels = config_.priority_levels;
   if (r.priority < 0 || r.priority > UINT32_MAX) {
     return WithParam(InvalidArgument("`", f.priority, "` is ", r.priority,
@@ -289,6 +297,11 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   seq->end_ids.insert(seq->end_ids.end(), r.sampling.stop_token_ids.begin(),
                       r.sampling.stop_token_ids.end());
   structured_->Bind(seq.get());
+  // Checked by Check; speculation stays off for a grammar (its drafts would need masks).
+  if (!seq->matcher) {
+    seq->spec = ResolveSpeculation(config_.speculative, r.sampling.speculative, name_)
+                    .value_or(SpeculationSettings{});
+  }
 
   absl::MutexLock lock(&mu_);
   if (!accepting_) {
@@ -453,6 +466,7 @@ void ContinuousBatcher::StepOnce() {
   }
   DropCancelledAndExpired();
   const auto step_start = SteadyClock::now();
+  ProposeDrafts();
   Schedule();
   if (recorder_) FlightStepBegin(flight);
   if (sched_.empty()) return;
@@ -464,7 +478,12 @@ void ContinuousBatcher::StepOnce() {
   }
   if (recorder_) flight.built = SteadyClock::now();
   StepOutput out;
+  const auto run_start = SteadyClock::now();
   const bool ran = Run(batch, &out);
+  // Speculative decoding's cost model: what a decode step of this many rows takes.
+  if (ran && sched_.decode_only) {
+    step_cost_.Observe(sched_.num_rows, Seconds(SteadyClock::now() - run_start));
+  }
   if (recorder_) flight.ran = SteadyClock::now();
   if (ran) ProcessOutputs(sched_, out);
   if (recorder_) FlightStepEnd(flight, out, ran);
@@ -506,8 +525,41 @@ void ContinuousBatcher::Schedule() {
   UpdateGauges();
 }
 
+void ContinuousBatcher::ProposeDrafts() {
+  const int32_t context = model_->info().context_length;
+  // The step so far: a row and at least a token per decoding sequence; drafts add to both.
+  // A prompt still being prefilled has the step's spare tokens instead (its TTFT).
+  int32_t rows = 0;
+  bool prefilling = false;
+  scheduler_->ForEachRunning([&](Sequence* s) {
+    s->draft.clear();
+    rows += s->uncomputed() == 1 ? 1 : 0;
+    prefilling = prefilling || s->uncomputed() > 1;
+  });
+  if (prefilling) return;
+  double tokens = rows;
+  scheduler_->ForEachRunning([&](Sequence* s) {
+    if (s->spec.num_tokens == 0 || s->uncomputed() != 1 || s->generated() == 0) return;
+    // A step yields up to drafts + 1 tokens: stay within max_tokens and the context.
+    const int32_t room = std::min(s->req->sampling.max_tokens - s->generated(),
+                                  context - static_cast<int32_t>(s->tokens.size())) -
+                         1;
+    int32_t k = std::min(room, s->spec.num_tokens);
+    const double rate = s->acceptance.rate();
+    if (s->spec.adaptive && k > 0) k = ChooseDraftLength(rate, k, step_cost_, rows, tokens);
+    if (k <= 0) {
+      s->acceptance.Idle();
+      return;
+    }
+    ProposeNgram(s->tokens, s->spec, k, &s->draft);
+    const auto d = static_cast<int32_t>(s->draft.size());
+    rows += d;
+    for (int32_t i = 1; i <= d; ++i) tokens += std::pow(rate, i);
+  });
+}
+
 bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
-  const int32_t S = static_cast<int32_t>(sched_.seqs.size());
+  const auto S = static_cast<int32_t>(batch.seq_lens.size());  // rows
   out->vocab_size = model_->info().vocab_size;
   Status status;
   if (model_->samples_on_device()) {
@@ -530,7 +582,7 @@ bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
     metrics_->step_tokens->Observe(static_cast<double>(batch.tokens.size()));
   }
   if (status.ok()) return true;
-  spdlog::error("model '{}': step of {} sequences failed: {}", name_, S, StatusMessage(status));
+  spdlog::error("model '{}': step of {} rows failed: {}", name_, S, StatusMessage(status));
   for (const auto& e : sched_.seqs) {
     Finish(e.seq, FinishReason::kError, Internal("model '", name_, "' failed: ", status.message()));
   }
@@ -538,83 +590,118 @@ bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
 }
 
 void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepOutput& out) {
-  const int32_t context = model_->info().context_length;
-  for (size_t i = 0; i < sched.seqs.size(); ++i) {
-    Sequence* s = sched.seqs[i].seq;
-    s->num_computed += sched.seqs[i].num_tokens;
-    scheduler_->PublishFullBlocks(s);
-    if (s->uncomputed() > 0) continue;  // mid-prefill: no token yet
-
-    models::SampledToken t = NextToken(out, static_cast<int32_t>(i), *s);
-    if (t.token == sampling::kNoToken) {
-      // Only a grammar can forbid every token: nothing in this vocabulary continues it.
-      Finish(s, FinishReason::kError,
-             !s->grammar_status.ok()
-                 ? s->grammar_status
-                 : InvalidArgument("the output's grammar allows no token of model '", name_,
-                                   "' after ", s->generated(), " tokens"));
+  int32_t row = 0;
+  uint64_t drafted = 0, accepted = 0;
+  for (const SchedulerOutput::Entry& e : sched.seqs) {
+    Sequence* s = e.seq;
+    const auto d = static_cast<int32_t>(s->draft.size());
+    if (d == 0) {
+      s->num_computed += e.num_tokens;
+      scheduler_->PublishFullBlocks(s);
+      const int32_t r = row++;
+      if (s->uncomputed() > 0) continue;  // mid-prefill: no token yet
+      TakeToken(s, NextToken(out, r, *s));
       continue;
     }
-    s->sampler.Accept(t.token);
-    s->tokens.push_back(t.token);
-    const auto now = SteadyClock::now();
-    if (s->generated() == 1) {
-      s->first_token = now;
-      if (metrics_) {
-        metrics_->ttft->Observe(Seconds(now - s->req->received_at));
-        metrics_->prefill->Observe(Seconds(now - s->first_scheduled));
-      }
-    } else if (metrics_) {
-      metrics_->itl->Observe(Seconds(now - s->last_token));
+    // Verification (speculative.h): row j's token stands while it equals draft j - 1 ...
+    const int32_t first = row;
+    row += d + 1;
+    drafted += static_cast<uint64_t>(d);
+    const int32_t first_computed = s->num_computed;
+    s->num_computed += 1;  // the pending token
+    for (int32_t j = 0; j <= d; ++j) {
+      scheduler_->PublishFullBlocks(s);  // before a token that may end the sequence
+      const models::SampledToken t = NextToken(out, first + j, *s, j);
+      const bool match = j < d && t.token == s->draft[static_cast<size_t>(j)];
+      if (!TakeToken(s, t) || !match) break;
+      // ... and then the KV the step computed for it (row j + 1's input) is the sequence's.
+      ++accepted;
+      s->num_computed += 1;
     }
-    s->last_token = now;
-    if (metrics_) metrics_->generation_tokens->Increment();
-
-    std::vector<models::SampledToken> lps;
-    if (s->req->sampling.logprobs >= 0) lps.push_back(t);
-    const bool is_end =
-        std::find(s->end_ids.begin(), s->end_ids.end(), t.token) != s->end_ids.end();
-    if (s->matcher) {
-      if (Status st = structured_->Accept(s, t.token, is_end); !st.ok()) {
-        Finish(s, FinishReason::kError, st);
-        continue;
-      }
-    }
-    // A structured output that is complete ends here, as if its EOS had been sampled.
-    const bool complete = !is_end && s->matcher && s->matcher->complete();
-    const auto detok_start = StepTrace::DetokenizeStart(*s);  // tracing
-    if (!is_end) s->held += s->detok.Add(t.token);
-    const auto& stops = s->req->sampling.stop;
-    // A stop string ends the text before it.
-    size_t stop_at = std::string::npos;
-    std::string stop_hit;
-    for (const auto& stop : stops) {
-      size_t p = s->held.find(stop);
-      if (p != std::string::npos && p < stop_at) {
-        stop_at = p;
-        stop_hit = stop;
-      }
-    }
-    StepTrace::DetokenizeEnd(*s, detok_start);  // tracing
-    if (stop_at != std::string::npos) {
-      Emit(s, {t.token}, std::move(lps), s->held.substr(0, stop_at));
-      Finish(s, FinishReason::kStop, OkStatus(), stop_hit);
-      continue;
-    }
-    const bool at_length = s->generated() >= s->req->sampling.max_tokens ||
-                           static_cast<int32_t>(s->tokens.size()) >= context;
-    if (is_end || at_length || complete) {
-      std::string text = std::move(s->held) + s->detok.Finish();
-      Emit(s, {t.token}, std::move(lps), std::move(text));
-      Finish(s, is_end || complete ? FinishReason::kStop : FinishReason::kLength, OkStatus(),
-             is_end ? std::string(model_->tokenizer().Piece(t.token)) : std::string());
-      continue;
-    }
-    const size_t keep = StopHoldback(s->held, stops);
-    std::string text = s->held.substr(0, s->held.size() - keep);
-    s->held.erase(0, s->held.size() - keep);
-    Emit(s, {t.token}, std::move(lps), std::move(text));
+    s->acceptance.Observe(d, static_cast<int32_t>(s->num_computed - first_computed) - 1);
+    s->draft.clear();
+    if (!s->done) scheduler_->PublishFullBlocks(s);
   }
+  if (drafted > 0) {
+    if (metrics_) {
+      metrics_->spec_draft_tokens->Increment(static_cast<double>(drafted));
+      metrics_->spec_accepted_tokens->Increment(static_cast<double>(accepted));
+    }
+    absl::MutexLock lock(&mu_);
+    snapshot_.draft_tokens += drafted;
+    snapshot_.accepted_tokens += accepted;
+  }
+}
+
+bool ContinuousBatcher::TakeToken(Sequence* s, const models::SampledToken& t) {
+  if (t.token == sampling::kNoToken) {
+    // Only a grammar can forbid every token: nothing in this vocabulary continues it.
+    Finish(s, FinishReason::kError,
+           !s->grammar_status.ok()
+               ? s->grammar_status
+               : InvalidArgument("the output's grammar allows no token of model '", name_,
+                                 "' after ", s->generated(), " tokens"));
+    return false;
+  }
+  s->sampler.Accept(t.token);
+  s->tokens.push_back(t.token);
+  const auto now = SteadyClock::now();
+  if (s->generated() == 1) {
+    s->first_token = now;
+    if (metrics_) {
+      metrics_->ttft->Observe(Seconds(now - s->req->received_at));
+      metrics_->prefill->Observe(Seconds(now - s->first_scheduled));
+    }
+  } else if (metrics_) {
+    metrics_->itl->Observe(Seconds(now - s->last_token));
+  }
+  s->last_token = now;
+  if (metrics_) metrics_->generation_tokens->Increment();
+
+  std::vector<models::SampledToken> lps;
+  if (s->req->sampling.logprobs >= 0) lps.push_back(t);
+  const bool is_end = std::find(s->end_ids.begin(), s->end_ids.end(), t.token) != s->end_ids.end();
+  if (s->matcher) {
+    if (Status st = structured_->Accept(s, t.token, is_end); !st.ok()) {
+      Finish(s, FinishReason::kError, st);
+      return false;
+    }
+  }
+  // A structured output that is complete ends here, as if its EOS had been sampled.
+  const bool complete = !is_end && s->matcher && s->matcher->complete();
+  const auto detok_start = StepTrace::DetokenizeStart(*s);  // tracing
+  if (!is_end) s->held += s->detok.Add(t.token);
+  const auto& stops = s->req->sampling.stop;
+  // A stop string ends the text before it.
+  size_t stop_at = std::string::npos;
+  std::string stop_hit;
+  for (const auto& stop : stops) {
+    size_t p = s->held.find(stop);
+    if (p != std::string::npos && p < stop_at) {
+      stop_at = p;
+      stop_hit = stop;
+    }
+  }
+  StepTrace::DetokenizeEnd(*s, detok_start);  // tracing
+  if (stop_at != std::string::npos) {
+    Emit(s, {t.token}, std::move(lps), s->held.substr(0, stop_at));
+    Finish(s, FinishReason::kStop, OkStatus(), stop_hit);
+    return false;
+  }
+  const bool at_length = s->generated() >= s->req->sampling.max_tokens ||
+                         static_cast<int32_t>(s->tokens.size()) >= model_->info().context_length;
+  if (is_end || at_length || complete) {
+    std::string text = std::move(s->held) + s->detok.Finish();
+    Emit(s, {t.token}, std::move(lps), std::move(text));
+    Finish(s, is_end || complete ? FinishReason::kStop : FinishReason::kLength, OkStatus(),
+           is_end ? std::string(model_->tokenizer().Piece(t.token)) : std::string());
+    return false;
+  }
+  const size_t keep = StopHoldback(s->held, stops);
+  std::string text = s->held.substr(0, s->held.size() - keep);
+  s->held.erase(0, s->held.size() - keep);
+  Emit(s, {t.token}, std::move(lps), std::move(text));
+  return true;
 }
 
 void ContinuousBatcher::UpdateGauges() {
@@ -657,9 +744,9 @@ void ContinuousBatcher::FlightStepBegin(FlightStepTimes& t) {
           entry.first_time ? FlightRequestState::kAdmitted : FlightRequestState::kResumed,
           step_id_);
     }
-    // A decode computes the one token it sampled last step; anything else is prompt.
-    (entry.num_tokens == 1 && seq->uncomputed() == 1 && seq->generated() > 0 ? e.decode_tokens
-                                                                             : e.prefill_tokens) +=
+    // A decode computes the one token it sampled last step (and its drafts, speculative.h);
+    // anything else is prompt.
+    (seq->uncomputed() == 1 && seq->generated() > 0 ? e.decode_tokens : e.prefill_tokens) +=
         entry.num_tokens;
     if (seq->adapter_slot >= 0) adapter_slots |= uint64_t{1} << (seq->adapter_slot % 64);
   }

@@ -124,6 +124,7 @@ class ContinuousBatcher {
     int32_t running = 0, waiting = 0;
     int32_t kv_blocks_total = 0, kv_blocks_used = 0;
     uint64_t steps = 0, replays = 0, preemptions = 0;
+    uint64_t draft_tokens = 0, accepted_tokens = 0;  // speculative decoding
   };
   // Refreshed once a step is scheduled and again after its outputs were processed; the
   // gauges (metrics) are set before the snapshot, so a snapshot never runs ahead of them.
@@ -143,6 +144,12 @@ class ContinuousBatcher {
   void Schedule();
   bool Run(const models::StepBatch& batch, StepOutput* out);
   void ProcessOutputs(const SchedulerOutput& sched, const StepOutput& out);
+  // Output processing of one new token `t` of `s`: ends the sequence (grammar error, end
+  // token, stop string, length, complete structured output) or streams it. Returns whether
+  // the sequence goes on.
+  bool TakeToken(Sequence* s, const models::SampledToken& t);
+  // Speculative decoding: the drafts of the running sequences that decode next.
+  void ProposeDrafts();
   // Ends a sequence: frees its blocks, sends its final event.
   void Finish(Sequence* seq, FinishReason reason, Status status, std::string stop = {});
   void Emit(Sequence* seq, std::vector<int32_t> ids, std::vector<models::SampledToken> lps,
@@ -187,7 +194,8 @@ class ContinuousBatcher {
 
   // Loop-thread state.
   std::unique_ptr<StepScheduler> scheduler_;
-  SchedulerOutput sched_;  // this step's decision (reused: no allocation per step)
+  SchedulerOutput sched_;    // this step's decision (reused: no allocation per step)
+  StepCostModel step_cost_;  // decode-step time by rows (speculative decoding)
   StepBatchBuilder builder_;
   std::vector<float> logits_;                     // host sampling: [S, vocab]
   StepSamplingBuilder sampling_;                  // device sampling: the step's table

@@ -35,6 +35,7 @@ std::vector<int32_t> Reference(std::vector<int32_t> tokens, int n, int32_t eos_a
 
 struct Result {
   std::vector<int32_t> ids;
+  std::vector<models::SampledToken> logprobs;
   std::string text;
   std::vector<std::string> chunks;
   GenerateEvent last;
@@ -56,6 +57,7 @@ Call MakeRequest(std::vector<int32_t> prompt, int max_tokens, uint32_t priority 
   auto acc = std::make_shared<Result>();
   req->on_event = [promise, acc](GenerateEvent&& ev) {
     acc->ids.insert(acc->ids.end(), ev.token_ids.begin(), ev.token_ids.end());
+    acc->logprobs.insert(acc->logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
     acc->text += ev.text;
     if (!ev.text.empty()) acc->chunks.push_back(ev.text);
     if (ev.finish != FinishReason::kNone) {
@@ -81,10 +83,11 @@ config::LlmSchedulerConfig WithBlocks(config::LlmSchedulerConfig c, int64_t bloc
 struct Fixture {
   explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512,
                    bool sample_on_device = false, int32_t max_adapters = 0,
-                   FlightRecorder* recorder = nullptr)
+                   FlightRecorder* recorder = nullptr, int32_t repeat_period = 0)
       : registry(std::make_unique<metrics::Registry>()),
         families(std::make_unique<LlmMetricFamilies>(*registry)) {
     FakeLlmOptions opts;
+    opts.repeat_period = repeat_period;
     opts.context_length = context;
     opts.sample_on_device = sample_on_device;
     opts.max_adapters = max_adapters;
@@ -707,6 +710,201 @@ TEST(ContinuousBatcherTest, DecodeStepsAreFlaggedAndCounted) {
   EXPECT_EQ(f.Metric("kiln_llm_generation_tokens_total{model=\"fake\"}"), 10);
 }
 
+// ---- Speculative decoding (speculative.h) ---------------------------------------------------
+
+// Prompt lookup drafting k tokens every step (not adaptive: the fake's step times are noise).
+config::LlmSchedulerConfig Ngram(config::LlmSchedulerConfig c, int k) {
+  c.speculative.method = "ngram";
+  c.speculative.num_tokens = k;
+  c.speculative.prompt_lookup_min = 1;  // the hashing fake repeats single tokens only
+  c.speculative.adaptive = false;
+  return c;
+}
+
+// A prompt that repeats a pattern of `period` tokens, so prompt lookup finds its suffixes.
+std::vector<int32_t> Periodic(int n, int period, int32_t seed) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(300 + (seed * 131 + (i % period) * 17) % 2600);
+  return p;
+}
+
+// Greedy output with drafts equals the model's own, whether the drafts are mostly right (a
+// model that repeats its input) or mostly wrong (the hashing fake): verification rows read
+// the KV the step wrote, rejected drafts' KV is overwritten later (the fake checks every
+// position it reads), and max_tokens is exact at any remainder.
+TEST(ContinuousBatcherSpeculativeTest, GreedyOutputIsIdenticalAndStepsFewer) {
+  for (int period : {0, 7}) {
+    SCOPED_TRACE(period);
+    config::LlmSchedulerConfig o;
+    o.max_num_batched_tokens = 32;
+    o.max_num_seqs = 16;
+    o.block_size = 4;  // drafts cross block boundaries
+    Fixture f(WithBlocks(Ngram(o, 5), 512), 512, false, 0, nullptr, period);
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::future<Result>> futures;
+    for (int i = 0; i < 6; ++i) {
+      // Two requests share each prompt: the prefix cache must hold only accepted tokens.
+      prompts.push_back(i % 3 == 2 ? prompts[i - 1] : Periodic(20 + 3 * i, 7, i));
+      auto c = MakeRequest(prompts.back(), 23 + i);
+      futures.push_back(f.Submit(c));
+    }
+    int64_t tokens = 0;
+    for (int i = 0; i < 6; ++i) {
+      Result r = futures[i].get();
+      EXPECT_EQ(r.ids, FakeLlm::Continue(prompts[i], 23 + i, 0, 0, period)) << "request " << i;
+      EXPECT_EQ(r.last.finish, FinishReason::kLength);
+      tokens += static_cast<int64_t>(r.ids.size());
+    }
+    const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
+    EXPECT_GT(snap.draft_tokens, 0u);
+    EXPECT_EQ(f.Metric("kiln_llm_spec_draft_tokens_total{model=\"fake\"}"),
+              static_cast<double>(snap.draft_tokens));
+    EXPECT_EQ(f.Metric("kiln_llm_spec_accepted_tokens_total{model=\"fake\"}"),
+              static_cast<double>(snap.accepted_tokens));
+    EXPECT_LE(f.seen->max_seqs_in_step, 16) << "rows beyond max_num_seqs";
+    if (period > 0) {
+      // Every draft of a repeating model is right: each step yields up to six tokens.
+      EXPECT_EQ(snap.accepted_tokens, snap.draft_tokens);
+      EXPECT_LT(f.seen->steps, tokens / 2);
+    }
+  }
+}
+
+// The random draw of each token depends on its index alone (counter-based streams), and a
+// verification row samples with the penalties, min_tokens bans and logprobs of the tokens
+// before it: seeded sampling gives the same tokens and logprobs with and without drafts,
+// sampled on the host or in the step program.
+TEST(ContinuousBatcherSpeculativeTest, SeededSamplingIsIdenticalWithAndWithoutDrafts) {
+  config::LlmSchedulerConfig o;
+  o.max_num_seqs = 32;
+  for (bool device : {false, true}) {
+    SCOPED_TRACE(device);
+    std::vector<Result> runs[2];
+    for (int spec : {0, 1}) {
+      Fixture f(WithBlocks(spec ? Ngram(o, 4) : o, 512), 512, device, 0, nullptr, 5);
+      std::vector<std::future<Result>> futures;
+      for (int i = 0; i < 8; ++i) {
+        auto c = MakeRequest(Periodic(18 + i, 5, i), 30);
+        models::SamplingParams& p = c.req->sampling;
+        p.temperature = 0.5f + 0.1f * i;
+        p.top_k = i % 2 ? 0 : 2;
+        p.repetition_penalty = i % 3 == 0 ? 1.3f : 1.0f;
+        p.presence_penalty = i % 3 == 1 ? 0.4f : 0.0f;
+        p.frequency_penalty = i % 4 == 2 ? 0.3f : 0.0f;
+        p.min_tokens = i % 4 == 0 ? 9 : 0;
+        p.logprobs = i % 2 ? 2 : -1;
+        p.seed = 500 + i;
+        futures.push_back(f.Submit(c));
+      }
+      for (auto& fu : futures) runs[spec].push_back(fu.get());
+      if (spec) {
+        EXPECT_GT(f.batcher->snapshot().accepted_tokens, 0u) << "no draft was ever accepted";
+      }
+    }
+    int differ = 0;
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      EXPECT_EQ(runs[1][i].ids, runs[0][i].ids) << "request " << i;
+      ASSERT_EQ(runs[1][i].logprobs.size(), runs[0][i].logprobs.size()) << "request " << i;
+      for (size_t t = 0; t < runs[0][i].logprobs.size(); ++t) {
+        EXPECT_EQ(runs[1][i].logprobs[t].logprob, runs[0][i].logprobs[t].logprob);
+        EXPECT_EQ(runs[1][i].logprobs[t].top.size(), runs[0][i].logprobs[t].top.size());
+      }
+      differ += runs[0][i].ids !=
+                FakeLlm::Continue(Periodic(18 + static_cast<int>(i), 5, static_cast<int32_t>(i)),
+                                  30, 0, 0, 5);
+    }
+    EXPECT_GT(differ, 0) << "every request decoded greedily: the test samples nothing";
+  }
+}
+
+// Unseeded, the tokens keep the model's distribution. The repeating fake puts logits 10 on the
+// repeated token and 5 on the next id; at temperature 5 with top_k 2 each token is the
+// repeated one with probability 1 / (1 + e^-1) = 0.7311 whatever came before, drafted or not.
+// A verifier that favoured its drafts would push the share up. Chi-squared, 1 degree of
+// freedom, over ~2,000 tokens: a bias of 0.05 gives ~25, the limit 15.1 is p = 1e-4.
+TEST(ContinuousBatcherSpeculativeTest, SamplingKeepsTheModelsDistribution) {
+  config::LlmSchedulerConfig o;
+  o.max_num_seqs = 32;
+  const int period = 3, n = 40, requests = 50;
+  Fixture f(WithBlocks(Ngram(o, 4), 1024), 512, /*sample_on_device=*/true, 0, nullptr, period);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < requests; ++i) {
+    prompts.push_back(Periodic(12, period, i));
+    auto c = MakeRequest(prompts.back(), n);
+    c.req->sampling.temperature = 5.0f;
+    c.req->sampling.top_k = 2;
+    futures.push_back(f.Submit(c));
+  }
+  double repeated = 0, total = 0;
+  for (int i = 0; i < requests; ++i) {
+    Result r = futures[i].get();
+    std::vector<int32_t> context = prompts[i];
+    for (int32_t t : r.ids) {
+      repeated += t == context[context.size() - period];
+      total += 1;
+      context.push_back(t);
+    }
+  }
+  const double p = 1.0 / (1.0 + std::exp(-1.0));
+  const double chi2 = (repeated - total * p) * (repeated - total * p) / (total * p) +
+                      (repeated - total * p) * (repeated - total * p) / (total * (1 - p));
+  EXPECT_LT(chi2, 15.1) << repeated << " of " << total << " tokens repeated; expected " << p;
+  const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
+  EXPECT_GT(snap.accepted_tokens, 0u);
+  EXPECT_LT(snap.accepted_tokens, snap.draft_tokens)
+      << "drafts are wrong about a quarter of the time";
+}
+
+// Drafts only use rows no request waits for, never preempt, and a request's own `speculative`
+// turns speculation on or off.
+TEST(ContinuousBatcherSpeculativeTest, DraftsYieldToWaitingRequestsAndFollowTheRequest) {
+  config::LlmSchedulerConfig o;
+  o.max_num_seqs = 4;
+  o.speculative.adaptive = false;  // method none: only requests that ask draft
+  Fixture f(WithBlocks(o, 512), 512, false, 0, nullptr, 6);
+  std::vector<std::future<Result>> futures;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(Periodic(14, 6, i));
+    auto c = MakeRequest(prompts.back(), 20);
+    c.req->sampling.speculative = models::SpeculativeParams{.method = "ngram", .num_tokens = 3};
+    futures.push_back(f.Submit(c));
+  }
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(futures[i].get().ids, FakeLlm::Continue(prompts[i], 20, 0, 0, 6)) << i;
+  }
+  EXPECT_LE(f.seen->max_seqs_in_step, 4);
+  ASSERT_TRUE(f.Await(NoBlocksUsed));  // the last step's counts are in the snapshot
+  const uint64_t drafted = f.batcher->snapshot().draft_tokens;
+  EXPECT_GT(drafted, 0u) << "the request's speculative was ignored";
+  auto off = MakeRequest(Periodic(14, 6, 9), 20);
+  off.req->sampling.speculative = models::SpeculativeParams{.method = "none"};
+  EXPECT_EQ(f.Submit(off).get().ids, FakeLlm::Continue(Periodic(14, 6, 9), 20, 0, 0, 6));
+  EXPECT_EQ(f.batcher->snapshot().draft_tokens, drafted);
+}
+
+TEST(ContinuousBatcherSpeculativeTest, StopStringsAndEndTokensInsideAVerifiedRun) {
+  Fixture f(WithBlocks(Ngram({}, 8), 512), 512, false, 0, nullptr, 4);
+  const std::vector<int32_t> prompt = Periodic(12, 4, 3);
+  const std::vector<int32_t> want = FakeLlm::Continue(prompt, 30, 0, 0, 4);
+  const std::string text = f.model->tokenizer().Decode(want, {.strip_leading_space = false});
+  // A stop string that ends inside a step's accepted run: the text stops before it.
+  const std::string stop = text.substr(text.size() / 2, 3);
+  auto c = MakeRequest(prompt, 30);
+  c.req->sampling.stop = {stop};
+  Result r = f.Submit(c).get();
+  EXPECT_EQ(r.last.finish, FinishReason::kStop);
+  EXPECT_EQ(r.text, text.substr(0, text.find(stop)));
+  // The model's EOS at a context length inside a run ends it there.
+  f.eos_at->store(static_cast<int>(prompt.size()) + 10);
+  auto e = MakeRequest(prompt, 30);
+  Result er = f.Submit(e).get();
+  EXPECT_EQ(er.last.finish, FinishReason::kStop);
+  EXPECT_EQ(er.ids, FakeLlm::Continue(prompt, 30, static_cast<int>(prompt.size()) + 10, 0, 4));
+  EXPECT_TRUE(f.Await(NoBlocksUsed));
+}
+
 // ---- Check: every request check, made once, naming the client's fields ----------------------
 
 GenerateRequest Req(int prompt_len, std::optional<int64_t> max_tokens = std::nullopt) {
@@ -794,6 +992,25 @@ TEST(ContinuousBatcherCheckTest, SamplingErrorsNameTheFieldUnderTheClientsPrefix
   GenerateRequest min = Req(5, 2);
   min.sampling.min_tokens = 5;
   EXPECT_EQ(ParamOf(f.batcher->Check(min)), "min_tokens") << "checked against max_tokens";
+}
+
+TEST(ContinuousBatcherCheckTest, SpeculativeSettingsAreChecked) {
+  Fixture f;
+  auto bad = [&](models::SpeculativeParams p) {
+    GenerateRequest r = Req(4, 4);
+    r.sampling.speculative = std::move(p);
+    return f.batcher->Check(r);
+  };
+  Status s = bad({.method = "draft"});
+  EXPECT_EQ(ParamOf(s), "speculative.method");
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("no draft model"));
+  EXPECT_EQ(ParamOf(bad({.method = "medusa"})), "speculative.method");
+  s = bad({.method = "ngram", .num_tokens = 17});
+  EXPECT_EQ(ParamOf(s), "speculative.num_tokens");
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("[1, 16]"));
+  EXPECT_EQ(ParamOf(bad({.method = "ngram", .prompt_lookup_min = 3, .prompt_lookup_max = 2})),
+            "speculative.prompt_lookup_min");
+  EXPECT_TRUE(bad({.method = "ngram", .num_tokens = 16}).ok());
 }
 
 TEST(ContinuousBatcherCheckTest, PriorityAndAdapter) {

@@ -67,7 +67,15 @@ LlmMetricFamilies::LlmMetricFamilies(metrics::Registry& r)
                                  {"model"})),
       adapter_loads(r.AddCounter("kiln_lora_adapter_loads_total",
                                  "LoRA adapters uploaded into an adapter slot (LRU misses).",
-                                 {"model"})) {}
+                                 {"model"})),
+      spec_draft_tokens(r.AddCounter("kiln_llm_spec_draft_tokens_total",
+                                     "Speculative decoding: drafted tokens verified by a step.",
+                                     {"model"})),
+      spec_accepted_tokens(r.AddCounter(
+          "kiln_llm_spec_accepted_tokens_total",
+          "Speculative decoding: drafted tokens accepted (the model produced them itself); "
+          "divided by kiln_llm_spec_draft_tokens_total, the acceptance rate.",
+          {"model"})) {}
 
 LlmMetrics::LlmMetrics(LlmMetricFamilies& f, const std::string& m)
     : ttft(f.ttft.WithLabels({m})),
@@ -91,6 +99,8 @@ LlmMetrics::LlmMetrics(LlmMetricFamilies& f, const std::string& m)
       kv_blocks(f.kv_blocks.WithLabels({m})),
       adapters_loaded(f.adapters_loaded.WithLabels({m})),
       adapter_loads(f.adapter_loads.WithLabels({m})),
+      spec_draft_tokens(f.spec_draft_tokens.WithLabels({m})),
+      spec_accepted_tokens(f.spec_accepted_tokens.WithLabels({m})),
       families(f),
       model(m) {}
 

@@ -31,6 +31,8 @@ struct LlmMetricFamilies {
   metrics::Family<metrics::Gauge>& kv_blocks;
   metrics::Family<metrics::Gauge>& adapters_loaded;
   metrics::Family<metrics::Counter>& adapter_loads;
+  metrics::Family<metrics::Counter>& spec_draft_tokens;     // speculative decoding
+  metrics::Family<metrics::Counter>& spec_accepted_tokens;  // (acceptance = accepted / draft)
 };
 
 // One model's children, looked up once.
@@ -41,6 +43,7 @@ struct LlmMetrics {
       *replay_steps, *direct_steps;
   metrics::Gauge *running, *waiting, *kv_usage, *kv_blocks, *adapters_loaded;
   metrics::Counter* adapter_loads;
+  metrics::Counter *spec_draft_tokens, *spec_accepted_tokens;
   LlmMetricFamilies& families;
   std::string model;
 };

@@ -11,23 +11,33 @@ const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, i
   query_start_.assign(1, 0);
   seq_lens_.clear();
   adapter_slots_.clear();
+  row_seqs_.clear();
   int32_t max_blocks = 0;
-  for (const auto& [s, n, first] : sched.seqs) {
-    for (int32_t k = 0; k < n; ++k) {
-      const int32_t pos = s->num_computed + k;
-      tokens_.push_back(s->tokens[pos]);
+  // One row of `n` new tokens from position `from` of `s`.
+  auto add_row = [&](const Sequence* s, int32_t from, int32_t n) {
+    for (int32_t pos = from; pos < from + n; ++pos) {
+      tokens_.push_back(s->TokenAt(pos));
       positions_.push_back(pos);
       slots_.push_back(s->blocks[pos / block_size] * block_size + pos % block_size);
     }
     query_start_.push_back(query_start_.back() + n);
-    seq_lens_.push_back(s->num_computed + n);
+    seq_lens_.push_back(from + n);
     adapter_slots_.push_back(s->adapter_slot);
-    max_blocks = std::max(max_blocks, (s->num_computed + n + block_size - 1) / block_size);
+    row_seqs_.push_back(s);
+    max_blocks = std::max(max_blocks, (from + n + block_size - 1) / block_size);
+  };
+  for (const auto& [s, n, first] : sched.seqs) {
+    if (s->draft.empty()) {
+      add_row(s, s->num_computed, n);
+    } else {
+      // Verification (speculative.h): the pending token and each draft, a row each.
+      for (int32_t k = 0; k < n; ++k) add_row(s, s->num_computed + k, 1);
+    }
   }
-  const size_t S = sched.seqs.size();
-  block_table_.assign(S * max_blocks, -1);
-  for (size_t i = 0; i < S; ++i) {
-    const auto& blocks = sched.seqs[i].seq->blocks;
+  const size_t rows = row_seqs_.size();
+  block_table_.assign(rows * max_blocks, -1);
+  for (size_t i = 0; i < rows; ++i) {
+    const auto& blocks = row_seqs_[i]->blocks;
     const int32_t used = (seq_lens_[i] + block_size - 1) / block_size;
     std::copy(blocks.begin(), blocks.begin() + used, block_table_.begin() + i * max_blocks);
   }
@@ -36,8 +46,13 @@ const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, i
   return batch_;
 }
 
-models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq) {
-  if (out.model_sampled()) return out.sampled[row];
+models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq, int32_t ahead) {
+  if (out.model_sampled()) {
+    // Row 0 of a sequence advanced its stream when the table was built; a verification row
+    // took the draw `ahead` past it, consumed now.
+    if (ahead > 0) seq.sampler.SkipUniform();
+    return out.sampled[row];
+  }
   return seq.sampler.Sample(
       out.Logits(row), seq.end_ids,
       seq.matcher ? std::span<const uint32_t>(seq.allowed) : std::span<const uint32_t>());
@@ -47,7 +62,12 @@ const models::StepSampling& StepSamplingBuilder::Build(const SchedulerOutput& sc
   table_.Clear();
   for (const auto& [s, n, first] : sched.seqs) {
     // Only a sequence whose known tokens are all computed after this step gets a token.
-    if (s->uncomputed() == n) {
+    if (!s->draft.empty()) {
+      // Verification rows: row j samples as if drafts 0..j-1 were accepted.
+      for (size_t j = 0; j <= s->draft.size(); ++j) {
+        table_.AddSampled(s->sampler, s->end_ids, {}, std::span<const int32_t>(s->draft).first(j));
+      }
+    } else if (s->uncomputed() == n) {
       table_.AddSampled(
           s->sampler, s->end_ids,
           s->matcher ? std::span<const uint32_t>(s->allowed) : std::span<const uint32_t>());

@@ -21,8 +21,10 @@
 
 namespace kiln {
 
-// Lays a SchedulerOutput out as the model's StepBatch. Its buffers are reused from step to
-// step, so building allocates only when a step is larger than every one before it.
+// Lays a SchedulerOutput out as the model's StepBatch: a row per sequence, except that a
+// sequence with drafts gets a row per new token (speculative.h), so the batch has
+// sched.num_rows rows. Its buffers are reused from step to step, so building allocates only
+// when a step is larger than every one before it.
 class StepBatchBuilder {
  public:
   // The batch is valid until the next Build. REQUIRES: !sched.empty(); every entry's blocks
@@ -32,12 +34,13 @@ class StepBatchBuilder {
  private:
   std::vector<int32_t> tokens_, positions_, query_start_, seq_lens_, block_table_, slots_,
       adapter_slots_;
+  std::vector<const Sequence*> row_seqs_;
   models::StepBatch batch_;
 };
 
-// What one model step produced for the S sequences of its batch, in batch order.
+// What one model step produced for the S rows of its batch, in batch order.
 struct StepOutput {
-  // [S, vocab_size] f32 row-major: the logits of each sequence's last new token. The host
+  // [S, vocab_size] f32 row-major: the logits of each row's last new token. The host
   // sampler uses a row as scratch. Empty when the model sampled.
   std::span<float> logits;
   int32_t vocab_size = 0;
@@ -56,14 +59,18 @@ struct StepOutput {
 // The next token of `seq`, row `row` of the step: the model's pick when it sampled, else the
 // host sampler's from the row's logits (EOS and stop tokens masked before min_tokens; a
 // structured-output sequence's tokens masked by seq.allowed, which the batcher prepared).
-models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq);
+// `ahead`: the row's place among the sequence's verification rows (speculative.h); the
+// tokens of rows before it must have been accepted (SequenceSampler::Accept) first.
+models::SampledToken NextToken(const StepOutput& out, int32_t row, Sequence& seq,
+                               int32_t ahead = 0);
 
 // The sampling table of a step for a model that samples in its step program: each sequence
 // that gets a token this step samples with its own parameters, penalty list, banned end ids
 // (before min_tokens) and the next uniform of its own random stream (so its tokens are those
 // its host sampler would pick), and a structured-output sequence its mask (seq.allowed, which
-// the batcher prepared); a sequence still prefilling its prompt gets a greedy row. Its
-// buffers are reused from step to step.
+// the batcher prepared); a sequence with drafts a row per draft plus one, each as if the
+// drafts before it were accepted; a sequence still prefilling its prompt gets a greedy row.
+// Its buffers are reused from step to step.
 class StepSamplingBuilder {
  public:
   // The table is valid until the next Build. Advances the random streams of the sequences

@@ -19,6 +19,7 @@
 #include "models/sampling/sampler.h"
 #include "models/tokenizer/detokenizer.h"
 #include "scheduler/llm/generate_request.h"
+#include "scheduler/llm/speculative.h"
 
 namespace kiln {
 
@@ -34,6 +35,11 @@ struct Sequence {
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - prompt_len; }
   // Tokens known but not yet in the KV cache (1 for a sequence that decodes next).
   int32_t uncomputed() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
+  // The token at `pos`: a known one, or past them a drafted one.
+  int32_t TokenAt(int32_t pos) const {
+    const auto known = static_cast<int32_t>(tokens.size());
+    return pos < known ? tokens[static_cast<size_t>(pos)] : draft[static_cast<size_t>(pos - known)];
+  }
 
   std::unique_ptr<GenerateRequest> req;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
@@ -54,6 +60,11 @@ struct Sequence {
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache at admission
   bool admitted = false;      // scheduled at least once
   bool done = false;          // finished: its final event was sent
+
+  // ---- Speculative decoding (speculative.h) ----
+  SpeculationSettings spec;    // num_tokens 0: off
+  std::vector<int32_t> draft;  // drafted tokens after tokens.back(), verified by this step
+  AcceptanceEstimate acceptance;
 
   // ---- Output processing (ContinuousBatcher::ProcessOutputs) ----
   models::SequenceSampler sampler;

@@ -9,6 +9,7 @@ namespace kiln {
 void SchedulerOutput::Clear() {
   seqs.clear();
   num_tokens = 0;
+  num_rows = 0;
   decode_only = true;
   preempted = 0;
   admitted = 0;
@@ -49,6 +50,7 @@ void StepScheduler::Preempt(Sequence* seq) {
   seq->hashes.clear();
   seq->published = 0;
   seq->num_computed = 0;
+  seq->draft.clear();
   auto it = std::find_if(running_.begin(), running_.end(),
                          [seq](const auto& p) { return p.get() == seq; });
   KILN_CHECK(it != running_.end(), "preempting a sequence that is not running");
@@ -110,17 +112,33 @@ void StepScheduler::Schedule(SchedulerOutput* out) {
     out->seqs.push_back({s, n, !s->admitted});
     s->admitted = true;
     out->num_tokens += n;
-    out->decode_only = out->decode_only && n == 1;
+    const auto drafted = static_cast<int32_t>(s->draft.size());
+    out->num_rows += 1 + drafted;
+    out->decode_only = out->decode_only && n == 1 + drafted;
     budget -= n;
     if (prefill) prefill_left -= n;
   };
+  // Rows (the program's sequence bound) left over for drafted tokens; none while anyone waits.
+  int32_t draft_rows = num_waiting() > 0 ? 0 : config_.max_num_seqs - num_running();
 
   // 1. Running sequences, highest priority and oldest first (running_ is kept in that order).
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* s = running_[i].get();
     const int32_t left = s->uncomputed();
-    const int32_t n = std::min({left, budget, left > 1 ? prefill_left : 1});
+    int32_t n = std::min({left, budget, left > 1 ? prefill_left : 1});
     if (n <= 0) continue;
+    if (!s->draft.empty()) {
+      // A decode with drafts: as many as the rows, the budget and free blocks allow.
+      const auto d =
+          left == 1 ? std::min({static_cast<int32_t>(s->draft.size()), budget - 1, draft_rows}) : 0;
+      if (d > 0 && Allocate(s, 1 + d)) {
+        n = 1 + d;
+        draft_rows -= d;
+        s->draft.resize(static_cast<size_t>(d));
+      } else {
+        s->draft.clear();
+      }
+    }
     bool self_preempted = false;
     while (!Allocate(s, n)) {
       Sequence* victim = running_.back().get();

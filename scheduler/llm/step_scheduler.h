@@ -8,8 +8,10 @@
 //
 // Schedule decides, under the step's token budget (max_num_batched_tokens), max_num_seqs and
 // the free KV blocks:
-//   1. running sequences first, highest priority and oldest first: one decode token each, or
-//      the next chunk of a prompt still being prefilled, allocating KV blocks as they grow;
+//   1. running sequences first, highest priority and oldest first: one decode token each
+//      (plus its drafted tokens, speculative.h, while no request waits and the step's rows
+//      and tokens allow; drafts never preempt), or the next chunk of a prompt still being
+//      prefilled, allocating KV blocks as they grow;
 //      when blocks run out it preempts the lowest-priority, most recently arrived running
 //      sequence (its blocks are freed; it goes back to the head of its queue and is recomputed
 //      later, partly from the prefix cache);
@@ -40,12 +42,15 @@ namespace kiln {
 struct SchedulerOutput {
   struct Entry {
     Sequence* seq = nullptr;  // owned by the StepScheduler
-    int32_t num_tokens = 0;   // new tokens this step: [seq->num_computed, + num_tokens)
+    // New tokens this step: [seq->num_computed, + num_tokens), the last seq->draft.size() of
+    // them drafted (speculative.h: each its own row of the batch).
+    int32_t num_tokens = 0;
     bool first_time = false;  // scheduled for the first time (queue and prefix metrics)
   };
   std::vector<Entry> seqs;  // running sequences first, then those admitted this step
   int32_t num_tokens = 0;   // sum of seqs[i].num_tokens
-  bool decode_only = true;  // every sequence has exactly one new token
+  int32_t num_rows = 0;     // rows of the batch: sequences plus drafted tokens
+  bool decode_only = true;  // every row has exactly one new token
   int32_t preempted = 0;    // running sequences sent back to their queue by this step
   int32_t admitted = 0;     // sequences taken from the waiting queues by this step
   // The `preempted` sequences, now waiting again (owned by the scheduler).

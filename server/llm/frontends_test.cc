@@ -166,6 +166,24 @@ TEST_F(FrontEndsTest, CompletionMatchesTheModel) {
   EXPECT_EQ(j["usage"]["total_tokens"], prompt.size() + 8);
 }
 
+// Kiln's `speculative` field: drafted tokens never change the output (the batcher's tests
+// check the acceptance side on a model that repeats itself).
+TEST_F(FrontEndsTest, SpeculativeDecodingKeepsTheOutput) {
+  const std::string prompt = "one two three one two three one two";
+  for (const json& spec :
+       {json{{"method", "ngram"}, {"num_tokens", 3}},
+        json{{"method", "ngram"}, {"prompt_lookup_max", 2}}, json{{"method", "none"}}}) {
+    SCOPED_TRACE(spec.dump());
+    auto [status, j] = Post("/v1/completions", {{"model", "fake"},
+                                                {"prompt", prompt},
+                                                {"max_tokens", 12},
+                                                {"temperature", 0},
+                                                {"speculative", spec}});
+    ASSERT_EQ(status, 200) << j;
+    EXPECT_EQ(j["choices"][0]["text"], Text(ExpectedIds(Encode(prompt), 12)));
+  }
+}
+
 TEST_F(FrontEndsTest, CompletionDefaultsToSixteenTokensAndTakesTokenIds) {
   const std::vector<int32_t> prompt = {5, 400, 401, 402};
   auto [status, j] =
@@ -922,6 +940,34 @@ TEST_F(FrontEndsTest, BadInputIsRefusedInOpenAisShapeNamingTheField) {
        400,
        "regex",
        "`regex` and `response_format` both constrain the output"},
+      {"speculative with a draft model the model lacks",
+       "/v1/chat/completions",
+       {{"model", "fake"},
+        {"messages", user},
+        {"speculative", {{"method", "draft"}, {"model", "tiny"}}}},
+       400,
+       "speculative.method",
+       "model 'fake' has no draft model"},
+      {"speculative num_tokens out of range",
+       "/v1/completions",
+       {{"model", "fake"},
+        {"prompt", "a"},
+        {"speculative", {{"method", "ngram"}, {"num_tokens", 17}}}},
+       400,
+       "speculative.num_tokens",
+       "`speculative.num_tokens` is 17; it must be in [1, 16]"},
+      {"speculative unknown key",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"speculative", {{"method", "ngram"}, {"k", 2}}}},
+       400,
+       "speculative.k",
+       "unknown key \"k\""},
+      {"speculative not an object",
+       "/v1/completions",
+       {{"model", "fake"}, {"prompt", "a"}, {"speculative", "ngram"}},
+       400,
+       "speculative",
+       "must be an object"},
       {"min_tokens above max_tokens",
        "/v1/completions",
        {{"model", "fake"}, {"prompt", "a"}, {"max_tokens", 2}, {"min_tokens", 5}},

@@ -135,6 +135,11 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
   sp.logit_bias.assign(s.logit_bias().begin(), s.logit_bias().end());
   std::sort(sp.logit_bias.begin(), sp.logit_bias.end());
   KILN_RETURN_IF_ERROR(ReadOutputConstraint(s, &sp));
+  if (s.has_speculative()) {
+    const v1::Speculative& spec = s.speculative();
+    sp.speculative = models::SpeculativeParams{spec.method(), spec.num_tokens(),
+                                               spec.prompt_lookup_min(), spec.prompt_lookup_max()};
+  }
   r.id = req.request_id();
   r.priority = req.priority();
   if (req.timeout_ms() > 0) {

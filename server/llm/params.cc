@@ -327,6 +327,46 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
                                                                : std::copysign(HUGE_VALF, v));
     }
   }
+  if (const json* spec = f.Get("speculative")) {
+    // Kiln's: {"method": "ngram" | "none", "num_tokens": K, "prompt_lookup_min": n,
+    // "prompt_lookup_max": n}; ranges are checked by the batcher, which knows the model's.
+    const std::string name = f.Name("speculative");
+    if (!spec->is_object()) {
+      return WithParam(InvalidArgument("`", name,
+                                       "` must be an object such as {\"method\": \"ngram\", "
+                                       "\"num_tokens\": 4}, got ",
+                                       JsonTypeName(*spec)),
+                       name);
+    }
+    static constexpr std::string_view kKeys[] = {"method", "num_tokens", "prompt_lookup_min",
+                                                 "prompt_lookup_max", "model"};
+    for (const auto& [key, value] : spec->items()) {
+      if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+        return WithParam(InvalidArgument("`", name, "` has an unknown key \"", ValidUtf8(key),
+                                         "\"; it takes method, num_tokens, prompt_lookup_min and "
+                                         "prompt_lookup_max"),
+                         absl::StrCat(name, ".", ValidUtf8(key)));
+      }
+    }
+    const JsonFields sf(*spec, name + ".", f.lenient());
+    models::SpeculativeParams sp;
+    KILN_ASSIGN_OR_RETURN(auto method, sf.String("method"));
+    if (!method) {
+      return WithParam(InvalidArgument("`", name, ".method` is missing: \"ngram\" or \"none\""),
+                       name + ".method");
+    }
+    sp.method = *std::move(method);
+    auto read_int = [&](std::string_view key, int32_t* out) -> Status {
+      KILN_ASSIGN_OR_RETURN(auto v, sf.Int(key));
+      // Saturated: the batcher's range check names the field and the allowed range.
+      if (v) *out = static_cast<int32_t>(std::clamp<int64_t>(*v, -(1 << 20), 1 << 20));
+      return OkStatus();
+    };
+    KILN_RETURN_IF_ERROR(read_int("num_tokens", &sp.num_tokens));
+    KILN_RETURN_IF_ERROR(read_int("prompt_lookup_min", &sp.prompt_lookup_min));
+    KILN_RETURN_IF_ERROR(read_int("prompt_lookup_max", &sp.prompt_lookup_max));
+    p->speculative = std::move(sp);
+  }
   KILN_ASSIGN_OR_RETURN(auto ignore_eos, f.Bool("ignore_eos"));
   if (ignore_eos) p->ignore_eos = *ignore_eos;
   KILN_ASSIGN_OR_RETURN(auto min_tokens, f.Int("min_tokens"));

@@ -83,13 +83,15 @@ def assert_valid_call(call, name=None):
 @pytest.mark.parametrize("model", [LLM_NAME, "qwen2"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_named_tool_choice_always_calls_it(client, model, seed):
+    # One call (parallel_tool_calls off): a random-weight model would otherwise chain calls
+    # until max_tokens on some seeds.
     r = ask(client, model, [{"role": "user", "content": "What's the weather in Lisbon?"}],
             tool_choice={"type": "function", "function": {"name": "get_weather"}},
-            temperature=1.0, seed=seed)
+            temperature=1.0, seed=seed, parallel_tool_calls=False)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls", c
     assert c.message.content is None
-    assert len(c.message.tool_calls) >= 1
+    assert len(c.message.tool_calls) == 1
     for call in c.message.tool_calls:
         assert_valid_call(call, "get_weather")
 

@@ -19,7 +19,10 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-int32_t NextToken(std::span<const int32_t> context, int64_t adapter_rank) {
+int32_t NextToken(std::span<const int32_t> context, int64_t adapter_rank, int32_t repeat_period) {
+  if (repeat_period > 0 && context.size() >= static_cast<size_t>(repeat_period)) {
+    return context[context.size() - static_cast<size_t>(repeat_period)];
+  }
   uint64_t h = 1469598103934665603ull;
   for (int32_t t : context) h = (h ^ static_cast<uint32_t>(t)) * 1099511628211ull;
   return 300 + static_cast<int32_t>((h + 97 * static_cast<uint64_t>(adapter_rank)) % 2600);
@@ -135,7 +138,8 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
       context.push_back(token);
     }
     const int32_t slot = b.adapter_slots.empty() ? -1 : b.adapter_slots[s];
-    int32_t next = NextToken(context, slot < 0 ? 0 : slots_[slot]->config.r);
+    int32_t next =
+        NextToken(context, slot < 0 ? 0 : slots_[slot]->config.r, options_.repeat_period);
     if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
     // A peaked but not one-hot distribution, so logprobs have alternatives.
     float* row = logits.data() + static_cast<size_t>(s) * info_.vocab_size;
@@ -201,10 +205,10 @@ Status FakeLlm::LoadAdapter(int32_t slot, std::shared_ptr<const models::LoraAdap
 }
 
 std::vector<int32_t> FakeLlm::Continue(std::vector<int32_t> context, int n, int eos_at,
-                                       int64_t adapter_rank) {
+                                       int64_t adapter_rank, int32_t repeat_period) {
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    int32_t next = NextToken(context, adapter_rank);
+    int32_t next = NextToken(context, adapter_rank, repeat_period);
     if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
     out.push_back(next);
     context.push_back(next);

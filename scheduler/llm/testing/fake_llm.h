@@ -81,6 +81,10 @@ struct FakeLlmOptions {
   // Continue), so a sequence served with the wrong slot's adapter generates other tokens.
   // Adapters of rank > 16 are refused (CheckAdapter).
   int32_t max_adapters = 0;
+  // Predict the token `repeat_period` back (context[size - period]) once the context is that
+  // long, instead of the hash: a model that repeats its input, for speculative decoding's
+  // prompt-lookup drafts (0: off).
+  int32_t repeat_period = 0;
   // What DeviceMemory() reports (kv_cache_bytes: auto); unset: Unimplemented, as on the cpu.
   std::optional<backend::DeviceMemoryInfo> device_memory = std::nullopt;
 };
@@ -121,7 +125,7 @@ class FakeLlm final : public models::LlmModel {
   // The greedy continuation of `context` (at most `n` tokens; stops after EOS), by the base
   // model (adapter_rank 0) or with an adapter of that rank.
   static std::vector<int32_t> Continue(std::vector<int32_t> context, int n, int eos_at = 0,
-                                       int64_t adapter_rank = 0);
+                                       int64_t adapter_rank = 0, int32_t repeat_period = 0);
 
  private:
   FakeLlmOptions options_;
