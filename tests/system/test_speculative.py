@@ -15,16 +15,16 @@ from conftest import LLM_NAME as MODEL
 from conftest import start_llm_kilnd
 from test_generation_grpc import _stubs_dir
 
-CODE = '''def total_price(items, tax_rate):
-    total = 0
-    for item in items:
-        price = item["price"] * item["quantity"]
-        if item.get("discount"):
-            price -= price * item["discount"]
-        total += price
-    return total * (1 + tax_rate)
+CODE = '''def word_counts(path, min_length=3):
+    counts = {}
+    with open(path) as f:
+        for line in f:
+            for word in line.lower().split():
+                if len(word) >= min_length:
+                    counts[word] = counts.get(word, 0) + 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
 '''
-REWRITE = f"Rewrite this Python function, renaming the variable `total` to `acc`. Reply with " \
+REWRITE = f"Rewrite this Python function, renaming the variable `counts` to `tally`. Reply with " \
           f"the code only.\n\n```python\n{CODE}```"
 OFF = {"speculative": {"method": "none"}}
 
