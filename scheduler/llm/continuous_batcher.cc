@@ -170,16 +170,17 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
         f.max_tokens);
   }
   r.sampling.max_tokens = static_cast<int32_t>(r.max_tokens.value_or(fallback));
+  // Sampling errors under the client's prefix ("sampling: `top_p` is 0; ..."), param kept.
+  auto sampling_error = [&f](const Status& s) {
+    return WithParam(f.sampling.empty() ? s : Annotate(s, f.sampling), ParamOf(s));
+  };
   if (Status s = models::ValidateSamplingParams(r.sampling, info.vocab_size); !s.ok()) {
-    const std::string param = ParamOf(s);
-    return WithParam(f.sampling.empty() ? s : Annotate(s, f.sampling), param);
+    return sampling_error(s);
   }
   if (StatusOr<SpeculationSettings> spec =
           ResolveSpeculation(config_.speculative, r.sampling.speculative, name_);
       !spec.ok()) {
-    const std::string param = ParamOf(spec.status());
-    return WithParam(f.sampling.empty() ? spec.status() : Annotate(spec.status(), f.sampling),
-                     param);
+    return sampling_error(spec.status());
   }
   const int64_t levels = config_.priority_levels;
   if (r.priority < 0 || r.priority > UINT32_MAX) {
@@ -536,7 +537,8 @@ void ContinuousBatcher::ProposeDrafts() {
     rows += s->uncomputed() == 1 ? 1 : 0;
     prefilling = prefilling || s->uncomputed() > 1;
   });
-  if (prefilling) return;
+  // Nor while a request waits (StepScheduler would drop the drafts: skip the lookups).
+  if (prefilling || scheduler_->num_waiting() > 0) return;
   double tokens = rows;
   scheduler_->ForEachRunning([&](Sequence* s) {
     if (s->spec.num_tokens == 0 || s->uncomputed() != 1 || s->generated() == 0) return;
@@ -607,7 +609,7 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     const int32_t first = row;
     row += d + 1;
     drafted += static_cast<uint64_t>(d);
-    const int32_t first_computed = s->num_computed;
+    int32_t taken = 0;     // drafts accepted
     s->num_computed += 1;  // the pending token
     for (int32_t j = 0; j <= d; ++j) {
       scheduler_->PublishFullBlocks(s);  // before a token that may end the sequence
@@ -615,10 +617,11 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
       const bool match = j < d && t.token == s->draft[static_cast<size_t>(j)];
       if (!TakeToken(s, t) || !match) break;
       // ... and then the KV the step computed for it (row j + 1's input) is the sequence's.
-      ++accepted;
+      ++taken;
       s->num_computed += 1;
     }
-    s->acceptance.Observe(d, static_cast<int32_t>(s->num_computed - first_computed) - 1);
+    accepted += static_cast<uint64_t>(taken);
+    s->acceptance.Observe(d, taken);
     s->draft.clear();
     if (!s->done) scheduler_->PublishFullBlocks(s);
   }
