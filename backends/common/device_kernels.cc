@@ -364,19 +364,27 @@ bool IsBlock32(DType t) {
   return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ8_0 || t == DType::kMXFP4;
 }
 
-KernelSlot* LinearTemplate(KernelHost& dev, DType xt, DType wt, DType ot, int mt) {
+// Weight rows per work-group of the sub-group Linear kernel (LINEAR_SG): small work-groups, so
+// that the narrow projections of small models (N = 192) still spread over the GPU's SMs.
+constexpr int kLinearSgRows = 2;
+
+// `sg`: the sub-group kernel (LINEAR_SG) for devices with linear_lanes(), else the work-group one.
+KernelSlot* LinearTemplate(KernelHost& dev, DType xt, DType wt, DType ot, int mt, bool sg) {
   const DType acc = xt == DType::kF64 ? DType::kF64 : DType::kF32;
   Defines d;
-  d.Add("LINEAR", "1");
+  d.Add(sg ? "LINEAR_SG" : "LINEAR", "1");
   d.Add("MT", absl::StrCat(mt));
+  if (sg) d.Add("SGR", absl::StrCat(kLinearSgRows));
   d.Add("ACC", acc == DType::kF64 ? "double" : "float");
   d.Add("XLD(p, i)", LoadAs(xt, acc));
   d.Add("WLD(p, i)", LoadAs(wt, acc));
   d.Add("OST(p, i, v)", StoreFrom(ot, acc));
-  if (IsBlock32(wt) && acc == DType::kF32 && !dev.element_block_weights()) {
+  if (IsBlock32(wt) && acc == DType::kF32 && sg) {
+    d.Add("WDEQ8(wv, p, e)", absl::StrCat("deq8_", Lower(wt), "(wv, p, e)"));
+  } else if (IsBlock32(wt) && acc == DType::kF32 && !dev.element_block_weights()) {
     d.Add("WDEQ32(wv, p, e)", absl::StrCat("deq32_", Lower(wt), "(wv, p, e)"));
   }
-  return dev.DeclareKernel(absl::StrCat("linear_", Lower(wt)),
+  return dev.DeclareKernel(absl::StrCat(sg ? "linear_sg_" : "linear_", Lower(wt)),
                            d.Wrap(kClLinear, absl::StrCat("// linear x ", Lower(xt), " w ",
                                                           Lower(wt), " -> ", Lower(ot), "\n")));
 }
@@ -460,7 +468,8 @@ bool BlasOperand(const KernelHost& dev, const void* addr, DType t, const BlasMat
 struct GemmData {
   bool blas = false;            // the host's BLAS has a GEMM for the dtype
   KernelSlot* small = nullptr;  // Linear: MT = 1 (decode); MatMul: the tiled kernel
-  KernelSlot* large = nullptr;  // Linear: MT = 8
+  KernelSlot* large = nullptr;  // Linear: MT = 8 (MT = 4 for the sub-group kernel)
+  bool sg = false;              // Linear: small and large are sub-group kernels (LINEAR_SG)
   KernelSlot* cast = nullptr;   // Linear: converts the weight for a BLAS GEMM (copy_strided)
 };
 
@@ -591,6 +600,17 @@ void LinearFn(const LaunchArgs& a, const ExecCtx& c) {
   args.Long(M);
   args.Long(N);
   args.Long(K);
+  if (d.sg) {
+    // A sub-group per weight row; MT = 4 reads the weights once for up to 4 rows of x.
+    const size_t lanes = static_cast<size_t>(dev.linear_lanes()), rows = kLinearSgRows;
+    const bool small = M == 1;
+    const size_t mt = small ? 1 : 4;
+    const size_t global[2] = {(static_cast<size_t>(N) + rows - 1) / rows * rows * lanes,
+                              (static_cast<size_t>(M) + mt - 1) / mt};
+    const size_t local[2] = {rows * lanes, 1};
+    ex.Enqueue(small ? d.small : d.large, args, 2, global, local, 48);
+    return;
+  }
   const bool small = M <= 4;
   const size_t mt = small ? 1 : 8, wg = dev.work_group();
   const size_t global[2] = {(static_cast<size_t>(N) + 3) / 4 * wg,
@@ -1387,8 +1407,9 @@ StatusOr<backend::Kernel> KernelHost::GetKernel(const backend::KernelRequest& re
           (in[1] == DType::kF16 || in[1] == DType::kBF16 || IsQuantized(in[1]))) {
         d->cast = LibraryKernel("copy_strided");
       }
-      d->small = LinearTemplate(*this, in[0], in[1], out, 1);
-      d->large = LinearTemplate(*this, in[0], in[1], out, 8);
+      d->sg = linear_lanes() > 0;
+      d->small = LinearTemplate(*this, in[0], in[1], out, 1, d->sg);
+      d->large = LinearTemplate(*this, in[0], in[1], out, d->sg ? 4 : 8, d->sg);
       const std::string kname = d->blas
                                     ? absl::StrCat(kernel_prefix(), ".", blas_name(), ".linear")
                                     : absl::StrCat(kernel_prefix(), ".tmpl.linear_", Lower(in[1]));

@@ -218,6 +218,10 @@ class KernelHost : public backend::Device {
   // element by element, work-items side by side, instead of a whole block per work-item: on
   // GPUs a decode GEMV's K / 32 blocks leave most of a 256-wide work-group idle otherwise.
   virtual bool element_block_weights() const { return false; }
+  // The lanes of a sub-group (a CUDA warp) whose shuffles the Linear template's decode kernel
+  // reduces over (LINEAR_SG in cl/linear.cl: a sub-group per weight row, no local memory, no
+  // barrier); 0: the device has none, and the work-group kernel runs.
+  virtual int linear_lanes() const { return 0; }
   // Whether Queue::Gemm handles this dtype, and the BLAS' name for kernel names ("clblast").
   virtual bool HasGemm(DType t) const = 0;
   virtual const char* blas_name() const = 0;

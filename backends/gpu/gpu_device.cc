@@ -859,6 +859,9 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
   if (const char* v = std::getenv("KILN_GPU_LINEAR_BLOCKS"); v != nullptr && *v == '1') {
     d->element_block_weights_ = false;
   }
+  if (const char* v = std::getenv("KILN_GPU_LINEAR_SG"); v != nullptr && *v == '0') {
+    d->linear_lanes_ = 0;
+  }
   if (options.expandable_segments) {
     StatusOr<std::unique_ptr<ExpandableSegment>> seg =
         ExpandableSegment::Create(ordinal, info.total_bytes);

@@ -124,6 +124,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   std::string SampleKernelDeclined() const override;
   // True (KILN_GPU_LINEAR_BLOCKS=1: false, the block-per-work-item path, for comparisons).
   bool element_block_weights() const override { return element_block_weights_; }
+  int linear_lanes() const override { return linear_lanes_; }
   bool HasGemm(DType t) const override;
   const char* blas_name() const override { return "cublas"; }
   devk::KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override;
@@ -186,6 +187,7 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   std::atomic<int> capturing_{0};
   std::atomic<int64_t> sdpa_calls_{0};
   bool element_block_weights_ = true;
+  int linear_lanes_ = 32;  // a warp; 0 with KILN_GPU_LINEAR_SG=0 (the work-group kernel)
 
   // Kernels and programs.
   mutable absl::Mutex mu_;

@@ -635,6 +635,22 @@ void AddLinear(std::vector<OpCase>& out, bool full) {
              {Normal("x", DType::kF32, {40, 64}), AsWeight(Normal("w", w, {24, 64}, 0.5))},
              [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
   }
+  // Decode-shaped (GPUs run a warp per weight row): one row with K of 18 blocks, fewer than a
+  // warp's lanes; five rows (four per launch row, then one) with K of 48 blocks, more than the
+  // lanes; odd N.
+  for (DType w : {DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+    out.push_back(
+        Make("linear", absl::StrCat("f32 x [1,576], ", DTypeName(w), " w [37,576]"),
+             {Normal("x", DType::kF32, {1, 576}), AsWeight(Normal("w", w, {37, 576}, 0.5))},
+             [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+    out.push_back(
+        Make("linear", absl::StrCat("f32 x [5,1536], ", DTypeName(w), " w [9,1536]"),
+             {Normal("x", DType::kF32, {5, 1536}), AsWeight(Normal("w", w, {9, 1536}, 0.5))},
+             [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
+  }
+  out.push_back(Make("linear", "f32 x [1,1536], q4_k w [5,1536]",
+                     {Normal("x", DType::kF32, {1, 1536}), Blocks("w", DType::kQ4_K, {5, 1536})},
+                     [](Builder& b, const V& in) { return b.Linear(in[0], in[1]); }));
   for (DType w : {DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     out.push_back(Make("linear", absl::StrCat("f32 x [2,256], ", DTypeName(w), " w [3,256]"),
                        {Normal("x", DType::kF32, {2, 256}), Blocks("w", w, {3, 256})},

@@ -6,11 +6,15 @@
 # travels with the working tree to a lent GPU machine (see docs/gpu.md).
 #
 #   tests/gpu/bundle.sh BUILD_DIR OUT_DIR      -> OUT_DIR/kiln-gpu-bundle.tar.xz
+#
+# BUNDLE_BINS="bin/kiln backends/gpu/gpu_harness_test" packs only those (build-relative paths):
+# a smaller archive leaves room in the call for a model (tests/gpu/decode_check.sh).
 set -euo pipefail
 build=${1:?usage: bundle.sh BUILD_DIR OUT_DIR}
 out=${2:?usage: bundle.sh BUILD_DIR OUT_DIR}
 bins=(backends/gpu/gpu_harness_test backends/gpu/gpu_sdpa_test backends/device_interface_test
   tests/bench/gpu_sdpa_bench bin/kiln server/kilnd)
+if [ -n "${BUNDLE_BINS:-}" ]; then read -r -a bins <<< "$BUNDLE_BINS"; fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$out"

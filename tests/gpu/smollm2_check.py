@@ -15,8 +15,9 @@
    (relative 1e-3), and its tokens/s against PyTorch + PEFT on the same GPU
    (tests/bench/peft_train_peer.py --device cuda; transformers reads the GGUF through the `gguf`
    package, which may have to be carried to the GPU machine as a wheel).
-   Also decode with the cuda backend's alternatives (the linear template's block path,
-   host sampling).
+   Also decode with the cuda backend's alternatives (the Linear op's work-group template,
+   device sampling), and (--only ncu) Nsight Compute's time of every kernel of a few decode
+   steps, summed by kernel.
 4. 64 streams (figures): kilnd (backend: cuda) and llama-server under tests/bench/llm_loadgen.py
    at concurrency 1 and 64, 128-token prompts and 128 new tokens.
 
@@ -55,8 +56,10 @@ def generate(args, backend, prompt, tokens, chat=False, extra=(), env=None):
            "--max-tokens", str(tokens), "--backend", backend, *extra]
     if chat:
         cmd.append("--chat")
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, **(env or {})))
+    # surrogateescape: a model whose weights are a pattern (tests/gpu/pattern_gguf.py) writes
+    # bytes that are not UTF-8; they compare exactly all the same.
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="surrogateescape",
+                       timeout=600, env=dict(os.environ, **(env or {})))
     if p.returncode != 0:
         raise RuntimeError(f"kiln generate --backend {backend} failed: {p.stderr[-2000:]}")
     return p.stdout, STATS.search(p.stderr)
@@ -140,14 +143,17 @@ def one_stream(args):
 
 
 def decode_variants(args):
-    """Decode tokens/s of the cuda backend's alternatives, interleaved, median of 2: the linear
-    template reading block weights element by element (default) or a block per work-item
-    (KILN_GPU_LINEAR_BLOCKS=1), sampling in the step program (default) or on the host."""
-    variants = {"default": ((), {}), "linear blocks": ((), {"KILN_GPU_LINEAR_BLOCKS": "1"}),
-                "host sampling": (("--sampling", "host"), {})}
+    """Decode tokens/s of the cuda backend's alternatives, interleaved, median of --rounds: the
+    Linear op's warp-per-row kernel (default) or the work-group template (KILN_GPU_LINEAR_SG=0),
+    which reads block weights element by element (default) or a block per work-item
+    (KILN_GPU_LINEAR_BLOCKS=1); sampling on the host (default) or in the step program
+    (KILN_GPU_DEVICE_SAMPLING=1)."""
+    variants = {"default": ((), {}), "work-group": ((), {"KILN_GPU_LINEAR_SG": "0"}),
+                "work-group blk": ((), {"KILN_GPU_LINEAR_SG": "0", "KILN_GPU_LINEAR_BLOCKS": "1"}),
+                "device sampling": ((), {"KILN_GPU_DEVICE_SAMPLING": "1"})}
     figures = {k: [] for k in variants}
     texts = {}
-    for _ in range(2):
+    for _ in range(args.rounds):
         for name, (extra, env) in variants.items():
             text, m = generate(args, args.backend, "The kiln was hot and", 128, extra=extra,
                                env=env)
@@ -156,6 +162,61 @@ def decode_variants(args):
     for name, v in figures.items():
         log(f"  decode, {name:14s} {statistics.median(v):8.1f} tokens/s"
             + ("" if texts[name] == texts["default"] else "  (text differs from default)"))
+
+
+def ncu_profile(args):
+    """Where a decode step's time goes on the GPU (figures): Nsight Compute times every kernel
+    of a short generation (CUDA graph nodes one by one), and the kernels are summed by name
+    over the decode steps' share, largest first, into OUT/ncu_decode.txt."""
+    ncu = shutil.which("ncu") or next(iter(sorted(
+        __import__("glob").glob("/opt/nvidia/nsight-compute/*/ncu"))), None)
+    if ncu is None:
+        log("ncu: not found")
+        return 0
+    steps = 8
+    csv_path = os.path.join(args.out, "ncu_decode.csv")
+    cmd = [ncu, "--csv", "--print-units", "base", "--clock-control", "none", "--metrics",
+           "gpu__time_duration.sum", os.path.join(args.bin, "kiln"), "generate", "--model",
+           args.model, "--prompt", "The kiln was hot and", "--max-tokens", str(steps + 1),
+           "--backend", args.backend]
+    with open(csv_path, "w") as f:
+        p = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, timeout=240)
+    if p.returncode != 0:
+        log("ncu failed:", p.stderr[-1500:])
+        return 0
+    lines = summarize_ncu(csv_path, steps)
+    with open(os.path.join(args.out, "ncu_decode.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log("\n".join(lines[:40]))
+    return 0
+
+
+def summarize_ncu(csv_path, steps):
+    """ncu's CSV (one row per kernel and metric) summed by kernel name and geometry."""
+    import csv
+    rows = [r for r in csv.reader(open(csv_path, errors="replace")) if len(r) > 5]
+    head = next((i for i, r in enumerate(rows) if "Kernel Name" in r and "Metric Value" in r), None)
+    if head is None:
+        return ["ncu: no kernel rows"]
+    h = rows[head]
+    ki, vi, gi, bi = (h.index("Kernel Name"), h.index("Metric Value"), h.index("Grid Size"),
+                      h.index("Block Size"))
+    by_name = {}
+    for r in rows[head + 1:]:
+        try:
+            ns = float(r[vi].replace(",", ""))
+        except ValueError:
+            continue
+        key = (r[ki][:60], r[gi], r[bi])
+        c, t = by_name.get(key, (0, 0.0))
+        by_name[key] = (c + 1, t + ns)
+    total = sum(t for _, t in by_name.values())
+    lines = [f"{len(rows) - head - 1} kernels, {total / 1e3:.1f} us in all over the prompt step "
+             f"and {steps} decode steps; per name and geometry, largest first:"]
+    for (name, grid, block), (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  {t / 1e3:9.1f} us {c:6d} launches {t / c / 1e3:8.2f} us each  "
+                     f"{name} grid {grid} block {block}")
+    return lines
 
 
 STEP = re.compile(r"step (\d+)/\d+ .* loss ([\d.]+) .* ([\d.]+) s$", re.M)
@@ -299,7 +360,7 @@ def main():
         args.hbm_gbs = 4800 if "H200" in name else 3350
     failures = 0
     for name, step in (("golden", golden), ("variants", decode_variants), ("one", one_stream),
-                       ("train", train), ("many", many_streams)):
+                       ("ncu", ncu_profile), ("train", train), ("many", many_streams)):
         if name not in args.only.split(","):
             continue
         try:  # each step on its own: a failure is reported and the next one still runs

@@ -120,6 +120,30 @@ __device__ __forceinline__ T clamp(T x, T lo, T hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
 
+// Sub-groups: a CUDA warp (32 lanes) or a HIP wavefront (64 on gfx90a, 32 on gfx1030), KILN_SG
+// lanes that exchange registers; sub_group_sum returns the sum over all of them to each lane
+// (every lane must call it). Kernels that use them are declared only for devices that report
+// the width (KernelHost::linear_lanes).
+#if defined(__HIP__)
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define KILN_SG __AMDGCN_WAVEFRONT_SIZE
+#else
+#define KILN_SG 64  // hipcc's host pass, which compiles no kernel body
+#endif
+template <typename T>
+__device__ __forceinline__ T sub_group_sum(T v) {
+  for (int o = KILN_SG / 2; o > 0; o >>= 1) v += __shfl_xor(v, o);
+  return v;
+}
+#else
+#define KILN_SG 32
+template <typename T>
+__device__ __forceinline__ T sub_group_sum(T v) {
+  for (int o = KILN_SG / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+#endif
+
 #ifndef NAN
 #define NAN __int_as_float(0x7fc00000)
 #endif

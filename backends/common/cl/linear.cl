@@ -8,7 +8,10 @@
 // and for LINEAR: MT (x rows per work-group) and, for 32-element block types with a float
 // accumulator, WDEQ32(wv, p, e): dequantize the 32 elements from element e (a multiple of 32)
 // into float wv[32]; without it WLD is used element by element (float weights of any
-// strides, K-quants). For MATMUL: TS (TS * TS = KILN_WG).
+// strides, K-quants). LINEAR_SG (devices with sub-group shuffles, KILN_SG lanes) also takes
+// MT, SGR (weight rows per work-group of SGR * KILN_SG) and, for block types, WDEQ8(wv, p, e):
+// the 8 elements from element e (a multiple of 8) into float wv[8]. For MATMUL: TS (TS * TS =
+// KILN_WG).
 
 #ifdef LINEAR
 // out[m, n] = sum_k x[m, k] * w[n, k]: dequantize-in-register dot products. A work-group
@@ -88,6 +91,64 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
   }
 }
 #undef NR
+#endif
+
+#ifdef LINEAR_SG
+// The decode GEMV on GPUs, out[m, n] = sum_k x[m, k] * w[n, k] for MT rows of x: one sub-group
+// (a CUDA warp, a HIP wavefront: KILN_SG lanes) per weight row, SGR rows per work-group. The
+// lanes split K — for block types with WDEQ8, 8 elements each (a quarter block in word loads,
+// neighbouring lanes on neighbouring bytes; one round of loads for K up to 8 * KILN_SG),
+// elements KILN_SG apart otherwise (coalesced) — and combine their sums with shuffles
+// (sub_group_sum): no local memory and no barrier.
+// Meta: as LINEAR's.
+__kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
+  const long* m = mt.v;
+  cgptr px = b_x + TD_OFF(m, 0);
+  cgptr pw = b_w + m[18];
+  gptr po = b_out + TD_OFF(m, 21);
+  const long wsn = m[19], wsk = m[20];
+  const long M = m[39], N = m[40], K = m[41];
+  const int lane = (int)(get_local_id(0) % KILN_SG);
+  const long n = get_group_id(0) * SGR + get_local_id(0) / KILN_SG;  // the same for a sub-group
+  const long m0 = get_group_id(1) * MT;
+  const int xrank = TD_RANK(m, 0);
+  const long xsk = TD_STRIDE(m, 0, xrank - 1);
+  long xrow[MT];
+  for (int i = 0; i < MT; ++i) xrow[i] = m0 + i < M ? td_offset(m, 0, (m0 + i) * K) : 0;
+  ACC acc[MT];
+  for (int i = 0; i < MT; ++i) acc[i] = 0;
+  if (n < N) {
+#ifdef WDEQ8
+    for (long k0 = (long)lane * 8; k0 < K; k0 += (long)KILN_SG * 8) {
+      float wv[8];
+      WDEQ8(wv, pw, n * wsn + k0);
+      for (int i = 0; i < MT; ++i) {
+        if (m0 + i >= M) break;
+        ACC s = 0;
+        if (xsk == 1 && k0 + 8 <= K) {
+          for (int j = 0; j < 8; ++j) s += XLD(px, xrow[i] + k0 + j) * (ACC)wv[j];
+        } else {
+          for (int j = 0; j < 8 && k0 + j < K; ++j) s += XLD(px, xrow[i] + (k0 + j) * xsk) * (ACC)wv[j];
+        }
+        acc[i] += s;
+      }
+    }
+#else
+    for (long k = lane; k < K; k += KILN_SG) {
+      const ACC wv = WLD(pw, n * wsn + k * wsk);
+      for (int i = 0; i < MT; ++i) {
+        if (m0 + i >= M) break;
+        acc[i] += XLD(px, xrow[i] + k * xsk) * wv;
+      }
+    }
+#endif
+  }
+  // Every lane of the sub-group takes part in the shuffles (n and M are uniform across it).
+  for (int i = 0; i < MT; ++i) {
+    const ACC s = sub_group_sum(acc[i]);
+    if (lane == 0 && n < N && m0 + i < M) OST(po, td_offset(m, 21, (m0 + i) * N + n), s);
+  }
+}
 #endif
 
 #ifdef MATMUL

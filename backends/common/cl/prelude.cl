@@ -184,6 +184,62 @@ inline void deq32_mxfp4(float* wv, cgptr p, long e) {
     wv[j + 16] = kMxfp4Doubled[q >> 4] * d;
   }
 }
+// Eight bytes from p as two little-endian words, in the widest loads p's alignment allows.
+inline void ld_bytes8(cgptr p, uint* lo, uint* hi) {
+  const ulong a = (ulong)p;
+  if ((a & 3u) == 0) {
+    *lo = ((const __global uint*)p)[0];
+    *hi = ((const __global uint*)p)[1];
+  } else if ((a & 1u) == 0) {
+    const __global ushort* s = (const __global ushort*)p;
+    *lo = (uint)s[0] | ((uint)s[1] << 16);
+    *hi = (uint)s[2] | ((uint)s[3] << 16);
+  } else {
+    *lo = (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
+    *hi = (uint)p[4] | ((uint)p[5] << 8) | ((uint)p[6] << 16) | ((uint)p[7] << 24);
+  }
+}
+// The 8 elements from element e (a multiple of 8) of 4-bit nibble blocks (elements j and j + 16
+// share byte j): quants in wv as integers 0..15.
+inline void nib8(float* wv, cgptr qs, long e) {
+  const int sub = (int)((e >> 3) & 3), sh = (sub >> 1) * 4;
+  uint lo, hi;
+  ld_bytes8(qs + (sub & 1) * 8, &lo, &hi);
+  for (int j = 0; j < 4; ++j) {
+    wv[j] = (float)((lo >> (8 * j + sh)) & 15u);
+    wv[j + 4] = (float)((hi >> (8 * j + sh)) & 15u);
+  }
+}
+// The 8 elements from element e (a multiple of 8): the sub-group Linear kernel gives each lane
+// a quarter block, read in word loads.
+inline void deq8_q4_0(float* wv, cgptr p, long e) {
+  cgptr b = p + (e >> 5) * 18;
+  const float d = ld_half(b);
+  nib8(wv, b + 2, e);
+  for (int j = 0; j < 8; ++j) wv[j] = (wv[j] - 8.0f) * d;
+}
+inline void deq8_q4_1(float* wv, cgptr p, long e) {
+  cgptr b = p + (e >> 5) * 20;
+  const float d = ld_half(b), mn = ld_half(b + 2);
+  nib8(wv, b + 4, e);
+  for (int j = 0; j < 8; ++j) wv[j] = wv[j] * d + mn;
+}
+inline void deq8_q8_0(float* wv, cgptr p, long e) {
+  cgptr b = p + (e >> 5) * 34;
+  const float d = ld_half(b);
+  uint lo, hi;
+  ld_bytes8(b + 2 + (e & 31), &lo, &hi);
+  for (int j = 0; j < 4; ++j) {
+    wv[j] = (float)((char)(lo >> (8 * j))) * d;
+    wv[j + 4] = (float)((char)(hi >> (8 * j))) * d;
+  }
+}
+inline void deq8_mxfp4(float* wv, cgptr p, long e) {
+  cgptr b = p + (e >> 5) * 17;
+  const float d = e8m0_half(b[0]);
+  nib8(wv, b + 1, e);
+  for (int j = 0; j < 8; ++j) wv[j] = kMxfp4Doubled[(int)wv[j]] * d;
+}
 // K-quants: 256-element super-blocks with 6-bit scales and mins.
 inline void scale_min_k4(int j, cgptr q, float* d, float* m) {
   if (j < 4) {

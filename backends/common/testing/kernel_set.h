@@ -35,7 +35,9 @@ class CompileOnlyHost final : public KernelHost, public compiler::Target {
   bool fp64() const override { return true; }
   size_t max_param_bytes() const override { return 4096; }
   bool element_block_weights() const override { return true; }  // as GpuDevice
-  bool HasGemm(DType) const override { return false; }          // compile the GEMM templates too
+  // A warp, or a gfx90a wavefront (the kernels take the width from the compiler there).
+  int linear_lanes() const override { return dialect_ == compiler::Dialect::kHip ? 64 : 32; }
+  bool HasGemm(DType) const override { return false; }  // compile the GEMM templates too
   const char* blas_name() const override { return "none"; }
   KernelSlot* DeclareKernel(std::string_view prefix, std::string_view source) override;
   KernelSlot* DeclareGenerated(const compiler::GeneratedKernel& k) override;
