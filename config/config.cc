@@ -179,9 +179,9 @@ constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
                                                "default_priority_level",
                                                "capture_batch_sizes",
                                                "speculative"};
-constexpr std::string_view kSpeculativeKeys[] = {"method", "num_tokens", "prompt_lookup_min",
-                                                 "prompt_lookup_max", "adaptive"};
-constexpr std::string_view kSpeculativeMethods[] = {"none", "ngram"};
+constexpr std::string_view kSpeculativeKeys[] = {
+    "method", "draft_model", "num_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive"};
+constexpr std::string_view kSpeculativeMethods[] = {"none", "ngram", "draft"};
 constexpr IntRange kSpecTokensRange{1, 16};
 constexpr std::string_view kDynamicBatchingKeys[] = {
     "preferred_batch_size", "max_queue_delay_microseconds", "preserve_ordering",
@@ -910,6 +910,12 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmS
     SpeculativeConfig& c = s->speculative;
     Fields sf = dec.Mapping(spec, spec_path, kSpeculativeKeys);
     dec.Enum(sf, "method", spec_path, kSpeculativeMethods, /*ignore_case=*/false, &c.method);
+    dec.String(sf, "draft_model", spec_path, &c.draft_model);
+    if (c.method == "draft" && c.draft_model.empty()) {
+      d.AtPath(Join(spec_path, "draft_model"),
+               "method `draft` needs a draft model: the path of a smaller model with the same "
+               "vocabulary");
+    }
     dec.Int(sf, "num_tokens", spec_path, kSpecTokensRange, &c.num_tokens);
     dec.Int(sf, "prompt_lookup_min", spec_path, kSpecTokensRange, &c.prompt_lookup_min);
     dec.Int(sf, "prompt_lookup_max", spec_path, kSpecTokensRange, &c.prompt_lookup_max);
@@ -1868,6 +1874,9 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(6, "capture_batch_sizes", absl::StrCat("[", absl::StrJoin(sizes, ", "), "]"));
     w.Line(6, "speculative");
     w.Line(8, "method", s.speculative.method);
+    if (!s.speculative.draft_model.empty()) {
+      w.Line(8, "draft_model", YamlString(s.speculative.draft_model));
+    }
     w.Line(8, "num_tokens", std::to_string(s.speculative.num_tokens));
     w.Line(8, "prompt_lookup_min", std::to_string(s.speculative.prompt_lookup_min));
     w.Line(8, "prompt_lookup_max", std::to_string(s.speculative.prompt_lookup_max));

@@ -234,8 +234,13 @@ inline constexpr int64_t kKvCacheAuto = -1;
 // num_tokens drafted tokens, accepting those the model would have produced itself. A
 // request's own `speculative` field overrides it.
 struct SpeculativeConfig {
-  // "none" or "ngram" (prompt lookup: drafts copied from the sequence's own earlier tokens).
+  // "none", "ngram" (prompt lookup: drafts copied from the sequence's own earlier tokens) or
+  // "draft" (drafts generated greedily by draft_model).
   std::string method = "none";
+  // A smaller model with the same vocabulary (GGUF file or Hugging Face folder, loaded on the
+  // model's backend) that proposes drafts; needed by method "draft", and when set requests
+  // may ask for "draft" whatever the default method. Empty: none.
+  std::string draft_model;
   int num_tokens = 8;         // drafted tokens per step (at most, when adaptive), [1, 16]
   int prompt_lookup_min = 2;  // ngram: shortest suffix looked up, [1, prompt_lookup_max]
   int prompt_lookup_max = 4;  // ngram: longest suffix looked up, [1, 16]

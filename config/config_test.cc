@@ -1340,6 +1340,14 @@ TEST(LlmModelTest, SpeculativeDecoding) {
                                 HasSubstr("at most prompt_lookup_max (4)"))));
   EXPECT_THAT(Errors(head + "      speculative: {mehtod: ngram}\n"),
               ElementsAre(HasSubstr("did you mean `method`")));
+  // A draft model: method draft needs one; a path with spaces survives the round trip.
+  c = Parse(head + "      speculative: {method: draft, draft_model: '/m/small draft.gguf'}\n");
+  EXPECT_EQ(c.models[0].scheduler.speculative.method, "draft");
+  EXPECT_EQ(c.models[0].scheduler.speculative.draft_model, "/m/small draft.gguf");
+  EXPECT_EQ(Parse(ToYaml(c)), c);
+  EXPECT_THAT(Errors(head + "      speculative: {method: draft}\n"),
+              ElementsAre(AllOf(HasSubstr("`models[0].scheduler.speculative.draft_model`"),
+                                HasSubstr("needs a draft model"))));
 }
 
 TEST(LlmModelTest, KvCacheBytesAutoTakesAFractionOfFreeDeviceMemory) {

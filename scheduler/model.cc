@@ -178,6 +178,25 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
     if (deps.llm_metrics) metrics = std::make_unique<LlmMetrics>(*deps.llm_metrics, config.name);
     model->llm_ = std::make_unique<ContinuousBatcher>(config.name, std::move(llm), config.scheduler,
                                                       LlmPrefixSeed(config), std::move(metrics));
+    if (const std::string& draft_path = config.scheduler.speculative.draft_model;
+        !draft_path.empty()) {
+      // The draft model (speculative "draft"): loaded as the model is, on its backend, without
+      // adapters or speculation of its own.
+      config::ModelConfig dc = config;
+      dc.name = StrCat(config.name, ".draft");
+      dc.path = draft_path;
+      dc.adapters.clear();
+      dc.max_loaded_adapters = 0;
+      dc.sampling = "host";  // drafts are the argmax of its logits
+      dc.scheduler.speculative = {};
+      StatusOr<std::unique_ptr<models::LlmModel>> draft = deps.llm_loader(dc);
+      if (!draft.ok()) {
+        return Annotate(draft.status(), StrCat("model '", config.name, "': its draft model (",
+                                               draft_path, ", scheduler.speculative.draft_model)"));
+      }
+      KILN_RETURN_IF_ERROR(model->llm_->SetDraftModel(*std::move(draft)));
+      spdlog::info("model '{}': draft model {} for speculative decoding", config.name, draft_path);
+    }
     if (deps.flight_recorder_entries > 0) {
       model->recorder_ = std::make_unique<FlightRecorder>(
           config.name, "llm",

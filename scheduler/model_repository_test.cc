@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "scheduler/llm/continuous_batcher.h"
 #include "scheduler/llm/testing/fake_llm.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
@@ -21,6 +22,7 @@
 namespace kiln {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Notifies once a log message containing `text` is written: how a test knows that a load is
@@ -236,6 +238,42 @@ TEST_F(ModelRepositoryTest, ModelIsServedBeforeStartupFinishes) {
   // A load of the READY model reloads it and returns at once; it is still READY.
   EXPECT_TRUE(repository_->Load("a_simple").ok());
   EXPECT_TRUE(repository_->GetReady("a_simple").ok());
+}
+
+// scheduler.speculative.draft_model: the loader builds the draft like the model, without
+// adapter slots, speculation or device sampling of its own; its failure names the setting.
+TEST(ModelLoadTest, LoadsTheDraftModelOfSpeculativeDecoding) {
+  std::vector<config::ModelConfig> seen;
+  ModelDeps deps;
+  deps.llm_loader =
+      [&seen](const config::ModelConfig& c) -> StatusOr<std::unique_ptr<models::LlmModel>> {
+    seen.push_back(c);
+    if (c.path == "missing.gguf") return NotFound("no such file: missing.gguf");
+    return std::make_unique<llm_testing::FakeLlm>();
+  };
+  config::ModelConfig c = LlmConfig("m");
+  c.scheduler.speculative.method = "draft";
+  c.scheduler.speculative.draft_model = "small.gguf";
+  StatusOr<std::shared_ptr<Model>> m = Model::Load(c, deps);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].name, "m.draft");
+  EXPECT_EQ(seen[1].path, "small.gguf");
+  EXPECT_EQ(seen[1].max_loaded_adapters, 0);
+  EXPECT_EQ(seen[1].sampling, "host");
+  EXPECT_EQ(seen[1].scheduler.speculative.method, "none");
+  GenerateRequest r;
+  r.prompt = {300, 301, 302};
+  r.max_tokens = 4;
+  r.sampling.speculative = models::SpeculativeParams{.method = "draft"};
+  EXPECT_TRUE((*m)->llm()->Check(r).ok()) << "the batcher has no draft model";
+
+  c.scheduler.speculative.draft_model = "missing.gguf";
+  m = Model::Load(c, deps);
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(
+      std::string(StatusMessage(m.status())),
+      AllOf(HasSubstr("model 'm': its draft model (missing.gguf"), HasSubstr("no such file")));
 }
 
 }  // namespace

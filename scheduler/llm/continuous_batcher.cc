@@ -86,16 +86,27 @@ int64_t ContinuousBatcher::KvCacheBytes() const {
 Status ContinuousBatcher::Start() {
   const int32_t bs = config_.block_size;
   if (bs < 1) return InvalidArgument("block_size must be at least 1");
-  const int64_t per_block = model_->KvBytesPerBlock(bs);
+  if (config_.speculative.method == "draft" && draft_ == nullptr) {
+    return FailedPrecondition("model '", name_,
+                              "': scheduler.speculative.method is draft but no draft model was "
+                              "loaded");
+  }
+  // A draft model keeps a cache of as many blocks (speculative.h): kv_cache_bytes holds both.
+  const int64_t per_block =
+      model_->KvBytesPerBlock(bs) + (draft_ != nullptr ? draft_->KvBytesPerBlock(bs) : 0);
   const int64_t kv_bytes = KvCacheBytes();
   int64_t blocks = per_block > 0 ? kv_bytes / per_block : 0;
   if (blocks < 1) {
     return InvalidArgument("model '", name_, "': kv_cache_bytes ", kv_bytes,
                            " holds no KV block: one block of ", bs, " tokens needs ", per_block,
-                           " bytes");
+                           " bytes", draft_ != nullptr ? " (with the draft model's)" : "");
   }
   blocks = std::min<int64_t>(blocks, 1 << 24);
   KILN_RETURN_IF_ERROR(model_->AllocateKvCache(static_cast<int32_t>(blocks), bs));
+  if (draft_ != nullptr) {
+    KILN_RETURN_IF_ERROR(
+        Annotate(draft_->AllocateKvCache(static_cast<int32_t>(blocks), bs), "the draft model"));
+  }
   kv_ = std::make_unique<KvBlockManager>(static_cast<int32_t>(blocks), bs,
                                          config_.enable_prefix_caching);
   scheduler_ = std::make_unique<StepScheduler>(config_, kv_.get());
@@ -104,8 +115,9 @@ Status ContinuousBatcher::Start() {
     scheduler_->set_admission_check([this](Sequence* seq) { return AcquireAdapterSlot(seq); });
   }
   if (metrics_) metrics_->kv_blocks->Set(static_cast<double>(blocks));
-  spdlog::info("model '{}': KV cache of {} blocks x {} tokens ({:.1f} MiB), prefix caching {}",
+  spdlog::info("model '{}': KV cache of {} blocks x {} tokens ({:.1f} MiB{}), prefix caching {}",
                name_, blocks, bs, blocks * per_block / 1048576.0,
+               draft_ != nullptr ? ", the draft model's included" : "",
                config_.enable_prefix_caching ? "on" : "off");
   {
     absl::MutexLock lock(&mu_);
@@ -113,6 +125,29 @@ Status ContinuousBatcher::Start() {
     snapshot_.kv_blocks_total = kv_->num_blocks();
   }
   thread_ = std::thread([this] { Loop(); });
+  return OkStatus();
+}
+
+Status ContinuousBatcher::SetDraftModel(std::unique_ptr<models::LlmModel> draft) {
+  // Drafts are token ids of the target's vocabulary: the draft's must be the same one (the
+  // logits' rows, and every token's text; tokenizers of one family with added tokens differ).
+  const models::Tokenizer &t = model_->tokenizer(), &d = draft->tokenizer();
+  const int32_t tv = model_->info().vocab_size, dv = draft->info().vocab_size;
+  if (tv != dv || t.vocab_size() != d.vocab_size()) {
+    return InvalidArgument("model '", name_, "': the draft model '", draft->info().name,
+                           "' has a vocabulary of ", dv, " tokens (tokenizer ", d.vocab_size(),
+                           "), the model ", tv, " (tokenizer ", t.vocab_size(),
+                           "); a draft model must share the model's vocabulary");
+  }
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    if (t.Piece(id) != d.Piece(id)) {
+      return InvalidArgument("model '", name_, "': the draft model '", draft->info().name,
+                             "' has token ", id, " '", ValidUtf8(d.Piece(id)),
+                             "' where the model has '", ValidUtf8(t.Piece(id)), "'",
+                             "; a draft model must share the model's vocabulary");
+    }
+  }
+  draft_ = std::move(draft);
   return OkStatus();
 }
 
@@ -178,7 +213,7 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
     return sampling_error(s);
   }
   if (StatusOr<SpeculationSettings> spec =
-          ResolveSpeculation(config_.speculative, r.sampling.speculative, name_);
+          ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, draft_ != nullptr);
       !spec.ok()) {
     return sampling_error(spec.status());
   }
@@ -300,8 +335,9 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   structured_->Bind(seq.get());
   // Checked by Check; speculation stays off for a grammar (its drafts would need masks).
   if (!seq->matcher) {
-    seq->spec = ResolveSpeculation(config_.speculative, r.sampling.speculative, name_)
-                    .value_or(SpeculationSettings{});
+    seq->spec =
+        ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, draft_ != nullptr)
+            .value_or(SpeculationSettings{});
   }
 
   absl::MutexLock lock(&mu_);
@@ -471,6 +507,7 @@ void ContinuousBatcher::StepOnce() {
   Schedule();
   if (recorder_) FlightStepBegin(flight);
   if (sched_.empty()) return;
+  if (draft_ != nullptr) GenerateDrafts();
   trace_.Scheduled(sched_, step_start);  // tracing
   const models::StepBatch& batch = builder_.Build(sched_, config_.block_size);
   // Structured output: the masks of the sequences that get a token this step.
@@ -540,24 +577,120 @@ void ContinuousBatcher::ProposeDrafts() {
   // Nor while a request waits (StepScheduler would drop the drafts: skip the lookups).
   if (prefilling || scheduler_->num_waiting() > 0) return;
   double tokens = rows;
+  // Draft model: one draft step per drafted token, and a catch-up per token it has not seen,
+  // in one-row target steps (0 until measured).
+  const double one_row = step_cost_.OneRowSeconds();
+  const double per_draft = one_row > 0 ? draft_step_seconds_ / one_row : 0.0;
+  const double per_catch_up = one_row > 0 ? draft_catch_up_seconds_ / one_row : 0.0;
+  int32_t catch_up_budget = config_.max_num_batched_tokens;
+  draft_rows_.clear();
   scheduler_->ForEachRunning([&](Sequence* s) {
     if (s->spec.num_tokens == 0 || s->uncomputed() != 1 || s->generated() == 0) return;
+    const bool model_draft = s->spec.method == SpeculationSettings::Method::kDraft;
     // A step yields up to drafts + 1 tokens: stay within max_tokens and the context.
     const int32_t room = std::min(s->req->sampling.max_tokens - s->generated(),
                                   context - static_cast<int32_t>(s->tokens.size())) -
                          1;
     int32_t k = std::min(room, s->spec.num_tokens);
     const double rate = s->acceptance.rate();
-    if (s->spec.adaptive && k > 0) k = ChooseDraftLength(rate, k, step_cost_, rows, tokens);
+    if (model_draft) s->draft_computed = std::min(s->draft_computed, s->num_computed);
+    const int32_t behind = model_draft ? s->num_computed - s->draft_computed : 0;
+    if (s->spec.adaptive && k > 0) {
+      k = model_draft ? ChooseDraftLength(rate, k, step_cost_, rows, tokens, per_draft,
+                                          per_catch_up * behind)
+                      : ChooseDraftLength(rate, k, step_cost_, rows, tokens);
+    }
     if (k <= 0) {
       s->acceptance.Idle();
       return;
     }
-    ProposeNgram(s->tokens, s->spec, k, &s->draft);
+    if (model_draft) {
+      // The draft's cache first takes the tokens the target computed without it; a sequence
+      // drafts once it has them all (GenerateDrafts fills the placeholders).
+      if (behind > 0) {
+        const int32_t n = std::min(behind, catch_up_budget);
+        if (n == 0) return;
+        catch_up_budget -= n;
+        draft_rows_.push_back({s, s->draft_computed, n});
+        if (n < behind) return;
+      }
+      s->draft.assign(static_cast<size_t>(k), s->tokens.back());
+    } else {
+      ProposeNgram(s->tokens, s->spec, k, &s->draft);
+    }
     const auto d = static_cast<int32_t>(s->draft.size());
     rows += d;
     for (int32_t i = 1; i <= d; ++i) tokens += std::pow(rate, i);
   });
+  if (!draft_rows_.empty()) CatchUpDrafts();
+}
+
+Status ContinuousBatcher::RunDraft(std::span<const StepBatchBuilder::Row> rows) {
+  const models::StepBatch& batch = draft_builder_.BuildRows(rows, config_.block_size);
+  draft_logits_.resize(rows.size() * static_cast<size_t>(draft_->info().vocab_size));
+  models::StepStats stats;
+  return draft_->Step(batch, draft_logits_, &stats);
+}
+
+void ContinuousBatcher::CatchUpDrafts() {
+  const auto start = SteadyClock::now();
+  if (Status st = RunDraft(draft_rows_); !st.ok()) {
+    spdlog::warn("model '{}': the draft model's step failed, drafting nothing this step: {}", name_,
+                 st.ToString());
+    for (const StepBatchBuilder::Row& r : draft_rows_) r.seq->draft.clear();
+    return;
+  }
+  int32_t tokens = 0;
+  for (const StepBatchBuilder::Row& r : draft_rows_) {
+    r.seq->draft_computed += r.n;
+    tokens += r.n;
+  }
+  const double t = Seconds(SteadyClock::now() - start) / tokens;
+  draft_catch_up_seconds_ =
+      draft_catch_up_seconds_ > 0 ? 0.8 * draft_catch_up_seconds_ + 0.2 * t : t;
+}
+
+void ContinuousBatcher::GenerateDrafts() {
+  // The sequences whose drafts are placeholders (ProposeDrafts), as scheduled: Schedule may
+  // have trimmed them to the blocks it could have.
+  std::vector<Sequence*> seqs;
+  for (const SchedulerOutput::Entry& e : sched_.seqs) {
+    Sequence* s = e.seq;
+    if (!s->draft.empty() && s->spec.method == SpeculationSettings::Method::kDraft) {
+      seqs.push_back(s);
+    }
+  }
+  if (seqs.empty()) return;
+  const auto start = SteadyClock::now();
+  const int32_t vocab = draft_->info().vocab_size;
+  // Step i feeds each sequence's token at position num_computed + i (t0, then draft i) and
+  // takes draft i + 1, greedily, from its logits.
+  int32_t steps = 0;
+  for (;; ++steps) {
+    draft_rows_.clear();
+    for (Sequence* s : seqs) {
+      if (static_cast<int32_t>(s->draft.size()) > steps) {
+        draft_rows_.push_back({s, s->num_computed + steps, 1});
+      }
+    }
+    if (draft_rows_.empty()) break;
+    if (Status st = RunDraft(draft_rows_); !st.ok()) {
+      // The placeholders stay (verification rejects what does not match): slower, still right.
+      spdlog::warn("model '{}': the draft model's step failed: {}", name_, st.ToString());
+      break;
+    }
+    for (size_t r = 0; r < draft_rows_.size(); ++r) {
+      Sequence* s = draft_rows_[r].seq;
+      const float* row = draft_logits_.data() + r * static_cast<size_t>(vocab);
+      s->draft[static_cast<size_t>(steps)] =
+          static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      s->draft_computed = draft_rows_[r].from + 1;
+    }
+  }
+  if (steps > 0) {
+    const double t = Seconds(SteadyClock::now() - start) / steps;
+    draft_step_seconds_ = draft_step_seconds_ > 0 ? 0.8 * draft_step_seconds_ + 0.2 * t : t;
+  }
 }
 
 bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {
@@ -623,6 +756,8 @@ void ContinuousBatcher::ProcessOutputs(const SchedulerOutput& sched, const StepO
     accepted += static_cast<uint64_t>(taken);
     s->acceptance.Observe(d, taken);
     s->draft.clear();
+    // The draft model's keys and values stand where the tokens were accepted (speculative.h).
+    s->draft_computed = std::min(s->draft_computed, s->num_computed);
     if (!s->done) scheduler_->PublishFullBlocks(s);
   }
   if (drafted > 0) {

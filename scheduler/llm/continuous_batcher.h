@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -113,6 +114,11 @@ class ContinuousBatcher {
   // with UNAVAILABLE. Returns the number of requests cut off.
   int Drain(SteadyClock::time_point deadline);
 
+  // Speculative decoding with a draft model (speculative.h): a smaller model with the same
+  // vocabulary, driven by the loop thread. InvalidArgument when its vocabulary differs (size
+  // or any token's text). REQUIRES: before Start.
+  Status SetDraftModel(std::unique_ptr<models::LlmModel> draft);
+
   const models::LlmModel& model() const { return *model_; }
   const std::string& name() const { return name_; }
   const config::LlmSchedulerConfig& config() const { return config_; }
@@ -148,8 +154,14 @@ class ContinuousBatcher {
   // token, stop string, length, complete structured output) or streams it. Returns whether
   // the sequence goes on.
   bool TakeToken(Sequence* s, const models::SampledToken& t);
-  // Speculative decoding: the drafts of the running sequences that decode next.
+  // Speculative decoding: the drafts of the running sequences that decode next (a draft
+  // model's: placeholders, after its catch-up step, CatchUpDrafts)...
   void ProposeDrafts();
+  // ... which, after Schedule, its single-token steps fill (speculative.h).
+  void CatchUpDrafts();
+  void GenerateDrafts();
+  // One step of the draft model over `rows` (logits into draft_logits_).
+  Status RunDraft(std::span<const StepBatchBuilder::Row> rows);
   // Ends a sequence: frees its blocks, sends its final event.
   void Finish(Sequence* seq, FinishReason reason, Status status, std::string stop = {});
   void Emit(Sequence* seq, std::vector<int32_t> ids, std::vector<models::SampledToken> lps,
@@ -174,6 +186,7 @@ class ContinuousBatcher {
 
   const std::string name_;
   std::unique_ptr<models::LlmModel> model_;
+  std::unique_ptr<models::LlmModel> draft_;  // speculative "draft"; null: none
   const config::LlmSchedulerConfig config_;
   const uint64_t prefix_seed_;
   std::unique_ptr<LlmMetrics> metrics_;
@@ -194,8 +207,13 @@ class ContinuousBatcher {
 
   // Loop-thread state.
   std::unique_ptr<StepScheduler> scheduler_;
-  SchedulerOutput sched_;    // this step's decision (reused: no allocation per step)
-  StepCostModel step_cost_;  // decode-step time by rows (speculative decoding)
+  SchedulerOutput sched_;              // this step's decision (reused: no allocation per step)
+  StepCostModel step_cost_;            // decode-step time by rows (speculative decoding)
+  double draft_step_seconds_ = 0;      // a draft model's step (EMA)
+  double draft_catch_up_seconds_ = 0;  // ... and its catch-up, per token (EMA)
+  StepBatchBuilder draft_builder_;     // the draft model's batches
+  std::vector<StepBatchBuilder::Row> draft_rows_;  // its catch-up, then each draft step's rows
+  std::vector<float> draft_logits_;
   StepBatchBuilder builder_;
   std::vector<float> logits_;                     // host sampling: [S, vocab]
   StepSamplingBuilder sampling_;                  // device sampling: the step's table

@@ -9,6 +9,7 @@
 
 #include <future>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "gmock/gmock.h"
@@ -81,9 +82,11 @@ config::LlmSchedulerConfig WithBlocks(config::LlmSchedulerConfig c, int64_t bloc
 }
 
 struct Fixture {
+  // `draft`: options of a second fake, the batcher's draft model (speculative "draft").
   explicit Fixture(config::LlmSchedulerConfig config = WithBlocks({}, 4096), int32_t context = 512,
                    bool sample_on_device = false, int32_t max_adapters = 0,
-                   FlightRecorder* recorder = nullptr, int32_t repeat_period = 0)
+                   FlightRecorder* recorder = nullptr, int32_t repeat_period = 0,
+                   std::optional<FakeLlmOptions> draft = std::nullopt)
       : registry(std::make_unique<metrics::Registry>()),
         families(std::make_unique<LlmMetricFamilies>(*registry)) {
     FakeLlmOptions opts;
@@ -100,6 +103,12 @@ struct Fixture {
     batcher = std::make_unique<ContinuousBatcher>("fake", std::move(m), config, /*prefix_seed=*/7,
                                                   std::make_unique<LlmMetrics>(*families, "fake"));
     batcher->set_flight_recorder(recorder);
+    if (draft) {
+      draft->context_length = context;
+      draft_seen = draft->stats;
+      Status d = batcher->SetDraftModel(std::make_unique<FakeLlm>(*draft));
+      KILN_CHECK(d.ok(), "the draft model was refused");
+    }
     Status s = batcher->Start();
     KILN_CHECK(s.ok(), "batcher failed to start");
   }
@@ -124,7 +133,7 @@ struct Fixture {
   std::unique_ptr<metrics::Registry> registry;
   std::unique_ptr<LlmMetricFamilies> families;
   std::shared_ptr<llm_testing::StepGate> gate;
-  std::shared_ptr<llm_testing::FakeLlmStats> seen;
+  std::shared_ptr<llm_testing::FakeLlmStats> seen, draft_seen;
   std::shared_ptr<std::atomic<int>> delay_us, eos_at;
   FakeLlm* model;
   std::unique_ptr<ContinuousBatcher> batcher;
@@ -882,6 +891,134 @@ TEST(ContinuousBatcherSpeculativeTest, DraftsYieldToWaitingRequestsAndFollowTheR
   off.req->sampling.speculative = models::SpeculativeParams{.method = "none"};
   EXPECT_EQ(f.Submit(off).get().ids, FakeLlm::Continue(Periodic(14, 6, 9), 20, 0, 0, 6));
   EXPECT_EQ(f.batcher->snapshot().draft_tokens, drafted);
+}
+
+config::LlmSchedulerConfig WithDraftModel(config::LlmSchedulerConfig c, int k) {
+  c.speculative.method = "draft";
+  c.speculative.draft_model = "fake-draft";  // what Model::Load would load; here the fixture's
+  c.speculative.num_tokens = k;
+  c.speculative.adaptive = false;
+  return c;
+}
+
+// A draft model identical to the target proposes exactly the target's greedy tokens when its
+// own paged KV cache is right: after catch-up over prompts longer than a step's budget (the
+// prefix cache sharing some), after steps that accepted every draft (the last draft was never
+// fed to it), after rejections, and after preemption (scarce blocks) it starts over. So every
+// draft is accepted, and the output is the model's. The fake checks the position of every
+// slot it reads, in the draft's cache too.
+TEST(ContinuousBatcherDraftModelTest, AnIdenticalDraftModelIsAlwaysRight) {
+  for (int64_t blocks : {512, 40}) {
+    SCOPED_TRACE(blocks);
+    config::LlmSchedulerConfig o;
+    o.max_num_batched_tokens = 16;
+    o.max_prefill_tokens_with_decodes = 8;
+    o.max_num_seqs = 16;
+    o.block_size = 4;
+    // Scarce: without the prefix cache a preempted sequence comes back in other blocks.
+    o.enable_prefix_caching = blocks > 40;
+    Fixture f(WithBlocks(WithDraftModel(o, 4), blocks), 512, false, 0, nullptr, 0,
+              FakeLlmOptions{});
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::future<Result>> futures;
+    // Scarce: short prompts all admitted at once, then decoding outgrows the cache, so
+    // sequences that drafted are preempted.
+    const int base = blocks > 40 ? 21 : 9, n = blocks > 40 ? 22 : 40;
+    for (int i = 0; i < 6; ++i) {
+      prompts.push_back(i % 3 == 2 ? prompts[i - 1] : Prompt(base + 5 * (i % 2), i));
+      auto c = MakeRequest(prompts.back(), n + i);
+      futures.push_back(f.Submit(c));
+    }
+    int64_t tokens = 0;
+    for (int i = 0; i < 6; ++i) {
+      Result r = futures[i].get();
+      EXPECT_EQ(r.ids, Reference(prompts[i], n + i)) << "request " << i;
+      tokens += static_cast<int64_t>(r.ids.size());
+    }
+    ASSERT_TRUE(f.Await(NoBlocksUsed));
+    const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
+    EXPECT_GT(snap.draft_tokens, 0u);
+    EXPECT_EQ(snap.accepted_tokens, snap.draft_tokens) << "a draft from a stale KV cache";
+    if (blocks == 40) {
+      EXPECT_GT(snap.preemptions, 0u) << "the scarce cache preempted nothing";
+    }
+    EXPECT_LT(f.seen->steps, tokens) << "the target ran a step per token";
+    EXPECT_GT(f.draft_seen->steps, 0);
+  }
+}
+
+// A draft model that is mostly wrong (it repeats its input where the target hashes) changes
+// nothing in the output, greedy or seeded; a request may turn it off or pick prompt lookup.
+TEST(ContinuousBatcherDraftModelTest, AWrongDraftModelChangesNothing) {
+  config::LlmSchedulerConfig o;
+  o.max_num_seqs = 16;
+  o.block_size = 4;
+  FakeLlmOptions wrong;
+  wrong.repeat_period = 3;
+  Fixture f(WithBlocks(WithDraftModel(o, 3), 512), 512, false, 0, nullptr, 0, wrong);
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < 4; ++i) {
+    auto c = MakeRequest(Prompt(15 + i, i), 25);
+    futures.push_back(f.Submit(c));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(futures[i].get().ids, Reference(Prompt(15 + i, i), 25));
+  ASSERT_TRUE(f.Await(NoBlocksUsed));
+  ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
+  EXPECT_GT(snap.draft_tokens, 0u);
+  EXPECT_LT(snap.accepted_tokens, snap.draft_tokens);
+  const int64_t draft_steps = f.draft_seen->steps;
+  for (const char* method : {"none", "ngram"}) {
+    auto c = MakeRequest(Prompt(19, 9), 12);
+    c.req->sampling.speculative = models::SpeculativeParams{.method = method};
+    EXPECT_EQ(f.Submit(c).get().ids, Reference(Prompt(19, 9), 12)) << method;
+  }
+  EXPECT_EQ(f.draft_seen->steps, draft_steps) << "the draft model ran for a request without it";
+}
+
+// A draft model wrong at every 7th position: after a rejection the rejected draft's keys and
+// values in its cache are overwritten by the token that replaced it, so the drafts after it are
+// right again. Kept, the wrong token would make every later draft of the hashing fake wrong.
+TEST(ContinuousBatcherDraftModelTest, RejectedDraftsLeaveTheDraftModelsCache) {
+  config::LlmSchedulerConfig o;
+  o.block_size = 4;
+  FakeLlmOptions sometimes;
+  sometimes.wrong_every = 7;
+  Fixture f(WithBlocks(WithDraftModel(o, 4), 512), 512, false, 0, nullptr, 0, sometimes);
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < 4; ++i) {
+    auto c = MakeRequest(Prompt(16 + i, i), 60);
+    futures.push_back(f.Submit(c));
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(futures[i].get().ids, Reference(Prompt(16 + i, i), 60));
+  ASSERT_TRUE(f.Await(NoBlocksUsed));
+  const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
+  EXPECT_LT(snap.accepted_tokens, snap.draft_tokens);
+  EXPECT_GT(snap.accepted_tokens, snap.draft_tokens / 2)
+      << snap.accepted_tokens << " of " << snap.draft_tokens << " drafts accepted";
+}
+
+TEST(ContinuousBatcherDraftModelTest, DraftModelsMustShareTheVocabularyAndBeLoaded) {
+  config::LlmSchedulerConfig o = WithBlocks(WithDraftModel({}, 4), 64);
+  auto target = std::make_unique<FakeLlm>();
+  ContinuousBatcher b("fake", std::move(target), o, 1, nullptr);
+  FakeLlmOptions bigger;
+  bigger.vocab_size = 100000;
+  Status s = b.SetDraftModel(std::make_unique<FakeLlm>(bigger));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("vocabulary of 100000 tokens"));
+  s = b.Start();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("no draft model was loaded"));
+  // A request may ask for "draft" only where there is one.
+  Fixture none(WithBlocks(Ngram({}, 4), 64));
+  auto c = MakeRequest(Prompt(5, 1), 4);
+  c.req->sampling.speculative = models::SpeculativeParams{.method = "draft"};
+  EXPECT_THAT(std::string(StatusMessage(none.batcher->Check(*c.req))),
+              HasSubstr("has no draft model"));
+  Fixture with(WithBlocks(Ngram({}, 4), 64), 512, false, 0, nullptr, 0, FakeLlmOptions{});
+  EXPECT_TRUE(with.batcher->Check(*c.req).ok());
+  EXPECT_EQ(with.Submit(c).get().ids, Reference(Prompt(5, 1), 4));
+  EXPECT_GT(with.draft_seen->steps, 0);
 }
 
 TEST(ContinuousBatcherSpeculativeTest, StopStringsAndEndTokensInsideAVerifiedRun) {

@@ -5,6 +5,27 @@
 namespace kiln {
 
 const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, int32_t block_size) {
+  rows_.clear();
+  for (const auto& [s, n, first] : sched.seqs) {
+    if (s->draft.empty()) {
+      rows_.push_back({s, s->num_computed, n});
+    } else {
+      // Verification (speculative.h): the pending token and each draft, a row each.
+      for (int32_t k = 0; k < n; ++k) rows_.push_back({s, s->num_computed + k, 1});
+    }
+  }
+  return Lay(rows_, block_size, /*adapters=*/true, sched.decode_only);
+}
+
+const models::StepBatch& StepBatchBuilder::BuildRows(std::span<const Row> rows,
+                                                     int32_t block_size) {
+  const bool decode_only =
+      std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.n == 1; });
+  return Lay(rows, block_size, /*adapters=*/false, decode_only);
+}
+
+const models::StepBatch& StepBatchBuilder::Lay(std::span<const Row> rows, int32_t block_size,
+                                               bool adapters, bool decode_only) {
   tokens_.clear();
   positions_.clear();
   slots_.clear();
@@ -13,8 +34,7 @@ const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, i
   adapter_slots_.clear();
   row_seqs_.clear();
   int32_t max_blocks = 0;
-  // One row of `n` new tokens from position `from` of `s`.
-  auto add_row = [&](const Sequence* s, int32_t from, int32_t n) {
+  for (const auto& [s, from, n] : rows) {
     for (int32_t pos = from; pos < from + n; ++pos) {
       tokens_.push_back(s->TokenAt(pos));
       positions_.push_back(pos);
@@ -22,27 +42,19 @@ const models::StepBatch& StepBatchBuilder::Build(const SchedulerOutput& sched, i
     }
     query_start_.push_back(query_start_.back() + n);
     seq_lens_.push_back(from + n);
-    adapter_slots_.push_back(s->adapter_slot);
+    adapter_slots_.push_back(adapters ? s->adapter_slot : -1);
     row_seqs_.push_back(s);
     max_blocks = std::max(max_blocks, (from + n + block_size - 1) / block_size);
-  };
-  for (const auto& [s, n, first] : sched.seqs) {
-    if (s->draft.empty()) {
-      add_row(s, s->num_computed, n);
-    } else {
-      // Verification (speculative.h): the pending token and each draft, a row each.
-      for (int32_t k = 0; k < n; ++k) add_row(s, s->num_computed + k, 1);
-    }
   }
-  const size_t rows = row_seqs_.size();
-  block_table_.assign(rows * max_blocks, -1);
-  for (size_t i = 0; i < rows; ++i) {
+  const size_t n_rows = row_seqs_.size();
+  block_table_.assign(n_rows * max_blocks, -1);
+  for (size_t i = 0; i < n_rows; ++i) {
     const auto& blocks = row_seqs_[i]->blocks;
     const int32_t used = (seq_lens_[i] + block_size - 1) / block_size;
     std::copy(blocks.begin(), blocks.begin() + used, block_table_.begin() + i * max_blocks);
   }
-  batch_ = {tokens_,    positions_, query_start_,      seq_lens_,     block_table_,
-            max_blocks, slots_,     sched.decode_only, adapter_slots_};
+  batch_ = {tokens_,    positions_, query_start_, seq_lens_,     block_table_,
+            max_blocks, slots_,     decode_only,  adapter_slots_};
   return batch_;
 }
 

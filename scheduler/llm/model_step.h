@@ -31,7 +31,20 @@ class StepBatchBuilder {
   // hold its tokens up to num_computed + num_tokens.
   const models::StepBatch& Build(const SchedulerOutput& sched, int32_t block_size);
 
+  // `n` new tokens of `seq` from position `from` (Sequence::TokenAt: known tokens, then drafts).
+  struct Row {
+    Sequence* seq;  // read only; not const so that the batcher can keep its rows' state
+    int32_t from, n;
+  };
+  // A batch of these rows, for a draft model (speculative.h): no adapter slots, decode-only
+  // when every row has one token. REQUIRES: rows not empty; each row's blocks hold its
+  // positions.
+  const models::StepBatch& BuildRows(std::span<const Row> rows, int32_t block_size);
+
  private:
+  const models::StepBatch& Lay(std::span<const Row> rows, int32_t block_size, bool adapters,
+                               bool decode_only);
+  std::vector<Row> rows_;
   std::vector<int32_t> tokens_, positions_, query_start_, seq_lens_, block_table_, slots_,
       adapter_slots_;
   std::vector<const Sequence*> row_seqs_;

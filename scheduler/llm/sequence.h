@@ -65,6 +65,7 @@ struct Sequence {
   SpeculationSettings spec;    // num_tokens 0: off
   std::vector<int32_t> draft;  // drafted tokens after tokens.back(), verified by this step
   AcceptanceEstimate acceptance;
+  int32_t draft_computed = 0;  // draft model: tokens whose KV is in its cache (<= num_computed)
 
   // ---- Output processing (ContinuousBatcher::ProcessOutputs) ----
   models::SequenceSampler sampler;

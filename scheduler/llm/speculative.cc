@@ -9,20 +9,22 @@ namespace kiln {
 
 StatusOr<SpeculationSettings> ResolveSpeculation(
     const config::SpeculativeConfig& model, const std::optional<models::SpeculativeParams>& asked,
-    std::string_view model_name) {
+    std::string_view model_name, bool has_draft_model) {
   SpeculationSettings s;
   std::string_view method = model.method;
   int32_t k = model.num_tokens, lo = model.prompt_lookup_min, hi = model.prompt_lookup_max;
   if (asked) {
-    if (asked->method != "none" && asked->method != "ngram") {
-      const bool draft = asked->method == "draft";
+    const bool draft = asked->method == "draft";
+    if (asked->method != "none" && asked->method != "ngram" && !(draft && has_draft_model)) {
       return WithParam(
-          InvalidArgument("`speculative.method` is \"", ValidUtf8(asked->method), "\"; ",
-                          draft
-                              ? absl::StrCat("model '", std::string(model_name),
-                                             "' has no draft model (draft-model speculation is not "
-                                             "available); use \"ngram\" or \"none\"")
-                              : std::string("it must be \"ngram\" or \"none\"")),
+          InvalidArgument(
+              "`speculative.method` is \"", ValidUtf8(asked->method), "\"; ",
+              draft ? absl::StrCat("model '", std::string(model_name),
+                                   "' has no draft model (its "
+                                   "scheduler.speculative.draft_model is not set); use "
+                                   "\"ngram\" or \"none\"")
+                    : std::string(has_draft_model ? "it must be \"ngram\", \"draft\" or \"none\""
+                                                  : "it must be \"ngram\" or \"none\"")),
           "speculative.method");
     }
     method = asked->method;
@@ -48,6 +50,8 @@ StatusOr<SpeculationSettings> ResolveSpeculation(
     }
   }
   if (method == "none") return s;
+  s.method =
+      method == "draft" ? SpeculationSettings::Method::kDraft : SpeculationSettings::Method::kNgram;
   s.adaptive = model.adaptive;
   s.num_tokens = std::clamp(k, 1, kMaxSpeculativeTokens);
   s.lookup_min = std::max(1, lo);
@@ -89,7 +93,7 @@ double StepCostModel::Relative(int32_t rows) const {
 }
 
 int32_t ChooseDraftLength(double rate, int32_t max_draft, const StepCostModel& cost, int32_t rows,
-                          double tokens) {
+                          double tokens, double per_draft, double fixed) {
   rows = std::max(rows, 1);
   const double base = cost.Relative(rows);
   int32_t best = 0;
@@ -98,7 +102,7 @@ int32_t ChooseDraftLength(double rate, int32_t max_draft, const StepCostModel& c
   for (int32_t k = 1; k <= max_draft; ++k) {
     p *= rate;
     expected += p;  // + rate + rate^2 + ... : the drafts' expected accepted tokens
-    const double value = expected / cost.Relative(rows + k);
+    const double value = expected / (cost.Relative(rows + k) + per_draft * k + fixed);
     if (value > best_value) {
       best_value = value;
       best = k;

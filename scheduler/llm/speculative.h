@@ -24,6 +24,23 @@
 // that followed its most recent earlier occurrence. Free to compute, and right whenever the
 // output copies its input: rewriting code or a document, quoting, extraction.
 //
+// Method "draft": a smaller model with the same vocabulary (scheduler.speculative.draft_model)
+// drafts greedily. It shares the batcher's paged KV layout — its own cache of as many blocks
+// of the same size, indexed by the same block tables and slots — so it needs no allocation of
+// its own. Per sequence, `draft_computed` tokens have their keys and values in the draft's
+// cache (<= num_computed). Before scheduling, the draft catches up on tokens the target
+// computed without it (after prefill, after a step that accepted every draft), at most
+// max_num_batched_tokens a step over all sequences, and only a caught-up sequence drafts.
+// After scheduling (which allocated the blocks of the drafted positions), single-token draft
+// steps of every drafting sequence together feed t0 and each draft in turn, the next draft
+// being the argmax of the draft's logits. After verification `draft_computed` drops to what
+// matches the accepted tokens (rejected drafts' keys and values are overwritten later), and
+// to 0 on preemption. Blocks shared through the prefix cache hold the same tokens at the same
+// positions, so the draft's keys and values there are the same whoever wrote them. The
+// adaptive length counts the draft's own step time and, for a sequence it has fallen behind
+// (it does not follow sequences that are not drafting), its catch-up (ChooseDraftLength's
+// per_draft and fixed, measured).
+//
 // How many drafts (adaptive, the default). A draft costs a row of the step whether it is
 // accepted or not, and what a row costs depends on the device: on a GPU a decode step's time
 // hardly depends on its rows, on a CPU each row adds a share of the weights' arithmetic. So
@@ -58,6 +75,8 @@ namespace kiln {
 
 // A sequence's speculation, resolved from its request and its model.
 struct SpeculationSettings {
+  enum class Method { kNgram, kDraft };
+  Method method = Method::kNgram;
   int32_t num_tokens = 0;  // drafted tokens per step (at most, when adaptive); 0: none
   int32_t lookup_min = 1;  // ngram suffix lengths tried, longest first
   int32_t lookup_max = 4;
@@ -90,6 +109,8 @@ class StepCostModel {
   void Observe(int32_t rows, double seconds);
   // t(rows) / t(1).
   double Relative(int32_t rows) const;
+  // t(1) as measured; 0 before any one-row step.
+  double OneRowSeconds() const { return seconds_[1]; }
 
  private:
   static constexpr int32_t kRows = 64;  // rows tracked: [1, kRows]
@@ -101,15 +122,20 @@ class StepCostModel {
 // expected tokens per unit of time, (tokens + rate + ... + rate^k) / t(rows + k). Alone in
 // a step (rows 1, tokens 1) that is the sequence's own speed; in a batch, drafts must pay
 // for the time they add to every sequence's step.
+// `per_draft`: what drafting one more token costs apart from its row, and `fixed`: what
+// drafting at all costs first, both in one-row steps (a draft model's step, and its catch-up
+// on the tokens it has not seen; 0 for prompt lookup).
 int32_t ChooseDraftLength(double rate, int32_t max_draft, const StepCostModel& cost,
-                          int32_t rows = 1, double tokens = 1.0);
+                          int32_t rows = 1, double tokens = 1.0, double per_draft = 0.0,
+                          double fixed = 0.0);
 
 // The request's `speculative` (when given) over the model's scheduler.speculative.
 // InvalidArgument naming the field ("speculative.num_tokens", param set) for an unknown
-// method or a number out of range.
+// method, "draft" for a model without a draft model (`has_draft_model`), or a number out of
+// range.
 StatusOr<SpeculationSettings> ResolveSpeculation(
     const config::SpeculativeConfig& model, const std::optional<models::SpeculativeParams>& asked,
-    std::string_view model_name);
+    std::string_view model_name, bool has_draft_model = false);
 
 // Prompt lookup: fills `draft` with up to `max_draft` tokens that followed the most recent
 // earlier occurrence of the longest suffix of `tokens` (settings' lengths) that occurs

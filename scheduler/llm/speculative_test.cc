@@ -93,6 +93,14 @@ TEST(AdaptiveDraftingTest, DraftsWhatPaysOnTheMeasuredDevice) {
   }
   EXPECT_EQ(ChooseDraftLength(0.9, 8, cpu, 8, 8.0), 0);
   EXPECT_EQ(ChooseDraftLength(0.9, 8, gpu, 8, 8.0), 8);
+  // A draft model: its steps (a tenth of the target's each) make long drafts dearer; one it
+  // must first catch up on 40 tokens (at a fiftieth of a step each) drafts only when most of
+  // its drafts are right, and one that would take longer to catch up than it saves not at all.
+  EXPECT_EQ(ChooseDraftLength(0.9, 8, gpu, 1, 1.0, 0.1), 8);
+  EXPECT_LT(ChooseDraftLength(0.6, 8, gpu, 1, 1.0, 0.1), ChooseDraftLength(0.6, 8, gpu));
+  EXPECT_GE(ChooseDraftLength(0.9, 8, gpu, 1, 1.0, 0.1, 40 * 0.02), 1);
+  EXPECT_EQ(ChooseDraftLength(0.3, 8, gpu, 1, 1.0, 0.1, 40 * 0.02), 0);
+  EXPECT_EQ(ChooseDraftLength(0.9, 8, gpu, 1, 1.0, 0.1, 8.0), 0);
 }
 
 TEST(AdaptiveDraftingTest, AcceptanceFollowsRecentVerifications) {

@@ -51,6 +51,7 @@ void StepScheduler::Preempt(Sequence* seq) {
   seq->published = 0;
   seq->num_computed = 0;
   seq->draft.clear();
+  seq->draft_computed = 0;
   auto it = std::find_if(running_.begin(), running_.end(),
                          [seq](const auto& p) { return p.get() == seq; });
   KILN_CHECK(it != running_.end(), "preempting a sequence that is not running");

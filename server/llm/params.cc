@@ -328,7 +328,7 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
     }
   }
   if (const json* spec = f.Get("speculative")) {
-    // Kiln's: {"method": "ngram" | "none", "num_tokens": K, "prompt_lookup_min": n,
+    // Kiln's: {"method": "ngram" | "draft" | "none", "num_tokens": K, "prompt_lookup_min": n,
     // "prompt_lookup_max": n}; ranges are checked by the batcher, which knows the model's.
     const std::string name = f.Name("speculative");
     if (!spec->is_object()) {
@@ -352,8 +352,9 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
     models::SpeculativeParams sp;
     KILN_ASSIGN_OR_RETURN(auto method, sf.String("method"));
     if (!method) {
-      return WithParam(InvalidArgument("`", name, ".method` is missing: \"ngram\" or \"none\""),
-                       name + ".method");
+      return WithParam(
+          InvalidArgument("`", name, ".method` is missing: \"ngram\", \"draft\" or \"none\""),
+          name + ".method");
     }
     sp.method = *std::move(method);
     auto read_int = [&](std::string_view key, int32_t* out) -> Status {

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Speculative decoding (prompt lookup) in serving: generation speed of chat completions with
-`speculative: {method: ngram}` against the same requests with `speculative: {method: none}`,
-interleaved in one run on one server, one request at a time.
+"""Speculative decoding in serving: generation speed of chat completions with
+`speculative: {method: ngram}` (prompt lookup; `--method draft`: the model's draft model)
+against the same requests with `speculative: {method: none}`, interleaved in one run on one
+server, one request at a time.
 
   .venv/bin/python tests/bench/speculative_bench.py --url http://127.0.0.1:8000 \\
       --model smollm2 --rounds 3 --num-tokens 4
@@ -125,11 +126,13 @@ def main():
     ap.add_argument("--lookup-min", type=int, default=0, help="prompt_lookup_min (0: the model's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-tokens", type=int, default=4, help="drafted tokens per step (K)")
+    ap.add_argument("--method", default="ngram", choices=("ngram", "draft"),
+                    help="draft: the server's model needs scheduler.speculative.draft_model")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
-    spec = {"method": "ngram", "num_tokens": a.num_tokens}
+    spec = {"method": a.method, "num_tokens": a.num_tokens}
     if a.lookup_min:
         spec["prompt_lookup_min"] = a.lookup_min
         spec["prompt_lookup_max"] = max(4, a.lookup_min)
@@ -171,7 +174,7 @@ def main():
                          "acceptance": accepted / drafted if drafted else float("nan"),
                          "tokens_per_step_gain": accepted / max(1, tokens["spec"])}
 
-    print(f"server {a.url}, model {a.model}, ngram K={a.num_tokens}, {a.rounds} rounds, "
+    print(f"server {a.url}, model {a.model}, {a.method} K={a.num_tokens}, {a.rounds} rounds, "
           f"one request at a time, greedy")
     print(f"{'task':8s} {'decode tok/s spec':>18s} {'plain':>7s} {'ratio':>6s}   "
           f"{'end-to-end tok/s spec':>22s} {'plain':>7s} {'ratio':>6s} {'tokens':>7s} "

@@ -1,8 +1,9 @@
-"""Speculative decoding (prompt lookup) against a real kilnd serving SmolLM2 (the default
-model) with scheduler.speculative {method: ngram}: greedy and seeded outputs are identical to
-decoding without drafts (`speculative: {"method": "none"}` on the same server), streamed or
-not, alone or batched, on the OpenAI API, KServe's generate route and kiln.v1, and drafts are
-accepted on a task that copies its input (the acceptance counters in /metrics)."""
+"""Speculative decoding against a real kilnd serving SmolLM2 (the default model) with
+scheduler.speculative {method: ngram}: greedy and seeded outputs are identical to decoding
+without drafts (`speculative: {"method": "none"}` on the same server), streamed or not, alone
+or batched, on the OpenAI API, KServe's generate route and kiln.v1, and drafts are accepted on
+a task that copies its input (the acceptance counters in /metrics). And with a draft model
+(scheduler.speculative.draft_model), the output is the same."""
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +13,7 @@ import requests
 from openai import OpenAI
 
 from conftest import LLM_NAME as MODEL
-from conftest import start_llm_kilnd
+from conftest import default_model_path, start_llm_kilnd
 from test_generation_grpc import _stubs_dir
 
 CODE = '''def word_counts(path, min_length=3):
@@ -91,6 +92,28 @@ def test_streamed_and_batched_outputs_are_identical(client):
         spec = list(pool.map(lambda p: stream(p, None), prompts))
     plain = [stream(p, OFF) for p in prompts]
     assert spec == plain
+
+
+def test_a_draft_model_leaves_the_output_unchanged(tmp_path_factory):
+    """scheduler.speculative.draft_model, here the model itself (so every greedy draft is
+    right): kilnd loads it beside the model, and drafts from it verify to the same tokens."""
+    k = start_llm_kilnd(
+        tmp_path_factory, "speculative-draft",
+        scheduler="max_num_seqs: 8, max_queue_size: 64, speculative: {method: draft, "
+                  f"draft_model: '{default_model_path()}', num_tokens: 4, adaptive: false}}")
+    try:
+        c = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=300)
+        for content in ("What is the capital of France? Answer in one sentence.", REWRITE):
+            spec = chat(c, content, temperature=0, max_tokens=48)
+            plain = chat(c, content, temperature=0, max_tokens=48, extra_body=OFF)
+            assert spec.choices[0].message.content == plain.choices[0].message.content
+        drafted, accepted = counters(k)
+        assert drafted > 0
+        # Every draft is right except those past the end of an answer: the step that samples
+        # its end token rejects the (at most num_tokens) drafts after it, once per request.
+        assert accepted >= drafted - 2 * 4, (accepted, drafted)
+    finally:
+        assert k.stop() == 0, k.output()
 
 
 def test_bad_speculative_settings_are_400s(client):

@@ -85,7 +85,7 @@ FakeLlm::FakeLlm(FakeLlmOptions options) : options_(std::move(options)) {
   tokenizer_ = LoadFixtureTokenizer();
   info_.architecture = "fake";
   info_.name = "fake";
-  info_.vocab_size = tokenizer_->vocab_size();
+  info_.vocab_size = std::max(tokenizer_->vocab_size(), options_.vocab_size);
   info_.context_length = options_.context_length;
   info_.eos_token_ids = {kFakeEos};
   if (options_.chat_template) {
@@ -141,6 +141,8 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
     int32_t next =
         NextToken(context, slot < 0 ? 0 : slots_[slot]->config.r, options_.repeat_period);
     if (eos_at > 0 && static_cast<int>(context.size()) >= eos_at) next = kFakeEos;
+    const auto len = static_cast<int32_t>(context.size());
+    if (options_.wrong_every > 0 && len % options_.wrong_every == 0) next = 300 + (next + 1) % 2600;
     // A peaked but not one-hot distribution, so logprobs have alternatives.
     float* row = logits.data() + static_cast<size_t>(s) * info_.vocab_size;
     row[next] = 10.0f;

@@ -85,6 +85,12 @@ struct FakeLlmOptions {
   // long, instead of the hash: a model that repeats its input, for speculative decoding's
   // prompt-lookup drafts (0: off).
   int32_t repeat_period = 0;
+  // Predict another token (the next id) where the context's length is a multiple of this: a
+  // draft model that is right except there (0: off).
+  int32_t wrong_every = 0;
+  // Rows of the logits, at least the tokenizer's vocabulary (0: that), for a draft model whose
+  // vocabulary differs.
+  int32_t vocab_size = 0;
   // What DeviceMemory() reports (kv_cache_bytes: auto); unset: Unimplemented, as on the cpu.
   std::optional<backend::DeviceMemoryInfo> device_memory = std::nullopt;
 };
