@@ -13,27 +13,47 @@
 // the 8 elements from element e (a multiple of 8) into float wv[8]. For MATMUL: TS (TS * TS =
 // KILN_WG).
 
+#if defined(LINEAR) || defined(LINEAR_SG)
+// Meta: x TD (0), w off/stride_n/stride_k (18..20), out TD (21), M, N, K (39..41).
+#define LINEAR_META                             \
+  const long* m = mt.v;                         \
+  cgptr px = b_x + TD_OFF(m, 0);                \
+  cgptr pw = b_w + m[18];                       \
+  gptr po = b_out + TD_OFF(m, 21);              \
+  const long wsn = m[19], wsk = m[20];          \
+  const long M = m[39], N = m[40], K = m[41];   \
+  const long xsk = TD_STRIDE(m, 0, TD_RANK(m, 0) - 1)
+// Where rows m0 .. m0 + MT - 1 of x start (0 past M). (Macros, not functions: a program may
+// hold several instantiations of this file.)
+#define LINEAR_ROWS(xrow) \
+  for (int i_ = 0; i_ < MT; ++i_) xrow[i_] = m0 + i_ < M ? td_offset(m, 0, (m0 + i_) * K) : 0
+// s += the dot product of x's row from xo with the B dequantized weights wv of elements k0..
+// (fewer where K ends), in order.
+#define LINEAR_DOT(s, xo, k0, wv, B)                                                           \
+  do {                                                                                         \
+    if (xsk == 1 && (k0) + (B) <= K) {                                                         \
+      for (int j_ = 0; j_ < (B); ++j_) s += XLD(px, (xo) + (k0) + j_) * (ACC)(wv)[j_];        \
+    } else {                                                                                   \
+      for (int j_ = 0; j_ < (B) && (k0) + j_ < K; ++j_) {                                     \
+        s += XLD(px, (xo) + ((k0) + j_) * xsk) * (ACC)(wv)[j_];                                \
+      }                                                                                        \
+    }                                                                                          \
+  } while (0)
+#endif
+
 #ifdef LINEAR
 // out[m, n] = sum_k x[m, k] * w[n, k]: dequantize-in-register dot products. A work-group
 // computes NR weight rows for MT rows of x; its work-items split K (in 32-element blocks for
 // block types where the host defines WDEQ32, element by element otherwise) and combine their
 // partial sums in local memory.
 // Weights are read once per MT rows of x.
-// Meta: x TD (0), w off/stride_n/stride_k (18..20), out TD (21), M, N, K (39..41).
 #define NR 4
 __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
-  const long* m = mt.v;
-  cgptr px = b_x + TD_OFF(m, 0);
-  cgptr pw = b_w + m[18];
-  gptr po = b_out + TD_OFF(m, 21);
-  const long wsn = m[19], wsk = m[20];
-  const long M = m[39], N = m[40], K = m[41];
+  LINEAR_META;
   const int lid = get_local_id(0);
   const long n0 = get_group_id(0) * NR, m0 = get_group_id(1) * MT;
-  const int xrank = TD_RANK(m, 0);
-  const long xsk = TD_STRIDE(m, 0, xrank - 1);
   long xrow[MT];
-  for (int i = 0; i < MT; ++i) xrow[i] = m0 + i < M ? td_offset(m, 0, (m0 + i) * K) : 0;
+  LINEAR_ROWS(xrow);
   ACC acc[MT][NR];
   for (int i = 0; i < MT; ++i)
     for (int r = 0; r < NR; ++r) acc[i][r] = 0;
@@ -48,11 +68,7 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
       for (int i = 0; i < MT; ++i) {
         if (m0 + i >= M) break;
         ACC s = 0;
-        if (xsk == 1 && k0 + 32 <= K) {
-          for (int j = 0; j < 32; ++j) s += XLD(px, xrow[i] + k0 + j) * (ACC)wv[j];
-        } else {
-          for (int j = 0; j < 32 && k0 + j < K; ++j) s += XLD(px, xrow[i] + (k0 + j) * xsk) * (ACC)wv[j];
-        }
+        LINEAR_DOT(s, xrow[i], k0, wv, 32);
         acc[i][r] += s;
       }
     }
@@ -100,21 +116,13 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
 // neighbouring lanes on neighbouring bytes; one round of loads for K up to 8 * KILN_SG),
 // elements KILN_SG apart otherwise (coalesced) — and combine their sums with shuffles
 // (sub_group_sum): no local memory and no barrier.
-// Meta: as LINEAR's.
 __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
-  const long* m = mt.v;
-  cgptr px = b_x + TD_OFF(m, 0);
-  cgptr pw = b_w + m[18];
-  gptr po = b_out + TD_OFF(m, 21);
-  const long wsn = m[19], wsk = m[20];
-  const long M = m[39], N = m[40], K = m[41];
+  LINEAR_META;
   const int lane = (int)(get_local_id(0) % KILN_SG);
   const long n = get_group_id(0) * SGR + get_local_id(0) / KILN_SG;  // the same for a sub-group
   const long m0 = get_group_id(1) * MT;
-  const int xrank = TD_RANK(m, 0);
-  const long xsk = TD_STRIDE(m, 0, xrank - 1);
   long xrow[MT];
-  for (int i = 0; i < MT; ++i) xrow[i] = m0 + i < M ? td_offset(m, 0, (m0 + i) * K) : 0;
+  LINEAR_ROWS(xrow);
   ACC acc[MT];
   for (int i = 0; i < MT; ++i) acc[i] = 0;
   if (n < N) {
@@ -125,11 +133,7 @@ __kernel void KNAME(gptr b_out, cgptr b_x, cgptr b_w, const meta48 mt) {
       for (int i = 0; i < MT; ++i) {
         if (m0 + i >= M) break;
         ACC s = 0;
-        if (xsk == 1 && k0 + 8 <= K) {
-          for (int j = 0; j < 8; ++j) s += XLD(px, xrow[i] + k0 + j) * (ACC)wv[j];
-        } else {
-          for (int j = 0; j < 8 && k0 + j < K; ++j) s += XLD(px, xrow[i] + (k0 + j) * xsk) * (ACC)wv[j];
-        }
+        LINEAR_DOT(s, xrow[i], k0, wv, 8);
         acc[i] += s;
       }
     }
