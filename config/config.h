@@ -237,9 +237,10 @@ struct SpeculativeConfig {
   // "none", "ngram" (prompt lookup: drafts copied from the sequence's own earlier tokens) or
   // "draft" (drafts generated greedily by draft_model).
   std::string method = "none";
-  // A smaller model with the same vocabulary (GGUF file or Hugging Face folder, loaded on the
-  // model's backend) that proposes drafts; needed by method "draft", and when set requests
-  // may ask for "draft" whatever the default method. Empty: none.
+  // A smaller model with the same vocabulary that proposes drafts: the name of another kind llm
+  // entry (loaded with its settings) or a path (GGUF file or Hugging Face folder, loaded with
+  // this model's); needed by method "draft", and when set requests may ask for "draft" whatever
+  // the default method. Empty: none.
   std::string draft_model;
   int num_tokens = 8;         // drafted tokens per step (at most, when adaptive), [1, 16]
   int prompt_lookup_min = 2;  // ngram: shortest suffix looked up, [1, prompt_lookup_max]

@@ -180,11 +180,18 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
                                                       LlmPrefixSeed(config), std::move(metrics));
     if (const std::string& draft_path = config.scheduler.speculative.draft_model;
         !draft_path.empty()) {
-      // The draft model (speculative "draft"): loaded as the model is, on its backend, without
-      // adapters or speculation of its own.
-      config::ModelConfig dc = config;
+      // The draft model (speculative "draft"): another llm entry's settings when it names one,
+      // else the model's with the path; either way without adapters or speculation of its own.
+      std::optional<config::ModelConfig> named;
+      if (deps.find_model && draft_path != config.name) named = deps.find_model(draft_path);
+      if (named && named->kind != "llm") {
+        return InvalidArgument("model '", config.name, "': scheduler.speculative.draft_model '",
+                               draft_path, "' names a model of kind ", named->kind,
+                               "; a draft model is a generative (kind llm) model");
+      }
+      config::ModelConfig dc = named ? *named : config;
+      if (!named) dc.path = draft_path;
       dc.name = StrCat(config.name, ".draft");
-      dc.path = draft_path;
       dc.adapters.clear();
       dc.max_loaded_adapters = 0;
       dc.sampling = "host";  // drafts are the argmax of its logits
@@ -195,7 +202,8 @@ StatusOr<std::shared_ptr<Model>> Model::Load(const config::ModelConfig& config,
                                                draft_path, ", scheduler.speculative.draft_model)"));
       }
       KILN_RETURN_IF_ERROR(model->llm_->SetDraftModel(*std::move(draft)));
-      spdlog::info("model '{}': draft model {} for speculative decoding", config.name, draft_path);
+      spdlog::info("model '{}': draft model {} ({}) for speculative decoding", config.name,
+                   draft_path, dc.path);
     }
     if (deps.flight_recorder_entries > 0) {
       model->recorder_ = std::make_unique<FlightRecorder>(

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct ModelDeps {
   double watchdog_seconds = 0;  // observability.watchdog_seconds (LLMs watch running requests)
   // The server's trace sink (the LLM step loops' spans); null: none.
   TraceSink* tracer = nullptr;
+  // The configuration of the model entry `name`, if there is one (ModelRepository sets it):
+  // scheduler.speculative.draft_model may name another `kind: llm` entry instead of a path.
+  std::function<std::optional<config::ModelConfig>(const std::string& name)> find_model;
 };
 
 // The KServe signature of every LLM (Triton's LLM-backend convention): BYTES text_input [1]

@@ -26,7 +26,16 @@ std::string_view ModelStateName(ModelState state) {
 }
 
 ModelRepository::ModelRepository(std::vector<config::ModelConfig> models, ModelDeps deps)
-    : deps_(std::move(deps)) {
+    : deps_([&] {
+        // A draft model may name another entry (called by Model::Load, outside mu_).
+        deps.find_model = [this](const std::string& name) -> std::optional<config::ModelConfig> {
+          absl::MutexLock lock(&mu_);
+          auto it = entries_.find(name);
+          if (it == entries_.end()) return std::nullopt;
+          return it->second.config;
+        };
+        return std::move(deps);
+      }()) {
   absl::MutexLock lock(&mu_);
   for (auto& m : models) {
     Entry e;

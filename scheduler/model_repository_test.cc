@@ -268,6 +268,26 @@ TEST(ModelLoadTest, LoadsTheDraftModelOfSpeculativeDecoding) {
   r.sampling.speculative = models::SpeculativeParams{.method = "draft"};
   EXPECT_TRUE((*m)->llm()->Check(r).ok()) << "the batcher has no draft model";
 
+  // A model entry by name: its settings (path, backend) are the draft's.
+  deps.find_model = [](const std::string& name) -> std::optional<config::ModelConfig> {
+    if (name != "small" && name != "minilm") return std::nullopt;
+    config::ModelConfig e = LlmConfig(name);
+    e.path = "weights/small.gguf";
+    e.backend = "ref";
+    if (name == "minilm") e.kind = "embedding";
+    return e;
+  };
+  c.scheduler.speculative.draft_model = "small";
+  seen.clear();
+  ASSERT_TRUE(Model::Load(c, deps).ok());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].path, "weights/small.gguf");
+  EXPECT_EQ(seen[1].backend, "ref");
+  EXPECT_EQ(seen[1].name, "m.draft");
+  c.scheduler.speculative.draft_model = "minilm";
+  m = Model::Load(c, deps);
+  EXPECT_THAT(std::string(StatusMessage(m.status())), HasSubstr("names a model of kind embedding"));
+
   c.scheduler.speculative.draft_model = "missing.gguf";
   m = Model::Load(c, deps);
   EXPECT_EQ(m.status().code(), StatusCode::kNotFound);

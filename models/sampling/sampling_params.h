@@ -21,10 +21,11 @@ namespace kiln::models {
 // model's scheduler.speculative. Speculation never changes which tokens come out (see
 // scheduler/llm/speculative.h), only how many one step produces.
 struct SpeculativeParams {
-  std::string method;             // "none" or "ngram"
+  std::string method;             // "none", "ngram" or "draft"
   int32_t num_tokens = 0;         // drafted tokens per step, [1, 16]; 0: the model's
   int32_t prompt_lookup_min = 0;  // ngram: shortest suffix looked up; 0: the model's
   int32_t prompt_lookup_max = 0;  // ngram: longest suffix looked up, <= 16; 0: the model's
+  std::string model = {};         // draft: the draft model as the model's config names it
 };
 
 struct SamplingParams {

@@ -147,6 +147,9 @@ Status ContinuousBatcher::SetDraftModel(std::unique_ptr<models::LlmModel> draft)
                              "; a draft model must share the model's vocabulary");
     }
   }
+  draft_name_ = config_.speculative.draft_model.empty() ? draft->info().name
+                                                        : config_.speculative.draft_model;
+  if (draft_name_.empty()) draft_name_ = "draft";
   draft_ = std::move(draft);
   return OkStatus();
 }
@@ -213,7 +216,7 @@ Status ContinuousBatcher::Check(GenerateRequest& r) const {
     return sampling_error(s);
   }
   if (StatusOr<SpeculationSettings> spec =
-          ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, draft_ != nullptr);
+          ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, DraftName());
       !spec.ok()) {
     return sampling_error(spec.status());
   }
@@ -335,9 +338,8 @@ Status ContinuousBatcher::Enqueue(std::unique_ptr<GenerateRequest>& request) {
   structured_->Bind(seq.get());
   // Checked by Check; speculation stays off for a grammar (its drafts would need masks).
   if (!seq->matcher) {
-    seq->spec =
-        ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, draft_ != nullptr)
-            .value_or(SpeculationSettings{});
+    seq->spec = ResolveSpeculation(config_.speculative, r.sampling.speculative, name_, DraftName())
+                    .value_or(SpeculationSettings{});
   }
 
   absl::MutexLock lock(&mu_);

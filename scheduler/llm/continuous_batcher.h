@@ -160,6 +160,9 @@ class ContinuousBatcher {
   // ... which, after Schedule, its single-token steps fill (speculative.h).
   void CatchUpDrafts();
   void GenerateDrafts();
+  // The draft model as the config names it (a model entry or a path; else the model's own
+  // name for it); empty: none.
+  std::string_view DraftName() const { return draft_name_; }
   // One step of the draft model over `rows` (logits into draft_logits_).
   Status RunDraft(std::span<const StepBatchBuilder::Row> rows);
   // Ends a sequence: frees its blocks, sends its final event.
@@ -187,6 +190,7 @@ class ContinuousBatcher {
   const std::string name_;
   std::unique_ptr<models::LlmModel> model_;
   std::unique_ptr<models::LlmModel> draft_;  // speculative "draft"; null: none
+  std::string draft_name_;                   // DraftName()
   const config::LlmSchedulerConfig config_;
   const uint64_t prefix_seed_;
   std::unique_ptr<LlmMetrics> metrics_;

@@ -9,7 +9,8 @@ namespace kiln {
 
 StatusOr<SpeculationSettings> ResolveSpeculation(
     const config::SpeculativeConfig& model, const std::optional<models::SpeculativeParams>& asked,
-    std::string_view model_name, bool has_draft_model) {
+    std::string_view model_name, std::string_view draft_model) {
+  const bool has_draft_model = !draft_model.empty();
   SpeculationSettings s;
   std::string_view method = model.method;
   int32_t k = model.num_tokens, lo = model.prompt_lookup_min, hi = model.prompt_lookup_max;
@@ -26,6 +27,15 @@ StatusOr<SpeculationSettings> ResolveSpeculation(
                     : std::string(has_draft_model ? "it must be \"ngram\", \"draft\" or \"none\""
                                                   : "it must be \"ngram\" or \"none\"")),
           "speculative.method");
+    }
+    if (!asked->model.empty() && (!draft || asked->model != draft_model)) {
+      return WithParam(
+          InvalidArgument(
+              "`speculative.model` is \"", ValidUtf8(asked->model), "\"; ",
+              !draft ? std::string("it goes with method \"draft\"")
+                     : absl::StrCat("model '", std::string(model_name), "' drafts with \"",
+                                    std::string(draft_model), "\" (omit the field for it)")),
+          "speculative.model");
     }
     method = asked->method;
     auto check = [](int32_t v, int32_t max, std::string_view name) -> Status {

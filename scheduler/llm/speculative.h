@@ -131,11 +131,12 @@ int32_t ChooseDraftLength(double rate, int32_t max_draft, const StepCostModel& c
 
 // The request's `speculative` (when given) over the model's scheduler.speculative.
 // InvalidArgument naming the field ("speculative.num_tokens", param set) for an unknown
-// method, "draft" for a model without a draft model (`has_draft_model`), or a number out of
-// range.
+// method, "draft" for a model without a draft model (`draft_model`: the loaded one as its
+// config names it; empty: none), a `model` that is not it or without "draft", or a number out
+// of range.
 StatusOr<SpeculationSettings> ResolveSpeculation(
     const config::SpeculativeConfig& model, const std::optional<models::SpeculativeParams>& asked,
-    std::string_view model_name, bool has_draft_model = false);
+    std::string_view model_name, std::string_view draft_model = {});
 
 // Prompt lookup: fills `draft` with up to `max_draft` tokens that followed the most recent
 // earlier occurrence of the longest suffix of `tokens` (settings' lengths) that occurs

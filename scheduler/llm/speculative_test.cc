@@ -7,6 +7,7 @@ namespace kiln {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 std::vector<int32_t> Draft(const std::vector<int32_t>& tokens, int32_t max_draft,
@@ -60,6 +61,33 @@ TEST(ResolveSpeculationTest, TheRequestOverridesTheModel) {
                         model, models::SpeculativeParams{.method = "ngram", .num_tokens = -1}, "m")
                         .status()),
             "speculative.num_tokens");
+}
+
+TEST(ResolveSpeculationTest, DraftNeedsTheModelsDraftModel) {
+  config::SpeculativeConfig model;
+  model.method = "ngram";
+  const models::SpeculativeParams draft{.method = "draft"};
+  StatusOr<SpeculationSettings> s = ResolveSpeculation(model, draft, "m");
+  EXPECT_EQ(ParamOf(s.status()), "speculative.method");
+  EXPECT_THAT(std::string(StatusMessage(s.status())), HasSubstr("model 'm' has no draft model"));
+  s = ResolveSpeculation(model, draft, "m", "small");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->method, SpeculationSettings::Method::kDraft);
+  EXPECT_EQ(s->num_tokens, 8);
+  s = ResolveSpeculation(model, std::nullopt, "m", "small");  // the model's method
+  EXPECT_EQ(s->method, SpeculationSettings::Method::kNgram);
+  // `model` names the draft model as configured, and only with method draft.
+  EXPECT_TRUE(ResolveSpeculation(model,
+                                 models::SpeculativeParams{.method = "draft", .model = "small"},
+                                 "m", "small")
+                  .ok());
+  s = ResolveSpeculation(model, models::SpeculativeParams{.method = "draft", .model = "big"}, "m",
+                         "small");
+  EXPECT_EQ(ParamOf(s.status()), "speculative.model");
+  EXPECT_THAT(std::string(StatusMessage(s.status())), HasSubstr("drafts with \"small\""));
+  s = ResolveSpeculation(model, models::SpeculativeParams{.method = "ngram", .model = "small"}, "m",
+                         "small");
+  EXPECT_EQ(ParamOf(s.status()), "speculative.model");
 }
 
 TEST(AdaptiveDraftingTest, DraftsWhatPaysOnTheMeasuredDevice) {

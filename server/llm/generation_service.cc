@@ -137,8 +137,9 @@ StatusOr<Prepared> Prepare(const ServerCore& core, const v1::GenerateRequest& re
   KILN_RETURN_IF_ERROR(ReadOutputConstraint(s, &sp));
   if (s.has_speculative()) {
     const v1::Speculative& spec = s.speculative();
-    sp.speculative = models::SpeculativeParams{spec.method(), spec.num_tokens(),
-                                               spec.prompt_lookup_min(), spec.prompt_lookup_max()};
+    sp.speculative =
+        models::SpeculativeParams{spec.method(), spec.num_tokens(), spec.prompt_lookup_min(),
+                                  spec.prompt_lookup_max(), spec.model()};
   }
   r.id = req.request_id();
   r.priority = req.priority();

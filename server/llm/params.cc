@@ -329,7 +329,8 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
   }
   if (const json* spec = f.Get("speculative")) {
     // Kiln's: {"method": "ngram" | "draft" | "none", "num_tokens": K, "prompt_lookup_min": n,
-    // "prompt_lookup_max": n}; ranges are checked by the batcher, which knows the model's.
+    // "prompt_lookup_max": n, "model": draft model}; ranges and the draft model are checked by
+    // the batcher, which knows the model's.
     const std::string name = f.Name("speculative");
     if (!spec->is_object()) {
       return WithParam(InvalidArgument("`", name,
@@ -343,8 +344,8 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
     for (const auto& [key, value] : spec->items()) {
       if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
         return WithParam(InvalidArgument("`", name, "` has an unknown key \"", ValidUtf8(key),
-                                         "\"; it takes method, num_tokens, prompt_lookup_min and "
-                                         "prompt_lookup_max"),
+                                         "\"; it takes method, num_tokens, prompt_lookup_min, "
+                                         "prompt_lookup_max and model"),
                          absl::StrCat(name, ".", ValidUtf8(key)));
       }
     }
@@ -366,6 +367,8 @@ Status ReadSamplingFields(const JsonFields& f, models::SamplingParams* p,
     KILN_RETURN_IF_ERROR(read_int("num_tokens", &sp.num_tokens));
     KILN_RETURN_IF_ERROR(read_int("prompt_lookup_min", &sp.prompt_lookup_min));
     KILN_RETURN_IF_ERROR(read_int("prompt_lookup_max", &sp.prompt_lookup_max));
+    KILN_ASSIGN_OR_RETURN(auto model, sf.String("model"));
+    if (model) sp.model = *std::move(model);
     p->speculative = std::move(sp);
   }
   KILN_ASSIGN_OR_RETURN(auto ignore_eos, f.Bool("ignore_eos"));
