@@ -730,6 +730,14 @@ config::LlmSchedulerConfig Ngram(config::LlmSchedulerConfig c, int k) {
   return c;
 }
 
+config::LlmSchedulerConfig WithDraftModel(config::LlmSchedulerConfig c, int k) {
+  c.speculative.method = "draft";
+  c.speculative.draft_model = "fake-draft";  // what Model::Load would load; here the fixture's
+  c.speculative.num_tokens = k;
+  c.speculative.adaptive = false;
+  return c;
+}
+
 // A prompt that repeats a pattern of `period` tokens, so prompt lookup finds its suffixes.
 std::vector<int32_t> Periodic(int n, int period, int32_t seed) {
   std::vector<int32_t> p;
@@ -781,16 +789,23 @@ TEST(ContinuousBatcherSpeculativeTest, GreedyOutputIsIdenticalAndStepsFewer) {
 
 // The random draw of each token depends on its index alone (counter-based streams), and a
 // verification row samples with the penalties, min_tokens bans and logprobs of the tokens
-// before it: seeded sampling gives the same tokens and logprobs with and without drafts,
-// sampled on the host or in the step program.
+// before it: seeded sampling gives the same tokens and logprobs with and without drafts
+// (prompt lookup's, or a draft model's that repeats as the target does), sampled on the host
+// or in the step program.
 TEST(ContinuousBatcherSpeculativeTest, SeededSamplingIsIdenticalWithAndWithoutDrafts) {
   config::LlmSchedulerConfig o;
   o.max_num_seqs = 32;
+  FakeLlmOptions repeating;
+  repeating.repeat_period = 5;
   for (bool device : {false, true}) {
     SCOPED_TRACE(device);
-    std::vector<Result> runs[2];
-    for (int spec : {0, 1}) {
-      Fixture f(WithBlocks(spec ? Ngram(o, 4) : o, 512), 512, device, 0, nullptr, 5);
+    std::vector<Result> runs[3];
+    for (int spec : {0, 1, 2}) {
+      const config::LlmSchedulerConfig c = spec == 0   ? o
+                                           : spec == 1 ? Ngram(o, 4)
+                                                       : WithDraftModel(o, 4);
+      Fixture f(WithBlocks(c, 512), 512, device, 0, nullptr, 5,
+                spec == 2 ? std::optional<FakeLlmOptions>(repeating) : std::nullopt);
       std::vector<std::future<Result>> futures;
       for (int i = 0; i < 8; ++i) {
         auto c = MakeRequest(Periodic(18 + i, 5, i), 30);
@@ -812,11 +827,13 @@ TEST(ContinuousBatcherSpeculativeTest, SeededSamplingIsIdenticalWithAndWithoutDr
     }
     int differ = 0;
     for (size_t i = 0; i < runs[0].size(); ++i) {
-      EXPECT_EQ(runs[1][i].ids, runs[0][i].ids) << "request " << i;
-      ASSERT_EQ(runs[1][i].logprobs.size(), runs[0][i].logprobs.size()) << "request " << i;
-      for (size_t t = 0; t < runs[0][i].logprobs.size(); ++t) {
-        EXPECT_EQ(runs[1][i].logprobs[t].logprob, runs[0][i].logprobs[t].logprob);
-        EXPECT_EQ(runs[1][i].logprobs[t].top.size(), runs[0][i].logprobs[t].top.size());
+      for (int spec : {1, 2}) {
+        EXPECT_EQ(runs[spec][i].ids, runs[0][i].ids) << "request " << i << " spec " << spec;
+        ASSERT_EQ(runs[spec][i].logprobs.size(), runs[0][i].logprobs.size()) << "request " << i;
+        for (size_t t = 0; t < runs[0][i].logprobs.size(); ++t) {
+          EXPECT_EQ(runs[spec][i].logprobs[t].logprob, runs[0][i].logprobs[t].logprob);
+          EXPECT_EQ(runs[spec][i].logprobs[t].top.size(), runs[0][i].logprobs[t].top.size());
+        }
       }
       differ += runs[0][i].ids !=
                 FakeLlm::Continue(Periodic(18 + static_cast<int>(i), 5, static_cast<int32_t>(i)),
@@ -831,11 +848,16 @@ TEST(ContinuousBatcherSpeculativeTest, SeededSamplingIsIdenticalWithAndWithoutDr
 // repeated one with probability 1 / (1 + e^-1) = 0.7311 whatever came before, drafted or not.
 // A verifier that favoured its drafts would push the share up. Chi-squared, 1 degree of
 // freedom, over ~2,000 tokens: a bias of 0.05 gives ~25, the limit 15.1 is p = 1e-4.
-TEST(ContinuousBatcherSpeculativeTest, SamplingKeepsTheModelsDistribution) {
+// (A draft model that repeats as the target does drafts what prompt lookup would.)
+void SamplingKeepsTheDistribution(bool model_draft) {
   config::LlmSchedulerConfig o;
   o.max_num_seqs = 32;
   const int period = 3, n = 40, requests = 50;
-  Fixture f(WithBlocks(Ngram(o, 4), 1024), 512, /*sample_on_device=*/true, 0, nullptr, period);
+  FakeLlmOptions repeating;
+  repeating.repeat_period = period;
+  Fixture f(WithBlocks(model_draft ? WithDraftModel(o, 4) : Ngram(o, 4), 1024), 512,
+            /*sample_on_device=*/true, 0, nullptr, period,
+            model_draft ? std::optional<FakeLlmOptions>(repeating) : std::nullopt);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::future<Result>> futures;
   for (int i = 0; i < requests; ++i) {
@@ -865,6 +887,13 @@ TEST(ContinuousBatcherSpeculativeTest, SamplingKeepsTheModelsDistribution) {
       << "drafts are wrong about a quarter of the time";
 }
 
+TEST(ContinuousBatcherSpeculativeTest, SamplingKeepsTheModelsDistribution) {
+  for (bool model_draft : {false, true}) {
+    SCOPED_TRACE(model_draft);
+    SamplingKeepsTheDistribution(model_draft);
+  }
+}
+
 // Drafts only use rows no request waits for, never preempt, and a request's own `speculative`
 // turns speculation on or off.
 TEST(ContinuousBatcherSpeculativeTest, DraftsYieldToWaitingRequestsAndFollowTheRequest) {
@@ -891,14 +920,6 @@ TEST(ContinuousBatcherSpeculativeTest, DraftsYieldToWaitingRequestsAndFollowTheR
   off.req->sampling.speculative = models::SpeculativeParams{.method = "none"};
   EXPECT_EQ(f.Submit(off).get().ids, FakeLlm::Continue(Periodic(14, 6, 9), 20, 0, 0, 6));
   EXPECT_EQ(f.batcher->snapshot().draft_tokens, drafted);
-}
-
-config::LlmSchedulerConfig WithDraftModel(config::LlmSchedulerConfig c, int k) {
-  c.speculative.method = "draft";
-  c.speculative.draft_model = "fake-draft";  // what Model::Load would load; here the fixture's
-  c.speculative.num_tokens = k;
-  c.speculative.adaptive = false;
-  return c;
 }
 
 // A draft model identical to the target proposes exactly the target's greedy tokens when its
