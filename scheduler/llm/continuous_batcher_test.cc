@@ -772,6 +772,9 @@ TEST(ContinuousBatcherSpeculativeTest, GreedyOutputIsIdenticalAndStepsFewer) {
       EXPECT_EQ(r.last.finish, FinishReason::kLength);
       tokens += static_cast<int64_t>(r.ids.size());
     }
+    // The last step's counts: in the snapshot once its blocks are freed (a final event can
+    // reach the client before the step's counters are updated).
+    ASSERT_TRUE(f.Await(NoBlocksUsed));
     const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
     EXPECT_GT(snap.draft_tokens, 0u);
     EXPECT_EQ(f.Metric("kiln_llm_spec_draft_tokens_total{model=\"fake\"}"),
@@ -822,6 +825,7 @@ TEST(ContinuousBatcherSpeculativeTest, SeededSamplingIsIdenticalWithAndWithoutDr
       }
       for (auto& fu : futures) runs[spec].push_back(fu.get());
       if (spec) {
+        ASSERT_TRUE(f.Await(NoBlocksUsed));  // the last step's counts are in the snapshot
         EXPECT_GT(f.batcher->snapshot().accepted_tokens, 0u) << "no draft was ever accepted";
       }
     }
@@ -881,6 +885,7 @@ void SamplingKeepsTheDistribution(bool model_draft) {
   const double chi2 = (repeated - total * p) * (repeated - total * p) / (total * p) +
                       (repeated - total * p) * (repeated - total * p) / (total * (1 - p));
   EXPECT_LT(chi2, 15.1) << repeated << " of " << total << " tokens repeated; expected " << p;
+  ASSERT_TRUE(f.Await(NoBlocksUsed));  // the last step's counts are in the snapshot
   const ContinuousBatcher::Snapshot snap = f.batcher->snapshot();
   EXPECT_GT(snap.accepted_tokens, 0u);
   EXPECT_LT(snap.accepted_tokens, snap.draft_tokens)
