@@ -34,9 +34,22 @@ def wait_for(predicate, what="the condition", timeout=30):
 
 
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n):
+    """n distinct free ports: the sockets stay bound until all are chosen (one at a time, the
+    kernel may hand out a just-closed port again, and two servers of one daemon collide)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class Kilnd:
@@ -44,7 +57,7 @@ class Kilnd:
     requests_kwargs = {}
 
     def __init__(self, config_path=None, overrides=(), args=(), env=None):
-        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.grpc_port, self.http_port, self.metrics_port = free_ports(3)
         self.log = tempfile.NamedTemporaryFile(prefix="kilnd-", suffix=".log", delete=False)
         cmd = [KILND]
         if config_path:
