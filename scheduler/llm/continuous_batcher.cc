@@ -627,6 +627,11 @@ void ContinuousBatcher::ProposeDrafts() {
   if (!draft_rows_.empty()) CatchUpDrafts();
 }
 
+namespace {
+// The draft model's time averages: the first measurement, then an exponential moving average.
+void Average(double* avg, double x) { *avg = *avg > 0 ? 0.8 * *avg + 0.2 * x : x; }
+}  // namespace
+
 Status ContinuousBatcher::RunDraft(std::span<const StepBatchBuilder::Row> rows) {
   const models::StepBatch& batch = draft_builder_.BuildRows(rows, config_.block_size);
   draft_logits_.resize(rows.size() * static_cast<size_t>(draft_->info().vocab_size));
@@ -647,15 +652,14 @@ void ContinuousBatcher::CatchUpDrafts() {
     r.seq->draft_computed += r.n;
     tokens += r.n;
   }
-  const double t = Seconds(SteadyClock::now() - start) / tokens;
-  draft_catch_up_seconds_ =
-      draft_catch_up_seconds_ > 0 ? 0.8 * draft_catch_up_seconds_ + 0.2 * t : t;
+  Average(&draft_catch_up_seconds_, Seconds(SteadyClock::now() - start) / tokens);
 }
 
 void ContinuousBatcher::GenerateDrafts() {
   // The sequences whose drafts are placeholders (ProposeDrafts), as scheduled: Schedule may
   // have trimmed them to the blocks it could have.
-  std::vector<Sequence*> seqs;
+  std::vector<Sequence*>& seqs = draft_seqs_;
+  seqs.clear();
   for (const SchedulerOutput::Entry& e : sched_.seqs) {
     Sequence* s = e.seq;
     if (!s->draft.empty() && s->spec.method == SpeculationSettings::Method::kDraft) {
@@ -689,10 +693,7 @@ void ContinuousBatcher::GenerateDrafts() {
       s->draft_computed = draft_rows_[r].from + 1;
     }
   }
-  if (steps > 0) {
-    const double t = Seconds(SteadyClock::now() - start) / steps;
-    draft_step_seconds_ = draft_step_seconds_ > 0 ? 0.8 * draft_step_seconds_ + 0.2 * t : t;
-  }
+  if (steps > 0) Average(&draft_step_seconds_, Seconds(SteadyClock::now() - start) / steps);
 }
 
 bool ContinuousBatcher::Run(const models::StepBatch& batch, StepOutput* out) {

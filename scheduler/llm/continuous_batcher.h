@@ -218,6 +218,7 @@ class ContinuousBatcher {
   StepBatchBuilder draft_builder_;     // the draft model's batches
   std::vector<StepBatchBuilder::Row> draft_rows_;  // its catch-up, then each draft step's rows
   std::vector<float> draft_logits_;
+  std::vector<Sequence*> draft_seqs_;  // GenerateDrafts' sequences (reused step to step)
   StepBatchBuilder builder_;
   std::vector<float> logits_;                     // host sampling: [S, vocab]
   StepSamplingBuilder sampling_;                  // device sampling: the step's table

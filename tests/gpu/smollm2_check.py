@@ -265,10 +265,17 @@ def train(args):
     return bad
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct free ports, chosen while all are bound (one at a time the kernel may hand a
+    just-released port out again)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def wait_ready(url, proc, name, seconds=150):
@@ -288,7 +295,7 @@ def wait_ready(url, proc, name, seconds=150):
 
 def many_streams(args):
     root = tempfile.mkdtemp()
-    port, grpc, metrics = free_port(), free_port(), free_port()
+    port, grpc, metrics = free_ports(3)
     cfg = os.path.join(root, "kilnd.yaml")
     with open(cfg, "w") as f:
         f.write(f"server:\n  grpc:\n    address: 127.0.0.1:{grpc}\n  http:\n"
@@ -308,7 +315,7 @@ def many_streams(args):
         wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", kilnd, "kilnd")
         servers += ["--server", f"kiln=http://127.0.0.1:{port}", "--model", "kiln=smollm2"]
         if args.llama:
-            lport = free_port()
+            lport = free_ports(1)[0]
             llog = open(os.path.join(args.out, "llama-server.log"), "w")
             llama = subprocess.Popen(
                 [os.path.join(args.llama, "llama-server"), "-m", args.model, "-ngl", "99", "-fa",
