@@ -1,6 +1,7 @@
 #include "engine/compiler/fusion.h"
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 
 #include "absl/strings/str_join.h"
@@ -240,7 +241,7 @@ class GroupBuilder {
       if (m == grp_.anchor) {
         if (gemm) continue;
         for (size_t s = 0; s < n.inputs.size(); ++s) {
-          if (IsMember(n.inputs[s])) continue;
+          if (IsMember(n.inputs[s]) || ConstantOf(n.inputs[s])) continue;
           Register(n.inputs[s], s == 0 ? ArgRole::kFull : ArgRole::kOut);
         }
         continue;
@@ -249,6 +250,7 @@ class GroupBuilder {
       for (int s = 0; s < static_cast<int>(n.inputs.size()); ++s) {
         const int32_t in = n.inputs[s];
         if (IsMember(in)) continue;
+        if (s < num_main && ConstantOf(in)) continue;  // folded into the expression
         if (s >= num_main) {
           Register(in, ArgRole::kAux);
         } else if (pure || gemm || Prologue(m) || elementwise_) {
@@ -260,6 +262,10 @@ class GroupBuilder {
     }
     const int num_inputs =
         static_cast<int>(gemm_args_.size() + full_.size() + out_.size() + aux_.size());
+    if (num_inputs == 0) {  // e.g. a map of constant fills only
+      *why = "no tensor inputs";
+      return false;
+    }
     if (num_inputs > f_.o_.max_inputs) {
       *why = "too many inputs";
       return false;
@@ -361,6 +367,20 @@ class GroupBuilder {
   static constexpr int kGemmLeaf = 200000;
 
   bool IsMember(int32_t v) const { return member_.contains(v); }
+  // A non-member input that is a constant fill (Builder::Full: MulScalar's, AddScalar's
+  // operand), possibly broadcast, of a float type: its value as a constant of the expression, so
+  // the kernel does not read a broadcast tensor (a stride-0 input keeps generated loops off their
+  // unit-stride path). Expr::Const rounds it to the fill's dtype as the fill kernel does.
+  std::optional<Expr> ConstantOf(int32_t v) const {
+    // Through the reshapes and expands that broadcasting puts between the fill and its use.
+    while (g_.node(v).op == OpKind::kExpand || g_.node(v).op == OpKind::kReshape) {
+      v = g_.node(v).inputs[0];
+    }
+    const Node& n = g_.node(v);
+    if (n.op != OpKind::kFull || n.attrs.floats.size() != 1) return {};
+    if (n.dtype != DType::kF32 && n.dtype != DType::kF64) return {};
+    return Expr::Const(n.attrs.floats[0], n.dtype);
+  }
   bool Prologue(int32_t m) const { return grp_.prologue[member_.at(m)] != 0; }
 
   void Register(int32_t v, ArgRole role) {
@@ -412,6 +432,8 @@ class GroupBuilder {
       const int32_t v = n.inputs[s];
       if (IsMember(v)) {
         sub.push_back(value_.at(v));
+      } else if (std::optional<Expr> c = ConstantOf(v)) {
+        sub.push_back(*std::move(c));
       } else if (m == grp_.anchor) {
         sub.push_back(Leaf(v, s == 0 ? ArgRole::kFull : ArgRole::kOut));
       } else {

@@ -153,6 +153,39 @@ TEST(FusionTest, LinearWithBiasAndActivationTakesAnEpilogue) {
   EXPECT_EQ(Computing(r2.graph).size(), 2u);
 }
 
+TEST(FusionTest, ScalarFillsBecomeConstantsOfTheExpression) {
+  // LoRA's `base + lora_b(x) * scaling`: the scale is a broadcast fill (MulScalar), which a
+  // kernel would read as a stride-0 tensor; it is folded into the epilogue instead.
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF32, {5, 16});
+  const Value w = b.Weight("w", DType::kF32, {8, 16});
+  const Value lora = b.Input("lora", DType::kF32, {5, 8});
+  const double scale = 0.1;  // not a float: the constant must be rounded as the fill rounds it
+  std::vector<Value> outs = {b.Add(b.Linear(x, w), b.MulScalar(lora, scale))};
+  const FusionResult r = FuseOrDie(g, outs);
+  const Node& fused = r.graph.node(outs[0].id);
+  ASSERT_EQ(fused.op, OpKind::kLinear);
+  EXPECT_EQ(fused.inputs.size(), 3u);  // x, w, lora: no fill (left unread, for the compiler's DCE)
+  const Expr& e = r.groups.at(0)->spec.value;
+  bool found = false;
+  MapLeaves(e, [&](const Expr& leaf) {
+    if (leaf.node().op == ExprOp::kConst) {
+      found = true;
+      EXPECT_EQ(leaf.node().fvalue, static_cast<double>(static_cast<float>(scale)));
+    }
+    return leaf;
+  });
+  EXPECT_TRUE(found) << e.ToString();
+  // A map of fills only keeps its input (a fused map needs a tensor to take its shape from).
+  Graph g2;
+  Builder b2(&g2);
+  std::vector<Value> outs2 = {
+      b2.Add(b2.Full(1.0, DType::kF32, {4}), b2.Full(2.0, DType::kF32, {4}))};
+  const FusionResult r2 = FuseOrDie(g2, outs2);
+  EXPECT_FALSE(Computing(r2.graph).empty());
+}
+
 TEST(FusionTest, NarrowIntegerIntermediatesAreNotFused) {
   Graph g;
   Builder b(&g);
