@@ -146,9 +146,12 @@ Value ForwardContext::Linear(Value x, Value w, Value bias) {
     const Value aux[] = {train_.dropout_seed};
     xin = b.Mul(x, b.Named(b.MapIndices(mask, xs, DType::kF32, aux), stem + ".lora_dropout"));
   }
-  const Value xa = b.Named(b.Linear(xin, a), stem + ".lora_a");  // [..., r]
-  const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");   // [..., out]
-  return b.Add(y, b.MulScalar(d, lora->scale()));
+  // The scaling is applied to lora_A's output, [..., r], instead of lora_B's, [..., out]: the
+  // same product up to rounding, and neither the forward's epilogue nor the backward
+  // multiplies a [tokens, out] tensor by it (-2% of a SmolLM2 step).
+  const Value xa = b.Named(b.MulScalar(b.Linear(xin, a), lora->scale()), stem + ".lora_a");
+  const Value d = b.Named(b.Linear(xa, bb), stem + ".lora_b");  // [..., out]
+  return b.Add(y, d);
 }
 
 Value ForwardContext::Attend(int64_t layer, Value q, Value k, Value v) {
