@@ -1,6 +1,7 @@
 #include "backends/host/host_device.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -10,9 +11,16 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace kiln::backend {
 namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 
 void CpuRelax() {
 #if defined(__x86_64__)
@@ -145,8 +153,19 @@ class HostStream::Recording final : public ExecGraph {
   std::vector<Launch> launches_;
 };
 
-HostStream::HostStream(Device* device, int threads)
-    : device_(device), threads_(threads), barrier_(threads) {
+StragglerPolicy StragglerPolicyFromEnv() {
+  StragglerPolicy p;
+  const char* v = std::getenv("KILN_CPU_STRAGGLER_FALLBACK");
+  p.enabled = v == nullptr || std::strcmp(v, "0") != 0;
+  return p;
+}
+
+HostStream::HostStream(Device* device, int threads, StragglerPolicy policy)
+    : device_(device),
+      threads_(threads),
+      barrier_(threads),
+      policy_(policy),
+      backoff_s_(policy.backoff_seconds) {
   for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { Worker(i); });
 }
 
@@ -164,27 +183,72 @@ void HostStream::Worker(int index) {
     seen = job_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
     const ExecCtx ctx{index, threads_, nullptr};
-    for (const Launch& l : current_) {
-      l.fn(*l.args, ctx);
+    int64_t waited = 0;
+    for (size_t i = 0; i < current_.size(); ++i) {
+      current_[i].fn(*current_[i].args, ctx);
+      // Published before the last barrier, which the calling thread passes only after it.
+      if (i + 1 == current_.size()) wait_ns_.fetch_add(waited, std::memory_order_relaxed);
+      const int64_t t0 = NowNs();
       barrier_.Wait();
+      waited += NowNs() - t0;
     }
   }
 }
 
 void HostStream::Execute(std::span<const Launch> launches) {
-  const ExecCtx ctx{0, threads_, nullptr};
   if (threads_ == 1) {
+    const ExecCtx ctx{0, 1, nullptr};
     for (const Launch& l : launches) l.fn(*l.args, ctx);
     return;
   }
   if (launches.empty()) return;  // publishing an empty job would let workers race ahead
+  const int64_t start = NowNs();
+  if (policy_.enabled && start < single_until_ns_) {
+    // Stragglers: the calling thread alone (the workers stay asleep).
+    const ExecCtx ctx{0, 1, nullptr};
+    for (const Launch& l : launches) l.fn(*l.args, ctx);
+    ++single_runs_;
+    return;
+  }
+  const ExecCtx ctx{0, threads_, nullptr};
   current_ = launches;
   job_.fetch_add(1, std::memory_order_release);
   job_.notify_all();
+  int64_t waited = 0;
   for (const Launch& l : launches) {
     l.fn(*l.args, ctx);
+    const int64_t t0 = NowNs();
     barrier_.Wait();  // every thread finished this launch before anyone starts the next
+    waited += NowNs() - t0;
   }
+  if (!policy_.enabled) return;
+  const int64_t end = NowNs();
+  waited += wait_ns_.exchange(0, std::memory_order_relaxed);
+  const double run_ns = static_cast<double>(end - start);
+  if (run_ns < policy_.min_run_seconds * 1e9) return;  // too short to tell
+  const double share = static_cast<double>(waited) / (run_ns * threads_);
+  if (probing_) {  // the first run back on every thread: it alone decides
+    probing_ = false;
+    if (share <= policy_.max_wait_share) {
+      backoff_s_ = policy_.backoff_seconds;
+      wait_share_ = share;
+      return;
+    }
+    backoff_s_ = std::min(backoff_s_ * 2, policy_.max_backoff_seconds);
+  } else {
+    wait_share_ = 0.5 * wait_share_ + 0.5 * share;
+    if (wait_share_ <= policy_.max_wait_share) return;
+  }
+  single_until_ns_ = end + static_cast<int64_t>(backoff_s_ * 1e9);
+  if (fallbacks_++ == 0) {
+    spdlog::info(
+        "{}: its {} threads spent {:.0f}% of a run waiting for each other (a thread is being "
+        "descheduled: a busy neighbour or a CPU quota?); running launches on one thread for "
+        "{:.1f} s, then trying {} again (KILN_CPU_STRAGGLER_FALLBACK=0 turns this off)",
+        device_->name(), threads_, 100 * share, backoff_s_, threads_);
+  }
+  wait_share_ = 0;
+  probing_ = true;
 }
 
 Status HostStream::Run(std::span<const Launch> launches) {

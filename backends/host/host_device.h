@@ -62,9 +62,31 @@ class HostDevice : public Device {
 StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo = "/proc/meminfo",
                                           const std::string& cgroup_dir = "/sys/fs/cgroup");
 
+// How a multi-threaded HostStream reacts to a descheduled thread. Every launch is split
+// statically over the pool and ends in a barrier, so a thread that the OS takes off its core
+// (a busy neighbour process, a container CPU quota below the visible cores) stalls every
+// launch: 2 threads beside one busy process decoded 5x slower than 1 thread. The stream
+// measures the share of its threads' time spent waiting at barriers. When that share (an
+// EWMA over runs of at least `min_run_seconds`, each run weighing half) exceeds
+// `max_wait_share`, the stream runs its launches on the calling thread alone for
+// `backoff_seconds`, then tries all threads again; while the first run back still waits that
+// much, the backoff doubles (up to `max_backoff_seconds`). On a quiet machine the waits are
+// a few percent and nothing changes. Results computed on one thread may differ from the
+// pool's in the last bits (kernels that split a reduction over threads).
+struct StragglerPolicy {
+  bool enabled = true;
+  double max_wait_share =
+      0.4;  // quiet SmolLM2 decode: 0.16 (p90 0.17); beside a busy process 0.3-0.8
+  double min_run_seconds = 200e-6;
+  double backoff_seconds = 0.2;
+  double max_backoff_seconds = 6.4;
+};
+// KILN_CPU_STRAGGLER_FALLBACK=0 disables it (the policy's other fields keep their defaults).
+StragglerPolicy StragglerPolicyFromEnv();
+
 class HostStream : public Stream {
  public:
-  HostStream(Device* device, int threads);
+  HostStream(Device* device, int threads, StragglerPolicy policy = StragglerPolicyFromEnv());
   ~HostStream() override;
   Device& device() override { return *device_; }
   Status Run(std::span<const Launch> launches) override;
@@ -76,6 +98,11 @@ class HostStream : public Stream {
   bool SupportsCapture() const override { return true; }
   Status BeginCapture() override;
   StatusOr<std::unique_ptr<ExecGraph>> EndCapture() override;
+
+  // Runs so far on the calling thread alone because of stragglers (tests, logs).
+  int64_t single_thread_runs() const { return single_runs_; }
+  // Times the stream switched to the calling thread alone.
+  int64_t straggler_fallbacks() const { return fallbacks_; }
 
  private:
   class Recording;
@@ -92,6 +119,14 @@ class HostStream : public Stream {
   std::atomic<uint64_t> job_{0};
   std::atomic<bool> stop_{false};
   std::span<const Launch> current_;
+  // Straggler fallback (StragglerPolicy), touched by the calling thread only except wait_ns_.
+  const StragglerPolicy policy_;
+  std::atomic<int64_t> wait_ns_{0};  // the workers' barrier waits in the current run
+  double wait_share_ = 0;            // EWMA of the waiting share of runs
+  int64_t single_until_ns_ = 0;      // run on the calling thread alone until then (steady clock)
+  double backoff_s_ = 0;
+  bool probing_ = false;  // the first multi-threaded run after a fallback decides alone
+  int64_t single_runs_ = 0, fallbacks_ = 0;
 };
 
 }  // namespace kiln::backend

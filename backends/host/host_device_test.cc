@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
 
 #include "backends/builtin.h"
 
@@ -34,8 +37,8 @@ TEST(HostStreamTest, ThreadPoolRunsEveryLaunchOnEveryThreadWithBarriers) {
   auto backend = MakeCpuBackend(3);
   dev = static_cast<HostDevice*>(backend->device(0));
   ASSERT_EQ(dev->threads(), 3);
-  auto stream = dev->CreateStream();
-  ASSERT_TRUE(stream.ok());
+  // Every run on every thread: no straggler fallback (a slow test machine may trigger it).
+  auto stream = std::make_unique<HostStream>(dev, 3, StragglerPolicy{.enabled = false});
   Shared shared{};
   LaunchArgs args;
   args.kernel_data = &shared;
@@ -44,9 +47,88 @@ TEST(HostStreamTest, ThreadPoolRunsEveryLaunchOnEveryThreadWithBarriers) {
     launches.push_back({WriteSlot, &args});
     launches.push_back({SumSlots, &args});
   }
-  for (int rep = 0; rep < 20; ++rep) ASSERT_TRUE((*stream)->Run(launches).ok());
+  for (int rep = 0; rep < 20; ++rep) ASSERT_TRUE(stream->Run(launches).ok());
   EXPECT_EQ(shared.sum, 20 * 50 * (1 + 2 + 3));
-  ASSERT_TRUE((*stream)->Run({}).ok());  // an empty list is fine
+  ASSERT_TRUE(stream->Run({}).ok());  // an empty list is fine
+  EXPECT_EQ(stream->straggler_fallbacks(), 0);
+}
+
+// A kernel that fills out[0..n) in shares of ctx.thread_count. While `stall` is set pool
+// thread 1 is "descheduled" (sleeps) in every launch; otherwise every thread works ~1 ms.
+struct Straggler {
+  std::atomic<bool> stall{true};
+  std::atomic<int> max_threads_seen{0};
+  std::vector<int> out = std::vector<int>(64);
+};
+void FillShare(const LaunchArgs& a, const ExecCtx& c) {
+  auto* s = static_cast<Straggler*>(const_cast<void*>(a.kernel_data));
+  if (c.thread_index == 0) s->max_threads_seen.store(c.thread_count);
+  if (s->stall.load()) {
+    if (c.thread_index == 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } else {  // balanced work
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const int64_t n = static_cast<int64_t>(s->out.size());
+  for (int64_t i = n * c.thread_index / c.thread_count;
+       i < n * (c.thread_index + 1) / c.thread_count; ++i) {
+    s->out[i] += 1;
+  }
+}
+
+// A 2-thread cpu stream with `policy` (decisions on runs of any length) running 4 FillShare
+// launches per run.
+class StragglerTest : public ::testing::Test {
+ protected:
+  void Start(StragglerPolicy policy) {
+    policy.min_run_seconds = 0;
+    stream_ = std::make_unique<HostStream>(backend_->device(0), 2, policy);
+    args_.kernel_data = &s_;
+  }
+  // One run; every element was filled once per launch, whichever threads ran it.
+  void Run() {
+    ASSERT_TRUE(stream_->Run(launches_).ok());
+    ++runs_;
+    for (int v : s_.out) ASSERT_EQ(v, 4 * runs_);
+  }
+
+  std::unique_ptr<Backend> backend_ = MakeCpuBackend(2);
+  std::unique_ptr<HostStream> stream_;
+  Straggler s_;
+  LaunchArgs args_;
+  const std::vector<Launch> launches_ = std::vector<Launch>(4, Launch{FillShare, &args_});
+  int runs_ = 0;
+};
+
+TEST_F(StragglerTest, ADescheduledThreadMovesLaunchesToTheCallingThreadUntilItRecovers) {
+  Start(StragglerPolicy{.backoff_seconds = 0.05});
+  // Thread 0 waits ~2 ms per launch for thread 1: half the pool's time is waiting.
+  while (stream_->single_thread_runs() == 0) {
+    Run();
+    ASSERT_LT(runs_, 50) << "no fallback";
+  }
+  EXPECT_EQ(stream_->straggler_fallbacks(), 1);
+  EXPECT_EQ(s_.max_threads_seen.load(), 1);  // the last run: the calling thread alone
+  // Still stalled: the run that tries both threads again (after the backoff) falls back again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (stream_->straggler_fallbacks() < 2) {
+    Run();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no second fallback";
+  }
+  // Recovered: after the backoff both threads run again.
+  s_.stall.store(false);
+  do {
+    Run();
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never back on two threads";
+  } while (s_.max_threads_seen.load() != 2);
+}
+
+TEST_F(StragglerTest, TheFallbackCanBeTurnedOff) {
+  Start(StragglerPolicy{.enabled = false});
+  for (int i = 0; i < 10; ++i) {
+    Run();
+    EXPECT_EQ(s_.max_threads_seen.load(), 2);
+  }
+  EXPECT_EQ(stream_->single_thread_runs(), 0);
 }
 
 TEST(HostStreamTest, CaptureRecordsThenReplays) {
