@@ -116,7 +116,7 @@ StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo,
 }
 
 StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream() {
-  return std::unique_ptr<Stream>(new HostStream(this, threads_));
+  return std::unique_ptr<Stream>(new HostStream(this, threads_, straggler_policy_));
 }
 
 // A captured launch list: deep copies of the launch arguments, replayed as recorded.
@@ -204,9 +204,13 @@ void HostStream::Execute(std::span<const Launch> launches) {
   if (launches.empty()) return;  // publishing an empty job would let workers race ahead
   const int64_t start = NowNs();
   if (policy_.enabled && start < single_until_ns_) {
-    // Stragglers: the calling thread alone (the workers stay asleep).
-    const ExecCtx ctx{0, 1, nullptr};
-    for (const Launch& l : launches) l.fn(*l.args, ctx);
+    // Stragglers: the calling thread runs every share of each launch itself, in order (the
+    // workers stay asleep). The shares are the pool's, so the results are too.
+    for (const Launch& l : launches) {
+      for (int i = 0; i < threads_; ++i) {
+        l.fn(*l.args, ExecCtx{i, threads_, nullptr, /*shares_in_sequence=*/true});
+      }
+    }
     ++single_runs_;
     return;
   }

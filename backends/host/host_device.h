@@ -30,6 +30,29 @@ class SpinBarrier {
   std::atomic<uint32_t> generation_{0};
 };
 
+// How a multi-threaded HostStream reacts to a descheduled thread. Every launch is split
+// statically over the pool and ends in a barrier, so a thread that the OS takes off its core
+// (a busy neighbour process, a container CPU quota below the visible cores) stalls every
+// launch: 2 threads beside one busy process decoded 5x slower than 1 thread. The stream
+// measures the share of its threads' time spent waiting at barriers. When that share (an
+// EWMA over runs of at least `min_run_seconds`, each run weighing half) exceeds
+// `max_wait_share`, the calling thread runs every share of each launch itself, one after
+// another (ExecCtx::shares_in_sequence), for `backoff_seconds`; then the stream tries all
+// threads again, and while the first run back still waits that much the backoff doubles (up
+// to `max_backoff_seconds`). The shares are the pool's, so the results are bit-identical to
+// the pool's (a training run resumed from a checkpoint still repeats its losses). On a quiet
+// machine the waits are ~16% and nothing changes.
+struct StragglerPolicy {
+  bool enabled = true;
+  // Quiet SmolLM2 decode waits 0.16 of the time (p90 0.17); beside a busy process 0.3-0.8.
+  double max_wait_share = 0.4;
+  double min_run_seconds = 200e-6;
+  double backoff_seconds = 0.2;
+  double max_backoff_seconds = 6.4;
+};
+// KILN_CPU_STRAGGLER_FALLBACK=0 disables it (the policy's other fields keep their defaults).
+StragglerPolicy StragglerPolicyFromEnv();
+
 class HostDevice : public Device {
  public:
   // `threads`: how many threads each stream of this device runs launches on (>= 1).
@@ -38,6 +61,9 @@ class HostDevice : public Device {
   std::string_view name() const override { return name_; }
   bool host_visible() const override { return true; }
   int threads() const { return threads_; }
+  // The straggler policy of streams created from now on (default: StragglerPolicyFromEnv()).
+  // Call before CreateStream (not synchronized with it).
+  void set_straggler_policy(const StragglerPolicy& p) { straggler_policy_ = p; }
   StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
   StatusOr<std::unique_ptr<Buffer>> WrapHostMemory(void* data, size_t bytes,
                                                    std::shared_ptr<void> keepalive) override;
@@ -55,34 +81,13 @@ class HostDevice : public Device {
  private:
   std::string name_;
   int threads_;
+  StragglerPolicy straggler_policy_ = StragglerPolicyFromEnv();
 };
 
 // Host memory as DeviceMemoryInfo: MemTotal/MemAvailable from `proc_meminfo`, bounded by
 // the cgroup v2 limit in `cgroup_dir` (memory.max, memory.current) when one is set.
 StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo = "/proc/meminfo",
                                           const std::string& cgroup_dir = "/sys/fs/cgroup");
-
-// How a multi-threaded HostStream reacts to a descheduled thread. Every launch is split
-// statically over the pool and ends in a barrier, so a thread that the OS takes off its core
-// (a busy neighbour process, a container CPU quota below the visible cores) stalls every
-// launch: 2 threads beside one busy process decoded 5x slower than 1 thread. The stream
-// measures the share of its threads' time spent waiting at barriers. When that share (an
-// EWMA over runs of at least `min_run_seconds`, each run weighing half) exceeds
-// `max_wait_share`, the stream runs its launches on the calling thread alone for
-// `backoff_seconds`, then tries all threads again; while the first run back still waits that
-// much, the backoff doubles (up to `max_backoff_seconds`). On a quiet machine the waits are
-// a few percent and nothing changes. Results computed on one thread may differ from the
-// pool's in the last bits (kernels that split a reduction over threads).
-struct StragglerPolicy {
-  bool enabled = true;
-  double max_wait_share =
-      0.4;  // quiet SmolLM2 decode: 0.16 (p90 0.17); beside a busy process 0.3-0.8
-  double min_run_seconds = 200e-6;
-  double backoff_seconds = 0.2;
-  double max_backoff_seconds = 6.4;
-};
-// KILN_CPU_STRAGGLER_FALLBACK=0 disables it (the policy's other fields keep their defaults).
-StragglerPolicy StragglerPolicyFromEnv();
 
 class HostStream : public Stream {
  public:

@@ -36,7 +36,8 @@
 namespace kiln::backend {
 
 // 3: LaunchArgs::extra_outputs (multi-output nodes), in-place writes beyond kv_write.
-inline constexpr uint32_t kBackendInterfaceVersion = 3;
+// 4: ExecCtx::shares_in_sequence.
+inline constexpr uint32_t kBackendInterfaceVersion = 4;
 // Every Allocate() result is aligned to at least this many bytes.
 inline constexpr size_t kMinAlignment = 64;
 

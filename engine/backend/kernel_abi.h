@@ -68,10 +68,16 @@ struct LaunchArgs {
   int32_t num_extra_outputs = 0;
 };
 
+// A kernel computes share `thread_index` of `thread_count` of its launch. Host streams
+// normally run the shares at once on their pool. `shares_in_sequence`: this time one thread
+// runs them one after another, in index order (HostStream's straggler fallback). Then the same
+// shares give the same results, but a kernel must not wait for a later share of its own
+// launch (an in-launch barrier would never open).
 struct ExecCtx {
   int thread_index = 0;
   int thread_count = 1;
   void* native_stream = nullptr;
+  bool shares_in_sequence = false;
 };
 
 using KernelFn = void (*)(const LaunchArgs& args, const ExecCtx& ctx);

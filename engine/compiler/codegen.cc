@@ -28,7 +28,11 @@ static_assert(sizeof(LaunchArgs) == 216 && offsetof(LaunchArgs, inputs) == 8 &&
                   offsetof(LaunchArgs, num_inputs) == 16 && offsetof(LaunchArgs, output) == 24 &&
                   offsetof(LaunchArgs, params) == 168 && offsetof(LaunchArgs, extra_outputs) == 200,
               "LaunchArgs layout changed: update the C++ preamble in codegen.cc");
-static_assert(sizeof(ExecCtx) == 16, "ExecCtx layout changed: update the C++ preamble");
+// Generated kernels read ExecCtx up to `native_stream` (KExecCtx mirrors that prefix; the
+// fields after it, interface v4, are not mirrored).
+static_assert(offsetof(ExecCtx, thread_count) == 4 && offsetof(ExecCtx, native_stream) == 8 &&
+                  offsetof(ExecCtx, shares_in_sequence) == 16,
+              "ExecCtx layout changed: update the C++ preamble");
 
 namespace {
 

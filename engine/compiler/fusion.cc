@@ -241,7 +241,7 @@ class GroupBuilder {
       if (m == grp_.anchor) {
         if (gemm) continue;
         for (size_t s = 0; s < n.inputs.size(); ++s) {
-          if (IsMember(n.inputs[s]) || ConstantOf(n.inputs[s])) continue;
+          if (IsMember(n.inputs[s])) continue;
           Register(n.inputs[s], s == 0 ? ArgRole::kFull : ArgRole::kOut);
         }
         continue;
@@ -432,10 +432,10 @@ class GroupBuilder {
       const int32_t v = n.inputs[s];
       if (IsMember(v)) {
         sub.push_back(value_.at(v));
+      } else if (m == grp_.anchor) {  // a reduction's operands stay tensors (input 0: its shape)
+        sub.push_back(Leaf(v, s == 0 ? ArgRole::kFull : ArgRole::kOut));
       } else if (std::optional<Expr> c = ConstantOf(v)) {
         sub.push_back(*std::move(c));
-      } else if (m == grp_.anchor) {
-        sub.push_back(Leaf(v, s == 0 ? ArgRole::kFull : ArgRole::kOut));
       } else {
         const bool full = pure || grp_.anchor_cls == Cls::kGemm || Prologue(m) || elementwise_;
         sub.push_back(Leaf(v, full ? ArgRole::kFull : ArgRole::kOut));

@@ -20,6 +20,7 @@
 #include "backends/builtin.h"
 #include "backends/cpu/jit/aot.h"
 #include "backends/cpu/jit/toolchain.h"
+#include "backends/host/host_device.h"
 #include "engine/compiler/compile.h"
 #include "engine/compiler/testing/llama_graph.h"
 
@@ -91,24 +92,28 @@ std::vector<std::filesystem::path> CacheFiles(const std::string& dir, const std:
   return out;
 }
 
+// The Llama test model with `layers` blocks compiled for `dev`, random weights bound, and the
+// inputs of one prefill step (2 sequences of 3 tokens).
+StatusOr<std::unique_ptr<Program>> CompiledLlama(backend::Device& dev, int layers) {
+  compiler::testing::LlamaConfig cfg;
+  cfg.layers = layers;
+  KILN_ASSIGN_OR_RETURN(auto m, compiler::testing::BuildLlama(cfg));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Program> p, compiler::Compile(m.graph, {m.logits}, dev));
+  KILN_ASSIGN_OR_RETURN(auto weights, compiler::testing::RandomWeights(m.graph, dev, 3));
+  for (auto& [name, t] : weights) KILN_RETURN_IF_ERROR(p->Bind(name, t));
+  KILN_RETURN_IF_ERROR(p->SetSymbol("T", 6));
+  KILN_RETURN_IF_ERROR(p->SetSymbol("S", 2));
+  KILN_ASSIGN_OR_RETURN(auto in, compiler::testing::StepInputs(cfg, dev, 2, 3, 0));
+  for (auto& [name, t] : in) KILN_RETURN_IF_ERROR(p->Bind(name, t));
+  return p;
+}
+
 // What a child runs: a 4-block model through compiler::Compile, one prefill step.
 TEST(ChildTest, DISABLED_CompileAndRun) {
   auto backend = backend::MakeCpuBackend(2);
   backend::Device& dev = *backend->device(0);
-  compiler::testing::LlamaConfig cfg;
-  cfg.layers = 4;
-  auto m = compiler::testing::BuildLlama(cfg);
-  ASSERT_TRUE(m.ok()) << m.status();
-  auto p = compiler::Compile(m->graph, {m->logits}, dev);
+  auto p = CompiledLlama(dev, 4);
   ASSERT_TRUE(p.ok()) << p.status();
-  auto weights = compiler::testing::RandomWeights(m->graph, dev, 3);
-  ASSERT_TRUE(weights.ok());
-  for (auto& [name, t] : *weights) ASSERT_TRUE((*p)->Bind(name, t).ok());
-  ASSERT_TRUE((*p)->SetSymbol("T", 6).ok());
-  ASSERT_TRUE((*p)->SetSymbol("S", 2).ok());
-  auto in = compiler::testing::StepInputs(cfg, dev, 2, 3, 0);
-  ASSERT_TRUE(in.ok());
-  for (auto& [name, t] : *in) ASSERT_TRUE((*p)->Bind(name, t).ok());
   auto stream = dev.CreateStream();
   ASSERT_TRUE((*p)->Run(**stream).ok());
   auto out = (*p)->Output(0);
@@ -125,6 +130,34 @@ TEST(ChildTest, DISABLED_CompileAndRun) {
       static_cast<long long>(c.compiler_runs), static_cast<long long>(c.compiled),
       static_cast<long long>(c.cached), static_cast<long long>(c.reused),
       static_cast<CpuJit*>(target)->available() ? 1 : 0, sum);
+}
+
+// The straggler fallback (backends/host/host_device.h) runs each launch's shares one after
+// another on the calling thread: a fused program (GEMM epilogues included) must give the
+// pool's logits bit for bit.
+TEST(CpuJitTest, SharesRunInSequenceGiveThePoolsResults) {
+  auto backend = backend::MakeCpuBackend(2);
+  backend::Device& dev = *backend->device(0);
+  auto p = CompiledLlama(dev, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto logits = [&](backend::Stream& stream) {
+    EXPECT_TRUE((*p)->Run(stream).ok());
+    auto out = (*p)->Output(0);
+    EXPECT_TRUE(out.ok());
+    auto values = out->ToDoubles();
+    EXPECT_TRUE(values.ok());
+    return values.ok() ? *values : std::vector<double>();
+  };
+  backend::HostStream pool(&dev, 2, backend::StragglerPolicy{.enabled = false});
+  const std::vector<double> want = logits(pool);
+  ASSERT_FALSE(want.empty());
+  // Any wait counts as a straggler: after the first run, every run is in sequence.
+  backend::HostStream sequence(
+      &dev, 2,
+      backend::StragglerPolicy{.max_wait_share = -1, .min_run_seconds = 0, .backoff_seconds = 1e6});
+  EXPECT_EQ(logits(sequence), want);  // the first run, on the pool
+  EXPECT_EQ(logits(sequence), want);
+  EXPECT_EQ(sequence.single_thread_runs(), 1);
 }
 
 TEST(CpuJitTest, SecondStartCompilesNothing) {
