@@ -116,7 +116,7 @@ StatusOr<DeviceMemoryInfo> HostMemoryInfo(const std::string& proc_meminfo,
 }
 
 StatusOr<std::unique_ptr<Stream>> HostDevice::CreateStream() {
-  return std::unique_ptr<Stream>(new HostStream(this, threads_, straggler_policy_));
+  return std::unique_ptr<Stream>(new HostStream(this, threads_));
 }
 
 // A captured launch list: deep copies of the launch arguments, replayed as recorded.
@@ -188,11 +188,16 @@ void HostStream::Worker(int index) {
       current_[i].fn(*current_[i].args, ctx);
       // Published before the last barrier, which the calling thread passes only after it.
       if (i + 1 == current_.size()) wait_ns_.fetch_add(waited, std::memory_order_relaxed);
-      const int64_t t0 = NowNs();
-      barrier_.Wait();
-      waited += NowNs() - t0;
+      BarrierWait(&waited);
     }
   }
+}
+
+void HostStream::BarrierWait(int64_t* waited) {
+  if (!policy_.enabled) return barrier_.Wait();  // nothing measured: no clock reads
+  const int64_t t0 = NowNs();
+  barrier_.Wait();
+  *waited += NowNs() - t0;
 }
 
 void HostStream::Execute(std::span<const Launch> launches) {
@@ -221,9 +226,7 @@ void HostStream::Execute(std::span<const Launch> launches) {
   int64_t waited = 0;
   for (const Launch& l : launches) {
     l.fn(*l.args, ctx);
-    const int64_t t0 = NowNs();
-    barrier_.Wait();  // every thread finished this launch before anyone starts the next
-    waited += NowNs() - t0;
+    BarrierWait(&waited);  // every thread finished this launch before anyone starts the next
   }
   if (!policy_.enabled) return;
   const int64_t end = NowNs();

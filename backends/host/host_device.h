@@ -61,9 +61,6 @@ class HostDevice : public Device {
   std::string_view name() const override { return name_; }
   bool host_visible() const override { return true; }
   int threads() const { return threads_; }
-  // The straggler policy of streams created from now on (default: StragglerPolicyFromEnv()).
-  // Call before CreateStream (not synchronized with it).
-  void set_straggler_policy(const StragglerPolicy& p) { straggler_policy_ = p; }
   StatusOr<std::unique_ptr<Buffer>> Allocate(size_t bytes) override;
   StatusOr<std::unique_ptr<Buffer>> WrapHostMemory(void* data, size_t bytes,
                                                    std::shared_ptr<void> keepalive) override;
@@ -81,7 +78,6 @@ class HostDevice : public Device {
  private:
   std::string name_;
   int threads_;
-  StragglerPolicy straggler_policy_ = StragglerPolicyFromEnv();
 };
 
 // Host memory as DeviceMemoryInfo: MemTotal/MemAvailable from `proc_meminfo`, bounded by
@@ -113,6 +109,8 @@ class HostStream : public Stream {
   class Recording;
   void Execute(std::span<const Launch> launches);
   void Worker(int index);
+  // barrier_.Wait(), adding the time waited to *waited while the straggler policy is on.
+  void BarrierWait(int64_t* waited);
 
   Device* device_;
   const int threads_;

@@ -43,19 +43,15 @@ void GemmWithEpilogue(const LaunchArgs& a, const ExecCtx& c) {
   g.num_inputs = 2;
   d.gemm.fn(g, c);
   const TensorArg& o = a.output;
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < o.rank; ++i) rows *= o.shape[i];
   if (c.shares_in_sequence) {
     // No barrier (the later shares have not run yet): the last share, after every GEMM share,
     // applies the epilogue to all rows. It is element-wise, so the split does not matter.
-    if (c.thread_index + 1 == c.thread_count) {
-      int64_t rows = 1;
-      for (int i = 0; i + 1 < o.rank; ++i) rows *= o.shape[i];
-      d.epilogue.inplace(a, 0, rows);
-    }
+    if (c.thread_index + 1 == c.thread_count) d.epilogue.inplace(a, 0, rows);
     return;
   }
   d.barrier.Wait(c.thread_count);
-  int64_t rows = 1;
-  for (int i = 0; i + 1 < o.rank; ++i) rows *= o.shape[i];
   const int64_t cols = o.rank > 0 ? o.shape[o.rank - 1] : 1;
   // Split rows only when there is enough work for every thread.
   const int64_t parts =
