@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -149,8 +150,9 @@ std::vector<OpCase> LinearCases() {
   struct Shape {
     int64_t m, n, k;
   };
-  const std::vector<Shape> quant = {{1, 5, 32},  {2, 13, 96},    {3, 17, 288},  {4, 70, 256},
-                                    {5, 4, 544}, {17, 33, 1056}, {33, 130, 320}};
+  const std::vector<Shape> quant = {{1, 5, 32},     {2, 13, 96}, {3, 17, 288},
+                                    {4, 70, 256},   {5, 4, 544}, {17, 33, 1056},
+                                    {33, 130, 320}, {70, 9, 96}};  // q8: rows split between threads
   const std::vector<Shape> floats = {{1, 3, 7},     {2, 9, 45},   {4, 16, 300},
                                      {19, 21, 257}, {1, 130, 64}, {40, 17, 520}};
   for (DType w : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
@@ -410,6 +412,77 @@ TEST(HarnessQ8, QuantizedActivationsStayWithinTheirTolerance) {
     }
   }
   EXPECT_GT(run, 20);
+}
+
+// With q8 activations a row's result does not depend on how many rows share its call (a
+// sequence's numerics must not depend on its batch): 70 rows, split by rows between the
+// threads, equal each row computed alone, split by weight rows, bit for bit — every weight
+// type, on every variant this CPU runs.
+TEST(HarnessQ8, ARowsResultDoesNotDependOnItsBatch) {
+  constexpr int64_t kM = 70, kN = 9, kK = 96;
+  const auto arg = [](void* data, DType t, int64_t rows, int64_t cols) {
+    TensorArg a;
+    a.data = data;
+    a.dtype = t;
+    a.rank = 2;
+    a.shape[0] = rows;
+    a.shape[1] = cols;
+    a.strides[0] = cols;
+    a.strides[1] = 1;
+    return a;
+  };
+  std::vector<float> x(kM * kK);
+  for (int64_t i = 0; i < kM * kK; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  int compared = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    for (DType wt : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+      VariantDevice dev(isa, nullptr, 2, /*q8=*/true);
+      Graph g;
+      Builder b(&g);
+      const Dim T = b.Symbol("T", 512);
+      const Value y = b.Linear(b.Input("x", DType::kF32, {T, kK}), b.Weight("w", wt, {kN, kK}));
+      const Node& n = g.node(y.id);
+      const std::vector<TensorType> in = {{DType::kF32, {T, kK}}, {wt, {kN, kK}}};
+      backend::KernelRequest req;
+      req.op = n.op;
+      req.attrs = &n.attrs;
+      req.inputs = in;
+      req.output = {n.dtype, n.shape};
+      auto kernel = dev.GetKernel(req);
+      ASSERT_TRUE(kernel.ok()) << kernel.status();
+      ASSERT_NE(kernel->name.find("gemv_q8"), std::string::npos) << kernel->name;
+      std::vector<uint8_t> w(DTypeBytes(wt, kK) * kN);
+      for (int64_t r = 0; r < kN; ++r) {
+        ASSERT_TRUE(QuantizeRow(wt, x.data() + r * kK, w.data() + r * DTypeBytes(wt, kK), kK).ok());
+      }
+      auto stream = dev.CreateStream();
+      ASSERT_TRUE(stream.ok());
+      const auto run = [&](const float* xs, int64_t m, float* out) {
+        TensorArg inputs[2] = {arg(const_cast<float*>(xs), DType::kF32, m, kK),
+                               arg(w.data(), wt, kN, kK)};
+        LaunchArgs args;
+        args.kernel_data = kernel->data.get();
+        args.inputs = inputs;
+        args.num_inputs = 2;
+        args.output = arg(out, DType::kF32, m, kN);
+        const Launch launch{kernel->fn, &args};
+        ASSERT_TRUE((*stream)->Run(std::span<const Launch>(&launch, 1)).ok());
+      };
+      std::vector<float> batch(kM * kN), alone(kN);
+      run(x.data(), kM, batch.data());
+      for (int64_t m = 0; m < kM; ++m) {
+        run(x.data() + m * kK, 1, alone.data());
+        for (int64_t j = 0; j < kN; ++j) {
+          ASSERT_EQ(std::memcmp(&alone[j], &batch[m * kN + j], 4), 0)
+              << IsaName(isa) << " " << DTypeName(wt) << " row " << m << " column " << j << ": "
+              << alone[j] << " alone, " << batch[m * kN + j] << " in the batch";
+        }
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0);
 }
 
 // A decoded matmul whose x exceeds 16 MiB with K >= 8192 (the classifier head's dx through a

@@ -39,6 +39,16 @@ Isa Detect() {
 #endif
 }
 
+bool DetectAvx512Vnni() {
+#if defined(__x86_64__)
+  if (DetectedIsa() != Isa::kAvx512) return false;  // needs AVX-512 VL and the OS's ZMM state
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & bit_AVX512VNNI);
+#else
+  return false;
+#endif
+}
+
 std::string Brand() {
 #if defined(__x86_64__)
   unsigned regs[12] = {};
@@ -99,6 +109,11 @@ Isa ActiveIsa() {
     return best;
   }();
   return isa;
+}
+
+bool CpuHasAvx512Vnni() {
+  static const bool vnni = DetectAvx512Vnni();
+  return vnni;
 }
 
 const char* CpuDescription() {

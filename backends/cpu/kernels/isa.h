@@ -32,6 +32,10 @@ inline bool IsaSupported(Isa isa) {
   return static_cast<int>(isa) <= static_cast<int>(DetectedIsa());
 }
 
+// True if the CPU has AVX-512 VNNI (vpdpbusd) besides the avx512 variant's AVX-512 F/BW/VL/DQ:
+// the q8 kernels use it (kernels.h Q8KernelsFor) where the active variant is avx512.
+bool CpuHasAvx512Vnni();
+
 // "AMD EPYC 7B13 avx2" — the cpuid brand string and detected variant, for cache keys and logs.
 const char* CpuDescription();
 

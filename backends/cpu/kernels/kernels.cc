@@ -37,6 +37,15 @@ const IsaKernels* KernelsFor(Isa isa) {
   return nullptr;
 }
 
+const Q8Kernels* VnniQ8Kernels() { return CpuHasAvx512Vnni() ? &Avx512VnniQ8Kernels() : nullptr; }
+
+const Q8Kernels* Q8KernelsFor(Isa isa) {
+  if (!IsaSupported(isa)) return nullptr;
+  if (isa == Isa::kScalar) return &ScalarQ8Kernels();
+  if (isa == Isa::kAvx512 && VnniQ8Kernels() != nullptr) return VnniQ8Kernels();
+  return &Avx2Q8Kernels();
+}
+
 void CombinePartials(const float* const* parts, int n, int64_t dv, float* out) {
   const float ninf = -std::numeric_limits<float>::infinity();
   float m = ninf;

@@ -132,12 +132,6 @@ struct IsaKernels {
   void (*dequant)(const GemmArgs& a, int64_t n0, int64_t n1, float* dst);
   // Runs one attention task.
   void (*attend)(const AttnArgs& a, const AttnTask& task);
-  // Quantizes K floats (K a multiple of 32) into K / 32 blocks. Null in variants without
-  // their own q8 path (AVX-512 uses the AVX2 one).
-  void (*quantize_q8)(const float* x, int64_t K, Q8Block* out);
-  // Rows n in [n0, n1) of y from activations already quantized: `xq` holds M rows of
-  // K / 32 blocks. REQUIRES: wtype q4_0, q4_1, q8_0 or mxfp4; w_k_stride == 1.
-  void (*gemv_q8)(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1);
   // Softmax statistics of one row of n floats: its maximum (NaN if any element is NaN) and
   // sum(exp(x - max)), exponentials in f32 (about 2 ulp), summed in f32 over chunks of 1,024
   // elements and the chunks in double.
@@ -154,8 +148,29 @@ struct IsaKernels {
   void (*soft_cap)(float* s, int64_t n, float pre, float cap);
 };
 
-// True for the weight types gemv_q8 takes.
+// The kernels on q8 activations (Q8Block), in three sets: "scalar", and two with
+// bit-identical results: "avx2" (maddubs + madd integer dots) and "avx512_vnni" (vpdpbusd,
+// and four activation rows per tile in AVX-512's 32 vector registers) — see q8_impl.h.
+struct Q8Kernels {
+  const char* name;
+  int tile_rows;  // rows of x per tile: splits of M in multiples of it fill whole tiles
+  // Quantizes K floats (K a multiple of 32) into K / 32 blocks.
+  void (*quantize)(const float* x, int64_t K, Q8Block* out);
+  // Rows n in [n0, n1) of y from activations already quantized: `xq` holds M rows of
+  // K / 32 blocks. REQUIRES: wtype q4_0, q4_1, q8_0 or mxfp4; w_k_stride == 1.
+  void (*gemv)(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1);
+};
+
+// True for the weight types Q8Kernels::gemv takes.
 bool HasQ8Path(DType wtype);
+
+// The q8 kernels for variant `isa`: the VNNI set where `isa` is avx512 and the CPU has
+// AVX-512 VNNI, the AVX2 set for avx2 and avx512 otherwise, the scalar set for scalar; null
+// if `isa` cannot run here.
+const Q8Kernels* Q8KernelsFor(Isa isa);
+// The AVX2 set, and the VNNI set or null where this CPU lacks AVX-512 VNNI (tests, benches).
+const Q8Kernels& Avx2Q8Kernels();
+const Q8Kernels* VnniQ8Kernels();
 
 // The table of a variant, or null if it cannot run on this CPU.
 const IsaKernels* KernelsFor(Isa isa);
@@ -168,5 +183,7 @@ void CombinePartials(const float* const* parts, int n, int64_t dv, float* out);
 const IsaKernels& ScalarKernels();
 const IsaKernels& Avx2Kernels();
 const IsaKernels& Avx512Kernels();
+const Q8Kernels& ScalarQ8Kernels();
+const Q8Kernels& Avx512VnniQ8Kernels();  // only where CpuHasAvx512Vnni()
 
 }  // namespace kiln::cpu

@@ -13,4 +13,5 @@ inline constexpr Isa kIsa = Isa::kAvx2;
 
 namespace kiln::cpu {
 const IsaKernels& Avx2Kernels() { return avx2::kTable; }
+const Q8Kernels& Avx2Q8Kernels() { return avx2::kQ8Table; }
 }  // namespace kiln::cpu

@@ -296,83 +296,6 @@ void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
   if (!fast) GemvGeneric(a, n0, n1);
 }
 
-// ---- GEMV on q8 activations (ggml's numerics; see kernels.h Q8Block) ---------------------------
-// Only in variants whose vector layer has the q8 primitives (KILN_ISA_HAS_Q8).
-#if KILN_ISA_HAS_Q8
-
-template <class W, int MR, int NR>
-void GemvQ8Tile(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
-                float* y, int64_t ldy) {
-  F acc[MR][NR];
-  float off[MR][NR] = {};
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    PrefetchAhead(w, ldw, NR, b * W::kBlockBytes, W::kBlockBytes);
-    for (int j = 0; j < NR; ++j) {
-      const auto wb = W::Load(w + j * ldw + b * W::kBlockBytes);
-      for (int i = 0; i < MR; ++i) Q8Accumulate<W>(wb, xq[i * ldxq + b], acc[i][j], off[i][j]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = HSum(acc[i][j]) + off[i][j];
-  }
-}
-
-// Four weight rows: the vector layer's own tile where it has one for this weight type.
-template <class W, int MR>
-void GemvQ8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
-                 float* y, int64_t ldy) {
-#if defined(KILN_ISA_HAS_Q8_TILE4)
-  if constexpr (W::kTile4) return Q8Tile4<W, MR>(xq, ldxq, w, ldw, nb, y, ldy);
-#endif
-  GemvQ8Tile<W, MR, 4>(xq, ldxq, w, ldw, nb, y, ldy);
-}
-
-template <class W>
-void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
-  const int64_t nb = a.K / 32, ldw = a.w_row_bytes;
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
-    const uint8_t* w = WeightRow(a, n);
-    for (int64_t m = 0; m < a.M; m += 2) {
-      const Q8Block* x = xq + m * nb;
-      float* y = a.y + m * a.ldy + n;
-      if (a.M - m >= 2) {
-        if (nr == 4) {
-          GemvQ8Tile4<W, 2>(x, nb, w, ldw, nb, y, a.ldy);
-        } else {
-          for (int j = 0; j < nr; ++j)
-            GemvQ8Tile<W, 2, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
-        }
-      } else if (nr == 4) {
-        GemvQ8Tile4<W, 1>(x, nb, w, ldw, nb, y, a.ldy);
-      } else {
-        for (int j = 0; j < nr; ++j) GemvQ8Tile<W, 1, 1>(x, nb, w + j * ldw, ldw, nb, y + j, a.ldy);
-      }
-    }
-  }
-}
-
-void GemvQ8(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
-  {
-    switch (a.wtype) {
-      case DType::kQ4_0:
-        return GemvQ8Rows<Q8DecQ4_0>(a, xq, n0, n1);
-      case DType::kQ4_1:
-        return GemvQ8Rows<Q8DecQ4_1>(a, xq, n0, n1);
-      case DType::kQ8_0:
-        return GemvQ8Rows<Q8DecQ8_0>(a, xq, n0, n1);
-      case DType::kMXFP4:
-        return GemvQ8Rows<Q8DecMXFP4>(a, xq, n0, n1);
-      default:
-        KILN_CHECK(false, "gemv_q8: weight type without a q8 path");
-    }
-  }
-}
-#endif  // KILN_ISA_HAS_Q8
-
 // ---- GEMM: packed f32 panels and an outer-product micro-kernel -----------------------------
 
 constexpr int kNR = 2 * kLanes;   // micro-kernel columns (weight rows)
@@ -930,12 +853,12 @@ void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
 
 }  // namespace
 
-#if KILN_ISA_HAS_Q8
-const IsaKernels kTable = {kIsa,   Gemv,         Gemm,      Dequant,   Attend, QuantizeQ8,
-                           GemvQ8, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
-#else
-const IsaKernels kTable = {kIsa,    Gemv,         Gemm,      Dequant,   Attend, nullptr,
-                           nullptr, SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
-#endif
+const IsaKernels kTable = {kIsa,         Gemv,      Gemm,      Dequant, Attend,
+                           SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
 
 }  // namespace kiln::cpu::KILN_ISA_NS
+
+// The q8 kernels, in variants whose vector layer has their primitives.
+#if KILN_ISA_HAS_Q8
+#include "backends/cpu/kernels/q8_impl.h"
+#endif

@@ -13,4 +13,5 @@ inline constexpr Isa kIsa = Isa::kScalar;
 
 namespace kiln::cpu {
 const IsaKernels& ScalarKernels() { return scalar::kTable; }
+const Q8Kernels& ScalarQ8Kernels() { return scalar::kQ8Table; }
 }  // namespace kiln::cpu

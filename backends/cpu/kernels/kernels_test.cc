@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -54,6 +55,12 @@ Weights MakeWeights(DType t, int64_t n, int64_t k, std::mt19937& rng) {
             .ok());
   }
   return w;
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 }
 
 double Nmse(const std::vector<float>& got, const std::vector<double>& want) {
@@ -236,7 +243,7 @@ TEST_P(IsaTest, NonFiniteWeightsPropagate) {
 }
 
 TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
-  const IsaKernels* q8 = k_->gemv_q8 != nullptr ? k_ : KernelsFor(Isa::kAvx2);
+  const Q8Kernels* q8 = Q8KernelsFor(GetParam());
   ASSERT_NE(q8, nullptr);
   std::mt19937 rng(17);
   std::normal_distribution<float> nd(0, 1);
@@ -248,7 +255,7 @@ TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
       for (float& v : x) v = nd(rng);
       x[0] = 0;
       std::vector<Q8Block> xq(M * K / 32);
-      for (int64_t m = 0; m < M; ++m) q8->quantize_q8(x.data() + m * K, K, xq.data() + m * K / 32);
+      for (int64_t m = 0; m < M; ++m) q8->quantize(x.data() + m * K, K, xq.data() + m * K / 32);
       // The blocks: d = max|x| / 127 rounded to f16, q = round(x * 127 / max|x|), s = d * sum(q).
       for (int64_t b = 0; b < M * K / 32; ++b) {
         float amax = 0;
@@ -286,10 +293,70 @@ TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
       a.M = M;
       a.N = N;
       a.K = K;
-      q8->gemv_q8(a, xq.data(), 0, N / 2);
-      q8->gemv_q8(a, xq.data(), N / 2, N);
+      q8->gemv(a, xq.data(), 0, N / 2);
+      q8->gemv(a, xq.data(), N / 2, N);
       EXPECT_LT(Nmse(y, want), 1e-12) << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
     }
+  }
+}
+
+// The q8 products of every set for one row: y[m, n] for all n, the rows computed together.
+std::vector<float> Q8Product(const Q8Kernels& q8, const Weights& w, const std::vector<float>& x,
+                             int64_t M, int64_t n0, int64_t n1) {
+  const int64_t N = w.n, K = w.k;
+  std::vector<Q8Block> xq(M * K / 32);
+  for (int64_t m = 0; m < M; ++m) q8.quantize(x.data() + m * K, K, xq.data() + m * K / 32);
+  std::vector<float> y(M * N, -1.0f);
+  GemmArgs a;
+  a.x = x.data();
+  a.ldx = K;
+  a.w = w.bytes.data();
+  a.wtype = w.t;
+  a.w_row_bytes = w.row_bytes;
+  a.y = y.data();
+  a.ldy = N;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  q8.gemv(a, xq.data(), n0, n1);
+  return y;
+}
+
+// The VNNI set (vpdpbusd, four-row tiles) gives the AVX2 set's results bit for bit, and in
+// both a row's result is the same whether it is computed alone or with up to 19 others (a
+// sequence's numerics must not depend on its batch): every weight type, ragged strips.
+TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {
+  if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "avx2 is not supported by this CPU";
+  std::vector<const Q8Kernels*> sets = {&Avx2Q8Kernels()};
+  if (VnniQ8Kernels() != nullptr) sets.push_back(VnniQ8Kernels());
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0, 1);
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 96}, {16, 576}, {7, 32}}) {
+      const Weights w = MakeWeights(t, N, K, rng);
+      const int64_t M = 20;
+      std::vector<float> x(M * K);
+      for (float& v : x) v = nd(rng);
+      const std::vector<float> want = Q8Product(Avx2Q8Kernels(), w, x, M, 0, N);
+      for (const Q8Kernels* q8 : sets) {
+        for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{8}, M}) {
+          for (int64_t m0 = 0; m0 < M; m0 += rows) {
+            const int64_t mr = std::min(rows, M - m0);
+            const std::vector<float> xs(x.begin() + m0 * K, x.begin() + (m0 + mr) * K);
+            const std::vector<float> y = Q8Product(*q8, w, xs, mr, 4, N);
+            for (int64_t i = 0; i < mr * N; ++i) {
+              if (i % N < 4) continue;  // outside [4, N)
+              ASSERT_EQ(Bits(y[i]), Bits(want[m0 * N + i]))
+                  << q8->name << " " << DTypeName(t) << " N=" << N << " K=" << K << " rows=" << rows
+                  << " row " << m0 + i / N << " column " << i % N;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (sets.size() == 1) {
+    GTEST_SKIP() << "compared the avx2 set only: this CPU has no AVX-512 VNNI";
   }
 }
 

@@ -29,6 +29,10 @@ constexpr int64_t kMinTunedSkinnyM = 256;
 constexpr int64_t kGemvMaxM = 8;
 // Smallest M for which kOneDnnDequant may be chosen.
 constexpr int64_t kDequantMinM = 64;
+// From this many rows of x the q8 path splits rows, not weight rows, between threads: each
+// thread then quantizes only its own rows (a prefill chunk's quantization was otherwise done
+// by every thread), and the weights — read once per tile of rows — come from cache anyway.
+constexpr int64_t kQ8SplitRowsMinM = 64;
 // Decoded matmuls: blocks of K (MatMulDecodedKernel) for K from this long, used when x has
 // more than this many bytes.
 constexpr int64_t kKBlockedMinK = 8192;
@@ -49,7 +53,7 @@ struct Plan {
 struct GemmData {
   bool matmul = false;
   const IsaKernels* k = nullptr;
-  const IsaKernels* q8 = nullptr;  // the variant with gemv_q8 (AVX-512 uses AVX2's); null: off
+  const Q8Kernels* q8 = nullptr;  // the q8 kernels (kernels.h Q8KernelsFor); null: off
   Plan plan;
   // MatMul with a column-major `a` (autograd's dW = g^T x), which oneDNN reads in place while
   // the others copy it into rows first: timed apart. None: `plan` serves both layouts.
@@ -118,13 +122,31 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
       return;
     }
     case GemmImpl::kGemvQ8: {
-      // Every thread quantizes all rows (M is small here): no barrier needed.
+      // Decode (few rows): every thread quantizes all rows and takes a share of the weight
+      // rows, so each weight byte is read once. Prefill: each thread takes a share of the
+      // rows, in whole tiles, and quantizes only those (no barrier either way).
       const int64_t nb = g.K / 32;
+      GemmArgs rows = g;
+      int64_t n0 = 0, n1 = g.N;
+      if (g.M >= kQ8SplitRowsMinM) {
+        const int64_t tile = d.q8->tile_rows;
+        const auto [b, e] = Share((g.M + tile - 1) / tile, t, nt);
+        const int64_t mb = std::min(g.M, b * tile), me = std::min(g.M, e * tile);
+        rows.x = g.x + mb * g.ldx;
+        rows.y = g.y + mb * g.ldy;
+        rows.M = me - mb;
+      } else {
+        const auto [b, e] = Share((g.N + 3) / 4, t, nt);
+        n0 = std::min(g.N, b * 4);
+        n1 = std::min(g.N, e * 4);
+      }
+      if (rows.M <= 0 || n0 >= n1) return;
       thread_local std::vector<Q8Block> xq;
-      xq.resize(static_cast<size_t>(g.M * nb));
-      for (int64_t m = 0; m < g.M; ++m) d.q8->quantize_q8(g.x + m * g.ldx, g.K, xq.data() + m * nb);
-      const auto [b, e] = Share((g.N + 3) / 4, t, nt);
-      d.q8->gemv_q8(g, xq.data(), std::min(g.N, b * 4), std::min(g.N, e * 4));
+      xq.resize(static_cast<size_t>(rows.M * nb));
+      for (int64_t m = 0; m < rows.M; ++m) {
+        d.q8->quantize(rows.x + m * rows.ldx, rows.K, xq.data() + m * nb);
+      }
+      d.q8->gemv(rows, xq.data(), n0, n1);
       return;
     }
     case GemmImpl::kGemm:
@@ -562,7 +584,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   d->k = KernelsFor(ctx.isa);
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
   if (ctx.q8_activations && !matmul && HasQ8Path(w.dtype)) {
-    d->q8 = d->k->gemv_q8 != nullptr ? d->k : KernelsFor(Isa::kAvx2);
+    d->q8 = Q8KernelsFor(d->k->isa);
   }
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
 
@@ -669,7 +691,8 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     auto tune = [&](bool x_col) -> StatusOr<std::optional<Plan>> {
       const std::string key =
           absl::StrCat(OpName(req.op), " x=f32", x_col ? " col" : "", " w=", DTypeName(w.dtype),
-                       " N=", *N, " K=", *K, " ", IsaName(d->k->isa), d->q8 != nullptr ? " q8" : "",
+                       " N=", *N, " K=", *K, " ", IsaName(d->k->isa),
+                       d->q8 != nullptr ? absl::StrCat(" q8:", d->q8->name) : "",
                        " threads=", ctx.threads, " cpu=", CpuDescription());
       std::unique_ptr<TimingBench> bench;
       const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
@@ -709,6 +732,9 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   std::string plan = PlanString(d->plan);
   if (d->plan_col && PlanString(*d->plan_col) != plan) {
     absl::StrAppend(&plan, " col ", PlanString(*d->plan_col));
+  }
+  if (d->q8 != nullptr && std::string_view(d->q8->name) != IsaName(d->k->isa)) {
+    absl::StrAppend(&plan, " ", d->q8->name);  // "1-:gemv_q8 avx512_vnni"
   }
   const std::string name =
       absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", plan, "]");

@@ -1,6 +1,9 @@
-// The AVX2 + FMA + F16C vector layer of the CPU kernels (8 float lanes). Included only by
-// kernels_avx2.cc, compiled with -mavx2 -mfma -mf16c, inside namespace
-// kiln::cpu::avx2 (see kernels_impl.h for the interface every vector layer provides).
+// The AVX2 + FMA + F16C vector layer of the CPU kernels (8 float lanes). Included by
+// kernels_avx2.cc, compiled with -mavx2 -mfma -mf16c, inside namespace kiln::cpu::avx2 (see
+// kernels_impl.h for the interface every vector layer provides), and by
+// kernels_q8_vnni.cc, compiled with AVX-512 VL and VNNI added, inside the namespace it names
+// in KILN_SIMD_AVX2_NS: there the q8 dots use vpdpbusd and the q8 tiles the 32 vector
+// registers (q8_impl.h).
 #pragma once
 
 #include <immintrin.h>
@@ -11,7 +14,11 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "engine/dtype.h"
 
-namespace kiln::cpu::avx2 {
+#ifndef KILN_SIMD_AVX2_NS
+#define KILN_SIMD_AVX2_NS avx2
+#endif
+
+namespace kiln::cpu::KILN_SIMD_AVX2_NS {
 
 inline constexpr int kLanes = 8;
 inline constexpr int kGemmMR = 6;  // micro-kernel rows: 6 x 2 accumulators + 2 + 1 = 15 ymm
@@ -143,7 +150,7 @@ struct DecF32 {
   static constexpr int64_t kBlockBytes = 128;
   using State = const float*;
   static State Load(const uint8_t* b) { return reinterpret_cast<const float*>(b); }
-  static F Chunk(State s, int c) { return avx2::Load(s + 8 * c); }
+  static F Chunk(State s, int c) { return KILN_SIMD_AVX2_NS::Load(s + 8 * c); }
   static float Elem(const uint8_t* row, int64_t k) {
     float v;
     std::memcpy(&v, row + 4 * k, 4);
@@ -358,27 +365,87 @@ struct Q8DecMXFP4 {
     return {_mm256_set_m128i(s.hi, s.lo), _mm256_cvtss_f32(s.d), 0.0f};
   }
 };
+// ---- Integer dots of weight blocks against activation blocks ----
+// int32 lane j of a dot = the sum over elements 4j..4j+3 of w * x, exactly, on both paths
+// (so the two give bit-identical results): with VNNI one vpdpbusd; without, maddubs + madd,
+// whose int16 pair sums stay below 2^15 (|w| <= 128 against |x| <= 127, or 0 <= w <= 15).
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KILN_Q8_VNNI 1
+inline constexpr int kQ8MR = 6;  // q8 tile rows: 12 zmm accumulators + 6 offsets + 11 more
+#else
+#define KILN_Q8_VNNI 0
+inline constexpr int kQ8MR = 2;  // 8 accumulators + 2 offsets + 4 weights + 2 of 16 ymm
+#endif
+
+// A weight block's bytes as the dot takes them. VNNI multiplies unsigned by signed bytes:
+// unsigned weights (q4 nibbles) go first as they are; for signed ones the activations are
+// made unsigned (x + 128) and `fix` holds -128 * (each lane's sum of weights), so that
+// dot = fix + dot(x + 128, w). Without VNNI, maddubs: |w| first and x takes w's signs (`fix`
+// holds w).
+struct Q8WOp {
+  __m256i q, fix;
+};
+template <bool kSigned>
+inline Q8WOp Q8PrepW(__m256i q) {
+#if KILN_Q8_VNNI
+  if constexpr (kSigned) {
+    const __m256i z = _mm256_setzero_si256();
+    return {q, _mm256_sub_epi32(z, _mm256_dpbusd_epi32(z, _mm256_set1_epi8(char(0x80)), q))};
+  }
+  return {q, _mm256_setzero_si256()};
+#else
+  if constexpr (kSigned) return {_mm256_sign_epi8(q, q), q};
+  return {q, q};
+#endif
+}
+// An activation block's bytes as Q8Dot takes them (signed weights under VNNI: x + 128).
+template <bool kSigned>
+inline __m256i Q8PrepX(__m256i x) {
+#if KILN_Q8_VNNI
+  if constexpr (kSigned) return _mm256_xor_si256(x, _mm256_set1_epi8(char(0x80)));
+#endif
+  return x;
+}
+template <bool kSigned>
+inline __m256i Q8Dot(const Q8WOp& w, __m256i x) {
+#if KILN_Q8_VNNI
+  if constexpr (kSigned) return _mm256_dpbusd_epi32(w.fix, x, w.q);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w.q, x);
+#else
+  const __m256i p = kSigned ? _mm256_maddubs_epi16(w.q, _mm256_sign_epi8(x, w.fix))
+                            : _mm256_maddubs_epi16(w.q, x);
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+// `v` as an opaque register value: a product that must be rounded before the sum it feeds
+// (-ffp-contract=fast would fuse the two into one FMA where nothing else reads the product,
+// and the two q8 sets must round alike).
+inline __m256 Unfused(__m256 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
 // acc += (w.d * x.d) * dot(w.q, x.qs); off += w.off * x.s.
 template <class W>
 inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
-  const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
-  __m256i p;
-  if constexpr (W::kSigned) {
-    p = _mm256_maddubs_epi16(_mm256_sign_epi8(w.q, w.q), _mm256_sign_epi8(xq, w.q));
-  } else {
-    p = _mm256_maddubs_epi16(w.q, xq);
-  }
-  const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  const __m256i xq =
+      Q8PrepX<W::kSigned>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs)));
+  const __m256 dot = _mm256_cvtepi32_ps(Q8Dot<W::kSigned>(Q8PrepW<W::kSigned>(w.q), xq));
   acc.v = _mm256_fmadd_ps(dot, _mm256_set1_ps(w.d * x.d), acc.v);
   off += w.off * x.s;
 }
 
 // The q8 GEMV's main tile: four weight rows (q4_0, q4_1 or q8_0) against MR activation rows.
-// Per block, the four rows' f16 scales (and q4_1 mins) are converted by one instruction and
-// multiplied by the activation block's d (and s) by one more, then broadcast to each row's
-// accumulator by a broadcast load — instead of scalar conversions and products per row and
-// block, which bounded the per-row loop above. y[i * ldy + r] = sum over blocks of
-// d_r * x.d * dot(q_r, x.qs) + off_r * x.s (off: q4_0 -8 d, q4_1 m, q8_0 none).
+// Per block, the four rows' f16 scales (and q4_1 mins) are converted by one instruction.
+// y[i * ldy + r] = sum over blocks of d_r * x.d * dot(q_r, x.qs) + off_r * x.s (off: q4_0
+// -8 d, q4_1 m, q8_0 none); each row's arithmetic is the same for every MR (a row's result
+// does not depend on its neighbours) and in both builds of this layer. Without VNNI the
+// products d_r * x.d are formed for all four rows by one multiply and broadcast to each
+// accumulator by a broadcast load (instead of scalar conversions and products per row and
+// block, which bounded the per-row loop above). With VNNI, two weight rows share each
+// 512-bit register (rows 2h and 2h + 1 in its halves): every half does exactly the 256-bit
+// operations, at twice the width — what Intel's two 512-bit FMA ports need.
 // REQUIRES: W::kTile4.
 #define KILN_ISA_HAS_Q8_TILE4 1
 
@@ -387,14 +454,24 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
                     float* y, int64_t ldy) {
   static_assert(W::kTile4);
   constexpr bool kQ4_1 = W::kOff == Q8Off::kMin, kQ4_0 = W::kOff == Q8Off::kMinus8D;
-  const __m256i ones = _mm256_set1_epi16(1);
   // Lane of row r's d * x.d in the scale products: interleaved with the mins for q4_1.
   constexpr int kLane[4] = {0, kQ4_1 ? 2 : 1, kQ4_1 ? 4 : 2, kQ4_1 ? 6 : 3};
-  alignas(32) float ps[8];  // p through memory: broadcast loads use no vector ALU
-  __m256 acc[MR][4], off[MR];
+#if KILN_Q8_VNNI
+  __m512 acc[MR][2];  // rows 2h and 2h + 1 side by side
+#else
+  __m256 acc[MR][4];
+  alignas(32) float ps[MR][8];  // p through memory: broadcast loads use no vector ALU
+#endif
+  __m256 off[MR];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     off[i] = _mm256_setzero_ps();
-    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+#if KILN_Q8_VNNI
+    for (__m512& a : acc[i]) a = _mm512_setzero_ps();
+#else
+    for (__m256& a : acc[i]) a = _mm256_setzero_ps();
+#endif
   }
   const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
   for (int64_t b = 0; b < nb; ++b) {
@@ -403,12 +480,14 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
     __m256 sc;  // q4_1: d0 m0 d1 m1 d2 m2 d3 m3; otherwise d0 d1 d2 d3 (upper lanes unused)
     if constexpr (kQ4_1) {
       uint32_t h[4];
+#pragma GCC unroll 8
       for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 4);
       const uint64_t lo = h[0] | uint64_t{h[1]} << 32, hi = h[2] | uint64_t{h[3]} << 32;
       sc = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
     } else {
       // Assembled in an integer register: keeps the vector ports for the dot products.
       uint64_t h = 0;
+#pragma GCC unroll 8
       for (int r = 0; r < 4; ++r) {
         uint16_t v;
         std::memcpy(&v, rows[r] + at, 2);
@@ -416,41 +495,71 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
       }
       sc = _mm256_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
     }
-    __m256i q[4];
-    for (int r = 0; r < 4; ++r) q[r] = W::Load(rows[r] + at).q;
+    Q8WOp q[4];
+#pragma GCC unroll 8
+    for (int r = 0; r < 4; ++r) q[r] = Q8PrepW<W::kSigned>(W::Load(rows[r] + at).q);
+#if KILN_Q8_VNNI
+    __m512i qp[2], fixp[2];
+    __m512 dp[2];  // d of row 2h in the low half, of row 2h + 1 in the high half
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      qp[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].q), q[2 * h + 1].q, 1);
+      fixp[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].fix), q[2 * h + 1].fix, 1);
+      const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(kLane[2 * h]),
+                                             _mm256_set1_epi32(kLane[2 * h + 1]), 1);
+      dp[h] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(sc));
+    }
+#endif
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const Q8Block& x = xq[i * ldxq + b];
       __m256 p;  // d_r * x.d (and q4_1: m_r * x.s in the odd lanes)
       if constexpr (kQ4_1) {
-        p = _mm256_mul_ps(sc, _mm256_castpd_ps(_mm256_broadcast_sd(
-                                  reinterpret_cast<const double*>(&x.d))));  // x.d x.s x.d ...
+        p = Unfused(_mm256_mul_ps(sc, _mm256_castpd_ps(_mm256_broadcast_sd(
+                                          reinterpret_cast<const double*>(&x.d)))));  // x.d x.s ...
         off[i] = _mm256_add_ps(off[i], p);
       } else {
         p = _mm256_mul_ps(sc, _mm256_set1_ps(x.d));
         if constexpr (kQ4_0) off[i] = _mm256_fmadd_ps(sc, _mm256_set1_ps(x.s), off[i]);
       }
-      _mm256_store_ps(ps, p);
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
-      for (int r = 0; r < 4; ++r) {
-        __m256i prod;
-        if constexpr (W::kSigned) {
-          prod = _mm256_maddubs_epi16(_mm256_sign_epi8(q[r], q[r]), _mm256_sign_epi8(xv, q[r]));
-        } else {
-          prod = _mm256_maddubs_epi16(q[r], xv);
-        }
-        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
-        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&ps[kLane[r]]), acc[i][r]);
+      const __m256i xv =
+          Q8PrepX<W::kSigned>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs)));
+#if KILN_Q8_VNNI
+      const __m512 xd = _mm512_set1_ps(x.d);
+      const __m512i xv2 = _mm512_broadcast_i64x4(xv);
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i dot = W::kSigned ? _mm512_dpbusd_epi32(fixp[h], xv2, qp[h])
+                                       : _mm512_dpbusd_epi32(_mm512_setzero_si512(), qp[h], xv2);
+        acc[i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dp[h], xd), acc[i][h]);
       }
+#else
+      _mm256_store_ps(ps[i], p);
+#pragma GCC unroll 8
+      for (int r = 0; r < 4; ++r) {
+        const __m256 dot = _mm256_cvtepi32_ps(Q8Dot<W::kSigned>(q[r], xv));
+        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&ps[i][kLane[r]]), acc[i][r]);
+      }
+#endif
     }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     alignas(32) float o[8];
     _mm256_store_ps(o, off[i]);
+#pragma GCC unroll 8
     for (int r = 0; r < 4; ++r) {
+#if KILN_Q8_VNNI
+      const __m512d a = _mm512_castps_pd(acc[i][r / 2]);
+      const F sum{
+          _mm256_castpd_ps(r % 2 == 0 ? _mm512_castpd512_pd256(a) : _mm512_extractf64x4_pd(a, 1))};
+#else
+      const F sum{acc[i][r]};
+#endif
       const float extra = kQ4_1 ? o[2 * r + 1] : kQ4_0 ? -8.0f * o[r] : 0.0f;
-      y[i * ldy + r] = HSum(F{acc[i][r]}) + extra;
+      y[i * ldy + r] = HSum(sum) + extra;
     }
   }
 }
 
-}  // namespace kiln::cpu::avx2
+}  // namespace kiln::cpu::KILN_SIMD_AVX2_NS

@@ -180,6 +180,8 @@ struct DecMXFP4 {
 
 // ---- q8 activations (see simd_avx2.h) ----
 #define KILN_ISA_HAS_Q8 1
+#define KILN_Q8_VNNI 0
+inline constexpr int kQ8MR = 2;  // q8 tile rows (q8_impl.h)
 
 inline void QuantizeQ8(const float* x, int64_t K, Q8Block* out) {
   for (int64_t b = 0; b < K / 32; ++b, x += 32) {
