@@ -12,6 +12,7 @@
 // No include guard on purpose: included once per variant, inside no namespace.
 
 #include <algorithm>
+#include <vector>
 
 #include "backends/cpu/kernels/kernels.h"
 
@@ -69,12 +70,39 @@ void Q8StripRest(int rows, const Q8Block* xq, int64_t nb, const uint8_t* w, int6
 
 // Weight rows in strips of four, each strip against every activation row kQ8MR at a time
 // (the strip stays in L1; the activations stream from L2).
+#if defined(KILN_ISA_HAS_Q8_PACKED)
+// From this many rows of x a full strip is decoded once (Q8PackStrip) for all its tiles.
+constexpr int64_t kQ8PackMinM = 2 * kQ8MR;
+
+// MR rows against a packed strip; the last rows (< kQ8MR) by the largest MR that fits.
+template <class W, int MR = kQ8MR>
+void Q8PackedRows(const Q8Block* xq, int64_t nb, const Q8StripBlock* packed, int64_t M, float* y,
+                  int64_t ldy) {
+  int64_t m = 0;
+  for (; m + MR <= M; m += MR) Q8Tile4Packed<W, MR>(xq + m * nb, nb, packed, nb, y + m * ldy, ldy);
+  if constexpr (MR > 1) {
+    if (m < M) Q8PackedRows<W, MR - 1>(xq + m * nb, nb, packed, M - m, y + m * ldy, ldy);
+  }
+}
+#endif
+
 template <class W>
 void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32, ldw = a.w_row_bytes;
   for (int64_t n = n0; n < n1; n += 4) {
     const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * ldw;
+#if defined(KILN_ISA_HAS_Q8_PACKED)
+    if constexpr (W::kTile4) {
+      if (nr == 4 && a.M >= kQ8PackMinM) {
+        thread_local std::vector<Q8StripBlock> packed;
+        packed.resize(static_cast<size_t>(nb));
+        Q8PackStrip<W>(w, ldw, nb, packed.data());
+        Q8PackedRows<W>(xq, nb, packed.data(), a.M, a.y + n, a.ldy);
+        continue;
+      }
+    }
+#endif
     int64_t m = 0;
     for (; m + kQ8MR <= a.M; m += kQ8MR) {
       Q8Strip<W, kQ8MR>(xq + m * nb, nb, w, ldw, nr, a.y + m * a.ldy + n, a.ldy);

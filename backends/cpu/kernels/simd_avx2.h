@@ -449,117 +449,203 @@ inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
 // REQUIRES: W::kTile4.
 #define KILN_ISA_HAS_Q8_TILE4 1
 
-template <class W, int MR>
-inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
-                    float* y, int64_t ldy) {
-  static_assert(W::kTile4);
-  constexpr bool kQ4_1 = W::kOff == Q8Off::kMin, kQ4_0 = W::kOff == Q8Off::kMinus8D;
-  // Lane of row r's d * x.d in the scale products: interleaved with the mins for q4_1.
-  constexpr int kLane[4] = {0, kQ4_1 ? 2 : 1, kQ4_1 ? 4 : 2, kQ4_1 ? 6 : 3};
+// The four rows' scales at byte `at`: q4_1 d0 m0 d1 m1 d2 m2 d3 m3; otherwise d0 d1 d2 d3
+// (upper lanes unused).
+template <class W>
+inline __m256 Q8Scales(const uint8_t* const rows[4], int64_t at) {
+  if constexpr (W::kOff == Q8Off::kMin) {
+    uint32_t h[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 4);
+    const uint64_t lo = h[0] | uint64_t{h[1]} << 32, hi = h[2] | uint64_t{h[3]} << 32;
+    return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
+  } else {
+    // Assembled in an integer register: keeps the vector ports for the dot products.
+    uint64_t h = 0;
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      uint16_t v;
+      std::memcpy(&v, rows[r] + at, 2);
+      h |= uint64_t{v} << (16 * r);
+    }
+    return _mm256_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
+  }
+}
+
+// Lane of row r's d in Q8Scales (interleaved with the mins for q4_1).
+template <class W>
+inline constexpr int kQ8Lane[4] = {0, W::kOff == Q8Off::kMin ? 2 : 1,
+                                   W::kOff == Q8Off::kMin ? 4 : 2, W::kOff == Q8Off::kMin ? 6 : 3};
+
+// off_i += the block's offset products (q4_0: d_r * x.s, scaled by -8 at the end; q4_1:
+// m_r * x.s in the odd lanes, rounded before the sum); returns d_r * x.d (and q4_1's products).
+template <class W>
+inline __m256 Q8Offsets(__m256 sc, const Q8Block& x, __m256& off) {
+  if constexpr (W::kOff == Q8Off::kMin) {
+    const __m256 p = Unfused(_mm256_mul_ps(
+        sc, _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(&x.d)))));
+    off = _mm256_add_ps(off, p);  // x.d x.s x.d x.s ...
+    return p;
+  } else {
+    if constexpr (W::kOff == Q8Off::kMinus8D) {
+      off = _mm256_fmadd_ps(sc, _mm256_set1_ps(x.s), off);
+    }
+    return _mm256_mul_ps(sc, _mm256_set1_ps(x.d));
+  }
+}
+
+// y[i * ldy + r] from row i's accumulator of row r and its offsets.
+template <class W>
+inline float Q8Finish(__m256 acc, __m256 off, int r) {
+  alignas(32) float o[8];
+  _mm256_store_ps(o, off);
+  const float extra = W::kOff == Q8Off::kMin       ? o[2 * r + 1]
+                      : W::kOff == Q8Off::kMinus8D ? -8.0f * o[r]
+                                                   : 0.0f;
+  return HSum(F{acc}) + extra;
+}
+
 #if KILN_Q8_VNNI
-  __m512 acc[MR][2];  // rows 2h and 2h + 1 side by side
-#else
-  __m256 acc[MR][4];
-  alignas(32) float ps[MR][8];  // p through memory: broadcast loads use no vector ALU
-#endif
+// One block of a four-row strip as the VNNI tile takes it.
+struct Q8StripBlock {
+  __m512i q[2], fix[2];  // rows 2h and 2h + 1 in the halves (fix: signed weights only)
+  __m512 d[2];           // their scales, each over its half
+  __m256 sc;             // Q8Scales
+};
+template <class W>
+inline Q8StripBlock Q8DecodeStripBlock(const uint8_t* const rows[4], int64_t at) {
+  Q8StripBlock s;
+  s.sc = Q8Scales<W>(rows, at);
+  Q8WOp q[4];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) q[r] = Q8PrepW<W::kSigned>(W::Load(rows[r] + at).q);
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    s.q[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].q), q[2 * h + 1].q, 1);
+    if constexpr (W::kSigned) {
+      s.fix[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].fix), q[2 * h + 1].fix, 1);
+    }
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(kQ8Lane<W>[2 * h]),
+                                           _mm256_set1_epi32(kQ8Lane<W>[2 * h + 1]), 1);
+    s.d[h] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(s.sc));
+  }
+  return s;
+}
+
+// A strip of four weight rows decoded once, `nb` blocks, for every tile of rows that follows
+// (prefill: many tiles of rows share one strip).
+#define KILN_ISA_HAS_Q8_PACKED 1
+template <class W>
+inline void Q8PackStrip(const uint8_t* w, int64_t ldw, int64_t nb, Q8StripBlock* out) {
+  const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
+  for (int64_t b = 0; b < nb; ++b) {
+    PrefetchAhead(w, ldw, 4, b * W::kBlockBytes, W::kBlockBytes);
+    out[b] = Q8DecodeStripBlock<W>(rows, b * W::kBlockBytes);
+  }
+}
+
+// MR rows of x against one decoded block of the strip.
+template <class W, int MR>
+inline void Q8TileBlock(const Q8StripBlock& s, const Q8Block* xq, int64_t ldxq, int64_t b,
+                        __m512 (&acc)[MR][2], __m256 (&off)[MR]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const Q8Block& x = xq[i * ldxq + b];
+    Q8Offsets<W>(s.sc, x, off[i]);
+    const __m512 xd = _mm512_set1_ps(x.d);
+    const __m512i xv = _mm512_broadcast_i64x4(
+        Q8PrepX<W::kSigned>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs))));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i dot = W::kSigned ? _mm512_dpbusd_epi32(s.fix[h], xv, s.q[h])
+                                     : _mm512_dpbusd_epi32(_mm512_setzero_si512(), s.q[h], xv);
+      acc[i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s.d[h], xd), acc[i][h]);
+    }
+  }
+}
+
+// The tile over the strip's blocks, decoded here (`w`) or packed beforehand (`packed`).
+template <class W, int MR>
+inline void Q8Tile4Vnni(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw,
+                        const Q8StripBlock* packed, int64_t nb, float* y, int64_t ldy) {
+  __m512 acc[MR][2];
   __m256 off[MR];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     off[i] = _mm256_setzero_ps();
+    acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  }
+  const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
+  for (int64_t b = 0; b < nb; ++b) {
+    if (packed != nullptr) {
+      Q8TileBlock<W, MR>(packed[b], xq, ldxq, b, acc, off);
+    } else {
+      PrefetchAhead(w, ldw, 4, b * W::kBlockBytes, W::kBlockBytes);
+      Q8TileBlock<W, MR>(Q8DecodeStripBlock<W>(rows, b * W::kBlockBytes), xq, ldxq, b, acc, off);
+    }
+  }
 #pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512d a = _mm512_castps_pd(acc[i][r / 2]);
+      const __m256 half =
+          _mm256_castpd_ps(r % 2 == 0 ? _mm512_castpd512_pd256(a) : _mm512_extractf64x4_pd(a, 1));
+      y[i * ldy + r] = Q8Finish<W>(half, off[i], r);
+    }
+  }
+}
+
+// MR rows of x against a strip packed by Q8PackStrip.
+template <class W, int MR>
+inline void Q8Tile4Packed(const Q8Block* xq, int64_t ldxq, const Q8StripBlock* packed, int64_t nb,
+                          float* y, int64_t ldy) {
+  Q8Tile4Vnni<W, MR>(xq, ldxq, nullptr, 0, packed, nb, y, ldy);
+}
+#endif  // KILN_Q8_VNNI
+
+template <class W, int MR>
+inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
+                    float* y, int64_t ldy) {
+  static_assert(W::kTile4);
 #if KILN_Q8_VNNI
-    for (__m512& a : acc[i]) a = _mm512_setzero_ps();
+  Q8Tile4Vnni<W, MR>(xq, ldxq, w, ldw, nullptr, nb, y, ldy);
 #else
-    for (__m256& a : acc[i]) a = _mm256_setzero_ps();
-#endif
+  __m256 acc[MR][4], off[MR];
+  alignas(32) float ps[MR][8];  // p through memory: broadcast loads use no vector ALU
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    off[i] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) acc[i][r] = _mm256_setzero_ps();
   }
   const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t at = b * W::kBlockBytes;
     PrefetchAhead(w, ldw, 4, at, W::kBlockBytes);
-    __m256 sc;  // q4_1: d0 m0 d1 m1 d2 m2 d3 m3; otherwise d0 d1 d2 d3 (upper lanes unused)
-    if constexpr (kQ4_1) {
-      uint32_t h[4];
-#pragma GCC unroll 8
-      for (int r = 0; r < 4; ++r) std::memcpy(&h[r], rows[r] + at, 4);
-      const uint64_t lo = h[0] | uint64_t{h[1]} << 32, hi = h[2] | uint64_t{h[3]} << 32;
-      sc = _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
-    } else {
-      // Assembled in an integer register: keeps the vector ports for the dot products.
-      uint64_t h = 0;
-#pragma GCC unroll 8
-      for (int r = 0; r < 4; ++r) {
-        uint16_t v;
-        std::memcpy(&v, rows[r] + at, 2);
-        h |= uint64_t{v} << (16 * r);
-      }
-      sc = _mm256_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(h)));
-    }
+    const __m256 sc = Q8Scales<W>(rows, at);
     Q8WOp q[4];
-#pragma GCC unroll 8
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) q[r] = Q8PrepW<W::kSigned>(W::Load(rows[r] + at).q);
-#if KILN_Q8_VNNI
-    __m512i qp[2], fixp[2];
-    __m512 dp[2];  // d of row 2h in the low half, of row 2h + 1 in the high half
-#pragma GCC unroll 2
-    for (int h = 0; h < 2; ++h) {
-      qp[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].q), q[2 * h + 1].q, 1);
-      fixp[h] = _mm512_inserti64x4(_mm512_castsi256_si512(q[2 * h].fix), q[2 * h + 1].fix, 1);
-      const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(kLane[2 * h]),
-                                             _mm256_set1_epi32(kLane[2 * h + 1]), 1);
-      dp[h] = _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(sc));
-    }
-#endif
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const Q8Block& x = xq[i * ldxq + b];
-      __m256 p;  // d_r * x.d (and q4_1: m_r * x.s in the odd lanes)
-      if constexpr (kQ4_1) {
-        p = Unfused(_mm256_mul_ps(sc, _mm256_castpd_ps(_mm256_broadcast_sd(
-                                          reinterpret_cast<const double*>(&x.d)))));  // x.d x.s ...
-        off[i] = _mm256_add_ps(off[i], p);
-      } else {
-        p = _mm256_mul_ps(sc, _mm256_set1_ps(x.d));
-        if constexpr (kQ4_0) off[i] = _mm256_fmadd_ps(sc, _mm256_set1_ps(x.s), off[i]);
-      }
+      _mm256_store_ps(ps[i], Q8Offsets<W>(sc, x, off[i]));
       const __m256i xv =
           Q8PrepX<W::kSigned>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs)));
-#if KILN_Q8_VNNI
-      const __m512 xd = _mm512_set1_ps(x.d);
-      const __m512i xv2 = _mm512_broadcast_i64x4(xv);
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m512i dot = W::kSigned ? _mm512_dpbusd_epi32(fixp[h], xv2, qp[h])
-                                       : _mm512_dpbusd_epi32(_mm512_setzero_si512(), qp[h], xv2);
-        acc[i][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dp[h], xd), acc[i][h]);
-      }
-#else
-      _mm256_store_ps(ps[i], p);
-#pragma GCC unroll 8
+#pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
         const __m256 dot = _mm256_cvtepi32_ps(Q8Dot<W::kSigned>(q[r], xv));
-        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&ps[i][kLane[r]]), acc[i][r]);
+        acc[i][r] = _mm256_fmadd_ps(dot, _mm256_broadcast_ss(&ps[i][kQ8Lane<W>[r]]), acc[i][r]);
       }
-#endif
     }
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
-    alignas(32) float o[8];
-    _mm256_store_ps(o, off[i]);
-#pragma GCC unroll 8
-    for (int r = 0; r < 4; ++r) {
-#if KILN_Q8_VNNI
-      const __m512d a = _mm512_castps_pd(acc[i][r / 2]);
-      const F sum{
-          _mm256_castpd_ps(r % 2 == 0 ? _mm512_castpd512_pd256(a) : _mm512_extractf64x4_pd(a, 1))};
-#else
-      const F sum{acc[i][r]};
-#endif
-      const float extra = kQ4_1 ? o[2 * r + 1] : kQ4_0 ? -8.0f * o[r] : 0.0f;
-      y[i * ldy + r] = HSum(sum) + extra;
-    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) y[i * ldy + r] = Q8Finish<W>(acc[i][r], off[i], r);
   }
+#endif
 }
 
 }  // namespace kiln::cpu::KILN_SIMD_AVX2_NS
