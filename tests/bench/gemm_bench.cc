@@ -205,7 +205,7 @@ void Register() {
                          DType::kF16,  DType::kBF16, DType::kF32};
   for (DType t : types) {
     for (const Shape& s : shapes) {
-      for (int64_t m : {1, 2, 4, 8, 16, 512}) {
+      for (int64_t m : {1, 2, 4, 8, 16, 32, 128, 512}) {
         benchmark::RegisterBenchmark(
             absl::StrCat("BM_Linear/", DTypeName(t), "/N:", s.n, "/K:", s.k, "/M:", m, "/auto")
                 .c_str(),

@@ -332,7 +332,7 @@ TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {
   std::mt19937 rng(29);
   std::normal_distribution<float> nd(0, 1);
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 96}, {16, 576}, {7, 32}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 96}, {16, 576}, {7, 32}, {41, 160}}) {
       const Weights w = MakeWeights(t, N, K, rng);
       const int64_t M = 20;
       std::vector<float> x(M * K);

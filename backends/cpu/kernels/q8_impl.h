@@ -68,10 +68,8 @@ void Q8StripRest(int rows, const Q8Block* xq, int64_t nb, const uint8_t* w, int6
   }
 }
 
-// Weight rows in strips of four, each strip against every activation row kQ8MR at a time
-// (the strip stays in L1; the activations stream from L2).
 #if defined(KILN_ISA_HAS_Q8_PACKED)
-// From this many rows of x a full strip is decoded once (Q8PackStrip) for all its tiles.
+// From this many rows of x a four-row strip is decoded once (Q8PackStrip) for all its tiles.
 constexpr int64_t kQ8PackMinM = 2 * kQ8MR;
 
 // MR rows against a packed strip; the last rows (< kQ8MR) by the largest MR that fits.
@@ -86,10 +84,37 @@ void Q8PackedRows(const Q8Block* xq, int64_t nb, const Q8StripBlock* packed, int
 }
 #endif
 
+#if defined(KILN_ISA_HAS_Q8_STRIP16)
+// From this many rows of x, sixteen-row strips (Q8Tile16): their packing (a transpose of the
+// strip's bytes) pays off only over many rows.
+constexpr int64_t kQ8Strip16MinM = 32;
+#endif
+
+// Weight rows in strips (sixteen rows for many rows of x where the layer has them, otherwise
+// four), each strip against every row of x a tile at a time: the strip stays in L1, the
+// activations stream from L2.
 template <class W>
 void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32, ldw = a.w_row_bytes;
-  for (int64_t n = n0; n < n1; n += 4) {
+  int64_t n = n0;
+#if defined(KILN_ISA_HAS_Q8_STRIP16)
+  // Prefill: sixteen weight rows at a time in the lanes, then the rest in strips of four.
+  if constexpr (W::kTile4) {
+    if (a.M >= kQ8Strip16MinM && n + 16 <= n1) {
+      thread_local std::vector<Q8Block16> packed;
+      packed.resize(static_cast<size_t>(nb));
+      for (; n + 16 <= n1; n += 16) {
+        Q8PackStrip16<W>(static_cast<const uint8_t*>(a.w) + n * ldw, ldw, nb, packed.data());
+        int64_t m = 0;
+        for (; m + 2 <= a.M; m += 2) {
+          Q8Tile16<W, 2>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
+        }
+        if (m < a.M) Q8Tile16<W, 1>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
+      }
+    }
+  }
+#endif
+  for (; n < n1; n += 4) {
     const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
     const uint8_t* w = static_cast<const uint8_t*>(a.w) + n * ldw;
 #if defined(KILN_ISA_HAS_Q8_PACKED)

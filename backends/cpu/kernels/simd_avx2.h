@@ -602,6 +602,105 @@ inline void Q8Tile4Packed(const Q8Block* xq, int64_t ldxq, const Q8StripBlock* p
                           float* y, int64_t ldy) {
   Q8Tile4Vnni<W, MR>(xq, ldxq, nullptr, 0, packed, nb, y, ldy);
 }
+
+// ---- Sixteen-row strips (prefill): weight rows in the lanes ----
+// One register holds the same group of four elements (4j..4j+3) of 16 weight rows, row r in
+// lane r, and one vpdpbusd against those four activation bytes broadcast gives each row's
+// int32 dot of the group: the lane the 256-bit path computes for that group. Per block and row
+// of x the 16 rows then share one scale product and one offset update, where the four-row tile
+// spends them on four rows. Each row's float operations stay those of the four-row tile (one
+// accumulator per group, summed in HSum's order at the end), so results are bit-identical.
+#define KILN_ISA_HAS_Q8_STRIP16 1
+struct Q8Block16 {
+  __m512i g[8];    // group j of the 16 rows (bytes as the dot takes them)
+  __m512i fix[8];  // signed weights: -128 * each row's sum over group j
+  __m512 d, m;     // d_r, and q4_1's m_r
+};
+template <class W>
+inline void Q8PackStrip16(const uint8_t* w, int64_t ldw, int64_t nb, Q8Block16* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(64) uint32_t groups[8][16];
+    alignas(64) float d[16], m[16];
+    for (int r = 0; r < 16; ++r) {
+      const Q8W q = W::Load(w + r * ldw + b * W::kBlockBytes);
+      alignas(32) uint32_t bytes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q.q);
+      for (int j = 0; j < 8; ++j) groups[j][r] = bytes[j];
+      d[r] = q.d;
+      m[r] = W::kOff == Q8Off::kMin ? q.off : 0.0f;
+    }
+    Q8Block16& o = out[b];
+    for (int j = 0; j < 8; ++j) {
+      o.g[j] = _mm512_load_si512(groups[j]);
+      if constexpr (W::kSigned) {
+        const __m512i z = _mm512_setzero_si512();
+        o.fix[j] =
+            _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8(char(0x80)), o.g[j]));
+      }
+    }
+    o.d = _mm512_load_ps(d);
+    o.m = _mm512_load_ps(m);
+  }
+}
+
+inline __m512 Unfused(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
+// MR rows of x against a sixteen-row strip packed by Q8PackStrip16: y[i * ldy + r], r < 16.
+template <class W, int MR>
+inline void Q8Tile16(const Q8Block* xq, int64_t ldxq, const Q8Block16* p, int64_t nb, float* y,
+                     int64_t ldy) {
+  __m512 acc[MR][8], off[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    off[i] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const Q8Block16& s = p[b];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const Q8Block& x = xq[i * ldxq + b];
+      if constexpr (W::kOff == Q8Off::kMin) {
+        off[i] = _mm512_add_ps(off[i], Unfused(_mm512_mul_ps(s.m, _mm512_set1_ps(x.s))));
+      } else if constexpr (W::kOff == Q8Off::kMinus8D) {
+        off[i] = _mm512_fmadd_ps(s.d, _mm512_set1_ps(x.s), off[i]);
+      }
+      const __m512 sc = _mm512_mul_ps(s.d, _mm512_set1_ps(x.d));
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        int32_t g;
+        std::memcpy(&g, x.qs + 4 * j, 4);
+        __m512i xv = _mm512_set1_epi32(g);
+        __m512i dot;
+        if constexpr (W::kSigned) {
+          xv = _mm512_xor_si512(xv, _mm512_set1_epi8(char(0x80)));
+          dot = _mm512_dpbusd_epi32(s.fix[j], xv, s.g[j]);
+        } else {
+          dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), s.g[j], xv);
+        }
+        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sc, acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    // HSum's order over the eight groups: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+    const __m512 t = _mm512_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][4]), _mm512_add_ps(acc[i][2], acc[i][6])),
+        _mm512_add_ps(_mm512_add_ps(acc[i][1], acc[i][5]), _mm512_add_ps(acc[i][3], acc[i][7])));
+    __m512 out = _mm512_add_ps(t, _mm512_setzero_ps());  // as HSum + 0: -0 becomes +0
+    if constexpr (W::kOff == Q8Off::kMin) {
+      out = _mm512_add_ps(t, off[i]);
+    } else if constexpr (W::kOff == Q8Off::kMinus8D) {
+      out = _mm512_add_ps(t, _mm512_mul_ps(_mm512_set1_ps(-8.0f), off[i]));  // -8 off: exact
+    }
+    _mm512_storeu_ps(y + i * ldy, out);
+  }
+}
 #endif  // KILN_Q8_VNNI
 
 template <class W, int MR>
