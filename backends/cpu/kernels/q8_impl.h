@@ -98,8 +98,9 @@ void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
   const int64_t nb = a.K / 32, ldw = a.w_row_bytes;
   int64_t n = n0;
 #if defined(KILN_ISA_HAS_Q8_STRIP16)
-  // Prefill: sixteen weight rows at a time in the lanes, then the rest in strips of four.
-  if constexpr (W::kTile4) {
+  // Prefill: sixteen weight rows at a time in the lanes (every weight type: the strip is
+  // decoded through W::Load), then the rest in strips of four.
+  {
     if (a.M >= kQ8Strip16MinM && n + 16 <= n1) {
       thread_local std::vector<Q8Block16> packed;
       packed.resize(static_cast<size_t>(nb));
