@@ -150,7 +150,8 @@ struct IsaKernels {
 
 // The kernels on q8 activations (Q8Block), in three sets: "scalar", and two with
 // bit-identical results: "avx2" (maddubs + madd integer dots) and "avx512_vnni" (vpdpbusd,
-// and four activation rows per tile in AVX-512's 32 vector registers) — see q8_impl.h.
+// two weight rows per 512-bit register, six activation rows per tile) — see q8_impl.h. Both
+// of these put eight (avx2) or sixteen (VNNI) weight rows in the lanes for prefill.
 struct Q8Kernels {
   const char* name;
   int tile_rows;  // rows of x per tile: splits of M in multiples of it fill whole tiles

@@ -2,12 +2,13 @@
 // bits per 32-element block, in integer dots (ggml's numerics; see kernels.h Q8Block).
 //
 // Written once over a vector layer with the q8 primitives (QuantizeQ8, Q8Dec*, Q8Accumulate,
-// kQ8MR; simd_avx2.h also Q8Tile4) and compiled in the scalar and avx2 variants
-// (kernels_impl.h) and, from the AVX2 layer with AVX-512 VL and VNNI, in kernels_q8_vnni.cc:
-// there the dots are vpdpbusd and the tiles take kQ8MR = 4 activation rows in the 32 vector
-// registers. The avx2 and VNNI sets give bit-identical results (the integer dots are exact and
-// the float operations the same, in the same order); in every set a row's result does not
-// depend on how many rows share the call.
+// kQ8MR; simd_avx2.h also the four-row tile Q8Tile4 and the strips with weight rows in the
+// lanes, Q8Tile8 / Q8Tile16) and compiled in the scalar and avx2 variants (kernels_impl.h)
+// and, from the AVX2 layer with AVX-512 VL and VNNI, in kernels_q8_vnni.cc: there the dots are
+// vpdpbusd and the tiles take kQ8MR = 6 activation rows in the 32 vector registers. The avx2
+// and VNNI sets give bit-identical results (the integer dots are exact and the float
+// operations the same, in the same order); in every set a row's result does not depend on
+// how many rows share the call, nor on which tile computed it.
 //
 // No include guard on purpose: included once per variant, inside no namespace.
 
@@ -84,10 +85,10 @@ void Q8PackedRows(const Q8Block* xq, int64_t nb, const Q8StripBlock* packed, int
 }
 #endif
 
-#if defined(KILN_ISA_HAS_Q8_STRIP16)
-// From this many rows of x, sixteen-row strips (Q8Tile16): their packing (a transpose of the
-// strip's bytes) pays off only over many rows.
-constexpr int64_t kQ8Strip16MinM = 32;
+#if defined(KILN_ISA_HAS_Q8_STRIP16) || defined(KILN_ISA_HAS_Q8_STRIP8)
+// From this many rows of x, strips with the weight rows in the lanes (Q8Tile16, Q8Tile8):
+// their packing (a transpose of the strip's bytes) pays off only over many rows.
+constexpr int64_t kQ8LaneStripMinM = 32;
 #endif
 
 // Weight rows in strips (sixteen rows for many rows of x where the layer has them, otherwise
@@ -101,7 +102,7 @@ void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
   // Prefill: sixteen weight rows at a time in the lanes (every weight type: the strip is
   // decoded through W::Load), then the rest in strips of four.
   {
-    if (a.M >= kQ8Strip16MinM && n + 16 <= n1) {
+    if (a.M >= kQ8LaneStripMinM && n + 16 <= n1) {
       thread_local std::vector<Q8Block16> packed;
       packed.resize(static_cast<size_t>(nb));
       for (; n + 16 <= n1; n += 16) {
@@ -111,6 +112,19 @@ void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
           Q8Tile16<W, 2>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
         }
         if (m < a.M) Q8Tile16<W, 1>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
+      }
+    }
+  }
+#endif
+#if defined(KILN_ISA_HAS_Q8_STRIP8)
+  // Prefill: eight weight rows at a time in the lanes, then the rest in strips of four.
+  if (a.M >= kQ8LaneStripMinM && n + 8 <= n1) {
+    thread_local std::vector<Q8Block8> packed;
+    packed.resize(static_cast<size_t>(nb));
+    for (; n + 8 <= n1; n += 8) {
+      Q8PackStrip8<W>(static_cast<const uint8_t*>(a.w) + n * ldw, ldw, nb, packed.data());
+      for (int64_t m = 0; m < a.M; ++m) {
+        Q8Tile8<W>(xq + m * nb, packed.data(), nb, a.y + m * a.ldy + n);
       }
     }
   }

@@ -703,6 +703,82 @@ inline void Q8Tile16(const Q8Block* xq, int64_t ldxq, const Q8Block16* p, int64_
 }
 #endif  // KILN_Q8_VNNI
 
+#if !KILN_Q8_VNNI
+// ---- Eight-row strips (prefill, AVX2): weight rows in the lanes ----
+// Q8Tile16's layout at AVX2's width: one register holds group j (elements 4j..4j+3) of eight
+// weight rows, and maddubs + madd against those four activation bytes broadcast give each
+// row's int32 dot of the group. Per block and row of x the eight rows share one scale product
+// and one offset update; each row's float operations stay the four-row tile's (bit-identical).
+#define KILN_ISA_HAS_Q8_STRIP8 1
+struct Q8Block8 {
+  __m256i g[8];   // group j of the 8 rows: the bytes (unsigned weights) or |w| (signed)
+  __m256i sg[8];  // signed weights: w, whose signs x takes
+  __m256 d, m;    // d_r, and q4_1's m_r
+};
+template <class W>
+inline void Q8PackStrip8(const uint8_t* w, int64_t ldw, int64_t nb, Q8Block8* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(32) uint32_t groups[8][8];
+    alignas(32) float d[8], m[8];
+    for (int r = 0; r < 8; ++r) {
+      const Q8W q = W::Load(w + r * ldw + b * W::kBlockBytes);
+      alignas(32) uint32_t bytes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q.q);
+      for (int j = 0; j < 8; ++j) groups[j][r] = bytes[j];
+      d[r] = q.d;
+      m[r] = W::kOff == Q8Off::kMin ? q.off : 0.0f;
+    }
+    Q8Block8& o = out[b];
+    for (int j = 0; j < 8; ++j) {
+      const __m256i g = _mm256_load_si256(reinterpret_cast<const __m256i*>(groups[j]));
+      o.g[j] = W::kSigned ? _mm256_sign_epi8(g, g) : g;
+      o.sg[j] = g;
+    }
+    o.d = _mm256_load_ps(d);
+    o.m = _mm256_load_ps(m);
+  }
+}
+
+// One row of x against an eight-row strip packed by Q8PackStrip8: y[r], r < 8.
+template <class W>
+inline void Q8Tile8(const Q8Block* xq, const Q8Block8* p, int64_t nb, float* y) {
+  __m256 acc[8], off = _mm256_setzero_ps();
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const Q8Block8& s = p[b];
+    const Q8Block& x = xq[b];
+    if constexpr (W::kOff == Q8Off::kMin) {
+      off = _mm256_add_ps(off, Unfused(_mm256_mul_ps(s.m, _mm256_set1_ps(x.s))));
+    } else if constexpr (W::kOff == Q8Off::kMinus8D) {
+      off = _mm256_fmadd_ps(s.d, _mm256_set1_ps(x.s), off);
+    }
+    const __m256 sc = _mm256_mul_ps(s.d, _mm256_set1_ps(x.d));
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      int32_t g;
+      std::memcpy(&g, x.qs + 4 * j, 4);
+      const __m256i xv = _mm256_set1_epi32(g);
+      const __m256i prod = W::kSigned ? _mm256_maddubs_epi16(s.g[j], _mm256_sign_epi8(xv, s.sg[j]))
+                                      : _mm256_maddubs_epi16(s.g[j], xv);
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)), sc, acc[j]);
+    }
+  }
+  // HSum's order over the eight groups: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+  const __m256 t =
+      _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                    _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+  __m256 out = _mm256_add_ps(t, _mm256_setzero_ps());  // as HSum + 0: -0 becomes +0
+  if constexpr (W::kOff == Q8Off::kMin) {
+    out = _mm256_add_ps(t, off);
+  } else if constexpr (W::kOff == Q8Off::kMinus8D) {
+    out = _mm256_add_ps(t, _mm256_mul_ps(_mm256_set1_ps(-8.0f), off));  // -8 off: exact
+  }
+  _mm256_storeu_ps(y, out);
+}
+#endif  // !KILN_Q8_VNNI
+
 template <class W, int MR>
 inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw, int64_t nb,
                     float* y, int64_t ldy) {
