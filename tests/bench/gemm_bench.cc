@@ -28,6 +28,7 @@
 #include "backends/builtin.h"
 #include "backends/cpu/kernels/autotune.h"
 #include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/linear.h"
 #include "backends/cpu/kernels/select.h"
 #include "backends/ref/ref_kernels.h"
 #include "engine/builder.h"
@@ -101,18 +102,6 @@ backend::Device& Cpu() {
   return *b->device(0);
 }
 
-TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
-  TensorArg a;
-  a.data = data;
-  a.dtype = t;
-  a.rank = 2;
-  a.shape[0] = rows;
-  a.shape[1] = cols;
-  a.strides[0] = cols;
-  a.strides[1] = 1;
-  return a;
-}
-
 // Valid weights of any type: quantized from random floats (one row, repeated).
 void FillWeights(DType t, uint8_t* p, int64_t n, int64_t k) {
   std::vector<float> row(k);
@@ -169,12 +158,12 @@ void BM_Linear(benchmark::State& state, DType wt, int64_t N, int64_t K, int64_t 
     state.SkipWithError("no stream");
     return;
   }
-  TensorArg inputs[2] = {Arg2D(x.get(), DType::kF32, M, K), Arg2D(w.get(), wt, N, K)};
+  TensorArg inputs[2] = {cpu::Arg2D(x.get(), DType::kF32, M, K), cpu::Arg2D(w.get(), wt, N, K)};
   LaunchArgs args;
   args.kernel_data = kernel.data.get();
   args.inputs = inputs;
   args.num_inputs = 2;
-  args.output = Arg2D(out.get(), DType::kF32, M, N);
+  args.output = cpu::Arg2D(out.get(), DType::kF32, M, N);
   const Launch launch{kernel.fn, &args};
   int c = 0;
   for (auto _ : state) {

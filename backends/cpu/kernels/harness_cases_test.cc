@@ -422,17 +422,6 @@ TEST(HarnessQ8, QuantizedActivationsStayWithinTheirTolerance) {
 TEST(HarnessQ8, ARowsResultDoesNotDependOnItsBatch) {
   for (const int64_t kN : {9, 40}) {
     constexpr int64_t kM = 70, kK = 96;
-    const auto arg = [](void* data, DType t, int64_t rows, int64_t cols) {
-      TensorArg a;
-      a.data = data;
-      a.dtype = t;
-      a.rank = 2;
-      a.shape[0] = rows;
-      a.shape[1] = cols;
-      a.strides[0] = cols;
-      a.strides[1] = 1;
-      return a;
-    };
     std::vector<float> x(kM * kK);
     for (int64_t i = 0; i < kM * kK; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
     int compared = 0;
@@ -462,13 +451,13 @@ TEST(HarnessQ8, ARowsResultDoesNotDependOnItsBatch) {
         auto stream = dev.CreateStream();
         ASSERT_TRUE(stream.ok());
         const auto run = [&](const float* xs, int64_t m, float* out) {
-          TensorArg inputs[2] = {arg(const_cast<float*>(xs), DType::kF32, m, kK),
-                                 arg(w.data(), wt, kN, kK)};
+          TensorArg inputs[2] = {Arg2D(const_cast<float*>(xs), DType::kF32, m, kK),
+                                 Arg2D(w.data(), wt, kN, kK)};
           LaunchArgs args;
           args.kernel_data = kernel->data.get();
           args.inputs = inputs;
           args.num_inputs = 2;
-          args.output = arg(out, DType::kF32, m, kN);
+          args.output = Arg2D(out, DType::kF32, m, kN);
           const Launch launch{kernel->fn, &args};
           ASSERT_TRUE((*stream)->Run(std::span<const Launch>(&launch, 1)).ok());
         };

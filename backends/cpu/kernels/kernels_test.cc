@@ -242,6 +242,22 @@ TEST_P(IsaTest, NonFiniteWeightsPropagate) {
   EXPECT_TRUE(std::isinf(y[0]) && y[0] > 0);
 }
 
+// Arguments of y[M, N] = x[M, K] w^T over row-major x and y and the weights `w`.
+GemmArgs RowMajorArgs(const Weights& w, const float* x, float* y, int64_t M) {
+  GemmArgs a;
+  a.x = x;
+  a.ldx = w.k;
+  a.w = w.bytes.data();
+  a.wtype = w.t;
+  a.w_row_bytes = w.row_bytes;
+  a.y = y;
+  a.ldy = w.n;
+  a.M = M;
+  a.N = w.n;
+  a.K = w.k;
+  return a;
+}
+
 TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
   const Q8Kernels* q8 = Q8KernelsFor(GetParam());
   ASSERT_NE(q8, nullptr);
@@ -282,17 +298,7 @@ TEST_P(IsaTest, Q8ActivationsMatchTheirDequantizedValues) {
         }
       }
       std::vector<float> y(M * N);
-      GemmArgs a;
-      a.x = x.data();
-      a.ldx = K;
-      a.w = w.bytes.data();
-      a.wtype = t;
-      a.w_row_bytes = w.row_bytes;
-      a.y = y.data();
-      a.ldy = N;
-      a.M = M;
-      a.N = N;
-      a.K = K;
+      const GemmArgs a = RowMajorArgs(w, x.data(), y.data(), M);
       q8->gemv(a, xq.data(), 0, N / 2);
       q8->gemv(a, xq.data(), N / 2, N);
       EXPECT_LT(Nmse(y, want), 1e-12) << DTypeName(t) << " M=" << M << " N=" << N << " K=" << K;
@@ -307,22 +313,11 @@ std::vector<float> Q8Product(const Q8Kernels& q8, const Weights& w, const std::v
   std::vector<Q8Block> xq(M * K / 32);
   for (int64_t m = 0; m < M; ++m) q8.quantize(x.data() + m * K, K, xq.data() + m * K / 32);
   std::vector<float> y(M * N, -1.0f);
-  GemmArgs a;
-  a.x = x.data();
-  a.ldx = K;
-  a.w = w.bytes.data();
-  a.wtype = w.t;
-  a.w_row_bytes = w.row_bytes;
-  a.y = y.data();
-  a.ldy = N;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  q8.gemv(a, xq.data(), n0, n1);
+  q8.gemv(RowMajorArgs(w, x.data(), y.data(), M), xq.data(), n0, n1);
   return y;
 }
 
-// The VNNI set (vpdpbusd, four-row tiles) gives the AVX2 set's results bit for bit, and in
+// The VNNI set (vpdpbusd, wider tiles) gives the AVX2 set's results bit for bit, and in
 // both a row's result is the same whether it is computed alone or with up to 39 others (a
 // sequence's numerics must not depend on its batch): every weight type, ragged strips.
 TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {

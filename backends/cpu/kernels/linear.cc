@@ -447,18 +447,6 @@ std::unique_ptr<uint8_t, AlignedFree> AlignedBytes(int64_t n) {
       static_cast<uint8_t*>(std::aligned_alloc(64, bytes)));
 }
 
-TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
-  TensorArg a;
-  a.data = data;
-  a.dtype = t;
-  a.rank = 2;
-  a.shape[0] = rows;
-  a.shape[1] = cols;
-  a.strides[0] = cols;
-  a.strides[1] = 1;
-  return a;
-}
-
 // Times candidate implementations of one shape through the device's own stream (its pool).
 class TimingBench {
  public:
@@ -549,6 +537,18 @@ std::string PlanString(const Plan& p) {
 }
 
 }  // namespace
+
+TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols) {
+  TensorArg a;
+  a.data = data;
+  a.dtype = t;
+  a.rank = 2;
+  a.shape[0] = rows;
+  a.shape[1] = cols;
+  a.strides[0] = cols;
+  a.strides[1] = 1;
+  return a;
+}
 
 const char* GemmImplName(GemmImpl impl) {
   switch (impl) {

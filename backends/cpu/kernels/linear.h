@@ -36,4 +36,8 @@ StatusOr<std::optional<backend::Kernel>> MakeGemmKernel(const backend::KernelReq
 // The plan of a kernel made by MakeGemmKernel, "1-8:gemv 9-:gemm" (tests, dumps).
 std::string DescribeGemmPlan(const backend::Kernel& kernel);
 
+// A row-major [rows, cols] tensor argument over `data`: for callers that launch these kernels
+// directly (the tuner's timing runs, benches, tests).
+TensorArg Arg2D(void* data, DType t, int64_t rows, int64_t cols);
+
 }  // namespace kiln::cpu

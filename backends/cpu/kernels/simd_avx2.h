@@ -505,6 +505,25 @@ inline float Q8Finish(__m256 acc, __m256 off, int r) {
   return HSum(F{acc}) + extra;
 }
 
+// Block b of R weight rows transposed for the strips with weight rows in the lanes (Q8Tile16,
+// Q8Tile8): groups[j][r] = bytes 4j..4j+3 of row r (as W::Load gives them), d[r], and m[r]
+// (q4_1's min; 0 otherwise).
+template <class W, int R>
+struct Q8Transposed {
+  alignas(64) uint32_t groups[8][R];
+  alignas(64) float d[R], m[R];
+  Q8Transposed(const uint8_t* w, int64_t ldw, int64_t b) {
+    for (int r = 0; r < R; ++r) {
+      const Q8W q = W::Load(w + r * ldw + b * W::kBlockBytes);
+      alignas(32) uint32_t bytes[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q.q);
+      for (int j = 0; j < 8; ++j) groups[j][r] = bytes[j];
+      d[r] = q.d;
+      m[r] = W::kOff == Q8Off::kMin ? q.off : 0.0f;
+    }
+  }
+};
+
 #if KILN_Q8_VNNI
 // One block of a four-row strip as the VNNI tile takes it.
 struct Q8StripBlock {
@@ -619,27 +638,18 @@ struct Q8Block16 {
 template <class W>
 inline void Q8PackStrip16(const uint8_t* w, int64_t ldw, int64_t nb, Q8Block16* out) {
   for (int64_t b = 0; b < nb; ++b) {
-    alignas(64) uint32_t groups[8][16];
-    alignas(64) float d[16], m[16];
-    for (int r = 0; r < 16; ++r) {
-      const Q8W q = W::Load(w + r * ldw + b * W::kBlockBytes);
-      alignas(32) uint32_t bytes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q.q);
-      for (int j = 0; j < 8; ++j) groups[j][r] = bytes[j];
-      d[r] = q.d;
-      m[r] = W::kOff == Q8Off::kMin ? q.off : 0.0f;
-    }
+    const Q8Transposed<W, 16> t(w, ldw, b);
     Q8Block16& o = out[b];
     for (int j = 0; j < 8; ++j) {
-      o.g[j] = _mm512_load_si512(groups[j]);
+      o.g[j] = _mm512_load_si512(t.groups[j]);
       if constexpr (W::kSigned) {
         const __m512i z = _mm512_setzero_si512();
         o.fix[j] =
             _mm512_sub_epi32(z, _mm512_dpbusd_epi32(z, _mm512_set1_epi8(char(0x80)), o.g[j]));
       }
     }
-    o.d = _mm512_load_ps(d);
-    o.m = _mm512_load_ps(m);
+    o.d = _mm512_load_ps(t.d);
+    o.m = _mm512_load_ps(t.m);
   }
 }
 
@@ -718,24 +728,15 @@ struct Q8Block8 {
 template <class W>
 inline void Q8PackStrip8(const uint8_t* w, int64_t ldw, int64_t nb, Q8Block8* out) {
   for (int64_t b = 0; b < nb; ++b) {
-    alignas(32) uint32_t groups[8][8];
-    alignas(32) float d[8], m[8];
-    for (int r = 0; r < 8; ++r) {
-      const Q8W q = W::Load(w + r * ldw + b * W::kBlockBytes);
-      alignas(32) uint32_t bytes[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(bytes), q.q);
-      for (int j = 0; j < 8; ++j) groups[j][r] = bytes[j];
-      d[r] = q.d;
-      m[r] = W::kOff == Q8Off::kMin ? q.off : 0.0f;
-    }
+    const Q8Transposed<W, 8> t(w, ldw, b);
     Q8Block8& o = out[b];
     for (int j = 0; j < 8; ++j) {
-      const __m256i g = _mm256_load_si256(reinterpret_cast<const __m256i*>(groups[j]));
+      const __m256i g = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.groups[j]));
       o.g[j] = W::kSigned ? _mm256_sign_epi8(g, g) : g;
       o.sg[j] = g;
     }
-    o.d = _mm256_load_ps(d);
-    o.m = _mm256_load_ps(m);
+    o.d = _mm256_load_ps(t.d);
+    o.m = _mm256_load_ps(t.m);
   }
 }
 
