@@ -101,18 +101,16 @@ void GemvQ8Rows(const GemmArgs& a, const Q8Block* xq, int64_t n0, int64_t n1) {
 #if defined(KILN_ISA_HAS_Q8_STRIP16)
   // Prefill: sixteen weight rows at a time in the lanes (every weight type: the strip is
   // decoded through W::Load), then the rest in strips of four.
-  {
-    if (a.M >= kQ8LaneStripMinM && n + 16 <= n1) {
-      thread_local std::vector<Q8Block16> packed;
-      packed.resize(static_cast<size_t>(nb));
-      for (; n + 16 <= n1; n += 16) {
-        Q8PackStrip16<W>(static_cast<const uint8_t*>(a.w) + n * ldw, ldw, nb, packed.data());
-        int64_t m = 0;
-        for (; m + 2 <= a.M; m += 2) {
-          Q8Tile16<W, 2>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
-        }
-        if (m < a.M) Q8Tile16<W, 1>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
+  if (a.M >= kQ8LaneStripMinM && n + 16 <= n1) {
+    thread_local std::vector<Q8Block16> packed;
+    packed.resize(static_cast<size_t>(nb));
+    for (; n + 16 <= n1; n += 16) {
+      Q8PackStrip16<W>(static_cast<const uint8_t*>(a.w) + n * ldw, ldw, nb, packed.data());
+      int64_t m = 0;
+      for (; m + 2 <= a.M; m += 2) {
+        Q8Tile16<W, 2>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
       }
+      if (m < a.M) Q8Tile16<W, 1>(xq + m * nb, nb, packed.data(), nb, a.y + m * a.ldy + n, a.ldy);
     }
   }
 #endif
