@@ -183,11 +183,16 @@ void HostStream::Worker(int index) {
     seen = job_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
     const ExecCtx ctx{index, threads_, nullptr};
+    // A copy: once this thread has passed the job's last barrier the calling thread may
+    // already be publishing the next job into current_, and a loop that re-read current_
+    // would run the next job's later launches out of step with the others (a deadlock seen
+    // beside a busy process, when this thread was descheduled right after that barrier).
+    const std::span<const Launch> launches = current_;
     int64_t waited = 0;
-    for (size_t i = 0; i < current_.size(); ++i) {
-      current_[i].fn(*current_[i].args, ctx);
+    for (size_t i = 0; i < launches.size(); ++i) {
+      launches[i].fn(*launches[i].args, ctx);
       // Published before the last barrier, which the calling thread passes only after it.
-      if (i + 1 == current_.size()) wait_ns_.fetch_add(waited, std::memory_order_relaxed);
+      if (i + 1 == launches.size()) wait_ns_.fetch_add(waited, std::memory_order_relaxed);
       BarrierWait(&waited);
     }
   }

@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -51,6 +53,55 @@ TEST(HostStreamTest, ThreadPoolRunsEveryLaunchOnEveryThreadWithBarriers) {
   EXPECT_EQ(shared.sum, 20 * 50 * (1 + 2 + 3));
   ASSERT_TRUE(stream->Run({}).ok());  // an empty list is fine
   EXPECT_EQ(stream->straggler_fallbacks(), 0);
+}
+
+// Counts the calls of one launch.
+struct Calls {
+  std::atomic<int> n{0};
+};
+void CountCall(const LaunchArgs& a, const ExecCtx&) {
+  static_cast<Calls*>(const_cast<void*>(a.kernel_data))->n.fetch_add(1);
+}
+
+// A pool thread must run exactly the launches of the job it woke for. It once re-read the
+// stream's current job after the job's last barrier: descheduled there, it came back to the
+// next job's list and ran its later launches out of step with the calling thread (a deadlock
+// of the multi-LoRA serving test beside a busy process). Jobs of one and of four launches
+// alternate while two busy threads take the cores away; every launch runs once per thread.
+TEST(HostStreamTest, APoolThreadNeverRunsTheNextJobsLaunchesEarly) {
+  auto backend = MakeCpuBackend(2);
+  auto stream =
+      std::make_unique<HostStream>(backend->device(0), 2, StragglerPolicy{.enabled = false});
+  Calls calls[5];
+  LaunchArgs args[5];
+  for (int i = 0; i < 5; ++i) args[i].kernel_data = &calls[i];
+  const std::vector<Launch> one = {{CountCall, &args[0]}};
+  std::vector<Launch> four;
+  for (int i = 1; i < 5; ++i) four.push_back({CountCall, &args[i]});
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int i = 0; i < 2; ++i) {
+    busy.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  }
+  auto done = std::async(std::launch::async, [&] {
+    for (int rep = 1; rep <= 3000; ++rep) {
+      if (!stream->Run(one).ok() || !stream->Run(four).ok()) return rep;
+      for (const Calls& c : calls) {
+        if (c.n.load() != 2 * rep) return rep;
+      }
+    }
+    return 0;
+  });
+  if (done.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    ADD_FAILURE() << "the pool deadlocked";
+    std::_Exit(1);  // its threads cannot be joined
+  }
+  stop.store(true);
+  for (std::thread& t : busy) t.join();
+  EXPECT_EQ(done.get(), 0) << "a launch ran a wrong number of times in that repetition";
 }
 
 // A kernel that fills out[0..n) in shares of ctx.thread_count, recording each element's
