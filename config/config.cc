@@ -77,6 +77,7 @@ constexpr IntRange kLlmQueueSizeRange{0, 1 << 20};
 constexpr IntRange kBlockSizeRange{1, 1024};
 constexpr IntRange kKvCacheBytesRange{1 << 20, int64_t{1} << 40, "1 MiB to 1 TiB, or auto"};
 constexpr double kKvMemoryFractionMin = 0.01, kKvMemoryFractionMax = 0.99;
+constexpr double kTargetItlMsMax = 60'000;
 constexpr IntRange kThreadsRange{0, 1024};
 constexpr IntRange kContextLengthRange{0, 1 << 24};
 constexpr IntRange kMaxLoadedAdaptersRange{0, 256};
@@ -167,18 +168,12 @@ constexpr std::string_view kAttentionScores[] = {"none", "softcap", "alibi"};
 constexpr IntRange kAttentionTokensDecode{-(int64_t{1} << 40), int64_t{1} << 40};
 constexpr int64_t kAttentionTokensMax = int64_t{1} << 30;
 constexpr std::string_view kAdapterKeys[] = {"name", "path"};
-constexpr std::string_view kSchedulerKeys[] = {"max_num_seqs",
-                                               "max_num_batched_tokens",
-                                               "max_prefill_tokens_with_decodes",
-                                               "max_queue_size",
-                                               "block_size",
-                                               "kv_cache_bytes",
-                                               "kv_cache_memory_fraction",
-                                               "enable_prefix_caching",
-                                               "priority_levels",
-                                               "default_priority_level",
-                                               "capture_batch_sizes",
-                                               "speculative"};
+constexpr std::string_view kSchedulerKeys[] = {
+    "max_num_seqs",    "max_num_batched_tokens",   "max_prefill_tokens_with_decodes",
+    "target_itl_ms",   "max_queue_size",           "block_size",
+    "kv_cache_bytes",  "kv_cache_memory_fraction", "enable_prefix_caching",
+    "priority_levels", "default_priority_level",   "capture_batch_sizes",
+    "speculative"};
 constexpr std::string_view kSpeculativeKeys[] = {
     "method", "draft_model", "num_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive"};
 constexpr std::string_view kSpeculativeMethods[] = {"none", "ngram", "draft"};
@@ -873,6 +868,7 @@ void DecodeScheduler(Decoder& dec, const Value* v, const std::string& path, LlmS
   dec.Int(f, "max_num_batched_tokens", path, kMaxNumBatchedTokensRange, &s->max_num_batched_tokens);
   dec.Int(f, "max_prefill_tokens_with_decodes", path, kMaxPrefillWithDecodesRange,
           &s->max_prefill_tokens_with_decodes);
+  dec.Double(f, "target_itl_ms", path, 0, kTargetItlMsMax, &s->target_itl_ms);
   dec.Int(f, "max_queue_size", path, kLlmQueueSizeRange, &s->max_queue_size);
   dec.Int(f, "block_size", path, kBlockSizeRange, &s->block_size);
   if (const Value* kv = f.Get("kv_cache_bytes");
@@ -1211,6 +1207,11 @@ void ValidateScheduler(Diagnostics& d, const LlmSchedulerConfig& s, const std::s
            s.max_num_batched_tokens);
   CheckInt(d, Join(path, "max_prefill_tokens_with_decodes"), kMaxPrefillWithDecodesRange,
            s.max_prefill_tokens_with_decodes);
+  if (!(s.target_itl_ms >= 0 && s.target_itl_ms <= kTargetItlMsMax)) {
+    d.AtPath(Join(path, "target_itl_ms"),
+             fmt::format("expected a number in [0, {}] (0: no target), got {}", kTargetItlMsMax,
+                         s.target_itl_ms));
+  }
   CheckInt(d, Join(path, "max_queue_size"), kLlmQueueSizeRange, s.max_queue_size);
   CheckInt(d, Join(path, "block_size"), kBlockSizeRange, s.block_size);
   if (s.kv_cache_bytes != kKvCacheAuto) {
@@ -1861,6 +1862,7 @@ void WriteModel(YamlWriter& w, const ModelConfig& m) {
     w.Line(6, "max_num_seqs", std::to_string(s.max_num_seqs));
     w.Line(6, "max_num_batched_tokens", std::to_string(s.max_num_batched_tokens));
     w.Line(6, "max_prefill_tokens_with_decodes", std::to_string(s.max_prefill_tokens_with_decodes));
+    w.Line(6, "target_itl_ms", fmt::format("{}", s.target_itl_ms));
     w.Line(6, "max_queue_size", std::to_string(s.max_queue_size));
     w.Line(6, "block_size", std::to_string(s.block_size));
     w.Line(6, "kv_cache_bytes",

@@ -251,6 +251,9 @@ struct SpeculativeConfig {
   bool operator==(const SpeculativeConfig&) const = default;
 };
 
+// With scheduler.target_itl_ms, the fewest prompt tokens a step that decodes still carries.
+inline constexpr int kTargetItlMinPromptTokens = 16;
+
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
   int max_num_seqs = 64;             // sequences in one step, [1, 4096]
@@ -258,6 +261,12 @@ struct LlmSchedulerConfig {
   // Prompt tokens at most in a step that also decodes running streams (they wait for the whole
   // step); 0: up to max_num_batched_tokens. Steps with nothing to decode use the full budget.
   int max_prefill_tokens_with_decodes = 64;
+  // A target for the running streams' inter-token latency, in ms; 0: none. When set, a step
+  // that decodes carries as many prompt tokens as the measured step costs say fit in it (at
+  // least kTargetItlMinPromptTokens, so prompts always advance) instead of
+  // max_prefill_tokens_with_decodes, which still applies until those costs are measured and
+  // in steps whose decodes alone take the target or longer (out of reach at that load).
+  double target_itl_ms = 0;
   int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
   int block_size = 16;                   // tokens per KV-cache block, [1, 1024]
   int64_t kv_cache_bytes = 256ll << 20;  // memory for the KV cache (all layers); kKvCacheAuto:

@@ -1360,6 +1360,21 @@ TEST(LlmModelTest, KvCacheBytesAutoTakesAFractionOfFreeDeviceMemory) {
   EXPECT_EQ(Parse(ToYaml(c)), c);
 }
 
+TEST(LlmModelTest, TargetItlIsOptionalAndMustBeANumberOfMilliseconds) {
+  const std::string head = "models:\n  - name: m\n    kind: llm\n    path: /m\n    scheduler:\n";
+  Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
+  EXPECT_EQ(c.models[0].scheduler.target_itl_ms, 0) << "default: no target";
+  c = Parse(head + "      target_itl_ms: 37.5\n");
+  EXPECT_EQ(c.models[0].scheduler.target_itl_ms, 37.5);
+  EXPECT_EQ(Parse(ToYaml(c)), c);
+  for (const char* bad : {"-1", "fast", "1e9", "nan", "[40]"}) {
+    EXPECT_THAT(Errors(head + "      target_itl_ms: " + bad + "\n"),
+                ElementsAre(AllOf(HasSubstr("`models[0].scheduler.target_itl_ms`"),
+                                  HasSubstr("expected a number in [0, 60000]"))))
+        << bad;
+  }
+}
+
 TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
   Config c = Parse("models:\n  - name: m\n    kind: llm\n    path: /m\n");
   EXPECT_EQ(c.models[0].activations, "f32");

@@ -114,6 +114,17 @@ Status ContinuousBatcher::Start() {
     adapter_slots_ = std::make_unique<AdapterSlots>(model_->max_adapters());
     scheduler_->set_admission_check([this](Sequence* seq) { return AcquireAdapterSlot(seq); });
   }
+  if (config_.target_itl_ms > 0) {
+    // Prompt tokens beside decodes from the measured step costs (the static cap until then).
+    const double target = config_.target_itl_ms / 1000.0;
+    scheduler_->set_prefill_limit([this, target](int32_t decode_rows) {
+      return step_cost_.PromptTokensWithin(decode_rows, target, config::kTargetItlMinPromptTokens);
+    });
+    spdlog::info(
+        "model '{}': inter-token latency target {} ms (prompt tokens beside decodes "
+        "from measured step costs, at least {})",
+        name_, config_.target_itl_ms, config::kTargetItlMinPromptTokens);
+  }
   if (metrics_) metrics_->kv_blocks->Set(static_cast<double>(blocks));
   spdlog::info("model '{}': KV cache of {} blocks x {} tokens ({:.1f} MiB{}), prefix caching {}",
                name_, blocks, bs, blocks * per_block / 1048576.0,
@@ -520,9 +531,15 @@ void ContinuousBatcher::StepOnce() {
   StepOutput out;
   const auto run_start = SteadyClock::now();
   const bool ran = Run(batch, &out);
-  // Speculative decoding's cost model: what a decode step of this many rows takes.
-  if (ran && sched_.decode_only) {
-    step_cost_.Observe(sched_.num_rows, Seconds(SteadyClock::now() - run_start));
+  // The step cost model (speculative decoding, the ITL target): what a decode step of this
+  // many rows takes, and what prompt tokens add to one.
+  if (ran) {
+    const double run_seconds = Seconds(SteadyClock::now() - run_start);
+    if (sched_.decode_only) {
+      step_cost_.Observe(sched_.num_rows, run_seconds);
+    } else {
+      step_cost_.ObserveMixed(sched_.decode_rows, sched_.prompt_tokens, run_seconds);
+    }
   }
   if (recorder_) flight.ran = SteadyClock::now();
   if (ran) ProcessOutputs(sched_, out);

@@ -54,6 +54,7 @@
 #include "scheduler/llm/kv_block_manager.h"
 #include "scheduler/llm/llm_metrics.h"
 #include "scheduler/llm/model_step.h"
+#include "scheduler/llm/step_cost.h"
 #include "scheduler/llm/step_scheduler.h"
 #include "scheduler/llm/step_trace.h"
 #include "scheduler/llm/structured_output.h"
@@ -212,7 +213,7 @@ class ContinuousBatcher {
   // Loop-thread state.
   std::unique_ptr<StepScheduler> scheduler_;
   SchedulerOutput sched_;              // this step's decision (reused: no allocation per step)
-  StepCostModel step_cost_;            // decode-step time by rows (speculative decoding)
+  StepCostModel step_cost_;            // step time by rows and prompt tokens (step_cost.h)
   double draft_step_seconds_ = 0;      // a draft model's step (EMA)
   double draft_catch_up_seconds_ = 0;  // ... and its catch-up, per token (EMA)
   StepBatchBuilder draft_builder_;     // the draft model's batches

@@ -97,6 +97,7 @@ struct Fixture {
     gate = opts.gate;
     seen = opts.stats;
     delay_us = opts.step_delay_us;
+    prompt_delay_us = opts.prompt_token_delay_us;
     eos_at = opts.eos_at;
     auto m = std::make_unique<FakeLlm>(opts);
     model = m.get();
@@ -134,7 +135,7 @@ struct Fixture {
   std::unique_ptr<LlmMetricFamilies> families;
   std::shared_ptr<llm_testing::StepGate> gate;
   std::shared_ptr<llm_testing::FakeLlmStats> seen, draft_seen;
-  std::shared_ptr<std::atomic<int>> delay_us, eos_at;
+  std::shared_ptr<std::atomic<int>> delay_us, prompt_delay_us, eos_at;
   FakeLlm* model;
   std::unique_ptr<ContinuousBatcher> batcher;
 };
@@ -247,6 +248,51 @@ TEST(ContinuousBatcherTest, PrefillBesideDecodesIsCapped) {
       EXPECT_GT(f.seen->max_prefill_with_decodes, 16) << "uncapped: prompts fill the budget";
     }
   }
+}
+
+// With target_itl_ms, the prompt tokens of a step that decodes come from the measured step
+// costs. The fake's steps take 3 ms plus 1 ms per prompt token, so a 30 ms target leaves room
+// for ~27 prompt tokens beside the decodes (at least kTargetItlMinPromptTokens). Before any
+// step with both was measured, the static cap applies (here none: the whole budget).
+TEST(ContinuousBatcherTest, ItlTargetSizesPrefillChunksFromMeasuredStepCosts) {
+  config::LlmSchedulerConfig o;
+  o.max_num_batched_tokens = 128;
+  o.max_prefill_tokens_with_decodes = 0;
+  o.target_itl_ms = 30;
+  Fixture f(WithBlocks(o, 256));
+  f.delay_us->store(3000);
+  f.prompt_delay_us->store(1000);
+  auto first = Prompt(20, 100);
+  auto c0 = MakeRequest(first, 120);
+  f.gate->Close();
+  f.gate->Allow(6);
+  auto r0 = f.Submit(c0);
+  f.gate->AwaitArrivals(7);  // a prefill, then decode-only steps of the first alone
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::future<Result>> futures;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(Prompt(100, 200 + i));
+    auto c = MakeRequest(prompts.back(), 4);
+    futures.push_back(f.Submit(c));
+  }
+  f.gate->Open();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 4));
+  EXPECT_EQ(r0.get().ids, Reference(first, 120));
+  std::vector<int32_t> chunks;
+  {
+    absl::MutexLock lock(&f.seen->mu);
+    chunks = f.seen->prefill_beside_decodes;
+  }
+  ASSERT_GE(chunks.size(), 4u) << "300 prompt tokens beside decodes";
+  EXPECT_GT(chunks[0], 64) << "unmeasured: the static cap (none) lets the first take the budget";
+  // Measured: well below the budget however this machine's sleeps overshoot (they only make
+  // decode steps look dearer, which leaves fewer prompt tokens, never fewer than the floor).
+  int32_t largest_after = 0;
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    EXPECT_LE(chunks[i], 64) << "mixed step " << i;
+    largest_after = std::max(largest_after, chunks[i]);
+  }
+  EXPECT_GE(largest_after, config::kTargetItlMinPromptTokens) << "prompts still advance";
 }
 
 TEST(ContinuousBatcherTest, PrefixCacheServesASharedPrefix) {

@@ -81,27 +81,6 @@ void AcceptanceEstimate::Idle() {
   rejected_ *= kForget;
 }
 
-void StepCostModel::Observe(int32_t rows, double seconds) {
-  if (rows < 1 || rows > kRows || !(seconds > 0)) return;
-  double& t = seconds_[static_cast<size_t>(rows)];
-  t = t == 0 ? seconds : 0.9 * t + 0.1 * seconds;
-}
-
-double StepCostModel::Relative(int32_t rows) const {
-  constexpr double kPriorPerRow = 0.25;
-  const double one = seconds_[1];
-  rows = std::clamp(rows, 1, kRows);
-  if (one <= 0) return 1 + kPriorPerRow * (rows - 1);
-  auto at = [&](int32_t r) { return std::max(1.0, seconds_[static_cast<size_t>(r)] / one); };
-  if (seconds_[static_cast<size_t>(rows)] > 0) return at(rows);
-  // Linear between the nearest measured row counts, or past the largest the prior per row.
-  int32_t lo = rows - 1, hi = rows + 1;
-  while (lo > 1 && seconds_[static_cast<size_t>(lo)] <= 0) --lo;
-  while (hi <= kRows && seconds_[static_cast<size_t>(hi)] <= 0) ++hi;
-  if (hi > kRows) return at(lo) + kPriorPerRow * (rows - lo);
-  return at(lo) + (at(hi) - at(lo)) * (rows - lo) / (hi - lo);
-}
-
 int32_t ChooseDraftLength(double rate, int32_t max_draft, const StepCostModel& cost, int32_t rows,
                           double tokens, double per_draft, double fixed) {
   rows = std::max(rows, 1);

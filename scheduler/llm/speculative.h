@@ -60,7 +60,6 @@
 // Thread-safety: pure functions.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -70,6 +69,7 @@
 #include "config/config.h"
 #include "engine/base/status.h"
 #include "models/sampling/sampling_params.h"
+#include "scheduler/llm/step_cost.h"
 
 namespace kiln {
 
@@ -98,23 +98,6 @@ class AcceptanceEstimate {
 
  private:
   double accepted_ = 0, rejected_ = 0;
-};
-
-// The time of a decode-only step by its rows, learnt from the steps the batcher runs
-// (exponential moving averages). Rows never seen are interpolated between measured ones, or
-// past the largest measured (or before any) a prior of a quarter of a one-row step per
-// further row (a CPU-like figure, so drafting starts modestly until measured).
-class StepCostModel {
- public:
-  void Observe(int32_t rows, double seconds);
-  // t(rows) / t(1).
-  double Relative(int32_t rows) const;
-  // t(1) as measured; 0 before any one-row step.
-  double OneRowSeconds() const { return seconds_[1]; }
-
- private:
-  static constexpr int32_t kRows = 64;  // rows tracked: [1, kRows]
-  std::array<double, kRows + 1> seconds_{};
 };
 
 // The number of drafts, in [0, max_draft], for a sequence with acceptance `rate` joining a

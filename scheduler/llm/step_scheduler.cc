@@ -10,6 +10,8 @@ void SchedulerOutput::Clear() {
   seqs.clear();
   num_tokens = 0;
   num_rows = 0;
+  decode_rows = 0;
+  prompt_tokens = 0;
   decode_only = true;
   preempted = 0;
   admitted = 0;
@@ -103,12 +105,19 @@ void StepScheduler::Schedule(SchedulerOutput* out) {
   out->Clear();
   int32_t budget = config_.max_num_batched_tokens;
   // Prompt tokens left for this step: capped when it also decodes (one new token of a running
-  // sequence whose known tokens are all computed but the last).
-  const bool decodes = std::any_of(running_.begin(), running_.end(),
-                                   [](const auto& s) { return s->uncomputed() == 1; });
-  int32_t prefill_left = decodes && config_.max_prefill_tokens_with_decodes > 0
-                             ? config_.max_prefill_tokens_with_decodes
-                             : INT32_MAX;
+  // sequence whose known tokens are all computed but the last), by the prefill limit where it
+  // knows one, else by max_prefill_tokens_with_decodes.
+  const auto decoding = static_cast<int32_t>(std::count_if(
+      running_.begin(), running_.end(), [](const auto& s) { return s->uncomputed() == 1; }));
+  int32_t prefill_left = INT32_MAX;
+  if (decoding > 0) {
+    const int32_t limit = prefill_limit_ ? prefill_limit_(decoding) : -1;
+    if (limit >= 0) {
+      prefill_left = limit;
+    } else if (config_.max_prefill_tokens_with_decodes > 0) {
+      prefill_left = config_.max_prefill_tokens_with_decodes;
+    }
+  }
   auto take = [&](Sequence* s, int32_t n, bool prefill) {
     out->seqs.push_back({s, n, !s->admitted});
     s->admitted = true;
@@ -117,7 +126,12 @@ void StepScheduler::Schedule(SchedulerOutput* out) {
     out->num_rows += 1 + drafted;
     out->decode_only = out->decode_only && n == 1 + drafted;
     budget -= n;
-    if (prefill) prefill_left -= n;
+    if (prefill) {
+      prefill_left -= n;
+      out->prompt_tokens += n;
+    } else {
+      out->decode_rows += 1 + drafted;
+    }
   };
   // Rows (the program's sequence bound) left over for drafted tokens; none while anyone waits.
   int32_t draft_rows = num_waiting() > 0 ? 0 : config_.max_num_seqs - num_running();

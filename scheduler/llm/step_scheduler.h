@@ -18,7 +18,8 @@
 //   2. then, unless it had to preempt, waiting sequences in priority order (1 is highest; FIFO
 //      within a level), reusing cached prefix blocks and splitting long prompts into chunks;
 //      when the step also decodes, its prompt tokens are capped at
-//      max_prefill_tokens_with_decodes (a decode waits for the whole step). An admission
+//      max_prefill_tokens_with_decodes (a decode waits for the whole step), or by the prefill
+//      limit (set_prefill_limit: the batcher's ITL target) once it knows one. An admission
 //      check (set_admission_check; the batcher's adapter slots) may say "not now" for a
 //      sequence: it keeps its place and those behind it are tried (no head-of-line blocking
 //      by a sequence that waits for an adapter slot).
@@ -47,12 +48,14 @@ struct SchedulerOutput {
     int32_t num_tokens = 0;
     bool first_time = false;  // scheduled for the first time (queue and prefix metrics)
   };
-  std::vector<Entry> seqs;  // running sequences first, then those admitted this step
-  int32_t num_tokens = 0;   // sum of seqs[i].num_tokens
-  int32_t num_rows = 0;     // rows of the batch: sequences plus drafted tokens
-  bool decode_only = true;  // every row has exactly one new token
-  int32_t preempted = 0;    // running sequences sent back to their queue by this step
-  int32_t admitted = 0;     // sequences taken from the waiting queues by this step
+  std::vector<Entry> seqs;    // running sequences first, then those admitted this step
+  int32_t num_tokens = 0;     // sum of seqs[i].num_tokens
+  int32_t num_rows = 0;       // rows of the batch: sequences plus drafted tokens
+  int32_t decode_rows = 0;    // rows that decode (a sequence's next token or its drafts)
+  int32_t prompt_tokens = 0;  // prompt tokens (prefill chunks)
+  bool decode_only = true;    // every row has exactly one new token
+  int32_t preempted = 0;      // running sequences sent back to their queue by this step
+  int32_t admitted = 0;       // sequences taken from the waiting queues by this step
   // The `preempted` sequences, now waiting again (owned by the scheduler).
   std::vector<Sequence*> preempted_seqs;
 
@@ -73,6 +76,11 @@ class StepScheduler {
   // Default: admit.
   using AdmissionCheck = std::function<bool(Sequence*)>;
   void set_admission_check(AdmissionCheck check) { admission_check_ = std::move(check); }
+
+  // The prompt tokens a step that decodes `decode_rows` rows may carry, or -1 for "not known":
+  // then max_prefill_tokens_with_decodes caps them. Default: none (always the static cap).
+  using PrefillLimit = std::function<int32_t(int32_t decode_rows)>;
+  void set_prefill_limit(PrefillLimit limit) { prefill_limit_ = std::move(limit); }
 
   // Decides the next step (see the file comment) into `out`, allocating its KV blocks.
   void Schedule(SchedulerOutput* out);
@@ -120,6 +128,7 @@ class StepScheduler {
   std::vector<std::unique_ptr<Sequence>> running_;              // ordered by (level, arrival)
   uint64_t arrivals_ = 0;
   AdmissionCheck admission_check_;
+  PrefillLimit prefill_limit_;
 };
 
 }  // namespace kiln

@@ -90,6 +90,43 @@ TEST(StepSchedulerTest, RunningDecodesFirstThenCappedPrefillChunks) {
   EXPECT_EQ(t.out.admitted, 0);
 }
 
+TEST(StepSchedulerTest, APrefillLimitReplacesTheStaticCapOnceKnown) {
+  config::LlmSchedulerConfig c;
+  c.block_size = 4;
+  c.max_num_batched_tokens = 64;
+  c.max_prefill_tokens_with_decodes = 6;
+  Stage t(c, 64);
+  int32_t limit = -1, asked_rows = 0;
+  t.sched.set_prefill_limit([&](int32_t decode_rows) {
+    asked_rows = decode_rows;
+    return limit;
+  });
+  t.sched.Add(Seq(3));
+  t.sched.Add(Seq(3, 400));
+  t.sched.Schedule(&t.out);  // nothing decodes yet: the limit is not asked
+  EXPECT_EQ(asked_rows, 0);
+  EXPECT_EQ(t.out.prompt_tokens, 6);
+  EXPECT_EQ(t.out.decode_rows, 0);
+  Computed(t.sched, t.out);
+
+  t.sched.Add(Seq(40, 900));
+  t.sched.Schedule(&t.out);  // not known (-1): the static cap
+  EXPECT_EQ(asked_rows, 2);
+  EXPECT_EQ(t.out.decode_rows, 2);
+  EXPECT_EQ(t.out.prompt_tokens, 6);
+  Computed(t.sched, t.out);
+
+  limit = 20;  // known: it replaces the cap, above it as well as below
+  t.sched.Schedule(&t.out);
+  EXPECT_EQ(t.out.prompt_tokens, 20);
+  EXPECT_EQ(t.out.num_tokens, 22);
+  Computed(t.sched, t.out);
+  limit = 3;
+  t.sched.Schedule(&t.out);
+  EXPECT_EQ(t.out.prompt_tokens, 3);
+  EXPECT_FALSE(t.out.decode_only);
+}
+
 TEST(StepSchedulerTest, DecodeOnlyStepsAndMaxNumSeqs) {
   config::LlmSchedulerConfig c;
   c.block_size = 4;

@@ -107,10 +107,22 @@ Status FakeLlm::AllocateKvCache(int32_t num_blocks, int32_t block_size) {
 Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
                      models::StepStats* stats) {
   options_.gate->Pass();
-  if (const int us = options_.step_delay_us->load(); us > 0) {
+  const int32_t S = static_cast<int32_t>(b.seq_lens.size());
+  int32_t prefill = 0;  // prompt tokens: rows of sequences with more than one new token
+  bool decodes = false;
+  for (int32_t i = 0; i < S; ++i) {
+    const int32_t n = b.query_start[i + 1] - b.query_start[i];
+    if (n == 1) {
+      decodes = true;
+    } else {
+      prefill += n;
+    }
+  }
+  if (const int64_t us = options_.step_delay_us->load() +
+                         int64_t{options_.prompt_token_delay_us->load()} * prefill;
+      us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(us));
   }
-  const int32_t S = static_cast<int32_t>(b.seq_lens.size());
   for (int32_t slot : b.adapter_slots) {
     if (slot != -1 && (slot < 0 || slot >= options_.max_adapters || slots_[slot] == nullptr)) {
       return InvalidArgument("adapter slot ", slot, " asked of model 'fake', which has ",
@@ -153,17 +165,13 @@ Status FakeLlm::Step(const models::StepBatch& b, std::span<float> logits,
     stats->padded_seqs = S <= 1 ? 1 : S <= 2 ? 2 : S <= 4 ? 4 : 8;
   }
   FakeLlmStats& seen = *options_.stats;
-  int32_t prefill = 0;
-  bool decodes = false;
-  for (int32_t i = 0; i < S; ++i) {
-    const int32_t n = b.query_start[i + 1] - b.query_start[i];
-    if (n == 1) {
-      decodes = true;
-    } else {
-      prefill += n;
+  if (decodes) {
+    StoreMax(seen.max_prefill_with_decodes, prefill);
+    if (prefill > 0) {
+      absl::MutexLock lock(&seen.mu);
+      seen.prefill_beside_decodes.push_back(prefill);
     }
   }
-  if (decodes) StoreMax(seen.max_prefill_with_decodes, prefill);
   StoreMax(seen.max_seqs_in_step, S);
   StoreMax(seen.max_tokens_in_step, static_cast<int32_t>(b.tokens.size()));
   ++seen.steps;

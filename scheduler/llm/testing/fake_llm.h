@@ -13,7 +13,7 @@
 // given number of steps arrived (so "the request is running now" is an observed fact).
 //
 // Thread-safety: the model is driven by one batcher thread; the shared knobs (StepGate,
-// step_delay_us, eos_at) and FakeLlmStats may be used from any thread.
+// step_delay_us, prompt_token_delay_us, eos_at) and FakeLlmStats may be used from any thread.
 #pragma once
 
 #include <atomic>
@@ -61,6 +61,9 @@ struct FakeLlmStats {
   std::atomic<int32_t> max_tokens_in_step{0};
   // Prompt tokens (sequences with more than one new token) in steps that also decode.
   std::atomic<int32_t> max_prefill_with_decodes{0};
+  absl::Mutex mu;
+  // The prompt tokens of every step that also decoded (and had some), in order.
+  std::vector<int32_t> prefill_beside_decodes ABSL_GUARDED_BY(mu);
   std::atomic<int64_t> adapter_loads{0};  // LoadAdapter calls with an adapter
 };
 
@@ -69,6 +72,9 @@ struct FakeLlmOptions {
   bool chat_template = true;
   // Shared with the test, read at every step (tests change them while a server runs).
   std::shared_ptr<std::atomic<int>> step_delay_us = std::make_shared<std::atomic<int>>(0);
+  // ... and this much more per prompt token in the step (a step whose time grows with its
+  // prompt tokens, for the ITL target).
+  std::shared_ptr<std::atomic<int>> prompt_token_delay_us = std::make_shared<std::atomic<int>>(0);
   // The context length at which the model says EOS (0: never).
   std::shared_ptr<std::atomic<int>> eos_at = std::make_shared<std::atomic<int>>(0);
   std::shared_ptr<StepGate> gate = std::make_shared<StepGate>();
