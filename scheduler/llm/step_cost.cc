@@ -26,16 +26,10 @@ void StepCostModel::ObserveMixed(int32_t decode_rows, int32_t prompt_tokens, dou
 
 double StepCostModel::Relative(int32_t rows) const {
   const double one = seconds_[1];
-  rows = std::clamp(rows, 1, kRows);
-  if (one <= 0) return 1 + kPriorPerRow * (rows - 1);
-  auto at = [&](int32_t r) { return std::max(1.0, seconds_[static_cast<size_t>(r)] / one); };
-  if (seconds_[static_cast<size_t>(rows)] > 0) return at(rows);
-  // Linear between the nearest measured row counts, or past the largest the prior per row.
-  int32_t lo = rows - 1, hi = rows + 1;
-  while (lo > 1 && seconds_[static_cast<size_t>(lo)] <= 0) --lo;
-  while (hi <= kRows && seconds_[static_cast<size_t>(hi)] <= 0) ++hi;
-  if (hi > kRows) return at(lo) + kPriorPerRow * (rows - lo);
-  return at(lo) + (at(hi) - at(lo)) * (rows - lo) / (hi - lo);
+  // Unmeasured one-row step: the prior alone. Otherwise DecodeSeconds' interpolation, in
+  // one-row steps (never below one).
+  if (one <= 0) return 1 + kPriorPerRow * (std::clamp(rows, 1, kRows) - 1);
+  return std::max(1.0, DecodeSeconds(rows) / one);
 }
 
 double StepCostModel::DecodeSeconds(int32_t rows) const {

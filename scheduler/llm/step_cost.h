@@ -30,7 +30,7 @@ class StepCostModel {
   // than kMinPromptTokens prompt tokens (too little signal) or no decoded row.
   void ObserveMixed(int32_t decode_rows, int32_t prompt_tokens, double seconds);
 
-  // t(rows) / t(1).
+  // t(rows) / t(1), at least 1; the prior (1 + (rows - 1) / 4) before a one-row step is measured.
   double Relative(int32_t rows) const;
   // t(1) as measured; 0 before any one-row step.
   double OneRowSeconds() const { return seconds_[1]; }
