@@ -24,11 +24,12 @@ KILND = os.environ.get("KILND") or str(
 def wait_for(predicate, what="the condition", timeout=30):
     """Polls observable server state (metrics, health, statistics) until `predicate()` holds,
     so tests order themselves by what the server shows, never by sleeping. Fails naming
-    `what` after `timeout` seconds; returns True otherwise."""
+    `what` after `timeout` seconds; otherwise returns the predicate's (truthy) value."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if predicate():
-            return True
+        value = predicate()
+        if value:
+            return value
         time.sleep(0.01)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 

@@ -37,9 +37,19 @@ def test_llm_steps_and_request_states_at_the_route(tmp_path_factory):
             r = client.chat.completions.create(model=LLM_NAME, messages=QUESTION, max_tokens=4,
                                                temperature=0)
             ids.append(r.id)
-        resp = requests.get(f"{k.base}/debug/flight_recorder", timeout=10)
-        assert resp.status_code == 200, resp.text
-        doc = resp.json()
+        # A response reaches the client when its last token is emitted, which can be before
+        # that step's step_end (and the request's "finished") is recorded: wait for the ring to
+        # show no step in progress rather than reading it once.
+        def settled():
+            resp = requests.get(f"{k.base}/debug/flight_recorder", timeout=10)
+            assert resp.status_code == 200, resp.text
+            doc = resp.json()
+            ring = doc["models"][0]
+            kinds = [e["kind"] for e in ring["events"]]
+            done = (ring["in_progress"] == [] and
+                    kinds.count("step_begin") == kinds.count("step_end"))
+            return doc if done else None
+        doc = wait_for(settled, "the last step's step_end in the flight recorder")
         assert doc["reason"] == "http" and doc["entries"] == 4096
         [ring] = doc["models"]
         assert ring["model"] == LLM_NAME and ring["kind"] == "llm"
