@@ -6,6 +6,7 @@
 
 #include "engine/builder.h"
 #include "engine/compiler/compile.h"
+#include "engine/profile.h"
 #include "models/io/errors.h"
 #include "models/llm/forward.h"
 #include "models/lora/peft_io.h"
@@ -659,8 +660,9 @@ Status PagedLlm::RunStep(const StepBatch& batch, const StepResult& result, StepS
     plain = result.sampling->penalty_start.back() == result.sampling->penalty_start.front() &&
             result.sampling->banned_start.back() == result.sampling->banned_start.front();
   }
+  // A profiled run (KILN_PROFILE) times each launch through Program::Run, so it runs direct.
   if (plain && batch.decode_only && T == S && !capture_sizes_.empty() &&
-      S <= capture_sizes_.back()) {
+      LaunchProfile::Get() == nullptr && S <= capture_sizes_.back()) {
     const int32_t padded =
         *std::lower_bound(capture_sizes_.begin(), capture_sizes_.end(), static_cast<int32_t>(S));
     return RunCaptured(batch, padded, result, stats);

@@ -12,7 +12,9 @@
 // 256 MiB, so every byte comes from memory as in a real decode step; GB/s counts weight
 // bytes per second. KILN_BENCH_HOT=1 uses one copy instead (weights stay in cache where they
 // fit): the kernel's compute ceiling, to tell a memory-bound kernel from a compute-bound one.
-// Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152) and a 1B model (K = 2048, N = 8192).
+// Shapes: SmolLM2-135M (K = 576; N = 576, 1536, 49152; N = 192: its k/v projections), the
+// fused projections a decode step could run instead (N = 960: q, k and v in one GEMV; N = 3072:
+// gate and up), and a 1B model (K = 2048, N = 8192).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -189,7 +191,8 @@ void Register() {
   struct Shape {
     int64_t n, k;
   };
-  const Shape shapes[] = {{576, 576}, {1536, 576}, {49152, 576}, {8192, 2048}};
+  const Shape shapes[] = {{576, 576}, {1536, 576}, {49152, 576}, {8192, 2048},
+                          {192, 576}, {960, 576},  {3072, 576}};
   const DType types[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4,
                          DType::kF16,  DType::kBF16, DType::kF32};
   for (DType t : types) {
