@@ -200,21 +200,30 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);               // (Hkv*D)
     const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);                // (C)
     const Value h = b.Named(b.RmsNorm(x, attn_norm_w, hp.norm_eps), "attn_norm");  // [T, C]
-    Value q_flat, k_flat, v_flat;  // [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
-    if (hp.fused_qkv) {
+    Value q_flat, k_flat, v_flat;     // [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
+    Value q_heads, k_heads, v_heads;  // [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
+    if (hp.fused_qkv || hp.fuse_projections) {
       const Value wqkv = w("attn_qkv.weight", {(Hq + 2 * Hkv) * D, C});  // (q|k|v rows, C)
       const Value qkv = b.Named(ctx.Linear(h, wqkv), "qkv");             // [T, (Hq+2Hkv)*D]
-      q_flat = b.Slice(qkv, 1, 0, Hq * D);
-      k_flat = b.Slice(qkv, 1, Hq * D, Hkv * D);
-      v_flat = b.Slice(qkv, 1, (Hq + Hkv) * D, Hkv * D);
+      // Heads first, then slices of heads: strided views the kernels read in place (a slice of
+      // columns reshaped into heads would be copied).
+      const Value heads = b.Reshape(qkv, {T, Hq + 2 * Hkv, D});  // [T, Hq+2Hkv, D]
+      q_heads = b.Slice(heads, 1, 0, Hq);
+      k_heads = b.Slice(heads, 1, Hq, Hkv);
+      v_heads = b.Slice(heads, 1, Hq + Hkv, Hkv);
     } else {
       q_flat = ctx.Linear(h, w("attn_q.weight", {Hq * D, C}), bq);   // (Hq*D, C) weight
       k_flat = ctx.Linear(h, w("attn_k.weight", {Hkv * D, C}), bk);  // (Hkv*D, C) weight
       v_flat = ctx.Linear(h, w("attn_v.weight", {Hkv * D, C}), bv);  // (Hkv*D, C) weight
     }
-    Value q = b.Named(b.Reshape(q_flat, {T, Hq, D}), "q");         // [T, Hq, D]
-    Value k = b.Named(b.Reshape(k_flat, {T, Hkv, D}), "k");        // [T, Hkv, D]
-    const Value v = b.Named(b.Reshape(v_flat, {T, Hkv, D}), "v");  // [T, Hkv, D]
+    if (!q_heads.valid()) {
+      q_heads = b.Reshape(q_flat, {T, Hq, D});
+      k_heads = b.Reshape(k_flat, {T, Hkv, D});
+      v_heads = b.Reshape(v_flat, {T, Hkv, D});
+    }
+    Value q = b.Named(q_heads, "q");        // [T, Hq, D]
+    Value k = b.Named(k_heads, "k");        // [T, Hkv, D]
+    const Value v = b.Named(v_heads, "v");  // [T, Hkv, D]
     if (hp.qk_norm) {
       q = b.Named(b.RmsNorm(q, w("attn_q_norm.weight", {D}), hp.norm_eps), "q_norm");  // [T,Hq,D]
       k = b.Named(b.RmsNorm(k, w("attn_k_norm.weight", {D}), hp.norm_eps), "k_norm");  // [T,Hkv,D]
@@ -233,8 +242,9 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value b_down = bias(hp.mlp_bias, "ffn_down.bias", C);                   // (C)
     const Value h2 = b.Named(b.RmsNorm(x, ffn_norm_w, hp.norm_eps), "ffn_norm");  // [T, C]
     Value gate, up;                                                               // [T, F]
-    if (hp.fused_gate_up) {
-      const Value gu = b.Named(ctx.Linear(h2, w("ffn_up.weight", {2 * F, C})), "ffn_gate_up");
+    if (hp.fused_gate_up || hp.fuse_projections) {
+      const char* name = hp.fused_gate_up ? "ffn_up.weight" : "ffn_gate_up.weight";
+      const Value gu = b.Named(ctx.Linear(h2, w(name, {2 * F, C})), "ffn_gate_up");
       gate = b.Named(b.Slice(gu, 1, 0, F), "ffn_gate");  // [T, F]: the first half
       up = b.Named(b.Slice(gu, 1, F, F), "ffn_up");      // [T, F]
     } else {

@@ -61,6 +61,9 @@ struct LlmHParams {
   bool tied_embeddings = false;  // the LM head is the token embedding
   bool fused_qkv = false;        // Phi-3: one attn_qkv weight, rows q then k then v
   bool fused_gate_up = false;    // Phi-3: ffn_up holds gate rows then up rows (2F)
+  // Serving without LoRA: q|k|v and gate|up as one projection each, from the weights
+  // concatenated at load (blk.N.attn_qkv.weight, blk.N.ffn_gate_up.weight; PagedLlm).
+  bool fuse_projections = false;
   // Gemma: the embedding rows are multiplied by this (sqrt(hidden_size)).
   double embed_scale = 1;
   // Gemma's RMSNorm computes x_hat * (1 + w). Hugging Face checkpoints store w (offset 1);

@@ -186,6 +186,7 @@ StatusOr<std::unique_ptr<PagedLlm>> Load(const config::ModelConfig& config,
                                          const LlmLoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(PagedLlmParts parts, OpenLlmParts(config));
+  KILN_RETURN_IF_ERROR(FuseProjections(parts));
   PagedLlmOptions opts;
   opts.max_num_seqs = config.scheduler.max_num_seqs;
   opts.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;

@@ -251,6 +251,99 @@ TEST(LoaderGgufTest, Q5WeightsLoadAsQ8_0) {
   fs::remove(path);
 }
 
+// Projections join into one weight: a view of the file where the parts follow one another
+// (llama.cpp writes ffn_gate then ffn_up), otherwise a copy; parts of different types or row
+// lengths, or missing ones, do not join.
+TEST(LoaderGgufTest, ProjectionsJoinAsAViewWhereAdjacentAndACopyOtherwise) {
+  std::mt19937 rng(7);
+  auto q8 = [&](int64_t rows, int64_t cols) {
+    std::string raw(static_cast<size_t>(DTypeBytes(DType::kQ8_0, rows * cols)), '\0');
+    for (char& c : raw) c = static_cast<char>(rng() & 0xFF);
+    for (size_t b = 0; b < raw.size(); b += DTypeBlockBytes(DType::kQ8_0)) {
+      const uint16_t d = FloatToF16(0.01f);
+      std::memcpy(&raw[b], &d, 2);
+    }
+    return raw;
+  };
+  // 8 rows of 64 Q8_0 elements: 544 bytes, a multiple of the 32-byte alignment (no padding).
+  const std::string gate = q8(8, 64), up = q8(8, 64), k = q8(8, 64), wide = q8(8, 128);
+  const std::string between(64, '\1');
+  testing::GgufBuilder g;
+  g.Str("general.architecture", "llama");
+  g.Tensor("gate", /*Q8_0=*/8, {64, 8}, gate)
+      .Tensor("up", 8, {64, 8}, up)
+      .Tensor("between", /*F32=*/0, {16}, between)
+      .Tensor("k", 8, {64, 8}, k)
+      .Tensor("wide", 8, {128, 8}, wide)
+      .Tensor("f32", 0, {64, 1}, std::string(256, '\0'));
+  const fs::path path =
+      fs::path(::testing::TempDir()) / ("kiln_join_" + std::to_string(getpid()) + ".gguf");
+  std::ofstream(path, std::ios::binary) << g.Build();
+  auto opened = ModelFiles::Open(path.string());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ModelFiles& files = **opened;
+  const std::vector<std::string> gate_up = {"gate", "up"}, up_k = {"up", "k"};
+  ASSERT_TRUE(files.CanConcatenateRows(gate_up));
+  ASSERT_TRUE(files.AddConcatenatedRows("gate_up", gate_up).ok());
+  const WeightInfo* gu = files.Find("gate_up");
+  ASSERT_NE(gu, nullptr);
+  EXPECT_EQ(gu->data, files.Find("gate")->data);  // a view: no copy
+  EXPECT_FALSE(gu->copied);
+  EXPECT_EQ(gu->shape, (std::vector<int64_t>{16, 64}));
+  EXPECT_EQ(gu->dtype, DType::kQ8_0);
+
+  ASSERT_TRUE(files.CanConcatenateRows(up_k));  // "between" separates them: a copy
+  ASSERT_TRUE(files.AddConcatenatedRows("up_k", up_k).ok());
+  const WeightInfo* uk = files.Find("up_k");
+  ASSERT_NE(uk, nullptr);
+  EXPECT_TRUE(uk->copied);
+  EXPECT_EQ(uk->shape, (std::vector<int64_t>{16, 64}));
+  auto cpu = backend::MakeCpuBackend(1);
+  auto t = files.Load(*uk, *cpu->device(0), nullptr);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->nbytes(), static_cast<int64_t>(up.size() + k.size()));
+  EXPECT_EQ(std::string(static_cast<const char*>(t->data()), up.size()), up);
+  EXPECT_EQ(std::string(static_cast<const char*>(t->data()) + up.size(), k.size()), k);
+
+  EXPECT_FALSE(files.CanConcatenateRows(std::vector<std::string>{"gate", "wide"}));  // row lengths
+  EXPECT_FALSE(files.CanConcatenateRows(std::vector<std::string>{"gate", "f32"}));   // types
+  EXPECT_FALSE(files.CanConcatenateRows(std::vector<std::string>{"gate", "nope"}));  // missing
+  EXPECT_FALSE(files.CanConcatenateRows(std::vector<std::string>{}));
+  fs::remove(path);
+}
+
+// A model whose q|k|v and gate|up are joined computes the same logits, bit for bit, as with
+// them apart (each output row is the same dot product), over chunked prefill and decode.
+TEST_F(LoaderTest, JoinedProjectionsGiveTheSeparateProjectionsLogitsBitForBit) {
+  auto joined = LoadPagedLlm(ConfigFor(dir_.string()));
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_TRUE((*joined)->fused_projections());
+  ASSERT_EQ(setenv("KILN_FUSE_PROJECTIONS", "0", 1), 0);
+  auto apart = LoadPagedLlm(ConfigFor(dir_.string()));
+  unsetenv("KILN_FUSE_PROJECTIONS");
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_FALSE((*apart)->fused_projections());
+  const std::vector<std::vector<int32_t>> prompts = {{1, 5, 9, 14, 3, 7, 22, 8, 2}, {4, 11, 6}};
+  auto run = [&](PagedLlm& m, std::vector<std::vector<float>>* logits) {
+    testing::GreedyOptions opt;
+    opt.max_new_tokens = 6;
+    opt.max_step_tokens = 5;  // prefill in chunks, then decode steps
+    opt.on_logits = [&](size_t, int32_t, std::span<const float> l) {
+      logits->emplace_back(l.begin(), l.end());
+    };
+    return testing::RunGreedy(m, prompts, opt);
+  };
+  std::vector<std::vector<float>> want, got;
+  auto a = run(**apart, &want);
+  auto j = run(**joined, &got);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->generated, a->generated);
+  EXPECT_GT(j->replayed_steps, 0);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "logits " << i;
+}
+
 TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {
   const std::string src = testing::DefaultModelPath();
   ASSERT_TRUE(fs::exists(src)) << src;

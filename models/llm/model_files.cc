@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -295,6 +296,71 @@ Status ModelFiles::IndexSafetensors(const HfNaming& naming, int64_t num_layers) 
 const WeightInfo* ModelFiles::Find(std::string_view name) const {
   auto it = weights_.find(name);
   return it == weights_.end() ? nullptr : &it->second;
+}
+
+bool ModelFiles::CanConcatenateRows(std::span<const std::string> parts) const {
+  const WeightInfo* first = nullptr;
+  for (const std::string& part : parts) {
+    const WeightInfo* w = Find(part);
+    if (w == nullptr || w->transpose || w->shape.size() != 2) return false;
+    const StatusOr<DType> loaded = LoadedDType(*w);
+    if (!loaded.ok() || *loaded != w->dtype ||
+        w->bytes != static_cast<uint64_t>(DTypeBytes(w->dtype, w->shape[0] * w->shape[1]))) {
+      return false;
+    }
+    if (first != nullptr && (w->dtype != first->dtype || w->shape[1] != first->shape[1])) {
+      return false;
+    }
+    if (first == nullptr) first = w;
+  }
+  return first != nullptr;
+}
+
+Status ModelFiles::AddConcatenatedRows(const std::string& name,
+                                       std::span<const std::string> parts) {
+  if (Find(name) != nullptr) return OkStatus();
+  KILN_CHECK(CanConcatenateRows(parts), "AddConcatenatedRows: parts that cannot be joined");
+  int64_t rows = 0;
+  uint64_t bytes = 0;
+  std::vector<std::string> stored;
+  for (const std::string& part : parts) {
+    const WeightInfo& w = *Find(part);
+    rows += w.shape[0];
+    bytes += w.bytes;
+    stored.push_back(w.stored_name);
+  }
+  WeightInfo info = *Find(parts[0]);
+  info.name = name;
+  info.stored_name = absl::StrJoin(stored, " | ");
+  info.shape = {rows, info.shape[1]};
+  info.bytes = bytes;
+  // Parts that follow one another in the file (llama.cpp writes ffn_gate, then ffn_up) are
+  // one range of the mapping already: no copy.
+  bool adjacent = true;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const WeightInfo& prev = *Find(parts[i - 1]);
+    adjacent = adjacent && Find(parts[i])->data == static_cast<const char*>(prev.data) + prev.bytes;
+  }
+  if (adjacent) {
+    weights_.emplace(name, std::move(info));
+    return OkStatus();
+  }
+  std::shared_ptr<void> data(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+  if (data == nullptr) {
+    return ResourceExhausted("cannot allocate ", bytes, " bytes for the weight ", name, " (",
+                             absl::StrJoin(parts, " | "), ")");
+  }
+  auto* dst = static_cast<uint8_t*>(data.get());
+  for (const std::string& part : parts) {
+    const WeightInfo& w = *Find(part);
+    std::memcpy(dst, w.data, w.bytes);
+    dst += w.bytes;
+  }
+  info.data = data.get();
+  info.copied = true;
+  owned_.push_back(std::move(data));
+  weights_.emplace(name, std::move(info));
+  return OkStatus();
 }
 
 std::string ModelFiles::MissingName(std::string_view name) const {

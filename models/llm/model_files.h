@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,7 @@ struct WeightInfo {
   const void* data = nullptr;     // into the file mapping
   uint64_t bytes = 0;
   bool transpose = false;  // stored [K, N]; loaded as [N, K]
+  bool copied = false;     // data is ModelFiles' own copy (AddConcatenatedRows), not the file's
 
   // The shape the model sees (after the transposition, if any).
   std::vector<int64_t> LoadedShape() const;
@@ -108,6 +110,15 @@ class ModelFiles {
   // The file messages name for weights (the GGUF file, or the safetensors index/file).
   const std::string& weights_path() const { return weights_path_; }
 
+  // Whether AddConcatenatedRows can join `parts`: each exists, is stored as it loads (no
+  // conversion or transposition), and all have one dtype and row length.
+  bool CanConcatenateRows(std::span<const std::string> parts) const;
+  // Adds `name`: the rows of `parts` one after another (e.g. the q, k and v projections as one
+  // weight): the parts' own bytes where they follow one another in the file, otherwise a copy
+  // this object owns. Does nothing when `name` exists. ResourceExhausted
+  // when the memory cannot be had. REQUIRES: CanConcatenateRows(parts).
+  Status AddConcatenatedRows(const std::string& name, std::span<const std::string> parts);
+
   // The tensor on `device` as `LoadedDType`, zero-copy where possible. `keepalive` is held
   // by buffers that point into the mapping (pass the owner of this ModelFiles).
   StatusOr<Tensor> Load(const WeightInfo& w, backend::Device& device,
@@ -126,7 +137,8 @@ class ModelFiles {
   std::optional<HfFolder> hf_;
   std::unique_ptr<SafetensorsModel> safetensors_;
   std::map<std::string, WeightInfo, std::less<>> weights_;
-  std::optional<HfNaming> naming_;  // Hugging Face folders
+  std::vector<std::shared_ptr<void>> owned_;  // AddConcatenatedRows' tensors
+  std::optional<HfNaming> naming_;            // Hugging Face folders
 };
 
 }  // namespace kiln::models

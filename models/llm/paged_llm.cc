@@ -1,9 +1,12 @@
 #include "models/llm/paged_llm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/builder.h"
 #include "engine/compiler/compile.h"
 #include "engine/profile.h"
@@ -75,6 +78,46 @@ StatusOr<std::unique_ptr<PagedLlm>> PagedLlm::Create(PagedLlmParts parts,
   return m;
 }
 
+Status FuseProjections(PagedLlmParts& parts) {
+  const LlmHParams& hp = parts.hparams;
+  const char* env = std::getenv("KILN_FUSE_PROJECTIONS");
+  if ((env != nullptr && std::string_view(env) == "0") || parts.arch->family != "llama" ||
+      hp.attn_qkv_bias || hp.mlp_bias || (hp.fused_qkv && hp.fused_gate_up)) {
+    return OkStatus();
+  }
+  // Made non-const by the loader (ModelFiles::Open) and not shared yet.
+  ModelFiles& files = *std::const_pointer_cast<ModelFiles>(parts.files);
+  auto names = [](int64_t l, std::initializer_list<const char*> suffixes) {
+    std::vector<std::string> v;
+    for (const char* n : suffixes) v.push_back(absl::StrCat("blk.", l, ".", n));
+    return v;
+  };
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    if ((!hp.fused_qkv && !files.CanConcatenateRows(
+                              names(l, {"attn_q.weight", "attn_k.weight", "attn_v.weight"}))) ||
+        (!hp.fused_gate_up &&
+         !files.CanConcatenateRows(names(l, {"ffn_gate.weight", "ffn_up.weight"})))) {
+      spdlog::debug("{}: layer {}'s projections cannot be joined (types or layouts differ)",
+                    parts.info.name, l);
+      return OkStatus();
+    }
+  }
+  for (int64_t l = 0; l < hp.num_layers; ++l) {
+    if (!hp.fused_qkv) {
+      KILN_RETURN_IF_ERROR(
+          files.AddConcatenatedRows(absl::StrCat("blk.", l, ".attn_qkv.weight"),
+                                    names(l, {"attn_q.weight", "attn_k.weight", "attn_v.weight"})));
+    }
+    if (!hp.fused_gate_up) {
+      KILN_RETURN_IF_ERROR(
+          files.AddConcatenatedRows(absl::StrCat("blk.", l, ".ffn_gate_up.weight"),
+                                    names(l, {"ffn_gate.weight", "ffn_up.weight"})));
+    }
+  }
+  parts.fused_projections = true;
+  return OkStatus();
+}
+
 Status PagedLlm::Build(int32_t block_size) {
   const LlmHParams& hp = parts_.hparams;
   block_size_ = block_size;
@@ -102,7 +145,9 @@ Status PagedLlm::Build(int32_t block_size) {
     in.block_table = b.Input("block_table", DType::kI32, {in.S, in.MB});  // [S, MB]
     in.seq_lens = b.Input("seq_lens", DType::kI32, {in.S});               // [S]
     in.query_start = b.Input("query_start", DType::kI32, {in.S + 1});     // [S+1]
-    ForwardContext ctx(b, *parts_.files, hp, in, block_size, options_.kv_dtype);
+    LlmHParams bhp = hp;
+    bhp.fuse_projections = parts_.fused_projections && !with_lora;
+    ForwardContext ctx(b, *parts_.files, bhp, in, block_size, options_.kv_dtype);
     if (with_lora) {
       ctx.SetMultiLora(lora_slots_, lora_rank_,
                        b.Input("lora_scale", DType::kF32, {in.T, lora_slots_ * lora_rank_}));
@@ -137,7 +182,11 @@ Status PagedLlm::Build(int32_t block_size) {
     compiler::CompileReport report;
     KILN_ASSIGN_OR_RETURN(*program,
                           compiler::Compile(graph, outputs, *parts_.device, copts, &report));
-    *weight_names = ctx.weight_names();
+    for (const std::string& name : ctx.weight_names()) {
+      if (std::find(weight_names->begin(), weight_names->end(), name) == weight_names->end()) {
+        weight_names->push_back(name);
+      }
+    }
     return AllocateLoraStates(ctx.lora_states());
   };
   std::vector<std::string> weight_names;
@@ -292,15 +341,43 @@ void PagedLlm::StageLoraScale(const StepBatch& batch, int32_t rows) {
   }
 }
 
+namespace {
+
+// Bytes of [lo, hi) not yet in `counted` (disjoint ranges by start), which then holds them:
+// a joined projection that is a view of its parts is not counted twice.
+int64_t NewBytes(std::map<uintptr_t, uintptr_t>* counted, uintptr_t lo, uintptr_t hi) {
+  auto it = counted->upper_bound(lo);
+  if (it != counted->begin() && std::prev(it)->second > lo) --it;
+  int64_t covered = 0;
+  while (it != counted->end() && it->first < hi) {
+    covered += static_cast<int64_t>(std::min(hi, it->second) - std::max(lo, it->first));
+    lo = std::min(lo, it->first);
+    hi = std::max(hi, it->second);
+    it = counted->erase(it);
+  }
+  const int64_t added = static_cast<int64_t>(hi - lo) - covered;
+  counted->emplace(lo, hi);
+  return added;
+}
+
+}  // namespace
+
 Status PagedLlm::LoadWeights(const std::vector<std::string>& names) {
   auto keepalive = std::const_pointer_cast<ModelFiles>(parts_.files);
+  std::map<uintptr_t, uintptr_t> counted;
+  for (const auto& [name, t] : weights_) {
+    const auto lo = reinterpret_cast<uintptr_t>(t.data());
+    NewBytes(&counted, lo, lo + static_cast<uintptr_t>(t.nbytes()));
+  }
   for (const std::string& name : names) {
     if (weights_.count(name)) continue;
     const WeightInfo* w = parts_.files->Find(name);
     KILN_CHECK(w != nullptr, "LoadWeights: the graph uses a weight the files do not have");
     KILN_ASSIGN_OR_RETURN(Tensor t, parts_.files->Load(*w, *parts_.device, keepalive));
-    weight_bytes_ += t.nbytes();
-    if (t.data() == w->data) mapped_weight_bytes_ += t.nbytes();
+    const auto lo = reinterpret_cast<uintptr_t>(t.data());
+    const int64_t added = NewBytes(&counted, lo, lo + static_cast<uintptr_t>(t.nbytes()));
+    weight_bytes_ += added;
+    if (t.data() == w->data && !w->copied) mapped_weight_bytes_ += added;
     weights_.emplace(name, std::move(t));
   }
   return OkStatus();

@@ -94,7 +94,18 @@ struct PagedLlmParts {
   // with the configured thread count); null when the device belongs to the registry.
   std::unique_ptr<backend::Backend> backend;
   backend::Device* device = nullptr;
+  // FuseProjections joined the projections: the programs without LoRA read them so.
+  bool fused_projections = false;
 };
+
+// For the step programs without LoRA: joins each layer's q|k|v and gate|up weights into one
+// (blk.N.attn_qkv.weight, blk.N.ffn_gate_up.weight; ModelFiles::AddConcatenatedRows) where
+// the architecture can read them so (llama family, no biases, one stored type per layer's
+// group). A decode step then runs two longer GEMVs per layer instead of five, and longer ones
+// read memory faster (docs/performance.md). Programs with LoRA keep the separate weights
+// (adapters name them). Sets parts.fused_projections; KILN_FUSE_PROJECTIONS=0 turns it off.
+// REQUIRES: nothing else holds parts.files yet (it is changed).
+Status FuseProjections(PagedLlmParts& parts);
 
 class PagedLlm final : public LlmModel {
  public:
@@ -130,9 +141,12 @@ class PagedLlm final : public LlmModel {
   const LlmHParams& hparams() const { return parts_.hparams; }
   const Program& program() const { return *program_; }
   backend::Device& device() const { return *parts_.device; }
-  // Bytes of the bound weights (as loaded) and how many of them point into the file mapping.
+  // Bytes of the bound weights (as loaded; a joined projection that is a view of its parts
+  // counts once) and how many of them point into the file mapping.
   int64_t weight_bytes() const { return weight_bytes_; }
   int64_t mapped_weight_bytes() const { return mapped_weight_bytes_; }
+  // The programs without LoRA read joined q|k|v and gate|up weights (FuseProjections).
+  bool fused_projections() const { return parts_.fused_projections; }
   // The capture sizes in use (ascending) and how many captures were recorded so far.
   const std::vector<int32_t>& capture_sizes() const { return capture_sizes_; }
   int num_captured() const { return static_cast<int>(captures_.size()); }
@@ -157,6 +171,7 @@ class PagedLlm final : public LlmModel {
 
   PagedLlm(PagedLlmParts parts, const PagedLlmOptions& options);
   Status Build(int32_t block_size);
+
   // Validates the batch against what the program was compiled for.
   Status CheckBatch(const StepBatch& batch) const;
   Status RunStep(const StepBatch& batch, const StepResult& result, StepStats* stats);
