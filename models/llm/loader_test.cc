@@ -344,6 +344,23 @@ TEST_F(LoaderTest, JoinedProjectionsGiveTheSeparateProjectionsLogitsBitForBit) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << "logits " << i;
 }
 
+// Only projections without biases, not fused by the model itself, in llama-family models join;
+// the others load as before. (bf16 safetensors load as bf16: they join too.)
+TEST(LoaderFixturesTest, WhichModelsJoinTheirProjections) {
+  for (const auto& [fixture, joins] : {std::pair{"llama_gqa_f32", true},
+                                       {"llama3_rope_bf16", true},
+                                       {"qwen3_qknorm_bf16", true},
+                                       {"qwen2_bias_f32", false},
+                                       {"phi3_fused_f32", false},
+                                       {"gemma2_softcap_f32", false},
+                                       {"gpt2_f32", false}}) {
+    SCOPED_TRACE(fixture);
+    auto m = LoadPagedLlm(ConfigFor(testing::FixturePath(std::string("models/") + fixture)));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ((*m)->fused_projections(), joins);
+  }
+}
+
 TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {
   const std::string src = testing::DefaultModelPath();
   ASSERT_TRUE(fs::exists(src)) << src;
