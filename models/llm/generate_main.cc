@@ -24,6 +24,7 @@
 #include "models/tokenizer/detokenizer.h"
 #include "models/train/export.h"
 #include "models/train/finetune.h"
+#include "spdlog/sinks/stdout_sinks.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::models {
@@ -291,6 +292,10 @@ int main(int argc, char** argv) {
       ->required();
 
   CLI11_PARSE(app, argc, argv);
+  // Logs go to stderr, as kilnd's do: stdout carries only the generated text (or the
+  // command's report), so `kiln generate ... > out.txt` keeps the text clean at any level.
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("kiln", std::make_shared<spdlog::sinks::stderr_sink_mt>()));
   spdlog::set_level(spdlog::level::from_str(log_level));
   const char* command = ft->parsed() ? "finetune" : ex->parsed() ? "export" : "generate";
   const kiln::Status s = ft->parsed() ? kiln::models::Finetune(f)
