@@ -200,7 +200,6 @@ Value BuildLlama(ForwardContext& ctx) {
     const Value bv = bias(hp.attn_qkv_bias, "attn_v.bias", Hkv * D);               // (Hkv*D)
     const Value bo = bias(hp.attn_out_bias, "attn_output.bias", C);                // (C)
     const Value h = b.Named(b.RmsNorm(x, attn_norm_w, hp.norm_eps), "attn_norm");  // [T, C]
-    Value q_flat, k_flat, v_flat;     // [T, Hq*D], [T, Hkv*D], [T, Hkv*D]
     Value q_heads, k_heads, v_heads;  // [T, Hq, D], [T, Hkv, D], [T, Hkv, D]
     if (hp.fused_qkv || hp.fuse_projections) {
       const Value wqkv = w("attn_qkv.weight", {(Hq + 2 * Hkv) * D, C});  // (q|k|v rows, C)
@@ -212,14 +211,9 @@ Value BuildLlama(ForwardContext& ctx) {
       k_heads = b.Slice(heads, 1, Hq, Hkv);
       v_heads = b.Slice(heads, 1, Hq + Hkv, Hkv);
     } else {
-      q_flat = ctx.Linear(h, w("attn_q.weight", {Hq * D, C}), bq);   // (Hq*D, C) weight
-      k_flat = ctx.Linear(h, w("attn_k.weight", {Hkv * D, C}), bk);  // (Hkv*D, C) weight
-      v_flat = ctx.Linear(h, w("attn_v.weight", {Hkv * D, C}), bv);  // (Hkv*D, C) weight
-    }
-    if (!q_heads.valid()) {
-      q_heads = b.Reshape(q_flat, {T, Hq, D});
-      k_heads = b.Reshape(k_flat, {T, Hkv, D});
-      v_heads = b.Reshape(v_flat, {T, Hkv, D});
+      q_heads = b.Reshape(ctx.Linear(h, w("attn_q.weight", {Hq * D, C}), bq), {T, Hq, D});
+      k_heads = b.Reshape(ctx.Linear(h, w("attn_k.weight", {Hkv * D, C}), bk), {T, Hkv, D});
+      v_heads = b.Reshape(ctx.Linear(h, w("attn_v.weight", {Hkv * D, C}), bv), {T, Hkv, D});
     }
     Value q = b.Named(q_heads, "q");        // [T, Hq, D]
     Value k = b.Named(k_heads, "k");        // [T, Hkv, D]

@@ -320,45 +320,44 @@ Status ModelFiles::AddConcatenatedRows(const std::string& name,
                                        std::span<const std::string> parts) {
   if (Find(name) != nullptr) return OkStatus();
   KILN_CHECK(CanConcatenateRows(parts), "AddConcatenatedRows: parts that cannot be joined");
+  std::vector<const WeightInfo*> ws;
+  std::vector<std::string> stored;
   int64_t rows = 0;
   uint64_t bytes = 0;
-  std::vector<std::string> stored;
+  // Parts that follow one another in the file (llama.cpp writes ffn_gate, then ffn_up) are
+  // one range of the mapping already: no copy.
+  bool adjacent = true;
   for (const std::string& part : parts) {
-    const WeightInfo& w = *Find(part);
-    rows += w.shape[0];
-    bytes += w.bytes;
-    stored.push_back(w.stored_name);
+    const WeightInfo* w = Find(part);
+    if (!ws.empty()) {
+      adjacent =
+          adjacent && w->data == static_cast<const char*>(ws.back()->data) + ws.back()->bytes;
+    }
+    ws.push_back(w);
+    stored.push_back(w->stored_name);
+    rows += w->shape[0];
+    bytes += w->bytes;
   }
-  WeightInfo info = *Find(parts[0]);
+  WeightInfo info = *ws[0];
   info.name = name;
   info.stored_name = absl::StrJoin(stored, " | ");
   info.shape = {rows, info.shape[1]};
   info.bytes = bytes;
-  // Parts that follow one another in the file (llama.cpp writes ffn_gate, then ffn_up) are
-  // one range of the mapping already: no copy.
-  bool adjacent = true;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    const WeightInfo& prev = *Find(parts[i - 1]);
-    adjacent = adjacent && Find(parts[i])->data == static_cast<const char*>(prev.data) + prev.bytes;
+  if (!adjacent) {
+    std::shared_ptr<void> data(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
+    if (data == nullptr) {
+      return ResourceExhausted("cannot allocate ", bytes, " bytes for the weight ", name, " (",
+                               absl::StrJoin(parts, " | "), ")");
+    }
+    auto* dst = static_cast<uint8_t*>(data.get());
+    for (const WeightInfo* w : ws) {
+      std::memcpy(dst, w->data, w->bytes);
+      dst += w->bytes;
+    }
+    info.data = data.get();
+    info.copied = true;
+    owned_.push_back(std::move(data));
   }
-  if (adjacent) {
-    weights_.emplace(name, std::move(info));
-    return OkStatus();
-  }
-  std::shared_ptr<void> data(std::aligned_alloc(64, (bytes + 63) / 64 * 64), std::free);
-  if (data == nullptr) {
-    return ResourceExhausted("cannot allocate ", bytes, " bytes for the weight ", name, " (",
-                             absl::StrJoin(parts, " | "), ")");
-  }
-  auto* dst = static_cast<uint8_t*>(data.get());
-  for (const std::string& part : parts) {
-    const WeightInfo& w = *Find(part);
-    std::memcpy(dst, w.data, w.bytes);
-    dst += w.bytes;
-  }
-  info.data = data.get();
-  info.copied = true;
-  owned_.push_back(std::move(data));
   weights_.emplace(name, std::move(info));
   return OkStatus();
 }

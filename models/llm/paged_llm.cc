@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/builder.h"
 #include "engine/compiler/compile.h"
 #include "engine/profile.h"
@@ -87,32 +88,28 @@ Status FuseProjections(PagedLlmParts& parts) {
   }
   // Made non-const by the loader (ModelFiles::Open) and not shared yet.
   ModelFiles& files = *std::const_pointer_cast<ModelFiles>(parts.files);
-  auto names = [](int64_t l, std::initializer_list<const char*> suffixes) {
-    std::vector<std::string> v;
-    for (const char* n : suffixes) v.push_back(absl::StrCat("blk.", l, ".", n));
-    return v;
-  };
+  // Every layer's groups (joined name, parts); all must join, or none is added.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
   for (int64_t l = 0; l < hp.num_layers; ++l) {
-    if ((!hp.fused_qkv && !files.CanConcatenateRows(
-                              names(l, {"attn_q.weight", "attn_k.weight", "attn_v.weight"}))) ||
-        (!hp.fused_gate_up &&
-         !files.CanConcatenateRows(names(l, {"ffn_gate.weight", "ffn_up.weight"})))) {
-      spdlog::debug("{}: layer {}'s projections cannot be joined (types or layouts differ)",
-                    parts.info.name, l);
+    const std::string blk = absl::StrCat("blk.", l, ".");
+    if (!hp.fused_qkv) {
+      groups.push_back({blk + "attn_qkv.weight",
+                        {blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight"}});
+    }
+    if (!hp.fused_gate_up) {
+      groups.push_back(
+          {blk + "ffn_gate_up.weight", {blk + "ffn_gate.weight", blk + "ffn_up.weight"}});
+    }
+  }
+  for (const auto& [name, group] : groups) {
+    if (!files.CanConcatenateRows(group)) {
+      spdlog::debug("{}: {} cannot be joined (types or layouts differ)", parts.info.name,
+                    absl::StrJoin(group, " | "));
       return OkStatus();
     }
   }
-  for (int64_t l = 0; l < hp.num_layers; ++l) {
-    if (!hp.fused_qkv) {
-      KILN_RETURN_IF_ERROR(
-          files.AddConcatenatedRows(absl::StrCat("blk.", l, ".attn_qkv.weight"),
-                                    names(l, {"attn_q.weight", "attn_k.weight", "attn_v.weight"})));
-    }
-    if (!hp.fused_gate_up) {
-      KILN_RETURN_IF_ERROR(
-          files.AddConcatenatedRows(absl::StrCat("blk.", l, ".ffn_gate_up.weight"),
-                                    names(l, {"ffn_gate.weight", "ffn_up.weight"})));
-    }
+  for (const auto& [name, group] : groups) {
+    KILN_RETURN_IF_ERROR(files.AddConcatenatedRows(name, group));
   }
   parts.fused_projections = true;
   return OkStatus();

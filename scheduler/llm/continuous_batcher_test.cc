@@ -142,6 +142,29 @@ struct Fixture {
 
 bool NoBlocksUsed(const ContinuousBatcher::Snapshot& s) { return s.kv_blocks_used == 0; }
 
+// `n` prompts of `len` tokens (Prompt(len, 200 + i)), each submitted for `max_tokens` tokens.
+struct Submitted {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::future<Result>> futures;
+  int max_tokens = 0;
+  // Each request's tokens are the reference continuation of its prompt.
+  void ExpectReferences() {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], max_tokens)) << "request " << i;
+    }
+  }
+};
+Submitted SubmitPrompts(Fixture& f, int n, int len, int max_tokens) {
+  Submitted s;
+  s.max_tokens = max_tokens;
+  for (int i = 0; i < n; ++i) {
+    s.prompts.push_back(Prompt(len, 200 + i));
+    auto c = MakeRequest(s.prompts.back(), max_tokens);
+    s.futures.push_back(f.Submit(c));
+  }
+  return s;
+}
+
 TEST(ContinuousBatcherTest, GreedyGenerationMatchesTheModel) {
   Fixture f;
   auto prompt = Prompt(37, 1);
@@ -230,15 +253,9 @@ TEST(ContinuousBatcherTest, PrefillBesideDecodesIsCapped) {
     f.gate->Allow(3);
     auto r0 = f.Submit(c0);
     f.gate->AwaitArrivals(4);  // the 4th step (a decode of the first alone) waits at the gate
-    std::vector<std::vector<int32_t>> prompts;
-    std::vector<std::future<Result>> futures;
-    for (int i = 0; i < 4; ++i) {
-      prompts.push_back(Prompt(50, 200 + i));
-      auto c = MakeRequest(prompts.back(), 8);
-      futures.push_back(f.Submit(c));
-    }
+    Submitted later = SubmitPrompts(f, 4, 50, 8);
     f.gate->Open();
-    for (int i = 0; i < 4; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 8));
+    later.ExpectReferences();
     EXPECT_EQ(r0.get().ids, Reference(first, 60));
     EXPECT_EQ(f.seen->max_tokens_in_step, 64) << "a step without decodes has the full budget";
     if (cap > 0) {
@@ -268,15 +285,9 @@ TEST(ContinuousBatcherTest, ItlTargetSizesPrefillChunksFromMeasuredStepCosts) {
   f.gate->Allow(6);
   auto r0 = f.Submit(c0);
   f.gate->AwaitArrivals(7);  // a prefill, then decode-only steps of the first alone
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::future<Result>> futures;
-  for (int i = 0; i < 3; ++i) {
-    prompts.push_back(Prompt(100, 200 + i));
-    auto c = MakeRequest(prompts.back(), 4);
-    futures.push_back(f.Submit(c));
-  }
+  Submitted later = SubmitPrompts(f, 3, 100, 4);
   f.gate->Open();
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(futures[i].get().ids, Reference(prompts[i], 4));
+  later.ExpectReferences();
   EXPECT_EQ(r0.get().ids, Reference(first, 120));
   std::vector<int32_t> chunks;
   {

@@ -78,26 +78,25 @@ def test_two_threads_beside_a_busy_process_decode_the_same_tokens():
 def cgroup_with_one_cpu(name):
     """A fresh cgroup limited to one CPU (its directory), or a skip with the reason."""
     v1 = Path("/sys/fs/cgroup/cpu")
-    if (v1 / "cpu.cfs_quota_us").exists():
-        d = v1 / name
-        try:
-            d.mkdir()
-            (d / "cpu.cfs_period_us").write_text("100000")
-            (d / "cpu.cfs_quota_us").write_text("100000")
-        except OSError as e:
-            pytest.skip(f"cannot make a cgroup v1 cpu group under {v1}: {e}")
-        return d
     v2 = Path("/sys/fs/cgroup")
     controllers = v2 / "cgroup.controllers"
-    if controllers.exists() and "cpu" in controllers.read_text().split():
-        d = v2 / name
-        try:
-            d.mkdir()
-            (d / "cpu.max").write_text("100000 100000")
-        except OSError as e:
-            pytest.skip(f"cannot make a cgroup v2 group with cpu.max under {v2}: {e}")
-        return d
-    pytest.skip("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
+    if (v1 / "cpu.cfs_quota_us").exists():
+        d, limits = v1 / name, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}
+    elif controllers.exists() and "cpu" in controllers.read_text().split():
+        d, limits = v2 / name, {"cpu.max": "100000 100000"}
+    else:
+        pytest.skip("no writable cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max)")
+    try:
+        d.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup under {d.parent}: {e}")
+    try:
+        for f, v in limits.items():
+            (d / f).write_text(v)
+    except OSError as e:
+        d.rmdir()  # nothing joined it yet
+        pytest.skip(f"cannot set {', '.join(limits)} in {d}: {e}")
+    return d
 
 
 def test_a_one_cpu_quota_sizes_the_pool_and_keeps_the_tokens():
