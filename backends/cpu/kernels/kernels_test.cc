@@ -319,7 +319,9 @@ std::vector<float> Q8Product(const Q8Kernels& q8, const Weights& w, const std::v
 
 // The VNNI set (vpdpbusd, wider tiles) gives the AVX2 set's results bit for bit, and in
 // both a row's result is the same whether it is computed alone or with up to 39 others (a
-// sequence's numerics must not depend on its batch): every weight type, ragged strips.
+// sequence's numerics must not depend on its batch): every weight type, ragged strips. The
+// batches of 1-8 rows take the unpacked tiles (for q4 under VNNI, Q8Tile4Nibbles: four rows
+// per register), 40 rows the strips with weight rows in the lanes.
 TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {
   if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "avx2 is not supported by this CPU";
   std::vector<const Q8Kernels*> sets = {&Avx2Q8Kernels()};

@@ -337,16 +337,20 @@ struct Q8DecQ4_0 {
   static constexpr int64_t kBlockBytes = 18;
   static constexpr bool kSigned = false, kTile4 = true;
   static constexpr Q8Off kOff = Q8Off::kMinus8D;
+  static constexpr int64_t kNibblesAt = 2;  // after d
   static Q8W Load(const uint8_t* b) {
     const float d = F16Scalar(b);
-    return {Nibbles(b + 2), d, -8.0f * d};
+    return {Nibbles(b + kNibblesAt), d, -8.0f * d};
   }
 };
 struct Q8DecQ4_1 {
   static constexpr int64_t kBlockBytes = 20;
   static constexpr bool kSigned = false, kTile4 = true;
   static constexpr Q8Off kOff = Q8Off::kMin;
-  static Q8W Load(const uint8_t* b) { return {Nibbles(b + 4), F16Scalar(b), F16Scalar(b + 2)}; }
+  static constexpr int64_t kNibblesAt = 4;  // after d and m
+  static Q8W Load(const uint8_t* b) {
+    return {Nibbles(b + kNibblesAt), F16Scalar(b), F16Scalar(b + 2)};
+  }
 };
 struct Q8DecQ8_0 {
   static constexpr int64_t kBlockBytes = 34;
@@ -445,7 +449,8 @@ inline void Q8Accumulate(const Q8W& w, const Q8Block& x, F& acc, float& off) {
 // accumulator by a broadcast load (instead of scalar conversions and products per row and
 // block, which bounded the per-row loop above). With VNNI, two weight rows share each
 // 512-bit register (rows 2h and 2h + 1 in its halves): every half does exactly the 256-bit
-// operations, at twice the width — what Intel's two 512-bit FMA ports need.
+// operations, at twice the width — what Intel's two 512-bit FMA ports need. q4 weights (q4_0,
+// q4_1) without a packed strip take Q8Tile4Nibbles there instead: four rows per register.
 // REQUIRES: W::kTile4.
 #define KILN_ISA_HAS_Q8_TILE4 1
 
@@ -611,6 +616,72 @@ inline void Q8Tile4Vnni(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64
       const __m256 half =
           _mm256_castpd_ps(r % 2 == 0 ? _mm512_castpd512_pd256(a) : _mm512_extractf64x4_pd(a, 1));
       y[i * ldy + r] = Q8Finish<W>(half, off[i], r);
+    }
+  }
+}
+
+// The unsigned (q4) tile without a packed strip (decode: few rows of x): the four rows' 16
+// nibble bytes in the four 128-bit lanes of one register, so one shift and two ands unpack a
+// block of all four rows (where W::Load unpacks each row apart), and one vpdpbusd per half of
+// the block (low nibbles: groups 0-3; high: groups 4-7) gives every row's group dots against
+// that half of x broadcast to the four lanes. Per lane, the arithmetic is Q8Tile4Vnni's (the
+// same integer dot, scale product and FMA, summed in HSum's order at the end): bit-identical.
+template <class W, int MR>
+inline void Q8Tile4Nibbles(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t ldw,
+                           int64_t nb, float* y, int64_t ldy) {
+  static_assert(!W::kSigned);
+  __m512 lo_acc[MR], hi_acc[MR];
+  __m256 off[MR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    off[i] = _mm256_setzero_ps();
+    lo_acc[i] = hi_acc[i] = _mm512_setzero_ps();
+  }
+  // Lane l takes row l / 4's scale (kQ8Lane) from Q8Offsets' products.
+  const __m512i scale_idx = _mm512_setr_epi32(
+      kQ8Lane<W>[0], kQ8Lane<W>[0], kQ8Lane<W>[0], kQ8Lane<W>[0], kQ8Lane<W>[1], kQ8Lane<W>[1],
+      kQ8Lane<W>[1], kQ8Lane<W>[1], kQ8Lane<W>[2], kQ8Lane<W>[2], kQ8Lane<W>[2], kQ8Lane<W>[2],
+      kQ8Lane<W>[3], kQ8Lane<W>[3], kQ8Lane<W>[3], kQ8Lane<W>[3]);
+  const __m512i mask = _mm512_set1_epi8(15);
+  const uint8_t* rows[4] = {w, w + ldw, w + 2 * ldw, w + 3 * ldw};
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t at = b * W::kBlockBytes;
+    PrefetchAhead(w, ldw, 4, at, W::kBlockBytes);
+    const __m256 sc = Q8Scales<W>(rows, at);
+    const auto nibbles = [&](int r) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + at + W::kNibblesAt));
+    };
+    __m512i v = _mm512_castsi128_si512(nibbles(0));
+    v = _mm512_inserti32x4(v, nibbles(1), 1);
+    v = _mm512_inserti32x4(v, nibbles(2), 2);
+    v = _mm512_inserti32x4(v, nibbles(3), 3);
+    const __m512i lo = _mm512_and_si512(v, mask);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const Q8Block& x = xq[i * ldxq + b];
+      const __m512 s =
+          _mm512_permutexvar_ps(scale_idx, _mm512_castps256_ps512(Q8Offsets<W>(sc, x, off[i])));
+      const __m512i x_lo =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs)));
+      const __m512i x_hi =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs + 16)));
+      const __m512i z = _mm512_setzero_si512();
+      lo_acc[i] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, lo, x_lo)), s, lo_acc[i]);
+      hi_acc[i] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(z, hi, x_hi)), s, hi_acc[i]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    alignas(64) float l[16], h[16];
+    _mm512_store_ps(l, lo_acc[i]);
+    _mm512_store_ps(h, hi_acc[i]);
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m256 groups = _mm256_set_m128(_mm_load_ps(h + 4 * r), _mm_load_ps(l + 4 * r));
+      y[i * ldy + r] = Q8Finish<W>(groups, off[i], r);
     }
   }
 }
@@ -785,6 +856,7 @@ inline void Q8Tile4(const Q8Block* xq, int64_t ldxq, const uint8_t* w, int64_t l
                     float* y, int64_t ldy) {
   static_assert(W::kTile4);
 #if KILN_Q8_VNNI
+  if constexpr (!W::kSigned) return Q8Tile4Nibbles<W, MR>(xq, ldxq, w, ldw, nb, y, ldy);
   Q8Tile4Vnni<W, MR>(xq, ldxq, w, ldw, nullptr, nb, y, ldy);
 #else
   __m256 acc[MR][4], off[MR];
