@@ -6,6 +6,7 @@
 // BM_MemoryBandwidth: a streaming read of 1 GiB (far beyond L3) on the same threads, as one
 // sequential stream per thread and as 8 interleaved streams per thread (the pattern the
 // GEMV kernels produce: several weight rows at once); the larger figure is the machine's.
+// BM_Throughput/f32_fma, bf16_dot: one core's rate of 512-bit FMAs and of vdpbf16ps.
 // BM_Linear/<weights>/N/K/M/<impl>: y[M, N] = x[M, K] · w[N, K]^T through the kernel the
 // cpu backend selects (autotuned: "auto") or a forced implementation, run on the backend's
 // thread pool. Decode shapes (M <= 16) rotate over copies of the weights totalling more than
@@ -97,6 +98,68 @@ void BM_MemoryBandwidth(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// ---- Instruction throughput -------------------------------------------------------------------
+
+// One core's rate of 512-bit f32 FMAs and of bf16 dot products (vdpbf16ps: 32 multiply-adds
+// of bf16 pairs into 16 f32 lanes), 24 independent accumulators each: the compute ceilings of
+// an f32 GEMM and of a bf16 one on this CPU (issue 18, item 5). GFLOP/s counts 2 per multiply-
+// add.
+constexpr int kThroughputAccs = 24;
+
+__attribute__((target("avx512f"))) float SumLanes(const __m512 (&acc)[kThroughputAccs]) {
+  alignas(64) float lanes[16];
+  __m512 s = acc[0];
+  for (int i = 1; i < kThroughputAccs; ++i) s = _mm512_add_ps(s, acc[i]);
+  _mm512_store_ps(lanes, s);
+  float sum = 0;
+  for (float v : lanes) sum += v;
+  return sum;
+}
+
+__attribute__((target("avx512f"))) float FmaLoop(int64_t n) {
+  __m512 acc[kThroughputAccs];
+  for (int i = 0; i < kThroughputAccs; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.0f);
+  asm("" : "+v"(a), "+v"(b));  // values the compiler cannot fold
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kThroughputAccs; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  return SumLanes(acc);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) float Dpbf16Loop(int64_t n) {
+  __m512 acc[kThroughputAccs];
+  for (int i = 0; i < kThroughputAccs; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0);
+  asm("" : "+v"(a), "+v"(b));  // values the compiler cannot fold
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kThroughputAccs; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  return SumLanes(acc);
+}
+
+void BM_Throughput(benchmark::State& state, bool bf16) {
+  if (!__builtin_cpu_supports("avx512f") || (bf16 && !__builtin_cpu_supports("avx512bf16"))) {
+    state.SkipWithError(bf16 ? "this CPU has no AVX512_BF16" : "this CPU has no AVX-512");
+    return;
+  }
+  const int64_t n = 1 << 20;
+  float sink = 0;
+  for (auto _ : state) {
+    int64_t iters = n;
+    benchmark::DoNotOptimize(iters);  // a call the compiler cannot hoist out of this loop
+    sink += bf16 ? Dpbf16Loop(iters) : FmaLoop(iters);
+  }
+  benchmark::DoNotOptimize(sink);
+  const double flops = 2.0 * n * kThroughputAccs * (bf16 ? 32 : 16);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["Ginstr/s"] = benchmark::Counter(static_cast<double>(n) * kThroughputAccs * 1e-9,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // ---- Linear ----------------------------------------------------------------------------------
 
 backend::Device& Cpu() {
@@ -186,6 +249,12 @@ void Register() {
       ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_MemoryBandwidth/streams:8", BM_MemoryBandwidth)
       ->Arg(8)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_Throughput/f32_fma", BM_Throughput, false)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_Throughput/bf16_dot", BM_Throughput, true)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   struct Shape {
