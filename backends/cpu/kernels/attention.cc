@@ -17,8 +17,14 @@ namespace {
 using backend::Kernel;
 using backend::KernelRequest;
 
-// A decode row is split over its context when it has at least this many keys per part.
-constexpr int64_t kMinSplitKeys = 256;
+// With several threads, a decode row is split over its context into parts of at least this
+// many keys, at most kMaxPartsPerThread per thread: one sequence has fewer kv heads than a
+// pool has threads, or a count that does not divide among them (SmolLM2's 3 over 2 threads
+// left one thread a head behind the other in every layer). The parts depend on the row's
+// context and the thread count only, never on the rest of the batch, so a sequence's numerics
+// do not depend on its batch.
+constexpr int64_t kMinSplitKeys = 64;
+constexpr int64_t kMaxPartsPerThread = 2;
 
 // Partial softmax states and arrival counters of one launch's split rows.
 struct SplitScratch {
@@ -123,9 +129,8 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
           d.mask == MaskKind::kSlidingWindow ? std::max<int64_t>(0, len[s] - d.window) : 0;
       if (d.chunk > 0 && len[s] > 0) klo = std::max(klo, (len[s] - 1) - (len[s] - 1) % d.chunk);
       const int64_t span = len[s] - klo;
-      if (nq == 1 && num_items_unsplit < want && span >= 2 * kMinSplitKeys) {
-        const int64_t parts =
-            std::min(span / kMinSplitKeys, (want + num_items_unsplit - 1) / num_items_unsplit);
+      if (nq == 1 && nt > 1 && span >= 2 * kMinSplitKeys) {
+        const int64_t parts = std::min<int64_t>(span / kMinSplitKeys, kMaxPartsPerThread * nt);
         splits.push_back({s, g, q0[s], parts, split_floats});
         split_floats += static_cast<size_t>(parts * G * AttnPartialFloats(Dv));
         for (int64_t p = 0; p < parts; ++p) {
