@@ -22,8 +22,8 @@
 //               window, chunked (alone or with a window), score_mod none, ALiBi, soft-capping
 //               (Gemma 2) or ALiBi then the cap natively; any other mask_mod and score_mod
 //               compiled into the kernel (with a compile function; attention_mods.h) —
-//               threads over (sequence, kv head, query rows), and over the context for long
-//               decode.
+//               threads over (sequence, kv head, query rows), and a decode row of >= 128
+//               keys over its context (by its length and the pool size only: batch-independent).
 // Everything else (and layouts the kernels do not take, found at run time: non-contiguous
 // rows, overlapping sequences) runs the reference kernel.
 //
