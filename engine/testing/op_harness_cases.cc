@@ -693,7 +693,7 @@ void AddRope(std::vector<OpCase>& out) {
     for (DType t : {DType::kF32, DType::kF16}) {
       out.push_back(
           Make("rope", absl::StrCat(v.name, " ", DTypeName(t), " [4,2,8]"),
-               {Normal("x", t, {4, 2, 8}), Custom("pos", DType::kI32, {4}, {0, 1, 5, 3000})},
+               {Normal("x", t, {4, 2, 8}), Custom("pos", DType::kI32, {4}, {0, 1, 5000, 3000})},
                [p = v.p](Builder& b, const V& in) { return b.Rope(in[0], in[1], p); }));
     }
   }
