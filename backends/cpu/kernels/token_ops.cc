@@ -1,9 +1,8 @@
 // RoPE, the KV-cache write and the embedding gradient on the cpu backend: per-token
 // operations of every step, split over the pool's threads by token (RoPE by token and head),
-// with direct indexing. The
-// reference loops (thread 0 only, generic per-element indexing) took about a tenth of a SmolLM2
-// decode step while the other thread waited at the barrier. Numerics are the reference's exactly:
-// rotations in double, one rounding to the output type.
+// with direct indexing. The reference loops (thread 0 only, generic per-element indexing) took
+// about a tenth of a SmolLM2 decode step while the other thread waited at the barrier. Numerics
+// are the reference's exactly: rotations in double, one rounding to the output type.
 #include "backends/cpu/kernels/token_ops.h"
 
 #include <cmath>
@@ -43,6 +42,7 @@ std::shared_ptr<const RopeTable> RopeTableFor(const std::vector<double>& inv, do
   static std::mutex mu;
   static std::map<std::pair<std::vector<double>, double>, std::weak_ptr<const RopeTable>> tables;
   std::lock_guard<std::mutex> lock(mu);
+  std::erase_if(tables, [](const auto& e) { return e.second.expired(); });  // unloaded models
   std::weak_ptr<const RopeTable>& slot = tables[{inv, sign}];
   if (std::shared_ptr<const RopeTable> t = slot.lock()) return t;
   const int64_t half = static_cast<int64_t>(inv.size());
