@@ -1057,6 +1057,26 @@ void AddSampling(std::vector<OpCase>& out) {
                       Custom("banned", DType::kI32, {3, 0}, {})},
                      sample));
 
+  // One plain greedy row over 5,000 logits (the cpu backend splits its argmax over threads):
+  // the maximum tied at 1200 and 4300 (the first wins), NaNs at the start of the later slices
+  // and inside them; then a row whose first logit is NaN (max_element keeps it: token 0).
+  for (const bool nan_first : {false, true}) {
+    std::vector<double> logits(5000);
+    for (int64_t i = 0; i < 5000; ++i) logits[i] = std::sin(0.61 * static_cast<double>(i));
+    logits[1200] = logits[4300] = 3.5;
+    for (int64_t i : {1250, 2500, 3333, 3750, 4999}) logits[i] = std::nan("");
+    if (nan_first) logits[0] = std::nan("");
+    out.push_back(
+        Make("sample",
+             absl::StrCat("f32 [1,5000] plain greedy: ties, NaNs", nan_first ? ", NaN first" : ""),
+             {Custom("logits", DType::kF32, {1, 5000}, logits),
+              params({row(0, 0, 1, 0, 1, 0, 0, -1)}), Uniform("uniform", DType::kF64, {1}, 0, 1),
+              Custom("penalty_tokens", DType::kI32, {1, 2}, {7, -1}),
+              Custom("penalty_counts", DType::kI32, {1, 2}, {1, 0}),
+              Custom("banned", DType::kI32, {1, 1}, {-1})},
+             sample));
+  }
+
   // With the allowed-token mask (the optional 8th input, bit t % 32 of word t / 32): random
   // masks on greedy and drawn rows, a +100 bias on a masked token, a single allowed token, an
   // unconstrained row, rows with nothing allowed (token -1, logprob 0), and logprobs that stay
