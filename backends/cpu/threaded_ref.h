@@ -1,6 +1,7 @@
 // The cpu backend's kernels that run reference loops (backends/ref: the same code and numerics)
 // split over the stream's thread pool: fused cross-entropy (loss and dlogits in one pass) and
-// sample by rows, the optimizers by elements; gather copies whole rows (same dtype in and out)
+// sample by rows (plain greedy rows, fewer than the threads, by slices of the vocabulary: the
+// same argmax), the optimizers by elements; gather copies whole rows (same dtype in and out)
 // by rows, other gathers run the reference loop.
 #pragma once
 
