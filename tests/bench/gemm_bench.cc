@@ -276,6 +276,19 @@ void Register() {
       }
     }
   }
+  // Small M (a prompt chunk beside a few decodes): GEMV over strips decoded once against the
+  // packed GEMM, forced, to place the autotuner's threshold between them.
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0}) {
+    for (int64_t m : {8, 16, 24, 32, 48, 64}) {
+      for (const char* impl : {"gemv", "gemm"}) {
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_Linear/", DTypeName(t), "/N:1536/K:576/M:", m, "/", impl).c_str(),
+            [=](benchmark::State& st) { BM_Linear(st, t, 1536, 576, m, impl); })
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
   // oneDNN's f32 GEMM on the prefill shapes: the ratio the target is stated against.
   for (const Shape& s : shapes) {
     benchmark::RegisterBenchmark(

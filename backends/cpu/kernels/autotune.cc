@@ -15,7 +15,7 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr char kFileName[] = "cpu_gemm_tuning.v2.txt";
+constexpr char kFileName[] = "cpu_gemm_tuning.v3.txt";
 
 // Parses "key\tm=name m=name" lines into `out` (malformed lines are skipped).
 void ParseInto(std::istream& in,

@@ -3,8 +3,9 @@
 // in memory and in a small text file in the cache directory, so that a later compile of
 // the same shape (in this process or the next) times nothing.
 //
-// Cache: `<dir>/cpu_gemm_tuning.v2.txt`, one line per key: `<key>\t<m>=<name> ...` (v1 files,
-// whose timings counted the warm-up run, are not read). The key
+// Cache: `<dir>/cpu_gemm_tuning.v3.txt`, one line per key: `<key>\t<m>=<name> ...` (older
+// files are not read: v1 timings counted the warm-up run, v2 ones timed a GEMV that decoded
+// each weight strip again for every four rows of x). The key
 // names the op, types, shape, instruction-set variant, thread count and CPU model, so a
 // file copied to another machine is never trusted for this one. Writers merge with the
 // file's current contents and replace it by atomic rename, so concurrent processes lose

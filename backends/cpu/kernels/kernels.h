@@ -122,8 +122,10 @@ struct Q8Block {
 
 struct IsaKernels {
   Isa isa;
-  // Rows n in [n0, n1) of y, all M rows: weights decoded in registers, each weight byte
-  // read once from memory (decode: small M). REQUIRES: w_k_stride == 1.
+  // Rows n in [n0, n1) of y, all M rows: each weight byte read and decoded once — in
+  // registers for up to four rows of x, else a strip of four weight rows into f32 scratch that
+  // every row of x runs against (decode and small M).
+  // REQUIRES: w_k_stride == 1.
   void (*gemv)(const GemmArgs& a, int64_t n0, int64_t n1);
   // The tile y[m0:m1, n0:n1]: weight panels decoded to f32 in cache-sized packs, then a
   // register-blocked f32 micro-kernel (prefill: large M).

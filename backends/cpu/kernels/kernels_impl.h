@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <type_traits>
+#include <utility>
 
 #include "backends/cpu/kernels/kernels.h"
 #include "engine/backend/kernel_abi.h"
@@ -152,12 +154,14 @@ void GemvTile(const float* x, int64_t ldx, const uint8_t* w, int64_t ldw, int64_
       }
     }
   }
+  // The tail past the last whole block (float weights): explicit FMAs, so that every tile
+  // sums it the same way whatever the compiler contracts.
   float tail[MR][NR] = {};
   if constexpr (HasElem<D>) {
     for (int64_t k = nb * 32; k < K; ++k) {
       for (int j = 0; j < NR; ++j) {
         const float wk = D::Elem(w + j * ldw, k);
-        for (int i = 0; i < MR; ++i) tail[i][j] += x[i * ldx + k] * wk;
+        for (int i = 0; i < MR; ++i) tail[i][j] = std::fma(x[i * ldx + k], wk, tail[i][j]);
       }
     }
   }
@@ -273,6 +277,83 @@ void GemvGeneric(const GemmArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
+// Rows of x per tile against a decoded strip: MR x 4 accumulators, MR rows of x and one
+// weight chunk in registers (AVX-512's 32: 24 + 6 + 1; AVX2's 16: 12 + 3 + 1).
+constexpr int kDecodedMR = kLanes == 16 ? 6 : 3;
+
+// y[i, j] = x[i, :] . w[j, :] for i < MR, j < 4, with the strip's four weight rows in f32
+// (`w`, rows `ldw` floats apart). Per output this is GemvTile's arithmetic with one accumulator
+// (MR x 4 > 4 for MR >= 2): the same FMAs in the same order, and the tail past the last whole
+// block summed apart, so the result is bit-identical to decoding the weights in registers.
+template <int MR>
+void DecodedTile(const float* x, int64_t ldx, const float* w, int64_t ldw, int64_t K, float* y,
+                 int64_t ldy) {
+  static_assert(MR >= 2, "one row of x keeps GemvTile's two accumulators");
+  constexpr int NR = 4;
+  F acc[MR][NR];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) acc[i][j] = Zero();
+  }
+  const int64_t kv = K / 32 * 32;
+  for (int64_t k = 0; k < kv; k += kLanes) {
+    F xv[MR];
+    for (int i = 0; i < MR; ++i) xv[i] = Load(x + i * ldx + k);
+    for (int j = 0; j < NR; ++j) {
+      const F wv = Load(w + j * ldw + k);
+      for (int i = 0; i < MR; ++i) acc[i][j] = Fma(wv, xv[i], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float tail = 0;
+      for (int64_t k = kv; k < K; ++k) {
+        tail = std::fma(x[i * ldx + k], w[j * ldw + k], tail);
+      }
+      y[i * ldy + j] = HSum(acc[i][j]) + tail;
+    }
+  }
+}
+
+template <int... I>
+void DecodedTileDispatch(int mr, std::integer_sequence<int, I...>, const float* x, int64_t ldx,
+                         const float* w, int64_t ldw, int64_t K, float* y, int64_t ldy) {
+  ((mr == I + 2 ? (DecodedTile<I + 2>(x, ldx, w, ldw, K, y, ldy), 0) : 0), ...);
+}
+
+// A strip of four weight rows against more rows of x than one tile takes: the strip is decoded
+// once into scratch (GemvStrip would decode it again for every four rows of x; f32 rows are
+// read in place) and every group of rows runs against the f32 rows; a last single row keeps
+// GemvStrip's tile.
+template <class D>
+void GemvStripDecoded(const GemmArgs& a, int64_t n, const float* xsum) {
+  const float* w;
+  int64_t ldw;
+  if constexpr (std::is_same_v<D, DecF32>) {
+    w = reinterpret_cast<const float*>(WeightRow(a, n));
+    ldw = a.w_row_bytes / 4;
+  } else {
+    float* rows = Scratch(kSlotRows, 4 * a.K);
+    for (int r = 0; r < 4; ++r) DecodeRow(a, n + r, 0, a.K, rows + r * a.K);
+    w = rows;
+    ldw = a.K;
+  }
+  int64_t m = 0;
+  for (; m + kDecodedMR <= a.M; m += kDecodedMR) {
+    DecodedTile<kDecodedMR>(a.x + m * a.ldx, a.ldx, w, ldw, a.K, a.y + m * a.ldy + n, a.ldy);
+  }
+  const int rest = static_cast<int>(a.M - m);
+  if (rest >= 2) {
+    DecodedTileDispatch(rest, std::make_integer_sequence<int, kDecodedMR - 2>{}, a.x + m * a.ldx,
+                        a.ldx, w, ldw, a.K, a.y + m * a.ldy + n, a.ldy);
+  } else if (rest == 1) {
+    GemmArgs one = a;
+    one.x = a.x + m * a.ldx;
+    one.y = a.y + m * a.ldy;
+    one.M = 1;
+    GemvStrip<D>(one, n, 4, xsum == nullptr ? nullptr : xsum + m * (a.K / 32));
+  }
+}
+
 void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
   const bool fast = WithDecoder(a.wtype, [&](auto dec) {
     using D = decltype(dec);
@@ -289,8 +370,15 @@ void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
       }
       xsum = s;
     }
+    // One group of rows of x (GemvStrip's tiles take four) decodes each strip once anyway.
+    const bool decode_once = a.M > 4;
     for (int64_t n = n0; n < n1; n += 4) {
-      GemvStrip<D>(a, n, static_cast<int>(std::min<int64_t>(4, n1 - n)), xsum);
+      const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
+      if (decode_once && nr == 4) {
+        GemvStripDecoded<D>(a, n, xsum);
+      } else {
+        GemvStrip<D>(a, n, nr, xsum);
+      }
     }
   });
   if (!fast) GemvGeneric(a, n0, n1);

@@ -138,6 +138,49 @@ TEST_P(IsaTest, GemvAndGemmMatchReferenceForEveryWeightType) {
   }
 }
 
+// From five rows of x the GEMV decodes each strip of four weight rows once and runs every
+// group of rows against the f32 copy. Its tiles do the arithmetic of the tiles that decode
+// in registers, so each row's result is the one it gets in a batch of two (no single-row
+// tiles here: M = 6 and 14 split into groups of 2-6 on every variant).
+TEST_P(IsaTest, GemvDecodingStripsOnceMatchesDecodingPerRowGroupBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0, 1);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ8_0,
+                  DType::kMXFP4}) {
+    const int64_t K = IsQuantized(t) ? 320 : 300, N = 11;  // a float K tail; a 3-row strip
+    const Weights w = MakeWeights(t, N, K, rng);
+    for (int64_t M : {6, 14}) {
+      std::vector<float> x(M * K);
+      for (float& v : x) v = nd(rng);
+      GemmArgs a;
+      a.x = x.data();
+      a.ldx = K;
+      a.w = w.bytes.data();
+      a.wtype = t;
+      a.w_row_bytes = w.row_bytes;
+      a.ldy = N;
+      a.M = M;
+      a.N = N;
+      a.K = K;
+      std::vector<float> batch(M * N), pairs(M * N);
+      a.y = batch.data();
+      k_->gemv(a, 0, N);
+      for (int64_t m = 0; m < M; m += 2) {
+        GemmArgs two = a;
+        two.x = x.data() + m * K;
+        two.y = pairs.data() + m * N;
+        two.M = std::min<int64_t>(2, M - m);
+        ASSERT_EQ(two.M, 2);  // no single-row tile (it sums blocks another way)
+        k_->gemv(two, 0, N);
+      }
+      for (int64_t i = 0; i < M * N; ++i) {
+        ASSERT_EQ(Bits(batch[i]), Bits(pairs[i]))
+            << DTypeName(t) << " M=" << M << " row " << i / N << " col " << i % N;
+      }
+    }
+  }
+}
+
 TEST_P(IsaTest, GemmTakesStridedF32Operands) {
   // MatMul's right operand b [K, N] (N contiguous), seen as W = b^T with k stride N.
   std::mt19937 rng(3);

@@ -25,8 +25,13 @@ constexpr int64_t kMinTunedWeights = 1 << 16;
 // or GEMV ran them ~20% faster), from this many weight elements.
 constexpr int64_t kMinTunedSkinnyWeights = 1 << 12;
 constexpr int64_t kMinTunedSkinnyM = 256;
-// Heuristic: GEMV up to this M (each weight strip is decoded once per 4 rows of x).
+// GEMV up to this M whatever the timings say: every weight byte is read and decoded once,
+// while the packed GEMM only adds packing.
 constexpr int64_t kGemvMaxM = 8;
+// Heuristic (untuned shapes): GEMV up to this M. Each weight strip is decoded once and runs
+// against every row of x; gemm_bench's forced pairs (q4_1/q8_0, N = 1536, K = 576, an AVX-512
+// Xeon) had it ahead of the packed GEMM up to M = 16-32 and even at 48-64.
+constexpr int64_t kGemvHeuristicMaxM = 32;
 // Smallest M for which kOneDnnDequant may be chosen.
 constexpr int64_t kDequantMinM = 64;
 // The q8 path splits rows of x, not weight rows, between threads from this many rows when
@@ -655,7 +660,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   } else if (d->q8 != nullptr) {
     d->plan.upto = {{INT64_MAX, GemmImpl::kGemvQ8}};
   } else {
-    d->plan.upto = {{kGemvMaxM, GemmImpl::kGemv}, {INT64_MAX, GemmImpl::kGemm}};
+    d->plan.upto = {{kGemvHeuristicMaxM, GemmImpl::kGemv}, {INT64_MAX, GemmImpl::kGemm}};
   }
 
   // M: rows of x (Linear) or of each matrix (MatMul; batched MatMul is not timed).
