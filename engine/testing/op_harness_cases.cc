@@ -697,6 +697,11 @@ void AddRope(std::vector<OpCase>& out) {
                [p = v.p](Builder& b, const V& in) { return b.Rope(in[0], in[1], p); }));
     }
   }
+  // Prefill's q and k: slices of heads of the joined q|k|v projection, strided by token.
+  out.push_back(
+      Make("rope", "neox f32 [4,2,8] sliced from [4,5,8] (heads 1-2)",
+           {Normal("x", DType::kF32, {4, 5, 8}), Custom("pos", DType::kI32, {4}, {0, 1, 5000, 3})},
+           [](Builder& b, const V& in) { return b.Rope(b.Slice(in[0], 1, 1, 2), in[1], {}); }));
   out.push_back(
       Make("rope", "neox f32 batched [2,3,2,8]",
            {Normal("x", DType::kF32, {2, 3, 2, 8}), Index("pos", DType::kI64, {2, 3}, 0, 50)},
@@ -867,6 +872,12 @@ void AddAttention(std::vector<OpCase>& out) {
               Custom("slots", DType::kI32, {3}, {5, -1, 0})},
              [](Builder& b, const V& x) { return b.KvWrite(x[0], x[1], x[2]); }));
   }
+  // Prefill's v: a slice of heads of the joined q|k|v projection, strided by token.
+  out.push_back(
+      Make("kv_write", "f32 rows sliced from [3,5,3] (heads 3-4) -> f32 cache",
+           {AsState(Normal("cache", DType::kF32, {4, 2, 2, 3})),
+            Normal("x", DType::kF32, {3, 5, 3}), Custom("slots", DType::kI32, {3}, {5, -1, 0})},
+           [](Builder& b, const V& x) { return b.KvWrite(x[0], b.Slice(x[1], 1, 3, 2), x[2]); }));
 }
 
 // Fused cross-entropy (loss and dlogits) and the optimizers (param and states updated in

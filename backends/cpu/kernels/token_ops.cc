@@ -69,8 +69,9 @@ struct RopeData {
 void RopeKernel(const LaunchArgs& a, const ExecCtx& c) {
   const RopeData& d = *static_cast<const RopeData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &pos = a.inputs[1], &o = a.output;
-  // Fast layout: x and out contiguous [T, H, D], positions [T].
-  if (x.rank != 3 || pos.rank != 1 || !x.IsContiguous() || !o.IsContiguous()) {
+  // Fast layout: x and out [T, H, D] with contiguous rows of D (any token and head strides:
+  // prefill's q and k are slices of the joined q|k|v projection), positions [T].
+  if (x.rank != 3 || pos.rank != 1 || o.rank != 3 || x.strides[2] != 1 || o.strides[2] != 1) {
     return RunFallback(d.fallback, a, c);
   }
   const int64_t T = x.shape[0], H = x.shape[1], D = x.shape[2];
@@ -99,8 +100,9 @@ void RopeKernel(const LaunchArgs& a, const ExecCtx& c) {
         cs = computed.data();
       }
     }
-    const float* xr = xs + r * D;
-    float* orow = os + r * D;
+    const int64_t h = r % H;
+    const float* xr = xs + t * x.strides[0] + h * x.strides[1];
+    float* orow = os + t * o.strides[0] + h * o.strides[1];
     for (int64_t i = 0; i < half; ++i) {
       const int64_t d0 = d.interleaved ? 2 * i : i, d1 = d.interleaved ? 2 * i + 1 : i + half;
       const double x0 = xr[d0], x1 = xr[d1], cosv = cs[2 * i], sinv = cs[2 * i + 1];
@@ -120,8 +122,10 @@ struct KvWriteData {
 void KvWriteKernel(const LaunchArgs& a, const ExecCtx& c) {
   const KvWriteData& d = *static_cast<const KvWriteData*>(a.kernel_data);
   const TensorArg &x = a.inputs[1], &slots = a.inputs[2], &cache = a.output;
-  if (x.rank != 3 || cache.rank != 4 || slots.rank != 1 || !x.IsContiguous() ||
-      !cache.IsContiguous()) {
+  // Fast layout: a token's heads contiguous in x (any token stride: prefill's v is a slice of
+  // the joined q|k|v projection), a contiguous cache.
+  const bool x_rows = x.rank == 3 && x.strides[2] == 1 && x.strides[1] == x.shape[2];
+  if (!x_rows || cache.rank != 4 || slots.rank != 1 || !cache.IsContiguous()) {
     return RunFallback(d.fallback, a, c);
   }
   const int64_t T = x.shape[0], row = x.shape[1] * x.shape[2];
@@ -131,7 +135,7 @@ void KvWriteKernel(const LaunchArgs& a, const ExecCtx& c) {
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t slot = LoadIndex(slots, t);
     if (slot < 0 || slot >= capacity) continue;  // padding rows (and bad slots) write nothing
-    const float* src = xs + t * row;
+    const float* src = xs + t * x.strides[0];
     switch (cache.dtype) {
       case DType::kF32:
         std::memcpy(static_cast<float*>(cache.data) + slot * row, src,
