@@ -57,6 +57,21 @@ Weights MakeWeights(DType t, int64_t n, int64_t k, std::mt19937& rng) {
   return w;
 }
 
+// y[M, w.n] = x[M, w.k] . W^T over `w`'s stored bytes; the caller sets y.
+GemmArgs ArgsFor(const Weights& w, const float* x, int64_t ldx, int64_t M, int64_t ldy) {
+  GemmArgs a;
+  a.x = x;
+  a.ldx = ldx;
+  a.w = w.bytes.data();
+  a.wtype = w.t;
+  a.w_row_bytes = w.row_bytes;
+  a.ldy = ldy;
+  a.M = M;
+  a.N = w.n;
+  a.K = w.k;
+  return a;
+}
+
 uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -96,16 +111,7 @@ TEST_P(IsaTest, GemvAndGemmMatchReferenceForEveryWeightType) {
           want[m * s.n + n] = acc;
         }
       }
-      GemmArgs a;
-      a.x = x.data();
-      a.ldx = ldx;
-      a.w = w.bytes.data();
-      a.wtype = t;
-      a.w_row_bytes = w.row_bytes;
-      a.ldy = ldy;
-      a.M = s.m;
-      a.N = s.n;
-      a.K = s.k;
+      GemmArgs a = ArgsFor(w, x.data(), ldx, s.m, ldy);
       const std::string what = absl::StrCat(DTypeName(t), " M=", s.m, " N=", s.n, " K=", s.k);
       for (int variant = 0; variant < 3; ++variant) {
         std::vector<float> y(s.m * ldy, NAN);
@@ -152,16 +158,7 @@ TEST_P(IsaTest, GemvDecodingStripsOnceMatchesDecodingPerRowGroupBitForBit) {
     for (int64_t M : {6, 14}) {
       std::vector<float> x(M * K);
       for (float& v : x) v = nd(rng);
-      GemmArgs a;
-      a.x = x.data();
-      a.ldx = K;
-      a.w = w.bytes.data();
-      a.wtype = t;
-      a.w_row_bytes = w.row_bytes;
-      a.ldy = N;
-      a.M = M;
-      a.N = N;
-      a.K = K;
+      GemmArgs a = ArgsFor(w, x.data(), K, M, N);
       std::vector<float> batch(M * N), pairs(M * N);
       a.y = batch.data();
       k_->gemv(a, 0, N);
