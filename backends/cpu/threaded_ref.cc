@@ -5,12 +5,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/ref/ref_kernels.h"
+#include "engine/backend/launch_scratch.h"
 #include "engine/sampling.h"
 
 namespace kiln::cpu {
@@ -51,16 +50,12 @@ struct ArgmaxScratch {
   std::atomic<int> arrived{0};
 };
 struct SampleData {
-  mutable std::mutex mu;
-  mutable std::unordered_map<const LaunchArgs*, std::unique_ptr<ArgmaxScratch>> scratch;
-  // Launch `a`'s scratch with room for `slots` slices. Every thread of a launch asks for the
-  // same size, so it is never resized under another.
+  backend::LaunchScratch<ArgmaxScratch> scratch;
+  // Launch `a`'s scratch with room for `slots` slices.
   ArgmaxScratch* For(const LaunchArgs* a, size_t slots) const {
-    std::lock_guard<std::mutex> l(mu);
-    std::unique_ptr<ArgmaxScratch>& s = scratch[a];
-    if (s == nullptr) s = std::make_unique<ArgmaxScratch>();
-    if (s->best.size() < slots) s->best.resize(slots);
-    return s.get();
+    return &scratch.For(a, [&](ArgmaxScratch& s) {
+      if (s.best.size() < slots) s.best.resize(slots);
+    });
   }
 };
 

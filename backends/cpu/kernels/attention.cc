@@ -3,13 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/cpu/kernels/attention_mods.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "engine/backend/launch_scratch.h"
 
 namespace kiln::cpu {
 namespace {
@@ -43,21 +42,18 @@ struct AttnData {
   float softcap = 0;
   std::shared_ptr<const AttnMods> mods;  // compiled modifiers (AttnArgs::mods)
   Kernel fallback;
-  mutable std::mutex mu;
-  mutable std::unordered_map<const LaunchArgs*, std::unique_ptr<SplitScratch>> scratch;
+  backend::LaunchScratch<SplitScratch> scratch;
 
   // The scratch of launch `a` with room for `floats` partial floats and `rows` counters.
   SplitScratch* ScratchFor(const LaunchArgs* a, size_t floats, size_t rows) const {
-    std::lock_guard<std::mutex> l(mu);
-    std::unique_ptr<SplitScratch>& s = scratch[a];
-    if (s == nullptr) s = std::make_unique<SplitScratch>();
-    if (s->partials.size() < floats) s->partials.resize(floats);
-    if (s->num_arrivals < rows) {
-      s->arrivals.reset(new std::atomic<int>[rows]);
-      for (size_t i = 0; i < rows; ++i) s->arrivals[i].store(0, std::memory_order_relaxed);
-      s->num_arrivals = rows;
-    }
-    return s.get();
+    return &scratch.For(a, [&](SplitScratch& s) {
+      if (s.partials.size() < floats) s.partials.resize(floats);
+      if (s.num_arrivals < rows) {
+        s.arrivals.reset(new std::atomic<int>[rows]);
+        for (size_t i = 0; i < rows; ++i) s.arrivals[i].store(0, std::memory_order_relaxed);
+        s.num_arrivals = rows;
+      }
+    });
   }
 };
 
