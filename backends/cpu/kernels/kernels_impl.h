@@ -215,7 +215,8 @@ void GemvTileSplit(const float* x, int64_t ldx, const float* xsum, int64_t ldxs,
   }
 }
 
-// Rows of x in groups of up to 4 against one strip of `nr` (<= 4) weight rows.
+// Rows of x in groups of up to 4 against one strip of `nr` (<= 4) weight rows. `xsum`: the
+// block sums of x's last row, for a last group of one row (HasSplit weights).
 template <class D>
 void GemvStrip(const GemmArgs& a, int64_t n, int nr, const float* xsum) {
   const uint8_t* w = WeightRow(a, n);
@@ -226,7 +227,7 @@ void GemvStrip(const GemmArgs& a, int64_t n, int nr, const float* xsum) {
     float* y = a.y + m * a.ldy + n;
     auto tile = [&]<int MR>() {
       if constexpr (MR == 1 && HasSplit<D>) {  // measured: a win for one row only
-        const float* xs = xsum + m * nb;
+        const float* xs = xsum;                // this row is x's last (Gemv)
         if (nr == 4) return GemvTileSplit<D, MR, 4>(x, a.ldx, xs, nb, w, ldw, a.K, y, a.ldy);
         for (int j = 0; j < nr; ++j) {
           GemvTileSplit<D, MR, 1>(x, a.ldx, xs, nb, w + j * ldw, ldw, a.K, y + j, a.ldy);
@@ -350,28 +351,33 @@ void GemvStripDecoded(const GemmArgs& a, int64_t n, const float* xsum) {
     one.x = a.x + m * a.ldx;
     one.y = a.y + m * a.ldy;
     one.M = 1;
-    GemvStrip<D>(one, n, 4, xsum == nullptr ? nullptr : xsum + m * (a.K / 32));
+    GemvStrip<D>(one, n, 4, xsum);
   }
 }
 
 void Gemv(const GemmArgs& a, int64_t n0, int64_t n1) {
   const bool fast = WithDecoder(a.wtype, [&](auto dec) {
     using D = decltype(dec);
-    const float* xsum = nullptr;
-    if constexpr (HasSplit<D>) {  // per-block sums of x for the block offsets
-      const int64_t nb = a.K / 32;
-      float* s = Scratch(kSlotRow, std::max<int64_t>(a.M * nb, 1));
-      for (int64_t m = 0; m < a.M; ++m) {
-        for (int64_t b = 0; b < nb; ++b) {
-          F v = Zero();
-          for (int c = 0; c < kChunks; ++c) v = Add(v, Load(a.x + m * a.ldx + b * 32 + c * kLanes));
-          s[m * nb + b] = HSum(v);
-        }
-      }
-      xsum = s;
-    }
     // One group of rows of x (GemvStrip's tiles take four) decodes each strip once anyway.
     const bool decode_once = a.M > 4;
+    // Per-block sums of x for the block offsets of the one-row split tile. Rows go to tiles in
+    // groups from the first (of four in GemvStrip, kDecodedMR in GemvStripDecoded), so only the
+    // last row can be left alone in one.
+    const bool lone_last_row = a.M % 4 == 1 || (decode_once && a.M % kDecodedMR == 1);
+    const float* xsum = nullptr;
+    if constexpr (HasSplit<D>) {
+      if (lone_last_row) {
+        const int64_t nb = a.K / 32;
+        float* s = Scratch(kSlotRow, std::max<int64_t>(nb, 1));
+        const float* x = a.x + (a.M - 1) * a.ldx;
+        for (int64_t b = 0; b < nb; ++b) {
+          F v = Zero();
+          for (int c = 0; c < kChunks; ++c) v = Add(v, Load(x + b * 32 + c * kLanes));
+          s[b] = HSum(v);
+        }
+        xsum = s;
+      }
+    }
     for (int64_t n = n0; n < n1; n += 4) {
       const int nr = static_cast<int>(std::min<int64_t>(4, n1 - n));
       if (decode_once && nr == 4) {
