@@ -268,7 +268,12 @@ TEST_F(FinetuneTest, GradientAccumulationTrainsLikeTheLargerBatch) {
     }
     worst = std::max(worst, std::sqrt(diff / std::max(norm, 1e-30)));
   }
-  EXPECT_LE(worst, 1e-5);
+  // The two runs multiply batches of different sizes, which the autotuner may give different
+  // GEMM implementations (GEMV, packed GEMM, oneDNN: each sums in its own order), and six AdamW
+  // steps carry those roundings into the adapter. Measured: 7.1e-6 to 1.04e-5 with fresh tuning
+  // caches, 1.9e-5 with KILN_CPU_AUTOTUNE=0 (GEMV for one size, the packed GEMM for the other).
+  // Accumulating the wrong rows moves lora_B, which starts at zero, by O(1) of itself.
+  EXPECT_LE(worst, 1e-4);
 }
 
 TEST_F(FinetuneTest, BadOptionsAreRefusedBeforeAnythingIsWritten) {
