@@ -525,6 +525,13 @@ void AddLayout(std::vector<OpCase>& out) {
                        {in("a", {2, 3}), in("b", {3, 3})}, [](Builder& b, const V& v) {
                          return b.Concat({v[0], b.Transpose(v[1], 0, 1)}, 0);
                        }));
+    // Rows of several inputs per thread and an input split between threads; rank 1.
+    out.push_back(Make("concat", absl::StrCat(DTypeName(t), " axis 1 [5,2,3]+[5,4,3]+[5,1,3]"),
+                       {in("a", {5, 2, 3}), in("b", {5, 4, 3}), in("c", {5, 1, 3})},
+                       [](Builder& b, const V& v) { return b.Concat(v, 1); }));
+    out.push_back(Make("concat", absl::StrCat(DTypeName(t), " rank 1 [7]+[2]"),
+                       {in("a", {7}), in("b", {2})},
+                       [](Builder& b, const V& v) { return b.Concat(v, 0); }));
   }
 }
 

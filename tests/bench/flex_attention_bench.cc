@@ -5,7 +5,8 @@
 // reports its time as a multiple of dense causal measured in the same run (`vs_causal`: < 1 is
 // faster). `paged_prefill16x256` is the continuous batcher's path for the documents case (16
 // sequences of 256 new tokens in one paged step; `vs_documents16x256` against the dense
-// document-masked op): issue 16 item 6's measurement.
+// document-masked op): issue 16 item 6's measurement. `training_4x256_forward[_backward]`: the
+// fine-tuning step's attention (issue 11; cpu only), forward alone and forward + backward.
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens=N]
 //       [--backend=cpu|xpu|cuda]
@@ -229,6 +230,55 @@ void BM_PagedPrefill(benchmark::State& state) {
   if (per_run >= 0) Report(state, "paged_prefill16x256", per_run, "documents16x256");
 }
 
+// The fine-tuning step's attention (issue 11): SmolLM2's heads (9 query, 3 kv, head dim 64) over
+// a batch of 4 packed rows of 256 tokens, one document per row (attn::DocumentMask over the
+// rows' ids, as models/train/trainer.cc builds it), forward with the log-sum-exp and, with
+// `backward`, the attention_backward op after it (both timed).
+void BM_TrainingAttention(benchmark::State& state, bool backward) {
+  constexpr int64_t kB = 4, kHq = 9, kHkv = 3, kT = 256;
+  backend::Device& dev = Cpu();
+  Graph g;
+  Builder b(&g);
+  const Value q = b.Input("q", DType::kF32, {kB, kHq, kT, kD});
+  const Value k = b.Input("k", DType::kF32, {kB, kHkv, kT, kD});
+  const Value v = b.Input("v", DType::kF32, {kB, kHkv, kT, kD});
+  const Value ids = b.Input("docs", DType::kI32, {kB * kT});
+  const Value aux[] = {ids};
+  const AttentionParams p{0, attn::DocumentMask(0, kT), {}};
+  const AttentionOutputs fwd = b.AttentionWithLse(q, k, v, p, aux);
+  std::vector<Value> outs = {fwd.out};
+  if (backward) {
+    const Value dout = b.Input("dout", DType::kF32, {kB, kHq, kT, kD});
+    const AttentionGrads grads = b.AttentionBackward(q, k, v, fwd.out, dout, fwd.lse, p, aux);
+    outs = {grads.dq, grads.dk, grads.dv};
+  }
+  auto prog = Compile(g, outs, dev);
+  if (!prog.ok()) {
+    state.SkipWithError(std::string(StatusMessage(prog.status())).c_str());
+    return;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<double> dist(0, 1);
+  auto bind = [&](const char* name, int64_t heads) {
+    std::vector<double> x(static_cast<size_t>(kB * heads * kT * kD));
+    for (double& e : x) e = dist(rng);
+    return BindValues(**prog, dev, name, DType::kF32, {kB, heads, kT, kD}, x);
+  };
+  std::vector<double> doc(static_cast<size_t>(kB * kT));
+  for (int64_t i = 0; i < kB * kT; ++i) doc[i] = static_cast<double>(i / kT);
+  if (!bind("q", kHq) || !bind("k", kHkv) || !bind("v", kHkv) || (backward && !bind("dout", kHq)) ||
+      !BindValues(**prog, dev, "docs", DType::kI32, {kB * kT}, doc)) {
+    state.SkipWithError("bind failed");
+    return;
+  }
+  const double per_run = TimeRuns(state, **prog, dev);
+  if (per_run < 0) return;
+  state.counters["ms"] = per_run * 1e3;
+  // Scores a causal row visits: (T + 1) / 2 on average; QK^T and PV forward, five products back.
+  const double pairs = static_cast<double>(kB * kHq) * kT * (kT + 1) / 2;
+  state.counters["GFLOP/s"] = pairs * kD * 2 * (backward ? 7 : 2) / per_run * 1e-9;
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -275,6 +325,14 @@ int main(int argc, char** argv) {
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime()
       ->MinTime(2.0);
+  for (const bool backward : {false, true}) {
+    benchmark::RegisterBenchmark(
+        backward ? "training_4x256_forward_backward" : "training_4x256_forward",
+        kiln::BM_TrainingAttention, backward)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(1.0);
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

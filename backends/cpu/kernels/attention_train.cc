@@ -91,51 +91,69 @@ std::pair<int64_t, int64_t> KeyRange(const TrainMask& m, int64_t r0, int64_t r1,
 // Document masks: for each position of every row (B x row_len), the first key position whose
 // document id equals its own. Keys before the smallest of these over a tile's rows belong to
 // none of the tile's documents, so the tile skips them (block skipping for packed rows).
-std::vector<int64_t> DocStarts(const TrainMask& m, const TensorArg* ids, int64_t batch) {
+// `contiguous[b]`: every document of row b is one run of consecutive positions (what packing
+// makes), so a query sees exactly the keys from its document's start on, and the row's mask
+// needs no id comparisons.
+struct DocRuns {
   std::vector<int64_t> start;
-  if (!m.docs) return start;
-  start.resize(static_cast<size_t>(batch * m.row_len));
+  std::vector<char> contiguous;
+};
+DocRuns DocStarts(const TrainMask& m, const TensorArg* ids, int64_t batch) {
+  DocRuns runs;
+  if (!m.docs) return runs;
+  runs.start.resize(static_cast<size_t>(batch * m.row_len));
+  runs.contiguous.assign(static_cast<size_t>(batch), 1);
   absl::flat_hash_map<int64_t, int64_t> first;
   for (int64_t b = 0; b < batch; ++b) {
     first.clear();
+    int64_t previous = 0;
     for (int64_t j = 0; j < m.row_len; ++j) {
       const int64_t id = LoadIndex(*ids, b * m.row_len + j);
-      start[b * m.row_len + j] = first.try_emplace(id, j).first->second;
+      const auto [it, fresh] = first.try_emplace(id, j);
+      // A document seen before, after another one: not a single run.
+      if (!fresh && j > 0 && id != previous) runs.contiguous[b] = 0;
+      runs.start[b * m.row_len + j] = it->second;
+      previous = id;
     }
   }
-  return start;
+  return runs;
 }
 
 // KeyRange narrowed by the documents of batch row b (DocStarts); KeyRange without them.
-std::pair<int64_t, int64_t> TileKeys(const TrainMask& m, const std::vector<int64_t>& starts,
-                                     int64_t b, int64_t r0, int64_t r1, int64_t tk) {
+std::pair<int64_t, int64_t> TileKeys(const TrainMask& m, const DocRuns& docs, int64_t b, int64_t r0,
+                                     int64_t r1, int64_t tk) {
   auto [lo, hi] = KeyRange(m, r0, r1, tk);
-  if (!starts.empty()) {
+  if (!docs.start.empty()) {
     int64_t doc_lo = hi;
-    for (int64_t q = r0; q < r1; ++q) doc_lo = std::min(doc_lo, starts[b * m.row_len + q]);
+    for (int64_t q = r0; q < r1; ++q) doc_lo = std::min(doc_lo, docs.start[b * m.row_len + q]);
     lo = std::clamp(doc_lo, lo, hi);
   }
   return {lo, hi};
 }
 
 // Sets the scores of tile rows [r0, r0 + rows) x keys [lo, lo + n) that the mask hides to -inf:
-// the causal and window bounds as runs, documents by comparing ids.
-void ApplyMask(const TrainMask& m, const TensorArg* ids, int64_t b, int64_t r0, int64_t rows,
-               int64_t lo, int64_t n, float* s) {
+// the causal and window bounds as runs, documents as runs too when they are contiguous (a
+// query's visible keys start at its document's start), else by comparing ids.
+void ApplyMask(const TrainMask& m, const TensorArg* ids, const DocRuns& docs, int64_t b, int64_t r0,
+               int64_t rows, int64_t lo, int64_t n, float* s) {
   if (!m.causal && !m.docs) return;
-  const bool dense_i32 = m.docs && ids->dtype == DType::kI32 && ids->strides[0] == 1;
+  const bool runs = m.docs && docs.contiguous[b] != 0;
+  const bool compare = m.docs && !runs;
+  const bool dense_i32 = compare && ids->dtype == DType::kI32 && ids->strides[0] == 1;
   const int32_t* ids32 =
       dense_i32 ? static_cast<const int32_t*>(ids->data) + b * m.row_len : nullptr;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t q = r0 + i;
     float* row = s + i * n;
-    // Visible keys before the document check: [first, last) of the tile's columns.
+    // Visible keys before any id comparison: [first, last) of the tile's columns.
     const int64_t last = m.causal ? std::clamp<int64_t>(q - lo + 1, 0, n) : n;
-    const int64_t first =
-        m.window > 0 ? std::clamp<int64_t>(q - m.window + 1 - lo, 0, last) : int64_t{0};
+    int64_t first = m.window > 0 ? std::clamp<int64_t>(q - m.window + 1 - lo, 0, last) : int64_t{0};
+    if (runs) {
+      first = std::clamp<int64_t>(docs.start[b * m.row_len + q] - lo, first, last);
+    }
     std::fill(row, row + first, kNegInf);
     std::fill(row + last, row + n, kNegInf);
-    if (!m.docs) continue;
+    if (!compare) continue;
     if (ids32 != nullptr) {
       const int32_t doc = ids32[q];
       const int32_t* kv = ids32 + lo;
@@ -160,6 +178,18 @@ void Transpose(const TensorArg& x, int64_t b, int64_t h, int64_t j0, int64_t n, 
   }
 }
 
+// sum(a[e] * b[e]) in double, over eight partial sums (independent chains: a serial double
+// sum of a 64-element row was a tenth of the backward's own time).
+double DotInDouble(const float* a, const float* b, int64_t n) {
+  double part[8] = {};
+  int64_t e = 0;
+  for (; e + 8 <= n; e += 8) {
+    for (int u = 0; u < 8; ++u) part[u] += static_cast<double>(a[e + u]) * b[e + u];
+  }
+  for (; e < n; ++e) part[0] += static_cast<double>(a[e]) * b[e];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
 struct Scratch {
   std::vector<float> s, dp, kt, vt;
 };
@@ -173,12 +203,8 @@ Scratch& ThreadScratch() {
 float SoftmaxRow(const IsaKernels& k, float* p, int64_t n) {
   float m = kNegInf;
   double sum = 0;
-  if (n > 0) k.softmax_stats(p, n, &m, &sum);
-  if (m == kNegInf) {
-    std::fill(p, p + n, 0.0f);
-    return kNegInf;
-  }
-  k.scaled_exp(p, n, m, static_cast<float>(1.0 / sum), p);
+  k.softmax(p, n, &m, &sum);
+  if (m == kNegInf) return kNegInf;
   return static_cast<float>(static_cast<double>(m) + std::log(sum));
 }
 
@@ -224,18 +250,30 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     const auto [lo, hi] = KeyRange(d.mask, r0, r0 + rows, Tk);
     return static_cast<double>(rows * (hi - lo + 8));
   };
-  const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
+  const DocRuns docs = DocStarts(d.mask, ids, B);
+  // The keys of kv head (kt_b, kt_g) transposed so far: [0, kt_done) of sc.kt (ld Tk). A
+  // thread's items come in (batch, head, tile) order, so the `group` query heads of a kv head
+  // and their tiles reuse one transposed copy, extended as the causal range grows.
+  int64_t kt_b = -1, kt_g = -1, kt_done = 0;
   ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
-    const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
+    const auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
     const int64_t n = hi - lo;
     g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
     float* s = sc.s.data();
     if (n > 0) {
-      // The tile's keys of kv head g, transposed, then S = scale Q K^T.
-      Transpose(k, b, g, lo, n, D, sc.kt.data(), n);
-      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
-                      false);
+      if (b != kt_b || g != kt_g) {
+        kt_b = b;
+        kt_g = g;
+        kt_done = 0;
+      }
+      if (hi > kt_done) {
+        Transpose(k, b, g, kt_done, hi - kt_done, D, sc.kt.data() + kt_done, Tk);
+        kt_done = hi;
+      }
+      // S = scale Q K^T over the tile's keys.
+      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data() + lo, Tk, s, n, rows, n, D,
+                      d.scale, false);
     }
     for (int64_t i = 0; i < rows; ++i) {
       float* p = s + i * n;
@@ -243,7 +281,7 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
         // Gemma's soft-capping, then the mask (the op applies score_mod first), a row at a
         // time so that the row stays in L1 through the softmax below.
         if (d.softcap > 0) d.k->soft_cap(p, n, 1.0f, d.softcap);
-        ApplyMask(d.mask, ids, b, r0 + i, 1, lo, n, p);
+        ApplyMask(d.mask, ids, docs, b, r0 + i, 1, lo, n, p);
       }
       const float row_lse = SoftmaxRow(*d.k, p, n);
       if (lse != nullptr) *LseAt(*lse, b, h, r0 + i) = row_lse;
@@ -432,7 +470,7 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
   sc.dp.resize(tile);
   sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
   sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * Tk, 1)));
-  const std::vector<int64_t> starts = DocStarts(d.mask, ids, B);
+  const DocRuns docs = DocStarts(d.mask, ids, B);
   std::shared_ptr<const BlockMask> table;
   float di[kTileRows];
   for (int64_t item = c.thread_index; item < B * Hkv; item += c.thread_count) {
@@ -453,16 +491,15 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
         for (int64_t i = 0; i < rows; ++i) {
           const float* orow = Row(x.o, b, h, r0 + i);
           const float* grow = Row(x.dout, b, h, r0 + i);
-          double sum = 0;
-          for (int64_t e = 0; e < Dv; ++e) sum += static_cast<double>(grow[e]) * orow[e];
-          di[i] = static_cast<float>(sum);
+          di[i] = static_cast<float>(DotInDouble(grow, orow, Dv));
         }
         bool any = false;
         if (d.mods == nullptr) {
-          const auto [lo, hi] = TileKeys(d.mask, starts, b, r0, r0 + rows, Tk);
+          const auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
           if (hi > lo) {
-            BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false,
-                         [&](float* p) { ApplyMask(d.mask, ids, b, r0, rows, lo, hi - lo, p); });
+            BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false, [&](float* p) {
+              ApplyMask(d.mask, ids, docs, b, r0, rows, lo, hi - lo, p);
+            });
             any = true;
           }
         } else {

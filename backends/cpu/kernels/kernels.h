@@ -138,6 +138,11 @@ struct IsaKernels {
   // sum(exp(x - max)), exponentials in f32 (about 2 ulp), summed in f32 over chunks of 1,024
   // elements and the chunks in double.
   void (*softmax_stats)(const float* x, int64_t n, float* max, double* sum);
+  // Softmax of one row in place, bit for bit what softmax_stats and then
+  // scaled_exp(x, n, max, float(1 / sum), x) give, with one exponential per element; also
+  // returns max and sum. A row whose max is -inf (n = 0, or every score masked) becomes
+  // zeros, with sum 0.
+  void (*softmax)(float* x, int64_t n, float* max, double* sum);
   // y[j] = exp(x[j] - shift) * scale for j in [0, n); y may alias x.
   void (*scaled_exp)(const float* x, int64_t n, float shift, float scale, float* y);
   // Small f32 products for the tiles of training attention: c[m, n] = alpha * A B (or

@@ -850,7 +850,8 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
 // Elements per float partial sum of SoftmaxStats before it is added in double.
 constexpr int64_t kStatsChunk = 1024;
 
-void SoftmaxStats(const float* x, int64_t n, float* max_out, double* sum_out) {
+// The maximum of a row (NaN if any element is NaN; -inf for n = 0).
+float RowMax(const float* x, int64_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
   F mv = Set1(ninf);
   int64_t j = 0;
@@ -860,19 +861,56 @@ void SoftmaxStats(const float* x, int64_t n, float* max_out, double* sum_out) {
   float m = ninf;
   for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
   for (; j < n; ++j) m = (std::isnan(m) || std::isnan(x[j])) ? NAN : std::max(m, x[j]);
+  return m;
+}
+
+// sum(exp(x - m)) as softmax_stats sums it; with `store`, also x[j] = exp(x[j] - m).
+template <bool kStore>
+double SumExp(float* x, int64_t n, float m) {
   const F neg_m = Set1(-m);
   double total = 0;
   for (int64_t c = 0; c < n; c += kStatsChunk) {
     const int64_t e = std::min(n, c + kStatsChunk);
     F acc = Zero();
     int64_t k = c;
-    for (; k + kLanes <= e; k += kLanes) acc = Add(acc, Exp(Add(Load(x + k), neg_m)));
+    for (; k + kLanes <= e; k += kLanes) {
+      const F v = Exp(Add(Load(x + k), neg_m));
+      if constexpr (kStore) Store(x + k, v);
+      acc = Add(acc, v);
+    }
     float part = HSum(acc);
-    for (; k < e; ++k) part += std::exp(x[k] - m);
+    for (; k < e; ++k) {
+      const float v = std::exp(x[k] - m);
+      if constexpr (kStore) x[k] = v;
+      part += v;
+    }
     total += part;
   }
+  return total;
+}
+
+void SoftmaxStats(const float* x, int64_t n, float* max_out, double* sum_out) {
+  const float m = RowMax(x, n);
   *max_out = m;
-  *sum_out = total;
+  // SumExp<false> only reads x.
+  *sum_out = SumExp<false>(const_cast<float*>(x), n, m);
+}
+
+void Softmax(float* x, int64_t n, float* max_out, double* sum_out) {
+  const float m = RowMax(x, n);
+  *max_out = m;
+  if (m == -std::numeric_limits<float>::infinity()) {
+    std::fill(x, x + n, 0.0f);
+    *sum_out = 0;
+    return;
+  }
+  const double sum = SumExp<true>(x, n, m);
+  *sum_out = sum;
+  const float scale = static_cast<float>(1.0 / sum);
+  const F c = Set1(scale);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) Store(x + j, Mul(Load(x + j), c));
+  for (; j < n; ++j) x[j] *= scale;
 }
 
 void ScaledExp(const float* x, int64_t n, float shift, float scale, float* y) {
@@ -947,8 +985,8 @@ void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
 
 }  // namespace
 
-const IsaKernels kTable = {kIsa,         Gemv,      Gemm,      Dequant, Attend,
-                           SoftmaxStats, ScaledExp, SmallGemm, SoftCap};
+const IsaKernels kTable = {kIsa,         Gemv,    Gemm,      Dequant,   Attend,
+                           SoftmaxStats, Softmax, ScaledExp, SmallGemm, SoftCap};
 
 }  // namespace kiln::cpu::KILN_ISA_NS
 

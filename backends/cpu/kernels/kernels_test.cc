@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -578,6 +579,42 @@ TEST_P(IsaTest, AttentionRowsWithoutVisibleKeysAreZero) {
   for (float o : out) EXPECT_EQ(o, 0.0f);
 }
 
+TEST_P(IsaTest, SoftmaxInPlaceMatchesStatsThenScaledExpBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0, 4);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // Lengths around the vector widths and the 1,024-element chunks of the sums; masked (-inf)
+  // scores, a fully masked row, a NaN.
+  for (const int64_t n : {1, 7, 16, 33, 64, 255, 1024, 1031, 2500}) {
+    for (const int variant : {0, 1, 2, 3}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& e : x) e = nd(rng);
+      if (variant == 1) {
+        for (int64_t j = 0; j < n; j += 3) x[j] = ninf;
+      }
+      if (variant == 2) std::fill(x.begin(), x.end(), ninf);
+      if (variant == 3) x[n / 2] = NAN;
+      float m0 = 0;
+      double s0 = 0;
+      k_->softmax_stats(x.data(), n, &m0, &s0);
+      std::vector<float> want(x.size(), 0.0f);
+      if (m0 != ninf) k_->scaled_exp(x.data(), n, m0, static_cast<float>(1.0 / s0), want.data());
+      float m1 = 0;
+      double s1 = 0;
+      std::vector<float> got = x;
+      k_->softmax(got.data(), n, &m1, &s1);
+      SCOPED_TRACE(testing::Message() << "n " << n << " variant " << variant);
+      if (variant == 3) {  // NaN everywhere (its sign bit may differ)
+        EXPECT_TRUE(std::isnan(m1));
+        for (float e : got) EXPECT_TRUE(std::isnan(e));
+        continue;
+      }
+      EXPECT_EQ(m1, m0);
+      EXPECT_EQ(s1, m0 == ninf ? 0.0 : s0);
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+  }
+}
 INSTANTIATE_TEST_SUITE_P(Isa, IsaTest, ::testing::ValuesIn(AllIsas()),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 

@@ -45,6 +45,8 @@ StatusOr<std::optional<backend::Kernel>> SelectKernel(const backend::KernelReque
       return MakeKvWriteKernel(req, ctx);
     case OpKind::kContiguous:
       return MakeContiguousKernel(req, ctx);
+    case OpKind::kConcat:
+      return MakeConcatKernel(req, ctx);
     case OpKind::kScatterAddRows:
       return MakeScatterAddRowsKernel(req, ctx);
     case OpKind::kFusedCrossEntropy:

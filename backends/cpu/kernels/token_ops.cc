@@ -159,20 +159,25 @@ void KvWriteKernel(const LaunchArgs& a, const ExecCtx& c) {
 
 struct CopyData {
   Kernel fallback;
+  int axis = 0;  // concat's
 };
 
+// Rows [r0, r1) of x's last axis copied to the same rows of dst, whose strides are `ds` and whose
+// last axis is dense.
 template <class T>
-void CopyRows(const TensorArg& x, T* dst, int64_t r0, int64_t r1) {
+void CopyRows(const TensorArg& x, T* dst, const int64_t* ds, int64_t r0, int64_t r1) {
   const int r = x.rank;
   const int64_t inner = x.shape[r - 1], step = x.strides[r - 1];
   const T* src = static_cast<const T*>(x.data);
   for (int64_t row = r0; row < r1; ++row) {
-    int64_t off = 0, rem = row;
+    int64_t off = 0, doff = 0, rem = row;
     for (int i = r - 2; i >= 0; --i) {
-      off += (rem % x.shape[i]) * x.strides[i];
+      const int64_t at = rem % x.shape[i];
+      off += at * x.strides[i];
+      doff += at * ds[i];
       rem /= x.shape[i];
     }
-    T* d = dst + row * inner;
+    T* d = dst + doff;
     if (step == 1) {
       std::memcpy(d, src + off, static_cast<size_t>(inner) * sizeof(T));
     } else {
@@ -181,24 +186,66 @@ void CopyRows(const TensorArg& x, T* dst, int64_t r0, int64_t r1) {
   }
 }
 
+template <class T>
+void CopyRowsAt(const TensorArg& x, void* dst, int64_t dst_offset, const int64_t* ds, int64_t r0,
+                int64_t r1) {
+  CopyRows(x, static_cast<T*>(dst) + dst_offset, ds, r0, r1);
+}
+
+// By element size: the copy of x's rows [r0, r1) to dst + dst_offset elements.
+void CopyRowsOfSize(int64_t bytes, const TensorArg& x, void* dst, int64_t dst_offset,
+                    const int64_t* ds, int64_t r0, int64_t r1) {
+  switch (bytes) {
+    case 1:
+      return CopyRowsAt<uint8_t>(x, dst, dst_offset, ds, r0, r1);
+    case 2:
+      return CopyRowsAt<uint16_t>(x, dst, dst_offset, ds, r0, r1);
+    case 4:
+      return CopyRowsAt<uint32_t>(x, dst, dst_offset, ds, r0, r1);
+    default:
+      return CopyRowsAt<uint64_t>(x, dst, dst_offset, ds, r0, r1);
+  }
+}
+
+int64_t Rows(const TensorArg& x) {
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < x.rank; ++i) rows *= x.shape[i];
+  return rows;
+}
+
 // Attention's head transposes in training (q/k/v [B, T, H, D] <-> [B, H, T, D] and their
 // gradients): rows of the last axis split over the pool, memcpy where that axis is dense.
 void ContiguousKernel(const LaunchArgs& a, const ExecCtx& c) {
   const CopyData& d = *static_cast<const CopyData*>(a.kernel_data);
   const TensorArg &x = a.inputs[0], &o = a.output;
   if (x.rank < 1 || !o.IsContiguous() || x.rank != o.rank) return RunFallback(d.fallback, a, c);
-  int64_t rows = 1;
-  for (int i = 0; i + 1 < x.rank; ++i) rows *= x.shape[i];
-  const auto [r0, r1] = Share(rows, c);
-  switch (DTypeBytes(x.dtype, 1)) {
-    case 1:
-      return CopyRows(x, static_cast<uint8_t*>(o.data), r0, r1);
-    case 2:
-      return CopyRows(x, static_cast<uint16_t*>(o.data), r0, r1);
-    case 4:
-      return CopyRows(x, static_cast<uint32_t*>(o.data), r0, r1);
-    default:
-      return CopyRows(x, static_cast<uint64_t*>(o.data), r0, r1);
+  const auto [r0, r1] = Share(Rows(x), c);
+  CopyRowsOfSize(DTypeBytes(x.dtype, 1), x, o.data, 0, o.strides, r0, r1);
+}
+
+// Concatenation into a contiguous output (the chunked classifier's dx, 4 x [256, 576] in a
+// fine-tuning step, took 9.5 ms on the reference's one thread): each input's rows copied into
+// its slice of the output, the rows of all inputs split over the pool.
+void ConcatKernel(const LaunchArgs& a, const ExecCtx& c) {
+  const CopyData& d = *static_cast<const CopyData*>(a.kernel_data);
+  const TensorArg& o = a.output;
+  if (o.rank < 1 || !o.IsContiguous()) return RunFallback(d.fallback, a, c);
+  int64_t total = 0;
+  for (int j = 0; j < a.num_inputs; ++j) {
+    if (a.inputs[j].rank != o.rank) return RunFallback(d.fallback, a, c);
+    total += Rows(a.inputs[j]);
+  }
+  const auto [r0, r1] = Share(total, c);
+  const int64_t bytes = DTypeBytes(o.dtype, 1);
+  int64_t first_row = 0, at = 0;  // input j's first row among all, and its offset along the axis
+  for (int j = 0; j < a.num_inputs; ++j) {
+    const TensorArg& x = a.inputs[j];
+    const int64_t rows = Rows(x);
+    const int64_t lo = std::max(r0, first_row) - first_row;
+    const int64_t hi = std::min(r1, first_row + rows) - first_row;
+    if (lo < hi) CopyRowsOfSize(bytes, x, o.data, at * o.strides[d.axis], o.strides, lo, hi);
+    first_row += rows;
+    at += x.shape[d.axis];
   }
 }
 
@@ -276,6 +323,21 @@ StatusOr<std::optional<Kernel>> MakeContiguousKernel(const KernelRequest& req,
   auto d = std::make_shared<CopyData>();
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
   return std::optional<Kernel>(Kernel{ContiguousKernel, std::move(d), "cpu.contiguous"});
+}
+
+StatusOr<std::optional<Kernel>> MakeConcatKernel(const KernelRequest& req,
+                                                 const SelectContext& ctx) {
+  const DType t = req.output.dtype;
+  if (req.inputs.empty() || IsQuantized(t)) return std::optional<Kernel>();
+  for (const auto& in : req.inputs) {
+    if (in.dtype != t) return std::optional<Kernel>();
+  }
+  const int64_t bytes = DTypeBytes(t, 1);
+  if (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) return std::optional<Kernel>();
+  auto d = std::make_shared<CopyData>();
+  d->axis = static_cast<int>(req.attrs->ints[0]);
+  KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
+  return std::optional<Kernel>(Kernel{ConcatKernel, std::move(d), "cpu.concat"});
 }
 
 StatusOr<std::optional<Kernel>> MakeScatterAddRowsKernel(const KernelRequest& req,
