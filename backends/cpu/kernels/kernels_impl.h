@@ -401,6 +401,9 @@ template <int MR>
 void Micro(const float* x, int64_t ldx, const float* p, int64_t kc, float* y, int64_t ldy,
            bool accumulate, int ncols) {
   F c0[MR], c1[MR];
+  // Unrolled, so that the accumulators are registers from the start (a loop here compiled to
+  // two `rep stos` over a stack copy of them: ~2% of the kernel's time).
+#pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) c0[i] = c1[i] = Zero();
 #pragma GCC unroll 4
   for (int64_t k = 0; k < kc; ++k) {
