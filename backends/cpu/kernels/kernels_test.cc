@@ -615,6 +615,7 @@ TEST_P(IsaTest, SoftmaxInPlaceMatchesStatsThenScaledExpBitForBit) {
     }
   }
 }
+
 INSTANTIATE_TEST_SUITE_P(Isa, IsaTest, ::testing::ValuesIn(AllIsas()),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
