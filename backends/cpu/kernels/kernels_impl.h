@@ -867,9 +867,10 @@ float RowMax(const float* x, int64_t n) {
   return m;
 }
 
-// sum(exp(x - m)) as softmax_stats sums it; with `store`, also x[j] = exp(x[j] - m).
-template <bool kStore>
-double SumExp(float* x, int64_t n, float m) {
+// sum(exp(x - m)) as softmax_stats sums it; given a non-const row, also x[j] = exp(x[j] - m).
+template <class T>
+double SumExp(T* x, int64_t n, float m) {
+  constexpr bool kStore = !std::is_const_v<T>;
   const F neg_m = Set1(-m);
   double total = 0;
   for (int64_t c = 0; c < n; c += kStatsChunk) {
@@ -895,8 +896,7 @@ double SumExp(float* x, int64_t n, float m) {
 void SoftmaxStats(const float* x, int64_t n, float* max_out, double* sum_out) {
   const float m = RowMax(x, n);
   *max_out = m;
-  // SumExp<false> only reads x.
-  *sum_out = SumExp<false>(const_cast<float*>(x), n, m);
+  *sum_out = SumExp(x, n, m);
 }
 
 void Softmax(float* x, int64_t n, float* max_out, double* sum_out) {
@@ -907,7 +907,7 @@ void Softmax(float* x, int64_t n, float* max_out, double* sum_out) {
     *sum_out = 0;
     return;
   }
-  const double sum = SumExp<true>(x, n, m);
+  const double sum = SumExp(x, n, m);
   *sum_out = sum;
   const float scale = static_cast<float>(1.0 / sum);
   const F c = Set1(scale);

@@ -162,13 +162,15 @@ struct CopyData {
   int axis = 0;  // concat's
 };
 
-// Rows [r0, r1) of x's last axis copied to the same rows of dst, whose strides are `ds` and whose
-// last axis is dense.
+// Rows [r0, r1) of x's last axis copied to the same rows of the tensor at `dst` + `dst_offset`
+// elements, whose strides are `ds` and whose last axis is dense.
 template <class T>
-void CopyRows(const TensorArg& x, T* dst, const int64_t* ds, int64_t r0, int64_t r1) {
+void CopyRows(const TensorArg& x, void* dst, int64_t dst_offset, const int64_t* ds, int64_t r0,
+              int64_t r1) {
   const int r = x.rank;
   const int64_t inner = x.shape[r - 1], step = x.strides[r - 1];
   const T* src = static_cast<const T*>(x.data);
+  T* out = static_cast<T*>(dst) + dst_offset;
   for (int64_t row = r0; row < r1; ++row) {
     int64_t off = 0, doff = 0, rem = row;
     for (int i = r - 2; i >= 0; --i) {
@@ -177,7 +179,7 @@ void CopyRows(const TensorArg& x, T* dst, const int64_t* ds, int64_t r0, int64_t
       doff += at * ds[i];
       rem /= x.shape[i];
     }
-    T* d = dst + doff;
+    T* d = out + doff;
     if (step == 1) {
       std::memcpy(d, src + off, static_cast<size_t>(inner) * sizeof(T));
     } else {
@@ -186,24 +188,18 @@ void CopyRows(const TensorArg& x, T* dst, const int64_t* ds, int64_t r0, int64_t
   }
 }
 
-template <class T>
-void CopyRowsAt(const TensorArg& x, void* dst, int64_t dst_offset, const int64_t* ds, int64_t r0,
-                int64_t r1) {
-  CopyRows(x, static_cast<T*>(dst) + dst_offset, ds, r0, r1);
-}
-
-// By element size: the copy of x's rows [r0, r1) to dst + dst_offset elements.
+// CopyRows by element size (1, 2, 4 or 8 bytes).
 void CopyRowsOfSize(int64_t bytes, const TensorArg& x, void* dst, int64_t dst_offset,
                     const int64_t* ds, int64_t r0, int64_t r1) {
   switch (bytes) {
     case 1:
-      return CopyRowsAt<uint8_t>(x, dst, dst_offset, ds, r0, r1);
+      return CopyRows<uint8_t>(x, dst, dst_offset, ds, r0, r1);
     case 2:
-      return CopyRowsAt<uint16_t>(x, dst, dst_offset, ds, r0, r1);
+      return CopyRows<uint16_t>(x, dst, dst_offset, ds, r0, r1);
     case 4:
-      return CopyRowsAt<uint32_t>(x, dst, dst_offset, ds, r0, r1);
+      return CopyRows<uint32_t>(x, dst, dst_offset, ds, r0, r1);
     default:
-      return CopyRowsAt<uint64_t>(x, dst, dst_offset, ds, r0, r1);
+      return CopyRows<uint64_t>(x, dst, dst_offset, ds, r0, r1);
   }
 }
 
