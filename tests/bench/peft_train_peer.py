@@ -60,7 +60,9 @@ def main():
             torch.cuda.synchronize()
         if step > 0:
             times.append(time.perf_counter() - start)
-    tokens = a.batch_size * (a.seq_len - 1)
+    # Tokens pushed through forward and backward per step, as `kiln finetune` counts them
+    # (finetune_bench.sh: batch x seq_len).
+    tokens = a.batch_size * a.seq_len
     step_s = sorted(times)[len(times) // 2]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peer method={a.method} tokens_per_s={tokens / step_s:.1f} step_s={step_s:.3f} "
