@@ -262,6 +262,13 @@ class CpuDevice final : public HostDevice {
     jit_.SetSpecFn(cpu::jit::JitSpecFor);
   }
 
+  // Streams that also watch the cgroup's CPU quota (StragglerPolicy::quota_cpus).
+  StatusOr<std::unique_ptr<Stream>> CreateStream() override {
+    StragglerPolicy policy = StragglerPolicyFromEnv();
+    policy.quota_cpus = [] { return ReadCpuBudget().quota_cpus; };
+    return std::unique_ptr<Stream>(new HostStream(this, threads(), std::move(policy)));
+  }
+
   // The compiler's view of this device (engine/compiler/target.h): fusion and batch builds.
   void* GetExtension(std::string_view name) override {
     if (name == compiler::kTargetExtension) return static_cast<compiler::Target*>(&jit_);

@@ -205,6 +205,27 @@ void HostStream::BarrierWait(int64_t* waited) {
   *waited += NowNs() - t0;
 }
 
+bool HostStream::QuotaAllowsOneCpu(int64_t now) {
+  if (!policy_.quota_cpus || now < quota_due_ns_) return quota_one_cpu_;
+  quota_due_ns_ = now + static_cast<int64_t>(policy_.quota_recheck_seconds * 1e9);
+  const std::optional<double> cpus = policy_.quota_cpus();
+  const bool one = cpus.has_value() && *cpus <= 1.0;
+  if (one != quota_one_cpu_) {
+    if (one) {
+      spdlog::info(
+          "{}: the cgroup's CPU quota allows {:.2f} CPUs, so its {} threads would only take turns "
+          "being throttled; running launches on one thread while that holds (re-read every "
+          "{:.0f} s; KILN_CPU_STRAGGLER_FALLBACK=0 turns this off)",
+          device_->name(), *cpus, threads_, policy_.quota_recheck_seconds);
+    } else {
+      spdlog::info("{}: the CPU quota now allows more than one CPU; launches run on {} threads",
+                   device_->name(), threads_);
+    }
+  }
+  quota_one_cpu_ = one;
+  return one;
+}
+
 void HostStream::Execute(std::span<const Launch> launches) {
   if (threads_ == 1) {
     const ExecCtx ctx{0, 1, nullptr};
@@ -213,9 +234,10 @@ void HostStream::Execute(std::span<const Launch> launches) {
   }
   if (launches.empty()) return;  // publishing an empty job would let workers race ahead
   const int64_t start = NowNs();
-  if (policy_.enabled && start < single_until_ns_) {
-    // Stragglers: the calling thread runs every share of each launch itself, in order (the
-    // workers stay asleep). The shares are the pool's, so the results are too.
+  if (policy_.enabled && (start < single_until_ns_ || QuotaAllowsOneCpu(start))) {
+    // Stragglers, or a quota of one CPU: the calling thread runs every share of each launch
+    // itself, in order (the workers stay asleep). The shares are the pool's, so the results
+    // are too.
     for (const Launch& l : launches) {
       for (int i = 0; i < threads_; ++i) {
         l.fn(*l.args, ExecCtx{i, threads_, nullptr, /*shares_in_sequence=*/true});

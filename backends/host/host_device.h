@@ -8,7 +8,9 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +44,12 @@ class SpinBarrier {
 // to `max_backoff_seconds`). The shares are the pool's, so the results are bit-identical to
 // the pool's (a training run resumed from a checkpoint still repeats its losses). On a quiet
 // machine the waits are ~16% and nothing changes.
+//
+// A CPU quota that allows at most one CPU is the same problem known in advance: the pool's
+// threads only take turns being throttled (2 threads under a 1-CPU quota decoded at 0.77-0.92x
+// of one thread). Where `quota_cpus` is set (the cpu backend reads the cgroup's, cpu_budget.h),
+// it is read again at most every `quota_recheck_seconds`, and while it allows at most one CPU
+// the calling thread runs every launch's shares, as in a fallback.
 struct StragglerPolicy {
   bool enabled = true;
   // Quiet SmolLM2 decode waits 0.16 of the time (p90 0.17); beside a busy process 0.3-0.8.
@@ -49,6 +57,9 @@ struct StragglerPolicy {
   double min_run_seconds = 200e-6;
   double backoff_seconds = 0.2;
   double max_backoff_seconds = 6.4;
+  // The CPUs the process's quota allows; nullopt: no quota. Unset: not checked.
+  std::function<std::optional<double>()> quota_cpus = nullptr;
+  double quota_recheck_seconds = 1.0;
 };
 // KILN_CPU_STRAGGLER_FALLBACK=0 disables it (the policy's other fields keep their defaults).
 StragglerPolicy StragglerPolicyFromEnv();
@@ -100,7 +111,7 @@ class HostStream : public Stream {
   Status BeginCapture() override;
   StatusOr<std::unique_ptr<ExecGraph>> EndCapture() override;
 
-  // Runs so far on the calling thread alone because of stragglers (tests, logs).
+  // Runs so far on the calling thread alone because of stragglers or a quota (tests, logs).
   int64_t single_thread_runs() const { return single_runs_; }
   // Times the stream switched to the calling thread alone.
   int64_t straggler_fallbacks() const { return fallbacks_; }
@@ -111,6 +122,9 @@ class HostStream : public Stream {
   void Worker(int index);
   // barrier_.Wait(), adding the time waited to *waited while the straggler policy is on.
   void BarrierWait(int64_t* waited);
+  // Whether the quota (StragglerPolicy::quota_cpus, re-read when due at `now`) allows at most
+  // one CPU.
+  bool QuotaAllowsOneCpu(int64_t now);
 
   Device* device_;
   const int threads_;
@@ -130,6 +144,8 @@ class HostStream : public Stream {
   double backoff_s_ = 0;
   bool probing_ = false;  // the first multi-threaded run after a fallback decides alone
   int64_t single_runs_ = 0, fallbacks_ = 0;
+  int64_t quota_due_ns_ = 0;  // when to read the quota again (steady clock)
+  bool quota_one_cpu_ = false;
 };
 
 }  // namespace kiln::backend

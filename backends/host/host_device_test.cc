@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -188,6 +189,58 @@ TEST_F(StragglerTest, TheFallbackCanBeTurnedOff) {
     EXPECT_FALSE(s_.last_in_sequence.load());
   }
   EXPECT_EQ(stream_->single_thread_runs(), 0);
+}
+
+// A quota of at most one CPU (StragglerPolicy::quota_cpus, re-read at every run here) runs
+// the launches' shares on the calling thread; more than one CPU, or no quota, the pool.
+TEST_F(StragglerTest, AQuotaOfOneCpuRunsLaunchesOnTheCallingThread) {
+  s_.stall.store(false);  // balanced work: no straggler fallback
+  std::optional<double> quota = 1.0;
+  int reads = 0;
+  StragglerPolicy policy;
+  policy.quota_cpus = [&] {
+    ++reads;
+    return quota;
+  };
+  policy.quota_recheck_seconds = 0;
+  Start(policy);
+  Run();
+  EXPECT_TRUE(s_.last_in_sequence.load());
+  EXPECT_EQ(stream_->single_thread_runs(), 1);
+  quota = 0.5;
+  Run();
+  EXPECT_TRUE(s_.last_in_sequence.load());
+  for (const std::optional<double> q : {std::optional<double>(1.5), std::optional<double>()}) {
+    quota = q;
+    Run();
+    EXPECT_FALSE(s_.last_in_sequence.load()) << (q ? *q : -1);
+  }
+  EXPECT_EQ(stream_->single_thread_runs(), 2);
+  EXPECT_EQ(stream_->straggler_fallbacks(), 0);
+  EXPECT_EQ(reads, 4);
+}
+
+TEST_F(StragglerTest, TheQuotaIsReadAgainOnlyWhenDueAndNotWhenTheFallbackIsOff) {
+  s_.stall.store(false);
+  int reads = 0;
+  StragglerPolicy policy;
+  policy.quota_cpus = [&] {
+    ++reads;
+    return std::optional<double>(1.0);
+  };
+  policy.quota_recheck_seconds = 3600;
+  Start(policy);
+  for (int i = 0; i < 3; ++i) Run();
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(stream_->single_thread_runs(), 3);
+  policy.enabled = false;  // KILN_CPU_STRAGGLER_FALLBACK=0: every launch on the pool
+  reads = 0;
+  runs_ = 0;
+  s_.out.assign(s_.out.size(), 0);
+  Start(policy);
+  Run();
+  EXPECT_FALSE(s_.last_in_sequence.load());
+  EXPECT_EQ(reads, 0);
 }
 
 TEST(HostStreamTest, CaptureRecordsThenReplays) {
