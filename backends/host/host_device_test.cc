@@ -194,10 +194,11 @@ TEST_F(StragglerTest, TheFallbackCanBeTurnedOff) {
 // A quota of at most one CPU (StragglerPolicy::quota_cpus, re-read at every run here) runs
 // the launches' shares on the calling thread; more than one CPU, or no quota, the pool.
 TEST_F(StragglerTest, AQuotaOfOneCpuRunsLaunchesOnTheCallingThread) {
-  s_.stall.store(false);  // balanced work: no straggler fallback
+  s_.stall.store(false);
   std::optional<double> quota = 1.0;
   int reads = 0;
   StragglerPolicy policy;
+  policy.max_wait_share = 2;  // never a straggler fallback, however loaded the machine
   policy.quota_cpus = [&] {
     ++reads;
     return quota;
@@ -224,6 +225,7 @@ TEST_F(StragglerTest, TheQuotaIsReadAgainOnlyWhenDueAndNotWhenTheFallbackIsOff) 
   s_.stall.store(false);
   int reads = 0;
   StragglerPolicy policy;
+  policy.max_wait_share = 2;
   policy.quota_cpus = [&] {
     ++reads;
     return std::optional<double>(1.0);
