@@ -201,6 +201,36 @@ TEST_F(LoaderTest, NumericsSettingsAreChecked) {
 
 // Q5_0 and Q5_1 (llama-quantize's fallback for rows that are not a multiple of 256 in K-quant
 // files, e.g. SmolLM2's Q4_K_M) load as Q8_0: Q5_0 exactly, Q5_1 within Q8_0's rounding.
+// A device with no kernels at all (for the sampling-stage probe): counts what it is asked.
+class NoKernelsDevice final : public backend::Device {
+ public:
+  std::string_view name() const override { return "nokernels:0"; }
+  StatusOr<std::unique_ptr<backend::Buffer>> Allocate(size_t) override {
+    return Unimplemented("no memory");
+  }
+  StatusOr<std::unique_ptr<backend::Stream>> CreateStream() override {
+    return Unimplemented("no streams");
+  }
+  bool SupportsDType(DType) const override { return true; }
+  StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& request) override {
+    asked.push_back(request.op);
+    return Unimplemented("nokernels:0 has no kernel for ", OpName(request.op));
+  }
+  std::vector<OpKind> asked;
+};
+
+// Whether a model samples in its step program is decided by asking the device for the sample
+// kernel alone, before the program compiles (a device that declines it compiles once).
+TEST(SamplingStageProbe, AsksTheDeviceForTheSampleKernelOnly) {
+  auto cpu = backend::MakeCpuBackend(1);
+  EXPECT_TRUE(HasSamplingKernel(*cpu->device(0), 1000).ok());
+  NoKernelsDevice none;
+  const Status s = HasSamplingKernel(none, 1000);
+  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(StatusMessage(s)), HasSubstr("no kernel for sample"));
+  EXPECT_EQ(none.asked, std::vector<OpKind>{OpKind::kSample});
+}
+
 TEST(LoaderGgufTest, Q5WeightsLoadAsQ8_0) {
   constexpr int64_t kRows = 3, kCols = 64;
   std::mt19937 rng(5);

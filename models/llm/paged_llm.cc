@@ -160,16 +160,8 @@ Status PagedLlm::Build(int32_t block_size) {
     }
     std::vector<Value> outputs = {logits};
     if (with_sampling) {
-      const Dim P = b.Symbol("P", p_max_, 0), E = b.Symbol("E", kMaxBannedTokens, 0);
-      const SampleOutputs so =
-          b.Sample(logits, b.Input("sample.params", DType::kF32, {in.S, sampling::kNumParams}),
-                   b.Input("sample.uniforms", DType::kF64, {in.S}),
-                   b.Input("sample.penalty_tokens", DType::kI32, {in.S, P}),
-                   b.Input("sample.penalty_counts", DType::kI32, {in.S, P}),
-                   b.Input("sample.banned", DType::kI32, {in.S, E}),
-                   b.Input("sample.penalty_bias", DType::kF32, {in.S, P}),
-                   b.Input("sample.allowed", DType::kI32,
-                           {in.S, Dim(sampling::AllowedWords(hp.vocab_size))}));
+      const SampleOutputs so = AddSamplingStage(b, logits, in.S, b.Symbol("P", p_max_, 0),
+                                                b.Symbol("E", kMaxBannedTokens, 0), hp.vocab_size);
       KILN_RETURN_IF_ERROR(b.status());
       outputs.insert(outputs.end(), {so.token, so.logprob, so.top_ids, so.top_logprobs});
     }
@@ -187,17 +179,25 @@ Status PagedLlm::Build(int32_t block_size) {
     return AllocateLoraStates(ctx.lora_states());
   };
   std::vector<std::string> weight_names;
+  // A device without the stage's kernel (Unimplemented) samples on the host; other errors stop.
+  auto host_sampling_if_unimplemented = [&](const Status& s) -> Status {
+    if (s.code() != StatusCode::kUnimplemented) return s;
+    spdlog::info("{}: {} does not sample in the step program ({}); sampling on the host",
+                 parts_.info.name, parts_.device->name(), StatusMessage(s));
+    sample_stage_ = false;
+    return OkStatus();
+  };
   sample_stage_ = options_.sample_on_device;
-  const bool lora = lora_slots_ > 0;
+  // Asked before compiling, so a device that declines the stage compiles the program once.
   if (sample_stage_) {
-    const Status s = build(true, lora, &program_, &weight_names);
-    if (s.code() == StatusCode::kUnimplemented) {
-      spdlog::info("{}: {} cannot sample in the step program ({}); sampling on the host",
-                   parts_.info.name, parts_.device->name(), StatusMessage(s));
-      sample_stage_ = false;
-    } else {
-      KILN_RETURN_IF_ERROR(s);
-    }
+    KILN_RETURN_IF_ERROR(
+        host_sampling_if_unimplemented(HasSamplingKernel(*parts_.device, hp.vocab_size)));
+  }
+  const bool lora = lora_slots_ > 0;
+  // Should the whole program still refuse the stage (an input shape the probe did not have).
+  if (sample_stage_) {
+    KILN_RETURN_IF_ERROR(
+        host_sampling_if_unimplemented(build(true, lora, &program_, &weight_names)));
   }
   if (!sample_stage_) KILN_RETURN_IF_ERROR(build(false, lora, &program_, &weight_names));
   // Steps without an adapter row run a program without the LoRA branch: base-model traffic
@@ -219,6 +219,32 @@ Status PagedLlm::Build(int32_t block_size) {
                 parts_.info.name, program_->num_launches(), program_->arena_bytes() / 1048576.0,
                 program_->unplanned_bytes() / 1048576.0, sample_stage_ ? ", sampling stage" : "");
   return OkStatus();
+}
+
+SampleOutputs AddSamplingStage(Builder& b, Value logits, Dim S, Dim P, Dim E, int64_t vocab) {
+  return b.Sample(logits, b.Input("sample.params", DType::kF32, {S, sampling::kNumParams}),
+                  b.Input("sample.uniforms", DType::kF64, {S}),
+                  b.Input("sample.penalty_tokens", DType::kI32, {S, P}),
+                  b.Input("sample.penalty_counts", DType::kI32, {S, P}),
+                  b.Input("sample.banned", DType::kI32, {S, E}),
+                  b.Input("sample.penalty_bias", DType::kF32, {S, P}),
+                  b.Input("sample.allowed", DType::kI32, {S, Dim(sampling::AllowedWords(vocab))}));
+}
+
+Status HasSamplingKernel(backend::Device& device, int64_t vocab) {
+  Graph g;
+  Builder b(&g);
+  const Value logits = b.Input("logits", DType::kF32, {Dim(1), Dim(vocab)});
+  (void)AddSamplingStage(b, logits, Dim(1), Dim(1), Dim(1), vocab);
+  KILN_RETURN_IF_ERROR(b.status());
+  for (const Node& n : g.nodes()) {
+    if (n.op != OpKind::kSample) continue;
+    std::vector<TensorType> inputs;
+    for (int32_t in : n.inputs) inputs.push_back({g.node(in).dtype, g.node(in).shape});
+    const backend::KernelRequest req{n.op, &n.attrs, inputs, {n.dtype, n.shape}, "sample"};
+    return device.GetKernel(req).status();
+  }
+  return Internal("the sampling stage built no sample node");
 }
 
 Status PagedLlm::AllocateLoraStates(const std::vector<ForwardContext::LoraState>& states) {

@@ -47,6 +47,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "engine/backend/backend.h"
 #include "engine/base/metrics.h"
+#include "engine/builder.h"
 #include "engine/capture.h"
 #include "engine/program.h"
 #include "models/arch/arch.h"
@@ -246,5 +247,15 @@ class PagedLlm final : public LlmModel {
   std::vector<std::shared_ptr<const LoraAdapter>> slot_adapter_;
   std::vector<float> h_lora_scale_;
 };
+
+// The sampling stage over `logits` [S, vocab]: the engine's sample op and its inputs
+// (sample.params, .uniforms, .penalty_tokens/.penalty_counts/.penalty_bias [S, P],
+// .banned [S, E], .allowed [S, AllowedWords(vocab)]).
+SampleOutputs AddSamplingStage(Builder& b, Value logits, Dim S, Dim P, Dim E, int64_t vocab);
+
+// OK when `device` has a kernel for the sampling stage; Unimplemented with the device's reason
+// when it has none or declines it (cuda: the host samples faster; a device without f64). Asks
+// the device for that one kernel, compiling nothing else.
+Status HasSamplingKernel(backend::Device& device, int64_t vocab);
 
 }  // namespace kiln::models
