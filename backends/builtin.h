@@ -12,9 +12,10 @@
 //        OpenCL device exists (GPUs preferred, then accelerators, then CPUs;
 //        KILN_XPU_DEVICE=<platform>:<device> picks one, KILN_XPU_DEVICE=none disables it).
 //   cuda the gpu backend (backends/gpu): NVIDIA GPUs through the CUDA runtime (linked
-//        statically), NVRTC and cuBLAS (opened at run time). Present only when the build found
-//        the CUDA toolkit (KILN_CUDA=auto|ON|OFF) and a driver and a device exist;
-//        KILN_CUDA_DEVICES=none disables it.
+//        statically), NVRTC and cuBLAS (opened at run time). Not built into the binaries: it
+//        is the plugin libkiln_backend_cuda.so (registry.h says where it is looked for),
+//        built when the build found the CUDA toolkit (KILN_CUDA=auto|ON|OFF); it registers
+//        only where a driver and a device exist. KILN_CUDA_DEVICES=none disables it.
 //
 // The factories are thread-safe; each call makes an independent backend with its own device.
 #pragma once
@@ -36,7 +37,8 @@ struct CpuOptions {
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0, CpuOptions options = {});
 // Null (and logged) when there is no usable OpenCL device or the build has no OpenCL.
 std::unique_ptr<Backend> MakeXpuBackend();
-// Null (and logged) when there is no CUDA driver or device, or the build has no CUDA.
+// A new cuda backend from its plugin (Registry::LoadBackendFromPlugin("cuda")); null, and
+// the reason logged, when there is no plugin, no CUDA driver or no device.
 std::unique_ptr<Backend> MakeCudaBackend();
 
 }  // namespace kiln::backend

@@ -15,6 +15,9 @@
 #ifndef KILN_BACKEND_DEFAULT_DIR
 #define KILN_BACKEND_DEFAULT_DIR "/usr/local/lib/kiln/backends"
 #endif
+#ifndef KILN_BACKEND_BUILD_DIR
+#define KILN_BACKEND_BUILD_DIR KILN_BACKEND_DEFAULT_DIR
+#endif
 
 namespace kiln::backend {
 
@@ -82,24 +85,21 @@ StatusOr<Device*> Registry::GetDevice(std::string_view spec) const {
       absl::StrAppend(&known, known.empty() ? "" : ", ", ToAbsl(x->name()));
     return NotFound("no backend '", ToAbsl(name), "'; registered: ", known);
   }
-  if (index >= b->device_count()) {
-    return NotFound("backend '", ToAbsl(name), "' has ", b->device_count(), " device(s); no index ",
-                    index);
-  }
-  return b->device(index);
+  return b->Open(index);
 }
 
 namespace {
 
-struct LoadCtx {
-  Registry* registry;
+// One call of a plugin's entry point: what it handed over and said.
+struct PluginCall {
   std::string path;
-  int registered = 0;
-  std::string error;
+  std::vector<std::unique_ptr<Backend>> backends;  // accepted (interface version checked)
+  std::string error;                               // why one was refused
+  std::string message;                             // the last thing it logged
 };
 
-int RegisterFromPlugin(void* ctx, void* backend, uint32_t interface_version) {
-  auto* c = static_cast<LoadCtx*>(ctx);
+int CollectFromPlugin(void* ctx, void* backend, uint32_t interface_version) {
+  auto* c = static_cast<PluginCall*>(ctx);
   std::unique_ptr<Backend> b(static_cast<Backend*>(backend));
   if (b == nullptr) {
     c->error = "registered a null backend";
@@ -110,27 +110,30 @@ int RegisterFromPlugin(void* ctx, void* backend, uint32_t interface_version) {
                             kBackendInterfaceVersion);
     return 1;
   }
-  const Status s = c->registry->Register(std::move(b));
-  if (!s.ok()) {
-    c->error = std::string(StatusMessage(s));
-    return 1;
-  }
-  ++c->registered;
+  c->backends.push_back(std::move(b));
   return 0;
 }
 
 void LogFromPlugin(void* ctx, const char* message) {
-  spdlog::info("backend plugin {}: {}", static_cast<LoadCtx*>(ctx)->path, message ? message : "");
+  auto* c = static_cast<PluginCall*>(ctx);
+  c->message = message ? message : "";
+  spdlog::info("backend plugin {}: {}", c->path, c->message);
 }
 
-}  // namespace
-
-Status Registry::LoadPlugin(const std::string& path) {
+// dlopens `path` and calls its entry point once. On success the handle is returned; it must
+// stay loaded while any of call.backends (the plugin's objects) lives. A plugin that reports an
+// error or registers nothing is unloaded: NotFound (no such file), FailedPrecondition (cannot
+// be loaded, failed), InvalidArgument (no entry point), Unavailable (declined: nothing to offer
+// on this machine, with its reason).
+StatusOr<void*> CallPlugin(PluginCall& call) {
+  const std::string& path = call.path;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return NotFound("no backend plugin ", path);
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = dlerror();
-    return Unavailable("cannot load backend plugin ", path, ": ",
-                       err ? err : "unknown dlopen error");
+    return FailedPrecondition("cannot load backend plugin ", path, ": ",
+                              err ? err : "unknown dlopen error");
   }
   dlerror();
   auto entry = reinterpret_cast<KilnBackendRegisterV1Fn>(dlsym(handle, KILN_BACKEND_ENTRY_V1));
@@ -138,29 +141,73 @@ Status Registry::LoadPlugin(const std::string& path) {
     dlclose(handle);
     return InvalidArgument("backend plugin ", path, " does not export ", KILN_BACKEND_ENTRY_V1);
   }
-  LoadCtx ctx{this, path, 0, {}};
   KilnBackendHostV1 host{};
   host.abi_version = KILN_BACKEND_ABI_VERSION;
   host.struct_size = sizeof(KilnBackendHostV1);
   host.interface_version = kBackendInterfaceVersion;
-  host.registry = &ctx;
-  host.register_backend = RegisterFromPlugin;
+  host.registry = &call;
+  host.register_backend = CollectFromPlugin;
   host.log = LogFromPlugin;
   const int rc = entry(&host);
-  if (rc != 0 || ctx.registered == 0) {
-    // Backends it did register stay (their code must stay loaded too).
-    absl::MutexLock lock(&mu_);
-    if (ctx.registered > 0) {
-      handles_.push_back(handle);
+  if (rc == 0 && !call.backends.empty()) return handle;
+  call.backends.clear();  // destroyed while their code is still loaded
+  dlclose(handle);
+  if (rc == KILN_BACKEND_DECLINED) {
+    return Unavailable("backend plugin ", path, " has nothing to offer here: ",
+                       call.message.empty() ? "(it gave no reason)" : call.message);
+  }
+  return FailedPrecondition("backend plugin ", path, " failed to register (code ", rc, ")",
+                            call.error.empty() ? "" : ": ", call.error);
+}
+
+}  // namespace
+
+Status Registry::LoadPlugin(const std::string& path) {
+  PluginCall call;
+  call.path = path;
+  KILN_ASSIGN_OR_RETURN(void* handle, CallPlugin(call));
+  int registered = 0;
+  std::string refused;
+  for (std::unique_ptr<Backend>& b : call.backends) {
+    if (const Status s = Register(std::move(b)); s.ok()) {
+      ++registered;
     } else {
-      dlclose(handle);
+      refused = std::string(StatusMessage(s));
     }
-    return FailedPrecondition("backend plugin ", path, " failed to register (code ", rc, ")",
-                              ctx.error.empty() ? "" : ": ", ctx.error);
+  }
+  call.backends.clear();  // the refused ones, while the code is still loaded
+  if (registered == 0) {
+    dlclose(handle);
+    return FailedPrecondition("backend plugin ", path, " failed to register: ", refused);
   }
   absl::MutexLock lock(&mu_);
   handles_.push_back(handle);
   return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Backend>> Registry::LoadBackendFromPlugin(std::string_view name) {
+  const std::string file = absl::StrCat("libkiln_backend_", ToAbsl(name), ".so");
+  std::vector<std::string> dirs = PluginDirs();
+  dirs.emplace_back(KILN_BACKEND_BUILD_DIR);
+  std::string searched;
+  for (const std::string& dir : dirs) {
+    PluginCall call;
+    call.path = absl::StrCat(dir, "/", file);
+    StatusOr<void*> handle = CallPlugin(call);
+    if (handle.status().code() == StatusCode::kNotFound) {
+      absl::StrAppend(&searched, searched.empty() ? "" : ", ", dir);
+      continue;
+    }
+    KILN_RETURN_IF_ERROR(handle.status());
+    for (std::unique_ptr<Backend>& b : call.backends) {
+      // The library stays loaded for the process' lifetime: the backend's code is in it.
+      if (b->name() == name) return std::move(b);
+    }
+    call.backends.clear();
+    dlclose(*handle);
+    return FailedPrecondition(call.path, " registered no backend named '", ToAbsl(name), "'");
+  }
+  return NotFound("no ", file, " in ", searched);
 }
 
 int Registry::LoadPluginsFrom(const std::string& dir) {
@@ -176,10 +223,23 @@ int Registry::LoadPluginsFrom(const std::string& dir) {
   std::sort(files.begin(), files.end());
   int loaded = 0;
   for (const std::string& f : files) {
+    const std::string file = std::filesystem::path(f).filename().string();
+    {
+      absl::MutexLock lock(&mu_);
+      if (std::find(loaded_files_.begin(), loaded_files_.end(), file) != loaded_files_.end()) {
+        spdlog::debug("skipping backend plugin {}: {} is already loaded", f, file);
+        continue;
+      }
+    }
     const Status s = LoadPlugin(f);
     if (s.ok()) {
       ++loaded;
       spdlog::info("loaded backend plugin {}", f);
+      absl::MutexLock lock(&mu_);
+      loaded_files_.push_back(file);
+    } else if (s.code() == StatusCode::kUnavailable) {
+      // Declined (no driver, no device): not an error; the plugin has said why (LogFromPlugin).
+      spdlog::debug("{}", StatusMessage(s));
     } else {
       spdlog::warn("skipping backend plugin: {}", std::string(StatusMessage(s)));
       absl::MutexLock lock(&mu_);
@@ -194,7 +254,17 @@ std::vector<std::string> Registry::PluginDirs() {
   if (const char* env = std::getenv("KILN_BACKEND_PATH")) {
     for (absl::string_view d : absl::StrSplit(env, ':', absl::SkipEmpty())) dirs.emplace_back(d);
   }
-  dirs.emplace_back(KILN_BACKEND_DEFAULT_DIR);
+  // Beside the binary: <prefix>/bin/kilnd finds <prefix>/lib/kiln/backends, and so do the
+  // build tree's server/kilnd and bin/kiln.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const std::filesystem::path beside = exe.parent_path().parent_path() / "lib/kiln/backends";
+    if (std::filesystem::is_directory(beside, ec)) dirs.push_back(beside.lexically_normal());
+  }
+  if (std::find(dirs.begin(), dirs.end(), KILN_BACKEND_DEFAULT_DIR) == dirs.end()) {
+    dirs.emplace_back(KILN_BACKEND_DEFAULT_DIR);
+  }
   return dirs;
 }
 
@@ -219,6 +289,15 @@ Registry& Registry::Global() {
     return reg;
   }();
   return *r;
+}
+
+std::unique_ptr<Backend> MakeCudaBackend() {
+  StatusOr<std::unique_ptr<Backend>> b = Registry::LoadBackendFromPlugin("cuda");
+  if (!b.ok()) {
+    spdlog::info("cuda: backend not available: {}", StatusMessage(b.status()));
+    return nullptr;
+  }
+  return *std::move(b);
 }
 
 }  // namespace kiln::backend

@@ -4,11 +4,14 @@
 //   KILN_ASSIGN_OR_RETURN(backend::Device* dev, r.GetDevice("cpu"));
 //
 // Plugin autoload (plugin_abi.h): every libkiln_backend_*.so in the directories of
-// KILN_BACKEND_PATH (colon-separated), then in the default directory
+// KILN_BACKEND_PATH (colon-separated), then in lib/kiln/backends beside the binary's folder
+// (<prefix>/bin/kilnd -> <prefix>/lib/kiln/backends), then in the default directory
 // (<install prefix>/lib/kiln/backends), is dlopened in name order and its versioned entry
-// point called. A plugin that fails to load, lacks the entry point, has another ABI or
-// interface version, or reports an error is logged and skipped — it never takes the daemon
-// down. KILN_BACKEND_AUTOLOAD=0 turns autoload off.
+// point called; a file name already loaded from an earlier directory is skipped. A plugin
+// that fails to load, lacks the entry point, has another ABI or interface version, or reports
+// an error is logged and skipped — it never takes the daemon down. One that declines (the
+// cuda plugin without a driver or a device) is logged at info. KILN_BACKEND_AUTOLOAD=0 turns
+// autoload off.
 //
 // `Global()` is a convenience for binaries; tests and embedders can build their own
 // Registry (nothing here assumes one per process). Loaded plugin libraries stay loaded for
@@ -44,8 +47,16 @@ class Registry {
   // "cpu", "cpu:0", "ref". NotFound names the backends that exist.
   StatusOr<Device*> GetDevice(std::string_view spec) const;
 
-  // Loads one plugin file. Errors say why (dlopen message, missing symbol, version).
+  // Loads one plugin file and registers its backends. Errors say why: NotFound (no file),
+  // FailedPrecondition (dlopen message, a refused version or duplicate name, the plugin
+  // failed), InvalidArgument (no entry point), Unavailable (the plugin declined, with its
+  // reason).
   Status LoadPlugin(const std::string& path);
+  // A new backend from libkiln_backend_<name>.so, searched in PluginDirs() and then in the
+  // build tree's plugin folder (for test and bench binaries), outside any registry: what
+  // MakeCudaBackend returns. The library stays loaded for the process' lifetime. NotFound
+  // names the folders searched; the other errors are LoadPlugin's.
+  static StatusOr<std::unique_ptr<Backend>> LoadBackendFromPlugin(std::string_view name);
   // Loads every libkiln_backend_*.so in `dir`; returns how many registered. Failures are
   // logged and recorded in plugin_errors().
   int LoadPluginsFrom(const std::string& dir);
@@ -62,6 +73,7 @@ class Registry {
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Backend>> backends_ ABSL_GUARDED_BY(mu_);
   std::vector<void*> handles_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> loaded_files_ ABSL_GUARDED_BY(mu_);  // plugin file names
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -114,8 +114,12 @@ TEST(RegistryTest, AutoloadFollowsEnvironment) {
     EnvGuard path("KILN_BACKEND_PATH", "/nonexistent:" KILN_TEST_PLUGIN_DIR);
     EnvGuard on("KILN_BACKEND_AUTOLOAD", nullptr);
     Registry r;
-    EXPECT_EQ(r.Autoload(), 1);
+    // The toy, and the gpu plugins beside this binary where they find a GPU (they decline
+    // elsewhere): every backend here came from a plugin.
+    const int loaded = r.Autoload();
     EXPECT_NE(r.Find("toy"), nullptr);
+    EXPECT_GE(loaded, 1);
+    EXPECT_EQ(loaded, static_cast<int>(r.backends().size()));
     EXPECT_EQ(Registry::PluginDirs().front(), "/nonexistent");
   }
 }
@@ -123,7 +127,94 @@ TEST(RegistryTest, AutoloadFollowsEnvironment) {
 TEST(RegistryTest, MissingFileIsAnError) {
   Registry r;
   const Status s = r.LoadPlugin("/nonexistent/libkiln_backend_x.so");
-  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+}
+
+TEST(RegistryTest, APluginThatDeclinesSaysWhyAndIsNotAnError) {
+  Registry r;
+  const Status s = r.LoadPlugin(std::string(KILN_TEST_PLUGIN_DIR) + "/libkiln_backend_declines.so");
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+  EXPECT_NE(std::string(StatusMessage(s)).find("nothing to offer here: no frobnicator attached"),
+            std::string::npos)
+      << s;
+  // In a directory scan it is neither loaded nor an error (LoadsToyPluginAndSkipsBrokenOnes
+  // counts the broken ones).
+  Registry scan;
+  EXPECT_EQ(scan.LoadPluginsFrom(KILN_TEST_PLUGIN_DIR), 1);
+  for (const std::string& e : scan.plugin_errors()) {
+    EXPECT_EQ(e.find("declines"), std::string::npos) << e;
+  }
+}
+
+TEST(RegistryTest, LoadBackendFromPluginMakesIndependentBackends) {
+  EnvGuard path("KILN_BACKEND_PATH", "/nonexistent:" KILN_TEST_PLUGIN_DIR);
+  StatusOr<std::unique_ptr<Backend>> a = Registry::LoadBackendFromPlugin("toy");
+  StatusOr<std::unique_ptr<Backend>> b = Registry::LoadBackendFromPlugin("toy");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*a)->name(), "toy");
+  EXPECT_NE(a->get(), b->get());
+  EXPECT_NE((*a)->device(0), (*b)->device(0));
+
+  const auto missing = Registry::LoadBackendFromPlugin("nosuch");
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(std::string(StatusMessage(missing.status()))
+                .find("libkiln_backend_nosuch.so in "
+                      "/nonexistent, "),
+            std::string::npos)
+      << missing.status();
+  EXPECT_EQ(Registry::LoadBackendFromPlugin("declines").status().code(), StatusCode::kUnavailable);
+}
+
+// A GPU plugin: it declines when disabled (`disable_env`=none) and without a driver or a
+// device, and otherwise registers `name` with its devices not yet opened.
+void CheckGpuPlugin(const char* path, std::string_view name, const char* disable_env) {
+  {
+    EnvGuard off(disable_env, "none");
+    Registry r;
+    const Status s = r.LoadPlugin(path);
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(std::string(StatusMessage(s)).find(StrCat("disabled (", disable_env, "=none)")),
+              std::string::npos)
+        << s;
+  }
+  Registry r;
+  r.RegisterBuiltins();
+  const Status s = r.LoadPlugin(path);
+  if (s.ok()) {
+    Backend* gpu = r.Find(name);
+    ASSERT_NE(gpu, nullptr);
+    ASSERT_GE(gpu->device_count(), 1);
+    EXPECT_FALSE(gpu->opened(0));  // no context until a device is used
+    auto dev = r.GetDevice(StrCat(name, ":0"));
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    EXPECT_TRUE(gpu->opened(0));
+    EXPECT_EQ((*dev)->name(), StrCat(name, ":0"));
+  } else {
+    // No GPU here: declined with the runtime's reason, and the host is unharmed.
+    EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s;
+    EXPECT_NE(std::string(StatusMessage(s)).find("nothing to offer here: "), std::string::npos)
+        << s;
+    EXPECT_EQ(r.Find(name), nullptr);
+    EXPECT_TRUE(r.GetDevice("cpu").ok());
+  }
+}
+
+// The plugins of the gpu backend, built where the CUDA toolkit or the HIP runtime is.
+TEST(RegistryTest, CudaPluginRegistersOnlyWhereThereIsAGpu) {
+#ifndef KILN_TEST_CUDA_PLUGIN
+  GTEST_SKIP() << "this build has no cuda plugin (no CUDA toolkit, or KILN_CUDA=OFF)";
+#else
+  CheckGpuPlugin(KILN_TEST_CUDA_PLUGIN, "cuda", "KILN_CUDA_DEVICES");
+#endif
+}
+
+TEST(RegistryTest, HipPluginRegistersOnlyWhereThereIsAGpu) {
+#ifndef KILN_TEST_HIP_PLUGIN
+  GTEST_SKIP() << "this build has no hip plugin (no HIP runtime, or KILN_HIP=OFF)";
+#else
+  CheckGpuPlugin(KILN_TEST_HIP_PLUGIN, "hip", "KILN_HIP_DEVICES");
+#endif
 }
 
 }  // namespace

@@ -92,9 +92,10 @@ constexpr std::string_view kLogLevels[] = {"trace", "debug",    "info", "warn",
 constexpr std::string_view kLogFormats[] = {"text", "json"};
 constexpr std::string_view kTimeoutActions[] = {"REJECT", "DELAY"};
 
-// Backends a model (or fine-tuning) may name: the device families of backends/builtin.h. A
-// family this machine lacks is refused when the model loads, naming what is registered.
-constexpr std::string_view kBackends[] = {"cpu", "cuda", "xpu", "ref"};
+// Backends a model (or fine-tuning) may name: the device families of backends/builtin.h and the
+// gpu plugins (cuda, hip). A family this machine lacks is refused when the model loads, naming
+// what is registered.
+constexpr std::string_view kBackends[] = {"cpu", "cuda", "hip", "xpu", "ref"};
 
 // Model kinds and what each needs. A new kind (e.g. `llm`, weights from `path`) is a row here;
 // keys only one kind uses are checked against this table, not against the key list.

@@ -656,7 +656,7 @@ TEST(CrossFieldTest, KindBuiltinPathAndBackend) {
               ElementsAre("f.yaml:5:11: `models[0].path`: not used by kind `builtin` (it loads "
                           "no weights)",
                           "f.yaml:6:14: `models[0].backend`: unknown backend `cdua`; expected "
-                          "one of cpu, cuda, xpu, ref (did you mean `cuda`?)"));
+                          "one of cpu, cuda, hip, xpu, ref (did you mean `cuda`?)"));
 }
 
 TEST(CrossFieldTest, InstanceCountAndMaxBatchSizeBounds) {

@@ -1,5 +1,25 @@
 #include "backends/gpu/gpu_blas.h"
 
+#if KILN_GPU_HIP
+// HIP: no BLAS library here (rocBLAS and hipBLASLt are not in Debian 12); GEMMs run Kiln's own
+// kernels.
+namespace kiln::gpu {
+
+struct BlasApi {};
+
+StatusOr<std::unique_ptr<BlasHandle>> BlasHandle::Create(cudaStream_t) {
+  return Unavailable("the hip backend has no BLAS library; GEMMs run Kiln's kernels");
+}
+BlasHandle::~BlasHandle() = default;
+bool BlasHandle::Supports(DType) { return false; }
+bool BlasHandle::Gemm(const devk::GemmCall&, std::string* why) {
+  *why = "no BLAS library";
+  return false;
+}
+
+}  // namespace kiln::gpu
+
+#else
 #include <cublas_api.h>
 #include <dlfcn.h>
 
@@ -143,3 +163,5 @@ bool BlasHandle::Gemm(const devk::GemmCall& g, std::string* why) {
 }
 
 }  // namespace kiln::gpu
+
+#endif  // KILN_GPU_HIP

@@ -5,12 +5,11 @@
 // Thread-safety: Blas::Load is thread-safe; a BlasHandle is used by one thread at a time.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <memory>
 #include <string>
 
 #include "backends/common/device_kernels.h"
+#include "backends/gpu/gpu_runtime.h"
 #include "engine/base/status.h"
 
 namespace kiln::gpu {

@@ -1,7 +1,5 @@
 #include "backends/gpu/gpu_device.h"
 
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -12,9 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "backends/cuda/nvrtc.h"
 #include "backends/gpu/gpu_blas.h"
+#include "backends/gpu/gpu_runtime.h"
 #include "backends/gpu/gpu_sdpa.h"
+#if KILN_GPU_HIP
+#include "backends/rocm/hiprtc.h"
+#else
+#include "backends/cuda/nvrtc.h"
+#endif
 #include "engine/compiler/hash.h"
 #include "engine/ops.h"
 #include "spdlog/spdlog.h"
@@ -30,17 +33,9 @@ Status CudaStatus(cudaError_t e, std::string_view call, const char* file, int li
   (void)cudaGetLastError();  // clear the sticky-free error state for the next call
   const std::string msg = absl::StrCat(ToAbsl(call), " failed (", file, ":", line,
                                        "): ", cudaGetErrorName(e), ": ", cudaGetErrorString(e));
-  switch (e) {
-    case cudaErrorMemoryAllocation:
-      return ResourceExhausted(msg);
-    case cudaErrorInsufficientDriver:
-    case cudaErrorNoDevice:
-    case cudaErrorInitializationError:
-    case cudaErrorDevicesUnavailable:
-      return Unavailable(msg);
-    default:
-      return Internal(msg);
-  }
+  if (e == cudaErrorMemoryAllocation) return ResourceExhausted(msg);
+  if (rt::IsNoDevice(e)) return Unavailable(msg);
+  return Internal(msg);
 }
 
 #define KILN_CUDA_CALL(expr)                                        \
@@ -79,9 +74,9 @@ class GpuKernelSlot final : public devk::KernelSlot {
   int group() const { return group_; }
   bool built() const { return built_.load(std::memory_order_acquire); }
   // The kernel, or the reason it could not be built. REQUIRES: built().
-  cudaKernel_t kernel() const { return kernel_; }
+  rt::Function kernel() const { return kernel_; }
   const Status& status() const { return status_; }
-  void Set(cudaKernel_t k, Status s) {
+  void Set(rt::Function k, Status s) {
     kernel_ = k;
     status_ = std::move(s);
     built_.store(true, std::memory_order_release);
@@ -91,7 +86,7 @@ class GpuKernelSlot final : public devk::KernelSlot {
   std::string source_;
   int group_ = 0;
   std::atomic<bool> built_{false};
-  cudaKernel_t kernel_ = nullptr;
+  rt::Function kernel_ = nullptr;
   Status status_;
 };
 
@@ -113,7 +108,7 @@ class GpuBuffer final : public backend::Buffer {
 class PinnedBuffer final : public backend::Buffer {
  public:
   PinnedBuffer(backend::Device* dev, void* p, size_t bytes) : Buffer(dev, p, bytes) {}
-  ~PinnedBuffer() override { cudaFreeHost(data()); }
+  ~PinnedBuffer() override { (void)cudaFreeHost(data()); }
 };
 
 }  // namespace
@@ -197,7 +192,7 @@ StatusOr<void*> GpuDevice::AllocateRaw(size_t block) {
       // Empty the cache and retry once.
       (void)ReclaimParked();
       for (auto& [size, q] : free_) {
-        cudaFree(q);
+        (void)cudaFree(q);
         astats_.reserved_bytes -= size;
         --astats_.segments;
       }
@@ -306,7 +301,7 @@ class GpuQueue final : public devk::Queue {
     if (!status.ok()) return;
     auto* k = static_cast<GpuKernelSlot*>(slot);
     if (!args.ok()) {
-      return Fail(Internal("cuda kernel ", k->name(),
+      return Fail(Internal(kBackendName, " kernel ", k->name(),
                            ": a tensor is not on this device or the launch has too many "
                            "arguments"));
     }
@@ -315,7 +310,7 @@ class GpuQueue final : public devk::Queue {
       if (global[d] == 0) return;  // nothing to do
       const size_t g = (global[d] + local[d] - 1) / local[d];
       if (g > (d == 0 ? 0x7fffffffu : 65535u) || local[d] > 1024) {
-        return Fail(Unimplemented("cuda kernel ", k->name(), ": ", global[d],
+        return Fail(Unimplemented(kBackendName, " kernel ", k->name(), ": ", global[d],
                                   " work-items in groups of ", local[d], " in dimension ", d,
                                   " exceed the grid"));
       }
@@ -324,18 +319,17 @@ class GpuQueue final : public devk::Queue {
     }
     if (meta_size == 0) meta_size = devk::Args::MetaSize(args.num_meta());
     if (meta_size < args.num_meta()) {
-      return Fail(Internal("cuda kernel ", k->name(), ": ", args.num_meta(),
+      return Fail(Internal(kBackendName, " kernel ", k->name(), ": ", args.num_meta(),
                            " metadata values for meta", meta_size));
     }
     if (Status s = dev_->EnsureBuilt(k); !s.ok()) return Fail(s);
     void* params[devk::Args::kMaxMems + 1];
     for (int i = 0; i < args.num_mems(); ++i) params[i] = const_cast<void**>(args.mems()) + i;
     params[args.num_mems()] = const_cast<int64_t*>(args.meta());
-    const cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(k->kernel()),
-                                           dim3(grid[0], grid[1], grid[2]),
-                                           dim3(block[0], block[1], block[2]), params, 0, stream_);
+    const cudaError_t e = rt::Launch(k->kernel(), dim3(grid[0], grid[1], grid[2]),
+                                     dim3(block[0], block[1], block[2]), params, 0, stream_);
     if (e != cudaSuccess) {
-      Fail(CudaStatus(e, absl::StrCat("cudaLaunchKernel(", k->name(), ")"), __FILE__, __LINE__));
+      Fail(CudaStatus(e, absl::StrCat("launch of ", k->name()), __FILE__, __LINE__));
     }
   }
 
@@ -344,7 +338,8 @@ class GpuQueue final : public devk::Queue {
     std::string why;
     if (blas_->Gemm(call, &why)) return true;
     static std::atomic<int> logged{0};
-    if (logged.fetch_add(1) < 3) spdlog::debug("cuda: {}; using Kiln's GEMM kernel", why);
+    if (logged.fetch_add(1) < 3)
+      spdlog::debug("{}: {}; using Kiln's GEMM kernel", kBackendName, why);
     return false;
   }
 
@@ -398,6 +393,7 @@ class GpuQueue final : public devk::Queue {
   std::optional<SdpaKey> SdpaKeyFor(std::initializer_list<const TensorArg*> t, const TensorArg* lse,
                                     double scale) {
     static const bool enabled = [] {
+      if (!SdpaCompiled()) return false;  // built without cudnn-frontend, or for HIP
       const char* e = std::getenv("KILN_CUDNN_SDPA");
       return e == nullptr || std::string_view(e) != "0";
     }();
@@ -452,8 +448,8 @@ class GpuQueue final : public devk::Queue {
       return true;
     }
     sdpa_failed_ = true;
-    spdlog::warn("cuda: cuDNN SDPA for {}: {}; using Kiln's attention kernel", key.Describe(),
-                 StatusMessage(st));
+    spdlog::warn("{}: cuDNN SDPA for {}: {}; using Kiln's attention kernel", kBackendName,
+                 key.Describe(), StatusMessage(st));
     return false;
   }
 
@@ -468,7 +464,7 @@ class GpuQueue final : public devk::Queue {
 class GpuEvent final : public backend::Event {
  public:
   explicit GpuEvent(cudaEvent_t e) : e_(e) {}
-  ~GpuEvent() override { cudaEventDestroy(e_); }
+  ~GpuEvent() override { (void)cudaEventDestroy(e_); }
   Status Wait() override {
     KILN_CUDA_CALL(cudaEventSynchronize(e_));
     return OkStatus();
@@ -487,7 +483,7 @@ class GpuEvent final : public backend::Event {
 class GpuGraph final : public backend::ExecGraph {
  public:
   GpuGraph(GpuDevice* dev, cudaGraphExec_t exec) : dev_(dev), exec_(exec) {}
-  ~GpuGraph() override { cudaGraphExecDestroy(exec_); }
+  ~GpuGraph() override { (void)cudaGraphExecDestroy(exec_); }
   Status Replay(backend::Stream& stream) override;
 
  private:
@@ -507,13 +503,13 @@ class GpuStream final : public backend::Stream {
     if (capturing_) {
       cudaGraph_t g = nullptr;
       (void)cudaStreamEndCapture(stream_, &g);
-      if (g != nullptr) cudaGraphDestroy(g);
+      if (g != nullptr) (void)cudaGraphDestroy(g);
       dev_->CaptureEnded();
     }
-    cudaStreamSynchronize(stream_);
+    (void)cudaStreamSynchronize(stream_);
     blas_.reset();
     queue_.ReleaseSdpa();  // its cuDNN handle is bound to the stream
-    cudaStreamDestroy(stream_);
+    (void)cudaStreamDestroy(stream_);
   }
   backend::Device& device() override { return *dev_; }
   cudaStream_t stream() const { return stream_; }
@@ -611,8 +607,8 @@ class GpuStream final : public backend::Stream {
     cudaGraph_t graph = nullptr;
     KILN_CUDA_CALL(cudaStreamEndCapture(stream_, &graph));
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
+    const cudaError_t e = rt::Instantiate(&exec, graph);
+    (void)cudaGraphDestroy(graph);
     if (e != cudaSuccess) return CudaStatus(e, "cudaGraphInstantiate", __FILE__, __LINE__);
     return std::unique_ptr<backend::ExecGraph>(new GpuGraph(dev_, exec));
   }
@@ -696,10 +692,39 @@ devk::KernelSlot* GpuDevice::LibraryKernel(std::string_view name) {
   return Declare(std::string(name), "", kLibrary);
 }
 
+#if !KILN_GPU_HIP
 std::vector<std::string> NvrtcOptions() {
   // 161: OpenCL's #pragma in the shared prelude; 177/550: unused locals in templates.
   return {"-std=c++17", "-diag-suppress=161,177,550"};
 }
+#endif
+
+namespace {
+
+// The runtime compiler for this build: its version (part of the kernel cache's identity) and
+// a compile of one program to a code object for `arch`.
+#if KILN_GPU_HIP
+StatusOr<std::string> CompilerVersion() {
+  KILN_ASSIGN_OR_RETURN(const rocm::Hiprtc* hiprtc, rocm::Hiprtc::Load());
+  return absl::StrCat("hiprtc ", hiprtc->version());
+}
+StatusOr<std::string> CompileProgram(const std::string& source, const std::string& arch) {
+  KILN_ASSIGN_OR_RETURN(const rocm::Hiprtc* hiprtc, rocm::Hiprtc::Load());
+  // cuda_compat.h's #pragma once is in the main file.
+  return hiprtc->Compile(source, "kiln.hip", arch, {"-O3", "-Wno-pragma-once-outside-header"});
+}
+#else
+StatusOr<std::string> CompilerVersion() {
+  KILN_ASSIGN_OR_RETURN(const cuda::Nvrtc* nvrtc, cuda::Nvrtc::Load());
+  return nvrtc->version();
+}
+StatusOr<std::string> CompileProgram(const std::string& source, const std::string& arch) {
+  KILN_ASSIGN_OR_RETURN(const cuda::Nvrtc* nvrtc, cuda::Nvrtc::Load());
+  return nvrtc->CompileToCubin(source, "kiln.cu", arch, NvrtcOptions());
+}
+#endif
+
+}  // namespace
 
 StatusOr<std::string> GpuDevice::Cubin(const std::string& source, bool* from_cache) {
   *from_cache = false;
@@ -711,9 +736,7 @@ StatusOr<std::string> GpuDevice::Cubin(const std::string& source, bool* from_cac
       return hit;
     }
   }
-  KILN_ASSIGN_OR_RETURN(const cuda::Nvrtc* nvrtc, cuda::Nvrtc::Load());
-  KILN_ASSIGN_OR_RETURN(std::string cubin,
-                        nvrtc->CompileToCubin(source, "kiln.cu", info_.Arch(), NvrtcOptions()));
+  KILN_ASSIGN_OR_RETURN(std::string cubin, CompileProgram(source, info_.Arch()));
   if (cache_ != nullptr) {
     if (Status s = cache_->Put(cache_ns_, key, cubin); !s.ok()) {
       spdlog::warn("{}: cannot cache a kernel binary: {}", name_, StatusMessage(s));
@@ -730,7 +753,7 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
     absl::MutexLock lock(&mu_);
     lib_program = library_program_;
   }
-  cudaLibrary_t lib = static_cast<cudaLibrary_t>(lib_program);
+  rt::Module lib = static_cast<rt::Module>(lib_program);
   Status status = OkStatus();
   bool from_cache = false;
   const auto t0 = Clock::now();
@@ -738,7 +761,7 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
     std::vector<std::string> kernels;
     for (GpuKernelSlot* k : batch) kernels.push_back(k->source());
     const std::string source =
-        devk::GpuProgramSource(compiler::Dialect::kCuda, group == kLibrary, work_group(), kernels);
+        devk::GpuProgramSource(kDialect, group == kLibrary, work_group(), kernels);
     if (const char* dump = std::getenv("KILN_GPU_DUMP_SOURCES"); dump != nullptr && *dump) {
       std::ofstream(absl::StrCat(dump, "/", compiler::Sha256Hex(source).substr(0, 16), ".cu"))
           << source;
@@ -747,9 +770,8 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
     if (!cubin.ok()) {
       status = cubin.status();
     } else {
-      const cudaError_t e =
-          cudaLibraryLoadData(&lib, cubin->data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-      if (e != cudaSuccess) status = CudaStatus(e, "cudaLibraryLoadData", __FILE__, __LINE__);
+      const cudaError_t e = rt::LoadModule(&lib, cubin->data());
+      if (e != cudaSuccess) status = CudaStatus(e, "loading a module", __FILE__, __LINE__);
     }
     if (status.ok()) {
       absl::MutexLock lock(&mu_);
@@ -763,12 +785,11 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
       k->Set(nullptr, status);
       continue;
     }
-    cudaKernel_t kernel = nullptr;
-    const cudaError_t e = cudaLibraryGetKernel(&kernel, lib, k->name().c_str());
-    k->Set(kernel, e == cudaSuccess
-                       ? OkStatus()
-                       : CudaStatus(e, absl::StrCat("cudaLibraryGetKernel(", k->name(), ")"),
-                                    __FILE__, __LINE__));
+    rt::Function kernel = nullptr;
+    const cudaError_t e = rt::GetKernel(&kernel, lib, k->name().c_str());
+    k->Set(kernel, e == cudaSuccess ? OkStatus()
+                                    : CudaStatus(e, absl::StrCat("getting kernel ", k->name()),
+                                                 __FILE__, __LINE__));
   }
   absl::MutexLock lock(&mu_);
   if (lib_program == nullptr) {
@@ -795,7 +816,7 @@ Status GpuDevice::BuildPending() {
 
 Status GpuDevice::EnsureBuilt(GpuKernelSlot* k) {
   if (!k->built()) KILN_RETURN_IF_ERROR(BuildPending());
-  if (!k->built()) return Internal("cuda: kernel ", k->name(), " was not built");
+  if (!k->built()) return Internal(kBackendName, ": kernel ", k->name(), " was not built");
   return k->status();
 }
 
@@ -831,8 +852,6 @@ void* GpuDevice::GetExtension(std::string_view name) {
 
 // ---- Device and backend ----------------------------------------------------------------------
 
-std::string DeviceInfo::Arch() const { return absl::StrCat("sm_", cc_major, cc_minor); }
-
 std::string DeviceInfo::Describe() const {
   return absl::StrCat(name, " (", Arch(), ", ", multiprocessors, " SMs, ", GiB(total_bytes),
                       ", driver ", driver_version / 1000, ".", driver_version % 1000 / 10, ")");
@@ -841,7 +860,7 @@ std::string DeviceInfo::Describe() const {
 StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOptions& options) {
   std::unique_ptr<GpuDevice> d(new GpuDevice());
   d->options_ = options;
-  d->name_ = absl::StrCat("cuda:", ordinal);
+  d->name_ = absl::StrCat(ToAbsl(kBackendName), ":", ordinal);
   DeviceInfo& info = d->info_;
   info.ordinal = ordinal;
   cudaDeviceProp prop{};
@@ -850,6 +869,12 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
   info.cc_major = prop.major;
   info.cc_minor = prop.minor;
   info.multiprocessors = prop.multiProcessorCount;
+#if KILN_GPU_HIP
+  // "gfx90a:sramecc+:xnack-": hiprtc takes the processor name.
+  info.arch = std::string(prop.gcnArchName).substr(0, std::string(prop.gcnArchName).find(':'));
+#else
+  info.arch = absl::StrCat("sm_", prop.major, prop.minor);
+#endif
   info.total_bytes = prop.totalGlobalMem;
   KILN_CUDA_CALL(cudaDriverGetVersion(&info.driver_version));
   KILN_CUDA_CALL(cudaRuntimeGetVersion(&info.runtime_version));
@@ -875,12 +900,13 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
     }
   }
   if (options.cache_dir != "none") {
-    KILN_ASSIGN_OR_RETURN(const cuda::Nvrtc* nvrtc, cuda::Nvrtc::Load());
+    KILN_ASSIGN_OR_RETURN(const std::string compiler_version, CompilerVersion());
     d->cache_ = std::make_unique<compiler::DiskCache>(options.cache_dir);
     d->cache_ns_ = absl::StrCat(
-        "cuda-", compiler::Sha256Hex(absl::StrCat("kiln-cuda-v1\n", nvrtc->version(), "\n",
-                                                  info.Arch(), "\n", d->work_group()))
-                     .substr(0, 16));
+        ToAbsl(kBackendName), "-",
+        compiler::Sha256Hex(absl::StrCat("kiln-", ToAbsl(kBackendName), "-v1\n", compiler_version,
+                                         "\n", info.Arch(), "\n", d->work_group()))
+            .substr(0, 16));
   }
   return d;
 }
@@ -890,7 +916,7 @@ GpuDevice::~GpuDevice() {
   (void)cudaDeviceSynchronize();
   {
     absl::MutexLock lock(&mu_);
-    for (void* lib : libraries_) cudaLibraryUnload(static_cast<cudaLibrary_t>(lib));
+    for (void* lib : libraries_) (void)rt::UnloadModule(static_cast<rt::Module>(lib));
   }
   std::lock_guard<std::mutex> lock(alloc_mu_);
   if (segment_ != nullptr) {
@@ -898,31 +924,77 @@ GpuDevice::~GpuDevice() {
     segment_.reset();  // unmaps every page
     return;
   }
-  for (auto& [size, p] : free_) cudaFree(p);
-  for (auto& [size, p] : parked_) cudaFree(p);
+  for (auto& [size, p] : free_) (void)cudaFree(p);
+  for (auto& [size, p] : parked_) (void)cudaFree(p);
 }
 
 StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& given) {
+#if KILN_GPU_HIP
+  static constexpr const char* kDevicesEnv = "KILN_HIP_DEVICES";
+  static constexpr const char* kSegmentsEnv = "KILN_HIP_EXPANDABLE_SEGMENTS";
+  static constexpr const char* kVendor = "HIP";
+#else
+  static constexpr const char* kDevicesEnv = "KILN_CUDA_DEVICES";
+  static constexpr const char* kSegmentsEnv = "KILN_CUDA_EXPANDABLE_SEGMENTS";
+  static constexpr const char* kVendor = "CUDA";
+#endif
   GpuOptions options = given;
-  if (const char* v = std::getenv("KILN_CUDA_EXPANDABLE_SEGMENTS"); v != nullptr) {
+  if (const char* v = std::getenv(kSegmentsEnv); v != nullptr) {
     options.expandable_segments = std::string_view(v) == "1";
   }
-  if (const char* v = std::getenv("KILN_CUDA_DEVICES"); v != nullptr && std::string(v) == "none") {
-    return Unavailable("the cuda backend is disabled (KILN_CUDA_DEVICES=none)");
+  if (const char* v = std::getenv(kDevicesEnv); v != nullptr && std::string(v) == "none") {
+    return Unavailable("the ", kBackendName, " backend is disabled (", kDevicesEnv, "=none)");
   }
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    return CudaStatus(e, "cudaGetDeviceCount", __FILE__, __LINE__);
+    return CudaStatus(e, "getting the device count", __FILE__, __LINE__);
   }
-  if (count == 0) return Unavailable("no CUDA device");
-  KILN_RETURN_IF_ERROR(cuda::Nvrtc::Load().status());
-  std::vector<std::unique_ptr<GpuDevice>> devices;
-  for (int i = 0; i < count; ++i) {
-    KILN_ASSIGN_OR_RETURN(std::unique_ptr<GpuDevice> d, GpuDevice::Create(i, options));
-    spdlog::info("cuda:{}: {}", i, d->info().Describe());
-    devices.push_back(std::move(d));
+  if (count == 0) return Unavailable("no ", kVendor, " device");
+  if (StatusOr<std::string> compiler = CompilerVersion(); !compiler.ok()) {
+    // A machine with a GPU and no runtime compiler is misconfigured, not one without a GPU.
+    return FailedPrecondition(count, " ", kVendor, " device(s), but ",
+                              StatusMessage(compiler.status()));
   }
-  return std::make_unique<GpuBackend>(std::move(devices));
+  spdlog::info("{}: {} device(s), opened at first use", kBackendName, count);
+  return std::make_unique<GpuBackend>(count, options);
+}
+
+GpuBackend::GpuBackend(int device_count, GpuOptions options)
+    : count_(device_count),
+      options_(std::move(options)),
+      devices_(static_cast<size_t>(device_count)),
+      failures_(static_cast<size_t>(device_count)) {}
+
+StatusOr<backend::Device*> GpuBackend::Open(int index) {
+  if (index < 0 || index >= count_) {
+    return NotFound("backend '", kBackendName, "' has ", count_, " device(s); no index ", index);
+  }
+  absl::MutexLock lock(&mu_);
+  const size_t i = static_cast<size_t>(index);
+  if (devices_[i] != nullptr) return devices_[i].get();
+  KILN_RETURN_IF_ERROR(failures_[i]);  // a device that failed to open is not retried
+  StatusOr<std::unique_ptr<GpuDevice>> d = GpuDevice::Create(index, options_);
+  if (!d.ok()) {
+    failures_[i] =
+        Status(d.status().code(),
+               absl::StrCat(ToAbsl(kBackendName), ":", index,
+                            " could not be opened: ", ToAbsl(StatusMessage(d.status()))));
+    spdlog::error("{}", StatusMessage(failures_[i]));
+    return failures_[i];
+  }
+  spdlog::info("{}:{}: {}", kBackendName, index, (*d)->info().Describe());
+  devices_[i] = *std::move(d);
+  return devices_[i].get();
+}
+
+backend::Device* GpuBackend::device(int index) {
+  StatusOr<backend::Device*> d = Open(index);
+  return d.ok() ? *d : nullptr;
+}
+
+bool GpuBackend::opened(int index) const {
+  absl::MutexLock lock(&mu_);
+  return index >= 0 && index < count_ && devices_[static_cast<size_t>(index)] != nullptr;
 }
 
 }  // namespace kiln::gpu

@@ -51,16 +51,28 @@
 
 namespace kiln::gpu {
 
+// The same sources build the CUDA backend and, with KILN_GPU_HIP=1, the HIP one
+// (gpu_runtime.h maps the runtime's names): its name, its devices' ("hip:0") and its kernel
+// dialect.
+#if KILN_GPU_HIP
+inline constexpr std::string_view kBackendName = "hip";
+inline constexpr compiler::Dialect kDialect = compiler::Dialect::kHip;
+#else
+inline constexpr std::string_view kBackendName = "cuda";
+inline constexpr compiler::Dialect kDialect = compiler::Dialect::kCuda;
+#endif
+
 // What the backend knows of a device (queried once).
 struct DeviceInfo {
   int ordinal = 0;
   std::string name;  // "NVIDIA H100 80GB HBM3"
+  std::string arch;  // what kernels are compiled for: "sm_90", "gfx90a"
   int cc_major = 0, cc_minor = 0;
   int multiprocessors = 0;
   uint64_t total_bytes = 0;
-  int driver_version = 0;        // 13000
-  int runtime_version = 0;       // 13000
-  std::string Arch() const;      // "sm_90"
+  int driver_version = 0;   // 13000
+  int runtime_version = 0;  // 13000
+  const std::string& Arch() const { return arch; }
   std::string Describe() const;  // "NVIDIA H100 (sm_90, 132 SMs, 79.1 GiB, driver 13.0)"
 };
 
@@ -114,8 +126,8 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   compiler::CompileCounters counters() const override;
 
   // ---- devk::KernelHost ----
-  const char* kernel_prefix() const override { return "cuda"; }
-  compiler::Dialect dialect() const override { return compiler::Dialect::kCuda; }
+  const char* kernel_prefix() const override { return kBackendName.data(); }
+  compiler::Dialect dialect() const override { return kDialect; }
   bool fp64() const override { return true; }
   size_t max_param_bytes() const override { return 4096; }
   // The sample kernel runs one work-item per row over the whole vocabulary: on an H100 a
@@ -200,23 +212,30 @@ class GpuDevice final : public devk::KernelHost, public compiler::Target {
   std::atomic<int64_t> reused_{0};
 };
 
+// The "cuda" backend: one GpuDevice per CUDA device, each opened (its primary context created)
+// at its first use rather than when the backend is made, so a process that never runs on the
+// GPU does not pay a context.
 class GpuBackend final : public backend::Backend {
  public:
-  explicit GpuBackend(std::vector<std::unique_ptr<GpuDevice>> devices)
-      : devices_(std::move(devices)) {}
-  std::string_view name() const override { return "cuda"; }
-  int device_count() const override { return static_cast<int>(devices_.size()); }
-  backend::Device* device(int index) override {
-    return index >= 0 && index < device_count() ? devices_[index].get() : nullptr;
-  }
+  GpuBackend(int device_count, GpuOptions options);
+  std::string_view name() const override { return kBackendName; }
+  int device_count() const override { return count_; }
+  // Opens the device; null (logged once) when it cannot be opened.
+  backend::Device* device(int index) override;
+  StatusOr<backend::Device*> Open(int index) override;
+  bool opened(int index) const override;
 
  private:
-  std::vector<std::unique_ptr<GpuDevice>> devices_;
+  const int count_;
+  const GpuOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<GpuDevice>> devices_ ABSL_GUARDED_BY(mu_);  // null until opened
+  std::vector<Status> failures_ ABSL_GUARDED_BY(mu_);                     // why one could not be
 };
 
-// Every CUDA device (KILN_CUDA_DEVICES=none disables the backend; KILN_CUDA_EXPANDABLE_SEGMENTS=1
-// sets options.expandable_segments). Unavailable with the reason when there is no driver, no
-// device or no NVRTC.
+// The CUDA devices (KILN_CUDA_DEVICES=none disables the backend; KILN_CUDA_EXPANDABLE_SEGMENTS=1
+// sets options.expandable_segments), none opened yet. Unavailable with the reason when there is
+// no driver, no device or no NVRTC.
 StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& options = {});
 
 }  // namespace kiln::gpu

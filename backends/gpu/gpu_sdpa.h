@@ -21,13 +21,12 @@
 // thread at a time (like the stream it is bound to).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "backends/gpu/gpu_runtime.h"
 #include "engine/base/status.h"
 #include "engine/dtype.h"
 

@@ -1,12 +1,107 @@
 #include "backends/gpu/gpu_vmm.h"
 
-#include <cuda.h>
-#include <cuda_runtime_api.h>
-
 #include <string>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+
+#if KILN_GPU_HIP
+#include "backends/gpu/gpu_runtime.h"
+
+// HIP: the runtime has the virtual memory calls itself (hipMemCreate, hipMemMap, ...).
+namespace kiln::gpu {
+
+struct ExpandableSegment::Api {};
+
+namespace {
+
+hipMemAllocationProp DeviceProp(int ordinal) {
+  hipMemAllocationProp prop = {};
+  prop.type = hipMemAllocationTypePinned;
+  prop.location.type = hipMemLocationTypeDevice;
+  prop.location.id = ordinal;
+  return prop;
+}
+
+void* Ptr(unsigned long long p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ExpandableSegment>> ExpandableSegment::Create(int ordinal,
+                                                                       uint64_t reserve_bytes) {
+  static const Api api;
+  // HIP 5.2 has no attribute for virtual memory management: a device without it fails the
+  // first call below.
+  std::unique_ptr<ExpandableSegment> s(new ExpandableSegment());
+  s->api_ = &api;
+  s->ordinal_ = ordinal;
+  const hipMemAllocationProp prop = DeviceProp(ordinal);
+  size_t g = 0;
+  if (hipError_t r =
+          hipMemGetAllocationGranularity(&g, &prop, hipMemAllocationGranularityRecommended);
+      r != hipSuccess || g == 0) {
+    return Unavailable("expandable segments: hipMemGetAllocationGranularity: ", hipGetErrorName(r));
+  }
+  s->granularity_ = g;
+  s->reserved_ = (reserve_bytes + g - 1) / g * g;
+  void* base = nullptr;
+  if (hipError_t r = hipMemAddressReserve(&base, s->reserved_, g, nullptr, 0); r != hipSuccess) {
+    return Unavailable("expandable segments: hipMemAddressReserve of ", s->reserved_,
+                       " bytes: ", hipGetErrorName(r));
+  }
+  s->base_ = reinterpret_cast<uintptr_t>(base);
+  return s;
+}
+
+ExpandableSegment::~ExpandableSegment() {
+  if (api_ == nullptr || base_ == 0) return;
+  uint64_t offset = 0;
+  for (const auto& [size, handle] : chunks_) {
+    (void)hipMemUnmap(Ptr(base_ + offset), size);
+    (void)hipMemRelease(reinterpret_cast<hipMemGenericAllocationHandle_t>(handle));
+    offset += size;
+  }
+  (void)hipMemAddressFree(Ptr(base_), reserved_);
+}
+
+Status ExpandableSegment::MapTo(uint64_t bytes) {
+  if (bytes <= mapped_) return OkStatus();
+  if (bytes > reserved_) {
+    return InvalidArgument("expandable segment: ", bytes, " bytes past its reservation of ",
+                           reserved_);
+  }
+  const uint64_t size = (bytes - mapped_ + granularity_ - 1) / granularity_ * granularity_;
+  const hipMemAllocationProp prop = DeviceProp(ordinal_);
+  hipMemGenericAllocationHandle_t handle = nullptr;
+  if (hipError_t r = hipMemCreate(&handle, size, &prop, 0); r != hipSuccess) {
+    if (r == hipErrorOutOfMemory) {
+      return ResourceExhausted("hipMemCreate of ", size, " bytes: ", hipGetErrorName(r));
+    }
+    return Internal("hipMemCreate of ", size, " bytes: ", hipGetErrorName(r));
+  }
+  void* at = Ptr(base_ + mapped_);
+  if (hipError_t r = hipMemMap(at, size, 0, handle, 0); r != hipSuccess) {
+    (void)hipMemRelease(handle);
+    return Internal("hipMemMap of ", size, " bytes: ", hipGetErrorName(r));
+  }
+  hipMemAccessDesc access = {};
+  access.location = prop.location;
+  access.flags = hipMemAccessFlagsProtReadWrite;
+  if (hipError_t r = hipMemSetAccess(at, size, &access, 1); r != hipSuccess) {
+    (void)hipMemUnmap(at, size);
+    (void)hipMemRelease(handle);
+    return Internal("hipMemSetAccess of ", size, " bytes: ", hipGetErrorName(r));
+  }
+  chunks_.emplace_back(size, reinterpret_cast<uintptr_t>(handle));
+  mapped_ += size;
+  return OkStatus();
+}
+
+}  // namespace kiln::gpu
+
+#else
+#include <cuda.h>
+#include <cuda_runtime_api.h>
 
 namespace kiln::gpu {
 
@@ -151,3 +246,5 @@ Status ExpandableSegment::MapTo(uint64_t bytes) {
 }
 
 }  // namespace kiln::gpu
+
+#endif  // KILN_GPU_HIP

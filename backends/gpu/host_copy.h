@@ -3,12 +3,11 @@
 // benchmarks. Copies are blocking on `stream`. Also cudaMalloc'd SDPA workspaces.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <span>
 #include <vector>
 
 #include "backends/builtin.h"
+#include "backends/gpu/gpu_runtime.h"
 #include "backends/gpu/gpu_sdpa.h"
 #include "engine/tensor.h"
 

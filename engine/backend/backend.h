@@ -37,7 +37,8 @@ namespace kiln::backend {
 
 // 3: LaunchArgs::extra_outputs (multi-output nodes), in-place writes beyond kv_write.
 // 4: ExecCtx::shares_in_sequence.
-inline constexpr uint32_t kBackendInterfaceVersion = 4;
+// 5: Backend::Open and Backend::opened (devices opened on first use).
+inline constexpr uint32_t kBackendInterfaceVersion = 5;
 // Every Allocate() result is aligned to at least this many bytes.
 inline constexpr size_t kMinAlignment = 64;
 
@@ -238,8 +239,25 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;  // "cpu", "ref", "cuda"
   virtual int device_count() const = 0;
-  // REQUIRES: 0 <= index < device_count(). Owned by the backend.
+  // REQUIRES: 0 <= index < device_count(). Owned by the backend. A backend whose devices open
+  // on first use (a GPU's context costs hundreds of MB) opens it here, and returns null (and
+  // logs why) when it cannot; Open says why.
   virtual Device* device(int index) = 0;
+  // The device, opened if need be; NotFound for an index out of range, the reason a device
+  // that exists could not be opened.
+  virtual StatusOr<Device*> Open(int index) {
+    if (index < 0 || index >= device_count()) {
+      return NotFound("backend '", ToAbsl(name()), "' has ", device_count(),
+                      " device(s); no index ", index);
+    }
+    return device(index);
+  }
+  // False while device `index` exists but has not been opened: what reports on every device
+  // (metrics) skips it rather than open it.
+  virtual bool opened(int index) const {
+    (void)index;
+    return true;
+  }
   virtual void* GetExtension(std::string_view name) {
     (void)name;
     return nullptr;

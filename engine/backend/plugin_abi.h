@@ -10,8 +10,12 @@
  * — and hands each to host->register_backend, passing the kBackendInterfaceVersion it was
  * compiled against. The host takes ownership (and deletes the object itself if it refuses
  * it, e.g. for a version mismatch or a duplicate name). The entry point returns 0 on success;
- * any other value makes the host log and skip the plugin. A plugin must be built with the
- * same C++ toolchain and standard library as the host.
+ * KILN_BACKEND_DECLINED when it has nothing to offer on this machine (no driver, no device:
+ * it says why through host->log first; the host logs that at info level, not as an error);
+ * any other value makes the host log an error and skip the plugin. A plugin that does not
+ * return 0 is unloaded, and the backends it handed over are deleted first. A plugin must be
+ * built with the same C++ toolchain and standard library as the host. The host may call the
+ * entry point again for another, independent set of backends (backend::MakeCudaBackend).
  *
  * Plain C so the versioned symbol and struct stay stable. Bump the _v1 suffix (and add
  * KilnBackendHostV2) for incompatible changes; extend V1 only by appending fields, which
@@ -28,6 +32,7 @@ extern "C" {
 
 #define KILN_BACKEND_ABI_VERSION 1
 #define KILN_BACKEND_ENTRY_V1 "kiln_backend_register_v1"
+#define KILN_BACKEND_DECLINED 2
 
 typedef struct KilnBackendHostV1 {
   uint32_t abi_version;       /* KILN_BACKEND_ABI_VERSION */

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
 #include "backends/registry.h"
 #include "models/arch/arch.h"
@@ -86,10 +87,18 @@ StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
       (void)registry.Register(std::move(xpu));  // AlreadyExists if another load won the race
     }
   }
-  // Likewise the CUDA backend (creating a context costs a GPU process hundreds of MB).
-  if ((name == "cuda" || name.rfind("cuda:", 0) == 0) && registry.Find("cuda") == nullptr) {
-    if (std::unique_ptr<backend::Backend> cuda = backend::MakeCudaBackend()) {
-      (void)registry.Register(std::move(cuda));
+  // Other backends (cuda, hip) are plugins, autoloaded where their folder is found
+  // (registry.h); loaded here from the build tree or when autoload is off. A plugin that is
+  // there but cannot serve says why; without one, GetDevice lists what is registered.
+  const std::string family = name.substr(0, name.find(':'));
+  if (registry.Find(family) == nullptr) {
+    StatusOr<std::unique_ptr<backend::Backend>> b =
+        backend::Registry::LoadBackendFromPlugin(family);
+    if (b.ok()) {
+      (void)registry.Register(*std::move(b));  // AlreadyExists if another load won the race
+    } else if (b.status().code() != StatusCode::kNotFound) {
+      return Status(b.status().code(), absl::StrCat("backend '", family, "' is not available: ",
+                                                    ToAbsl(StatusMessage(b.status()))));
     }
   }
   KILN_ASSIGN_OR_RETURN(parts.device, registry.GetDevice(name));
@@ -242,7 +251,9 @@ StatusOr<std::unique_ptr<LlmModel>> LoadLlm(const config::ModelConfig& config) {
 std::vector<backend::Device*> RegisteredDevices() {
   std::vector<backend::Device*> devices;
   for (backend::Backend* b : backend::Registry::Global().backends()) {
-    for (int i = 0; i < b->device_count(); ++i) devices.push_back(b->device(i));
+    for (int i = 0; i < b->device_count(); ++i) {
+      if (b->opened(i)) devices.push_back(b->device(i));  // never opens a GPU for a report
+    }
   }
   return devices;
 }

@@ -55,8 +55,9 @@ StatusOr<PagedLlmParts> OpenLlmParts(const config::ModelConfig& config);
 StatusOr<std::unique_ptr<PagedLlm>> LoadPagedLlm(const config::ModelConfig& config,
                                                  const LlmLoadOptions& options = {});
 
-// Every device of every registered backend (backend::Registry::Global()): what the server's
-// device memory metrics (scheduler/device_metrics.h) look at.
+// Every opened device of every registered backend (backend::Registry::Global()): what the
+// server's device memory metrics (scheduler/device_metrics.h) look at. A GPU no model has
+// opened is left closed.
 std::vector<backend::Device*> RegisteredDevices();
 
 }  // namespace kiln::models

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Packs what tests/gpu/device_check.sh runs on a GPU machine into one archive: the GPU test
-# binaries, the `kiln` CLI, kilnd and every shared library they load from this machine (not glibc,
-# not the GPU driver; NVRTC, cuBLAS and cuDNN (hundreds of MB) come from the GPU machine's CUDA
-# toolkit). The archive
-# travels with the working tree to a lent GPU machine (see docs/gpu.md).
+# binaries, the `kiln` CLI, kilnd, the backend plugins (lib/kiln/backends) and every shared
+# library they load from this machine (not glibc, not the GPU driver; NVRTC, cuBLAS and cuDNN
+# (hundreds of MB) come from the GPU machine's CUDA toolkit). The archive travels with the
+# working tree to a lent GPU machine (see docs/gpu.md).
 #
 #   tests/gpu/bundle.sh BUILD_DIR OUT_DIR      -> OUT_DIR/kiln-gpu-bundle.tar.xz
 #
@@ -18,9 +18,21 @@ if [ -n "${BUNDLE_BINS:-}" ]; then read -r -a bins <<< "$BUNDLE_BINS"; fi
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" "$out"
-for b in "${bins[@]}"; do
-  cp "$build/$b" "$stage/bin/"
-  strip "$stage/bin/$(basename "$b")"  # a call to the GPU machine carries 64 MiB at most
+# The cuda backend is a plugin: lib/kiln/backends beside bin/ is where kilnd and kiln look.
+mkdir -p "$stage/lib/kiln/backends"
+plugins=()
+for p in "$build"/lib/kiln/backends/libkiln_backend_*.so; do
+  [ -e "$p" ] || continue
+  cp "$p" "$stage/lib/kiln/backends/"
+  strip "$stage/lib/kiln/backends/$(basename "$p")"
+  plugins+=("lib/kiln/backends/$(basename "$p")")
+done
+for b in "${bins[@]}" "${plugins[@]}"; do
+  case "$b" in
+    lib/*) ;;
+    *) cp "$build/$b" "$stage/bin/"
+       strip "$stage/bin/$(basename "$b")" ;;  # a call to the GPU machine carries 64 MiB at most
+  esac
   ldd "$build/$b" | awk '/=> \//{print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so.*|libm.so.*|libdl.so.*|libpthread.so.*|librt.so.*|ld-linux*|libcuda.so*) ;;

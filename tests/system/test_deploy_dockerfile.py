@@ -14,6 +14,8 @@ from conftest import KILND
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+# Where the build puts backend plugins: lib/kiln/backends beside kilnd's folder's parent.
+PLUGIN_DIR = Path(KILND).resolve().parents[1] / "lib" / "kiln" / "backends"
 # What debian:12-slim has without asking: glibc and the C++ runtime apt itself needs.
 SLIM_BASE = {"libc6", "libstdc++6", "libgcc-s1"}
 
@@ -52,7 +54,20 @@ def test_the_runtime_image_has_every_library_kilnd_links():
     listed = runtime_packages()
     assert "libgrpc++1.51" in listed, listed  # the parser read the list
     assert "g++" in listed, "the cpu backend compiles its kernels at run time: the image needs g++"
-    missing = {lib: pkg for lib, pkg in owning_packages(KILND).items()
-               if pkg not in listed | SLIM_BASE}
-    assert not missing, ("deploy/Dockerfile's runtime stage lacks packages for: " +
-                         ", ".join(f"{pkg} ({lib})" for lib, pkg in sorted(missing.items())))
+    # kilnd and the backend plugins the image copies beside it (lib/kiln/backends); not the hip
+    # plugin where the image is built without it.
+    plugins = sorted(PLUGIN_DIR.glob("libkiln_backend_*.so"))
+    if "-DKILN_HIP=OFF" in DOCKERFILE.read_text():
+        plugins = [p for p in plugins if p.name != "libkiln_backend_hip.so"]
+    binaries = [KILND] + [str(p) for p in plugins]
+    for binary in binaries:
+        missing = {lib: pkg for lib, pkg in owning_packages(binary).items()
+                   if pkg not in listed | SLIM_BASE}
+        assert not missing, (f"deploy/Dockerfile's runtime stage lacks packages for {binary}: " +
+                             ", ".join(f"{pkg} ({lib})" for lib, pkg in sorted(missing.items())))
+
+
+def test_the_image_copies_the_plugin_folder_the_build_fills():
+    text = DOCKERFILE.read_text()
+    assert "/src/build/lib/kiln/backends/ /usr/local/lib/kiln/backends/" in text
+    assert PLUGIN_DIR.is_dir(), f"the build made no {PLUGIN_DIR} (backends/CMakeLists.txt)"
