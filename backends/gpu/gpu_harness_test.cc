@@ -1,10 +1,11 @@
-// The op harness on the cuda backend: every forward case and every gradient case must pass on
-// each CUDA device against `ref` (unsupported counts as a failure). Kernels of all cases are
+// The op harness on the cuda backend (built as hip_harness_test too, on the hip backend from the
+// same sources): every forward case and every gradient case must pass on each device against
+// `ref` (unsupported counts as a failure). Kernels of all cases are
 // declared first and built as one batch. Also: a captured CUDA graph replays what a direct run
 // computes, the allocator reuses what is released and names the numbers when memory runs out,
 // in both of its modes (cudaMalloc blocks; one expandable segment).
 //
-// Without a CUDA driver or device the tests skip, saying why (ctest shows them as skipped).
+// Without a driver or device the tests skip, saying why (ctest shows them as skipped).
 // KILN_GPU_HARNESS_OP=<op> limits the harness to one op (debugging).
 #include <gtest/gtest.h>
 
@@ -52,7 +53,7 @@ class Teardown : public ::testing::Environment {
 const auto* const kTeardown = ::testing::AddGlobalTestEnvironment(new Teardown());
 
 #define REQUIRE_GPU() \
-  if (!Get().cuda) GTEST_SKIP() << "no CUDA device: " << Get().why_none
+  if (!Get().cuda) GTEST_SKIP() << "no " << kBackendName << " device: " << Get().why_none
 
 void RunCases(bool gradient) {
   REQUIRE_GPU();
