@@ -22,13 +22,9 @@
 namespace kiln::backend {
 
 Registry::~Registry() {
-  std::vector<void*> handles;
-  {
-    absl::MutexLock lock(&mu_);
-    backends_.clear();  // plugin objects die while their code is still loaded
-    handles.swap(handles_);
-  }
-  for (void* h : handles) dlclose(h);
+  // The plugins' objects go; their libraries stay loaded (CallPlugin).
+  absl::MutexLock lock(&mu_);
+  backends_.clear();
 }
 
 Status Registry::Register(std::unique_ptr<Backend> backend) {
@@ -120,12 +116,13 @@ void LogFromPlugin(void* ctx, const char* message) {
   spdlog::info("backend plugin {}: {}", c->path, c->message);
 }
 
-// dlopens `path` and calls its entry point once. On success the handle is returned; it must
-// stay loaded while any of call.backends (the plugin's objects) lives. A plugin that reports an
-// error or registers nothing is unloaded: NotFound (no such file), FailedPrecondition (cannot
-// be loaded, failed), InvalidArgument (no entry point), Unavailable (declined: nothing to offer
-// on this machine, with its reason).
-StatusOr<void*> CallPlugin(PluginCall& call) {
+// dlopens `path` and calls its entry point once; what it hands over is in call.backends. A
+// plugin whose entry point ran stays loaded for the process' lifetime, even when it reports an
+// error or registers nothing: its objects need its code, and a GPU runtime it initialised
+// (HIP's starts threads) cannot be unloaded safely. Errors: NotFound (no such file),
+// FailedPrecondition (cannot be loaded, failed), InvalidArgument (no entry point), Unavailable
+// (declined: nothing to offer on this machine, with its reason).
+Status CallPlugin(PluginCall& call) {
   const std::string& path = call.path;
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return NotFound("no backend plugin ", path);
@@ -149,9 +146,8 @@ StatusOr<void*> CallPlugin(PluginCall& call) {
   host.register_backend = CollectFromPlugin;
   host.log = LogFromPlugin;
   const int rc = entry(&host);
-  if (rc == 0 && !call.backends.empty()) return handle;
-  call.backends.clear();  // destroyed while their code is still loaded
-  dlclose(handle);
+  if (rc == 0 && !call.backends.empty()) return OkStatus();
+  call.backends.clear();
   if (rc == KILN_BACKEND_DECLINED) {
     return Unavailable("backend plugin ", path, " has nothing to offer here: ",
                        call.message.empty() ? "(it gave no reason)" : call.message);
@@ -165,7 +161,7 @@ StatusOr<void*> CallPlugin(PluginCall& call) {
 Status Registry::LoadPlugin(const std::string& path) {
   PluginCall call;
   call.path = path;
-  KILN_ASSIGN_OR_RETURN(void* handle, CallPlugin(call));
+  KILN_RETURN_IF_ERROR(CallPlugin(call));
   int registered = 0;
   std::string refused;
   for (std::unique_ptr<Backend>& b : call.backends) {
@@ -175,13 +171,9 @@ Status Registry::LoadPlugin(const std::string& path) {
       refused = std::string(StatusMessage(s));
     }
   }
-  call.backends.clear();  // the refused ones, while the code is still loaded
   if (registered == 0) {
-    dlclose(handle);
     return FailedPrecondition("backend plugin ", path, " failed to register: ", refused);
   }
-  absl::MutexLock lock(&mu_);
-  handles_.push_back(handle);
   return OkStatus();
 }
 
@@ -193,18 +185,15 @@ StatusOr<std::unique_ptr<Backend>> Registry::LoadBackendFromPlugin(std::string_v
   for (const std::string& dir : dirs) {
     PluginCall call;
     call.path = absl::StrCat(dir, "/", file);
-    StatusOr<void*> handle = CallPlugin(call);
-    if (handle.status().code() == StatusCode::kNotFound) {
+    const Status s = CallPlugin(call);
+    if (s.code() == StatusCode::kNotFound) {
       absl::StrAppend(&searched, searched.empty() ? "" : ", ", dir);
       continue;
     }
-    KILN_RETURN_IF_ERROR(handle.status());
+    KILN_RETURN_IF_ERROR(s);
     for (std::unique_ptr<Backend>& b : call.backends) {
-      // The library stays loaded for the process' lifetime: the backend's code is in it.
       if (b->name() == name) return std::move(b);
     }
-    call.backends.clear();
-    dlclose(*handle);
     return FailedPrecondition(call.path, " registered no backend named '", ToAbsl(name), "'");
   }
   return NotFound("no ", file, " in ", searched);

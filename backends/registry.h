@@ -14,8 +14,9 @@
 // autoload off.
 //
 // `Global()` is a convenience for binaries; tests and embedders can build their own
-// Registry (nothing here assumes one per process). Loaded plugin libraries stay loaded for
-// the registry's lifetime.
+// Registry (nothing here assumes one per process). A plugin library whose entry point ran
+// stays loaded for the process' lifetime, whatever it returned: the GPU runtimes inside the
+// gpu plugins cannot be unloaded safely once initialised.
 //
 // Thread-safety: all methods are thread-safe; Backend/Device pointers stay valid for the
 // registry's lifetime.
@@ -72,7 +73,6 @@ class Registry {
  private:
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Backend>> backends_ ABSL_GUARDED_BY(mu_);
-  std::vector<void*> handles_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> loaded_files_ ABSL_GUARDED_BY(mu_);  // plugin file names
   std::vector<std::string> errors_ ABSL_GUARDED_BY(mu_);
 };

@@ -12,8 +12,9 @@
  * it, e.g. for a version mismatch or a duplicate name). The entry point returns 0 on success;
  * KILN_BACKEND_DECLINED when it has nothing to offer on this machine (no driver, no device:
  * it says why through host->log first; the host logs that at info level, not as an error);
- * any other value makes the host log an error and skip the plugin. A plugin that does not
- * return 0 is unloaded, and the backends it handed over are deleted first. A plugin must be
+ * any other value makes the host log an error and skip the plugin, deleting the backends it
+ * handed over. The host never unloads a library whose entry point ran (a GPU runtime inside
+ * one cannot be unloaded safely once initialised). A plugin must be
  * built with the same C++ toolchain and standard library as the host. The host may call the
  * entry point again for another, independent set of backends (backend::MakeCudaBackend).
  *
