@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   gen->add_option("--seed", a.seed, "sampling seed (default: random)");
   gen->add_option("--threads", a.threads,
                   "CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)");
-  gen->add_option("--backend", a.backend, "cpu (default), ref, xpu, cuda");
+  gen->add_option("--backend", a.backend, "cpu (default), ref, xpu, cuda, hip");
   gen->add_option("--activations", a.activations,
                   "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
       ->check(CLI::IsMember({"f32", "q8"}));
@@ -278,7 +278,7 @@ int main(int argc, char** argv) {
   ft->add_option("--keep-checkpoints", f.keep_checkpoints, "newest checkpoints kept (default 2)");
   ft->add_option("--threads", f.threads,
                  "CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)");
-  ft->add_option("--backend", f.backend, "cpu (default), ref, xpu, cuda");
+  ft->add_option("--backend", f.backend, "cpu (default), ref, xpu, cuda, hip");
   ft->add_option("--log-level", log_level, "trace|debug|info|warn|error (default warn)");
 
   std::string export_model, export_adapter, export_out;
