@@ -329,7 +329,7 @@ class GpuQueue final : public devk::Queue {
     const cudaError_t e = rt::Launch(k->kernel(), dim3(grid[0], grid[1], grid[2]),
                                      dim3(block[0], block[1], block[2]), params, 0, stream_);
     if (e != cudaSuccess) {
-      Fail(CudaStatus(e, absl::StrCat("launch of ", k->name()), __FILE__, __LINE__));
+      Fail(CudaStatus(e, absl::StrCat(rt::kLaunchCall, "(", k->name(), ")"), __FILE__, __LINE__));
     }
   }
 
@@ -771,7 +771,7 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
       status = cubin.status();
     } else {
       const cudaError_t e = rt::LoadModule(&lib, cubin->data());
-      if (e != cudaSuccess) status = CudaStatus(e, "loading a module", __FILE__, __LINE__);
+      if (e != cudaSuccess) status = CudaStatus(e, rt::kLoadModuleCall, __FILE__, __LINE__);
     }
     if (status.ok()) {
       absl::MutexLock lock(&mu_);
@@ -787,9 +787,10 @@ Status GpuDevice::BuildBatch(int group, std::vector<GpuKernelSlot*> batch) {
     }
     rt::Function kernel = nullptr;
     const cudaError_t e = rt::GetKernel(&kernel, lib, k->name().c_str());
-    k->Set(kernel, e == cudaSuccess ? OkStatus()
-                                    : CudaStatus(e, absl::StrCat("getting kernel ", k->name()),
-                                                 __FILE__, __LINE__));
+    k->Set(kernel, e == cudaSuccess
+                       ? OkStatus()
+                       : CudaStatus(e, absl::StrCat(rt::kGetKernelCall, "(", k->name(), ")"),
+                                    __FILE__, __LINE__));
   }
   absl::MutexLock lock(&mu_);
   if (lib_program == nullptr) {
@@ -947,7 +948,7 @@ StatusOr<std::unique_ptr<GpuBackend>> CreateGpuBackend(const GpuOptions& given) 
   }
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    return CudaStatus(e, "getting the device count", __FILE__, __LINE__);
+    return CudaStatus(e, rt::kDeviceCountCall, __FILE__, __LINE__);
   }
   if (count == 0) return Unavailable("no ", kVendor, " device");
   if (StatusOr<std::string> compiler = CompilerVersion(); !compiler.ok()) {

@@ -9,6 +9,9 @@
 //   rt::Launch              a kernel launch (grid, block, arguments, stream)
 //   rt::UnloadModule
 //   rt::Instantiate         a captured graph as an executable graph
+//
+// Errors name the call: the wrappers' real names are rt::k*Call; other calls are named as the
+// source spells them (their CUDA names, in both builds).
 #pragma once
 
 #include <cstddef>
@@ -78,6 +81,10 @@ namespace kiln::gpu::rt {
 
 #if KILN_GPU_HIP
 using Module = hipModule_t;
+inline constexpr const char* kLoadModuleCall = "hipModuleLoadData";
+inline constexpr const char* kGetKernelCall = "hipModuleGetFunction";
+inline constexpr const char* kLaunchCall = "hipModuleLaunchKernel";
+inline constexpr const char* kDeviceCountCall = "hipGetDeviceCount";
 using Function = hipFunction_t;
 
 inline hipError_t LoadModule(Module* m, const void* image) { return hipModuleLoadData(m, image); }
@@ -99,6 +106,10 @@ inline bool IsNoDevice(hipError_t e) {
 }
 #else
 using Module = cudaLibrary_t;
+inline constexpr const char* kLoadModuleCall = "cudaLibraryLoadData";
+inline constexpr const char* kGetKernelCall = "cudaLibraryGetKernel";
+inline constexpr const char* kLaunchCall = "cudaLaunchKernel";
+inline constexpr const char* kDeviceCountCall = "cudaGetDeviceCount";
 using Function = cudaKernel_t;
 
 inline cudaError_t LoadModule(Module* m, const void* image) {

@@ -170,6 +170,29 @@ def test_load_with_inline_config_adds_a_model(kilnd):
         c.load_model("broken", config='{"kind": "builtin", "max_batch": 4}')
 
 
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_a_model_on_a_gpu_backend_this_machine_lacks_fails_its_load_with_the_reason(kilnd,
+                                                                                    backend):
+    """The gpu backends are plugins (lib/kiln/backends beside kilnd) that decline without a
+    driver or a device: a model asking for one fails its load saying why, and the server keeps
+    serving the rest. Where the GPU exists the model loads."""
+    model = os.path.join(os.path.dirname(__file__), "..", "fixtures", "models", "llama_gqa_f32")
+    c = grpcclient.InferenceServerClient(kilnd.grpc_url)
+    config = ('{"kind": "llm", "path": "%s", "backend": "%s"}' % (os.path.abspath(model), backend))
+    try:
+        c.load_model(f"on_{backend}", config=config)
+    except InferenceServerException as e:
+        # Declined (the plugin's reason, e.g. cudaErrorInsufficientDriver / hipErrorNoDevice),
+        # or not built into this tree (no toolkit): never a crash or a hang.
+        assert (f"backend '{backend}' is not available: backend plugin " in str(e) and
+                "has nothing to offer here: " in str(e)) or f"no backend '{backend}'" in str(e), e
+        assert not c.is_model_ready(f"on_{backend}")
+    else:
+        assert c.is_model_ready(f"on_{backend}")
+    a = np.ones((1, 16), np.int32)
+    np.testing.assert_array_equal(c.infer("simple", simple_inputs(a, a)).as_numpy("OUTPUT0"), 2 * a)
+
+
 def test_load_with_a_partial_config_changes_only_its_keys(kilnd):
     """tritonclient's load_model(name, config=...) with some keys: they change the model's entry
     and the rest is kept (regression: refused with "`kind`: missing")."""
