@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/builtin.h"
 #include "engine/backend/plugin_abi.h"
+#include "engine/compiler/host_services.h"
 #include "spdlog/spdlog.h"
 
 #ifndef KILN_BACKEND_DEFAULT_DIR
@@ -145,6 +146,7 @@ Status CallPlugin(PluginCall& call) {
   host.registry = &call;
   host.register_backend = CollectFromPlugin;
   host.log = LogFromPlugin;
+  host.services = &compiler::ThisProcessServices();
   const int rc = entry(&host);
   if (rc == 0 && !call.backends.empty()) return OkStatus();
   call.backends.clear();
@@ -152,8 +154,10 @@ Status CallPlugin(PluginCall& call) {
     return Unavailable("backend plugin ", path, " has nothing to offer here: ",
                        call.message.empty() ? "(it gave no reason)" : call.message);
   }
+  // Why: a backend it handed over was refused, or else what it said last.
+  const std::string& why = call.error.empty() ? call.message : call.error;
   return FailedPrecondition("backend plugin ", path, " failed to register (code ", rc, ")",
-                            call.error.empty() ? "" : ": ", call.error);
+                            why.empty() ? "" : ": ", why);
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 
 #include "backends/builtin.h"
 #include "engine/builder.h"
+#include "engine/compiler/compile.h"
+#include "engine/compiler/host_services.h"
+#include "engine/compiler/kernel_cache.h"
 #include "engine/program.h"
 
 namespace kiln::backend {
@@ -164,6 +167,56 @@ TEST(RegistryTest, LoadBackendFromPluginMakesIndependentBackends) {
             std::string::npos)
       << missing.status();
   EXPECT_EQ(Registry::LoadBackendFromPlugin("declines").status().code(), StatusCode::kUnavailable);
+}
+
+// A plugin of another build (one left in the plugin folder after an upgrade) that links the
+// engine, as the gpu plugins do, is refused naming both builds.
+TEST(RegistryTest, APluginOfAnotherBuildIsRefusedNamingBoth) {
+  Registry r;
+  const Status s =
+      r.LoadPlugin(std::string(KILN_TEST_ENGINE_PLUGIN_DIR) + "/libkiln_backend_stale.so");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(StatusMessage(s))
+                .find(StrCat("built from other sources than this program (plugin build "
+                             "0123456789abcdef, program build ",
+                             compiler::BuildId(), ")")),
+            std::string::npos)
+      << s;
+  EXPECT_EQ(compiler::BuildId().size(), 16u);
+}
+
+// The host's compiler prepares and assigns a plugin device's kernels; the plugin's own copy of
+// the compiler code must see the fused groups of that compile (the compile context is the
+// host's, reached through the services it adopted), or a gpu plugin would never fuse.
+TEST(RegistryTest, APluginDeviceSeesTheHostCompilersFusedGroups) {
+  Registry r;
+  const Status s =
+      r.LoadPlugin(std::string(KILN_TEST_ENGINE_PLUGIN_DIR) + "/libkiln_backend_fused_probe.so");
+  ASSERT_TRUE(s.ok()) << s;
+  auto dev = r.GetDevice("fusedprobe");
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  Graph g;
+  Builder b(&g);
+  const Value x = b.Input("x", DType::kF32, {4, 8});
+  const Value y = b.Input("y", DType::kF32, {4, 8});
+  // A reduction with a pointwise prologue: one fused group (kReduce).
+  const Value out = b.Sum(b.Mul(b.Exp(x), y), {1});
+  // The device runs nothing, so the compile fails; what matters is what it was shown.
+  compiler::CompileReport report;
+  (void)compiler::Compile(g, {out}, **dev, {}, &report);
+  EXPECT_TRUE(report.unfused_fallback) << report.ToString();  // the fused program came first
+  const auto* seen =
+      static_cast<const std::atomic<int>*>((*dev)->GetExtension("fusedprobe.fused_seen"));
+  ASSERT_NE(seen, nullptr);
+  EXPECT_GT(seen->load(), 0) << "the plugin's FusedGroupOf saw no fused group";
+
+  // The kernel cache directory is the one the host configured (kilnd: <storage_dir>/cache).
+  EnvGuard env("KILN_CACHE_DIR", nullptr);
+  compiler::SetCacheDir("/tmp/kiln-registry-test-host-cache");
+  const auto* dir = static_cast<const std::string*>((*dev)->GetExtension("fusedprobe.cache_dir"));
+  compiler::SetCacheDir("");
+  ASSERT_NE(dir, nullptr);
+  EXPECT_EQ(*dir, "/tmp/kiln-registry-test-host-cache");
 }
 
 // A GPU plugin: it declines when disabled (`disable_env`=none) and without a driver or a

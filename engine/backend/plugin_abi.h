@@ -44,6 +44,11 @@ typedef struct KilnBackendHostV1 {
   int (*register_backend)(void* registry, void* backend, uint32_t interface_version);
   /* Logs a message from the plugin under the host's logger. */
   void (*log)(void* registry, const char* message);
+  /* Appended: the host's process-wide engine state (a const kiln::compiler::HostServices*,
+   * engine/compiler/host_services.h), for plugins that link the engine's code themselves, as
+   * the gpu plugins do; they adopt it, which refuses a plugin from another build. Present when
+   * struct_size covers it. */
+  const void* services;
 } KilnBackendHostV1;
 
 typedef int (*KilnBackendRegisterV1Fn)(const KilnBackendHostV1* host);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "engine/compiler/fusion.h"
+#include "engine/compiler/host_services.h"
 #include "engine/passes.h"
 #include "spdlog/spdlog.h"
 
@@ -115,8 +116,14 @@ void Record(metrics::Registry& m, const CompileReport& r) {
 
 }  // namespace
 
+// host_services.cc: what ThisProcessServices() hands a plugin.
+const void* ThreadCompileContext() { return tl_context; }
+
 const FusedGroup* FusedGroupOf(const backend::KernelRequest& request) {
-  const Context* c = tl_context;
+  // In a plugin, the compile runs in the host's copy of this file: its context is the one set.
+  const HostServices* host = AdoptedHostServices();
+  const Context* c =
+      host != nullptr ? static_cast<const Context*>(host->compile_context()) : tl_context;
   if (c == nullptr || request.attrs == nullptr) return nullptr;
   const int i = FusedGroupIndex(*request.attrs);
   if (i < 0 || i >= static_cast<int>(c->groups.size())) return nullptr;

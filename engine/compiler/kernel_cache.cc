@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "engine/compiler/hash.h"
+#include "engine/compiler/host_services.h"
 
 namespace kiln::compiler {
 namespace {
@@ -72,6 +73,8 @@ std::string SidecarText(std::string_view bytes) {
 }  // namespace
 
 std::string CacheDir() {
+  // In a plugin: the directory the host resolves (kilnd's SetCacheDir is the host's).
+  if (const HostServices* host = AdoptedHostServices()) return host->cache_dir();
   if (const char* env = std::getenv("KILN_CACHE_DIR"); env != nullptr && *env != '\0') return env;
   {
     std::lock_guard<std::mutex> l(DirMutex());
