@@ -1,4 +1,8 @@
-// The gpu backend ("cuda"): NVIDIA GPUs through the CUDA runtime, NVRTC and cuBLAS.
+// The gpu backend ("cuda"): NVIDIA GPUs through the CUDA runtime, NVRTC and cuBLAS. Built as
+// the plugin libkiln_backend_cuda.so (gpu_plugin.cc); the same sources compiled with
+// KILN_GPU_HIP=1 are the "hip" backend (libkiln_backend_hip.so): AMD GPUs through the HIP
+// runtime and hiprtc, the printer's HIP dialect, no BLAS and no cuDNN (gpu_runtime.h maps the
+// runtime's names; what follows says CUDA for both).
 //
 // Kernels are the device kernel layer's (backends/common/device_kernels.h): the engine's
 // generated kernels in the printer's CUDA dialect, and the kernel library (cl/*.cl, OpenCL C)
@@ -12,7 +16,7 @@
 // Linking: the CUDA runtime is linked statically and the driver is only reached through it, so
 // binaries start on machines without a driver; NVRTC and cuBLAS are opened at run time
 // (backends/cuda/nvrtc.h, gpu_blas.h). CreateGpuBackend says why there is no backend: no
-// driver, no device, no NVRTC.
+// driver, no device, no NVRTC. Devices are opened (their context created) at first use.
 //
 // Memory: Allocate() is a caching allocator over cudaMalloc, or over one expandable segment
 // (GpuOptions::expandable_segments; best-fit ranges that coalesce). Freed blocks are parked until
