@@ -12,7 +12,7 @@
 #    allocator) and the device interface tests with cuda included; the harness again with the
 #    allocator on an expandable segment (KILN_CUDA_EXPANDABLE_SEGMENTS=1);
 # 2. the tiny random Llama (tests/fixtures/models/llama_gqa_f32): greedy generation on cuda
-#    equals ref's, text for text;
+#    equals ref's, text for text, and the cuda plugin compiled it fused;
 # 3. two LoRA steps of `kiln finetune --backend cuda` give the losses the cpu run gives
 #    (28.43, 30.77, as the kiln_finetune_tiny test pins);
 # 4. (figures) tests/bench/gpu_sdpa_bench: cuDNN SDPA and Kiln's attention kernel;
@@ -67,9 +67,13 @@ timeout 300 "$bin/gpu_sdpa_bench" --iters 10 2>&1 | tee "$out/gpu_sdpa_bench.txt
 model=tests/fixtures/models/llama_gqa_f32
 for be in ref cuda; do
   check "generate_$be" timeout 60 bash -c "'$bin/kiln' generate --model $model --max-tokens 24 \
-    --prompt 'The quick brown fox' --backend $be > '$out/text_$be.txt'"
+    --prompt 'The quick brown fox' --backend $be --log-level info > '$out/text_$be.txt'"
 done
 check generate_equal cmp "$out/text_ref.txt" "$out/text_cuda.txt"
+# The cuda plugin (lib/kiln/backends beside bin/) compiled the step program fused: its devices
+# see the host compiler's fused groups (engine/compiler/host_services.h).
+check cuda_plugin_fuses bash -c "grep -q 'fused [0-9]* nodes into' '$out/generate_cuda.log' &&
+  ! grep -q 'fused program failed' '$out/generate_cuda.log'"
 check finetune_cuda timeout 120 "$bin/kiln" finetune --backend cuda --model $model \
   --train tests/fixtures/train/tiny_prompt_completion.jsonl --out "$root/ft" --steps 2 \
   --batch-size 2 --seq-len 32
