@@ -203,6 +203,26 @@ StatusOr<std::unique_ptr<Backend>> Registry::LoadBackendFromPlugin(std::string_v
   return NotFound("no ", file, " in ", searched);
 }
 
+std::vector<std::string> Registry::PluginNames() {
+  std::vector<std::string> dirs = PluginDirs();
+  dirs.emplace_back(KILN_BACKEND_BUILD_DIR);
+  std::vector<std::string> names;
+  for (const std::string& dir : dirs) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string file = entry.path().filename().string();
+      constexpr std::string_view kPrefix = "libkiln_backend_", kSuffix = ".so";
+      if (file.size() > kPrefix.size() + kSuffix.size() && file.starts_with(kPrefix) &&
+          file.ends_with(kSuffix)) {
+        names.push_back(file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size()));
+      }
+    }
+  }
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
+}
+
 int Registry::LoadPluginsFrom(const std::string& dir) {
   std::error_code ec;
   std::vector<std::string> files;

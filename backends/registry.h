@@ -63,6 +63,9 @@ class Registry {
   int LoadPluginsFrom(const std::string& dir);
   // The directories autoload searches (KILN_BACKEND_PATH entries, then the default).
   static std::vector<std::string> PluginDirs();
+  // The <name>s of the libkiln_backend_<name>.so files LoadBackendFromPlugin would find, in
+  // name order (what `kiln backends` reports on).
+  static std::vector<std::string> PluginNames();
   // Loads plugins from PluginDirs() unless KILN_BACKEND_AUTOLOAD=0; returns the count.
   int Autoload();
   std::vector<std::string> plugin_errors() const;

@@ -8,6 +8,11 @@
 // detokenizer never prints half a UTF-8 character). --chat wraps the prompt in the model's
 // chat template as one user message. Statistics (load time, prefill and decode speed) go to
 // stderr. Exit status: 0 on success, 1 on a bad argument or a model that does not load.
+//
+//   kiln backends
+//
+// Lists the device families this machine can use (ref, cpu, xpu, and each backend plugin
+// found: cuda, hip), each with its devices or the reason it has none.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +23,8 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "backends/builtin.h"
+#include "backends/registry.h"
 #include "models/llm/loader.h"
 #include "models/llm/paged_llm.h"
 #include "models/sampling/sampler.h"
@@ -204,11 +211,41 @@ Status Finetune(const FinetuneOptions& o) {
   return OkStatus();
 }
 
+// `kiln backends`: the device families this machine can use, and why the others cannot be —
+// the built-in ones, then every backend plugin found (a plugin's devices are counted, not
+// opened).
+Status ListBackends() {
+  auto line = [](std::string_view name, const std::string& what) {
+    std::printf("%-6.*s %s\n", static_cast<int>(name.size()), name.data(), what.c_str());
+  };
+  auto devices = [](backend::Backend& b, bool open) {
+    std::string s = StrCat(b.device_count(), " device(s)");
+    if (!open) return StrCat(s, ", opened at first use");
+    for (int i = 0; i < b.device_count(); ++i) {
+      if (backend::Device* d = b.device(i)) s += StrCat(i == 0 ? ": " : ", ", d->name());
+    }
+    return s;
+  };
+  line("ref", devices(*backend::MakeRefBackend(), true));
+  line("cpu", devices(*backend::MakeCpuBackend(), true));
+  if (std::unique_ptr<backend::Backend> xpu = backend::MakeXpuBackend()) {
+    line("xpu", devices(*xpu, true));
+  } else {
+    line("xpu",
+         "not available (no OpenCL device, or built without OpenCL; --log-level info says which)");
+  }
+  for (const std::string& name : backend::Registry::PluginNames()) {
+    StatusOr<std::unique_ptr<backend::Backend>> b = backend::Registry::LoadBackendFromPlugin(name);
+    line(name, b.ok() ? devices(**b, false) : StrCat("not available: ", StatusMessage(b.status())));
+  }
+  return OkStatus();
+}
+
 }  // namespace
 }  // namespace kiln::models
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln: local model tools (generate, finetune)"};
+  CLI::App app{"kiln: local model tools (generate, finetune, export, backends)"};
   app.require_subcommand(1);
   kiln::models::GenerateArgs a;
   CLI::App* gen = app.add_subcommand("generate", "stream a model's continuation of a prompt");
@@ -291,17 +328,24 @@ int main(int argc, char** argv) {
   ex->add_flag("--merge", export_merge, "merge the adapter into the weights (the only export)")
       ->required();
 
+  CLI::App* backends = app.add_subcommand(
+      "backends", "list the device families this machine can use, and why the others cannot");
+
   CLI11_PARSE(app, argc, argv);
   // Logs go to stderr, as kilnd's do: stdout carries only the generated text (or the
   // command's report), so `kiln generate ... > out.txt` keeps the text clean at any level.
   spdlog::set_default_logger(
       std::make_shared<spdlog::logger>("kiln", std::make_shared<spdlog::sinks::stderr_sink_mt>()));
   spdlog::set_level(spdlog::level::from_str(log_level));
-  const char* command = ft->parsed() ? "finetune" : ex->parsed() ? "export" : "generate";
+  const char* command = ft->parsed()         ? "finetune"
+                        : ex->parsed()       ? "export"
+                        : backends->parsed() ? "backends"
+                                             : "generate";
   const kiln::Status s = ft->parsed() ? kiln::models::Finetune(f)
                          : ex->parsed()
                              ? kiln::models::ExportMerged(export_model, export_adapter, export_out)
-                             : kiln::models::Generate(a);
+                         : backends->parsed() ? kiln::models::ListBackends()
+                                              : kiln::models::Generate(a);
   if (!s.ok()) {
     std::fprintf(stderr, "kiln %s: %s\n", command, std::string(kiln::StatusMessage(s)).c_str());
     return 1;
