@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -117,6 +118,23 @@ void LogFromPlugin(void* ctx, const char* message) {
   spdlog::info("backend plugin {}: {}", c->path, c->message);
 }
 
+// The <name> of a file named libkiln_backend_<name>.so; nullopt for any other file.
+std::optional<std::string> PluginNameOf(const std::string& file) {
+  constexpr std::string_view kPrefix = "libkiln_backend_", kSuffix = ".so";
+  if (file.size() <= kPrefix.size() + kSuffix.size() || !file.starts_with(kPrefix) ||
+      !file.ends_with(kSuffix)) {
+    return std::nullopt;
+  }
+  return file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size());
+}
+
+// Where LoadBackendFromPlugin and PluginNames look: PluginDirs(), then the build tree's folder.
+std::vector<std::string> SearchDirs() {
+  std::vector<std::string> dirs = Registry::PluginDirs();
+  dirs.emplace_back(KILN_BACKEND_BUILD_DIR);
+  return dirs;
+}
+
 // dlopens `path` and calls its entry point once; what it hands over is in call.backends. A
 // plugin whose entry point ran stays loaded for the process' lifetime, even when it reports an
 // error or registers nothing: its objects need its code, and a GPU runtime it initialised
@@ -183,10 +201,8 @@ Status Registry::LoadPlugin(const std::string& path) {
 
 StatusOr<std::unique_ptr<Backend>> Registry::LoadBackendFromPlugin(std::string_view name) {
   const std::string file = absl::StrCat("libkiln_backend_", ToAbsl(name), ".so");
-  std::vector<std::string> dirs = PluginDirs();
-  dirs.emplace_back(KILN_BACKEND_BUILD_DIR);
   std::string searched;
-  for (const std::string& dir : dirs) {
+  for (const std::string& dir : SearchDirs()) {
     PluginCall call;
     call.path = absl::StrCat(dir, "/", file);
     const Status s = CallPlugin(call);
@@ -204,17 +220,12 @@ StatusOr<std::unique_ptr<Backend>> Registry::LoadBackendFromPlugin(std::string_v
 }
 
 std::vector<std::string> Registry::PluginNames() {
-  std::vector<std::string> dirs = PluginDirs();
-  dirs.emplace_back(KILN_BACKEND_BUILD_DIR);
   std::vector<std::string> names;
-  for (const std::string& dir : dirs) {
+  for (const std::string& dir : SearchDirs()) {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string file = entry.path().filename().string();
-      constexpr std::string_view kPrefix = "libkiln_backend_", kSuffix = ".so";
-      if (file.size() > kPrefix.size() + kSuffix.size() && file.starts_with(kPrefix) &&
-          file.ends_with(kSuffix)) {
-        names.push_back(file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size()));
+      if (std::optional<std::string> n = PluginNameOf(entry.path().filename().string())) {
+        names.push_back(*std::move(n));
       }
     }
   }
@@ -227,11 +238,7 @@ int Registry::LoadPluginsFrom(const std::string& dir) {
   std::error_code ec;
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("libkiln_backend_", 0) == 0 && name.size() > 3 &&
-        name.substr(name.size() - 3) == ".so") {
-      files.push_back(entry.path().string());
-    }
+    if (PluginNameOf(entry.path().filename().string())) files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
   int loaded = 0;

@@ -609,7 +609,7 @@ class GpuStream final : public backend::Stream {
     cudaGraphExec_t exec = nullptr;
     const cudaError_t e = rt::Instantiate(&exec, graph);
     (void)cudaGraphDestroy(graph);
-    if (e != cudaSuccess) return CudaStatus(e, "cudaGraphInstantiate", __FILE__, __LINE__);
+    if (e != cudaSuccess) return CudaStatus(e, rt::kInstantiateCall, __FILE__, __LINE__);
     return std::unique_ptr<backend::ExecGraph>(new GpuGraph(dev_, exec));
   }
 
@@ -872,7 +872,8 @@ StatusOr<std::unique_ptr<GpuDevice>> GpuDevice::Create(int ordinal, const GpuOpt
   info.multiprocessors = prop.multiProcessorCount;
 #if KILN_GPU_HIP
   // "gfx90a:sramecc+:xnack-": hiprtc takes the processor name.
-  info.arch = std::string(prop.gcnArchName).substr(0, std::string(prop.gcnArchName).find(':'));
+  info.arch = prop.gcnArchName;
+  info.arch.resize(std::min(info.arch.size(), info.arch.find(':')));
 #else
   info.arch = absl::StrCat("sm_", prop.major, prop.minor);
 #endif

@@ -24,9 +24,6 @@
 #define cudaSuccess hipSuccess
 #define cudaErrorMemoryAllocation hipErrorOutOfMemory
 #define cudaErrorNotReady hipErrorNotReady
-#define cudaErrorNoDevice hipErrorNoDevice
-#define cudaErrorInsufficientDriver hipErrorInsufficientDriver
-#define cudaErrorInitializationError hipErrorNotInitialized
 #define cudaStream_t hipStream_t
 #define cudaEvent_t hipEvent_t
 #define cudaGraph_t hipGraph_t
@@ -84,6 +81,7 @@ using Module = hipModule_t;
 inline constexpr const char* kLoadModuleCall = "hipModuleLoadData";
 inline constexpr const char* kGetKernelCall = "hipModuleGetFunction";
 inline constexpr const char* kLaunchCall = "hipModuleLaunchKernel";
+inline constexpr const char* kInstantiateCall = "hipGraphInstantiate";
 inline constexpr const char* kDeviceCountCall = "hipGetDeviceCount";
 using Function = hipFunction_t;
 
@@ -109,6 +107,7 @@ using Module = cudaLibrary_t;
 inline constexpr const char* kLoadModuleCall = "cudaLibraryLoadData";
 inline constexpr const char* kGetKernelCall = "cudaLibraryGetKernel";
 inline constexpr const char* kLaunchCall = "cudaLaunchKernel";
+inline constexpr const char* kInstantiateCall = "cudaGraphInstantiate";
 inline constexpr const char* kDeviceCountCall = "cudaGetDeviceCount";
 using Function = cudaKernel_t;
 

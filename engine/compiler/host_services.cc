@@ -1,7 +1,6 @@
 #include "engine/compiler/host_services.h"
 
 #include <atomic>
-#include <cstring>
 
 #include "engine/compiler/build_id.h"
 #include "engine/compiler/kernel_cache.h"
@@ -12,8 +11,8 @@ namespace kiln::compiler {
 const void* ThreadCompileContext();
 
 namespace {
+// The host's services (they live as long as the host process, which outlives the plugin).
 std::atomic<const HostServices*> g_adopted{nullptr};
-HostServices g_adopted_copy;  // written once by AdoptHostServices, before it is published
 }  // namespace
 
 std::string_view BuildId() { return KILN_BUILD_ID; }
@@ -42,8 +41,7 @@ Status AdoptHostServices(const HostServices* host, std::string_view plugin_build
   if (host->compile_context == nullptr || host->cache_dir == nullptr) {
     return FailedPrecondition("the host's services are incomplete");
   }
-  g_adopted_copy = *host;
-  g_adopted.store(&g_adopted_copy);
+  g_adopted.store(host, std::memory_order_release);
   return OkStatus();
 }
 

@@ -15,8 +15,8 @@
 // hash of engine/'s headers (build_id.cmake), so a plugin left from an older build is refused
 // by name instead of crashing the daemon.
 //
-// Thread-safety: AdoptHostServices is called once, while no compile runs (at plugin load); the
-// rest is thread-safe.
+// Thread-safety: all thread-safe. A plugin's entry point may run more than once
+// (Registry::LoadBackendFromPlugin); adopting the same services again changes nothing.
 #pragma once
 
 #include <string>
@@ -38,8 +38,9 @@ std::string_view BuildId();
 // This process' services, for the plugins it loads.
 const HostServices& ThisProcessServices();
 
-// This copy of the engine reads the host's state from now on; FailedPrecondition (naming both
-// builds) when `plugin_build_id` is not the host's. `host` null: back to its own (tests).
+// This copy of the engine reads the host's state from now on (`host` is kept: it must outlive
+// the plugin, as ThisProcessServices() does); FailedPrecondition (naming both builds) when
+// `plugin_build_id` is not the host's. `host` null: back to its own (tests).
 Status AdoptHostServices(const HostServices* host, std::string_view plugin_build_id);
 
 // What compile.cc and kernel_cache.cc consult: the adopted services, or null.
