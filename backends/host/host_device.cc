@@ -264,16 +264,20 @@ void HostStream::Execute(std::span<const Launch> launches) {
   if (probing_) {  // the first run back on every thread: it alone decides
     probing_ = false;
     if (share <= policy_.max_wait_share) {
+      spdlog::debug("{}: back on {} threads (the probe run waited {:.0f}%, {:.2f} ms)",
+                    device_->name(), threads_, 100 * share, run_ns / 1e6);
       backoff_s_ = policy_.backoff_seconds;
       wait_share_ = share;
       return;
     }
-    backoff_s_ = std::min(backoff_s_ * 2, policy_.max_backoff_seconds);
+    backoff_s_ = std::min(backoff_s_ * policy_.backoff_growth, policy_.max_backoff_seconds);
   } else {
     wait_share_ = 0.5 * wait_share_ + 0.5 * share;
-    if (wait_share_ <= policy_.max_wait_share) return;
+    if (wait_share_ <= policy_.max_wait_share && share < policy_.immediate_wait_share) return;
   }
   single_until_ns_ = end + static_cast<int64_t>(backoff_s_ * 1e9);
+  spdlog::debug("{}: one thread for {:.1f} s (the last run waited {:.0f}%, {:.2f} ms)",
+                device_->name(), backoff_s_, 100 * share, run_ns / 1e6);
   if (fallbacks_++ == 0) {
     spdlog::info(
         "{}: its {} threads spent {:.0f}% of a run waiting for each other (a thread is being "

@@ -38,10 +38,13 @@ class SpinBarrier {
 // launch: 2 threads beside one busy process decoded 5x slower than 1 thread. The stream
 // measures the share of its threads' time spent waiting at barriers. When that share (an
 // EWMA over runs of at least `min_run_seconds`, each run weighing half) exceeds
-// `max_wait_share`, the calling thread runs every share of each launch itself, one after
-// another (ExecCtx::shares_in_sequence), for `backoff_seconds`; then the stream tries all
-// threads again, and while the first run back still waits that much the backoff doubles (up
-// to `max_backoff_seconds`). The shares are the pool's, so the results are bit-identical to
+// `max_wait_share`, or one run alone waits `immediate_wait_share`, the calling thread runs
+// every share of each launch itself, one after another (ExecCtx::shares_in_sequence), for
+// `backoff_seconds`; then the stream tries all threads again, and while the first run back
+// still waits that much the backoff grows `backoff_growth`-fold (up to `max_backoff_seconds`).
+// Each such probe is a slow run (a SmolLM2 decode step took 40-70 ms instead of ~15 beside a
+// busy process), so few of them: beside the neighbour, 256 tokens at 4x growth take 3 probes
+// where doubling took 5. The shares are the pool's, so the results are bit-identical to
 // the pool's (a training run resumed from a checkpoint still repeats its losses). On a quiet
 // machine the waits are ~16% and nothing changes.
 //
@@ -54,8 +57,10 @@ struct StragglerPolicy {
   bool enabled = true;
   // Quiet SmolLM2 decode waits 0.16 of the time (p90 0.17); beside a busy process 0.3-0.8.
   double max_wait_share = 0.4;
+  double immediate_wait_share = 0.6;
   double min_run_seconds = 200e-6;
   double backoff_seconds = 0.2;
+  double backoff_growth = 4;
   double max_backoff_seconds = 6.4;
   // The CPUs the process's quota allows; nullopt: no quota. Unset: not checked.
   std::function<std::optional<double>()> quota_cpus = nullptr;

@@ -182,6 +182,16 @@ TEST_F(StragglerTest, ADescheduledThreadMovesLaunchesToTheCallingThreadUntilItRe
   } while (s_.last_in_sequence.load());
 }
 
+// One run that waits `immediate_wait_share` falls back at once, without the average: here
+// the average alone (over 0.9) would never trigger it.
+TEST_F(StragglerTest, OneRunWaitingThatMuchFallsBackAtOnce) {
+  Start(StragglerPolicy{.max_wait_share = 0.9, .immediate_wait_share = 0.2, .backoff_seconds = 60});
+  Run();  // thread 0 waits ~2 ms of each ~2 ms launch for thread 1: ~half of the run
+  EXPECT_EQ(stream_->straggler_fallbacks(), 1);
+  Run();
+  EXPECT_TRUE(s_.last_in_sequence.load());
+}
+
 TEST_F(StragglerTest, TheFallbackCanBeTurnedOff) {
   Start(StragglerPolicy{.enabled = false});
   for (int i = 0; i < 10; ++i) {
