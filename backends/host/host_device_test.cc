@@ -208,7 +208,8 @@ TEST_F(StragglerTest, AQuotaOfOneCpuRunsLaunchesOnTheCallingThread) {
   std::optional<double> quota = 1.0;
   int reads = 0;
   StragglerPolicy policy;
-  policy.max_wait_share = 2;  // never a straggler fallback, however loaded the machine
+  // Never a straggler fallback, however loaded the machine.
+  policy.max_wait_share = policy.immediate_wait_share = 2;
   policy.quota_cpus = [&] {
     ++reads;
     return quota;
@@ -235,7 +236,7 @@ TEST_F(StragglerTest, TheQuotaIsReadAgainOnlyWhenDueAndNotWhenTheFallbackIsOff) 
   s_.stall.store(false);
   int reads = 0;
   StragglerPolicy policy;
-  policy.max_wait_share = 2;
+  policy.max_wait_share = policy.immediate_wait_share = 2;
   policy.quota_cpus = [&] {
     ++reads;
     return std::optional<double>(1.0);
