@@ -266,6 +266,13 @@ def test_llm_and_compiler_metrics_are_exposed_as_documented(kilnd, client):
         r.stdout.decode() + r.stderr.decode()
 
 
+def _ask_twice(k):
+    """QUESTION twice, greedy, 12 tokens, one after the other, on kilnd `k`."""
+    c = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
+    return [c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
+                                      temperature=0) for _ in range(2)]
+
+
 def test_llama_cpp_numerics_load_and_answer_repeatably(tmp_path_factory):
     """`activations: q8` and `kv_cache_dtype: f16` (llama.cpp's arithmetic) load and serve;
     greedy answers repeat. (They differ from the exact default's: on this question the q8 path
@@ -276,9 +283,7 @@ def test_llama_cpp_numerics_load_and_answer_repeatably(tmp_path_factory):
                         model="    activations: q8\n    kv_cache_dtype: f16",
                         scheduler="max_num_seqs: 8, max_queue_size: 64, enable_prefix_caching: false")
     try:
-        fast = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
-        answers = [fast.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
-                                                temperature=0) for _ in range(2)]
+        answers = _ask_twice(k)
         assert answers[0].choices[0].message.content
         assert answers[0].usage.completion_tokens == 12
         assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
@@ -298,10 +303,7 @@ def test_llama_cpp_numerics_answer_repeatably_through_the_prefix_cache(tmp_path_
     k = start_llm_kilnd(tmp_path_factory, "q8cached",
                         model="    activations: q8\n    kv_cache_dtype: f16")
     try:
-        c = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
-        answers = [c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12,
-                                             temperature=0).choices[0].message.content
-                   for _ in range(2)]
+        answers = [a.choices[0].message.content for a in _ask_twice(k)]
         assert answers[0] == answers[1]
     finally:
         assert k.stop() == 0, k.output()
