@@ -16,13 +16,14 @@ namespace {
 using backend::Kernel;
 using backend::KernelRequest;
 
-// With several threads, a decode row is split over its context into parts of at least this
-// many keys, at most kMaxPartsPerThread per thread: one sequence has fewer kv heads than a
-// pool has threads, or a count that does not divide among them (SmolLM2's 3 over 2 threads
-// left one thread a head behind the other in every layer). The parts depend on the row's
-// context and the thread count only, never on the rest of the batch, so a sequence's numerics
-// do not depend on its batch.
-constexpr int64_t kMinSplitKeys = 64;
+// With several threads and few rows, a decode row is split over its context into parts of
+// whole key tiles (kAttnKeyTile), at most kMaxPartsPerThread per thread: one sequence has
+// fewer kv heads than a pool has threads, or a count that does not divide among them
+// (SmolLM2's 3 over 2 threads left one thread a head behind the other in every layer). The
+// kernels give a row the same result split or not (kernels.h), so whether a row is split —
+// which depends on the rest of the batch — never changes a sequence's numerics. Rows are
+// split only while the step has fewer unsplit items than the threads want (the partial states
+// are per tile: a large batch of long rows would write megabytes of them).
 constexpr int64_t kMaxPartsPerThread = 2;
 
 // Partial softmax states and arrival counters of one launch's split rows.
@@ -60,13 +61,13 @@ struct AttnData {
 struct Item {
   int64_t seq, g, t0, t1, pos0, j0, j1;
   int64_t split = -1;  // index of the split row (decode split over the context), else -1
-  int64_t part = 0;    // which part of the split row
+  int64_t tile = 0;    // the part's first key tile, from the split row's first
   int64_t cost = 0;
 };
 
 struct SplitRow {
-  int64_t seq, g, t, parts;
-  size_t offset;  // into SplitScratch::partials
+  int64_t seq, g, t, parts, tiles;  // `parts` tasks cover `tiles` key tiles
+  size_t offset;  // into SplitScratch::partials: [tile][query head of the group][state]
 };
 
 // AttnArgs::mods over AttnData::mods and a launch's aux tensors.
@@ -120,19 +121,22 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
     if (nq == 0) continue;
     const int64_t pos0 = len[s] - nq;
     for (int64_t g = 0; g < Hkv; ++g) {
-      // Visible keys of a decode row (position len - 1).
+      // Key tiles a decode row (position len - 1) sees.
       int64_t klo =
           d.mask == MaskKind::kSlidingWindow ? std::max<int64_t>(0, len[s] - d.window) : 0;
       if (d.chunk > 0 && len[s] > 0) klo = std::max(klo, (len[s] - 1) - (len[s] - 1) % d.chunk);
-      const int64_t span = len[s] - klo;
-      if (nq == 1 && nt > 1 && span >= 2 * kMinSplitKeys) {
-        const int64_t parts = std::min<int64_t>(span / kMinSplitKeys, kMaxPartsPerThread * nt);
-        splits.push_back({s, g, q0[s], parts, split_floats});
-        split_floats += static_cast<size_t>(parts * G * AttnPartialFloats(Dv));
+      const int64_t tile0 = klo / kAttnKeyTile,
+                    tiles = AttnPartialTiles(tile0 * kAttnKeyTile, len[s]);
+      if (nq == 1 && nt > 1 && tiles >= 2 && num_items_unsplit < want) {
+        const int64_t parts = std::min<int64_t>(tiles, kMaxPartsPerThread * nt);
+        splits.push_back({s, g, q0[s], parts, tiles, split_floats});
+        split_floats += static_cast<size_t>(tiles * G * AttnPartialFloats(Dv));
         for (int64_t p = 0; p < parts; ++p) {
-          const int64_t j0 = klo + span * p / parts, j1 = klo + span * (p + 1) / parts;
+          const int64_t b = tile0 + tiles * p / parts, e = tile0 + tiles * (p + 1) / parts;
+          const int64_t j0 = b * kAttnKeyTile, j1 = std::min(e * kAttnKeyTile, len[s]);
           items.push_back({s, g, q0[s], q1[s], pos0, j0, j1,
-                           static_cast<int64_t>(splits.size()) - 1, p, j1 - j0});
+                           static_cast<int64_t>(splits.size()) - 1, b - tile0,
+                           j1 - std::max(j0, klo)});
         }
         continue;
       }
@@ -238,19 +242,16 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
     }
     const SplitRow& sr = splits[it.split];
     float* base = scratch->partials.data() + sr.offset;
-    task.partial = base + it.part * G * AttnPartialFloats(Dv);
+    task.partial = base + it.tile * G * AttnPartialFloats(Dv);
     d.k->attend(args, task);
-    // The last part to finish merges all of them (acquire: sees every part's writes).
+    // The last part to finish combines all of them (acquire: sees every part's writes).
     std::atomic<int>& arrived = scratch->arrivals[it.split];
     if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 < sr.parts) continue;
     arrived.store(0, std::memory_order_relaxed);  // ready for the next launch
-    std::vector<const float*> parts(static_cast<size_t>(sr.parts));
+    const int64_t stride = G * AttnPartialFloats(Dv);
     for (int64_t h = 0; h < G; ++h) {
-      for (int64_t p = 0; p < sr.parts; ++p) {
-        parts[p] = base + (p * G + h) * AttnPartialFloats(Dv);
-      }
       float* out = args.out + sr.t * args.o_st + (sr.g * G + h) * args.o_sh;
-      CombinePartials(parts.data(), static_cast<int>(sr.parts), Dv, out);
+      d.k->attend_combine(base + h * AttnPartialFloats(Dv), sr.tiles, stride, Dv, out);
     }
   }
 }

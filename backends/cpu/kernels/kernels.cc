@@ -1,8 +1,5 @@
 #include "backends/cpu/kernels/kernels.h"
 
-#include <cmath>
-#include <limits>
-
 namespace kiln::cpu {
 
 bool HasFastDecoder(DType t) {
@@ -44,26 +41,6 @@ const Q8Kernels* Q8KernelsFor(Isa isa) {
   if (isa == Isa::kScalar) return &ScalarQ8Kernels();
   if (isa == Isa::kAvx512 && VnniQ8Kernels() != nullptr) return VnniQ8Kernels();
   return &Avx2Q8Kernels();
-}
-
-void CombinePartials(const float* const* parts, int n, int64_t dv, float* out) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  float m = ninf;
-  for (int i = 0; i < n; ++i) {
-    const float mi = parts[i][0];
-    m = (std::isnan(m) || std::isnan(mi)) ? NAN : std::max(m, mi);
-  }
-  for (int64_t e = 0; e < dv; ++e) out[e] = 0;
-  if (m == ninf) return;  // no visible key in any part
-  float l = 0;
-  for (int i = 0; i < n; ++i) {
-    if (parts[i][0] == ninf) continue;
-    const float w = std::exp(parts[i][0] - m);
-    l += parts[i][1] * w;
-    for (int64_t e = 0; e < dv; ++e) out[e] += parts[i][2 + e] * w;
-  }
-  const float inv = 1.0f / l;
-  for (int64_t e = 0; e < dv; ++e) out[e] *= inv;
 }
 
 }  // namespace kiln::cpu

@@ -76,13 +76,21 @@ struct AttnArgs {
   const void* mods_ctx = nullptr;
 };
 
+// Keys per tile of the attention kernels. A row's output is computed tile by tile over tiles
+// aligned to multiples of kAttnKeyTile key positions, in one fixed arithmetic: it is the same,
+// bit for bit, whatever other rows share its task (one row, or a block of a prefill, split
+// anywhere) and wherever its keys are split between partial tasks at tile boundaries.
+inline constexpr int64_t kAttnKeyTile = 64;
+
 // One unit of attention work: query rows [t0, t1) of one sequence (row t0 at key position
 // `pos0`, row t0 + i at pos0 + i), the query heads of kv head `g`, keys [j0, j1).
 // `blocks[j / block_size]` is the physical block of key j, or -1 (key skipped).
 // With `partial` null the rows are finished (softmax-normalized, written to `out`; rows
-// with no visible key get zeros). Otherwise the unnormalized state goes to `partial`, per
-// row and head of the group: {max, sum, acc[Dv]} (max = -inf when no key was visible),
-// for CombinePartials.
+// with no visible key get zeros). Otherwise each row's unnormalized state per key tile goes
+// to `partial`, for attend_combine: per row of the task, per tile of [j0, j1)
+// (AttnPartialTiles), per query head of the group, {max, sum, acc[Dv]} (max = -inf where the
+// row sees no key of the tile).
+// REQUIRES: with `partial`, j0 is a multiple of kAttnKeyTile.
 struct AttnTask {
   int64_t seq = 0;  // the sequence (b of the modifiers)
   const int64_t* blocks = nullptr;
@@ -93,6 +101,10 @@ struct AttnTask {
 };
 // Floats per partial state of one row and head.
 inline int64_t AttnPartialFloats(int64_t dv) { return dv + 2; }
+// Key tiles of the keys [j0, j1) of a partial task (j0 a multiple of kAttnKeyTile).
+inline int64_t AttnPartialTiles(int64_t j0, int64_t j1) {
+  return (j1 + kAttnKeyTile - 1) / kAttnKeyTile - j0 / kAttnKeyTile;
+}
 
 // Activations quantized to 8 bits per 32-element block, ggml's Q8_1 numerics: d = max|x|/127,
 // q = x * (127 / max|x|) rounded to nearest even; d is rounded to f16 as ggml stores it, so
@@ -134,6 +146,10 @@ struct IsaKernels {
   void (*dequant)(const GemmArgs& a, int64_t n0, int64_t n1, float* dst);
   // Runs one attention task.
   void (*attend)(const AttnArgs& a, const AttnTask& task);
+  // Finishes one row and head from its per-tile partial states, `n` tiles in key order
+  // `stride` floats apart (from tasks covering the row's keys at tile boundaries): `out[dv]`
+  // bit for bit what an unsplit task writes (zeros if no key was visible).
+  void (*attend_combine)(const float* tiles, int64_t n, int64_t stride, int64_t dv, float* out);
   // Softmax statistics of one row of n floats: its maximum (NaN if any element is NaN) and
   // sum(exp(x - max)), exponentials in f32 (about 2 ulp), summed in f32 over chunks of 1,024
   // elements and the chunks in double.
@@ -182,10 +198,6 @@ const Q8Kernels* VnniQ8Kernels();
 
 // The table of a variant, or null if it cannot run on this CPU.
 const IsaKernels* KernelsFor(Isa isa);
-
-// Merges `n` partial states (each AttnPartialFloats(dv) floats, layout as in AttnTask) of
-// one row and head into the final output row `out[dv]` (zeros if no key was visible).
-void CombinePartials(const float* const* parts, int n, int64_t dv, float* out);
 
 // Per-variant tables (defined in kernels_<isa>.cc).
 const IsaKernels& ScalarKernels();

@@ -35,6 +35,7 @@ enum ScratchSlot {
   kSlotValues,
   kSlotScores,
   kSlotAcc,
+  kSlotTileAcc,
   kNumSlots
 };
 
@@ -499,7 +500,7 @@ void SoftCap(float* s, int64_t n, float pre, float cap) {
   for (; j < n; ++j) s[j] = cap - 2 * cap / (std::exp(s[j] * k2) + 1);
 }
 
-constexpr int64_t kKeyTile = 64;
+constexpr int64_t kKeyTile = kAttnKeyTile;
 
 inline float Dot(const float* a, const float* b, int64_t n) {
   F acc = Zero();
@@ -550,31 +551,295 @@ inline std::pair<int64_t, int64_t> KeyRangeAt(const AttnArgs& a, int64_t pos, in
   return {lo, hi};
 }
 
-// Online softmax: folds one row's scores s[0..n), whose maximum is m, into its running state
-// ah (acc[Dv], then max and sum): s becomes exp(s - the new maximum), the max and sum move on;
-// returns the factor acc must be scaled by (0 for the first scores), or -1 if every score so
-// far is -inf (nothing changes). NaN propagates.
-inline float FoldScores(float* s, int64_t n, float m, float* ah, int64_t Dv) {
+// ---- One arithmetic for every query row ----
+//
+// A row's attention is defined tile by tile, over key tiles of kKeyTile positions aligned to
+// multiples of kKeyTile, so that it comes out the same, bit for bit, whichever rows share its
+// task and however its keys are split between tasks at tile boundaries: computed alone
+// (decode, AttendOneByOne) or in a block of rows (prefill, AttendRows), a prompt prefilled in
+// one step, in chunks, or after a prefix-cache hit gives the same rows. (The q8 path needs
+// that: a difference of one ulp anywhere flips a rounding of its 8-bit activations, and
+// greedy answers then differ.)
+//
+// Per tile, row and query head: the scores of the tile's slots (Dot8, scaled, the modifiers,
+// -inf where the key is hidden or has no block), p = exp(s - the tile's max), the tile's state
+// {max, sum p, acc = sum p V} from zero, folded in order into the row's running state
+// (FoldTile). Groups of kLanes slots the row cannot see are skipped: they would add exact
+// zeros.
+
+// The maximum of a row (NaN if any element is NaN; -inf for n = 0).
+inline float RowMax(const float* x, int64_t n) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  const float m_old = ah[Dv];
-  const float m_new = (std::isnan(m) || std::isnan(m_old)) ? NAN : std::max(m, m_old);
-  if (m_new == ninf) return -1;
-  const float corr = m_old == ninf ? 0.0f : std::exp(m_old - m_new);
+  F mv = Set1(ninf);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) mv = Max(Load(x + j), mv);  // NaN in x propagates
+  float lanes[kLanes];
+  Store(lanes, mv);
+  float m = ninf;
+  for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
+  for (; j < n; ++j) m = (std::isnan(m) || std::isnan(x[j])) ? NAN : std::max(m, x[j]);
+  return m;
+}
+
+static_assert(kLanes % 8 == 0 && kKeyTile % kLanes == 0);
+
+// The scaled scores of q against the K rows k[0..8): per key, lane-wise FMA chains over the
+// head dimension and HSum8 (the same tree for every key), then the D % kLanes tail in order,
+// times `scale`.
+[[gnu::always_inline]] inline void Dot8(const float* q, const float* const* k, int64_t D,
+                                        float scale, float* s) {
+  F acc[8];
+  for (F& x : acc) x = Zero();
+  int64_t e = 0;
+  for (; e + kLanes <= D; e += kLanes) {
+    const F qv = Load(q + e);
+    for (int u = 0; u < 8; ++u) acc[u] = Fma(qv, Load(k[u] + e), acc[u]);
+  }
+  HSum8(acc, s);
+  for (; e < D; ++e) {
+    for (int u = 0; u < 8; ++u) s[u] = std::fma(q[e], k[u][e], s[u]);
+  }
+  for (int u = 0; u < 8; ++u) s[u] *= scale;
+}
+
+// One key tile, keys [jt, jt + kKeyTile), as f32 rows: the cache's own rows (f32) or rows
+// converted into scratch; `zero` for slots outside the gathered range or without a block.
+struct KeyTile {
+  int64_t jt = 0;
+  int64_t count = 0;  // slots with a key
+  const float* k[kKeyTile];
+  const float* v[kKeyTile];
+  int64_t pos[kKeyTile];  // jt + slot, for the compiled modifiers (set only for them)
+  bool valid[kKeyTile];
+};
+
+// Gathers the keys [lo, hi) of tile `jt` into `tile`: converted K rows into kbuf, converted V
+// rows into vbuf. With `copy_rows` every row is copied there, contiguous (AttendRows: the
+// block's rows read the tile many times; its P V product reads vbuf as a matrix, zeros for
+// empty slots); otherwise f32 rows are read in the cache.
+void GatherTile(const AttnArgs& a, const AttnTask& t, int64_t jt, int64_t lo, int64_t hi,
+                const float* zero, float* kbuf, float* vbuf, bool copy_rows, KeyTile* tile) {
+  const bool convert = a.kv_dtype != DType::kF32;
+  const int64_t esize = convert ? 2 : 4;
+  tile->jt = jt;
+  tile->count = 0;
+  auto empty = [&](int64_t i0, int64_t i1) {  // slots without a key
+    for (int64_t i = i0; i < i1; ++i) {
+      tile->valid[i] = false;
+      tile->k[i] = zero;
+      tile->v[i] = zero;
+      if (copy_rows) {
+        std::fill_n(vbuf + i * a.Dv, a.Dv, 0.0f);
+        tile->v[i] = vbuf + i * a.Dv;
+      }
+    }
+  };
+  // A cache row as f32: converted or copied into dst, or read where it lies.
+  auto row = [&](const char* src, int64_t n, float* dst) -> const float* {
+    if (convert) {
+      ConvertRow(src, a.kv_dtype, n, dst);
+      return dst;
+    }
+    if (!copy_rows) return reinterpret_cast<const float*>(src);
+    std::copy_n(reinterpret_cast<const float*>(src), n, dst);
+    return dst;
+  };
+  const int64_t begin = std::max(lo, jt), end = std::max(begin, std::min(hi, jt + kKeyTile));
+  empty(0, begin - jt);
+  empty(end - jt, kKeyTile);
+  // Runs of keys within one block: [j, j + run).
+  for (int64_t j = begin; j < end;) {
+    const int64_t slot0 = j % a.block_size, run = std::min(a.block_size - slot0, end - j);
+    const int64_t blk = t.blocks[j / a.block_size];
+    if (blk < 0) {
+      empty(j - jt, j - jt + run);
+      j += run;
+      continue;
+    }
+    const char* kp =
+        static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot0 * a.k_ss + t.g * a.k_sh);
+    const char* vp =
+        static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot0 * a.v_ss + t.g * a.v_sh);
+    for (int64_t r = 0; r < run; ++r, kp += esize * a.k_ss, vp += esize * a.v_ss) {
+      const int64_t i = j + r - jt;
+      tile->valid[i] = true;
+      tile->k[i] = row(kp, a.D, kbuf + i * a.D);
+      tile->v[i] = row(vp, a.Dv, vbuf + i * a.Dv);
+    }
+    tile->count += run;
+    j += run;
+  }
+  if (a.mods != nullptr) {
+    for (int64_t i = 0; i < kKeyTile; ++i) tile->pos[i] = jt + i;
+  }
+}
+
+struct TileStats {
+  float max, sum;  // max -inf: the row sees no key of the tile
+  int64_t k0, k1;  // p is zero outside slots [k0, k1)
+};
+
+// Dot8's scores for rows of queries q[r * q_st] (r in [0, rows)) against the slots [k0, k1)
+// of `tile` (multiples of 8) into s[r * kKeyTile + slot]: two rows by four keys at a time
+// (eight accumulators, six loads per eight FMAs), each pair's value exactly Dot8's.
+void BlockDots(const float* q, int64_t q_st, int64_t rows, const KeyTile& tile, int64_t k0,
+               int64_t k1, int64_t D, float scale, float* s) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) {
+    const float* q0 = q + r * q_st;
+    const float* q1 = q0 + q_st;
+    float* s0 = s + r * kKeyTile;
+    float* s1 = s0 + kKeyTile;
+    for (int64_t k = k0; k < k1; k += 4) {
+      const float* const* kr = tile.k + k;
+      F acc[8];
+      for (F& x : acc) x = Zero();
+      int64_t e = 0;
+      for (; e + kLanes <= D; e += kLanes) {
+        const F a0 = Load(q0 + e), a1 = Load(q1 + e);
+        for (int u = 0; u < 4; ++u) {
+          const F kv = Load(kr[u] + e);
+          acc[u] = Fma(a0, kv, acc[u]);
+          acc[4 + u] = Fma(a1, kv, acc[4 + u]);
+        }
+      }
+      float out[8];
+      HSum8(acc, out);
+      for (; e < D; ++e) {
+        for (int u = 0; u < 4; ++u) {
+          out[u] = std::fma(q0[e], kr[u][e], out[u]);
+          out[4 + u] = std::fma(q1[e], kr[u][e], out[4 + u]);
+        }
+      }
+      for (int u = 0; u < 4; ++u) {
+        s0[k + u] = out[u] * scale;
+        s1[k + u] = out[4 + u] * scale;
+      }
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int64_t k = k0; k < k1; k += 8) {
+      Dot8(q + r * q_st, tile.k + k, D, scale, s + r * kKeyTile + k);
+    }
+  }
+}
+
+// One row's p = exp(s - max) over `tile` in s[0..kKeyTile) (query q of head `head` at position
+// `pos`), zeros where the key is hidden. With `dots_done` s already holds the row's Dot8
+// scores on the slot groups it sees (BlockDots).
+TileStats TileRowScores(const AttnArgs& a, const AttnTask& t, const KeyTile& tile, const float* q,
+                        int64_t head, int64_t pos, float* s, bool dots_done = false) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const auto [lo, hi] = KeyRangeAt(a, pos, t.j0, t.j1);
+  const int64_t v0 = std::max(lo, tile.jt) - tile.jt;
+  const int64_t v1 = std::min(hi, tile.jt + kKeyTile) - tile.jt;
+  if (v0 >= v1) return {ninf, 0, 0, 0};
+  const int64_t g0 = v0 / kLanes * kLanes, g1 = (v1 + kLanes - 1) / kLanes * kLanes;
+  if (!dots_done) {
+    for (int64_t g = g0; g < g1; g += 8) Dot8(q, tile.k + g, a.D, a.scale, s + g);
+  }
+  // Compiled modifiers over the whole tile (each slot at the same place every time); or ALiBi,
+  // then soft-capping.
+  if (a.mods != nullptr) {
+    std::fill(s, s + g0, 0.0f);
+    std::fill(s + g1, s + kKeyTile, 0.0f);
+    a.mods(a.mods_ctx, s, kKeyTile, t.seq, head, pos, tile.pos);
+  } else {
+    if (a.alibi_slopes != nullptr) {
+      const float slope = a.alibi_slopes[head];
+      for (int64_t k = g0; k < g1; ++k) {
+        s[k] = std::fma(slope, static_cast<float>(tile.jt + k - pos), s[k]);
+      }
+    }
+    if (a.softcap > 0) SoftCap(s + g0, g1 - g0, 1.0f, a.softcap);
+  }
+  std::fill(s + g0, s + v0, ninf);
+  std::fill(s + v1, s + g1, ninf);
+  if (tile.count < kKeyTile) {
+    for (int64_t k = v0; k < v1; ++k) {
+      if (!tile.valid[k]) s[k] = ninf;
+    }
+  }
+  const float m = RowMax(s + g0, g1 - g0);
+  if (m == ninf) {
+    std::fill(s, s + kKeyTile, 0.0f);
+    return {ninf, 0, 0, 0};
+  }
+  std::fill(s, s + g0, 0.0f);
+  std::fill(s + g1, s + kKeyTile, 0.0f);
+  const F neg_m = Set1(-m);
   F sum = Zero();
-  int64_t p = 0;
-  for (; p + kLanes <= n; p += kLanes) {
-    const F e = Exp(Add(Load(s + p), Set1(-m_new)));
-    Store(s + p, e);
+  for (int64_t g = g0; g < g1; g += kLanes) {
+    const F e = Exp(Add(Load(s + g), neg_m));
+    Store(s + g, e);
     sum = Add(sum, e);
   }
-  float l = HSum(sum);
-  for (; p < n; ++p) {
-    s[p] = std::exp(s[p] - m_new);
-    l += s[p];
+  return {m, HSum(sum), g0, g1};
+}
+
+// acc[0..Dv) = sum of p[k] v[k] over the tile's slots with p[k] != 0 (the others add exact zeros;
+// an inf or NaN value the row does not see must not reach it), FMA chains from zero in slot
+// order: per element what SmallGemm's columns compute over all slots.
+template <int NV>
+[[gnu::always_inline]] inline void PvBlock(const float* p, const float* const* vrow, int64_t k0,
+                                           int64_t k1, int64_t e, float* acc) {
+  F o[NV];
+  for (int u = 0; u < NV; ++u) o[u] = Zero();
+  for (int64_t k = k0; k < k1; ++k) {
+    if (p[k] == 0.0f) continue;
+    const F pk = Set1(p[k]);
+    const float* v = vrow[k] + e;
+    for (int u = 0; u < NV; ++u) o[u] = Fma(pk, Load(v + u * kLanes), o[u]);
   }
-  ah[Dv + 1] = ah[Dv + 1] * corr + l;
-  ah[Dv] = m_new;
-  return corr;
+  for (int u = 0; u < NV; ++u) Store(acc + e + u * kLanes, o[u]);
+}
+
+// `p` is zero outside slots [k0, k1).
+void PvRow(const float* p, const float* const* vrow, int64_t k0, int64_t k1, int64_t Dv,
+           float* acc) {
+  int64_t e = 0;
+  for (; e + 8 * kLanes <= Dv; e += 8 * kLanes) PvBlock<8>(p, vrow, k0, k1, e, acc);
+  for (; e + 4 * kLanes <= Dv; e += 4 * kLanes) PvBlock<4>(p, vrow, k0, k1, e, acc);
+  for (; e + kLanes <= Dv; e += kLanes) PvBlock<1>(p, vrow, k0, k1, e, acc);
+  for (; e < Dv; ++e) {
+    float o = 0;
+    for (int64_t k = k0; k < k1; ++k) {
+      if (p[k] != 0.0f) o = std::fma(p[k], vrow[k][e], o);
+    }
+    acc[e] = o;
+  }
+}
+
+// A row's running state ah = {acc[Dv], max, sum} before its first tile.
+inline void ClearAttnRow(float* ah, int64_t Dv) {
+  std::fill(ah, ah + Dv, 0.0f);
+  ah[Dv] = -std::numeric_limits<float>::infinity();
+  ah[Dv + 1] = 0;
+}
+
+// Folds a tile's state {max, sum, acc_t} into the running state ah.
+inline void FoldTile(float* ah, float m_t, float l_t, const float* acc_t, int64_t Dv) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  if (m_t == ninf) return;
+  const float m_old = ah[Dv];
+  if (m_old == ninf) {
+    std::copy_n(acc_t, Dv, ah);
+    ah[Dv] = m_t;
+    ah[Dv + 1] = l_t;
+    return;
+  }
+  const float m = (std::isnan(m_old) || std::isnan(m_t)) ? NAN : std::max(m_old, m_t);
+  // exp(0) is exactly 1: skipped, not approximated.
+  const float cs = m == m_old ? 1.0f : std::exp(m_old - m);
+  const float ct = m == m_t ? 1.0f : std::exp(m_t - m);
+  ah[Dv + 1] = std::fma(ah[Dv + 1], cs, l_t * ct);
+  const F csv = Set1(cs), ctv = Set1(ct);
+  int64_t e = 0;
+  for (; e + kLanes <= Dv; e += kLanes) {
+    Store(ah + e, Fma(Load(ah + e), csv, Mul(Load(acc_t + e), ctv)));
+  }
+  for (; e < Dv; ++e) ah[e] = std::fma(ah[e], cs, acc_t[e] * ct);
+  ah[Dv] = m;
 }
 
 // Writes a finished row's output from its state ah (zeros when no key was visible).
@@ -588,118 +853,85 @@ inline void FinishAttnRow(const float* ah, int64_t Dv, float* out) {
   for (int64_t e = 0; e < Dv; ++e) out[e] = ah[e] * inv;
 }
 
+// IsaKernels::attend_combine: folds n tile states in order and finishes the row.
+void CombineTiles(const float* tiles, int64_t n, int64_t stride, int64_t Dv, float* out) {
+  float* ah = Scratch(kSlotAcc, Dv + 2);
+  ClearAttnRow(ah, Dv);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* st = tiles + i * stride;
+    FoldTile(ah, st[0], st[1], st + 2, Dv);
+  }
+  FinishAttnRow(ah, Dv, out);
+}
+
+// A zero row of max(D, Dv) floats (the keys a tile does not have).
+const float* ZeroRow(const AttnArgs& a) {
+  const int64_t n = std::max<int64_t>({a.D, a.Dv, 1});
+  float* z = Scratch(kSlotRow, n);
+  std::fill_n(z, n, 0.0f);
+  return z;
+}
+
 // Query rows per block of AttendRows, and the fewest rows a task needs to take that path.
 constexpr int64_t kRowTile = 32;
 constexpr int64_t kMinTileRows = 4;
 
-// Attend for a task of several query rows (prefill), blocks of kRowTile rows at a time: per
-// tile of keys, K (transposed) and V are gathered once for the block's rows and the group's
-// query heads, the scores and P V are small GEMMs, and each row then takes Attend's steps —
-// modifiers, its own key range as -inf, the online softmax.
+// Attend for a task of several query rows (prefill), blocks of kRowTile rows at a time: each
+// key tile is gathered once for the block's rows and the group's query heads, and P V is one
+// small GEMM per head.
 void AttendRows(const AttnArgs& a, const AttnTask& t) {
   const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv;
-  const bool convert = a.kv_dtype != DType::kF32;
-  float* kt = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));     // kt[e * kKeyTile + i]
-  float* vt = Scratch(kSlotValues, kKeyTile * std::max<int64_t>(Dv, 1));  // V rows, contiguous
-  float* krow = Scratch(kSlotRow, std::max<int64_t>(D, 1));               // a converted K row
+  const float* zero = ZeroRow(a);
+  float* kbuf = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));
+  float* vt = Scratch(kSlotValues, kKeyTile * std::max<int64_t>(Dv, 1));
   float* scores = Scratch(kSlotScores, kRowTile * kKeyTile);
+  float* tacc = Scratch(kSlotTileAcc, kRowTile * std::max<int64_t>(Dv, 1));
   const int64_t acc_ld = G * (Dv + 2);
   float* acc = Scratch(kSlotAcc, kRowTile * acc_ld);  // per (row, head): acc[Dv], max, sum
-  int64_t kpos[kKeyTile];
-  const float ninf = -std::numeric_limits<float>::infinity();
+  TileStats stats[kRowTile];
+  KeyTile tile;
   for (int64_t r0 = t.t0; r0 < t.t1; r0 += kRowTile) {
     const int64_t rows = std::min(kRowTile, t.t1 - r0);
     const int64_t first = t.pos0 + (r0 - t.t0), last = first + rows - 1;  // positions
     // The keys any row of the block sees (both bounds grow with the position).
     const int64_t lo = KeyRangeAt(a, first, t.j0, t.j1).first;
     const int64_t hi = KeyRangeAt(a, last, t.j0, t.j1).second;
-    for (int64_t i = 0; i < rows * G; ++i) {
-      float* ah = acc + i * (Dv + 2);
-      std::fill(ah, ah + Dv, 0.0f);
-      ah[Dv] = ninf;
-      ah[Dv + 1] = 0;
-    }
-    for (int64_t jt = lo; jt < hi; jt += kKeyTile) {
-      const int64_t jend = std::min(hi, jt + kKeyTile);
-      int64_t n = 0;  // keys with a valid block
-      for (int64_t j = jt; j < jend; ++j) {
-        const char *kp, *vp;
-        if (!KvRows(a, t, j, &kp, &vp)) continue;
-        const float* k = reinterpret_cast<const float*>(kp);
-        if (convert) {
-          ConvertRow(kp, a.kv_dtype, D, krow);
-          k = krow;
-          ConvertRow(vp, a.kv_dtype, Dv, vt + n * Dv);
-        } else {
-          std::copy_n(reinterpret_cast<const float*>(vp), Dv, vt + n * Dv);
-        }
-        for (int64_t e = 0; e < D; ++e) kt[e * kKeyTile + n] = k[e];
-        kpos[n] = j;
-        ++n;
-      }
-      if (n == 0) continue;
-      // A value that is not finite (an overflowed f16 cache) must not reach the rows that do
-      // not see its key (0 x inf): then P V skips zero weights, as Attend and the reference do.
+    for (int64_t i = 0; i < rows * G; ++i) ClearAttnRow(acc + i * (Dv + 2), Dv);
+    for (int64_t jt = lo / kKeyTile * kKeyTile; jt < hi; jt += kKeyTile) {
+      GatherTile(a, t, jt, lo, hi, zero, kbuf, vt, /*copy_rows=*/true, &tile);
+      if (tile.count == 0) continue;
+      // An inf or NaN value (an overflowed f16 cache) must not reach the rows that do not see
+      // its key (0 x inf): then P V skips zero weights row by row (PvRow).
       bool finite_v;
       {
-        // v * 0 is 0 for finite v, NaN for inf and NaN.
-        F probe = Zero();
-        const F zero = Zero();
+        F probe = Zero();  // v * 0 is 0 for finite v, NaN for inf and NaN
+        const F zero_v = Zero();
         int64_t x = 0;
-        for (; x + kLanes <= n * Dv; x += kLanes) probe = Fma(Load(vt + x), zero, probe);
+        for (; x + kLanes <= kKeyTile * Dv; x += kLanes) probe = Fma(Load(vt + x), zero_v, probe);
         float rest = HSum(probe);
-        for (; x < n * Dv; ++x) rest += vt[x] * 0.0f;
+        for (; x < kKeyTile * Dv; ++x) rest += vt[x] * 0.0f;
         finite_v = rest == 0.0f;
       }
+      // The slot groups any row of the block sees.
+      const int64_t k0 = (std::max(lo, jt) - jt) / kLanes * kLanes;
+      const int64_t k1 = (std::min(hi, jt + kKeyTile) - jt + kLanes - 1) / kLanes * kLanes;
       for (int64_t h = 0; h < G; ++h) {
         const int64_t head = t.g * G + h;
-        SmallGemm(a.q + r0 * a.q_st + head * a.q_sh, a.q_st, 1, kt, kKeyTile, scores, kKeyTile,
-                  rows, n, D, a.scale, false);
+        const float* q = a.q + r0 * a.q_st + head * a.q_sh;
+        BlockDots(q, a.q_st, rows, tile, k0, k1, D, a.scale, scores);
         for (int64_t i = 0; i < rows; ++i) {
-          float* s = scores + i * kKeyTile;
-          const int64_t pos = first + i;
-          // Modifiers (compiled; or ALiBi, then soft-capping), then the row's own key range.
-          if (a.mods != nullptr) {
-            a.mods(a.mods_ctx, s, n, t.seq, head, pos, kpos);
-          } else {
-            if (a.alibi_slopes != nullptr) {
-              const float slope = a.alibi_slopes[head];
-              for (int64_t k = 0; k < n; ++k) s[k] += slope * static_cast<float>(kpos[k] - pos);
-            }
-            if (a.softcap > 0) SoftCap(s, n, 1.0f, a.softcap);
-          }
-          const auto [row_lo, row_hi] = KeyRangeAt(a, pos, t.j0, t.j1);
-          for (int64_t k = 0; k < n; ++k) {
-            if (kpos[k] >= row_hi || kpos[k] < row_lo) s[k] = ninf;
-          }
-          // Online softmax: rescale the row's running state to the new maximum.
-          float m = ninf;
-          for (int64_t k = 0; k < n; ++k) {
-            m = (std::isnan(m) || std::isnan(s[k])) ? NAN : std::max(m, s[k]);
-          }
-          float* ah = acc + (i * G + h) * (Dv + 2);
-          const float corr = FoldScores(s, n, m, ah, Dv);
-          if (corr < 0) {  // every score -inf: contributes nothing
-            std::fill(s, s + n, 0.0f);
-            continue;
-          }
-          if (corr != 1.0f) {
-            for (int64_t e = 0; e < Dv; ++e) ah[e] *= corr;
-          }
+          stats[i] = TileRowScores(a, t, tile, q + i * a.q_st, head, first + i,
+                                   scores + i * kKeyTile, /*dots_done=*/true);
         }
-        // acc += P V for the block's rows of head h.
         if (finite_v) {
-          SmallGemm(scores, kKeyTile, 1, vt, Dv, acc + h * (Dv + 2), acc_ld, rows, Dv, n, 1.0f,
-                    true);
-          continue;
+          SmallGemm(scores, kKeyTile, 1, vt, Dv, tacc, Dv, rows, Dv, kKeyTile, 1.0f, false);
+        } else {
+          for (int64_t i = 0; i < rows; ++i) {
+            PvRow(scores + i * kKeyTile, tile.v, stats[i].k0, stats[i].k1, Dv, tacc + i * Dv);
+          }
         }
         for (int64_t i = 0; i < rows; ++i) {
-          const float* s = scores + i * kKeyTile;
-          float* ah = acc + (i * G + h) * (Dv + 2);
-          for (int64_t k = 0; k < n; ++k) {
-            if (s[k] == 0.0f) continue;
-            for (int64_t e = 0; e < Dv; ++e) ah[e] += s[k] * vt[k * Dv + e];
-          }
+          FoldTile(acc + (i * G + h) * (Dv + 2), stats[i].max, stats[i].sum, tacc + i * Dv, Dv);
         }
       }
     }
@@ -718,132 +950,51 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
     return;
   }
   const int64_t G = a.Hq / a.Hkv, D = a.D, Dv = a.Dv;
-  const bool convert = a.kv_dtype != DType::kF32;
-  float* kbuf = convert ? Scratch(kSlotKeys, kKeyTile * D) : nullptr;
-  float* vbuf = convert ? Scratch(kSlotValues, kKeyTile * Dv) : nullptr;
-  float* scores = Scratch(kSlotScores, G * kKeyTile);
+  const float* zero = ZeroRow(a);
+  float* kbuf = Scratch(kSlotKeys, kKeyTile * std::max<int64_t>(D, 1));
+  float* vbuf = Scratch(kSlotValues, kKeyTile * std::max<int64_t>(Dv, 1));
+  float* scores = Scratch(kSlotScores, kKeyTile);
+  float* tacc = Scratch(kSlotTileAcc, std::max<int64_t>(Dv, 1));
   float* acc = Scratch(kSlotAcc, G * (Dv + 2));  // per head: acc[Dv], then max, sum
-  const float* krow[kKeyTile];
-  const float* vrow[kKeyTile];
-  int64_t kpos[kKeyTile];  // the position of each visible key (ALiBi)
   const float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t PF = AttnPartialFloats(Dv);
+  const int64_t tile0 = t.j0 / kKeyTile;
+  const int64_t ntiles = AttnPartialTiles(t.j0, t.j1);
+  KeyTile tile;
   for (int64_t r = t.t0; r < t.t1; ++r) {
     const int64_t pos = t.pos0 + (r - t.t0);
     const auto [lo, hi] = KeyRangeAt(a, pos, t.j0, t.j1);
-    for (int64_t h = 0; h < G; ++h) {
-      float* ah = acc + h * (Dv + 2);
-      std::fill(ah, ah + Dv, 0.0f);
-      ah[Dv] = ninf;
-      ah[Dv + 1] = 0;
-    }
-    for (int64_t jt = lo; jt < hi; jt += kKeyTile) {
-      const int64_t jend = std::min(hi, jt + kKeyTile);
-      int n = 0;  // visible keys with a valid block
-      for (int64_t j = jt; j < jend; ++j) {
-        const char *kp, *vp;
-        if (!KvRows(a, t, j, &kp, &vp)) continue;
-        if (convert) {
-          ConvertRow(kp, a.kv_dtype, D, kbuf + n * D);
-          ConvertRow(vp, a.kv_dtype, Dv, vbuf + n * Dv);
-          krow[n] = kbuf + n * D;
-          vrow[n] = vbuf + n * Dv;
-        } else {
-          krow[n] = reinterpret_cast<const float*>(kp);
-          vrow[n] = reinterpret_cast<const float*>(vp);
-        }
-        kpos[n] = j;
-        ++n;
+    float* part = t.partial == nullptr ? nullptr : t.partial + (r - t.t0) * ntiles * G * PF;
+    if (part != nullptr) {
+      for (int64_t i = 0; i < ntiles * G; ++i) {
+        part[i * PF] = ninf;
+        part[i * PF + 1] = 0;
+        std::fill_n(part + i * PF + 2, Dv, 0.0f);
       }
-      if (n == 0) continue;
+    }
+    for (int64_t h = 0; h < G; ++h) ClearAttnRow(acc + h * (Dv + 2), Dv);
+    for (int64_t jt = lo / kKeyTile * kKeyTile; jt < hi; jt += kKeyTile) {
+      GatherTile(a, t, jt, lo, hi, zero, kbuf, vbuf, /*copy_rows=*/false, &tile);
+      if (tile.count == 0) continue;
       for (int64_t h = 0; h < G; ++h) {
-        const float* q = a.q + r * a.q_st + (t.g * G + h) * a.q_sh;
-        float* s = scores + h * kKeyTile;
-        int i = 0;
-        for (; i + 8 <= n; i += 8) {  // 8 keys at once, one transposing reduction
-          F dacc[8];
-          for (F& d : dacc) d = Zero();
-          int64_t e = 0;
-          for (; e + kLanes <= D; e += kLanes) {
-            const F qv = Load(q + e);
-            for (int u = 0; u < 8; ++u) dacc[u] = Fma(qv, Load(krow[i + u] + e), dacc[u]);
-          }
-          HSum8(dacc, s + i);
-          for (; e < D; ++e) {
-            for (int u = 0; u < 8; ++u) s[i + u] += q[e] * krow[i + u][e];
-          }
+        const int64_t head = t.g * G + h;
+        const TileStats st =
+            TileRowScores(a, t, tile, a.q + r * a.q_st + head * a.q_sh, head, pos, scores);
+        if (st.max == ninf) continue;
+        if (part != nullptr) {
+          float* dst = part + ((jt / kKeyTile - tile0) * G + h) * PF;
+          dst[0] = st.max;
+          dst[1] = st.sum;
+          PvRow(scores, tile.v, st.k0, st.k1, Dv, dst + 2);
+          continue;
         }
-        for (; i < n; ++i) s[i] = Dot(q, krow[i], D);
-        // Compiled modifiers; or ALiBi, then soft-capping, each scaling the scores as it
-        // modifies them.
-        float mul = a.scale;
-        if (a.mods != nullptr) {
-          for (int i = 0; i < n; ++i) s[i] *= mul;
-          mul = 1;
-          a.mods(a.mods_ctx, s, n, t.seq, t.g * G + h, pos, kpos);
-        }
-        if (a.alibi_slopes != nullptr) {
-          const float slope = a.alibi_slopes[t.g * G + h];
-          for (int i = 0; i < n; ++i) s[i] = s[i] * mul + slope * static_cast<float>(kpos[i] - pos);
-          mul = 1;
-        }
-        if (a.softcap > 0) {
-          SoftCap(s, n, mul, a.softcap);
-          mul = 1;
-        }
-        // Online softmax: rescale the running state to the new maximum.
-        F mv = Set1(ninf);
-        int64_t i8 = 0;
-        for (; i8 + kLanes <= n; i8 += kLanes) {
-          const F sv = Mul(Load(s + i8), Set1(mul));
-          Store(s + i8, sv);
-          mv = Max(mv, sv);
-        }
-        float m = ninf;
-        {
-          float lanes[kLanes];
-          Store(lanes, mv);
-          for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
-        }
-        for (; i8 < n; ++i8) {
-          s[i8] *= mul;
-          m = (std::isnan(m) || std::isnan(s[i8])) ? NAN : std::max(m, s[i8]);
-        }
-        float* ah = acc + h * (Dv + 2);
-        const float corr = FoldScores(s, n, m, ah, Dv);
-        if (corr < 0) continue;  // every score -inf: contributes nothing
-        // acc = acc * corr + sum_i p_i v_i, up to 8 vectors of Dv at a time in registers.
-        int64_t e = 0;
-        for (; e + kLanes <= Dv; e += 8 * kLanes) {
-          const int nv = static_cast<int>(std::min<int64_t>(8, (Dv - e) / kLanes));
-          F o[8];
-          const F cv = Set1(corr);
-          for (int u = 0; u < nv; ++u) o[u] = Mul(Load(ah + e + u * kLanes), cv);
-          for (int k = 0; k < n; ++k) {
-            const F pk = Set1(s[k]);
-            for (int u = 0; u < nv; ++u) o[u] = Fma(pk, Load(vrow[k] + e + u * kLanes), o[u]);
-          }
-          for (int u = 0; u < nv; ++u) Store(ah + e + u * kLanes, o[u]);
-          if (nv < 8) {
-            e += nv * kLanes;
-            break;
-          }
-        }
-        for (; e < Dv; ++e) {
-          float o = ah[e] * corr;
-          for (int k = 0; k < n; ++k) o += s[k] * vrow[k][e];
-          ah[e] = o;
-        }
+        PvRow(scores, tile.v, st.k0, st.k1, Dv, tacc);
+        FoldTile(acc + h * (Dv + 2), st.max, st.sum, tacc, Dv);
       }
     }
+    if (part != nullptr) continue;
     for (int64_t h = 0; h < G; ++h) {
-      const float* ah = acc + h * (Dv + 2);
-      if (t.partial != nullptr) {
-        float* dst = t.partial + ((r - t.t0) * G + h) * AttnPartialFloats(Dv);
-        std::copy(ah + Dv, ah + Dv + 2, dst);
-        std::copy(ah, ah + Dv, dst + 2);
-        continue;
-      }
-      FinishAttnRow(ah, Dv, a.out + r * a.o_st + (t.g * G + h) * a.o_sh);
+      FinishAttnRow(acc + h * (Dv + 2), Dv, a.out + r * a.o_st + (t.g * G + h) * a.o_sh);
     }
   }
 }
@@ -852,20 +1003,6 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
 
 // Elements per float partial sum of SoftmaxStats before it is added in double.
 constexpr int64_t kStatsChunk = 1024;
-
-// The maximum of a row (NaN if any element is NaN; -inf for n = 0).
-float RowMax(const float* x, int64_t n) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  F mv = Set1(ninf);
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) mv = Max(Load(x + j), mv);  // NaN in x propagates
-  float lanes[kLanes];
-  Store(lanes, mv);
-  float m = ninf;
-  for (float v : lanes) m = (std::isnan(m) || std::isnan(v)) ? NAN : std::max(m, v);
-  for (; j < n; ++j) m = (std::isnan(m) || std::isnan(x[j])) ? NAN : std::max(m, x[j]);
-  return m;
-}
 
 // sum(exp(x - m)) as softmax_stats sums it; given a non-const row, also x[j] = exp(x[j] - m).
 template <class T>
@@ -968,8 +1105,9 @@ void SmallRows(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
   }
   for (; j < n; ++j) {
     for (int r = 0; r < MR; ++r) {
-      float acc = 0;
-      for (int64_t kk = 0; kk < k; ++kk) acc += a[r * a_rs + kk * a_cs] * b[kk * ldb + j];
+      float acc = 0;  // what a vector column's lane computes (attention relies on it)
+      for (int64_t kk = 0; kk < k; ++kk)
+        acc = std::fma(a[r * a_rs + kk * a_cs], b[kk * ldb + j], acc);
       c[r * ldc + j] = accumulate ? c[r * ldc + j] + alpha * acc : alpha * acc;
     }
   }
@@ -988,7 +1126,7 @@ void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64
 
 }  // namespace
 
-const IsaKernels kTable = {kIsa,         Gemv,    Gemm,      Dequant,   Attend,
+const IsaKernels kTable = {kIsa,         Gemv,    Gemm,      Dequant,   Attend, CombineTiles,
                            SoftmaxStats, Softmax, ScaledExp, SmallGemm, SoftCap};
 
 }  // namespace kiln::cpu::KILN_ISA_NS

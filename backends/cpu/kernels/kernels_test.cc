@@ -437,54 +437,96 @@ void RefRow(const AttnProblem& p, const std::vector<int64_t>& blocks, int64_t t,
   }
 }
 
+// Random queries and caches for `p` (sized here); with a 16-bit `kv` the caches are rounded
+// to it (p.k, p.v keep the rounded values, kh and vh the cache's bits).
+void FillAttnProblem(AttnProblem& p, DType kv, std::mt19937& rng, std::vector<uint16_t>* kh,
+                     std::vector<uint16_t>* vh) {
+  std::normal_distribution<float> nd(0, 1);
+  p.q.resize(p.T * p.Hq * p.D);
+  p.k.resize(p.NB * p.BS * p.Hkv * p.D);
+  p.v.resize(p.NB * p.BS * p.Hkv * p.Dv);
+  for (float& x : p.q) x = nd(rng);
+  for (float& x : p.k) x = nd(rng);
+  for (float& x : p.v) x = nd(rng);
+  kh->assign(p.k.size(), 0);
+  vh->assign(p.v.size(), 0);
+  if (kv == DType::kF32) return;
+  ASSERT_TRUE(ConvertElements(DType::kF32, p.k.data(), kv, kh->data(), p.k.size()).ok());
+  ASSERT_TRUE(ConvertElements(DType::kF32, p.v.data(), kv, vh->data(), p.v.size()).ok());
+  ASSERT_TRUE(ConvertElements(kv, kh->data(), DType::kF32, p.k.data(), p.k.size()).ok());
+  ASSERT_TRUE(ConvertElements(kv, vh->data(), DType::kF32, p.v.data(), p.v.size()).ok());
+}
+
+// Contiguous [T, Hq, D] queries, [NB, BS, Hkv, D] caches of `kv` (p's own or kh/vh), scale
+// 1/sqrt(D), no mask.
+AttnArgs ArgsFor(const AttnProblem& p, DType kv, const std::vector<uint16_t>& kh,
+                 const std::vector<uint16_t>& vh, float* out) {
+  AttnArgs a;
+  a.q = p.q.data();
+  a.q_st = p.Hq * p.D;
+  a.q_sh = p.D;
+  a.k = kv == DType::kF32 ? static_cast<const void*>(p.k.data()) : kh.data();
+  a.v = kv == DType::kF32 ? static_cast<const void*>(p.v.data()) : vh.data();
+  a.kv_dtype = kv;
+  a.k_sb = p.BS * p.Hkv * p.D;
+  a.k_ss = p.Hkv * p.D;
+  a.k_sh = p.D;
+  a.v_sb = p.BS * p.Hkv * p.Dv;
+  a.v_ss = p.Hkv * p.Dv;
+  a.v_sh = p.Dv;
+  a.block_size = p.BS;
+  a.out = out;
+  a.o_st = p.Hq * p.Dv;
+  a.o_sh = p.Dv;
+  a.Hq = p.Hq;
+  a.Hkv = p.Hkv;
+  a.D = p.D;
+  a.Dv = p.Dv;
+  a.scale = 1.0f / std::sqrt(float(p.D));
+  return a;
+}
+
+// Query row T-1, at key position cuts.back() - 1, of kv head g over keys split between
+// partial tasks at `cuts` (tile boundaries), combined into out[G * Dv].
+void SplitLastRow(const IsaKernels& k, const AttnProblem& p, const AttnArgs& a,
+                  const std::vector<int64_t>& blocks, int64_t g, const std::vector<int64_t>& cuts,
+                  float* out) {
+  const int64_t G = p.Hq / p.Hkv, PF = AttnPartialFloats(p.Dv);
+  const int64_t tiles = AttnPartialTiles(0, cuts.back());
+  std::vector<float> states(static_cast<size_t>(tiles * G * PF), NAN);
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    AttnTask task;
+    task.blocks = blocks.data();
+    task.t0 = p.T - 1;
+    task.t1 = p.T;
+    task.pos0 = cuts.back() - 1;
+    task.g = g;
+    task.j0 = cuts[c];
+    task.j1 = cuts[c + 1];
+    task.partial = states.data() + (cuts[c] / kAttnKeyTile) * G * PF;
+    k.attend(a, task);
+  }
+  for (int64_t h = 0; h < G; ++h) {
+    k.attend_combine(states.data() + h * PF, tiles, G * PF, p.Dv, out + h * p.Dv);
+  }
+}
+
 TEST_P(IsaTest, AttentionMatchesReference) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0, 1);
   for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (auto [hq, hkv, d] : {std::tuple{6, 2, 64}, std::tuple{4, 4, 12}, std::tuple{8, 1, 40}}) {
       AttnProblem p{5, hq, hkv, d, d, 40, 16, {}, {}, {}};
-      p.q.resize(p.T * p.Hq * p.D);
-      p.k.resize(p.NB * p.BS * p.Hkv * p.D);
-      p.v.resize(p.NB * p.BS * p.Hkv * p.Dv);
-      for (float& x : p.q) x = nd(rng);
-      for (float& x : p.k) x = nd(rng);
-      for (float& x : p.v) x = nd(rng);
-      // Round the caches to the cache type (the reference reads the rounded values).
-      std::vector<uint16_t> kh(p.k.size()), vh(p.v.size());
-      if (kv != DType::kF32) {
-        ASSERT_TRUE(ConvertElements(DType::kF32, p.k.data(), kv, kh.data(), p.k.size()).ok());
-        ASSERT_TRUE(ConvertElements(DType::kF32, p.v.data(), kv, vh.data(), p.v.size()).ok());
-        ASSERT_TRUE(ConvertElements(kv, kh.data(), DType::kF32, p.k.data(), p.k.size()).ok());
-        ASSERT_TRUE(ConvertElements(kv, vh.data(), DType::kF32, p.v.data(), p.v.size()).ok());
-      }
+      // The caches rounded to the cache type (the reference reads the rounded values).
+      std::vector<uint16_t> kh, vh;
+      FillAttnProblem(p, kv, rng, &kh, &vh);
       // 300 keys over 19 blocks, one hole (block -1): 5 query rows at the end.
       std::vector<int64_t> blocks(19);
       for (int64_t i = 0; i < 19; ++i) blocks[i] = (i * 7) % p.NB;
       blocks[3] = -1;
       const int64_t len = 300;
-      AttnArgs a;
-      a.q = p.q.data();
-      a.q_st = p.Hq * p.D;
-      a.q_sh = p.D;
-      a.k = kv == DType::kF32 ? static_cast<const void*>(p.k.data()) : kh.data();
-      a.v = kv == DType::kF32 ? static_cast<const void*>(p.v.data()) : vh.data();
-      a.kv_dtype = kv;
-      a.k_sb = p.BS * p.Hkv * p.D;
-      a.k_ss = p.Hkv * p.D;
-      a.k_sh = p.D;
-      a.v_sb = p.BS * p.Hkv * p.Dv;
-      a.v_ss = p.Hkv * p.Dv;
-      a.v_sh = p.Dv;
-      a.block_size = p.BS;
       std::vector<float> out(p.T * p.Hq * p.Dv, NAN);
-      a.out = out.data();
-      a.o_st = p.Hq * p.Dv;
-      a.o_sh = p.Dv;
-      a.Hq = p.Hq;
-      a.Hkv = p.Hkv;
-      a.D = p.D;
-      a.Dv = p.Dv;
-      a.scale = 1.0f / std::sqrt(float(p.D));
+      AttnArgs a = ArgsFor(p, kv, kh, vh, out.data());
       for (MaskKind mask : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kSlidingWindow}) {
         a.mask = mask;
         a.window = 70;
@@ -502,29 +544,11 @@ TEST_P(IsaTest, AttentionMatchesReference) {
           task.j1 = len;
           k_->attend(a, task);
         }
-        // Split: row T-1 over three key ranges, combined.
+        // Split: row T-1 over three key ranges (at tile boundaries), combined.
         std::vector<float> split(p.Hq * p.Dv);
         for (int64_t g = 0; g < p.Hkv; ++g) {
-          const int64_t G = p.Hq / p.Hkv;
-          std::vector<std::vector<float>> parts(3, std::vector<float>(G * AttnPartialFloats(p.Dv)));
-          const int64_t cut[] = {0, 100, 230, len};
-          for (int c = 0; c < 3; ++c) {
-            AttnTask task;
-            task.blocks = blocks.data();
-            task.t0 = p.T - 1;
-            task.t1 = p.T;
-            task.pos0 = len - 1;
-            task.g = g;
-            task.j0 = cut[c];
-            task.j1 = cut[c + 1];
-            task.partial = parts[c].data();
-            k_->attend(a, task);
-          }
-          for (int64_t h = 0; h < G; ++h) {
-            const float* ps[3];
-            for (int c = 0; c < 3; ++c) ps[c] = parts[c].data() + h * AttnPartialFloats(p.Dv);
-            CombinePartials(ps, 3, p.Dv, split.data() + (g * G + h) * p.Dv);
-          }
+          SplitLastRow(*k_, p, a, blocks, g, {0, 64, 192, len},
+                       split.data() + g * (p.Hq / p.Hkv) * p.Dv);
         }
         std::vector<float> got;
         std::vector<double> want;
@@ -546,6 +570,81 @@ TEST_P(IsaTest, AttentionMatchesReference) {
         }
         EXPECT_LT(Nmse(got, want), 1e-12) << what;
         EXPECT_LT(Nmse(got_split, want_split), 1e-12) << what << " split";
+      }
+    }
+  }
+}
+
+// A row's output must not depend on how the rows and keys are cut into tasks: one task for
+// every row (blocks of 32 rows), a row per task (the decode path), tasks of 5 and of 7 rows,
+// and the last rows split over the context at tile boundaries — bit for bit. That is what
+// keeps a prompt's numerics the same prefilled at once, in chunks or after a prefix-cache hit.
+TEST_P(IsaTest, AttentionRowsAreBitIdenticalHoweverTheTaskIsCut) {
+  std::mt19937 rng(17);
+  for (DType kv : {DType::kF32, DType::kF16}) {
+    for (auto [hq, hkv, d] : {std::tuple{6, 2, 64}, std::tuple{8, 1, 40}}) {
+      AttnProblem p{40, hq, hkv, d, d, 24, 16, {}, {}, {}};
+      std::vector<uint16_t> kh, vh;
+      FillAttnProblem(p, kv, rng, &kh, &vh);
+      const int64_t len = 330;  // 21 blocks, one a hole; the 40 rows are the last positions
+      std::vector<int64_t> blocks(21);
+      for (int64_t i = 0; i < 21; ++i) blocks[i] = (i * 5) % p.NB;
+      blocks[6] = -1;
+      std::vector<float> slopes(p.Hq);
+      for (int64_t h = 0; h < p.Hq; ++h) slopes[h] = 0.05f * static_cast<float>(h + 1);
+      for (int variant = 0; variant < 5; ++variant) {
+        const std::string what =
+            absl::StrCat(DTypeName(kv), " Hq=", hq, " D=", d, " variant=", variant);
+        // Rows [t0, t1) per task, tasks of `rows` rows; all rows of kv head g.
+        auto run = [&](int64_t rows, std::vector<float>* out) {
+          out->assign(p.T * p.Hq * p.Dv, NAN);
+          AttnArgs a = ArgsFor(p, kv, kh, vh, out->data());
+          a.mask = variant == 1   ? MaskKind::kNone
+                   : variant == 2 ? MaskKind::kSlidingWindow
+                                  : MaskKind::kCausal;
+          a.window = 100;
+          if (variant == 3) a.alibi_slopes = slopes.data();
+          if (variant == 4) a.softcap = 2.5f;
+          for (int64_t g = 0; g < p.Hkv; ++g) {
+            for (int64_t t0 = 0; t0 < p.T; t0 += rows) {
+              AttnTask task;
+              task.blocks = blocks.data();
+              task.t0 = t0;
+              task.t1 = std::min(p.T, t0 + rows);
+              task.pos0 = len - p.T + t0;
+              task.g = g;
+              task.j1 = len;
+              k_->attend(a, task);
+            }
+          }
+          return a;
+        };
+        std::vector<float> whole, one, five, seven;
+        const AttnArgs a = run(p.T, &whole);
+        run(1, &one);
+        run(5, &five);
+        run(7, &seven);
+        // The last row split over the context, as decode splits it.
+        std::vector<float> split_last(p.Hq * p.Dv), split_coarse(p.Hq * p.Dv);
+        std::vector<float> scratch(p.T * p.Hq * p.Dv);
+        AttnArgs sa = a;
+        sa.out = scratch.data();
+        const int64_t G = p.Hq / p.Hkv;
+        for (int64_t g = 0; g < p.Hkv; ++g) {
+          SplitLastRow(*k_, p, sa, blocks, g, {0, 64, 128, 192, 256, len},
+                       split_last.data() + g * G * p.Dv);
+          SplitLastRow(*k_, p, sa, blocks, g, {0, 192, len}, split_coarse.data() + g * G * p.Dv);
+        }
+        ASSERT_EQ(std::memcmp(whole.data(), one.data(), whole.size() * 4), 0) << what << " one";
+        ASSERT_EQ(std::memcmp(whole.data(), five.data(), whole.size() * 4), 0) << what << " 5";
+        ASSERT_EQ(std::memcmp(whole.data(), seven.data(), whole.size() * 4), 0) << what << " 7";
+        const float* last = whole.data() + (p.T - 1) * p.Hq * p.Dv;
+        ASSERT_EQ(std::memcmp(last, split_last.data(), split_last.size() * 4), 0) << what;
+        ASSERT_EQ(std::memcmp(last, split_coarse.data(), split_coarse.size() * 4), 0) << what;
+        // And it is attention: finite, not all zeros.
+        EXPECT_TRUE(
+            std::all_of(whole.begin(), whole.end(), [](float x) { return std::isfinite(x); }));
+        EXPECT_TRUE(std::any_of(whole.begin(), whole.end(), [](float x) { return x != 0.0f; }));
       }
     }
   }
