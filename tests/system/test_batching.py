@@ -95,8 +95,12 @@ def running(server, model):
 def test_higher_priority_runs_first(server, stub):
     # Occupy the single instance, then queue low- then high-priority requests. Each step waits
     # for the server's own gauges (never for a sleep); the blocker's length only has to
-    # outlast the queueing of four requests.
+    # outlast the queueing of four requests. `order` is the order in which the clients get
+    # their answers: each queued request runs 200 ms, so that a client thread descheduled on a
+    # busy machine cannot swap two of them (with 1 ms each the blocker's answer was once
+    # recorded after low0's, in a CI run of the whole suite on 2 cores).
     order, lock = [], threading.Lock()
+    queued_us = 200000
 
     def call(name, req):
         stub.ModelInfer(req)
@@ -109,13 +113,14 @@ def test_higher_priority_runs_first(server, stub):
     blocker = threading.Thread(target=call, args=("blocker", sleep_request("prio", 3000000)))
     blocker.start()
     running(server, "prio")
-    threads = [threading.Thread(target=call, args=(f"low{i}", sleep_request("prio", 1000,
+    threads = [threading.Thread(target=call, args=(f"low{i}", sleep_request("prio", queued_us,
                                                                             priority=2)))
                for i in range(3)]
     for t in threads:
         t.start()
     wait_for(lambda: gauge("kiln_inference_pending_requests") == 3, "three queued requests")
-    high = threading.Thread(target=call, args=("high", sleep_request("prio", 1000, priority=1)))
+    high = threading.Thread(target=call,
+                            args=("high", sleep_request("prio", queued_us, priority=1)))
     high.start()
     wait_for(lambda: gauge("kiln_inference_pending_requests") == 4, "the high-priority request")
     assert gauge("kiln_inference_executing_requests") == 1, "the blocker ended too early"
