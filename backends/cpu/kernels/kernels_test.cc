@@ -513,7 +513,6 @@ void SplitLastRow(const IsaKernels& k, const AttnProblem& p, const AttnArgs& a,
 
 TEST_P(IsaTest, AttentionMatchesReference) {
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0, 1);
   for (DType kv : {DType::kF32, DType::kF16, DType::kBF16}) {
     for (auto [hq, hkv, d] : {std::tuple{6, 2, 64}, std::tuple{4, 4, 12}, std::tuple{8, 1, 40}}) {
       AttnProblem p{5, hq, hkv, d, d, 40, 16, {}, {}, {}};
