@@ -165,6 +165,15 @@ TEST(FlightRecorder, ConcurrentWritersAndReaders) {
   EXPECT_EQ(rec.ToJson()["events"].size(), 256u);
 }
 
+// Under a sanitizer the code runs ~30-100x slower (TSan: 3.8 us per event and 70 us per step's
+// hooks on a quiet host, 203 us beside a parallel build; uninstrumented 134 ns and 788 ns), so
+// the bounds below, which only catch a gross regression, are checked without one.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr bool kInstrumented = true;
+#else
+constexpr bool kInstrumented = false;
+#endif
+
 // The cost of recording (the figure the header quotes) and of a dump of a full default ring.
 TEST(FlightRecorder, RecordCost) {
   FlightRecorder rec("m", "llm", {.entries = 4096, .work_slots = 1, .max_work_requests = 64});
@@ -181,7 +190,9 @@ TEST(FlightRecorder, RecordCost) {
   std::printf("record: %.0f ns/event; dump of 4096 events: %.1f ms, %zu bytes\n", ns, dump_ms,
               text.size());
   EXPECT_EQ(j["events"].size(), 4096u);
-  EXPECT_LT(ns, 20000) << "recording should cost well under a microsecond";
+  if (!kInstrumented) {
+    EXPECT_LT(ns, 20000) << "recording should cost well under a microsecond";
+  }
 
   // What an LLM step of 64 decoding sequences costs the loop: BeginWork, SetWorkRequests with
   // 64 ids and the step_begin event, EndWork with step_end (ContinuousBatcher's hooks).
@@ -199,7 +210,9 @@ TEST(FlightRecorder, RecordCost) {
   const double step_ns =
       std::chrono::duration<double, std::nano>(SteadyClock::now() - s0).count() / kSteps;
   std::printf("hooks of a 64-sequence step: %.0f ns\n", step_ns);
-  EXPECT_LT(step_ns, 200000) << "the hooks of one step should cost a few microseconds";
+  if (!kInstrumented) {
+    EXPECT_LT(step_ns, 200000) << "the hooks of one step should cost a few microseconds";
+  }
 }
 
 }  // namespace
