@@ -502,16 +502,7 @@ void SoftCap(float* s, int64_t n, float pre, float cap) {
 
 constexpr int64_t kKeyTile = kAttnKeyTile;
 
-inline float Dot(const float* a, const float* b, int64_t n) {
-  F acc = Zero();
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) acc = Fma(Load(a + i), Load(b + i), acc);
-  float s = HSum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Rows of a K or V tile as f32: pointers into the cache (f32) or into converted scratch.
+// A f16 or bf16 cache row as f32.
 void ConvertRow(const void* src, DType t, int64_t n, float* dst) {
   const uint16_t* h = static_cast<const uint16_t*>(src);
   int64_t i = 0;
@@ -526,19 +517,6 @@ void ConvertRow(const void* src, DType t, int64_t n, float* dst) {
 
 void SmallGemm(const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t ldb, float* c,
                int64_t ldc, int64_t m, int64_t n, int64_t k, float alpha, bool accumulate);
-
-// The addresses of key j's K and V rows (kv head t.g) in the paged caches; false when its
-// block-table entry is invalid (the key is skipped).
-inline bool KvRows(const AttnArgs& a, const AttnTask& t, int64_t j, const char** kp,
-                   const char** vp) {
-  const int64_t blk = t.blocks[j / a.block_size];
-  if (blk < 0) return false;
-  const int64_t slot = j % a.block_size;
-  const int64_t esize = a.kv_dtype == DType::kF32 ? 4 : 2;
-  *kp = static_cast<const char*>(a.k) + esize * (blk * a.k_sb + slot * a.k_ss + t.g * a.k_sh);
-  *vp = static_cast<const char*>(a.v) + esize * (blk * a.v_sb + slot * a.v_ss + t.g * a.v_sh);
-  return true;
-}
 
 // The keys [lo, hi) of [j0, j1) the native mask lets the query at position `pos` see: kv <=
 // pos (causal, window), pos - kv < window, kv >= pos - pos % chunk.
