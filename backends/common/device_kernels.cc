@@ -647,11 +647,12 @@ class QueueScratch {
 
 // ---- Attention ----------------------------------------------------------------------------------
 
-// The block table of a dense attention kernel whose mask is not a plain causal or sliding-
-// window one (attention.cl's BLOCKS): classified by `classify` before each launch into the
-// queue's scratch: the table, then the visit counts (a uint per work-group row).
+// The block table of an attention kernel whose mask is not a plain causal or sliding-window
+// one (attention.cl's BLOCKS): classified by `classify` before each launch into the queue's
+// scratch: the table, then the visit counts (a uint per work-group row).
 struct BlockTable {
   KernelSlot* classify = nullptr;
+  bool paged = false;                        // tiles of query tokens (no batch rows)
   bool per_batch = false, per_head = false;  // whether the mask reads b, h
   QueueScratch scratch;
   // The last launch's, for LastBlockTableStats.
@@ -698,16 +699,20 @@ void AttentionScale(Args& args, double scale) {
   args.Long(fbits);
 }
 
-// Classifies the blocks of a dense launch over q [B, Hq, Tq], k [.., Tk] with `rows` work-group
-// rows (aux tensors: inputs from `aux_first`), then adds the table as the attention's next
-// buffer argument and returns BLOCK_META's values (empty on failure, recorded in `ex`).
+// Classifies the blocks of a launch with `rows` work-group rows (aux tensors: inputs from
+// `aux_first`), then adds the table as the attention's next buffer argument and returns
+// BLOCK_META's values (empty on failure, recorded in `ex`). Dense: q [B, Hq, Tq], k [.., Tk].
+// Paged: q [T, Hq, ..], the caches [NB, BS, ..], block_table [S, MB], seq_lens, query_start
+// (inputs 3..5); the table spans the MB * BS key positions a block-table row can address.
 std::vector<int64_t> EnqueueBlockTable(Queue& ex, BlockTable& t, const LaunchArgs& a, int aux_first,
                                        int num_aux, Args& attn_args, int64_t rows) {
   KernelHost& dev = *ex.host;
   const TensorArg& q = a.inputs[0];
   const int64_t wg = static_cast<int64_t>(dev.work_group());
-  const int64_t B = q.shape[0], Hq = q.shape[1], Tq = q.shape[2], Tk = a.inputs[1].shape[2];
-  const int64_t TB = t.per_batch ? B : 1, TH = t.per_head ? Hq : 1;
+  const int64_t Hq = q.shape[1];
+  const int64_t B = t.paged ? 1 : q.shape[0], Tq = t.paged ? q.shape[0] : q.shape[2];
+  const int64_t Tk = t.paged ? a.inputs[3].shape[1] * a.inputs[1].shape[1] : a.inputs[1].shape[2];
+  const int64_t TB = t.per_batch && !t.paged ? B : 1, TH = t.per_head ? Hq : 1;
   const int64_t nqt = (Tq + wg - 1) / wg, nkb = (Tk + wg - 1) / wg;
   const size_t entries = static_cast<size_t>(TB * TH * nqt * nkb);
   const size_t visits = (entries + 7) / 8 * 8;
@@ -726,14 +731,28 @@ std::vector<int64_t> EnqueueBlockTable(Queue& ex, BlockTable& t, const LaunchArg
   }
   Args args;
   const int64_t to = args.Mem(dev, buf->data());
+  const TensorArg &sl = a.inputs[t.paged ? 4 : 0], &qs = a.inputs[t.paged ? 5 : 0];
+  const int64_t slo = t.paged ? args.Mem(dev, sl.data) : 0,
+                qso = t.paged ? args.Mem(dev, qs.data) : 0;
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, aux_first, num_aux);
-  for (int64_t v : {to, Tq, Tk, TB, TH}) args.Long(v);
+  if (t.paged) {
+    for (int64_t v :
+         {to, Tq, nkb, TH, a.inputs[3].shape[0], slo, sl.strides[0], qso, qs.strides[0]}) {
+      args.Long(v);
+    }
+  } else {
+    for (int64_t v : {to, Tq, Tk, TB, TH}) args.Long(v);
+  }
   AttentionAuxMeta(args, a, aux_first, aux_off);
-  const size_t global = std::min<size_t>(entries, 65536) * dev.work_group(),
-               local = dev.work_group();
-  ex.Enqueue(t.classify, args, 1, &global, &local, 32);
+  // Dense: a work-group per entry; paged: per (head, token tile).
+  const size_t groups = t.paged ? static_cast<size_t>(TH * nqt) : entries;
+  if (groups > 0) {
+    const size_t global = std::min<size_t>(groups, 65536) * dev.work_group(),
+                 local = dev.work_group();
+    ex.Enqueue(t.classify, args, 1, &global, &local, 32);
+  }
   const int64_t tto = attn_args.Mem(dev, buf->data());
-  return {tto, t.per_batch ? TH * nqt * nkb : 0, t.per_head ? nqt * nkb : 0, nkb,
+  return {tto, TB > 1 ? TH * nqt * nkb : 0, t.per_head ? nqt * nkb : 0, nkb,
           tto + static_cast<int64_t>(visits)};
 }
 
@@ -759,7 +778,7 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   std::vector<int64_t> block_meta;
   if (d.blocks) {
     block_meta = EnqueueBlockTable(ex, *d.blocks, a, fixed, d.num_aux, args,
-                                   q.shape[0] * q.shape[1] * q.shape[2]);
+                                   q.shape[0] * q.shape[1] * (d.paged ? 1 : q.shape[2]));
     if (block_meta.empty()) return;
   }
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, fixed, d.num_aux);
@@ -941,23 +960,33 @@ StatusOr<std::string> AttentionDefines(KernelHost& dev, const backend::KernelReq
   return helpers;
 }
 
-// A block table for a dense kernel whose mask the key range does not cover (see
-// BlockTable): declares its classify kernel and adds BLOCKS and BLOCK_META (`meta`) to `d`.
-// Null for the kernels that walk their key range.
+// The paged template's loaders of the block table, seq_lens and query_start (inputs 3..5).
+void PagedDefines(const backend::KernelRequest& req, Defines& d) {
+  d.Add("PAGED", "1");
+  d.Add("BT_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[3].dtype), "(p, i)"));
+  d.Add("SL_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[4].dtype), "(p, i)"));
+  d.Add("QS_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[5].dtype), "(p, i)"));
+}
+
+// A block table for a kernel whose mask the key range does not cover (see BlockTable):
+// declares its classify kernel and adds BLOCKS and BLOCK_META (`meta`) to `d`. Null for the
+// kernels that walk their key range.
 StatusOr<std::unique_ptr<BlockTable>> MakeBlockTable(KernelHost& dev,
                                                      const backend::KernelRequest& req, bool paged,
                                                      int fixed, int meta, Defines& d) {
   const Expr& mask = req.attrs->expr[0];
   std::string begin, end;
-  if (paged || KvRange(mask, &begin, &end)) return std::unique_ptr<BlockTable>();
+  if (KvRange(mask, &begin, &end)) return std::unique_ptr<BlockTable>();
   Defines c;
   c.Add("CLASSIFY", "1");
+  if (paged) PagedDefines(req, c);
   KILN_ASSIGN_OR_RETURN(const std::string helpers,
-                        AttentionDefines(dev, req, fixed, /*max_aux=*/7, /*aux_meta=*/5, c));
+                        AttentionDefines(dev, req, fixed, paged ? 4 : 7, paged ? 9 : 5, c));
   auto t = std::make_unique<BlockTable>();
   t->classify = dev.DeclareKernel(
-      "attn_blocks",
+      paged ? "paged_attn_blocks" : "attn_blocks",
       c.Wrap(kClAttention, absl::StrCat("// block table of ", Label(req), "\n", helpers)));
+  t->paged = paged;
   t->per_batch = mask.Uses(ExprOp::kIndex, 0);
   t->per_head = mask.Uses(ExprOp::kIndex, 1);
   d.Add("BLOCKS", "1");
@@ -972,21 +1001,16 @@ StatusOr<backend::Kernel> MakeAttention(KernelHost& dev, const backend::KernelRe
   const int fixed = paged ? 6 : 3;
   const bool lse = !paged && !at.ints.empty() && at.ints[0] == 1;
   Defines d;
-  if (paged) {
-    d.Add("PAGED", "1");
-    d.Add("BT_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[3].dtype), "(p, i)"));
-    d.Add("SL_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[4].dtype), "(p, i)"));
-    d.Add("QS_LD(p, i)", absl::StrCat("ldi_", Lower(req.inputs[5].dtype), "(p, i)"));
-  }
+  if (paged) PagedDefines(req, d);
   d.Add("OST(p, i, v)", StoreFrom(req.output.dtype, acc));
   if (lse) {
     d.Add("LSE", "1");
     d.Add("LST(p, i, v)", StoreFrom(acc, acc));
   }
-  const int block_meta = lse ? 78 : 74;
+  const int block_meta = paged ? 83 : lse ? 78 : 74;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlockTable> blocks,
                         MakeBlockTable(dev, req, paged, fixed, block_meta, d));
-  const int aux_meta = paged ? 83 : block_meta + (blocks ? 5 : 0);
+  const int aux_meta = block_meta + (blocks ? 5 : 0);
   KILN_ASSIGN_OR_RETURN(const std::string helpers,
                         AttentionDefines(dev, req, fixed, paged ? 4 : 7, aux_meta, d));
   auto data = std::make_shared<AttnData>();

@@ -244,12 +244,13 @@ class KernelHost : public backend::Device {
   compiler::CodegenOptions codegen_;
 };
 
-// What the last launch of a dense attention or attention_backward kernel with a block table
-// (a mask other than a plain causal or sliding-window one; see cl/attention.cl) classified
-// and visited, for tests and diagnostics. Tiles are work_group() query rows x work_group()
-// keys; `empty` + `full` + `partial` is the table's size (per batch row and head where the
-// mask reads them). `visited`: the blocks its work-group rows walked, summed over rows (the
-// forward's and dq's key blocks, dk/dv's query blocks per query head).
+// What the last launch of an attention, paged_attention or attention_backward kernel with a
+// block table (a mask other than a plain causal or sliding-window one; see cl/attention.cl)
+// classified and visited, for tests and diagnostics. Tiles are work_group() query rows (paged:
+// query tokens) x work_group() keys; `empty` + `full` + `partial` is the table's size (per
+// batch row and head where the mask reads them; paged: per head, over the key positions a
+// block-table row addresses). `visited`: the blocks its work-group rows walked, summed over
+// rows (the forward's and dq's key blocks, dk/dv's query blocks per query head).
 struct BlockTableStats {
   int64_t empty = 0, full = 0, partial = 0;
   uint64_t visited = 0;

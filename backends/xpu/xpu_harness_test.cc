@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
 #include "backends/common/device_kernels.h"
 #include "backends/xpu/xpu_device.h"
@@ -142,6 +143,106 @@ TEST(XpuBlockTable, EmptyBlocksAreNeverVisited) {
     // then T dk/dv rows, each walking one query block per query head.
     EXPECT_EQ(tables[0].visited, static_cast<uint64_t>(kHq * kT));
     EXPECT_EQ(tables[1].visited, static_cast<uint64_t>(kHq * kT + kT * kHq));
+  }
+}
+
+// Paged attention (FlexDecoding) through block tables: a 10-tile prefill of one sequence and
+// a decode row of another (its 5 newest keys in the tile after), in pages of 16 keys placed
+// out of order. Tiles are query tokens x key positions; the mask is checked against `ref`
+// and the table's classes and visits against what it hides.
+TEST(XpuBlockTable, PagedEmptyBlocksAreNeverVisited) {
+  Devices& d = Get();
+  if (!d.xpu) GTEST_SKIP() << "no OpenCL device: " << d.why_none;
+  auto* dev = static_cast<XpuDevice*>(d.xpu->device(0));
+  const int64_t wg = static_cast<int64_t>(dev->work_group()), kBs = 16, kHq = 2, kD = 16;
+  const int64_t len0 = 10 * wg, len1 = 10 * wg + 5, kT = len0 + 1;
+  const int64_t mb = (len1 + kBs - 1) / kBs, nb = len0 / kBs + mb;
+  std::vector<double> table(static_cast<size_t>(2 * mb), -1);  // seq 0 has a slot spare
+  for (int64_t i = 0; i < len0 / kBs; ++i) table[static_cast<size_t>(i)] = len0 / kBs - 1 - i;
+  for (int64_t i = 0; i < mb; ++i) table[static_cast<size_t>(mb + i)] = len0 / kBs + i;
+  using harness::Init;
+  harness::OpCase c;
+  c.op = "paged_attention";
+  c.inputs = {{.name = "q", .shape = {kT, kHq, kD}, .values = {}},
+              {.name = "k_cache", .shape = {nb, kBs, 1, kD}, .values = {}},
+              {.name = "v_cache", .shape = {nb, kBs, 1, kD}, .values = {}},
+              {.name = "block_table",
+               .dtype = DType::kI32,
+               .shape = {2, mb},
+               .init = Init::kCustom,
+               .values = table},
+              {.name = "seq_lens",
+               .dtype = DType::kI32,
+               .shape = {2},
+               .init = Init::kCustom,
+               .values = {static_cast<double>(len0), static_cast<double>(len1)}},
+              {.name = "query_start",
+               .dtype = DType::kI32,
+               .shape = {3},
+               .init = Init::kCustom,
+               .values = {0, static_cast<double>(len0), static_cast<double>(kT)}}};
+  // 11 token tiles x 11 key blocks (the table spans the mb * 16 keys a row addresses). Chunks
+  // of one tile (Llama 4's local layers): each prefill tile keeps its diagonal block (causal
+  // inside: partial), the decode row keeps the 5 keys of its chunk (full); 110 empty.
+  // Per head (head 0 causal, head 1 chunked): head 0's prefill tiles find the blocks below the
+  // diagonal full (45), the diagonal partial (10) and 55 empty; the decode row's tile keeps
+  // all 11.
+  const Expr per_head = Or(And(Eq(attn::Head(), Expr::Int(0)), attn::CausalMask()),
+                           And(Ne(attn::Head(), Expr::Int(0)), attn::ChunkedMask(wg)));
+  struct Case {
+    const char* name;
+    Expr mask;
+    int64_t empty, full, partial;
+    uint64_t visited;
+  };
+  const Case cases[] = {
+      {"chunked", attn::ChunkedMask(wg), 110, 1, 10, static_cast<uint64_t>(kHq * kT)},
+      {"head 0 causal, head 1 chunked", per_head, 165, 57, 20,
+       static_cast<uint64_t>(55 * wg + 11 + kT)}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    c.name = absl::StrCat("paged_attention ", k.name, " (block table)");
+    c.build = [mask = k.mask](Builder& b, const std::vector<Value>& x) {
+      return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], {0, mask, {}});
+    };
+    const harness::Result r = harness::RunForward(c, *d.ref->device(0), *dev);
+    EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
+
+    auto prog = harness::CompileCase(c, /*gradient=*/false, *dev);
+    ASSERT_TRUE(prog.ok()) << prog.status();
+    ASSERT_TRUE(dev->BuildPending().ok());
+    auto stream = dev->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    std::vector<Tensor> bound;
+    for (const harness::InputSpec& in : c.inputs) {
+      const ExternalInfo& e = (*prog)->externals()[(*prog)->FindExternal(in.name)];
+      std::vector<int64_t> shape;
+      for (const Dim& dim : e.shape) shape.push_back(*dim.TryConstant());
+      auto t = Tensor::Empty(*dev, e.dtype, shape);
+      ASSERT_TRUE(t.ok()) << t.status();
+      std::vector<int32_t> host(static_cast<size_t>(t->nbytes() / 4));
+      for (size_t i = 0; i < host.size(); ++i) {
+        host[i] = in.init == Init::kCustom ? static_cast<int32_t>(in.values[i])
+                                           : std::bit_cast<int32_t>(0.01f * (i % 97));
+      }
+      ASSERT_TRUE((*stream)->CopyToDevice(*t->buffer(), 0, host.data(), t->nbytes()).ok());
+      ASSERT_TRUE((*prog)->Bind(in.name, *t).ok());
+      bound.push_back(*std::move(t));
+    }
+    ASSERT_TRUE((*prog)->Run(**stream).ok());
+    ASSERT_TRUE((*stream)->Synchronize().ok());
+    std::vector<devk::BlockTableStats> tables;
+    for (const Launch& l : (*prog)->launches()) {
+      StatusOr<devk::BlockTableStats> st = devk::LastBlockTableStats(*dev, l);
+      if (st.ok()) tables.push_back(*st);
+    }
+    ASSERT_EQ(tables.size(), 1u) << (*prog)->DebugString();
+    EXPECT_EQ(tables[0].empty, k.empty);
+    EXPECT_EQ(tables[0].full, k.full);
+    EXPECT_EQ(tables[0].partial, k.partial);
+    // Each row walks the blocks its head's mask keeps: without the table, every row of the
+    // prefill would walk the blocks up to its own (5.5 on average for a tile-sized chunk).
+    EXPECT_EQ(tables[0].visited, k.visited);
   }
 }
 

@@ -5,7 +5,9 @@
 // reports its time as a multiple of dense causal measured in the same run (`vs_causal`: < 1 is
 // faster). `paged_prefill16x256` is the continuous batcher's path for the documents case (16
 // sequences of 256 new tokens in one paged step; `vs_documents16x256` against the dense
-// document-masked op): issue 16 item 6's measurement. `training_4x256_forward[_backward]`: the
+// document-masked op): issue 16 item 6's measurement. `paged_causal` and `paged_chunked256`
+// prefill all the tokens as one paged sequence, causal and in chunks of 256 (Llama 4's local
+// attention; `vs_paged_causal`). `training_4x256_forward[_backward]`: the
 // fine-tuning step's attention (issue 11; cpu only), forward alone and forward + backward.
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens=N]
@@ -178,18 +180,26 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
   if (per_run >= 0) Report(state, name, per_run);
 }
 
-// Issue 16 item 6's alternative: the continuous batcher's prefill of the same 16 documents as
-// 16 sequences of 256 new tokens in one paged step (blocks of 16 tokens, f32 cache) — what a
-// document-masked dense prefill would replace.
-void BM_PagedPrefill(benchmark::State& state) {
+// A paged prefill of all the tokens in one step, as sequences of `seq_len` new tokens (blocks
+// of 16 tokens, f32 cache) with `mask`, reported against the case `also`:
+// - paged_prefill16x256 (causal): issue 16 item 6's alternative, the continuous batcher's
+//   prefill of the 16 documents as 16 sequences — what a document-masked dense prefill would
+//   replace;
+// - paged_causal / paged_chunked256: one sequence, causal and Llama 4's chunked attention
+//   (chunks of 256), the paged kernels' block skipping (on xpu and cuda through the block
+//   table: chunks are not a key range).
+void BM_PagedPrefill(benchmark::State& state, const std::string& name, int64_t seq_len, Expr mask,
+                     const char* also) {
   if (Dev() == nullptr) {
     state.SkipWithError(("no " + g_backend + " device").c_str());
     return;
   }
   backend::Device& dev = *Dev();
-  const int64_t T = g_tokens, seqs = T / kDocLen, bs = 16, mb = kDocLen / bs, nb = seqs * mb;
-  if (T % kDocLen != 0) {
-    state.SkipWithError("--tokens must be a multiple of 256 (the documents' length)");
+  if (seq_len == 0) seq_len = g_tokens;
+  const int64_t T = g_tokens, seqs = T / seq_len, bs = 16, mb = (seq_len + bs - 1) / bs,
+                nb = seqs * mb;
+  if (T % seq_len != 0) {
+    state.SkipWithError(("--tokens must be a multiple of " + std::to_string(seq_len)).c_str());
     return;
   }
   Graph g;
@@ -197,8 +207,7 @@ void BM_PagedPrefill(benchmark::State& state) {
   const Value o = b.PagedAttention(
       b.Input("q", DType::kF32, {T, kHeads, kD}), b.State("k", DType::kF32, {nb, bs, kHeads, kD}),
       b.State("v", DType::kF32, {nb, bs, kHeads, kD}), b.Input("bt", DType::kI32, {seqs, mb}),
-      b.Input("sl", DType::kI32, {seqs}), b.Input("qs", DType::kI32, {seqs + 1}),
-      {0, attn::CausalMask(), {}});
+      b.Input("sl", DType::kI32, {seqs}), b.Input("qs", DType::kI32, {seqs + 1}), {0, mask, {}});
   auto prog = Compile(g, {o}, dev);
   if (!prog.ok()) {
     state.SkipWithError(std::string(StatusMessage(prog.status())).c_str());
@@ -215,9 +224,9 @@ void BM_PagedPrefill(benchmark::State& state) {
     }
     return BindValues(**prog, dev, name, t, shape, x);
   };
-  std::vector<double> table, lens(static_cast<size_t>(seqs), static_cast<double>(kDocLen)), qs;
+  std::vector<double> table, lens(static_cast<size_t>(seqs), static_cast<double>(seq_len)), qs;
   for (int64_t i = 0; i < nb; ++i) table.push_back(static_cast<double>(i));
-  for (int64_t s = 0; s <= seqs; ++s) qs.push_back(static_cast<double>(s * kDocLen));
+  for (int64_t s = 0; s <= seqs; ++s) qs.push_back(static_cast<double>(s * seq_len));
   if (!bind("q", DType::kF32, {T, kHeads, kD}, {}) ||
       !bind("k", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
       !bind("v", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
@@ -227,7 +236,7 @@ void BM_PagedPrefill(benchmark::State& state) {
     return;
   }
   const double per_run = TimeRuns(state, **prog, dev);
-  if (per_run >= 0) Report(state, "paged_prefill16x256", per_run, "documents16x256");
+  if (per_run >= 0) Report(state, name, per_run, also);
 }
 
 // The fine-tuning step's attention (issue 11): SmolLM2's heads (9 query, 3 kv, head dim 64) over
@@ -321,10 +330,22 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->MinTime(2.0);
   }
-  benchmark::RegisterBenchmark("paged_prefill16x256", kiln::BM_PagedPrefill)
-      ->Unit(benchmark::kMillisecond)
-      ->UseRealTime()
-      ->MinTime(2.0);
+  // Paged causal first: paged_chunked256's vs_paged_causal divides by its time.
+  const struct {
+    const char* name;
+    int64_t seq_len;  // 0: all the tokens
+    Expr mask;
+    const char* also;
+  } paged[] = {{"paged_prefill16x256", kiln::kDocLen, attn::CausalMask(), "documents16x256"},
+               {"paged_causal", 0, attn::CausalMask(), nullptr},
+               {"paged_chunked256", 0, attn::ChunkedMask(256), "paged_causal"}};
+  for (const auto& c : paged) {
+    benchmark::RegisterBenchmark(c.name, kiln::BM_PagedPrefill, std::string(c.name), c.seq_len,
+                                 c.mask, c.also)
+        ->Unit(benchmark::kMillisecond)
+        ->UseRealTime()
+        ->MinTime(2.0);
+  }
   for (const bool backward : {false, true}) {
     benchmark::RegisterBenchmark(
         backward ? "training_4x256_forward_backward" : "training_4x256_forward",

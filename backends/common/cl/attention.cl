@@ -31,12 +31,14 @@
 // D_i = do . o; where P is 0 (masked, or the row fully masked) the pair adds nothing, as in
 // the reference.
 //
-// Block tables (BLOCKS, dense forms, masks other than a plain causal or sliding-window one):
-// CLASSIFY instantiates the pre-pass that evaluates mask_mod once per (query, key) pair and
-// classifies each tile of KILN_WG query rows x KILN_WG keys as empty (0), full (1) or
-// partial (2), per batch row and head where the mask reads them. The kernels then skip empty
-// blocks whole (no key loaded, no mask evaluated), skip the mask in full ones, and store the
-// number of blocks each work-group row visited (the launch's diagnostics).
+// Block tables (BLOCKS, masks other than a plain causal or sliding-window one): CLASSIFY
+// instantiates the pre-pass that evaluates mask_mod once per (query, key) pair and classifies
+// each tile of KILN_WG query rows x KILN_WG keys as empty (0), full (1) or partial (2), per
+// batch row and head where the mask reads them. The kernels then skip empty blocks whole (no
+// key loaded, no mask evaluated), skip the mask in full ones, and store the number of blocks
+// each work-group row visited (the launch's diagnostics). The paged form's tiles are KILN_WG
+// query tokens (each with its own sequence and position) x KILN_WG key positions, per head
+// where the mask reads it; key blocks past the table (no block-table slot) hold no key.
 
 // KEEP(b, h, q, kv): the mask, or 1. Keys it hides are never loaded: their score is -inf and
 // their P 0 without a dot product.
@@ -48,14 +50,18 @@
 
 #ifdef BLOCKS
 // BLOCK_META: the table's byte offset, its batch and head strides (0 where the mask reads
-// neither), its key blocks per query tile, the visit counts' byte offset (one uint per row).
+// neither; the paged table has no batch rows), its key blocks per query tile, the visit
+// counts' byte offset (one uint per row).
 #define BLOCK_SETUP                                                                    \
   cgptr ptbl = b_tbl + m[BLOCK_META];                                                  \
   const long tsb = m[BLOCK_META + 1], tsh = m[BLOCK_META + 2], tnkb = m[BLOCK_META + 3]; \
   __global uint* pvis = (__global uint*)(b_tbl + m[BLOCK_META + 4]);
-// The class of the block holding query row i and key j; the first block to walk from key jb.
-#define BLOCK_CLASS(b, h, i, j) \
-  ((int)ptbl[(b) * tsb + (h) * tsh + ((i) / KILN_WG) * tnkb + (j) / KILN_WG])
+// The class of the block holding query row (paged: token) i and key j (empty past the table);
+// the first block to walk from key jb.
+#define BLOCK_CLASS(b, h, i, j)                                                           \
+  ((j) / KILN_WG < tnkb                                                                   \
+       ? (int)ptbl[(b) * tsb + (h) * tsh + ((i) / KILN_WG) * tnkb + (j) / KILN_WG] \
+       : 0)
 #define BLOCK_START(jb) ((jb) - (jb) % KILN_WG)
 #define BLOCK_VISITS(row, n) \
   if (lid == 0) pvis[row] = (uint)(n);
@@ -71,7 +77,93 @@
 #define BLOCK_PARAM
 #endif
 
-#if defined(CLASSIFY)
+#ifdef PAGED
+// The last sequence whose queries contain token t (the reference writes sequences in order),
+// from query_start (pqs, element stride qss) over S sequences: sets seq (-1: none) and its
+// query tokens [q0, q1).
+#define PAGED_SEQ(t, T, S, pqs, qss, seq, q0, q1)                \
+  for (long s_ = 0; s_ < (S); ++s_) {                           \
+    const long a_ = clamp(QS_LD(pqs, s_ * (qss)), 0L, (T));     \
+    const long e_ = clamp(QS_LD(pqs, (s_ + 1) * (qss)), a_, (T)); \
+    if ((t) >= a_ && (t) < e_) {                                \
+      seq = s_;                                                 \
+      q0 = a_;                                                  \
+      q1 = e_;                                                  \
+    }                                                           \
+  }
+#endif
+
+#if defined(CLASSIFY) && defined(PAGED)
+// Meta: the table's byte offset (0), T (1), key blocks per token tile (2), the heads it has
+// (3: 1 where the mask reads no h), S (4), seq_lens off/s0 (5, 6), query_start off/s0 (7, 8),
+// aux off/len/stride (9 + 3k). One work-group per (head, token tile): it finds its tokens'
+// sequences, positions and key counts once, classifies the key blocks up to the tile's
+// longest sequence, and marks the blocks past it empty (no token of the tile has such keys;
+// the attention kernel never walks them). A block is full when every token keeps every key
+// of it that its sequence has.
+__kernel void KNAME(gptr b_tbl, cgptr b_sl, cgptr b_qs KERNEL_AUX_PARAMS, const meta32 mt) {
+  const long* m = mt.v;
+  AUX_SETUP
+  gptr pt = b_tbl + m[0];
+  cgptr psl = b_sl + m[5];
+  cgptr pqs = b_qs + m[7];
+  const long T = m[1], nkb = m[2], TH = m[3], S = m[4];
+  const long nqt = (T + KILN_WG - 1) / KILN_WG;
+  const int lid = get_local_id(0);
+  __local long tseq[KILN_WG];  // the tile's tokens: sequence (-1: none), position, key count
+  __local long tpos[KILN_WG];
+  __local long tlen[KILN_WG];
+  __local long longest[KILN_WG];
+  __local int any_kept[KILN_WG];
+  __local int all_kept[KILN_WG];
+  for (long g = get_group_id(0); g < TH * nqt; g += get_num_groups(0)) {
+    const long qt = g % nqt, h = g / nqt;
+    {
+      const long t = qt * KILN_WG + lid;
+      long seq = -1, q0 = 0, q1 = 0;
+      if (t < T) PAGED_SEQ(t, T, S, pqs, m[8], seq, q0, q1)
+      const long len = seq < 0 ? 0 : max(SL_LD(psl, seq * m[6]), 0L);
+      tseq[lid] = seq;
+      tpos[lid] = len - (q1 - q0) + (t - q0);
+      tlen[lid] = len;
+      longest[lid] = len;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int w = KILN_WG / 2; w > 0; w >>= 1) {
+      if (lid < w) longest[lid] = max(longest[lid], longest[lid + w]);
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    const long kbn = min(nkb, (longest[0] + KILN_WG - 1) / KILN_WG);
+    gptr row = pt + (h * nqt + qt) * nkb;
+    for (long kb = 0; kb < kbn; ++kb) {
+      const long j = kb * KILN_WG + lid;
+      int any = 0, all = 1;
+      for (int r = 0; r < KILN_WG; ++r) {
+        if (tseq[r] < 0 || j >= tlen[r]) continue;
+        if (KEEP(tseq[r], h, tpos[r], j)) {
+          any = 1;
+        } else {
+          all = 0;
+        }
+      }
+      any_kept[lid] = any;
+      all_kept[lid] = all;
+      barrier(CLK_LOCAL_MEM_FENCE);
+      for (int w = KILN_WG / 2; w > 0; w >>= 1) {
+        if (lid < w) {
+          any_kept[lid] |= any_kept[lid + w];
+          all_kept[lid] &= all_kept[lid + w];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+      }
+      if (lid == 0) row[kb] = (uchar)(any_kept[0] ? (all_kept[0] ? 1 : 2) : 0);
+      barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (long kb = kbn + lid; kb < nkb; kb += KILN_WG) row[kb] = 0;
+    barrier(CLK_LOCAL_MEM_FENCE);
+  }
+}
+#elif defined(CLASSIFY)
 // Meta: the table's byte offset (0), Tq, Tk (1, 2), the batch rows and heads it has (3, 4:
 // 1 where the mask reads no b or h), aux off/len/stride (5 + 3k). One work-group per table
 // entry: its work-items take one key each and walk the tile's query rows.
@@ -118,7 +210,7 @@ __kernel void KNAME(gptr b_tbl KERNEL_AUX_PARAMS, const meta32 mt) {
 #ifdef PAGED
 // Meta: q TD (0), k cache TD (18), v cache TD (36), out TD (54), block table off/s0/s1/S/MB
 // (72), seq_lens off/s0 (77), query_start off/s0 (79), scale as double bits (81) and float
-// bits (82), aux off/len/stride (83 + 3k).
+// bits (82), [BLOCKS: BLOCK_META's five values (83)], aux off/len/stride (after them, + 3k).
 #define SCALE_META 81
 #else
 // Meta: q TD (0), k TD (18), v TD (36), out TD (54), scale as double bits (72) and float bits
@@ -175,25 +267,18 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
   for (long row = get_group_id(0); row < rows; row += get_num_groups(0)) {
 #ifdef PAGED
     const long t = row / Hq, h = row % Hq;
-    // The last sequence whose queries contain t (the reference writes sequences in order).
     long seq = -1, q0 = 0, q1 = 0;
-    for (long s = 0; s < S; ++s) {
-      const long a = clamp(QS_LD(pqs, s * m[80]), 0L, T);
-      const long e = clamp(QS_LD(pqs, (s + 1) * m[80]), a, T);
-      if (t >= a && t < e) {
-        seq = s;
-        q0 = a;
-        q1 = e;
-      }
-    }
+    PAGED_SEQ(t, T, S, pqs, m[80], seq, q0, q1)
     const long kvlen = seq < 0 ? 0 : max(SL_LD(psl, seq * m[78]), 0L);
     const long qi = kvlen - (q1 - q0) + (t - q0);
     const long bb = seq;
+    const long tb = 0, ti = t;  // the block table's row: the token's tile
     const long qbase = t * TD_STRIDE(m, 0, 0) + h * TD_STRIDE(m, 0, 1);
     const long obase = t * TD_STRIDE(m, 54, 0) + h * TD_STRIDE(m, 54, 1);
 #else
     const long i = row % Tq, h = (row / Tq) % Hq, b = row / (Tq * Hq);
     const long qi = i, bb = b;
+    const long tb = b, ti = i;
     const long kvlen = Tk;
     const long qbase = b * TD_STRIDE(m, 0, 0) + h * TD_STRIDE(m, 0, 1) + i * TD_STRIDE(m, 0, 2);
     const long obase = b * TD_STRIDE(m, 54, 0) + h * TD_STRIDE(m, 54, 1) + i * TD_STRIDE(m, 54, 2);
@@ -207,7 +292,7 @@ __kernel void KNAME(gptr b_out, cgptr b_q, cgptr b_k, cgptr b_v
     const long jb = max(KV_BEGIN(qi), 0L), je = min(KV_END(qi, kvlen), kvlen);
     long visited = 0;
     for (long j0 = BLOCK_START(jb); j0 < je; j0 += KILN_WG) {
-      const int cls = BLOCK_CLASS(bb, h, qi, j0);
+      const int cls = BLOCK_CLASS(tb, h, ti, j0);
       if (cls == 0) continue;  // the mask hides the whole block (the same for every work-item)
       ++visited;
       const long j = j0 + lid;
@@ -494,3 +579,6 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
 #undef BLOCK_START
 #undef BLOCK_VISITS
 #undef BLOCK_PARAM
+#ifdef PAGED
+#undef PAGED_SEQ
+#endif
