@@ -286,3 +286,41 @@ def test_llama_cpp_numerics_load_and_answer_repeatably(tmp_path_factory):
         assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
     finally:
         assert k.stop() == 0, k.output()
+
+
+def test_llama_cpp_numerics_answer_a_second_turn_as_a_cold_prefill(tmp_path_factory):
+    """A second turn's prompt holds the first turn's answer, whose KV blocks decode wrote and
+    the prefix cache published. On the q8 path, answering from those blocks must give what a
+    server without prefix caching gives, prefilling the whole conversation, to the bit: a row
+    has the same bits whether decode, a prefill chunk or a cache hit produced its keys."""
+    turns = {}
+    for caching in ("true", "false"):
+        k = start_llm_kilnd(
+            tmp_path_factory, f"q8turns{caching}",
+            scheduler=f"max_num_seqs: 8, max_queue_size: 64, enable_prefix_caching: {caching}",
+            model="    activations: q8\n    kv_cache_dtype: f16")
+        try:
+            c = OpenAI(base_url=f"{k.base}/v1", api_key="unused", max_retries=0, timeout=120)
+            first = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=40,
+                                              temperature=0, extra_body={"ignore_eos": True})
+            assert first.usage.completion_tokens == 40
+            reply = first.choices[0].message.content
+            hits = k.metric_value("kiln_llm_prefix_cache_hit_tokens_total", model=MODEL)
+            second = c.chat.completions.create(
+                model=MODEL, max_tokens=16, temperature=0, logprobs=True,
+                messages=QUESTION + [{"role": "assistant", "content": reply},
+                                     {"role": "user", "content": "Tell me more about it."}])
+            reused = k.metric_value("kiln_llm_prefix_cache_hit_tokens_total", model=MODEL) - hits
+            if caching == "true":
+                # Blocks past the first prompt's full ones hold rows decode wrote.
+                assert reused >= (first.usage.prompt_tokens // 16 + 1) * 16, (reused, first.usage)
+            else:
+                assert reused == 0
+            # The log-probabilities too, bit for bit (JSON carries them exactly): the same
+            # greedy tokens could hide logits that moved.
+            turns[caching] = (reply, second.choices[0].message.content,
+                              [t.logprob for t in second.choices[0].logprobs.content])
+            assert turns[caching][1]
+        finally:
+            assert k.stop() == 0, k.output()
+    assert turns["true"] == turns["false"]
