@@ -9,6 +9,10 @@
 
 #include <bit>
 #include <cstdlib>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
@@ -76,6 +80,36 @@ void RunCases(bool gradient) {
 TEST(XpuHarnessTest, EveryForwardCasePasses) { RunCases(/*gradient=*/false); }
 TEST(XpuHarnessTest, EveryGradientCasePasses) { RunCases(/*gradient=*/true); }
 
+// Builds `prog`'s pending kernels on `dev`, binds each of `inputs` (32-bit elements: value(name,
+// dtype, i)), runs it and returns what its attention launches' block tables classified and
+// visited (devk::LastBlockTableStats), in launch order.
+StatusOr<std::vector<devk::BlockTableStats>> RunAndReadBlockTables(
+    XpuDevice& dev, Program& prog, std::span<const std::string> inputs,
+    const std::function<int32_t(const std::string&, DType, size_t)>& value) {
+  KILN_RETURN_IF_ERROR(dev.BuildPending());
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<backend::Stream> stream, dev.CreateStream());
+  std::vector<Tensor> bound;
+  for (const std::string& name : inputs) {
+    const ExternalInfo& e = prog.externals()[prog.FindExternal(name)];
+    std::vector<int64_t> shape;
+    for (const Dim& dim : e.shape) shape.push_back(*dim.TryConstant());
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dev, e.dtype, shape));
+    std::vector<int32_t> host(static_cast<size_t>(t.nbytes() / 4));
+    for (size_t i = 0; i < host.size(); ++i) host[i] = value(name, e.dtype, i);
+    KILN_RETURN_IF_ERROR(stream->CopyToDevice(*t.buffer(), 0, host.data(), t.nbytes()));
+    KILN_RETURN_IF_ERROR(prog.Bind(name, t));
+    bound.push_back(std::move(t));
+  }
+  KILN_RETURN_IF_ERROR(prog.Run(*stream));
+  KILN_RETURN_IF_ERROR(stream->Synchronize());
+  std::vector<devk::BlockTableStats> tables;
+  for (const Launch& l : prog.launches()) {
+    StatusOr<devk::BlockTableStats> st = devk::LastBlockTableStats(dev, l);
+    if (st.ok()) tables.push_back(*st);
+  }
+  return tables;
+}
+
 // A mask with 90% empty blocks: ten documents of one tile each. The block table (attention.cl)
 // marks the 90 off-diagonal tiles empty, and the forward, dq and dk/dv loops walk the diagonal
 // blocks only: visited blocks are counted per work-group row. The harness checks the values
@@ -107,32 +141,14 @@ TEST(XpuBlockTable, EmptyBlocksAreNeverVisited) {
     const AttentionGrads grads = b.AttentionBackward(q, k, v, fwd.out, fwd.out, fwd.lse, p, aux);
     auto prog = Compile(g, {fwd.out, grads.dq, grads.dk, grads.dv}, *dev);
     ASSERT_TRUE(prog.ok()) << prog.status();
-    ASSERT_TRUE(dev->BuildPending().ok());
-    auto stream = dev->CreateStream();
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    std::vector<Tensor> bound;
-    for (const char* name : {"q", "k", "v", "docs"}) {
-      const ExternalInfo& e = (*prog)->externals()[(*prog)->FindExternal(name)];
-      std::vector<int64_t> shape;
-      for (const Dim& dim : e.shape) shape.push_back(*dim.TryConstant());
-      auto t = Tensor::Empty(*dev, e.dtype, shape);
-      ASSERT_TRUE(t.ok()) << t.status();
-      std::vector<int32_t> host(static_cast<size_t>(t->nbytes() / 4));
-      for (size_t i = 0; i < host.size(); ++i) {
-        host[i] = e.dtype == DType::kI32 ? static_cast<int32_t>(static_cast<int64_t>(i) / wg)
-                                         : std::bit_cast<int32_t>(0.01f * (i % 97));
-      }
-      ASSERT_TRUE((*stream)->CopyToDevice(*t->buffer(), 0, host.data(), t->nbytes()).ok());
-      ASSERT_TRUE((*prog)->Bind(name, *t).ok());
-      bound.push_back(*std::move(t));
-    }
-    ASSERT_TRUE((*prog)->Run(**stream).ok());
-    ASSERT_TRUE((*stream)->Synchronize().ok());
-    std::vector<devk::BlockTableStats> tables;
-    for (const Launch& l : (*prog)->launches()) {
-      StatusOr<devk::BlockTableStats> st = devk::LastBlockTableStats(*dev, l);
-      if (st.ok()) tables.push_back(*st);
-    }
+    const std::string inputs[] = {"q", "k", "v", "docs"};
+    const StatusOr<std::vector<devk::BlockTableStats>> read =
+        RunAndReadBlockTables(*dev, **prog, inputs, [&](const std::string&, DType t, size_t i) {
+          return t == DType::kI32 ? static_cast<int32_t>(static_cast<int64_t>(i) / wg)
+                                  : std::bit_cast<int32_t>(0.01f * (i % 97));
+        });
+    ASSERT_TRUE(read.ok()) << read.status();
+    const std::vector<devk::BlockTableStats>& tables = *read;
     ASSERT_EQ(tables.size(), 2u) << (*prog)->DebugString();  // the forward, then the backward
     for (const devk::BlockTableStats& t : tables) {
       EXPECT_EQ(t.empty, 90);
@@ -210,32 +226,19 @@ TEST(XpuBlockTable, PagedEmptyBlocksAreNeverVisited) {
 
     auto prog = harness::CompileCase(c, /*gradient=*/false, *dev);
     ASSERT_TRUE(prog.ok()) << prog.status();
-    ASSERT_TRUE(dev->BuildPending().ok());
-    auto stream = dev->CreateStream();
-    ASSERT_TRUE(stream.ok()) << stream.status();
-    std::vector<Tensor> bound;
-    for (const harness::InputSpec& in : c.inputs) {
-      const ExternalInfo& e = (*prog)->externals()[(*prog)->FindExternal(in.name)];
-      std::vector<int64_t> shape;
-      for (const Dim& dim : e.shape) shape.push_back(*dim.TryConstant());
-      auto t = Tensor::Empty(*dev, e.dtype, shape);
-      ASSERT_TRUE(t.ok()) << t.status();
-      std::vector<int32_t> host(static_cast<size_t>(t->nbytes() / 4));
-      for (size_t i = 0; i < host.size(); ++i) {
-        host[i] = in.init == Init::kCustom ? static_cast<int32_t>(in.values[i])
-                                           : std::bit_cast<int32_t>(0.01f * (i % 97));
-      }
-      ASSERT_TRUE((*stream)->CopyToDevice(*t->buffer(), 0, host.data(), t->nbytes()).ok());
-      ASSERT_TRUE((*prog)->Bind(in.name, *t).ok());
-      bound.push_back(*std::move(t));
-    }
-    ASSERT_TRUE((*prog)->Run(**stream).ok());
-    ASSERT_TRUE((*stream)->Synchronize().ok());
-    std::vector<devk::BlockTableStats> tables;
-    for (const Launch& l : (*prog)->launches()) {
-      StatusOr<devk::BlockTableStats> st = devk::LastBlockTableStats(*dev, l);
-      if (st.ok()) tables.push_back(*st);
-    }
+    std::vector<std::string> inputs;
+    for (const harness::InputSpec& in : c.inputs) inputs.push_back(in.name);
+    const StatusOr<std::vector<devk::BlockTableStats>> read =
+        RunAndReadBlockTables(*dev, **prog, inputs, [&](const std::string& name, DType, size_t i) {
+          for (const harness::InputSpec& in : c.inputs) {
+            if (in.name == name && in.init == Init::kCustom) {
+              return static_cast<int32_t>(in.values[i]);
+            }
+          }
+          return std::bit_cast<int32_t>(0.01f * (i % 97));
+        });
+    ASSERT_TRUE(read.ok()) << read.status();
+    const std::vector<devk::BlockTableStats>& tables = *read;
     ASSERT_EQ(tables.size(), 1u) << (*prog)->DebugString();
     EXPECT_EQ(tables[0].empty, k.empty);
     EXPECT_EQ(tables[0].full, k.full);

@@ -93,6 +93,25 @@
   }
 #endif
 
+#ifdef CLASSIFY
+// The class of a block from each work-item's flags (whether the mask kept any / all of its
+// pairs), reduced over the work-group in __local any_kept and all_kept, stored by work-item 0
+// to `dst`: empty (0), full (1), partial (2).
+#define CLASSIFY_STORE(any, all, dst)                                          \
+  any_kept[lid] = (any);                                                       \
+  all_kept[lid] = (all);                                                       \
+  barrier(CLK_LOCAL_MEM_FENCE);                                                \
+  for (int w = KILN_WG / 2; w > 0; w >>= 1) {                                  \
+    if (lid < w) {                                                             \
+      any_kept[lid] |= any_kept[lid + w];                                      \
+      all_kept[lid] &= all_kept[lid + w];                                      \
+    }                                                                          \
+    barrier(CLK_LOCAL_MEM_FENCE);                                              \
+  }                                                                            \
+  if (lid == 0) (dst) = (uchar)(any_kept[0] ? (all_kept[0] ? 1 : 2) : 0);     \
+  barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+
 #if defined(CLASSIFY) && defined(PAGED)
 // Meta: the table's byte offset (0), T (1), key blocks per token tile (2), the heads it has
 // (3: 1 where the mask reads no h), S (4), seq_lens off/s0 (5, 6), query_start off/s0 (7, 8),
@@ -146,18 +165,7 @@ __kernel void KNAME(gptr b_tbl, cgptr b_sl, cgptr b_qs KERNEL_AUX_PARAMS, const 
           all = 0;
         }
       }
-      any_kept[lid] = any;
-      all_kept[lid] = all;
-      barrier(CLK_LOCAL_MEM_FENCE);
-      for (int w = KILN_WG / 2; w > 0; w >>= 1) {
-        if (lid < w) {
-          any_kept[lid] |= any_kept[lid + w];
-          all_kept[lid] &= all_kept[lid + w];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-      }
-      if (lid == 0) row[kb] = (uchar)(any_kept[0] ? (all_kept[0] ? 1 : 2) : 0);
-      barrier(CLK_LOCAL_MEM_FENCE);
+      CLASSIFY_STORE(any, all, row[kb])
     }
     for (long kb = kbn + lid; kb < nkb; kb += KILN_WG) row[kb] = 0;
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -192,18 +200,7 @@ __kernel void KNAME(gptr b_tbl KERNEL_AUX_PARAMS, const meta32 mt) {
         }
       }
     }
-    any_kept[lid] = any;
-    all_kept[lid] = all;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int w = KILN_WG / 2; w > 0; w >>= 1) {
-      if (lid < w) {
-        any_kept[lid] |= any_kept[lid + w];
-        all_kept[lid] &= all_kept[lid + w];
-      }
-      barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) pt[e] = (uchar)(any_kept[0] ? (all_kept[0] ? 1 : 2) : 0);
-    barrier(CLK_LOCAL_MEM_FENCE);
+    CLASSIFY_STORE(any, all, pt[e])
   }
 }
 #elif !defined(BACKWARD)
@@ -579,6 +576,9 @@ __kernel void KNAME(gptr b_dq, gptr b_dk, gptr b_dv, cgptr b_q, cgptr b_k, cgptr
 #undef BLOCK_START
 #undef BLOCK_VISITS
 #undef BLOCK_PARAM
+#ifdef CLASSIFY
+#undef CLASSIFY_STORE
+#endif
 #ifdef PAGED
 #undef PAGED_SEQ
 #endif
