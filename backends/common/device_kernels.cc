@@ -765,6 +765,9 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
     return;
   }
   const int fixed = d.paged ? 6 : 3;
+  // Work-group rows: (token, head) paged, (batch, head, query) dense.
+  const int64_t rows = q.shape[0] * q.shape[1] * (d.paged ? 1 : q.shape[2]);
+  if (rows == 0) return;
   Args args;
   const int64_t oo = args.Mem(dev, o.data), qo = args.Mem(dev, q.data), ko = args.Mem(dev, k.data),
                 vo = args.Mem(dev, v.data);
@@ -777,8 +780,7 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   }
   std::vector<int64_t> block_meta;
   if (d.blocks) {
-    block_meta = EnqueueBlockTable(ex, *d.blocks, a, fixed, d.num_aux, args,
-                                   q.shape[0] * q.shape[1] * (d.paged ? 1 : q.shape[2]));
+    block_meta = EnqueueBlockTable(ex, *d.blocks, a, fixed, d.num_aux, args, rows);
     if (block_meta.empty()) return;
   }
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, fixed, d.num_aux);
@@ -786,7 +788,6 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   args.Desc(k, ko);
   args.Desc(v, vo);
   args.Desc(o, oo);
-  int64_t rows = 0;
   if (d.paged) {
     const TensorArg &bt = a.inputs[3], &sl = a.inputs[4], &qs = a.inputs[5];
     args.Long(bto);
@@ -798,9 +799,6 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
     args.Long(sl.strides[0]);
     args.Long(qso);
     args.Long(qs.strides[0]);
-    rows = q.shape[0] * q.shape[1];
-  } else {
-    rows = q.shape[0] * q.shape[1] * q.shape[2];
   }
   AttentionScale(args, d.scale);
   if (d.lse) {
@@ -810,7 +808,6 @@ void AttentionFn(const LaunchArgs& a, const ExecCtx& c) {
   }
   for (int64_t v : block_meta) args.Long(v);
   AttentionAuxMeta(args, a, fixed, aux_off);
-  if (rows == 0) return;
   const size_t wg = dev.work_group(), global = std::min<size_t>(rows, 65536) * wg;
   ex.Enqueue(d.slot, args, 1, &global, &wg, d.lse || d.blocks ? 120 : 96);
 }
@@ -827,6 +824,10 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
                             &a.extra_outputs[0], &a.extra_outputs[1], d.scale})) {
     return;
   }
+  // Work-group rows: dq rows, then dk/dv rows.
+  const int64_t groups =
+      q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2];
+  if (groups == 0) return;
   const TensorArg* rank4[] = {&q,           &k,        &a.inputs[2],        &a.inputs[3],
                               &a.inputs[4], &a.output, &a.extra_outputs[0], &a.extra_outputs[1]};
   Args args;
@@ -835,9 +836,7 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t lo = args.Mem(dev, lse.data);
   std::vector<int64_t> block_meta;
   if (d.blocks) {
-    block_meta = EnqueueBlockTable(
-        ex, *d.blocks, a, 6, d.num_aux, args,
-        q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2]);
+    block_meta = EnqueueBlockTable(ex, *d.blocks, a, 6, d.num_aux, args, groups);
     if (block_meta.empty()) return;
   }
   const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, 6, d.num_aux);
@@ -852,9 +851,6 @@ void AttentionBackwardFn(const LaunchArgs& a, const ExecCtx& c) {
   AttentionScale(args, d.scale);
   for (int64_t v : block_meta) args.Long(v);
   AttentionAuxMeta(args, a, 6, aux_off);
-  const int64_t groups =
-      q.shape[0] * q.shape[1] * q.shape[2] + k.shape[0] * k.shape[1] * k.shape[2];
-  if (groups == 0) return;
   const size_t wg = dev.work_group(), global = std::min<size_t>(groups, 65536) * wg;
   ex.Enqueue(d.slot, args, 1, &global, &wg, 96);
 }
