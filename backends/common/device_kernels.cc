@@ -731,18 +731,16 @@ std::vector<int64_t> EnqueueBlockTable(Queue& ex, BlockTable& t, const LaunchArg
   }
   Args args;
   const int64_t to = args.Mem(dev, buf->data());
-  const TensorArg &sl = a.inputs[t.paged ? 4 : 0], &qs = a.inputs[t.paged ? 5 : 0];
-  const int64_t slo = t.paged ? args.Mem(dev, sl.data) : 0,
-                qso = t.paged ? args.Mem(dev, qs.data) : 0;
-  const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, aux_first, num_aux);
+  std::vector<int64_t> meta;  // the CLASSIFY template's, before the aux tensors'
   if (t.paged) {
-    for (int64_t v :
-         {to, Tq, nkb, TH, a.inputs[3].shape[0], slo, sl.strides[0], qso, qs.strides[0]}) {
-      args.Long(v);
-    }
+    const TensorArg &sl = a.inputs[4], &qs = a.inputs[5];
+    const int64_t slo = args.Mem(dev, sl.data), qso = args.Mem(dev, qs.data);
+    meta = {to, Tq, nkb, TH, a.inputs[3].shape[0], slo, sl.strides[0], qso, qs.strides[0]};
   } else {
-    for (int64_t v : {to, Tq, Tk, TB, TH}) args.Long(v);
+    meta = {to, Tq, Tk, TB, TH};
   }
+  const std::vector<int64_t> aux_off = AttentionAuxMems(args, dev, a, aux_first, num_aux);
+  for (int64_t v : meta) args.Long(v);
   AttentionAuxMeta(args, a, aux_first, aux_off);
   // Dense: a work-group per entry; paged: per (head, token tile).
   const size_t groups = t.paged ? static_cast<size_t>(TH * nqt) : entries;
