@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include "backends/host/host_device.h"
 #include "config/config.h"
@@ -69,21 +70,16 @@ void* CompileOnlyHost::GetExtension(std::string_view name) {
 }
 
 KernelSlot* CompileOnlyHost::Add(const std::string& name, std::string source) {
-  if (entries.insert(name).second && !source.empty()) kernels.push_back(std::move(source));
+  if (entries.insert(name).second && !source.empty()) {
+    kernels.push_back(std::move(source));
+    kernel_entries.push_back(name);
+  }
   slots_.push_back(std::make_unique<CollectSlot>(name));
   return slots_.back().get();
 }
 
 StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host) {
   KernelSetCounts n;
-  for (bool gradient : {false, true}) {
-    for (const harness::OpCase& c :
-         gradient ? harness::GradientCases(false) : harness::ForwardCases(false)) {
-      (void)harness::CompileCase(c, gradient, host);  // declares; errors are the harness' to find
-      ++n.harness_cases;
-    }
-  }
-  n.harness_kernels = host.kernels.size();
   // SmolLM2-135M's step program as serving compiles it (fused; 2 layers compile the kernels of
   // 30), with Q4_1 (the default GGUF) and f16 weights.
   for (DType w : {DType::kQ4_1, DType::kF16}) {
@@ -100,7 +96,7 @@ StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host) {
     StatusOr<std::unique_ptr<Program>> p = compiler::Compile(g.graph, {g.logits}, host);
     if (!p.ok()) return Internal("SmolLM2's step (", DTypeName(w), "): ", p.status().message());
   }
-  n.step_kernels = host.kernels.size() - n.harness_kernels;
+  n.step_kernels = host.kernels.size();
   // The training step: forward, backward and the optimizer, as `kiln finetune` compiles it.
   config::ModelConfig mc;
   mc.path = models::testing::DefaultModelPath();
@@ -118,26 +114,44 @@ StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host) {
                         models::Trainer::Create(std::move(parts), to));
   // Compiles the step program (SetOptimizerState compiles it first; no state, nothing runs).
   KILN_RETURN_IF_ERROR(trainer->SetOptimizerState({}, 0));
-  n.training_kernels = host.kernels.size() - n.harness_kernels - n.step_kernels;
-  // What the compile tests rely on: a set that covers each source.
-  if (n.harness_kernels <= 100 || host.library.empty()) {
-    return Internal("the op harness declared ", n.harness_kernels, " kernels and ",
-                    host.library.size(), " of the library; expected more than 100 and some");
+  n.training_kernels = host.kernels.size() - n.step_kernels;
+  for (bool gradient : {false, true}) {
+    for (const harness::OpCase& c :
+         gradient ? harness::GradientCases(false) : harness::ForwardCases(false)) {
+      (void)harness::CompileCase(c, gradient, host);  // declares; errors are the harness's to find
+      ++n.harness_cases;
+    }
   }
+  n.harness_kernels = host.kernels.size() - n.step_kernels - n.training_kernels;
+  // What the compile tests rely on: a set that covers each source.
   if (n.step_kernels == 0 || n.training_kernels == 0) {
-    return Internal("SmolLM2's step declared ", n.step_kernels, " kernels of its own and ",
-                    n.training_model, "'s training step ", n.training_kernels,
-                    "; expected fused kernels of their own");
+    return Internal("SmolLM2's step declared ", n.step_kernels, " kernels and ", n.training_model,
+                    "'s training step ", n.training_kernels,
+                    " more; expected fused kernels of their own");
+  }
+  if (n.harness_kernels <= 100 || host.library.empty()) {
+    return Internal("the op harness declared ", n.harness_kernels, " more kernels and ",
+                    host.library.size(), " of the library; expected more than 100 and some");
   }
   return n;
 }
 
-std::string LibraryProgram(const CompileOnlyHost& host) {
-  return GpuProgramSource(host.dialect(), true, host.work_group(), {});
-}
-
-std::string KernelsProgram(const CompileOnlyHost& host) {
-  return GpuProgramSource(host.dialect(), false, host.work_group(), host.kernels);
+std::vector<KernelProgram> KernelPrograms(const CompileOnlyHost& host, const KernelSetCounts& n) {
+  std::vector<KernelProgram> out(3);
+  out[0].name = "kiln_lib";
+  out[0].source = GpuProgramSource(host.dialect(), true, host.work_group(), {});
+  out[0].entries.assign(host.library.begin(), host.library.end());
+  const size_t model_end = n.step_kernels + n.training_kernels;
+  for (int p : {1, 2}) {
+    const size_t begin = p == 1 ? 0 : model_end;
+    const size_t end = p == 1 ? model_end : host.kernels.size();
+    out[p].name = p == 1 ? "kiln_model_steps" : "kiln_harness";
+    out[p].harness_only = p == 2;
+    out[p].source = GpuProgramSource(host.dialect(), false, host.work_group(),
+                                     std::span(host.kernels).subspan(begin, end - begin));
+    out[p].entries.assign(host.kernel_entries.begin() + begin, host.kernel_entries.begin() + end);
+  }
+  return out;
 }
 
 }  // namespace kiln::devk::testing

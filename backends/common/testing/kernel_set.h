@@ -51,9 +51,10 @@ class CompileOnlyHost final : public KernelHost, public compiler::Target {
   }
   compiler::CompileCounters counters() const override { return {}; }
 
-  std::vector<std::string> kernels;  // sources of generated and templated kernels, in order
-  std::set<std::string> entries;     // every declared entry (library ones included)
-  std::set<std::string> library;     // entries of the kernel library
+  std::vector<std::string> kernels;         // sources of generated and templated kernels, in order
+  std::vector<std::string> kernel_entries;  // the entry of each of `kernels`
+  std::set<std::string> entries;            // every declared entry (library ones included)
+  std::set<std::string> library;            // entries of the kernel library
 
  private:
   KernelSlot* Add(const std::string& name, std::string source);
@@ -64,25 +65,35 @@ class CompileOnlyHost final : public KernelHost, public compiler::Target {
 };
 
 struct KernelSetCounts {
-  int harness_cases = 0;        // forward and gradient cases declared
-  size_t harness_kernels = 0;   // kernels of the harness cases
-  size_t step_kernels = 0;      // more of SmolLM2's fused serving step (Q4_1 and f16 weights)
+  size_t step_kernels = 0;      // kernels of SmolLM2's fused serving step (Q4_1 and f16 weights)
   size_t training_kernels = 0;  // more of the LoRA training step
   std::string training_model;   // the model the training step is of
+  int harness_cases = 0;        // forward and gradient cases declared
+  size_t harness_kernels = 0;   // more of the harness cases
 };
 
-// Declares on `host`: every op-harness case (forward and gradient; errors are the harness's
-// to find), SmolLM2-135M's serving step program as serving compiles it (fused; 2 layers
-// declare the kernels of 30) with Q4_1 and f16 weights, and the training step (forward,
-// backward, AdamW; LoRA on every linear layer) of the default SmolLM2 GGUF
+// Declares on `host`, in this order: SmolLM2-135M's serving step program as serving compiles
+// it (fused; 2 layers declare the kernels of 30) with Q4_1 and f16 weights; the training step
+// (forward, backward, AdamW; LoRA on every linear layer) of the default SmolLM2 GGUF
 // (.kiln/models, models/io/test_paths.h) or, without it, of the tiny fixture
-// tests/fixtures/models/llama_gqa_f32. Errors: a step program that does not compile; no more
-// than 100 harness kernels, no library kernel, or a step without fused kernels of its own.
+// tests/fixtures/models/llama_gqa_f32; then every op-harness case (forward and gradient; errors
+// are the harness's to find). So `host.kernels` starts with every kernel the two model steps
+// run. Errors: a step program that does not compile; a step without kernels of its own, no
+// more than 100 further harness kernels, or no library kernel.
 StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host);
 
-// The two programs a GPU device builds from what `host` declared: the kernel library and the
-// generated and templated kernels (GpuProgramSource in `host`'s dialect).
-std::string LibraryProgram(const CompileOnlyHost& host);
-std::string KernelsProgram(const CompileOnlyHost& host);
+// One program a GPU device would build from what `host` declared (GpuProgramSource in `host`'s
+// dialect) and the entries it must define.
+struct KernelProgram {
+  std::string name;  // file name for the compiler's messages
+  std::string source;
+  std::vector<std::string> entries;  // each must be a symbol of the compiled code object
+  bool harness_only = false;         // kernels only the op harness declared
+};
+
+// The kernel library; the kernels of the two model steps; the rest of the harness' kernels.
+// The compile tests build the first two with the runtime's own options and may build the
+// harness-only program with cheaper ones: it is most of the compile time.
+std::vector<KernelProgram> KernelPrograms(const CompileOnlyHost& host, const KernelSetCounts& n);
 
 }  // namespace kiln::devk::testing
