@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "models/gguf/gguf.h"
@@ -171,9 +172,18 @@ TEST(TokenizerFixtureTest, MiniLmWordPieceEdgeCases) {
   }
 }
 
-bool InRanges(const json& ranges, uint32_t cp) {
-  for (const json& r : ranges) {
-    if (cp >= r[0].get<uint32_t>() && cp <= r[1].get<uint32_t>()) return true;
+// Inclusive code point ranges, read once from the fixture's [[first, last], ...].
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+Ranges ReadRanges(const json& ranges) {
+  Ranges out;
+  for (const json& r : ranges) out.emplace_back(r[0].get<uint32_t>(), r[1].get<uint32_t>());
+  return out;
+}
+
+bool InRanges(const Ranges& ranges, uint32_t cp) {
+  for (const auto& [first, last] : ranges) {
+    if (cp >= first && cp <= last) return true;
   }
   return false;
 }
@@ -189,6 +199,11 @@ TEST(TokenizerFixtureTest, BertCharacterClassesMatchHuggingFace) {
   for (const json& e : ref["lowercase"]) lower[e[0].get<uint32_t>()] = e[1].get<std::string>();
   ASSERT_GT(strip.size(), 3000u);
   ASSERT_GT(lower.size(), 1000u);
+  const Ranges clean_removed = ReadRanges(ref["clean_removed"]);
+  const Ranges clean_space = ReadRanges(ref["clean_space"]);
+  const Ranges chinese_chars = ReadRanges(ref["chinese"]);
+  const Ranges punctuation = ReadRanges(ref["punctuation"]);
+  const Ranges whitespace = ReadRanges(ref["whitespace"]);
   const BertNormalizerOptions none{false, false, false, false};
   BertNormalizerOptions clean = none, chinese = none, accents = none, lowercase = none;
   clean.clean_text = true;
@@ -207,11 +222,9 @@ TEST(TokenizerFixtureTest, BertCharacterClassesMatchHuggingFace) {
     if (cp >= 0xD800 && cp <= 0xDFFF) continue;
     std::string ch;
     utf8::AppendCodepoint(cp, &ch);
-    std::string want = InRanges(ref["clean_removed"], cp) ? ""
-                       : InRanges(ref["clean_space"], cp) ? " "
-                                                          : ch;
+    std::string want = InRanges(clean_removed, cp) ? "" : InRanges(clean_space, cp) ? " " : ch;
     if (std::string got = BertNormalize(ch, clean); got != want) fail(cp, "clean_text", got, want);
-    want = InRanges(ref["chinese"], cp) ? " " + ch + " " : ch;
+    want = InRanges(chinese_chars, cp) ? " " + ch + " " : ch;
     if (std::string got = BertNormalize(ch, chinese); got != want) fail(cp, "chinese", got, want);
     if (cp >= 0xAC00 && cp <= 0xD7A3) {  // Hangul syllable: L V (T) jamo
       uint32_t s = cp - 0xAC00;
@@ -236,9 +249,7 @@ TEST(TokenizerFixtureTest, BertCharacterClassesMatchHuggingFace) {
     }
     words.clear();
     BertPreTokenize("a" + ch + "a", 0, &words);
-    size_t want_words = InRanges(ref["punctuation"], cp)  ? 3
-                        : InRanges(ref["whitespace"], cp) ? 2
-                                                          : 1;
+    size_t want_words = InRanges(punctuation, cp) ? 3 : InRanges(whitespace, cp) ? 2 : 1;
     if (words.size() != want_words) {
       fail(cp, "pre-tokenizer words", std::to_string(words.size()), std::to_string(want_words));
     }
