@@ -354,13 +354,17 @@ def test_job_object_delete_guard_and_cancel_of_a_finished_job(client, kilnd):
 
 
 def test_jobs_list_filters_by_metadata_and_pages(client, kilnd, training_file):
-    ids = [client.fine_tuning.jobs.create(model=MODEL, training_file=training_file.id,
-                                          metadata={"filter": tag},
-                                          hyperparameters={"n_epochs": 50}).id
-           for tag in ("a", "b", "a")]
-    # The newest two are still queued (one job at a time): they cancel at once, then the first.
-    for job_id in reversed(ids):
-        cancel_and_wait(client, kilnd, job_id)
+    ids = []
+    try:
+        for tag in ("a", "b", "a"):
+            ids.append(client.fine_tuning.jobs.create(model=MODEL, training_file=training_file.id,
+                                                      metadata={"filter": tag},
+                                                      hyperparameters={"n_epochs": 50}).id)
+    finally:
+        # The newest are still queued (one job at a time): they cancel at once, then the first.
+        # Also when a create fails, so no 50-epoch job trains on under the later tests.
+        for job_id in reversed(ids):
+            cancel_and_wait(client, kilnd, job_id)
     only_a = [j.id for j in client.fine_tuning.jobs.list(metadata={"filter": "a"}, limit=100)]
     assert only_a == [ids[2], ids[0]]
     page = requests.get(f"{kilnd.base}/v1/fine_tuning/jobs", timeout=30,

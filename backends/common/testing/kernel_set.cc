@@ -137,20 +137,21 @@ StatusOr<KernelSetCounts> DeclareKernelSet(CompileOnlyHost& host) {
 }
 
 std::vector<KernelProgram> KernelPrograms(const CompileOnlyHost& host, const KernelSetCounts& n) {
-  std::vector<KernelProgram> out(3);
-  out[0].name = "kiln_lib";
-  out[0].source = GpuProgramSource(host.dialect(), true, host.work_group(), {});
-  out[0].entries.assign(host.library.begin(), host.library.end());
+  // kernels[begin, end) as one program.
+  auto kernels = [&](std::string name, size_t begin, size_t end, bool harness_only) {
+    return KernelProgram{std::move(name),
+                         GpuProgramSource(host.dialect(), false, host.work_group(),
+                                          std::span(host.kernels).subspan(begin, end - begin)),
+                         std::vector<std::string>(host.kernel_entries.begin() + begin,
+                                                  host.kernel_entries.begin() + end),
+                         harness_only};
+  };
   const size_t model_end = n.step_kernels + n.training_kernels;
-  for (int p : {1, 2}) {
-    const size_t begin = p == 1 ? 0 : model_end;
-    const size_t end = p == 1 ? model_end : host.kernels.size();
-    out[p].name = p == 1 ? "kiln_model_steps" : "kiln_harness";
-    out[p].harness_only = p == 2;
-    out[p].source = GpuProgramSource(host.dialect(), false, host.work_group(),
-                                     std::span(host.kernels).subspan(begin, end - begin));
-    out[p].entries.assign(host.kernel_entries.begin() + begin, host.kernel_entries.begin() + end);
-  }
+  std::vector<KernelProgram> out;
+  out.push_back({"kiln_lib", GpuProgramSource(host.dialect(), true, host.work_group(), {}),
+                 std::vector<std::string>(host.library.begin(), host.library.end()), false});
+  out.push_back(kernels("kiln_model_steps", 0, model_end, false));
+  out.push_back(kernels("kiln_harness", model_end, host.kernels.size(), true));
   return out;
 }
 
