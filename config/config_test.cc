@@ -13,8 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "engine/testing/source_dir.h"
+
 namespace kiln::config {
 namespace {
+
+std::string ConfigDir() { return std::string(TestSourceDir()) + "/config"; }
 
 using ::testing::AllOf;
 using ::testing::ContainsRegex;
@@ -117,7 +121,7 @@ TEST(DefaultConfigTest, ParsesToTheDocumentedDefaults) {
 }
 
 TEST(DefaultConfigTest, EmbeddedTextIsTheExampleFileByteForByte) {
-  EXPECT_EQ(DefaultConfigYaml(), ReadFile(KILN_CONFIG_SOURCE_DIR "/examples/default.yaml"));
+  EXPECT_EQ(DefaultConfigYaml(), ReadFile(ConfigDir() + "/examples/default.yaml"));
 }
 
 TEST(DefaultConfigTest, EveryKeyIsCommented) {
@@ -167,7 +171,7 @@ TEST(DefaultConfigTest, EveryKeyIsCommented) {
 }
 
 TEST(DefaultConfigTest, ProductionExampleIsValid) {
-  StatusOr<Config> c = LoadConfigFile(KILN_CONFIG_SOURCE_DIR "/examples/production.yaml");
+  StatusOr<Config> c = LoadConfigFile(ConfigDir() + "/examples/production.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->models.empty());
   EXPECT_NE(c->server, ServerConfig());
@@ -175,7 +179,7 @@ TEST(DefaultConfigTest, ProductionExampleIsValid) {
 
 // The text of the first fenced block of `language` after `heading` in config/README.md.
 std::string ReadmeBlock(std::string_view heading, std::string_view language) {
-  std::string readme = ReadFile(KILN_CONFIG_SOURCE_DIR "/README.md");
+  std::string readme = ReadFile(ConfigDir() + "/README.md");
   size_t at = readme.find(absl::StrCat("\n", ToAbsl(heading), "\n"));
   EXPECT_NE(at, std::string::npos) << heading;
   if (at == std::string::npos) return "";

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numbers>
 
+#include "engine/testing/source_dir.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {
@@ -73,7 +74,7 @@ TEST(LrScheduleTest, ParsesTheNamesAndRejectsOthers) {
 // transformers' real schedulers stepped as its Trainer steps them
 // (scripts/fixtures/make_optimizer_fixtures.py).
 TEST(LrScheduleTest, MatchesTransformersSchedulers) {
-  std::ifstream f(KILN_SOURCE_DIR "/tests/fixtures/training/optimizers.json");
+  std::ifstream f(std::string(TestSourceDir()) + "/tests/fixtures/training/optimizers.json");
   ASSERT_TRUE(f.good()) << "tests/fixtures/training/optimizers.json is missing";
   const nlohmann::json d = nlohmann::json::parse(f);
   ASSERT_GE(d["schedules"].size(), 3u);

@@ -17,6 +17,7 @@
 #include "engine/capture.h"
 #include "engine/program.h"
 #include "engine/testing/devices.h"
+#include "engine/testing/source_dir.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {
@@ -418,7 +419,7 @@ TEST_P(TrainingTest, ClipGradNormOverManyTensors) {
 // (scripts/fixtures/make_optimizer_fixtures.py): the same five steps with a changing lr and
 // gradient scale, the parameter and every state after each step.
 nlohmann::json LoadOptimizerFixture() {
-  std::ifstream f(KILN_SOURCE_DIR "/tests/fixtures/training/optimizers.json");
+  std::ifstream f(std::string(TestSourceDir()) + "/tests/fixtures/training/optimizers.json");
   EXPECT_TRUE(f.good()) << "tests/fixtures/training/optimizers.json is missing";
   return f.good() ? nlohmann::json::parse(f) : nlohmann::json::object();
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "engine/testing/source_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -27,9 +28,11 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+std::string OpenApiPath() { return std::string(TestSourceDir()) + "/docs/openapi.json"; }
+
 json Document() {
-  json doc = json::parse(ReadFile(KILN_OPENAPI_JSON), nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(doc.is_discarded()) << KILN_OPENAPI_JSON << " is not valid JSON";
+  json doc = json::parse(ReadFile(OpenApiPath()), nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(doc.is_discarded()) << OpenApiPath() << " is not valid JSON";
   return doc;
 }
 
@@ -43,7 +46,7 @@ constexpr const char* kMethods[] = {"get",     "put",  "post",  "delete",
 
 TEST(OpenApiTest, EmbeddedDocumentIsTheCheckedInFile) {
   // Not EXPECT_EQ: a difference would print both documents whole.
-  EXPECT_TRUE(OpenApiJson() == ReadFile(KILN_OPENAPI_JSON))
+  EXPECT_TRUE(OpenApiJson() == ReadFile(OpenApiPath()))
       << "kilnd serves a stale copy of docs/openapi.json: rebuild (CMake re-embeds it)";
 }
 

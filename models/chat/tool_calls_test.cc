@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "engine/testing/source_dir.h"
 #include "models/chat/chat_template.h"
 #include "models/grammar/grammar.h"
 
@@ -16,7 +17,7 @@ using ojson = nlohmann::ordered_json;
 using ::testing::HasSubstr;
 
 std::string Template(const std::string& name) {
-  std::ifstream in(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/chat/templates/" + name);
+  std::ifstream in(std::string(TestSourceDir()) + "/tests/fixtures/chat/templates/" + name);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();

@@ -1,13 +1,14 @@
 // Test-only: where fixture-driven tests find tests/fixtures/ and the default model.
-// REQUIRES: the test target defines KILN_SOURCE_DIR (models/CMakeLists.txt does).
 #pragma once
 
 #include <cstdlib>
 #include <string>
 
+#include "engine/testing/source_dir.h"
+
 namespace kiln::models::testing {
 
-inline std::string SourceDir() { return KILN_SOURCE_DIR; }
+inline std::string SourceDir() { return ::kiln::TestSourceDir(); }
 
 inline std::string FixturePath(const std::string& relative) {
   return SourceDir() + "/tests/fixtures/" + relative;

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "engine/testing/source_dir.h"
 #include "models/io/durable_file.h"
 #include "models/safetensors/safetensors.h"
 
@@ -20,7 +21,7 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-const std::string kFixtures = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/";
+const std::string kFixtures = std::string(TestSourceDir()) + "/tests/fixtures/peft/";
 
 // The tiny Llama of scripts/fixtures/make_peft_fixtures.py.
 LlmHParams TinyLlama() {

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "config/config.h"
+#include "engine/testing/source_dir.h"
 #include "gtest/gtest.h"
 #include "models/tensor/tensor_model.h"
 
@@ -111,7 +112,7 @@ TEST(BuiltinModelsTest, TheConfigAcceptsEveryBuiltin) {
     EXPECT_TRUE(config.ok()) << name << ": " << config.status();
   }
   auto qa =
-      config::LoadConfigFile(std::string(KILN_SOURCE_DIR) + "/config/examples/triton_qa.yaml");
+      config::LoadConfigFile(std::string(TestSourceDir()) + "/config/examples/triton_qa.yaml");
   ASSERT_TRUE(qa.ok()) << qa.status();
   std::vector<std::string> served;
   for (const config::ModelConfig& m : qa->models) served.push_back(m.builtin);

@@ -9,6 +9,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "engine/testing/source_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/llm/loader.h"
@@ -23,8 +24,8 @@ namespace {
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 
-const std::string kBase = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/models/llama_gqa_f32";
-const std::string kPeft = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/";
+const std::string kBase = std::string(TestSourceDir()) + "/tests/fixtures/models/llama_gqa_f32";
+const std::string kPeft = std::string(TestSourceDir()) + "/tests/fixtures/peft/";
 
 struct Reference {
   std::vector<std::vector<int32_t>> prompts, greedy;

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "engine/testing/source_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/grammar/grammar.h"
@@ -115,7 +116,7 @@ TEST_F(FrontEndsTest, ModelsListsTheLlmsOnly) {
 // A LoRA adapter is a model name of its own in every front end (the fake shifts its tokens by
 // the adapter's rank, 4 for this PEFT fixture), listed with its base as `parent`.
 TEST_F(FrontEndsTest, LoraAdaptersAreServedAndListedUnderTheirOwnName) {
-  const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/llama_gqa_f32_a";
+  const std::string dir = std::string(TestSourceDir()) + "/tests/fixtures/peft/llama_gqa_f32_a";
   Status s = server_.repository().AddLoraAdapter("sql-lora", "fake", dir);
   ASSERT_TRUE(s.ok()) << s;
   s = server_.repository().AddLoraAdapter("other", "fake", "/nonexistent");
@@ -1463,7 +1464,7 @@ TEST_F(GenerationGrpcTest, TokenizeDetokenizeAndListModels) {
   ASSERT_TRUE(
       server_.repository()
           .AddLoraAdapter("sql-lora", "fake",
-                          std::string(KILN_SOURCE_DIR) + "/tests/fixtures/peft/llama_gqa_f32_a")
+                          std::string(TestSourceDir()) + "/tests/fixtures/peft/llama_gqa_f32_a")
           .ok());
   grpc::ClientContext c4;
   v1::ListModelsResponse models;

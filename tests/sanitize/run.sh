@@ -31,11 +31,6 @@ export LSAN_OPTIONS="suppressions=$SUPP/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$SUPP/ubsan.supp"
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$SUPP/tsan.supp:print_suppressions=0"
 
-LAUNCHER=()
-if command -v ccache >/dev/null; then
-  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-fi
-
 # Test binaries by tree; ctest then runs what is registered under each folder.
 SCHEDULER_TESTS=(kiln_scheduler_test kiln_llm_scheduler_test kiln_finetune_store_test
                  multi_lora_test kiln_finetune_test kiln_sequence_batcher_test kiln_decoupled_test)
@@ -74,7 +69,7 @@ build() {  # build() DIR SANITIZERS TARGET...
   local dir=$1 san=$2
   shift 2
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_WERROR=ON \
-    -DKILN_SANITIZE="$san" -DKILN_BUILD_BENCH=OFF "${LAUNCHER[@]}" >/dev/null
+    -DKILN_SANITIZE="$san" -DKILN_BUILD_BENCH=OFF >/dev/null
   cmake --build "$dir" -j "$JOBS" --target "$@"
 }
 

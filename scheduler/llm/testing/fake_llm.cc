@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "engine/testing/source_dir.h"
 #include "models/chat/chat_template.h"
 #include "nlohmann/json.hpp"
 
@@ -73,7 +74,7 @@ void StepGate::Pass() {
 
 std::unique_ptr<models::Tokenizer> LoadFixtureTokenizer() {
   auto tok = models::Tokenizer::FromHfJson(
-      ReadFile(std::string(KILN_SOURCE_DIR) +
+      ReadFile(std::string(TestSourceDir()) +
                "/tests/fixtures/tokenizer/bpe_bytelevel.tokenizer.json"),
       nullptr, "bpe_bytelevel");
   KILN_CHECK(tok.ok(), "fixture tokenizer failed to load");
@@ -90,7 +91,7 @@ FakeLlm::FakeLlm(FakeLlmOptions options) : options_(std::move(options)) {
   info_.eos_token_ids = {kFakeEos};
   if (options_.chat_template) {
     auto t = models::ChatTemplate::Parse(
-        ReadFile(std::string(KILN_SOURCE_DIR) + "/tests/fixtures/chat/templates/smollm2.jinja"));
+        ReadFile(std::string(TestSourceDir()) + "/tests/fixtures/chat/templates/smollm2.jinja"));
     KILN_CHECK(t.ok(), "fixture chat template failed to parse");
     template_ = std::move(*t);
   }
