@@ -14,10 +14,12 @@
 #include <sys/resource.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "config/config.h"
+#include "engine/compiler/kernel_cache.h"
 #include "server/logging.h"
 #include "server/server.h"
 #include "spdlog/spdlog.h"
@@ -107,6 +109,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   spdlog::info("kilnd {} starting with configuration {}", kiln::ServerVersion(), config->source);
+  // Kernels compiled at run time (and autotuning choices) are cached in <storage_dir>/cache, on
+  // the volume an operator keeps across restarts (config/README.md); KILN_CACHE_DIR still wins.
+  std::error_code ec;
+  const std::filesystem::path storage = std::filesystem::absolute(config->server.storage_dir, ec);
+  kiln::compiler::SetCacheDir(
+      ((ec ? std::filesystem::path(config->server.storage_dir) : storage) / "cache").string());
+  spdlog::info("kernel cache: {}", kiln::compiler::CacheDir());
   RaiseDescriptorLimit();
 
   kiln::Server server(std::move(*config));

@@ -21,6 +21,14 @@ KILND = os.environ.get("KILND") or str(
     Path(__file__).resolve().parents[2] / "build" / "server" / "kilnd")
 
 
+# The kernel cache of every test daemon: kilnd's own default is <storage_dir>/cache, and each
+# test daemon has a storage directory of its own, so without this every start would compile its
+# kernels afresh. One shared directory, as the kernel cache is made to be (content-keyed,
+# safe between processes); test_cli_config.py checks the storage default by unsetting it.
+KERNEL_CACHE = os.environ.get("KILN_CACHE_DIR") or str(
+    Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kiln")
+
+
 def wait_for(predicate, what="the condition", timeout=30):
     """Polls observable server state (metrics, health, statistics) until `predicate()` holds,
     so tests order themselves by what the server shows, never by sleeping. Fails naming
@@ -79,7 +87,8 @@ class Kilnd:
         cmd += list(args)
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, "KILN_CACHE_DIR": KERNEL_CACHE,
+                                          **(env or {})})
         self.expected_exit = 0
 
     @property

@@ -87,6 +87,18 @@ def test_json_logs(start_kilnd):
         assert {"ts", "level", "msg"} <= rec.keys()
 
 
+def test_kernel_cache_is_in_the_storage_dir_unless_kiln_cache_dir_says(start_kilnd, tmp_path):
+    """Kernels compiled at run time are kept on the storage volume (config/README.md)."""
+    store = tmp_path / "store"
+    k = start_kilnd("models: []\n", overrides=[f"server.storage_dir={store}"],
+                    env={"KILN_CACHE_DIR": ""})
+    assert f"kernel cache: {store}/cache" in k.output()
+    elsewhere = tmp_path / "elsewhere"
+    k = start_kilnd("models: []\n", overrides=[f"server.storage_dir={store}"],
+                    env={"KILN_CACHE_DIR": str(elsewhere)})
+    assert f"kernel cache: {elsewhere}" in k.output()
+
+
 def test_shipped_configs_are_valid():
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     files = [root / "deploy" / "kiln.yaml", *sorted((root / "config" / "examples").glob("*.yaml"))]
