@@ -1,12 +1,14 @@
 """kilnd's command line and configuration errors, as an operator meets them."""
+import os
 import socket
 import subprocess
 
-from conftest import KILND, free_port
+from conftest import KERNEL_CACHE, KILND, free_port
 
 
 def run(*args, timeout=30):
-    return subprocess.run([KILND, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([KILND, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "KILN_CACHE_DIR": KERNEL_CACHE})
 
 
 def test_print_default_config_is_valid_and_documented(tmp_path):

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "engine/compiler/kernel_cache.h"
 #include "spdlog/spdlog.h"
 
 namespace kiln::cpu {
@@ -44,13 +45,7 @@ void ParseInto(std::istream& in,
 
 }  // namespace
 
-std::string CpuCacheDir() {
-  if (const char* d = std::getenv("KILN_CACHE_DIR"); d != nullptr && *d != '\0') return d;
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-    return std::string(h) + "/.cache/kiln";
-  }
-  return "";
-}
+std::string CpuCacheDir() { return compiler::CacheDir(); }
 
 bool AutotuneEnabled() {
   const char* v = std::getenv("KILN_CPU_AUTOTUNE");

@@ -11,8 +11,8 @@
 // file's current contents and replace it by atomic rename, so concurrent processes lose
 // nothing but a race on the same key (either result is valid).
 //
-// Directory: $KILN_CACHE_DIR, else $HOME/.cache/kiln (the kernel cache's directory API is
-// not in the engine yet; when it is, CpuCacheDir() should defer to it).
+// Directory: the kernel cache's (compiler::CacheDir(): $KILN_CACHE_DIR, else kilnd's
+// <storage_dir>/cache, else ~/.cache/kiln), read when the process-wide tuner is first used.
 // KILN_CPU_AUTOTUNE=0 turns timing off: cached choices are still used, others fall back to
 // the caller's heuristic.
 //
@@ -34,7 +34,7 @@
 
 namespace kiln::cpu {
 
-// $KILN_CACHE_DIR, else $HOME/.cache/kiln; empty if neither is set.
+// compiler::CacheDir() (engine/compiler/kernel_cache.h).
 std::string CpuCacheDir();
 // False when KILN_CPU_AUTOTUNE=0.
 bool AutotuneEnabled();
