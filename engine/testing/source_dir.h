@@ -3,7 +3,7 @@
 //
 // The path lives in one generated file (engine/testing/source_dir.cc.in, configured into the
 // build tree) and in no compile command, so every other object is the same in any checkout
-// and a compiler cache shares it between them (CMakeLists.txt, KILN_CCACHE).
+// and a compiler cache shares it between them (cmake/ccache.cmake).
 #pragma once
 
 namespace kiln {
