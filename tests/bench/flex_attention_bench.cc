@@ -7,7 +7,10 @@
 // sequences of 256 new tokens in one paged step; `vs_documents16x256` against the dense
 // document-masked op): issue 16 item 6's measurement. `paged_causal` and `paged_chunked256`
 // prefill all the tokens as one paged sequence, causal and in chunks of 256 (Llama 4's local
-// attention; `vs_paged_causal`). `training_4x256_forward[_backward]`: the
+// attention; `vs_paged_causal`); `paged_documents16x256` and `paged_prefix_lm1024` the same
+// sequence under masks the cpu kernel runs compiled, skipping the tiles they hide, and
+// `paged_decode16_prefix_lm1024` what checking them costs in decode where nothing is hidden
+// (`vs_paged_decode16_causal`). `training_4x256_forward[_backward]`: the
 // fine-tuning step's attention (issue 11; cpu only), forward alone and forward + backward.
 //
 //   build/tests/bench/flex_attention_bench [--benchmark_filter=window] [--tokens=N]
@@ -187,27 +190,37 @@ void BM_Attention(benchmark::State& state, const std::string& name, Expr mask, E
 //   replace;
 // - paged_causal / paged_chunked256: one sequence, causal and Llama 4's chunked attention
 //   (chunks of 256), the paged kernels' block skipping (on xpu and cuda through the block
-//   table: chunks are not a key range).
+//   table: chunks are not a key range);
+// - paged_documents16x256 / paged_prefix_lm1024: one sequence under masks the cpu kernel runs
+//   compiled (attn::DocumentMask over 16 documents of 256, aux = the ids; attn::PrefixLmMask,
+//   aux = the prefix length, no key range of its own), which skips the key tiles they hide.
+// With `decode` > 0, instead `decode` sequences decode one token each after all the tokens
+// (sharing one cache): paged_decode16_prefix_lm1024 against paged_decode16_causal, what
+// checking the compiled mask tile by tile costs where it hides nothing.
 void BM_PagedPrefill(benchmark::State& state, const std::string& name, int64_t seq_len, Expr mask,
-                     const char* also) {
+                     const char* also, std::vector<double> aux_values, int64_t decode) {
   if (Dev() == nullptr) {
     state.SkipWithError(("no " + g_backend + " device").c_str());
     return;
   }
   backend::Device& dev = *Dev();
   if (seq_len == 0) seq_len = g_tokens;
-  const int64_t T = g_tokens, seqs = T / seq_len, bs = 16, mb = (seq_len + bs - 1) / bs,
-                nb = seqs * mb;
-  if (T % seq_len != 0) {
+  const int64_t T = decode > 0 ? decode : g_tokens, seqs = decode > 0 ? decode : T / seq_len,
+                bs = 16, mb = (seq_len + bs - 1) / bs, nb = decode > 0 ? mb : seqs * mb;
+  if (g_tokens % seq_len != 0) {
     state.SkipWithError(("--tokens must be a multiple of " + std::to_string(seq_len)).c_str());
     return;
   }
   Graph g;
   Builder b(&g);
+  const int64_t naux = static_cast<int64_t>(aux_values.size());
+  std::vector<Value> aux;
+  if (naux > 0) aux.push_back(b.Input("aux", DType::kI32, {naux}));
   const Value o = b.PagedAttention(
       b.Input("q", DType::kF32, {T, kHeads, kD}), b.State("k", DType::kF32, {nb, bs, kHeads, kD}),
       b.State("v", DType::kF32, {nb, bs, kHeads, kD}), b.Input("bt", DType::kI32, {seqs, mb}),
-      b.Input("sl", DType::kI32, {seqs}), b.Input("qs", DType::kI32, {seqs + 1}), {0, mask, {}});
+      b.Input("sl", DType::kI32, {seqs}), b.Input("qs", DType::kI32, {seqs + 1}), {0, mask, {}},
+      aux);
   auto prog = Compile(g, {o}, dev);
   if (!prog.ok()) {
     state.SkipWithError(std::string(StatusMessage(prog.status())).c_str());
@@ -225,13 +238,14 @@ void BM_PagedPrefill(benchmark::State& state, const std::string& name, int64_t s
     return BindValues(**prog, dev, name, t, shape, x);
   };
   std::vector<double> table, lens(static_cast<size_t>(seqs), static_cast<double>(seq_len)), qs;
-  for (int64_t i = 0; i < nb; ++i) table.push_back(static_cast<double>(i));
-  for (int64_t s = 0; s <= seqs; ++s) qs.push_back(static_cast<double>(s * seq_len));
+  for (int64_t i = 0; i < seqs * mb; ++i) table.push_back(static_cast<double>(i % nb));
+  for (int64_t s = 0; s <= seqs; ++s) qs.push_back(static_cast<double>(s * (T / seqs)));
   if (!bind("q", DType::kF32, {T, kHeads, kD}, {}) ||
       !bind("k", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
       !bind("v", DType::kF32, {nb, bs, kHeads, kD}, {}) ||
       !bind("bt", DType::kI32, {seqs, mb}, table) || !bind("sl", DType::kI32, {seqs}, lens) ||
-      !bind("qs", DType::kI32, {seqs + 1}, qs)) {
+      !bind("qs", DType::kI32, {seqs + 1}, qs) ||
+      (naux > 0 && !bind("aux", DType::kI32, {naux}, aux_values))) {
     state.SkipWithError("bind failed");
     return;
   }
@@ -330,18 +344,28 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->MinTime(2.0);
   }
-  // Paged causal first: paged_chunked256's vs_paged_causal divides by its time.
+  // Paged causal first: the later cases' vs_paged_causal divides by its time.
+  std::vector<double> doc_ids(static_cast<size_t>(kiln::g_tokens));
+  for (size_t i = 0; i < doc_ids.size(); ++i) doc_ids[i] = static_cast<double>(i / kiln::kDocLen);
   const struct {
     const char* name;
     int64_t seq_len;  // 0: all the tokens
     Expr mask;
     const char* also;
-  } paged[] = {{"paged_prefill16x256", kiln::kDocLen, attn::CausalMask(), "documents16x256"},
-               {"paged_causal", 0, attn::CausalMask(), nullptr},
-               {"paged_chunked256", 0, attn::ChunkedMask(256), "paged_causal"}};
+    std::vector<double> aux = {};
+    int64_t decode = 0;
+  } paged[] = {
+      {"paged_prefill16x256", kiln::kDocLen, attn::CausalMask(), "documents16x256"},
+      {"paged_causal", 0, attn::CausalMask(), nullptr},
+      {"paged_chunked256", 0, attn::ChunkedMask(256), "paged_causal"},
+      {"paged_documents16x256", 0, attn::DocumentMask(0, kiln::g_tokens), "paged_causal", doc_ids},
+      {"paged_prefix_lm1024", 0, attn::PrefixLmMask(0), "paged_causal", {1024}},
+      {"paged_decode16_causal", 0, attn::CausalMask(), nullptr, {}, 16},
+      {"paged_decode16_prefix_lm1024", 0, attn::PrefixLmMask(0), "paged_decode16_causal",
+       std::vector<double>(16, 1024), 16}};
   for (const auto& c : paged) {
     benchmark::RegisterBenchmark(c.name, kiln::BM_PagedPrefill, std::string(c.name), c.seq_len,
-                                 c.mask, c.also)
+                                 c.mask, c.also, c.aux, c.decode)
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime()
         ->MinTime(2.0);

@@ -1,7 +1,9 @@
 #include "backends/cpu/kernels/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -71,14 +73,38 @@ struct SplitRow {
 };
 
 // AttnArgs::mods over AttnData::mods and a launch's aux tensors.
+// One per thread of a launch.
 struct ModsCtx {
   const AttnMods* mods = nullptr;
   const AttnAux* aux = nullptr;
+  mutable uint64_t scored = 0;  // calls of CallMods: (row, query head, key tile) triples
+  // CallModsAny's answers for blocks of rows, by (b, first head or -1, q0, rows, kv0): a mask
+  // that does not read the head gives every kv head's items the same, and a thread's items
+  // repeat the same blocks for each of its kv heads.
+  mutable std::map<std::array<int64_t, 5>, bool> any;
 };
+std::atomic<uint64_t> g_tiles_scored{0};  // PagedAttentionCompiledTilesScored
+
 void CallMods(const void* ctx, float* s, int64_t n, int64_t b, int64_t h, int64_t q,
               const int64_t* kv) {
   const auto& m = *static_cast<const ModsCtx*>(ctx);
   m.mods->ApplyAt(s, n, b, h, q, kv, m.aux);
+  ++m.scored;
+}
+bool CallModsAny(const void* ctx, int64_t b, int64_t h0, int64_t nh, int64_t q0, int64_t rows,
+                 int64_t kv0, int64_t n) {
+  const auto& m = *static_cast<const ModsCtx*>(ctx);
+  const bool per_head = m.mods->mask_reads_head();
+  auto classify = [&] {
+    for (int64_t h = h0; h < h0 + (per_head ? nh : 1); ++h) {
+      if (m.mods->Any(b, h, q0, rows, kv0, n, m.aux)) return true;
+    }
+    return false;
+  };
+  if (rows == 1) return classify();  // a decode row: cheaper than a lookup
+  const auto [it, inserted] = m.any.try_emplace({b, per_head ? h0 : -1, q0, rows, kv0}, false);
+  if (inserted) it->second = classify();
+  return it->second;
 }
 
 void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
@@ -206,9 +232,12 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
   args.alibi_slopes = d.alibi_slopes.empty() ? nullptr : d.alibi_slopes.data();
   args.softcap = d.softcap;
   const std::vector<AttnAux> aux = AuxTensors(a, 6);
-  const ModsCtx mods{d.mods.get(), aux.data()};
+  ModsCtx mods;
+  mods.mods = d.mods.get();
+  mods.aux = aux.data();
   if (d.mods != nullptr) {
     args.mods = CallMods;
+    if (d.mods->has_mask()) args.mods_any = CallModsAny;
     args.mods_ctx = &mods;
   }
 
@@ -254,9 +283,14 @@ void PagedAttentionKernel(const LaunchArgs& a, const ExecCtx& c) {
       d.k->attend_combine(base + h * AttnPartialFloats(Dv), sr.tiles, stride, Dv, out);
     }
   }
+  if (mods.scored > 0) g_tiles_scored.fetch_add(mods.scored, std::memory_order_relaxed);
 }
 
 }  // namespace
+
+uint64_t PagedAttentionCompiledTilesScored() {
+  return g_tiles_scored.load(std::memory_order_relaxed);
+}
 
 std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask) {
   if (!mask) return std::pair{MaskKind::kNone, int64_t{0}};

@@ -30,6 +30,11 @@ std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask);
 // default `inner`, SoftCapScore(cap) itself); nullopt for any other.
 std::optional<double> SoftCapOf(const Expr& score, const Expr& inner = attn::Score());
 
+// (query row, query head, key tile) triples the paged kernel has scored through compiled
+// modifiers (AttnArgs::mods) since the process started; key tiles a compiled mask hides from a
+// row are not scored (tests count them).
+uint64_t PagedAttentionCompiledTilesScored();
+
 StatusOr<std::optional<backend::Kernel>> MakePagedAttentionKernel(const backend::KernelRequest& req,
                                                                   const SelectContext& ctx);
 

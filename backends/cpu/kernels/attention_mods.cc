@@ -53,6 +53,21 @@ KERNEL int kiln_KERNEL_NAME_classify(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv
   }
   return kept == 0 ? 0 : (kept == rows * n ? 1 : 2);
 }
+KERNEL int kiln_KERNEL_NAME_any(ki64 b, ki64 h, ki64 q0, ki64 rows, ki64 kv0, ki64 n,
+                                const ki64* ax) {
+  (void)ax; (void)b; (void)h;
+  AUX_DECL
+  for (ki64 i = 0; i < rows; ++i) {
+    const ki64 q = q0 + i;
+    for (ki64 j0 = 0; j0 < n; j0 += 16) {
+      const ki64 j1 = j0 + 16 < n ? j0 + 16 : n;
+      ki64 kept = 0;
+      for (ki64 j = j0; j < j1; ++j) kept += MASK(q, kv0 + j) ? 1 : 0;
+      if (kept != 0) return 1;
+    }
+  }
+  return 0;
+}
 )";
 
 // The key blocks of query tile `t` (rows [t * tile, ...)) of head (b, h) under `mods`' mask,
@@ -130,11 +145,14 @@ StatusOr<std::shared_ptr<const AttnMods>> AttnMods::CompileImpl(const Expr& mask
                   "#undef AUX_DECL\n#undef SCORE\n#undef MASK\n");
   const compiler::GeneratedKernel g = compiler::NameKernel(compiler::Dialect::kCpp, code);
   KILN_ASSIGN_OR_RETURN(std::vector<void*> fns,
-                        ctx.compile(g, {"_apply", "_apply_at", "_classify"}));
+                        ctx.compile(g, {"_apply", "_apply_at", "_classify", "_any"}));
   auto m = std::make_shared<AttnMods>();
   m->apply_ = reinterpret_cast<ApplyFn>(fns[0]);
   m->apply_at_ = reinterpret_cast<ApplyAtFn>(fns[1]);
-  if (mask) m->classify_ = reinterpret_cast<ClassifyFn>(fns[2]);
+  if (mask) {
+    m->classify_ = reinterpret_cast<ClassifyFn>(fns[2]);
+    m->any_ = reinterpret_cast<ClassifyFn>(fns[3]);
+  }
   m->has_score_ = static_cast<bool>(score);
   if (mask) {
     m->reads_b_ = mask.Uses(ExprOp::kIndex, 0);

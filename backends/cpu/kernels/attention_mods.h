@@ -10,6 +10,8 @@
 //   apply_at(s, n, b, h, q, kv[]): the same on n scores of one query row and the keys at
 //     positions kv[0..n) (paged attention: keys of valid cache blocks only).
 //   classify(b, h, q0, rows, kv0, n): whether mask_mod keeps none, all or some of the tile.
+//   any(b, h, q0, rows, kv0, n): whether it keeps some of it (returns at the first 16 keys of
+//     a row that have one).
 //
 // BlockMask: for each tile of query rows, the key blocks (as many keys) that the mask does not
 // rule out entirely, each marked full (no mask evaluated) or partial. Built by evaluating
@@ -84,6 +86,11 @@ class AttnMods {
     return classify_ == nullptr ? BlockKind::kFull
                                 : static_cast<BlockKind>(classify_(b, h, q0, rows, kv0, n, aux));
   }
+  // Classify(...) != kEmpty, usually sooner.
+  bool Any(int64_t b, int64_t h, int64_t q0, int64_t rows, int64_t kv0, int64_t n,
+           const AttnAux* aux) const {
+    return any_ == nullptr || any_(b, h, q0, rows, kv0, n, aux) != 0;
+  }
 
  private:
   using ApplyFn = void (*)(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
@@ -94,6 +101,7 @@ class AttnMods {
   ApplyFn apply_ = nullptr;
   ApplyAtFn apply_at_ = nullptr;
   ClassifyFn classify_ = nullptr;  // null: no mask_mod
+  ClassifyFn any_ = nullptr;       // null: no mask_mod
   bool has_score_ = false;
   static StatusOr<std::shared_ptr<const AttnMods>> CompileImpl(const Expr& mask, const Expr& score,
                                                                std::span<const DType> aux,

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/builtin.h"
 #include "backends/cpu/jit/cpu_jit.h"
+#include "backends/cpu/kernels/attention.h"
 #include "backends/cpu/kernels/attention_train.h"
 #include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/kernels.h"
@@ -610,6 +611,55 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
   // Tile t (rows 64t .. 64t+63) sees keys 64t - 63 .. 64t + 63: 127 keys (64 for t = 0).
   EXPECT_EQ(DenseAttentionScoresVisited() - before,
             runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 127)});
+}
+
+// The paged kernel never scores a key tile a compiled mask hides. Two sequences over the same
+// 512 cached keys: one prefills all 512 (chunks of 64 rows, tile-aligned), the other decodes
+// its last token (split over the context). With a document mask over documents of 64 (ids as
+// aux) each row scores the one tile of its own document; with every key in one document, all
+// the tiles of its causal range (4.5 a row on average). Both equal the reference.
+TEST(HarnessBlockSkipping, PagedCompiledMaskSkipsHiddenTiles) {
+  if (!TestJit().available()) GTEST_SKIP() << "no compiler for the attention modifiers";
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  VariantDevice dev(ActiveIsa(), nullptr, 2);
+  constexpr int64_t kLen = 512, kDoc = 64, kHq = 2, kBs = 16, kMb = kLen / kBs;
+  std::vector<double> table;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int64_t i = 0; i < kMb; ++i) table.push_back(static_cast<double>(kMb - 1 - i));
+  }
+  // Scores per run: (row, query head, tile) triples.
+  auto scored = [&](int64_t doc_len, const char* name) {
+    std::vector<double> docs(2 * kLen);
+    for (int64_t i = 0; i < 2 * kLen; ++i) docs[i] = static_cast<double>(i % kLen / doc_len);
+    const std::vector<InputSpec> in = {
+        Normal("q", DType::kF32, {kLen + 1, kHq, 16}),
+        State(Normal("k_cache", DType::kF32, {kMb, kBs, 1, 16})),
+        State(Normal("v_cache", DType::kF32, {kMb, kBs, 1, 16})),
+        Ints("block_table", {2, kMb}, table),
+        Ints("seq_lens", {2}, {kLen, kLen}),
+        Ints("query_start", {3}, {0, kLen, kLen + 1}),
+        {"docs", DType::kI32, {2 * kLen}, harness::Init::kCustom, 0, 0, docs}};
+    const AttentionParams p{0, attn::DocumentMask(0, kLen), {}};
+    const OpCase c = Make("paged_attention", name, in, [p](Builder& b, const V& x) {
+      const Value aux[] = {x[6]};
+      return b.PagedAttention(x[0], x[1], x[2], x[3], x[4], x[5], p, aux);
+    });
+    dev.Forget();
+    const uint64_t before = PagedAttentionCompiledTilesScored();
+    const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+    EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << name << ": " << r.message;
+    const std::string k = dev.KernelFor(OpKind::kPagedAttention);
+    EXPECT_NE(k.find("compiled"), std::string::npos) << k;
+    return PagedAttentionCompiledTilesScored() - before;
+  };
+  const uint64_t docs = scored(kDoc, "8 documents of 64");
+  const uint64_t one = scored(kLen, "one document");
+  // Per run: one tile per row and head; or row p's p / 64 + 1 tiles (8 for the decode row).
+  constexpr uint64_t kDocsPerRun = kHq * (kLen + 1);
+  constexpr uint64_t kOnePerRun = kHq * (kDoc * (8 * 9 / 2) + 8);
+  ASSERT_GT(docs, 0u);
+  EXPECT_EQ(docs % kDocsPerRun, 0u) << docs;
+  EXPECT_EQ(one * kDocsPerRun, docs * kOnePerRun) << docs << " and " << one;
 }
 
 // The modifiers a model's `attention:` config names (chunks, ALiBi, soft-capping; Gemma 2's

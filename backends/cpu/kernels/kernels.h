@@ -73,6 +73,12 @@ struct AttnArgs {
   // positions kv[0..n): score_mod, then -inf where mask_mod hides the key.
   void (*mods)(const void* ctx, float* s, int64_t n, int64_t b, int64_t h, int64_t q,
                const int64_t* kv) = nullptr;
+  // Non-null (with a compiled mask_mod): whether the mask keeps any key of [kv0, kv0 + n) for
+  // a query head of [h0, h0 + nh) of sequence b at a position of [q0, q0 + rows). The kernels
+  // skip the key tiles it rules out: never gathered, no score computed (the same result: such
+  // a tile adds nothing to a row).
+  bool (*mods_any)(const void* ctx, int64_t b, int64_t h0, int64_t nh, int64_t q0, int64_t rows,
+                   int64_t kv0, int64_t n) = nullptr;
   const void* mods_ctx = nullptr;
 };
 

@@ -543,7 +543,7 @@ inline std::pair<int64_t, int64_t> KeyRangeAt(const AttnArgs& a, int64_t pos, in
 // -inf where the key is hidden or has no block), p = exp(s - the tile's max), the tile's state
 // {max, sum p, acc = sum p V} from zero, folded in order into the row's running state
 // (FoldTile). Groups of kLanes slots the row cannot see are skipped: they would add exact
-// zeros.
+// zeros. So are whole tiles a compiled mask hides (AttnArgs::mods_any): their state is empty.
 
 // The maximum of a row (NaN if any element is NaN; -inf for n = 0).
 inline float RowMax(const float* x, int64_t n) {
@@ -876,6 +876,10 @@ void AttendRows(const AttnArgs& a, const AttnTask& t) {
     const int64_t hi = KeyRangeAt(a, last, t.j0, t.j1).second;
     for (int64_t i = 0; i < rows * G; ++i) ClearAttnRow(acc + i * (Dv + 2), Dv);
     for (int64_t jt = lo / kKeyTile * kKeyTile; jt < hi; jt += kKeyTile) {
+      if (a.mods_any != nullptr &&
+          !a.mods_any(a.mods_ctx, t.seq, t.g * G, G, first, rows, jt, kKeyTile)) {
+        continue;  // the mask hides the tile from every row and head of the block
+      }
       GatherTile(a, t, jt, lo, hi, zero, kbuf, vt, /*copy_rows=*/true, &tile);
       if (tile.count == 0) continue;
       // An inf or NaN value (an overflowed f16 cache) must not reach the rows that do not see
@@ -952,6 +956,10 @@ void Attend(const AttnArgs& a, const AttnTask& t) {
     }
     for (int64_t h = 0; h < G; ++h) ClearAttnRow(acc + h * (Dv + 2), Dv);
     for (int64_t jt = lo / kKeyTile * kKeyTile; jt < hi; jt += kKeyTile) {
+      if (a.mods_any != nullptr &&
+          !a.mods_any(a.mods_ctx, t.seq, t.g * G, G, pos, 1, jt, kKeyTile)) {
+        continue;  // hidden from the row: its partial state stays empty
+      }
       GatherTile(a, t, jt, lo, hi, zero, kbuf, vbuf, /*copy_rows=*/false, &tile);
       if (tile.count == 0) continue;
       for (int64_t h = 0; h < G; ++h) {

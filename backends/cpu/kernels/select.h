@@ -21,7 +21,8 @@
 //   paged_attention  q f32, K/V caches both f32, f16 or bf16, mask none, causal, sliding
 //               window, chunked (alone or with a window), score_mod none, ALiBi, soft-capping
 //               (Gemma 2) or ALiBi then the cap natively; any other mask_mod and score_mod
-//               compiled into the kernel (with a compile function; attention_mods.h) —
+//               compiled into the kernel (with a compile function; attention_mods.h),
+//               skipping the key tiles a compiled mask hides —
 //               threads over (sequence, kv head, query rows), and a decode row of >= 128
 //               keys over its context (by its length and the pool size only: batch-independent).
 // Everything else (and layouts the kernels do not take, found at run time: non-contiguous
