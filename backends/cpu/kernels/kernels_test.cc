@@ -714,6 +714,40 @@ TEST_P(IsaTest, SoftmaxInPlaceMatchesStatsThenScaledExpBitForBit) {
   }
 }
 
+// soft_cap is cap * tanh(pre * s / cap) to within a few ulps of cap (Gemma 2's score_mod), over
+// the whole range: tiny, ordinary and huge scores of both signs, +-inf to +-cap, NaN stays NaN;
+// lengths around the vector width (the tail too).
+TEST_P(IsaTest, SoftCapIsCapTimesTanhToAFewUlpsOfTheCap) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0, 30);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float cap : {50.0f, 30.0f, 1.5f}) {
+    for (const float pre : {1.0f, 0.125f}) {
+      for (const int64_t n : {1, 7, 8, 9, 64, 1000}) {
+        std::vector<float> s(static_cast<size_t>(n));
+        for (float& e : s) e = nd(rng);
+        const float special[] = {0.0f,     -0.0f, 1e-30f, -1e-30f, 1e-3f, 4 * cap,
+                                 -4 * cap, 1e30f, -1e30f, inf,     -inf,  NAN};
+        for (size_t i = 0; i < std::size(special) && i < s.size(); ++i) s[i * 5 % n] = special[i];
+        std::vector<float> got = s;
+        k_->soft_cap(got.data(), n, pre, cap);
+        const double ulp = std::nextafter(cap, inf) - cap;
+        for (int64_t j = 0; j < n; ++j) {
+          SCOPED_TRACE(testing::Message()
+                       << "cap " << cap << " pre " << pre << " n " << n << " s " << s[j]);
+          if (std::isnan(s[j])) {
+            EXPECT_TRUE(std::isnan(got[j]));
+            continue;
+          }
+          const double want = cap * std::tanh(static_cast<double>(pre) * s[j] / cap);
+          EXPECT_LE(std::abs(got[j] - want), 4 * ulp) << got[j] << " against " << want;
+          EXPECT_LE(std::abs(got[j]), cap);
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Isa, IsaTest, ::testing::ValuesIn(AllIsas()),
                          [](const auto& info) { return std::string(IsaName(info.param)); });
 
