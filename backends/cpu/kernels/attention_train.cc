@@ -228,6 +228,13 @@ void ForEachTileItem(const ExecCtx& c, int64_t B, int64_t Hq, int64_t tiles, con
   }
 }
 
+constexpr int64_t kKeyAlign = 16;
+
+// The row stride of a transposed copy of tk keys: tk rounded up to whole vectors, plus one
+// cache line, so that the head dimension's rows do not fall into the same cache sets (at
+// 4,096 keys they would be 16 KiB apart: every row of a GEMM panel in one L1 set).
+int64_t KtStride(int64_t tk) { return (tk + kKeyAlign - 1) / kKeyAlign * kKeyAlign + 16; }
+
 void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
@@ -243,7 +250,8 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
   Scratch& sc = ThreadScratch();
   sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
-  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
+  const int64_t kt_ld = KtStride(Tk);
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * kt_ld, 1)));
   // Cost of a tile: rows x visible keys.
   auto cost = [&](int64_t t) {
     const int64_t r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
@@ -251,13 +259,16 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
     return static_cast<double>(rows * (hi - lo + 8));
   };
   const DocRuns docs = DocStarts(d.mask, ids, B);
-  // The keys of kv head (kt_b, kt_g) transposed so far: [0, kt_done) of sc.kt (ld Tk). A
+  // The keys of kv head (kt_b, kt_g) transposed so far: [0, kt_done) of sc.kt (ld kt_ld). A
   // thread's items come in (batch, head, tile) order, so the `group` query heads of a kv head
   // and their tiles reuse one transposed copy, extended as the causal range grows.
   int64_t kt_b = -1, kt_g = -1, kt_done = 0;
   ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
-    const auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
+    auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
+    // From a multiple of kKeyAlign keys (the mask hides the extra ones): the products' columns
+    // then start on whole vectors (a window of 256 started one key past one, 319 keys a tile).
+    if (hi > lo) lo -= lo % kKeyAlign;
     const int64_t n = hi - lo;
     g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
     float* s = sc.s.data();
@@ -268,11 +279,11 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
         kt_done = 0;
       }
       if (hi > kt_done) {
-        Transpose(k, b, g, kt_done, hi - kt_done, D, sc.kt.data() + kt_done, Tk);
+        Transpose(k, b, g, kt_done, hi - kt_done, D, sc.kt.data() + kt_done, kt_ld);
         kt_done = hi;
       }
       // S = scale Q K^T over the tile's keys.
-      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data() + lo, Tk, s, n, rows, n, D,
+      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data() + lo, kt_ld, s, n, rows, n, D,
                       d.scale, false);
     }
     for (int64_t i = 0; i < rows; ++i) {
@@ -396,12 +407,13 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
 struct BackwardArgs {
   const TensorArg &q, &k, &v, &o, &dout, &lse, &dq, &dk, &dv;
   int64_t Tk, D, Dv;
+  int64_t ld;  // of the transposed K and V (KtStride)
 };
 
 // The backward of query tile rows [r0, r0 + rows) of head h against keys [kv0, kv0 + n) of kv
 // head g: P = exp(scale Q K^T - lse) (`mask(p)` hides scores in place, before the exponential),
 // dS = P (dP - D_i), then dV += P^T dO, dK += scale dS^T Q, and dQ = scale dS K (+= with
-// accumulate_dq). kt/vt: K and V of head g transposed (ld Tk); di: D_i of the tile's rows.
+// accumulate_dq). kt/vt: K and V of head g transposed (ld x.ld); di: D_i of the tile's rows.
 template <typename MaskFn>
 void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, int64_t b, int64_t g,
                   int64_t h, int64_t r0, int64_t rows, int64_t kv0, int64_t n, const float* di,
@@ -409,11 +421,11 @@ void BackwardKeys(const TrainAttnData& d, const BackwardArgs& x, Scratch& sc, in
   float *p = sc.s.data(), *ds = sc.dp.data();
   const float* qt = Row(x.q, b, h, r0);
   const float* dot = Row(x.dout, b, h, r0);
-  d.k->small_gemm(qt, x.q.strides[2], 1, sc.kt.data() + kv0, x.Tk, p, n, rows, n, x.D, d.scale,
+  d.k->small_gemm(qt, x.q.strides[2], 1, sc.kt.data() + kv0, x.ld, p, n, rows, n, x.D, d.scale,
                   false);
   mask(p);
   // dP = dO V^T.
-  d.k->small_gemm(dot, x.dout.strides[2], 1, sc.vt.data() + kv0, x.Tk, ds, n, rows, n, x.Dv, 1.0f,
+  d.k->small_gemm(dot, x.dout.strides[2], 1, sc.vt.data() + kv0, x.ld, ds, n, rows, n, x.Dv, 1.0f,
                   false);
   for (int64_t i = 0; i < rows; ++i) {
     float* prow = p + i * n;
@@ -447,7 +459,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
                        a.extra_outputs[1],
                        a.inputs[1].shape[2],
                        a.inputs[0].shape[3],
-                       a.inputs[2].shape[3]};
+                       a.inputs[2].shape[3],
+                       KtStride(a.inputs[1].shape[2])};
   const TensorArg* ids = d.mask.docs && d.mods == nullptr ? &a.inputs[6] : nullptr;
   for (const TensorArg* t : {&x.q, &x.k, &x.v, &x.o, &x.dout, &x.dq, &x.dk, &x.dv}) {
     if (!InnerContiguous(*t)) {
@@ -468,8 +481,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
   const size_t tile = static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1));
   sc.s.resize(tile);
   sc.dp.resize(tile);
-  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
-  sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * Tk, 1)));
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * x.ld, 1)));
+  sc.vt.resize(static_cast<size_t>(std::max<int64_t>(Dv * x.ld, 1)));
   const DocRuns docs = DocStarts(d.mask, ids, B);
   std::shared_ptr<const BlockMask> table;
   float di[kTileRows];
@@ -479,8 +492,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
       std::fill_n(Row(x.dk, b, g, j), D, 0.0f);
       std::fill_n(Row(x.dv, b, g, j), Dv, 0.0f);
     }
-    Transpose(x.k, b, g, 0, Tk, D, sc.kt.data(), Tk);
-    Transpose(x.v, b, g, 0, Tk, Dv, sc.vt.data(), Tk);
+    Transpose(x.k, b, g, 0, Tk, D, sc.kt.data(), x.ld);
+    Transpose(x.v, b, g, 0, Tk, Dv, sc.vt.data(), x.ld);
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
       if (d.mods != nullptr) {
         table = d.blocks.For(*d.mods, b, h, kTileRows, Tq, Tk, aux.data(), aux_bytes);
@@ -495,8 +508,9 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
         }
         bool any = false;
         if (d.mods == nullptr) {
-          const auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
+          auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
           if (hi > lo) {
+            lo -= lo % kKeyAlign;  // as the forward: whole vectors (the mask hides the extra)
             BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false, [&](float* p) {
               ApplyMask(d.mask, ids, docs, b, r0, rows, lo, hi - lo, p);
             });

@@ -608,9 +608,10 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
   before = DenseAttentionScoresVisited();
   r = harness::RunForward(window, *ref->device(0), dev);
   EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass) << r.message;
-  // Tile t (rows 64t .. 64t+63) sees keys 64t - 63 .. 64t + 63: 127 keys (64 for t = 0).
+  // Tile t (rows 64t .. 64t+63) sees keys 64t - 63 .. 64t + 63: 127 keys (64 for t = 0),
+  // visited from 64t - 64 so that the products start on whole vectors: 128.
   EXPECT_EQ(DenseAttentionScoresVisited() - before,
-            runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 127)});
+            runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 128)});
 }
 
 // The paged kernel never scores a key tile a compiled mask hides. Two sequences over the same
