@@ -487,14 +487,15 @@ void Dequant(const GemmArgs& a, int64_t n0, int64_t n1, float* dst) {
 // ---- Paged attention ---------------------------------------------------------------------------
 
 // s = cap * tanh(pre * s / cap) in place, Gemma's soft-capping score_mod on scores scaled by
-// `pre`: cap - 2 cap / (e^(2 pre s / cap) + 1) through the ISA's exp, in one pass (e^x
-// overflowing to inf gives cap; the absolute error stays within a few ulps of cap).
+// `pre`: cap - 2 cap / (e^x + 1), x = 2 pre s / cap, through the ISA's exp, in one pass (the
+// absolute error stays within a few ulps of cap). x is clamped to [-80, 40] first (ExpClamped,
+// cheaper than Exp): past 40 the result is cap in f32, below -80 it is -cap.
 void SoftCap(float* s, int64_t n, float pre, float cap) {
   const float k2 = 2 * pre / cap;
   const F k2v = Set1(k2), c = Set1(cap), minus_two_c = Set1(-2 * cap), one = Set1(1);
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
-    const F e = Exp(Mul(Load(s + j), k2v));
+    const F e = ExpClamped(Mul(Load(s + j), k2v));
     Store(s + j, Add(c, Div(minus_two_c, Add(e, one))));
   }
   for (; j < n; ++j) s[j] = cap - 2 * cap / (std::exp(s[j] * k2) + 1);

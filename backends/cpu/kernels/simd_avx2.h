@@ -55,14 +55,11 @@ inline void HSum8(const F* a, float* out) {
   _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
 
-// exp(x) to about 1 ulp (Cephes' expf polynomial). NaN stays NaN; x < -87.33 (below the
-// smallest normal result) gives 0; +Inf gives +Inf.
-inline F Exp(F xf) {
-  const __m256 x0 = xf.v;
-  __m256 x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x0);
-  x = _mm256_max_ps(_mm256_set1_ps(-87.33654475f), x);
-  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// Cephes' expf polynomial on x within Exp's clamp range: e^x = y 2^n, y returned and n in
+// *n; a NaN x gives a NaN y.
+inline __m256 ExpPoly(__m256 x, __m256i* n) {
+  const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
   __m256 y = _mm256_set1_ps(1.9875691500E-4f);
@@ -72,9 +69,20 @@ inline F Exp(F xf) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  *n = _mm256_cvtps_epi32(fx);
+  return y;
+}
+
+// exp(x) to about 1 ulp (Cephes' expf polynomial). NaN stays NaN; x < -87.33 (below the
+// smallest normal result) gives 0; +Inf gives +Inf.
+inline F Exp(F xf) {
+  const __m256 x0 = xf.v;
+  __m256 x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), x0);
+  x = _mm256_max_ps(_mm256_set1_ps(-87.33654475f), x);
+  __m256i n;
+  __m256 y = ExpPoly(x, &n);
   // 2^fx in two steps so that fx = 128 (x near the top of the range) does not overflow the
   // exponent field.
-  const __m256i n = _mm256_cvtps_epi32(fx);
   const __m256i n1 = _mm256_srai_epi32(n, 1), n2 = _mm256_sub_epi32(n, n1);
   const __m256i b = _mm256_set1_epi32(127);
   const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, b), 23));
@@ -86,6 +94,17 @@ inline F Exp(F xf) {
   y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()),
                        _mm256_cmp_ps(x0, _mm256_set1_ps(88.3762626647949f), _CMP_GT_OQ));
   return {_mm256_blendv_ps(y, x0, _mm256_cmp_ps(x0, x0, _CMP_UNORD_Q))};
+}
+
+// e^x of x clamped to [-80, 40] (NaN stays NaN): Exp's value bit for bit there, without its
+// edge cases (cheaper, for callers that need no more range).
+inline F ExpClamped(F xf) {
+  const __m256 x =
+      _mm256_min_ps(_mm256_set1_ps(40.0f), _mm256_max_ps(_mm256_set1_ps(-80.0f), xf.v));
+  __m256i n;
+  const __m256 y = ExpPoly(x, &n);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23);
+  return {_mm256_mul_ps(y, _mm256_castsi256_ps(e))};
 }
 
 inline F LoadF16(const uint16_t* p) {

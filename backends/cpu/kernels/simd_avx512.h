@@ -46,12 +46,11 @@ inline void HSum8(const F* a, float* out) {
   const __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20), hi = _mm256_permute2f128_ps(u0, u1, 0x31);
   _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
 }
-inline F Exp(F xf) {
-  const __m512 x0 = xf.v;
-  __m512 x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x0);
-  x = _mm512_max_ps(_mm512_set1_ps(-87.33654475f), x);
-  __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+// Cephes' expf polynomial on x within Exp's clamp range: e^x = y 2^n, y returned and n in
+// *n; a NaN x gives a NaN y.
+inline __m512 ExpPoly(__m512 x, __m512i* n) {
+  const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
   x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
   __m512 y = _mm512_set1_ps(1.9875691500E-4f);
@@ -61,7 +60,16 @@ inline F Exp(F xf) {
   y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
   y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  const __m512i n = _mm512_cvtps_epi32(fx);
+  *n = _mm512_cvtps_epi32(fx);
+  return y;
+}
+
+inline F Exp(F xf) {
+  const __m512 x0 = xf.v;
+  __m512 x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x0);
+  x = _mm512_max_ps(_mm512_set1_ps(-87.33654475f), x);
+  __m512i n;
+  __m512 y = ExpPoly(x, &n);
   const __m512i n1 = _mm512_srai_epi32(n, 1), n2 = _mm512_sub_epi32(n, n1);
   const __m512i b = _mm512_set1_epi32(127);
   const __m512 p1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, b), 23));
@@ -72,6 +80,17 @@ inline F Exp(F xf) {
   y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x0, _mm512_set1_ps(88.3762626647949f), _CMP_GT_OQ), y,
                            _mm512_set1_ps(__builtin_inff()));
   return {_mm512_mask_blend_ps(_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q), y, x0)};
+}
+
+// e^x of x clamped to [-80, 40] (NaN stays NaN): Exp's value bit for bit there, without its
+// edge cases (cheaper, for callers that need no more range).
+inline F ExpClamped(F xf) {
+  const __m512 x =
+      _mm512_min_ps(_mm512_set1_ps(40.0f), _mm512_max_ps(_mm512_set1_ps(-80.0f), xf.v));
+  __m512i n;
+  const __m512 y = ExpPoly(x, &n);
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23);
+  return {_mm512_mul_ps(y, _mm512_castsi512_ps(e))};
 }
 
 inline F LoadF16(const uint16_t* p) {

@@ -63,6 +63,11 @@ inline F Exp(F a) {
   for (float& e : a.v) e = std::exp(e);
   return a;
 }
+// e^x of x clamped to [-80, 40] (NaN stays NaN).
+inline F ExpClamped(F a) {
+  for (float& e : a.v) e = std::exp(e > 40.0f ? 40.0f : (e < -80.0f ? -80.0f : e));
+  return a;
+}
 inline F LoadF16(const uint16_t* p) {
   F r;
   for (int i = 0; i < 8; ++i) r.v[i] = F16ToFloat(p[i]);
