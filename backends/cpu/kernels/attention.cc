@@ -72,8 +72,8 @@ struct SplitRow {
   size_t offset;  // into SplitScratch::partials: [tile][query head of the group][state]
 };
 
-// AttnArgs::mods over AttnData::mods and a launch's aux tensors.
-// One per thread of a launch.
+// AttnArgs::mods and mods_any over AttnData::mods and a launch's aux tensors; one per thread
+// of a launch.
 struct ModsCtx {
   const AttnMods* mods = nullptr;
   const AttnAux* aux = nullptr;
