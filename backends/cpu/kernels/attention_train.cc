@@ -327,8 +327,9 @@ std::vector<KeyRun> Runs(const std::vector<KeyBlock>& blocks) {
 }
 
 // The forward under compiled modifiers: per query tile, the scores of its non-empty key blocks
-// side by side (S = scale Q K^T over the gathered keys), score_mod on every block and mask_mod
-// on the partial ones, the softmax, then P V run by run.
+// side by side (S = scale Q K^T run by run, over the kv head's transposed keys shared by the
+// tiles and query heads that follow), score_mod on every block and mask_mod on the partial
+// ones, the softmax, then P V run by run.
 void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
   const auto& d = *static_cast<const TrainAttnData*>(a.kernel_data);
   const TensorArg &q = a.inputs[0], &k = a.inputs[1], &v = a.inputs[2], &o = a.output;
@@ -345,7 +346,8 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
   const int64_t group = Hq / Hkv, tiles = (Tq + kTileRows - 1) / kTileRows;
   Scratch& sc = ThreadScratch();
   sc.s.resize(static_cast<size_t>(kTileRows * std::max<int64_t>(Tk, 1)));
-  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * Tk, 1)));
+  const int64_t kt_ld = KtStride(Tk);
+  sc.kt.resize(static_cast<size_t>(std::max<int64_t>(D * kt_ld, 1)));
   // Items (batch, head, tile) split by cost as DenseForward does: the keys each tile visits
   // where one table serves every head, else every key.
   const bool one_table = !d.mods->mask_reads_batch() && !d.mods->mask_reads_head();
@@ -362,6 +364,8 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
   };
   std::shared_ptr<const BlockMask> table;  // of head (table_b, table_h)
   int64_t table_b = 0, table_h = 0;
+  // The keys of kv head (kt_b, kt_g) transposed so far, as in DenseForward: [0, kt_done).
+  int64_t kt_b = -1, kt_g = -1, kt_done = 0;
   ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     if (!one_table && (table == nullptr || b != table_b || h != table_h)) {
@@ -382,9 +386,21 @@ void DenseForwardMods(const LaunchArgs& a, const ExecCtx& c) {
       return;
     }
     float* s = sc.s.data();
-    for (const KeyRun& r : runs) Transpose(k, b, g, r.kv0, r.n, D, sc.kt.data() + r.col, n);
-    d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data(), n, s, n, rows, n, D, d.scale,
-                    false);
+    if (b != kt_b || g != kt_g) {
+      kt_b = b;
+      kt_g = g;
+      kt_done = 0;
+    }
+    const int64_t end = runs.back().kv0 + runs.back().n;  // runs are in key order
+    if (end > kt_done) {
+      Transpose(k, b, g, kt_done, end - kt_done, D, sc.kt.data() + kt_done, kt_ld);
+      kt_done = end;
+    }
+    // S = scale Q K^T, run by run into the run's columns.
+    for (const KeyRun& r : runs) {
+      d.k->small_gemm(Row(q, b, h, r0), q.strides[2], 1, sc.kt.data() + r.kv0, kt_ld, s + r.col, n,
+                      rows, r.n, D, d.scale, false);
+    }
     int64_t col = 0;
     for (const KeyBlock& kb : blocks) {
       if (d.mods->has_score() || kb.partial) {
