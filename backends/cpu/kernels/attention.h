@@ -31,8 +31,9 @@ std::optional<std::pair<MaskKind, int64_t>> ClassifyMask(const Expr& mask);
 std::optional<double> SoftCapOf(const Expr& score, const Expr& inner = attn::Score());
 
 // (query row, query head, key tile) triples the paged kernel has scored through compiled
-// modifiers (AttnArgs::mods) since the process started; key tiles a compiled mask hides from a
-// row are not scored (tests count them).
+// modifiers (AttnArgs::mods) since the process started; a key tile a compiled mask hides from
+// a decode row, or from every row of a block of 32 prefill rows, is not scored (tests count
+// them).
 uint64_t PagedAttentionCompiledTilesScored();
 
 StatusOr<std::optional<backend::Kernel>> MakePagedAttentionKernel(const backend::KernelRequest& req,

@@ -266,9 +266,12 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
   ForEachTileItem(c, B, Hq, tiles, cost, [&](int64_t b, int64_t h, int64_t t) {
     const int64_t g = h / group, r0 = t * kTileRows, rows = std::min(kTileRows, Tq - r0);
     auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
-    // From a multiple of kKeyAlign keys (the mask hides the extra ones): the products' columns
-    // then start on whole vectors (a window of 256 started one key past one, 319 keys a tile).
-    if (hi > lo) lo -= lo % kKeyAlign;
+    // The scores from a multiple of kKeyAlign keys (the mask hides the extra ones): their
+    // columns then start on whole vectors (a window of 256 started one key past one, 319 keys
+    // a tile). P V starts at the tile's first key: the extra keys' values are never read (an
+    // inf there would make 0 x inf).
+    const int64_t extra = hi > lo ? lo % kKeyAlign : 0;
+    lo -= extra;
     const int64_t n = hi - lo;
     g_scores_visited.fetch_add(static_cast<uint64_t>(rows * n), std::memory_order_relaxed);
     float* s = sc.s.data();
@@ -298,8 +301,8 @@ void DenseForward(const LaunchArgs& a, const ExecCtx& c) {
       if (lse != nullptr) *LseAt(*lse, b, h, r0 + i) = row_lse;
     }
     if (n > 0) {
-      d.k->small_gemm(s, n, 1, Row(v, b, g, lo), v.strides[2], Row(o, b, h, r0), o.strides[2], rows,
-                      Dv, n, 1.0f, false);
+      d.k->small_gemm(s + extra, n, 1, Row(v, b, g, lo + extra), v.strides[2], Row(o, b, h, r0),
+                      o.strides[2], rows, Dv, n - extra, 1.0f, false);
     } else {
       for (int64_t i = 0; i < rows; ++i) std::fill_n(Row(o, b, h, r0 + i), Dv, 0.0f);
     }
@@ -524,9 +527,8 @@ void Backward(const LaunchArgs& a, const ExecCtx& c) {
         }
         bool any = false;
         if (d.mods == nullptr) {
-          auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
+          const auto [lo, hi] = TileKeys(d.mask, docs, b, r0, r0 + rows, Tk);
           if (hi > lo) {
-            lo -= lo % kKeyAlign;  // as the forward: whole vectors (the mask hides the extra)
             BackwardKeys(d, x, sc, b, g, h, r0, rows, lo, hi - lo, di, false, [&](float* p) {
               ApplyMask(d.mask, ids, docs, b, r0, rows, lo, hi - lo, p);
             });

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -614,6 +615,47 @@ TEST(HarnessBlockSkipping, EmptyBlocksAreNeverVisited) {
             runs * uint64_t{kHq * (64 * 64 + (kT / 64 - 1) * 64 * 128)});
 }
 
+// A value row that is inf reaches only the rows that see its key. Under a window of 64 over
+// 256 tokens the dense kernel's query tile of rows 128..191 sees keys 65..191 and computes its
+// scores from key 64, a whole vector earlier (the mask hides it): V[64] = inf must still leave
+// rows 128.. finite and equal to the reference's, where rows 64..127 see it.
+TEST(HarnessBlockSkipping, AValueOnlyTheMaskedAlignmentReadsStaysOut) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  VariantDevice dev(ActiveIsa(), nullptr, 2);
+  constexpr int64_t kT = 256, kD = 16;
+  const auto run = [&](backend::Device& d) {
+    Graph g;
+    Builder b(&g);
+    const Value o = b.Attention(
+        b.Input("q", DType::kF32, {1, 1, kT, kD}), b.Input("k", DType::kF32, {1, 1, kT, kD}),
+        b.Input("v", DType::kF32, {1, 1, kT, kD}), {0, attn::SlidingWindowMask(64), {}});
+    auto p = Compile(g, {o}, d);
+    EXPECT_TRUE(p.ok()) << p.status();
+    std::vector<double> q(kT * kD), k(kT * kD), v(kT * kD);
+    for (int64_t i = 0; i < kT * kD; ++i) {
+      q[i] = std::sin(0.37 * static_cast<double>(i));
+      k[i] = std::sin(0.11 * static_cast<double>(i + 2));
+      v[i] = std::sin(0.23 * static_cast<double>(i + 3));
+    }
+    for (int64_t e = 0; e < kD; ++e) v[64 * kD + e] = std::numeric_limits<double>::infinity();
+    for (const auto& [name, x] : {std::pair{"q", &q}, std::pair{"k", &k}, std::pair{"v", &v}}) {
+      EXPECT_TRUE((*p)->Bind(name, *Tensor::FromDoubles(d, DType::kF32, {1, 1, kT, kD}, *x)).ok());
+    }
+    auto stream = d.CreateStream();
+    EXPECT_TRUE((*p)->Run(**stream).ok());
+    return *(*p)->Output(0)->ToDoubles();
+  };
+  const std::vector<double> want = run(*ref->device(0)), got = run(dev);
+  EXPECT_NE(dev.KernelFor(OpKind::kAttention).find("cpu."), std::string::npos)
+      << dev.KernelFor(OpKind::kAttention);
+  ASSERT_EQ(got.size(), want.size());
+  for (int64_t i = 128 * kD; i < kT * kD; ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "element " << i;
+    EXPECT_NEAR(got[i], want[i], 1e-5) << "element " << i;
+  }
+  EXPECT_FALSE(std::isfinite(got[100 * kD])) << "row 100 sees V[64]";
+}
+
 // The paged kernel never scores a key tile a compiled mask hides. Two sequences over the same
 // 512 cached keys: one prefills all 512 (chunks of 64 rows, tile-aligned), the other decodes
 // its last token (split over the context). With a document mask over documents of 64 (ids as
@@ -656,6 +698,8 @@ TEST(HarnessBlockSkipping, PagedCompiledMaskSkipsHiddenTiles) {
   const uint64_t docs = scored(kDoc, "8 documents of 64");
   const uint64_t one = scored(kLen, "one document");
   // Per run: one tile per row and head; or row p's p / 64 + 1 tiles (8 for the decode row).
+  // Exact because the tiles are skipped per block of 32 prefill rows, and with the device's 2
+  // threads the prefill is cut into chunks of 64 rows, so no block straddles two documents.
   constexpr uint64_t kDocsPerRun = kHq * (kLen + 1);
   constexpr uint64_t kOnePerRun = kHq * (kDoc * (8 * 9 / 2) + 8);
   ASSERT_GT(docs, 0u);
