@@ -707,6 +707,74 @@ TEST(HarnessBlockSkipping, PagedCompiledMaskSkipsHiddenTiles) {
   EXPECT_EQ(one * kDocsPerRun, docs * kOnePerRun) << docs << " and " << one;
 }
 
+// Skipping a hidden tile changes no bit. The documents of the test above as a compiled mask
+// (hidden tiles skipped) against native causal with a compiled score_mod that gives the other
+// documents' keys -inf: nothing to skip by, so every tile of the causal range is scored and the
+// hidden ones fold as nothing. Both must give the same output, bit for bit.
+TEST(HarnessBlockSkipping, PagedSkippedTilesChangeNoBit) {
+  if (!TestJit().available()) GTEST_SKIP() << "no compiler for the attention modifiers";
+  constexpr int64_t kLen = 512, kDoc = 64, kHq = 2, kBs = 16, kMb = kLen / kBs, kD = 16;
+  VariantDevice dev(ActiveIsa(), nullptr, 2);
+  const Expr row = attn::Batch() * Expr::Int(kLen);
+  const Expr same = Eq(Expr::Load(0, row + attn::QIdx(), DType::kI64),
+                       Expr::Load(0, row + attn::KvIdx(), DType::kI64));
+  const auto run = [&](const AttentionParams& p) {
+    Graph g;
+    Builder b(&g);
+    const Value aux[] = {b.Input("docs", DType::kI32, {2 * kLen})};
+    const Value o = b.PagedAttention(
+        b.Input("q", DType::kF32, {kLen + 1, kHq, kD}),
+        b.State("k", DType::kF32, {kMb, kBs, 1, kD}), b.State("v", DType::kF32, {kMb, kBs, 1, kD}),
+        b.Input("bt", DType::kI32, {2, kMb}), b.Input("sl", DType::kI32, {2}),
+        b.Input("qs", DType::kI32, {3}), p, aux);
+    EXPECT_TRUE(b.ok()) << b.status();
+    auto prog = Compile(g, {o}, dev);
+    EXPECT_TRUE(prog.ok()) << prog.status();
+    const auto values = [](int64_t n, double scale) {
+      std::vector<double> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[i] = std::sin(scale * static_cast<double>(i + 1));
+      return v;
+    };
+    std::vector<double> docs(2 * kLen), table;
+    for (int64_t i = 0; i < 2 * kLen; ++i) docs[i] = static_cast<double>(i % kLen / kDoc);
+    for (int64_t i = 0; i < 2 * kMb; ++i) table.push_back(static_cast<double>(kMb - 1 - i % kMb));
+    const int64_t cache = kMb * kBs * kD;
+    const std::vector<double> lens = {kLen, kLen}, starts = {0, kLen, kLen + 1};
+    const std::vector<std::pair<std::string, StatusOr<Tensor>>> in = {
+        {"q", Tensor::FromDoubles(dev, DType::kF32, {kLen + 1, kHq, kD},
+                                  values((kLen + 1) * kHq * kD, 0.37))},
+        {"k", Tensor::FromDoubles(dev, DType::kF32, {kMb, kBs, 1, kD}, values(cache, 0.11))},
+        {"v", Tensor::FromDoubles(dev, DType::kF32, {kMb, kBs, 1, kD}, values(cache, 0.23))},
+        {"bt", Tensor::FromDoubles(dev, DType::kI32, {2, kMb}, table)},
+        {"sl", Tensor::FromDoubles(dev, DType::kI32, {2}, lens)},
+        {"qs", Tensor::FromDoubles(dev, DType::kI32, {3}, starts)},
+        {"docs", Tensor::FromDoubles(dev, DType::kI32, {2 * kLen}, docs)},
+    };
+    for (const auto& [name, t] : in) EXPECT_TRUE((*prog)->Bind(name, *t).ok()) << name;
+    auto stream = dev.CreateStream();
+    EXPECT_TRUE((*prog)->Run(**stream).ok());
+    EXPECT_NE(dev.KernelFor(OpKind::kPagedAttention).find("compiled"), std::string::npos)
+        << dev.KernelFor(OpKind::kPagedAttention);
+    return *(*prog)->Output(0)->ToDoubles();
+  };
+  const uint64_t before = PagedAttentionCompiledTilesScored();
+  const std::vector<double> skipped = run({0, attn::DocumentMask(0, kLen), {}});
+  const uint64_t scored_skipping = PagedAttentionCompiledTilesScored() - before;
+  dev.Forget();
+  const std::vector<double> scored =
+      run({0, attn::CausalMask(),
+           Expr::Select(same, attn::Score(),
+                        Expr::Const(-std::numeric_limits<double>::infinity(), DType::kF32))});
+  EXPECT_LT(3 * scored_skipping, PagedAttentionCompiledTilesScored() - before - scored_skipping);
+  ASSERT_EQ(skipped.size(), scored.size());
+  double norm = 0;
+  for (size_t i = 0; i < skipped.size(); ++i) {
+    ASSERT_EQ(skipped[i], scored[i]) << "element " << i;
+    norm += skipped[i] * skipped[i];
+  }
+  EXPECT_GT(norm, 1.0);  // not trivially zero
+}
+
 // The modifiers a model's `attention:` config names (chunks, ALiBi, soft-capping; Gemma 2's
 // soft-capped sliding-window layers) run on the paged kernel, not the reference, on every
 // instruction set; custom masks and score_mods too, compiled into it.
