@@ -45,8 +45,6 @@ void ParseInto(std::istream& in,
 
 }  // namespace
 
-std::string CpuCacheDir() { return compiler::CacheDir(); }
-
 bool AutotuneEnabled() {
   const char* v = std::getenv("KILN_CPU_AUTOTUNE");
   return v == nullptr || std::string_view(v) != "0";
@@ -57,7 +55,7 @@ GemmTuner::GemmTuner(std::string dir, bool timing_enabled)
       timing_enabled_(timing_enabled) {}
 
 GemmTuner& GemmTuner::Global() {
-  static GemmTuner* t = new GemmTuner(CpuCacheDir(), AutotuneEnabled());
+  static GemmTuner* t = new GemmTuner(compiler::CacheDir(), AutotuneEnabled());
   return *t;
 }
 

@@ -34,8 +34,6 @@
 
 namespace kiln::cpu {
 
-// compiler::CacheDir() (engine/compiler/kernel_cache.h).
-std::string CpuCacheDir();
 // False when KILN_CPU_AUTOTUNE=0.
 bool AutotuneEnabled();
 
@@ -43,7 +41,7 @@ class GemmTuner {
  public:
   // Persists to `dir` (created when first written); an empty `dir` keeps choices in memory.
   explicit GemmTuner(std::string dir, bool timing_enabled = true);
-  // The process-wide tuner: CpuCacheDir(), AutotuneEnabled().
+  // The process-wide tuner: compiler::CacheDir(), AutotuneEnabled().
   static GemmTuner& Global();
 
   // Runs candidate `c` once at M = `m` and returns when it is done.
