@@ -6,7 +6,8 @@
 // BM_MemoryBandwidth: a streaming read of 1 GiB (far beyond L3) on the same threads, as one
 // sequential stream per thread and as 8 interleaved streams per thread (the pattern the
 // GEMV kernels produce: several weight rows at once); the larger figure is the machine's.
-// BM_Throughput/f32_fma, bf16_dot: one core's rate of 512-bit FMAs and of vdpbf16ps.
+// BM_Throughput/f32_fma, bf16_dot: one core's rate of 512-bit FMAs and of vdpbf16ps;
+// avx2_f32_fma, avx2_q8_group: of 256-bit FMAs and of the AVX2 q8 tile's inner step.
 // BM_Linear/<weights>/N/K/M/<impl>: y[M, N] = x[M, K] · w[N, K]^T through the kernel the
 // cpu backend selects (autotuned: "auto") or a forced implementation, run on the backend's
 // thread pool. Decode shapes (M <= 16) rotate over copies of the weights totalling more than
@@ -25,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -140,9 +142,62 @@ __attribute__((target("avx512f,avx512bf16"))) float Dpbf16Loop(int64_t n) {
   return SumLanes(acc);
 }
 
-void BM_Throughput(benchmark::State& state, bool bf16) {
-  if (!__builtin_cpu_supports("avx512f") || (bf16 && !__builtin_cpu_supports("avx512bf16"))) {
-    state.SkipWithError(bf16 ? "this CPU has no AVX512_BF16" : "this CPU has no AVX-512");
+// The AVX2 rates behind the q8 path's prefill there (issue 18, item 4): the f32 GEMM's step is
+// a 256-bit FMA (8 multiply-adds); the q8 tile's (Q8Tile8, simd_avx2.h) is one group of four
+// activation bytes against eight weight rows: a broadcast, maddubs + madd (the group's int32
+// dot per row), a conversion and an FMA into the group's accumulator (32 multiply-adds, the
+// numerics' one rounding per group). Twelve FMA chains; eight group chains, the tile's count,
+// with the weights from L1 as there.
+__attribute__((target("avx2,fma"))) float Avx2FmaLoop(int64_t n) {
+  constexpr int kAccs = 12;
+  __m256 acc[kAccs];
+  for (int i = 0; i < kAccs; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
+  __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(0.0f);
+  asm("" : "+x"(a), "+x"(b));
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 12
+    for (int i = 0; i < kAccs; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  for (int i = 1; i < kAccs; ++i) acc[0] = _mm256_add_ps(acc[0], acc[i]);
+  return _mm256_cvtss_f32(acc[0]);
+}
+
+__attribute__((target("avx2,fma"))) float Avx2Q8GroupLoop(int64_t n) {
+  alignas(32) uint8_t w[8][32];
+  alignas(32) int8_t x[32];
+  for (int j = 0; j < 8; ++j) std::memset(w[j], j + 1, 32);
+  for (int i = 0; i < 32; ++i) x[i] = static_cast<int8_t>(i - 16);
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  __m256 sc = _mm256_set1_ps(1e-6f);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t k = 0; k < n; ++k) {
+    asm("" : "+x"(sc) : "r"(w), "r"(x) : "memory");  // fresh loads each round, as in the tile
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      int32_t g;
+      std::memcpy(&g, x + 4 * j, 4);
+      const __m256i p = _mm256_maddubs_epi16(
+          _mm256_load_si256(reinterpret_cast<const __m256i*>(w[j])), _mm256_set1_epi32(g));
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, acc[j]);
+    }
+  }
+  for (int j = 1; j < 8; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  return _mm256_cvtss_f32(acc[0]);
+}
+
+// One loop of BM_Throughput: its instructions per round, multiply-adds per instruction (a q8
+// group counts as one instruction), and the CPU features it needs.
+struct ThroughputLoop {
+  float (*run)(int64_t rounds);
+  int per_round, macs;
+  bool (*supported)();
+  const char* needs;
+};
+
+void BM_Throughput(benchmark::State& state, const ThroughputLoop& loop) {
+  if (!loop.supported()) {
+    state.SkipWithError(absl::StrCat("this CPU has no ", loop.needs).c_str());
     return;
   }
   const int64_t n = 1 << 20;
@@ -150,14 +205,14 @@ void BM_Throughput(benchmark::State& state, bool bf16) {
   for (auto _ : state) {
     int64_t iters = n;
     benchmark::DoNotOptimize(iters);  // a call the compiler cannot hoist out of this loop
-    sink += bf16 ? Dpbf16Loop(iters) : FmaLoop(iters);
+    sink += loop.run(iters);
   }
   benchmark::DoNotOptimize(sink);
-  const double flops = 2.0 * n * kThroughputAccs * (bf16 ? 32 : 16);
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["Ginstr/s"] = benchmark::Counter(static_cast<double>(n) * kThroughputAccs * 1e-9,
-                                                  benchmark::Counter::kIsIterationInvariantRate);
+  const double instructions = static_cast<double>(n) * loop.per_round;
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * instructions * loop.macs * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["Ginstr/s"] =
+      benchmark::Counter(instructions * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // ---- Linear ----------------------------------------------------------------------------------
@@ -251,12 +306,20 @@ void Register() {
       ->Arg(8)
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_Throughput/f32_fma", BM_Throughput, false)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_Throughput/bf16_dot", BM_Throughput, true)
-      ->UseRealTime()
-      ->Unit(benchmark::kMillisecond);
+  const auto avx512 = [] { return __builtin_cpu_supports("avx512f") != 0; };
+  const auto bf16 = [] { return __builtin_cpu_supports("avx512bf16") != 0; };
+  const auto avx2 = [] { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); };
+  static const std::pair<const char*, ThroughputLoop> kLoops[] = {
+      {"f32_fma", {FmaLoop, kThroughputAccs, 16, avx512, "AVX-512"}},
+      {"bf16_dot", {Dpbf16Loop, kThroughputAccs, 32, bf16, "AVX512_BF16"}},
+      {"avx2_f32_fma", {Avx2FmaLoop, 12, 8, avx2, "AVX2 and FMA"}},
+      {"avx2_q8_group", {Avx2Q8GroupLoop, 8, 32, avx2, "AVX2 and FMA"}},
+  };
+  for (const auto& [name, loop] : kLoops) {
+    benchmark::RegisterBenchmark(absl::StrCat("BM_Throughput/", name).c_str(), BM_Throughput, loop)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
   struct Shape {
     int64_t n, k;
   };
