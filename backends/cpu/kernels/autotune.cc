@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/compiler/kernel_cache.h"
 #include "spdlog/spdlog.h"
 
@@ -17,6 +19,8 @@ namespace kiln::cpu {
 namespace {
 
 constexpr char kFileName[] = "cpu_gemm_tuning.v3.txt";
+// Runs this long are timed less (Choose).
+constexpr double kLongRunS = 0.05;
 
 // Parses "key\tm=name m=name" lines into `out` (malformed lines are skipped).
 void ParseInto(std::istream& in,
@@ -145,26 +149,48 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
     // other processes hits all of them alike): at least 2, and up to 5 while they take less
     // than ~30 ms; the minimum per candidate counts. A later candidate must beat the earlier
     // best by 3%: the list is ordered from the default choice on, and a tie is noise.
+    // Long runs are timed less (a first start pays for all of them; SmolLM2's LM head at
+    // M = 512 runs ~0.3 s a candidate): where the fastest warm-up took kLongRunS or more, one
+    // round suffices, and a candidate whose warm-up took over twice the fastest one's is out
+    // (a one-time cost that large is not expected; it could not win by timing noise).
     const int nc = static_cast<int>(names.size());
-    std::vector<double> best_s(nc, 1e30);
+    std::vector<double> warm_s(nc), best_s(nc, 1e30);
     double round_total = 0;
     for (int c = 0; c < nc; ++c) {
       const auto t0 = Clock::now();
       KILN_RETURN_IF_ERROR(run(c, m));
-      round_total += std::chrono::duration<double>(Clock::now() - t0).count();
+      warm_s[c] = std::chrono::duration<double>(Clock::now() - t0).count();
+      round_total += warm_s[c];
       ++timed_runs_;
     }
-    for (int round = 0; round < 5 && (round < 2 || round_total * (round + 1) < 0.03); ++round) {
+    const double fastest_warm = *std::min_element(warm_s.begin(), warm_s.end());
+    const bool long_runs = fastest_warm >= kLongRunS;
+    std::vector<bool> timed(nc, true);
+    for (int c = 0; c < nc; ++c) timed[c] = !long_runs || warm_s[c] <= 2 * fastest_warm;
+    const int min_rounds = long_runs ? 1 : 2;
+    for (int round = 0; round < 5 && (round < min_rounds || round_total * (round + 1) < 0.03);
+         ++round) {
       for (int c = 0; c < nc; ++c) {
+        if (!timed[c]) continue;
         const auto t0 = Clock::now();
         KILN_RETURN_IF_ERROR(run(c, m));
         best_s[c] = std::min(best_s[c], std::chrono::duration<double>(Clock::now() - t0).count());
         ++timed_runs_;
       }
     }
-    int best = 0;
-    for (int c = 1; c < nc; ++c) {
-      if (best_s[c] < 0.97 * best_s[best]) best = c;
+    int best = static_cast<int>(std::find(timed.begin(), timed.end(), true) - timed.begin());
+    for (int c = best + 1; c < nc; ++c) {
+      if (timed[c] && best_s[c] < 0.97 * best_s[best]) best = c;
+    }
+    if (spdlog::should_log(spdlog::level::debug)) {
+      std::string times;
+      for (int c = 0; c < nc; ++c) {
+        absl::StrAppend(&times, " ", names[c], " ",
+                        timed[c] ? absl::StrFormat("%.2f", best_s[c] * 1e3)
+                                 : absl::StrFormat("out (warm-up %.2f)", warm_s[c] * 1e3),
+                        " ms");
+      }
+      spdlog::debug("cpu autotune: {} M={}:{}", key, m, times);
     }
     out.push_back(best);
     entry[m] = names[best];

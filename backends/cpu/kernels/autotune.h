@@ -1,7 +1,10 @@
 // Max-autotune for the cpu backend: when a program is compiled, each GEMM shape's candidate
 // implementations are timed at representative M values and the fastest per M is kept —
 // in memory and in a small text file in the cache directory, so that a later compile of
-// the same shape (in this process or the next) times nothing.
+// the same shape (in this process or the next) times nothing. A first start times every
+// shape, so long runs are timed less: one round where the fastest warm-up took 50 ms or
+// more, without the candidates that took over twice as long (Choose), and weights of more
+// than 8,192 rows on their first 8,192 (linear.cc kMaxTimedN).
 //
 // Cache: `<dir>/cpu_gemm_tuning.v3.txt`, one line per key: `<key>\t<m>=<name> ...` (older
 // files are not read: v1 timings counted the warm-up run, v2 ones timed a GEMV that decoded

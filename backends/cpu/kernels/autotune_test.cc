@@ -51,6 +51,31 @@ TEST(GemmTuner, WarmUpRunIsNotCounted) {
   EXPECT_GE(slow_start_runs, 3) << "a warm-up and at least two timed runs";
 }
 
+// Long runs are timed less: from a fastest warm-up of 50 ms one round suffices, and a
+// candidate whose warm-up took over twice the fastest one's is not timed again.
+TEST(GemmTuner, LongRunsTakeOneRoundAndClearLosersDropOut) {
+  const std::string dir = TempDir();
+  const std::vector<std::string> names = {"fast", "close", "slow"};
+  const std::vector<int64_t> ms = {512};
+  const int sleep_ms[3] = {60, 100, 300};
+  int runs[3] = {};
+  auto run = [&](int c, int64_t) -> Status {
+    ++runs[c];
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms[c]));
+    return OkStatus();
+  };
+  GemmTuner t(dir);
+  auto choice = t.Choose("linear long runs N=1 K=2", names, ms, run);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_TRUE(choice->has_value());
+  EXPECT_EQ(**choice, (std::vector<int>{0}));
+  EXPECT_EQ(runs[0], 2) << "a warm-up and one timed run";
+  EXPECT_EQ(runs[1], 2) << "within twice the fastest warm-up: timed";
+  EXPECT_EQ(runs[2], 1) << "over twice the fastest warm-up: the warm-up only";
+  EXPECT_EQ(t.timed_runs(), 5);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GemmTuner, TimesOnceThenRemembersInMemoryAndOnDisk) {
   const std::string dir = TempDir();
   const std::vector<std::string> names = {"slow", "fast"};

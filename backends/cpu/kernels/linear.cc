@@ -34,6 +34,10 @@ constexpr int64_t kGemvMaxM = 8;
 constexpr int64_t kGemvHeuristicMaxM = 32;
 // Smallest M for which kOneDnnDequant may be chosen.
 constexpr int64_t kDequantMinM = 64;
+// Weights with more rows are timed on their first this many: every candidate splits rows
+// evenly, so the rest only repeats the same work, and a first start times every shape
+// (SmolLM2's 49,152-row LM head took 3.5 of its 4.3 s of tuning on a Zen 3).
+constexpr int64_t kMaxTimedN = 8192;
 // The q8 path splits rows of x, not weight rows, between threads from this many rows when
 // there are too few weight rows to share (fewer than 32 per thread): each thread then
 // quantizes only its own rows. Otherwise weight rows are split even for prefill: each thread
@@ -705,9 +709,9 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
       std::unique_ptr<TimingBench> bench;
       const GemmTuner::RunFn run = [&](int c, int64_t m) -> Status {
         if (bench == nullptr) {
-          KILN_ASSIGN_OR_RETURN(
-              bench, TimingBench::Create(*ctx.device, matmul, w.dtype,
-                                         *std::max_element(ms.begin(), ms.end()), *N, *K, x_col));
+          KILN_ASSIGN_OR_RETURN(bench, TimingBench::Create(*ctx.device, matmul, w.dtype,
+                                                           *std::max_element(ms.begin(), ms.end()),
+                                                           std::min(*N, kMaxTimedN), *K, x_col));
         }
         return bench->Run(*d, candidates[c], m);
       };
