@@ -54,9 +54,13 @@ bool AutotuneEnabled() {
   return v == nullptr || std::string_view(v) != "0";
 }
 
-GemmTuner::GemmTuner(std::string dir, bool timing_enabled)
+GemmTuner::GemmTuner(std::string dir, bool timing_enabled, Now now)
     : file_(dir.empty() ? "" : (std::filesystem::path(dir) / kFileName).string()),
-      timing_enabled_(timing_enabled) {}
+      timing_enabled_(timing_enabled),
+      now_(now != nullptr ? std::move(now) : Now([] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+      })) {}
 
 GemmTuner& GemmTuner::Global() {
   static GemmTuner* t = new GemmTuner(compiler::CacheDir(), AutotuneEnabled());
@@ -139,8 +143,7 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
   }
   if (!timing_enabled_) return std::optional<std::vector<int>>();
 
-  using Clock = std::chrono::steady_clock;
-  const auto started = Clock::now();
+  const double started = now_();
   Entry entry;
   std::vector<int> out;
   for (int64_t m : ms) {
@@ -157,9 +160,9 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
     std::vector<double> warm_s(nc), best_s(nc, 1e30);
     double round_total = 0;
     for (int c = 0; c < nc; ++c) {
-      const auto t0 = Clock::now();
+      const double t0 = now_();
       KILN_RETURN_IF_ERROR(run(c, m));
-      warm_s[c] = std::chrono::duration<double>(Clock::now() - t0).count();
+      warm_s[c] = now_() - t0;
       round_total += warm_s[c];
       ++timed_runs_;
     }
@@ -172,9 +175,9 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
          ++round) {
       for (int c = 0; c < nc; ++c) {
         if (!timed[c]) continue;
-        const auto t0 = Clock::now();
+        const double t0 = now_();
         KILN_RETURN_IF_ERROR(run(c, m));
-        best_s[c] = std::min(best_s[c], std::chrono::duration<double>(Clock::now() - t0).count());
+        best_s[c] = std::min(best_s[c], now_() - t0);
         ++timed_runs_;
       }
     }
@@ -197,8 +200,7 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
   }
   std::string summary;
   for (const auto& [m, name] : entry) absl::StrAppend(&summary, " ", m, "=", name);
-  spdlog::info("cpu autotune: {}:{} ({:.0f} ms)", key, summary,
-               std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+  spdlog::info("cpu autotune: {}:{} ({:.0f} ms)", key, summary, (now_() - started) * 1e3);
   const std::string k(key);
   if (Status s = SaveLocked(k, entry); !s.ok()) {
     spdlog::warn("cpu autotune: choice kept in memory only: {}", StatusMessage(s));

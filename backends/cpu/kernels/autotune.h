@@ -42,8 +42,12 @@ bool AutotuneEnabled();
 
 class GemmTuner {
  public:
+  // Seconds on a monotonic clock: std::chrono::steady_clock by default; tests pass one their
+  // candidates advance, so that timings are exact and no test sleeps.
+  using Now = std::function<double()>;
+
   // Persists to `dir` (created when first written); an empty `dir` keeps choices in memory.
-  explicit GemmTuner(std::string dir, bool timing_enabled = true);
+  explicit GemmTuner(std::string dir, bool timing_enabled = true, Now now = nullptr);
   // The process-wide tuner: compiler::CacheDir(), AutotuneEnabled().
   static GemmTuner& Global();
 
@@ -71,6 +75,7 @@ class GemmTuner {
 
   const std::string file_;
   const bool timing_enabled_;
+  const Now now_;
   mutable std::mutex mu_;
   bool loaded_ = false;
   std::map<std::string, Entry, std::less<>> entries_;

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "backends/builtin.h"
 #include "backends/cpu/kernels/linear.h"
@@ -28,6 +27,15 @@ std::string TempDir() {
   return dir.string();
 }
 
+// A clock the candidates advance (GemmTuner::Now): timings are exact and no test sleeps.
+struct FakeClock {
+  double t = 0;
+  GemmTuner::Now now() {
+    return [this] { return t; };
+  }
+  void Advance(double ms) { t += ms * 1e-3; }
+};
+
 // A candidate whose first run pays a one-time cost (oneDNN creating its primitive) is judged
 // by its later runs: the warm-up is not counted.
 TEST(GemmTuner, WarmUpRunIsNotCounted) {
@@ -35,15 +43,16 @@ TEST(GemmTuner, WarmUpRunIsNotCounted) {
   const std::vector<std::string> names = {"steady", "slow_start"};
   const std::vector<int64_t> ms = {1024};
   int slow_start_runs = 0;
+  FakeClock clock;
   auto run = [&](int c, int64_t) -> Status {
     if (c == 1 && slow_start_runs++ == 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      clock.Advance(60);
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(c == 0 ? 4000 : 200));
+      clock.Advance(c == 0 ? 4 : 0.2);
     }
     return OkStatus();
   };
-  GemmTuner t(dir);
+  GemmTuner t(dir, true, clock.now());
   auto choice = t.Choose("matmul warm-up N=1 K=2", names, ms, run);
   ASSERT_TRUE(choice.ok()) << choice.status();
   ASSERT_TRUE(choice->has_value());
@@ -57,14 +66,15 @@ TEST(GemmTuner, LongRunsTakeOneRoundAndClearLosersDropOut) {
   const std::string dir = TempDir();
   const std::vector<std::string> names = {"fast", "close", "slow"};
   const std::vector<int64_t> ms = {512};
-  const int sleep_ms[3] = {60, 100, 300};
+  const double run_ms[3] = {60, 100, 300};
   int runs[3] = {};
+  FakeClock clock;
   auto run = [&](int c, int64_t) -> Status {
     ++runs[c];
-    std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms[c]));
+    clock.Advance(run_ms[c]);
     return OkStatus();
   };
-  GemmTuner t(dir);
+  GemmTuner t(dir, true, clock.now());
   auto choice = t.Choose("linear long runs N=1 K=2", names, ms, run);
   ASSERT_TRUE(choice.ok()) << choice.status();
   ASSERT_TRUE(choice->has_value());
@@ -81,14 +91,15 @@ TEST(GemmTuner, TimesOnceThenRemembersInMemoryAndOnDisk) {
   const std::vector<std::string> names = {"slow", "fast"};
   const std::vector<int64_t> ms = {1, 16};
   int calls = 0;
+  FakeClock clock;
   auto run = [&](int c, int64_t m) -> Status {
     ++calls;
     // "fast" is faster at M=16 only.
-    std::this_thread::sleep_for(std::chrono::microseconds(c == 1 && m == 16 ? 100 : 2000));
-    if (c == 1 && m == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    clock.Advance(c == 1 && m == 16 ? 0.1 : 2);
+    if (c == 1 && m == 1) clock.Advance(3);
     return OkStatus();
   };
-  GemmTuner a(dir);
+  GemmTuner a(dir, true, clock.now());
   auto first = a.Choose("linear test N=1 K=2", names, ms, run);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(first->has_value());
@@ -101,7 +112,7 @@ TEST(GemmTuner, TimesOnceThenRemembersInMemoryAndOnDisk) {
   EXPECT_EQ(calls, after_first) << "a cached shape was timed again";
 
   // A new tuner on the same directory (the next process) reads the file.
-  GemmTuner b(dir);
+  GemmTuner b(dir, true, clock.now());
   auto third = b.Choose("linear test N=1 K=2", names, ms, run);
   ASSERT_TRUE(third.ok() && third->has_value());
   EXPECT_EQ(**third, **first);
