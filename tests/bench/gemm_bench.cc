@@ -148,8 +148,10 @@ __attribute__((target("avx512f,avx512bf16"))) float Dpbf16Loop(int64_t n) {
 // dot per row), a conversion and an FMA into the group's accumulator (32 multiply-adds, the
 // numerics' one rounding per group). Twelve FMA chains; eight group chains, the tile's count,
 // with the weights from L1 as there.
+constexpr int kAvx2FmaChains = 12, kQ8Groups = 8;
+
 __attribute__((target("avx2,fma"))) float Avx2FmaLoop(int64_t n) {
-  constexpr int kAccs = 12;
+  constexpr int kAccs = kAvx2FmaChains;
   __m256 acc[kAccs];
   for (int i = 0; i < kAccs; ++i) acc[i] = _mm256_set1_ps(static_cast<float>(i));
   __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(0.0f);
@@ -163,18 +165,18 @@ __attribute__((target("avx2,fma"))) float Avx2FmaLoop(int64_t n) {
 }
 
 __attribute__((target("avx2,fma"))) float Avx2Q8GroupLoop(int64_t n) {
-  alignas(32) uint8_t w[8][32];
+  alignas(32) uint8_t w[kQ8Groups][32];
   alignas(32) int8_t x[32];
-  for (int j = 0; j < 8; ++j) std::memset(w[j], j + 1, 32);
+  for (int j = 0; j < kQ8Groups; ++j) std::memset(w[j], j + 1, 32);
   for (int i = 0; i < 32; ++i) x[i] = static_cast<int8_t>(i - 16);
-  __m256 acc[8];
-  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  __m256 acc[kQ8Groups];
+  for (int j = 0; j < kQ8Groups; ++j) acc[j] = _mm256_setzero_ps();
   __m256 sc = _mm256_set1_ps(1e-6f);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t k = 0; k < n; ++k) {
     asm("" : "+x"(sc) : "r"(w), "r"(x) : "memory");  // fresh loads each round, as in the tile
 #pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kQ8Groups; ++j) {
       int32_t g;
       std::memcpy(&g, x + 4 * j, 4);
       const __m256i p = _mm256_maddubs_epi16(
@@ -182,7 +184,7 @@ __attribute__((target("avx2,fma"))) float Avx2Q8GroupLoop(int64_t n) {
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), sc, acc[j]);
     }
   }
-  for (int j = 1; j < 8; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
+  for (int j = 1; j < kQ8Groups; ++j) acc[0] = _mm256_add_ps(acc[0], acc[j]);
   return _mm256_cvtss_f32(acc[0]);
 }
 
@@ -312,8 +314,8 @@ void Register() {
   static const std::pair<const char*, ThroughputLoop> kLoops[] = {
       {"f32_fma", {FmaLoop, kThroughputAccs, 16, avx512, "AVX-512"}},
       {"bf16_dot", {Dpbf16Loop, kThroughputAccs, 32, bf16, "AVX512_BF16"}},
-      {"avx2_f32_fma", {Avx2FmaLoop, 12, 8, avx2, "AVX2 and FMA"}},
-      {"avx2_q8_group", {Avx2Q8GroupLoop, 8, 32, avx2, "AVX2 and FMA"}},
+      {"avx2_f32_fma", {Avx2FmaLoop, kAvx2FmaChains, 8, avx2, "AVX2 and FMA"}},
+      {"avx2_q8_group", {Avx2Q8GroupLoop, kQ8Groups, 32, avx2, "AVX2 and FMA"}},
   };
   for (const auto& [name, loop] : kLoops) {
     benchmark::RegisterBenchmark(absl::StrCat("BM_Throughput/", name).c_str(), BM_Throughput, loop)

@@ -168,7 +168,7 @@ StatusOr<std::optional<std::vector<int>>> GemmTuner::Choose(std::string_view key
     }
     const double fastest_warm = *std::min_element(warm_s.begin(), warm_s.end());
     const bool long_runs = fastest_warm >= kLongRunS;
-    std::vector<bool> timed(nc, true);
+    std::vector<bool> timed(nc);
     for (int c = 0; c < nc; ++c) timed[c] = !long_runs || warm_s[c] <= 2 * fastest_warm;
     const int min_rounds = long_runs ? 1 : 2;
     for (int round = 0; round < 5 && (round < min_rounds || round_total * (round + 1) < 0.03);
