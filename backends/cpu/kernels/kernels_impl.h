@@ -110,9 +110,11 @@ void DecodeRow(const GemmArgs& a, int64_t n, int64_t k0, int64_t kc, float* dst)
     using D = decltype(dec);
     const int64_t nb = kc / 32;
     const uint8_t* b0 = row + (k0 / 32) * D::kBlockBytes;
+    // A local copy: through the capture, every store would reload `dst` (it may alias it).
+    float* const out = dst;
     for (int64_t b = 0; b < nb; ++b) {
       const auto st = D::Load(b0 + b * D::kBlockBytes);
-      for (int c = 0; c < kChunks; ++c) Store(dst + b * 32 + c * kLanes, D::Chunk(st, c));
+      for (int c = 0; c < kChunks; ++c) Store(out + b * 32 + c * kLanes, D::Chunk(st, c));
     }
     if constexpr (HasElem<D>) {
       for (int64_t k = nb * 32; k < kc; ++k) dst[k] = D::Elem(row, k0 + k);
