@@ -251,8 +251,12 @@ struct SpeculativeConfig {
   bool operator==(const SpeculativeConfig&) const = default;
 };
 
-// With scheduler.target_itl_ms, the fewest prompt tokens a step that decodes still carries.
-inline constexpr int kTargetItlMinPromptTokens = 16;
+// With scheduler.target_itl_ms, the fewest prompt tokens a step that decodes still carries
+// (where a step's decodes leave room for fewer: a prompt always advances). Small, so that the
+// target holds where decodes are slow (docs/performance.md: 16 tokens cost 37 ms beside four
+// decodes on a 2-core Zen 3, above a 55 ms target's room); the step cost model measures
+// mixed steps from 4 prompt tokens on (StepCostModel::kMinPromptTokens).
+inline constexpr int kTargetItlMinPromptTokens = 4;
 
 // The continuous batcher of a generative model (kind llm): the model's `scheduler:` section.
 struct LlmSchedulerConfig {
@@ -264,8 +268,9 @@ struct LlmSchedulerConfig {
   // A target for the running streams' inter-token latency, in ms; 0: none. When set, a step
   // that decodes carries as many prompt tokens as the measured step costs say fit in it (at
   // least kTargetItlMinPromptTokens, so prompts always advance) instead of
-  // max_prefill_tokens_with_decodes, which still applies until those costs are measured and
-  // in steps whose decodes alone take the target or longer (out of reach at that load).
+  // max_prefill_tokens_with_decodes, which still applies until those costs are measured. In
+  // steps whose decodes alone take the target or longer (out of reach at that load), one
+  // target's worth of prompt tokens.
   double target_itl_ms = 0;
   int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
   int block_size = 16;                   // tokens per KV-cache block, [1, 1024]

@@ -51,11 +51,12 @@ double StepCostModel::DecodeSeconds(int32_t rows) const {
 int32_t StepCostModel::PromptTokensWithin(int32_t decode_rows, double target_seconds,
                                           int32_t floor) const {
   const double decode = DecodeSeconds(decode_rows);
-  // Unmeasured, or out of reach whatever the prompt tokens (the decodes alone take longer):
-  // no limit from the target.
-  if (!mixed_seen_ || decode <= 0 || decode >= target_seconds) return -1;
+  if (!mixed_seen_ || decode <= 0) return -1;  // unmeasured: no limit from the target
+  // A row count never decoded alone: one decode-only step measures it (the header says why).
+  if (seconds_[static_cast<size_t>(std::clamp(decode_rows, 1, kRows))] <= 0) return 0;
   if (prompt_token_seconds_ <= 0) return INT32_MAX;  // prompt tokens measured as free
-  const double room = (target_seconds - decode) / prompt_token_seconds_;
+  const double prompt_seconds = std::max(target_seconds - decode, kPromptShare * decode);
+  const double room = prompt_seconds / prompt_token_seconds_;
   if (room >= static_cast<double>(INT32_MAX)) return INT32_MAX;
   return std::max(floor, static_cast<int32_t>(room + 1e-6));  // 19.999... is 20
 }

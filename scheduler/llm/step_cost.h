@@ -40,13 +40,18 @@ class StepCostModel {
   // What one prompt token adds to a step that decodes; 0 before any such step was measured.
   double PromptTokenSeconds() const { return prompt_token_seconds_; }
 
-  // The prompt tokens a step that decodes `decode_rows` rows may carry and still take at most
-  // `target_seconds`, at least `floor` (a prompt always advances); -1 while the costs are not
-  // measured yet, and where the decodes alone take the target or longer (the target is out of
-  // reach at this load: holding prompts back would cost throughput and gain nothing), for
-  // which the caller keeps its static cap.
+  // The prompt tokens a step that decodes `decode_rows` rows may carry: the prompt time that
+  // still fits in `target_seconds`, and never less than kPromptShare of the decodes' own time,
+  // so that prompts keep pace with the streams they replace as the decodes approach or pass the
+  // target (a step takes at most the target or 1.5x its decodes alone, whichever is longer);
+  // at least `floor` (a prompt always advances). 0 where `decode_rows` rows were never decoded
+  // alone: a decode-only step measures them (a guessed time, too low, makes prompt tokens look
+  // dear and keeps every step mixed, so that the guess is never corrected). -1 while nothing
+  // is measured yet, for which the caller keeps its static cap.
   int32_t PromptTokensWithin(int32_t decode_rows, double target_seconds, int32_t floor) const;
 
+  // The least share of a mixed step's decode time its prompt tokens may take.
+  static constexpr double kPromptShare = 0.5;
   static constexpr int32_t kMinPromptTokens = 4;
 
  private:

@@ -37,11 +37,20 @@ TEST(StepCostModelTest, PromptTokensWithinATargetFromMixedSteps) {
   EXPECT_EQ(m.PromptTokensWithin(4, 0.030, 16), -1);
   m.ObserveMixed(4, 40, 0.050);  // (0.050 - 0.010) / 40 = 1 ms per prompt token
   EXPECT_NEAR(m.PromptTokenSeconds(), 0.001, 1e-12);
-  EXPECT_EQ(m.PromptTokensWithin(4, 0.030, 16), 20);
-  EXPECT_EQ(m.PromptTokensWithin(4, 0.012, 16), 16) << "the floor: prompts always advance";
-  EXPECT_EQ(m.PromptTokensWithin(4, 0.0105, 0), 0) << "room for half a prompt token";
-  EXPECT_EQ(m.PromptTokensWithin(4, 0.010, 16), -1) << "the decodes alone take the target";
-  EXPECT_EQ(m.PromptTokensWithin(4, 0.005, 16), -1);
+  EXPECT_EQ(m.PromptTokensWithin(4, 0.030, 4), 20);
+  EXPECT_EQ(m.PromptTokensWithin(4, 0.0105, 0), 5) << "at least half the decodes' 10 ms";
+  EXPECT_EQ(m.PromptTokensWithin(4, 0.002, 6), 6) << "the floor: prompts always advance";
+  // The decodes alone take the target or longer: prompt tokens for half their time, so the
+  // step takes 1.5x its decodes and prompts keep pace with the streams they replace.
+  EXPECT_EQ(m.PromptTokensWithin(4, 0.010, 4), 5);
+  EXPECT_EQ(m.PromptTokensWithin(4, 0.005, 4), 5);
+  m.Observe(16, 0.050);
+  EXPECT_EQ(m.PromptTokensWithin(16, 0.030, 4), 25) << "16 decodes take 50 ms of a 30 ms target";
+  // A row count never decoded alone (8: only 4 and 16 were) gets a decode-only step, which
+  // measures it, instead of a guess between its neighbours.
+  EXPECT_EQ(m.PromptTokensWithin(8, 0.030, 4), 0);
+  m.Observe(8, 0.020);
+  EXPECT_EQ(m.PromptTokensWithin(8, 0.030, 4), 10);
   // A faster average for mixed steps: a fifth of the way.
   m.ObserveMixed(4, 10, 0.030);  // 2 ms per token
   EXPECT_NEAR(m.PromptTokenSeconds(), 0.0012, 1e-12);
