@@ -268,9 +268,10 @@ struct LlmSchedulerConfig {
   // A target for the running streams' inter-token latency, in ms; 0: none. When set, a step
   // that decodes carries as many prompt tokens as the measured step costs say fit in it (at
   // least kTargetItlMinPromptTokens, so prompts always advance) instead of
-  // max_prefill_tokens_with_decodes, which still applies until those costs are measured. In
-  // steps whose decodes alone take the target or longer (out of reach at that load), one
-  // target's worth of prompt tokens.
+  // max_prefill_tokens_with_decodes, which still applies until those costs are measured.
+  // Prompt tokens always get at least half the decodes' time (StepCostModel::kPromptShare), so
+  // where the decodes alone take most of the target or more, a step takes up to 1.5x them; a
+  // number of streams never decoded alone first gets one decode-only step, which measures it.
   double target_itl_ms = 0;
   int max_queue_size = 1024;             // waiting requests; more get RESOURCE_EXHAUSTED; 0 = none
   int block_size = 16;                   // tokens per KV-cache block, [1, 1024]
