@@ -500,6 +500,18 @@ TEST_P(PagedLlmTest, ReplayedDecodeStepEqualsDirectRun) {
           .ok());
   EXPECT_EQ(stats.padded_seqs, 1);
   EXPECT_EQ(model_->num_captured(), 2);
+  // Three sequences (the first two as above, a third one token long): the next capture size is
+  // 4. On the host a padded row costs as much as a real one, so the step runs direct there; an
+  // accelerator (xpu) replays the capture of 4. The first two rows agree with the direct run.
+  std::vector<int32_t> tok3 = {10, 11, 13}, pos3 = {3, 2, 0}, slots3 = {3, 18, 32},
+                       qs3 = {0, 1, 2, 3}, lens3 = {4, 3, 1}, table3 = {0, 1, 2};
+  std::vector<float> three(3 * V_);
+  ASSERT_TRUE(model_->Step({tok3, pos3, qs3, lens3, table3, 1, slots3, true}, three, &stats).ok());
+  const bool host = GetParam() == "cpu";
+  EXPECT_EQ(stats.replayed, !host);
+  EXPECT_EQ(stats.padded_seqs, host ? 3 : 4);
+  EXPECT_EQ(model_->num_captured(), host ? 2 : 3);
+  for (size_t i = 0; i < direct.size(); ++i) ASSERT_NEAR(direct[i], three[i], 1e-4) << i;
 }
 
 // The sampling stage: StepAndSample picks what the host sampler picks from Step's logits for

@@ -31,8 +31,9 @@
 // Graph capture: a decode-only step (every sequence one new token) with S <= the largest
 // capture size <= max_num_seqs is padded to the next capture size P (token 0 at position 0,
 // its slot in the scratch block, seq_len 1), and a CapturedProgram recorded for P (on first
-// use) is replayed with the step's data copied into its static input buffers. Other steps
-// run the program directly. StepStats reports which, and P.
+// use) is replayed with the step's data copied into its static input buffers. On a host
+// (cpu) device, where a padded row costs as much as a real one, only P == S is replayed.
+// Other steps run the program directly. StepStats reports which, and P.
 //
 // Thread-safety: as LlmModel (one batcher thread drives it; Step is not reentrant).
 #pragma once
