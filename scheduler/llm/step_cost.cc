@@ -49,11 +49,15 @@ double StepCostModel::DecodeSeconds(int32_t rows) const {
 }
 
 int32_t StepCostModel::PromptTokensWithin(int32_t decode_rows, double target_seconds,
-                                          int32_t floor) const {
+                                          int32_t floor) {
   const double decode = DecodeSeconds(decode_rows);
   if (!mixed_seen_ || decode <= 0) return -1;  // unmeasured: no limit from the target
   // A row count never decoded alone: one decode-only step measures it (the header says why).
-  if (seconds_[static_cast<size_t>(std::clamp(decode_rows, 1, kRows))] <= 0) return 0;
+  const auto r = static_cast<size_t>(std::clamp(decode_rows, 1, kRows));
+  if (seconds_[r] <= 0 && !probed_[r]) {
+    probed_[r] = true;
+    return 0;
+  }
   if (prompt_token_seconds_ <= 0) return INT32_MAX;  // prompt tokens measured as free
   const double prompt_seconds = std::max(target_seconds - decode, kPromptShare * decode);
   const double room = prompt_seconds / prompt_token_seconds_;

@@ -44,11 +44,13 @@ class StepCostModel {
   // still fits in `target_seconds`, and never less than kPromptShare of the decodes' own time,
   // so that prompts keep pace with the streams they replace as the decodes approach or pass the
   // target (a step takes at most the target or 1.5x its decodes alone, whichever is longer);
-  // at least `floor` (a prompt always advances). 0 where `decode_rows` rows were never decoded
-  // alone: a decode-only step measures them (a guessed time, too low, makes prompt tokens look
-  // dear and keeps every step mixed, so that the guess is never corrected). -1 while nothing
-  // is measured yet, for which the caller keeps its static cap.
-  int32_t PromptTokensWithin(int32_t decode_rows, double target_seconds, int32_t floor) const;
+  // at least `floor` (a prompt always advances). 0 the first time it is asked for a row count
+  // never decoded alone: that decode-only step measures it (a guessed time, too low, makes
+  // prompt tokens look dear and keeps every step mixed, so that the guess is never corrected).
+  // Asked again before a measurement came (the step failed, or carried drafted rows, which it
+  // is observed by), the guess is used: prompts are held back once per row count at most. -1
+  // while nothing is measured yet, for which the caller keeps its static cap.
+  int32_t PromptTokensWithin(int32_t decode_rows, double target_seconds, int32_t floor);
 
   // The least share of a mixed step's decode time its prompt tokens may take.
   static constexpr double kPromptShare = 0.5;
@@ -58,7 +60,8 @@ class StepCostModel {
   static constexpr int32_t kRows = 64;  // rows tracked: [1, kRows]
   std::array<double, kRows + 1> seconds_{};
   double prompt_token_seconds_ = 0;
-  bool mixed_seen_ = false;  // prompt_token_seconds_ measured
+  bool mixed_seen_ = false;               // prompt_token_seconds_ measured
+  std::array<bool, kRows + 1> probed_{};  // a decode-only step was asked for this row count
 };
 
 }  // namespace kiln

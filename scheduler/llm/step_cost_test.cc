@@ -51,6 +51,10 @@ TEST(StepCostModelTest, PromptTokensWithinATargetFromMixedSteps) {
   EXPECT_EQ(m.PromptTokensWithin(8, 0.030, 4), 0);
   m.Observe(8, 0.020);
   EXPECT_EQ(m.PromptTokensWithin(8, 0.030, 4), 10);
+  // Held back once per row count at most: asked again with no measurement in between (the
+  // probe step failed, or carried drafted rows), the guess between 8 and 16 rows is used.
+  EXPECT_EQ(m.PromptTokensWithin(12, 0.030, 4), 0);
+  EXPECT_EQ(m.PromptTokensWithin(12, 0.030, 4), 17) << "guess: 35 ms, half of it for prompts";
   // A faster average for mixed steps: a fifth of the way.
   m.ObserveMixed(4, 10, 0.030);  // 2 ms per token
   EXPECT_NEAR(m.PromptTokenSeconds(), 0.0012, 1e-12);

@@ -117,7 +117,7 @@ void DecodeRow(const GemmArgs& a, int64_t n, int64_t k0, int64_t kc, float* dst)
       for (int c = 0; c < kChunks; ++c) Store(out + b * 32 + c * kLanes, D::Chunk(st, c));
     }
     if constexpr (HasElem<D>) {
-      for (int64_t k = nb * 32; k < kc; ++k) dst[k] = D::Elem(row, k0 + k);
+      for (int64_t k = nb * 32; k < kc; ++k) out[k] = D::Elem(row, k0 + k);
     }
   });
   if (!fast) {
