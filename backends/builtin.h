@@ -32,6 +32,9 @@ struct CpuOptions {
   // Quantize activations to 8-bit blocks for q4_0/q4_1/q8_0/mxfp4 weights at every batch
   // size (llama.cpp's numerics); KILN_CPU_Q8_ACTIVATIONS=1 also turns it on.
   bool q8_activations = false;
+  // Round activations to bf16 for bf16 weights, vdpbf16ps dots (llama.cpp's numerics for bf16
+  // weights), where the CPU has AVX-512 BF16; KILN_CPU_BF16_ACTIVATIONS=1 also turns it on.
+  bool bf16_activations = false;
 };
 // threads 0: from KILN_CPU_THREADS / cores.
 std::unique_ptr<Backend> MakeCpuBackend(int threads = 0, CpuOptions options = {});

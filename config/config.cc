@@ -114,7 +114,7 @@ constexpr ModelKind kModelKinds[] = {
 constexpr std::string_view kBuiltinModels[] = {
     "simple",          "identity_fp32",         "sleep_us",     "simple_string",  "simple_int8",
     "simple_identity", "custom_identity_int32", "repeat_int32", "simple_sequence"};
-constexpr std::string_view kActivations[] = {"f32", "q8"};
+constexpr std::string_view kActivations[] = {"f32", "q8", "bf16"};
 constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
 constexpr std::string_view kSamplingPlaces[] = {"device", "host"};
 

@@ -1386,7 +1386,8 @@ TEST(LlmModelTest, NumericsDefaultToExactAndListWhatIsAllowed) {
   const std::string head = "models:\n  - name: a\n    kind: llm\n    path: /m\n";
   EXPECT_THAT(Errors(head + "    activations: int8\n"),
               ElementsAre(AllOf(HasSubstr("f.yaml:5:18: `models[0].activations`"), HasSubstr("f32"),
-                                HasSubstr("q8"))));
+                                HasSubstr("q8"), HasSubstr("bf16"))));
+  EXPECT_EQ(Parse(head + "    activations: bf16\n").models[0].activations, "bf16");
   EXPECT_THAT(Errors(head + "    kv_cache_dtype: fp8\n"),
               ElementsAre(AllOf(HasSubstr("`models[0].kv_cache_dtype`"), HasSubstr("bf16"))));
   EXPECT_THAT(Errors("models:\n" + Model("a", "    activations: q8\n")),

@@ -13,6 +13,7 @@
 #include "backends/builtin.h"
 #include "backends/cpu/cpu_budget.h"
 #include "backends/cpu/jit/fused.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "backends/cpu/kernels/select.h"
 #include "backends/cpu/threaded_ref.h"
 #include "backends/host/host_device.h"
@@ -284,6 +285,7 @@ class CpuDevice final : public HostDevice {
     // Hand-tuned kernels (backends/cpu/kernels: GEMV/GEMM, paged attention) where they apply.
     cpu::SelectContext ctx = cpu::DefaultSelectContext(this, threads(), ref::KernelFor);
     ctx.q8_activations = ctx.q8_activations || options_.q8_activations;
+    ctx.bf16_activations = ctx.bf16_activations || options_.bf16_activations;
     ctx.compile = [this](const compiler::GeneratedKernel& g, const std::vector<std::string>& fns) {
       return jit_.GetFunctions(g, fns);
     };
@@ -377,6 +379,12 @@ int DefaultThreads() {
 }  // namespace
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads, CpuOptions options) {
+  if (options.bf16_activations && cpu::Bf16KernelsFor(cpu::ActiveIsa()) == nullptr) {
+    spdlog::warn(
+        "activations: bf16 needs AVX-512 BF16 (vdpbf16ps) and the avx512 kernels; this CPU "
+        "({}, kernels {}) runs bf16 weights with exact f32 activations instead",
+        cpu::CpuDescription(), cpu::IsaName(cpu::ActiveIsa()));
+  }
   return std::make_unique<CpuBackend>(threads > 0 ? threads : DefaultThreads(), options);
 }
 

@@ -263,8 +263,9 @@ int main(int argc, char** argv) {
                   "CPU threads; 0: the CPUs the process may use (affinity, cgroup quota)");
   gen->add_option("--backend", a.backend, "cpu (default), ref, xpu, cuda, hip");
   gen->add_option("--activations", a.activations,
-                  "f32 (default, exact) or q8 (8-bit activations, as llama.cpp)")
-      ->check(CLI::IsMember({"f32", "q8"}));
+                  "f32 (default, exact), q8 (8-bit activations before quantized weights, as "
+                  "llama.cpp) or bf16 (bf16 activations before bf16 weights, as llama.cpp)")
+      ->check(CLI::IsMember({"f32", "q8", "bf16"}));
   gen->add_option("--sampling", a.sampling,
                   "device (default: in the step program where the backend can) or host")
       ->check(CLI::IsMember({"device", "host"}));

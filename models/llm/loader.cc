@@ -58,12 +58,13 @@ StatusOr<DType> KvCacheDType(const std::string& name) {
 StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
   ModelDevice parts;
   const std::string& name = config.backend.empty() ? std::string("cpu") : config.backend;
-  if (config.activations != "f32" && config.activations != "q8") {
-    return InvalidArgument("activations: ", config.activations, " is not one of f32, q8");
+  if (config.activations != "f32" && config.activations != "q8" && config.activations != "bf16") {
+    return InvalidArgument("activations: ", config.activations, " is not one of f32, q8, bf16");
   }
   if (name == "cpu" || name == "cpu:0") {
     parts.backend =
-        backend::MakeCpuBackend(config.threads, {.q8_activations = config.activations == "q8"});
+        backend::MakeCpuBackend(config.threads, {.q8_activations = config.activations == "q8",
+                                                 .bf16_activations = config.activations == "bf16"});
     parts.device = parts.backend->device(0);
     return parts;
   }

@@ -7,12 +7,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "backends/builtin.h"
+#include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "models/gguf/gguf_test_util.h"
 #include "models/io/test_paths.h"
 #include "models/llm/model_files.h"
@@ -182,10 +185,12 @@ TEST_F(LoaderTest, MissingPathAndUnknownBackend) {
 TEST_F(LoaderTest, NumericsSettingsAreChecked) {
   config::ModelConfig c = ConfigFor(dir_.string());
   c.activations = "int4";
-  EXPECT_THAT(LoadError(c), HasSubstr("activations: int4 is not one of f32, q8"));
+  EXPECT_THAT(LoadError(c), HasSubstr("activations: int4 is not one of f32, q8, bf16"));
   c.activations = "q8";
   c.backend = "ref";
   EXPECT_THAT(LoadError(c), HasSubstr("activations: q8 is implemented by the cpu backend only"));
+  c.activations = "bf16";
+  EXPECT_THAT(LoadError(c), HasSubstr("activations: bf16 is implemented by the cpu backend only"));
   c = ConfigFor(dir_.string());
   c.kv_cache_dtype = "f8";
   EXPECT_THAT(LoadError(c), HasSubstr("kv_cache_dtype: f8 is not one of f32, f16, bf16"));
@@ -389,6 +394,54 @@ TEST(LoaderFixturesTest, WhichModelsJoinTheirProjections) {
     ASSERT_TRUE(m.ok()) << m.status();
     EXPECT_EQ((*m)->fused_projections(), joins);
   }
+}
+
+// `activations: bf16` on a bf16 model: where the CPU has AVX-512 BF16, logits near the exact
+// ones (x rounded to bf16 before each projection) and the same bits for a sequence whether it
+// is prefilled whole and decoded alone or cut into chunks beside another; elsewhere the exact
+// path runs, and the logits equal the exact ones.
+TEST(LoaderFixturesTest, Bf16ActivationsStayNearExactAndDoNotDependOnTheBatch) {
+  const std::vector<int32_t> p0 = {1, 5, 9, 14, 3, 7, 22, 8, 2, 17, 4}, p1 = {4, 11, 6};
+  auto run = [](const std::string& activations, const std::vector<std::vector<int32_t>>& prompts,
+                int32_t step_tokens) -> std::vector<float> {
+    config::ModelConfig c = ConfigFor(testing::FixturePath("models/llama3_rope_bf16"));
+    c.threads = 2;
+    c.activations = activations;
+    auto m = LoadPagedLlm(c);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (!m.ok()) return {};
+    std::vector<float> first;  // the first sequence's logits, step after step
+    testing::GreedyOptions opt;
+    opt.max_new_tokens = 5;
+    opt.max_step_tokens = step_tokens;
+    opt.on_logits = [&](size_t seq, int32_t, std::span<const float> l) {
+      if (seq == 0) first.insert(first.end(), l.begin(), l.end());
+    };
+    auto r = testing::RunGreedy(**m, prompts, opt);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return first;
+  };
+  const std::vector<float> exact = run("f32", {p0}, 64);
+  const std::vector<float> alone = run("bf16", {p0}, 64);
+  const std::vector<float> beside = run("bf16", {p0, p1}, 5);
+  ASSERT_FALSE(exact.empty());
+  ASSERT_EQ(alone.size(), exact.size());
+  ASSERT_EQ(beside.size(), exact.size());
+  for (size_t i = 0; i < alone.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&alone[i], &beside[i], 4), 0)
+        << "logit " << i << ": " << alone[i] << " alone, " << beside[i] << " beside another";
+  }
+  float scale = 0, diff = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    scale = std::max(scale, std::abs(exact[i]));
+    diff = std::max(diff, std::abs(alone[i] - exact[i]));
+  }
+  if (cpu::Bf16KernelsFor(cpu::ActiveIsa()) == nullptr) {
+    EXPECT_EQ(diff, 0) << "no AVX-512 BF16 here: the exact path should have run";
+    GTEST_SKIP() << "checked the exact fallback only: this CPU has no AVX-512 BF16";
+  }
+  EXPECT_GT(diff, 0) << "bit-identical to exact: were activations rounded?";
+  EXPECT_LE(diff, 0.02f * scale) << "largest |logit| " << scale;
 }
 
 TEST(LoaderGgufTest, TruncatedAndWrongMagicGgufAreRefused) {

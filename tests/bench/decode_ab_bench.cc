@@ -140,7 +140,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", a.rounds, "alternating rounds")->check(CLI::Range(1, 10000));
   app.add_option("--tokens", a.tokens, "new tokens per round")->check(CLI::Range(2, 4096));
   app.add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(0, 1024));
-  app.add_option("--activations", a.activations, "f32 or q8")->check(CLI::IsMember({"f32", "q8"}));
+  app.add_option("--activations", a.activations, "f32, q8 or bf16")
+      ->check(CLI::IsMember({"f32", "q8", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   const Status s = Run(a);

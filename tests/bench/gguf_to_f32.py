@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
 """Writes a GGUF file's weights as F32 (dequantized by gguf-py), keeping every metadata key
 (tokenizer, chat template, hyper-parameters): the "f32 base" of tests/bench/finetune_bench.sh.
+With --bf16, the 2-D weights are rounded to BF16 instead (a bf16 model for the `activations: bf16`
+benchmarks in docs/performance.md); 1-D ones (norms) stay F32.
 
-  PY tests/bench/gguf_to_f32.py IN.gguf OUT.gguf      (PY with the `gguf` and numpy packages)
+  PY tests/bench/gguf_to_f32.py [--bf16] IN.gguf OUT.gguf   (PY with the `gguf` and numpy packages)
 """
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFWriter, GGUFValueType
-from gguf.quants import dequantize
+from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter, GGUFValueType
+from gguf.quants import dequantize, quantize
 
 
 def main():
-    src, dst = sys.argv[1], sys.argv[2]
+    args = sys.argv[1:]
+    bf16 = "--bf16" in args
+    src, dst = [a for a in args if a != "--bf16"]
     r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(dst, arch)
@@ -27,7 +31,12 @@ def main():
     for t in r.tensors:
         data = dequantize(t.data, t.tensor_type).astype(np.float32)
         shape = [int(d) for d in reversed(t.shape)]  # GGUF dims are innermost first
-        w.add_tensor(t.name, data.reshape(shape))
+        data = data.reshape(shape)
+        if bf16 and len(shape) == 2:
+            w.add_tensor(t.name, quantize(data, GGMLQuantizationType.BF16),
+                         raw_dtype=GGMLQuantizationType.BF16)
+        else:
+            w.add_tensor(t.name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

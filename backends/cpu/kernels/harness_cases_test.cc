@@ -53,8 +53,12 @@ jit::CpuJit& TestJit() {
 // fixed variant and GEMM implementation, everything else from the reference kernels.
 class VariantDevice final : public backend::HostDevice {
  public:
-  VariantDevice(Isa isa, const char* force_gemm, int threads, bool q8 = false)
-      : HostDevice("cpu-variant", threads), isa_(isa), force_gemm_(force_gemm), q8_(q8) {}
+  VariantDevice(Isa isa, const char* force_gemm, int threads, bool q8 = false, bool bf16 = false)
+      : HostDevice("cpu-variant", threads),
+        isa_(isa),
+        force_gemm_(force_gemm),
+        q8_(q8),
+        bf16_(bf16) {}
   StatusOr<backend::Kernel> GetKernel(const backend::KernelRequest& req) override {
     SelectContext c;
     c.device = this;
@@ -63,6 +67,7 @@ class VariantDevice final : public backend::HostDevice {
     c.reference = ref::KernelFor;
     c.force_gemm = force_gemm_;
     c.q8_activations = q8_;
+    c.bf16_activations = bf16_;
     c.compile = [](const compiler::GeneratedKernel& g, const std::vector<std::string>& fns) {
       return TestJit().GetFunctions(g, fns);
     };
@@ -104,7 +109,7 @@ class VariantDevice final : public backend::HostDevice {
  private:
   Isa isa_;
   const char* force_gemm_;
-  bool q8_;
+  bool q8_, bf16_;
   std::atomic<int> selected_{0};
   mutable std::mutex mu_;
   std::string last_kernel_;  // the name of the last hand-tuned kernel selected
@@ -416,6 +421,58 @@ TEST(HarnessQ8, QuantizedActivationsStayWithinTheirTolerance) {
   EXPECT_GT(run, 20);
 }
 
+// Linear over `rows` rows of x [rows, k] on `dev` at once and each row alone: the rows are
+// bit-identical, and the kernel's name names `impl`. Weights: the first n rows of x in `wt`.
+void ExpectRowsIndependentOfBatch(VariantDevice& dev, DType wt, int64_t n, int64_t k,
+                                  const std::vector<float>& x, int64_t rows, const char* impl) {
+  SCOPED_TRACE(absl::StrCat(DTypeName(wt), " N=", n, " K=", k));
+  Graph g;
+  Builder b(&g);
+  const Dim T = b.Symbol("T", 512);
+  const Value y = b.Linear(b.Input("x", DType::kF32, {T, k}), b.Weight("w", wt, {n, k}));
+  const Node& node = g.node(y.id);
+  const std::vector<TensorType> in = {{DType::kF32, {T, k}}, {wt, {n, k}}};
+  backend::KernelRequest req;
+  req.op = node.op;
+  req.attrs = &node.attrs;
+  req.inputs = in;
+  req.output = {node.dtype, node.shape};
+  auto kernel = dev.GetKernel(req);
+  ASSERT_TRUE(kernel.ok()) << kernel.status();
+  ASSERT_NE(kernel->name.find(impl), std::string::npos) << kernel->name;
+  const int64_t row_bytes = DTypeBytes(wt, k);
+  std::vector<uint8_t> w(row_bytes * n);
+  for (int64_t r = 0; r < n; ++r) {
+    ASSERT_TRUE((IsQuantized(wt) ? QuantizeRow(wt, x.data() + r * k, w.data() + r * row_bytes, k)
+                                 : ConvertElements(DType::kF32, x.data() + r * k, wt,
+                                                   w.data() + r * row_bytes, k))
+                    .ok());
+  }
+  auto stream = dev.CreateStream();
+  ASSERT_TRUE(stream.ok());
+  const auto run = [&](const float* xs, int64_t m, float* out) {
+    TensorArg inputs[2] = {Arg2D(const_cast<float*>(xs), DType::kF32, m, k),
+                           Arg2D(w.data(), wt, n, k)};
+    LaunchArgs args;
+    args.kernel_data = kernel->data.get();
+    args.inputs = inputs;
+    args.num_inputs = 2;
+    args.output = Arg2D(out, DType::kF32, m, n);
+    const Launch launch{kernel->fn, &args};
+    ASSERT_TRUE((*stream)->Run(std::span<const Launch>(&launch, 1)).ok());
+  };
+  std::vector<float> batch(rows * n), alone(n);
+  run(x.data(), rows, batch.data());
+  for (int64_t m = 0; m < rows; ++m) {
+    run(x.data() + m * k, 1, alone.data());
+    for (int64_t j = 0; j < n; ++j) {
+      ASSERT_EQ(std::memcmp(&alone[j], &batch[m * n + j], 4), 0)
+          << kernel->name << " row " << m << " column " << j << ": " << alone[j] << " alone, "
+          << batch[m * n + j] << " in the batch";
+    }
+  }
+}
+
 // With q8 activations a row's result does not depend on how many rows share its call (a
 // sequence's numerics must not depend on its batch): 70 rows — with 9 weight rows split by
 // rows between the threads, with 40 by weight rows in sixteen-row strips where the CPU has
@@ -431,52 +488,61 @@ TEST(HarnessQ8, ARowsResultDoesNotDependOnItsBatch) {
       if (!IsaSupported(isa)) continue;
       for (DType wt : {DType::kQ4_0, DType::kQ4_1, DType::kQ8_0, DType::kMXFP4}) {
         VariantDevice dev(isa, nullptr, 2, /*q8=*/true);
-        Graph g;
-        Builder b(&g);
-        const Dim T = b.Symbol("T", 512);
-        const Value y = b.Linear(b.Input("x", DType::kF32, {T, kK}), b.Weight("w", wt, {kN, kK}));
-        const Node& n = g.node(y.id);
-        const std::vector<TensorType> in = {{DType::kF32, {T, kK}}, {wt, {kN, kK}}};
-        backend::KernelRequest req;
-        req.op = n.op;
-        req.attrs = &n.attrs;
-        req.inputs = in;
-        req.output = {n.dtype, n.shape};
-        auto kernel = dev.GetKernel(req);
-        ASSERT_TRUE(kernel.ok()) << kernel.status();
-        ASSERT_NE(kernel->name.find("gemv_q8"), std::string::npos) << kernel->name;
-        std::vector<uint8_t> w(DTypeBytes(wt, kK) * kN);
-        for (int64_t r = 0; r < kN; ++r) {
-          ASSERT_TRUE(
-              QuantizeRow(wt, x.data() + r * kK, w.data() + r * DTypeBytes(wt, kK), kK).ok());
-        }
-        auto stream = dev.CreateStream();
-        ASSERT_TRUE(stream.ok());
-        const auto run = [&](const float* xs, int64_t m, float* out) {
-          TensorArg inputs[2] = {Arg2D(const_cast<float*>(xs), DType::kF32, m, kK),
-                                 Arg2D(w.data(), wt, kN, kK)};
-          LaunchArgs args;
-          args.kernel_data = kernel->data.get();
-          args.inputs = inputs;
-          args.num_inputs = 2;
-          args.output = Arg2D(out, DType::kF32, m, kN);
-          const Launch launch{kernel->fn, &args};
-          ASSERT_TRUE((*stream)->Run(std::span<const Launch>(&launch, 1)).ok());
-        };
-        std::vector<float> batch(kM * kN), alone(kN);
-        run(x.data(), kM, batch.data());
-        for (int64_t m = 0; m < kM; ++m) {
-          run(x.data() + m * kK, 1, alone.data());
-          for (int64_t j = 0; j < kN; ++j) {
-            ASSERT_EQ(std::memcmp(&alone[j], &batch[m * kN + j], 4), 0)
-                << IsaName(isa) << " " << DTypeName(wt) << " row " << m << " column " << j << ": "
-                << alone[j] << " alone, " << batch[m * kN + j] << " in the batch";
-          }
-        }
+        ExpectRowsIndependentOfBatch(dev, wt, kN, kK, x, kM, "gemv_q8");
         ++compared;
       }
     }
     EXPECT_GT(compared, 0);
+  }
+}
+
+// With bf16 activations allowed, bf16 Linear on a CPU with AVX-512 BF16 runs vdpbf16ps on x
+// rounded to bf16: within a normalized MSE of 1e-4 of the exact result (x's rounding alone:
+// ~1e-6) and not exact; on variants or CPUs without it the exact f32 kernels run unchanged.
+TEST(HarnessBf16, RoundedActivationsStayWithinTheirToleranceWhereTheCpuHasIt) {
+  std::unique_ptr<backend::Backend> ref = backend::MakeRefBackend();
+  int run = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!IsaSupported(isa)) continue;
+    const bool bf16 = Bf16KernelsFor(isa) != nullptr;
+    VariantDevice dev(isa, nullptr, 2, /*q8=*/false, /*bf16=*/true);
+    for (OpCase c : LinearCases()) {
+      if (c.op != "linear" || c.inputs[1].dtype != DType::kBF16) continue;
+      if (bf16) c.tol = 1e-4;
+      dev.Forget();
+      const harness::Result r = harness::RunForward(c, *ref->device(0), dev);
+      EXPECT_EQ(r.outcome, harness::Result::Outcome::kPass)
+          << IsaName(isa) << " " << c.name << ": " << r.message;
+      const std::string kernel = dev.KernelFor(OpKind::kLinear);
+      EXPECT_EQ(kernel.find("gemm_bf16") != std::string::npos, bf16)
+          << IsaName(isa) << " " << kernel;
+      if (bf16) {
+        EXPECT_GT(r.error, 0) << "suspiciously exact: was x rounded? " << c.name;
+      }
+      ++run;
+    }
+  }
+  EXPECT_GT(run, 0);
+  if (Bf16KernelsFor(Isa::kAvx512) == nullptr) {
+    GTEST_SKIP() << "checked the exact fallback only: this CPU has no AVX-512 BF16";
+  }
+}
+
+// With bf16 activations a row's result does not depend on its batch: 70 rows (weight rows
+// split between the threads with 40 of them, rows of x with 9; K with and without a partial
+// 32-element chunk) equal each row computed alone, bit for bit.
+TEST(HarnessBf16, ARowsResultDoesNotDependOnItsBatch) {
+  if (Bf16KernelsFor(Isa::kAvx512) == nullptr) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+  }
+  constexpr int64_t kM = 70;
+  for (const int64_t kN : {9, 40}) {
+    for (const int64_t kK : {96, 75}) {
+      std::vector<float> x(kM * kK);
+      for (int64_t i = 0; i < kM * kK; ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+      VariantDevice dev(Isa::kAvx512, nullptr, 2, /*q8=*/false, /*bf16=*/true);
+      ExpectRowsIndependentOfBatch(dev, DType::kBF16, kN, kK, x, kM, "gemm_bf16");
+    }
   }
 }
 

@@ -49,6 +49,17 @@ bool DetectAvx512Vnni() {
 #endif
 }
 
+bool DetectAvx512Bf16() {
+#if defined(__x86_64__)
+  if (DetectedIsa() != Isa::kAvx512) return false;
+  unsigned a, b, c, d;
+  // CPUID.(EAX=7, ECX=1):EAX bit 5 (GCC 12's cpuid.h has no name for it).
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+#else
+  return false;
+#endif
+}
+
 std::string Brand() {
 #if defined(__x86_64__)
   unsigned regs[12] = {};
@@ -114,6 +125,11 @@ Isa ActiveIsa() {
 bool CpuHasAvx512Vnni() {
   static const bool vnni = DetectAvx512Vnni();
   return vnni;
+}
+
+bool CpuHasAvx512Bf16() {
+  static const bool bf16 = DetectAvx512Bf16();
+  return bf16;
 }
 
 const char* CpuDescription() {

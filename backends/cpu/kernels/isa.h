@@ -36,6 +36,10 @@ inline bool IsaSupported(Isa isa) {
 // the q8 kernels use it (kernels.h Q8KernelsFor) where the active variant is avx512.
 bool CpuHasAvx512Vnni();
 
+// True if the CPU has AVX-512 BF16 (vdpbf16ps) besides the avx512 variant's F/BW/VL/DQ: the
+// bf16-activation kernels use it (kernels.h Bf16KernelsFor) where the active variant is avx512.
+bool CpuHasAvx512Bf16();
+
 // "AMD EPYC 7B13 avx2" — the cpuid brand string and detected variant, for cache keys and logs.
 const char* CpuDescription();
 

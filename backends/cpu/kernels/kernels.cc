@@ -36,6 +36,11 @@ const IsaKernels* KernelsFor(Isa isa) {
 
 const Q8Kernels* VnniQ8Kernels() { return CpuHasAvx512Vnni() ? &Avx512VnniQ8Kernels() : nullptr; }
 
+const Bf16Kernels* Bf16KernelsFor(Isa isa) {
+  if (isa != Isa::kAvx512 || !IsaSupported(isa) || !CpuHasAvx512Bf16()) return nullptr;
+  return &Avx512Bf16Kernels();
+}
+
 const Q8Kernels* Q8KernelsFor(Isa isa) {
   if (!IsaSupported(isa)) return nullptr;
   if (isa == Isa::kScalar) return &ScalarQ8Kernels();

@@ -202,6 +202,30 @@ const Q8Kernels* Q8KernelsFor(Isa isa);
 const Q8Kernels& Avx2Q8Kernels();
 const Q8Kernels* VnniQ8Kernels();
 
+// The kernels on bf16 activations for bf16 weights (kernels_bf16.cc), used only where the
+// numerics policy allows it (linear.h): x is rounded to bf16 (to nearest even; denormals
+// flushed to zero, as the instruction does), each product of two bf16 values is exact in f32,
+// and the products are accumulated in f32 with vdpbf16ps along K — ggml's numerics for bf16
+// weights on AVX-512 BF16. Every (row of x, weight row) pair is computed in one fixed
+// arithmetic whatever M, the tile or the thread split, so a row's result does not depend on
+// its batch. Results differ from exact f32 products by x's rounding: a relative error of up
+// to 2^-9 per product.
+struct Bf16Kernels {
+  const char* name;
+  // x[0, K) rounded to bf16 into out[0, Bf16RowElems(K)), zero-padded past K.
+  void (*round)(const float* x, int64_t K, uint16_t* out);
+  // y[m0:m1, n0:n1] from rows [m0, m1) of x already rounded, row m at xb + (m - m0) * ldxb.
+  // REQUIRES: wtype bf16, w_k_stride == 1; ldxb >= Bf16RowElems(K).
+  void (*gemm)(const GemmArgs& a, const uint16_t* xb, int64_t ldxb, int64_t m0, int64_t m1,
+               int64_t n0, int64_t n1);
+};
+// Elements of a rounded row: K up to whole 32-element chunks.
+inline int64_t Bf16RowElems(int64_t K) { return (K + 31) / 32 * 32; }
+// The bf16 kernels where `isa` is avx512 and the CPU has AVX-512 BF16; otherwise null (the
+// exact f32 path runs instead).
+const Bf16Kernels* Bf16KernelsFor(Isa isa);
+const Bf16Kernels& Avx512Bf16Kernels();  // only where CpuHasAvx512Bf16()
+
 // The table of a variant, or null if it cannot run on this CPU.
 const IsaKernels* KernelsFor(Isa isa);
 

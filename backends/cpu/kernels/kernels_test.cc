@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -363,6 +364,64 @@ std::vector<float> Q8Product(const Q8Kernels& q8, const Weights& w, const std::v
 // sequence's numerics must not depend on its batch): every weight type, ragged strips. The
 // batches of 1-8 rows take the unpacked tiles (for q4 under VNNI, Q8Tile4Nibbles: four rows
 // per register), 40 rows the strips with weight rows in the lanes.
+// The bf16 kernels: x rounded as FloatToBF16 does (to nearest even), zero-padded to whole
+// chunks; y within f32 accumulation error of the exact products of the rounded x and the
+// weights (shapes with partial chunks, odd K, edge tiles), and a row's bits the same in any
+// range of rows or weight rows.
+TEST(Bf16KernelsTest, MatchTheRoundedProductsAndRowsDoNotDependOnTheirRange) {
+  const Bf16Kernels* bf = Bf16KernelsFor(Isa::kAvx512);
+  if (bf == nullptr) GTEST_SKIP() << "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0, 1);
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 96}, {16, 576}, {7, 33}, {6, 1}, {9, 75}}) {
+    const Weights w = MakeWeights(DType::kBF16, N, K, rng);
+    const int64_t M = 11, ld = Bf16RowElems(K);
+    std::vector<float> x(M * K), xr(M * K);
+    for (float& v : x) v = nd(rng);
+    std::vector<uint16_t> xb(M * ld, 0xFFFF);
+    for (int64_t m = 0; m < M; ++m) bf->round(x.data() + m * K, K, xb.data() + m * ld);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t k = 0; k < ld; ++k) {
+        const uint16_t want = k < K ? FloatToBF16(x[m * K + k]) : 0;
+        ASSERT_EQ(xb[m * ld + k], want) << "K=" << K << " row " << m << " element " << k;
+        if (k < K) xr[m * K + k] = BF16ToFloat(want);
+      }
+    }
+    std::vector<float> y(M * N);
+    GemmArgs a = ArgsFor(w, x.data(), K, M, N);
+    a.y = y.data();
+    bf->gemm(a, xb.data(), ld, 0, M, 0, N);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t n = 0; n < N; ++n) {
+        double want = 0, mag = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          const double p = double{xr[m * K + k]} * w.f32[n * K + k];
+          want += p;
+          mag += std::abs(p);
+        }
+        EXPECT_NEAR(y[m * N + n], want, 1e-6 * mag + 1e-30)
+            << "N=" << N << " K=" << K << " row " << m << " column " << n;
+      }
+    }
+    // Rows [m0, m1) by weight rows [n0, n1), for ranges that cut tiles anywhere.
+    for (auto [m0, m1, n0, n1] : {std::array<int64_t, 4>{0, 1, 0, N},
+                                  {3, 8, 1, N},
+                                  {5, 11, 0, N / 2 + 1},
+                                  {10, 11, N - 1, N}}) {
+      std::vector<float> part(M * N, -1);
+      a.y = part.data();
+      bf->gemm(a, xb.data() + m0 * ld, ld, m0, m1, n0, n1);
+      for (int64_t m = m0; m < m1; ++m) {
+        for (int64_t n = n0; n < n1; ++n) {
+          ASSERT_EQ(Bits(part[m * N + n]), Bits(y[m * N + n]))
+              << "N=" << N << " K=" << K << " rows [" << m0 << ", " << m1 << ") row " << m
+              << " column " << n;
+        }
+      }
+    }
+  }
+}
+
 TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {
   if (!IsaSupported(Isa::kAvx2)) GTEST_SKIP() << "avx2 is not supported by this CPU";
   std::vector<const Q8Kernels*> sets = {&Avx2Q8Kernels()};

@@ -45,6 +45,9 @@ constexpr int64_t kMaxTimedN = 8192;
 // of x (SmolLM2 prefill in 128-row chunks on an AVX-512 VNNI Xeon: q8 / exact tokens/s
 // 0.96-1.01 with rows split, 0.94-1.30, median 1.05, with weight rows split).
 constexpr int64_t kQ8SplitRowsMinM = 64;
+// The bf16 path splits weight rows between threads when each gets at least this many, else
+// rows of x.
+constexpr int64_t kBf16SplitNMinRows = 32;
 // Decoded matmuls: blocks of K (MatMulDecodedKernel) for K from this long, used when x has
 // more than this many bytes.
 constexpr int64_t kKBlockedMinK = 8192;
@@ -65,7 +68,8 @@ struct Plan {
 struct GemmData {
   bool matmul = false;
   const IsaKernels* k = nullptr;
-  const Q8Kernels* q8 = nullptr;  // the q8 kernels (kernels.h Q8KernelsFor); null: off
+  const Q8Kernels* q8 = nullptr;      // the q8 kernels (kernels.h Q8KernelsFor); null: off
+  const Bf16Kernels* bf16 = nullptr;  // the bf16 kernels (kernels.h Bf16KernelsFor); null: off
   Plan plan;
   // MatMul with a column-major `a` (autograd's dW = g^T x), which oneDNN reads in place while
   // the others copy it into rows first: timed apart. None: `plan` serves both layouts.
@@ -100,6 +104,9 @@ GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
       return (d.onednn_n && g.w_row_bytes == 4) ? impl : GemmImpl::kGemm;
     case GemmImpl::kOneDnnDequant:
       return (d.onednn_k && g.w_k_stride == 1) ? impl : GemmImpl::kGemm;
+    case GemmImpl::kGemmBf16:
+      return (d.bf16 != nullptr && g.wtype == DType::kBF16 && g.w_k_stride == 1) ? impl
+                                                                                 : GemmImpl::kGemm;
     case GemmImpl::kGemm:
       return impl;
   }
@@ -159,6 +166,29 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
         d.q8->quantize(rows.x + m * rows.ldx, rows.K, xq.data() + m * nb);
       }
       d.q8->gemv(rows, xq.data(), n0, n1);
+      return;
+    }
+    case GemmImpl::kGemmBf16: {
+      // Weight rows split in strips of four (each weight byte read once; every thread rounds
+      // all rows of x), or, with too few weight rows to share, rows of x in tiles of four
+      // (each thread rounding only its own).
+      int64_t mb = 0, me = g.M, nb = 0, ne = g.N;
+      if (g.N >= kBf16SplitNMinRows * nt || g.M < 4 * nt) {
+        const auto [b, e] = Share((g.N + 3) / 4, t, nt);
+        nb = std::min(g.N, b * 4);
+        ne = std::min(g.N, e * 4);
+      } else {
+        const auto [b, e] = Share((g.M + 3) / 4, t, nt);
+        mb = std::min(g.M, b * 4);
+        me = std::min(g.M, e * 4);
+      }
+      if (mb >= me || nb >= ne) return;
+      const int64_t ld = Bf16RowElems(g.K);
+      thread_local std::vector<uint16_t> xb;
+      xb.resize(static_cast<size_t>((me - mb) * ld));
+      for (int64_t m = mb; m < me; ++m)
+        d.bf16->round(g.x + m * g.ldx, g.K, xb.data() + (m - mb) * ld);
+      d.bf16->gemm(g, xb.data(), ld, mb, me, nb, ne);
       return;
     }
     case GemmImpl::kGemm:
@@ -571,6 +601,8 @@ const char* GemmImplName(GemmImpl impl) {
       return "onednn";
     case GemmImpl::kOneDnnDequant:
       return "onednn_dequant";
+    case GemmImpl::kGemmBf16:
+      return "gemm_bf16";
   }
   return "?";
 }
@@ -597,6 +629,9 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   if (d->k == nullptr) d->k = KernelsFor(Isa::kScalar);
   if (ctx.q8_activations && !matmul && HasQ8Path(w.dtype)) {
     d->q8 = Q8KernelsFor(d->k->isa);
+  }
+  if (ctx.bf16_activations && !matmul && w.dtype == DType::kBF16) {
+    d->bf16 = Bf16KernelsFor(d->k->isa);  // null without AVX-512 BF16: exact f32 below
   }
   KILN_ASSIGN_OR_RETURN(d->fallback, ctx.reference(req));
 
@@ -647,6 +682,8 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     // With q8 activations every M uses them: a sequence's numerics must not depend on how
     // many others share its step (nor on timing), so nothing else is a candidate.
     candidates.push_back(GemmImpl::kGemvQ8);
+  } else if (d->bf16 != nullptr) {
+    candidates.push_back(GemmImpl::kGemmBf16);  // likewise
   } else {
     if (!matmul) candidates.push_back(GemmImpl::kGemv);
     // On f32 weights oneDNN goes first, so that the packed GEMM must beat it by the tuner's
@@ -663,6 +700,8 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     d->plan.upto = {{INT64_MAX, GemmImpl::kGemm}};
   } else if (d->q8 != nullptr) {
     d->plan.upto = {{INT64_MAX, GemmImpl::kGemvQ8}};
+  } else if (d->bf16 != nullptr) {
+    d->plan.upto = {{INT64_MAX, GemmImpl::kGemmBf16}};
   } else {
     d->plan.upto = {{kGemvHeuristicMaxM, GemmImpl::kGemv}, {INT64_MAX, GemmImpl::kGemm}};
   }
@@ -683,7 +722,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   if (matmul) tunable = tunable && x.shape.size() == 2;
   if (ctx.force_gemm != nullptr) {
     for (GemmImpl c : {GemmImpl::kGemv, GemmImpl::kGemvQ8, GemmImpl::kGemm, GemmImpl::kOneDnn,
-                       GemmImpl::kOneDnnDequant}) {
+                       GemmImpl::kOneDnnDequant, GemmImpl::kGemmBf16}) {
       if (std::string_view(ctx.force_gemm) == GemmImplName(c)) d->plan.upto = {{INT64_MAX, c}};
     }
     tunable = false;
@@ -748,6 +787,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   if (d->q8 != nullptr && std::string_view(d->q8->name) != IsaName(d->k->isa)) {
     absl::StrAppend(&plan, " ", d->q8->name);  // "1-:gemv_q8 avx512_vnni"
   }
+  if (d->bf16 != nullptr) absl::StrAppend(&plan, " ", d->bf16->name);  // "1-:gemm_bf16 avx512_bf16"
   const std::string name =
       absl::StrCat("cpu.", OpName(req.op), ".", IsaName(d->k->isa), "[", plan, "]");
   return std::optional<Kernel>(Kernel{matmul ? MatMulKernel : LinearKernel, std::move(d), name});

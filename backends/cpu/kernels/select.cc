@@ -24,6 +24,8 @@ SelectContext DefaultSelectContext(
   c.reference = reference;
   const char* q8 = std::getenv("KILN_CPU_Q8_ACTIVATIONS");
   c.q8_activations = q8 != nullptr && std::string_view(q8) == "1";
+  const char* bf16 = std::getenv("KILN_CPU_BF16_ACTIVATIONS");
+  c.bf16_activations = bf16 != nullptr && std::string_view(bf16) == "1";
   return c;
 }
 

@@ -55,8 +55,14 @@ struct SelectContext {
   // weights (ggml's decode numerics: ~1e-5 normalized MSE against exact f32 products, beyond
   // the op harness's f32 tolerance). Off by default; KILN_CPU_Q8_ACTIVATIONS=1 turns it on.
   bool q8_activations = false;
+  // Numerics policy: allow rounding activations to bf16 for bf16 weights, products accumulated
+  // with vdpbf16ps (ggml's numerics for bf16 weights; kernels.h Bf16Kernels) — only where the
+  // CPU has AVX-512 BF16, exact f32 elsewhere. Off by default; KILN_CPU_BF16_ACTIVATIONS=1
+  // turns it on.
+  bool bf16_activations = false;
   // Tests and debugging: use this GEMM implementation ("gemv", "gemv_q8", "gemm",
-  // "onednn", "onednn_dequant") for every M where it applies. Null: tuned or heuristic choice.
+  // "onednn", "onednn_dequant", "gemm_bf16") for every M where it applies. Null: tuned or heuristic
+  // choice.
   const char* force_gemm = nullptr;
   // Builds hand-written code that calls generated expressions and returns the addresses of
   // its functions `g.entry + suffix` (the cpu backend passes its JIT's GetFunctions). Null:
