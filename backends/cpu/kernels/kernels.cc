@@ -1,5 +1,7 @@
 #include "backends/cpu/kernels/kernels.h"
 
+#include "spdlog/spdlog.h"
+
 namespace kiln::cpu {
 
 bool HasFastDecoder(DType t) {
@@ -36,9 +38,25 @@ const IsaKernels* KernelsFor(Isa isa) {
 
 const Q8Kernels* VnniQ8Kernels() { return CpuHasAvx512Vnni() ? &Avx512VnniQ8Kernels() : nullptr; }
 
+namespace avx512bf16 {
+double MeasureDotSpeedup();  // kernels_bf16.cc; only where CpuHasAvx512Bf16()
+}  // namespace avx512bf16
+
+double Bf16DotSpeedup() {
+  static const double speedup = [] {
+    if (!CpuHasAvx512Bf16()) return 0.0;
+    const double s = avx512bf16::MeasureDotSpeedup();
+    spdlog::info("cpu: vdpbf16ps runs {:.2f}x the multiply-adds of 512-bit FMAs here ({})", s,
+                 s >= kMinBf16DotSpeedup ? "activations: bf16 uses it"
+                                         : "activations: bf16 keeps the exact f32 kernels");
+    return s;
+  }();
+  return speedup;
+}
+
 const Bf16Kernels* Bf16KernelsFor(Isa isa) {
   if (isa != Isa::kAvx512 || !IsaSupported(isa) || !CpuHasAvx512Bf16()) return nullptr;
-  return &Avx512Bf16Kernels();
+  return Bf16DotSpeedup() >= kMinBf16DotSpeedup ? &Avx512Bf16Kernels() : nullptr;
 }
 
 const Q8Kernels* Q8KernelsFor(Isa isa) {

@@ -221,9 +221,15 @@ struct Bf16Kernels {
 };
 // Elements of a rounded row: K up to whole 32-element chunks.
 inline int64_t Bf16RowElems(int64_t K) { return (K + 31) / 32 * 32; }
-// The bf16 kernels where `isa` is avx512 and the CPU has AVX-512 BF16; otherwise null (the
-// exact f32 path runs instead).
+// The bf16 kernels where `isa` is avx512, the CPU has AVX-512 BF16 and runs vdpbf16ps's
+// multiply-adds at least kMinBf16DotSpeedup times as fast as 512-bit FMAs' (Bf16DotSpeedup);
+// otherwise null (the exact f32 path runs instead, which is then as fast or faster: a Zen 4
+// measured 2.0, a Sapphire Rapids Xeon 0.5).
+inline constexpr double kMinBf16DotSpeedup = 1.3;
 const Bf16Kernels* Bf16KernelsFor(Isa isa);
+// vdpbf16ps's multiply-adds per second over 512-bit FMAs', on the calling thread, measured once
+// (~1 ms, the best of three rounds each) at the first call; 0 without AVX-512 BF16.
+double Bf16DotSpeedup();
 const Bf16Kernels& Avx512Bf16Kernels();  // only where CpuHasAvx512Bf16()
 
 // The table of a variant, or null if it cannot run on this CPU.

@@ -369,8 +369,11 @@ std::vector<float> Q8Product(const Q8Kernels& q8, const Weights& w, const std::v
 // weights (shapes with partial chunks, odd K, edge tiles), and a row's bits the same in any
 // range of rows or weight rows.
 TEST(Bf16KernelsTest, MatchTheRoundedProductsAndRowsDoNotDependOnTheirRange) {
-  const Bf16Kernels* bf = Bf16KernelsFor(Isa::kAvx512);
-  if (bf == nullptr) GTEST_SKIP() << "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+  // Where the CPU has the instruction, whether or not Bf16KernelsFor() would choose it.
+  if (!IsaSupported(Isa::kAvx512) || !CpuHasAvx512Bf16()) {
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+  }
+  const Bf16Kernels* bf = &Avx512Bf16Kernels();
   std::mt19937 rng(31);
   std::normal_distribution<float> nd(0, 1);
   for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 96}, {16, 576}, {7, 33}, {6, 1}, {9, 75}}) {
@@ -420,6 +423,22 @@ TEST(Bf16KernelsTest, MatchTheRoundedProductsAndRowsDoNotDependOnTheirRange) {
       }
     }
   }
+}
+
+// The measured speedup chooses the kernels: null below kMinBf16DotSpeedup, and 0 without the
+// instruction.
+TEST(Bf16KernelsTest, ChosenOnlyWhereTheDotsBeatTheFmas) {
+  const double s = Bf16DotSpeedup();
+  EXPECT_EQ(s, Bf16DotSpeedup());  // measured once
+  if (!IsaSupported(Isa::kAvx512) || !CpuHasAvx512Bf16()) {
+    EXPECT_EQ(s, 0);
+    EXPECT_EQ(Bf16KernelsFor(Isa::kAvx512), nullptr);
+    GTEST_SKIP() << "this CPU has no AVX-512 BF16 (vdpbf16ps)";
+  }
+  EXPECT_GT(s, 0.1);
+  EXPECT_LT(s, 10);
+  EXPECT_EQ(Bf16KernelsFor(Isa::kAvx512) != nullptr, s >= kMinBf16DotSpeedup) << s;
+  EXPECT_EQ(Bf16KernelsFor(Isa::kAvx2), nullptr);
 }
 
 TEST(Q8KernelsTest, VnniAndAvx2AgreeBitForBitAndRowsDoNotDependOnTheirBatch) {
