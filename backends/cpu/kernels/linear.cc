@@ -89,6 +89,25 @@ std::pair<int64_t, int64_t> Share(int64_t units, int t, int n) {
   return {units * t / n, units * (t + 1) / n};
 }
 
+// This thread's rows of x [m0, m1) and weight rows [n0, n1): a share of the weight rows in
+// units of `n_unit` if `split_n`, else a share of the rows of x in units of `m_unit`.
+struct Part {
+  int64_t m0, m1, n0, n1;
+};
+Part PartOf(const GemmArgs& g, int t, int nt, bool split_n, int64_t n_unit, int64_t m_unit) {
+  Part p{0, g.M, 0, g.N};
+  if (split_n) {
+    const auto [b, e] = Share((g.N + n_unit - 1) / n_unit, t, nt);
+    p.n0 = std::min(g.N, b * n_unit);
+    p.n1 = std::min(g.N, e * n_unit);
+  } else {
+    const auto [b, e] = Share((g.M + m_unit - 1) / m_unit, t, nt);
+    p.m0 = std::min(g.M, b * m_unit);
+    p.m1 = std::min(g.M, e * m_unit);
+  }
+  return p;
+}
+
 // The implementation to use for this layout (the plan's, or the packed GEMM where the
 // plan's cannot take it).
 GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
@@ -123,17 +142,7 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
   }
   // 2-D split: along N in units of 16 columns when each thread gets enough of them,
   // otherwise along M in units of 8 rows.
-  const bool split_n = g.N >= 64 * nt || g.M < 8 * nt;
-  int64_t m0 = 0, m1 = g.M, n0 = 0, n1 = g.N;
-  if (split_n) {
-    const auto [b, e] = Share((g.N + 15) / 16, t, nt);
-    n0 = std::min(g.N, b * 16);
-    n1 = std::min(g.N, e * 16);
-  } else {
-    const auto [b, e] = Share((g.M + 7) / 8, t, nt);
-    m0 = std::min(g.M, b * 8);
-    m1 = std::min(g.M, e * 8);
-  }
+  const auto [m0, m1, n0, n1] = PartOf(g, t, nt, g.N >= 64 * nt || g.M < 8 * nt, 16, 8);
   switch (impl) {
     case GemmImpl::kGemv: {
       const auto [b, e] = Share((g.N + 3) / 4, t, nt);  // strips of 4 weight rows
@@ -172,16 +181,8 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
       // Weight rows split in strips of four (each weight byte read once; every thread rounds
       // all rows of x), or, with too few weight rows to share, rows of x in tiles of four
       // (each thread rounding only its own).
-      int64_t mb = 0, me = g.M, nb = 0, ne = g.N;
-      if (g.N >= kBf16SplitNMinRows * nt || g.M < 4 * nt) {
-        const auto [b, e] = Share((g.N + 3) / 4, t, nt);
-        nb = std::min(g.N, b * 4);
-        ne = std::min(g.N, e * 4);
-      } else {
-        const auto [b, e] = Share((g.M + 3) / 4, t, nt);
-        mb = std::min(g.M, b * 4);
-        me = std::min(g.M, e * 4);
-      }
+      const auto [mb, me, nb, ne] =
+          PartOf(g, t, nt, g.N >= kBf16SplitNMinRows * nt || g.M < 4 * nt, 4, 4);
       if (mb >= me || nb >= ne) return;
       const int64_t ld = Bf16RowElems(g.K);
       thread_local std::vector<uint16_t> xb;

@@ -5,7 +5,9 @@
 //   linear      x [..., K] f32, w [N, K] f32/f16/bf16/q4_0/q4_1/q8_0/mxfp4 (K-quants through
 //               the dequantizer) — GEMV with weights decoded in registers (decode), packed
 //               GEMM (prefill), oneDNN f32 GEMM (f32 weights) or weight panels dequantized
-//               for oneDNN; chosen per M range by autotuning (autotune.h).
+//               for oneDNN; chosen per M range by autotuning (autotune.h). Under an opt-in
+//               numerics policy, every M: q8 activations with integer dots (quantized
+//               weights), or bf16 activations with vdpbf16ps (bf16 weights).
 //   matmul      f32 (batched, broadcast batch dims) — packed GEMM or oneDNN; 2-D with a
 //               f16/bf16/q4_0/q4_1/q8_0/mxfp4 right operand (a frozen weight: dx = g w) —
 //               its column panels decoded to f32 per thread, then oneDNN or the packed GEMM.
