@@ -16,7 +16,10 @@ from gguf.quants import dequantize, quantize
 def main():
     args = sys.argv[1:]
     bf16 = "--bf16" in args
-    src, dst = [a for a in args if a != "--bf16"]
+    paths = [a for a in args if a != "--bf16"]
+    if len(paths) != 2:
+        sys.exit("usage: gguf_to_f32.py [--bf16] IN.gguf OUT.gguf")
+    src, dst = paths
     r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
     w = GGUFWriter(dst, arch)
