@@ -395,6 +395,7 @@ std::vector<Variant> Variants() {
     out.push_back({isa, nullptr, 1});
     out.push_back({isa, "gemm", 3});
   }
+  out.push_back({Isa::kAvx512, "gemm_avx2", 2});  // the avx2 GEMM beside the avx512 kernels
   return out;
 }
 

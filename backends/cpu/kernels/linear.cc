@@ -68,8 +68,9 @@ struct Plan {
 struct GemmData {
   bool matmul = false;
   const IsaKernels* k = nullptr;
-  const Q8Kernels* q8 = nullptr;      // the q8 kernels (kernels.h Q8KernelsFor); null: off
-  const Bf16Kernels* bf16 = nullptr;  // the bf16 kernels (kernels.h Bf16KernelsFor); null: off
+  const IsaKernels* k_avx2 = nullptr;  // kGemmAvx2's kernels (Linear on avx512 only); else null
+  const Q8Kernels* q8 = nullptr;       // the q8 kernels (kernels.h Q8KernelsFor); null: off
+  const Bf16Kernels* bf16 = nullptr;   // the bf16 kernels (kernels.h Bf16KernelsFor); null: off
   Plan plan;
   // MatMul with a column-major `a` (autograd's dW = g^T x), which oneDNN reads in place while
   // the others copy it into rows first: timed apart. None: `plan` serves both layouts.
@@ -123,6 +124,8 @@ GemmImpl Resolve(const GemmData& d, GemmImpl impl, const GemmArgs& g) {
       return (d.onednn_n && g.w_row_bytes == 4) ? impl : GemmImpl::kGemm;
     case GemmImpl::kOneDnnDequant:
       return (d.onednn_k && g.w_k_stride == 1) ? impl : GemmImpl::kGemm;
+    case GemmImpl::kGemmAvx2:
+      return d.k_avx2 != nullptr ? impl : GemmImpl::kGemm;
     case GemmImpl::kGemmBf16:
       return (d.bf16 != nullptr && g.wtype == DType::kBF16 && g.w_k_stride == 1) ? impl
                                                                                  : GemmImpl::kGemm;
@@ -194,6 +197,9 @@ void RunGemm(const GemmData& d, GemmImpl impl, const GemmArgs& g, int t, int nt)
     }
     case GemmImpl::kGemm:
       d.k->gemm(g, m0, m1, n0, n1);
+      return;
+    case GemmImpl::kGemmAvx2:
+      d.k_avx2->gemm(g, m0, m1, n0, n1);
       return;
     case GemmImpl::kOneDnn:
       (g.x_transposed      ? d.onednn_nt
@@ -602,6 +608,8 @@ const char* GemmImplName(GemmImpl impl) {
       return "onednn";
     case GemmImpl::kOneDnnDequant:
       return "onednn_dequant";
+    case GemmImpl::kGemmAvx2:
+      return "gemm_avx2";
     case GemmImpl::kGemmBf16:
       return "gemm_bf16";
   }
@@ -696,6 +704,13 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
     if (!onednn_f32 && !matmul && fast_decode && d->onednn_k) {
       candidates.push_back(GemmImpl::kOneDnnDequant);
     }
+    // On AVX-512 CPUs the avx2 GEMM too, last, so that it must win by the tuner's margin: a
+    // Zen 4 runs 512-bit FMAs as two 256-bit halves, and there it was 2-10% ahead at M = 512
+    // (gemm_bench, docs/performance.md "Issue 18 on a Zen 4").
+    if (!matmul && d->k->isa == Isa::kAvx512 && KernelsFor(Isa::kAvx2) != nullptr) {
+      d->k_avx2 = KernelsFor(Isa::kAvx2);
+      candidates.push_back(GemmImpl::kGemmAvx2);
+    }
   }
   if (matmul) {
     d->plan.upto = {{INT64_MAX, GemmImpl::kGemm}};
@@ -723,7 +738,7 @@ StatusOr<std::optional<Kernel>> MakeGemmKernel(const KernelRequest& req, const S
   if (matmul) tunable = tunable && x.shape.size() == 2;
   if (ctx.force_gemm != nullptr) {
     for (GemmImpl c : {GemmImpl::kGemv, GemmImpl::kGemvQ8, GemmImpl::kGemm, GemmImpl::kOneDnn,
-                       GemmImpl::kOneDnnDequant, GemmImpl::kGemmBf16}) {
+                       GemmImpl::kOneDnnDequant, GemmImpl::kGemmAvx2, GemmImpl::kGemmBf16}) {
       if (std::string_view(ctx.force_gemm) == GemmImplName(c)) d->plan.upto = {{INT64_MAX, c}};
     }
     tunable = false;

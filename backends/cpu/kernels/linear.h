@@ -23,6 +23,8 @@ enum class GemmImpl : uint8_t {
   kGemm,           // packed panels + micro-kernel (kernels.h gemm)
   kOneDnn,         // oneDNN f32 matmul (f32 weights)
   kOneDnnDequant,  // weight panels decoded to f32, then oneDNN
+  kGemmAvx2,       // the avx2 variant's packed GEMM on an avx512 CPU: one more candidate for
+                   // the tuner (a Zen 4 runs 512-bit FMAs as two 256-bit halves)
   kGemmBf16,       // bf16 weights, activations rounded to bf16, vdpbf16ps (only with
                    // bf16_activations on a CPU with AVX-512 BF16)
 };
