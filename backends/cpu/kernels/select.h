@@ -63,8 +63,8 @@ struct SelectContext {
   // turns it on.
   bool bf16_activations = false;
   // Tests and debugging: use this GEMM implementation ("gemv", "gemv_q8", "gemm",
-  // "onednn", "onednn_dequant", "gemm_avx2" (avx512 only), "gemm_bf16") for every M where it applies. Null: tuned or heuristic
-  // choice.
+  // "onednn", "onednn_dequant", "gemm_avx2" (avx512 only), "gemm_bf16") for every M where it
+  // applies. Null: tuned or heuristic choice.
   const char* force_gemm = nullptr;
   // Builds hand-written code that calls generated expressions and returns the addresses of
   // its functions `g.entry + suffix` (the cpu backend passes its JIT's GetFunctions). Null:
