@@ -114,7 +114,6 @@ constexpr ModelKind kModelKinds[] = {
 constexpr std::string_view kBuiltinModels[] = {
     "simple",          "identity_fp32",         "sleep_us",     "simple_string",  "simple_int8",
     "simple_identity", "custom_identity_int32", "repeat_int32", "simple_sequence"};
-constexpr std::string_view kActivations[] = {"f32", "q8", "bf16"};
 constexpr std::string_view kKvCacheDtypes[] = {"f32", "f16", "bf16"};
 constexpr std::string_view kSamplingPlaces[] = {"device", "host"};
 
@@ -1345,7 +1344,7 @@ void ValidateModelInto(Diagnostics& d, const ModelConfig& m, const std::string& 
     }
     ValidateScheduler(d, m.scheduler, Join(path, "scheduler"));
     ValidateAttention(d, m.attention, Join(path, "attention"));
-    CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivations);
+    CheckName(d, Join(path, "activations"), "activation type", m.activations, kActivationNames);
     CheckName(d, Join(path, "kv_cache_dtype"), "KV cache dtype", m.kv_cache_dtype, kKvCacheDtypes);
     CheckName(d, Join(path, "sampling"), "sampling place", m.sampling, kSamplingPlaces);
     CheckInt(d, Join(path, "max_loaded_adapters"), kMaxLoadedAdaptersRange, m.max_loaded_adapters);

@@ -314,6 +314,9 @@ struct AttentionConfig {
   bool operator==(const AttentionConfig&) const = default;
 };
 
+// The values of ModelConfig::activations.
+inline constexpr std::string_view kActivationNames[] = {"f32", "q8", "bf16"};
+
 struct ModelConfig {
   std::string name;  // [A-Za-z0-9_.-]{1,128}, unique
   // "builtin" (tensor smoke-test models), "llm" (path: GGUF or HF folder) or "embedding"
@@ -336,9 +339,11 @@ struct ModelConfig {
   int context_length = 0;  // cap on the model's context (llm: KV per sequence; embedding: tokens
                            // per text); 0: the model's own
   // kind llm only:
-  // Numerics. "f32": activations stay f32 (exact against f32 references). "q8": activations
-  // are quantized to 8-bit blocks before multiplying q4_0/q4_1/q8_0/mxfp4 weights, as
-  // llama.cpp does (faster one-stream decode on cpu; logits move by up to ~1).
+  // Numerics, one of kActivationNames. "f32": activations stay f32 (exact against f32
+  // references). "q8": activations are quantized to 8-bit blocks before multiplying
+  // q4_0/q4_1/q8_0/mxfp4 weights, as llama.cpp does (faster one-stream decode on cpu; logits
+  // move by up to ~1). "bf16": rounded to bf16 before bf16 weights, as llama.cpp does (cpu
+  // with AVX-512 BF16 dot products that outrun its FMAs; exact elsewhere).
   std::string activations = "f32";
   std::string kv_cache_dtype = "f32";  // "f32", "f16" or "bf16" (half the memory per token)
   // Where tokens are sampled: "device" (the step program ends in a sampling stage where the

@@ -25,6 +25,7 @@
 #include "CLI/CLI.hpp"
 #include "backends/builtin.h"
 #include "backends/registry.h"
+#include "config/config.h"
 #include "models/llm/loader.h"
 #include "models/llm/paged_llm.h"
 #include "models/sampling/sampler.h"
@@ -265,7 +266,8 @@ int main(int argc, char** argv) {
   gen->add_option("--activations", a.activations,
                   "f32 (default, exact), q8 (8-bit activations before quantized weights, as "
                   "llama.cpp) or bf16 (bf16 activations before bf16 weights, as llama.cpp)")
-      ->check(CLI::IsMember({"f32", "q8", "bf16"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kiln::config::kActivationNames),
+                                                     std::end(kiln::config::kActivationNames))));
   gen->add_option("--sampling", a.sampling,
                   "device (default: in the step program where the backend can) or host")
       ->check(CLI::IsMember({"device", "host"}));

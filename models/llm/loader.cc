@@ -58,8 +58,13 @@ StatusOr<DType> KvCacheDType(const std::string& name) {
 StatusOr<ModelDevice> OpenModelDevice(const config::ModelConfig& config) {
   ModelDevice parts;
   const std::string& name = config.backend.empty() ? std::string("cpu") : config.backend;
-  if (config.activations != "f32" && config.activations != "q8" && config.activations != "bf16") {
-    return InvalidArgument("activations: ", config.activations, " is not one of f32, q8, bf16");
+  if (std::find(std::begin(config::kActivationNames), std::end(config::kActivationNames),
+                config.activations) == std::end(config::kActivationNames)) {
+    std::string names;
+    for (std::string_view n : config::kActivationNames) {
+      names += (names.empty() ? "" : ", ") + std::string(n);
+    }
+    return InvalidArgument("activations: ", config.activations, " is not one of ", names);
   }
   if (name == "cpu" || name == "cpu:0") {
     parts.backend =

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "config/config.h"
 #include "models/llm/loader.h"
 #include "models/llm/paged_llm.h"
 #include "models/llm/testing/greedy_driver.h"
@@ -141,7 +142,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", a.tokens, "new tokens per round")->check(CLI::Range(2, 4096));
   app.add_option("--threads", a.threads, "CPU threads")->check(CLI::Range(0, 1024));
   app.add_option("--activations", a.activations, "f32, q8 or bf16")
-      ->check(CLI::IsMember({"f32", "q8", "bf16"}));
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kiln::config::kActivationNames),
+                                                     std::end(kiln::config::kActivationNames))));
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::warn);
   const Status s = Run(a);
